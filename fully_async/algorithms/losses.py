@@ -1,0 +1,114 @@
+"""PPO policy loss, KL estimators, entropy and loss aggregation (verl's core_algos semantics).
+
+Names follow AReaL: `logp` is the current policy being optimised, `old_logp` the PPO "old"
+(proximal) policy the ratio is taken against, `behav_logp` the policy that actually sampled the
+tokens.  With `use_rollout_log_probs=true` old == behaviour.  Decoupled PPO recomputes `old_logp`
+on the trainer and multiplies each token's loss by the truncated importance weight
+`min(exp(old_logp - behav_logp), cap)`.
+
+Aggregation is written so that splitting a mini-batch into micro-batches and summing
+`agg_loss(..., denom=...)` over them equals the loss of the whole mini-batch: the denominator
+(tokens or sequences of the *mini-batch*) is passed in, not taken from the micro-batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, denom: Optional[float] = None) -> torch.Tensor:
+    """Aggregate per-token losses (B, T).
+
+    token-mean:          sum over all tokens / number of tokens
+    seq-mean-token-sum:  sum over tokens of each sequence, mean over sequences
+    seq-mean-token-mean: mean over tokens of each sequence, mean over sequences
+    `denom` overrides the count (tokens for token-mean, sequences otherwise) for micro-batching.
+    """
+    mask = mask.to(loss_mat.dtype)
+    if mode == "token-mean":
+        return (loss_mat * mask).sum() / (denom if denom is not None else mask.sum().clamp(min=1))
+    if mode == "seq-mean-token-sum":
+        per_seq = (loss_mat * mask).sum(-1)
+    elif mode == "seq-mean-token-mean":
+        per_seq = (loss_mat * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    else:
+        raise ValueError(f"loss_agg_mode {mode!r} is not one of token-mean, seq-mean-token-sum, seq-mean-token-mean")
+    has_tokens = (mask.sum(-1) > 0).to(loss_mat.dtype)
+    return (per_seq * has_tokens).sum() / (denom if denom is not None else has_tokens.sum().clamp(min=1))
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token KL(pi || ref) estimators (Schulman's k1/k2/k3)."""
+    diff = logp - ref_logp
+    if kind in ("kl", "k1"):
+        return diff
+    if kind == "abs":
+        return diff.abs()
+    if kind in ("mse", "k2"):
+        return 0.5 * diff.square()
+    if kind in ("low_var_kl", "k3"):
+        kl = (ref_logp - logp).clamp(-20, 20)
+        return (kl.exp() - kl - 1).clamp(-10, 10)
+    raise ValueError(f"kl type {kind!r} is not one of kl/k1, abs, mse/k2, low_var_kl/k3")
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """(..., V) -> (...) entropy of softmax(logits)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+@dataclass
+class PolicyLossInput:
+    logp: torch.Tensor                   # (B, T) current policy
+    old_logp: torch.Tensor               # (B, T) PPO old / proximal policy
+    advantages: torch.Tensor             # (B, T)
+    mask: torch.Tensor                   # (B, T) 1 on response tokens
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    clip_c: float = 3.0
+    agg_mode: str = "token-mean"
+    denom: Optional[float] = None        # mini-batch token/sequence count (see agg_loss)
+    behav_logp: Optional[torch.Tensor] = None  # (B, T) set for decoupled PPO
+    behav_cap: float = 5.0
+
+
+@dataclass
+class PolicyLossOutput:
+    loss: torch.Tensor
+    clipfrac: torch.Tensor
+    clipfrac_lower: torch.Tensor
+    ppo_kl: torch.Tensor
+    behav_weight_mean: Optional[torch.Tensor] = None
+
+
+def policy_loss(inp: PolicyLossInput) -> PolicyLossOutput:
+    """Clipped PPO surrogate with dual clip (verl `compute_policy_loss_vanilla`)."""
+    mask = inp.mask.to(inp.logp.dtype)
+    neg_kl = (inp.logp - inp.old_logp).clamp(-20.0, 20.0)
+    ratio = neg_kl.exp()
+    adv = inp.advantages
+    loss1 = -adv * ratio
+    loss2 = -adv * ratio.clamp(1.0 - inp.clip_low, 1.0 + inp.clip_high)
+    clipped = torch.maximum(loss1, loss2)
+    loss3 = -adv * inp.clip_c
+    dual = torch.minimum(loss3, clipped)
+    losses = torch.where(adv < 0, dual, clipped)
+    behav_mean = None
+    if inp.behav_logp is not None:
+        weight = (inp.old_logp - inp.behav_logp).clamp(-20.0, 20.0).exp().clamp(max=inp.behav_cap).detach()
+        losses = losses * weight
+        behav_mean = masked_mean(weight, mask).detach()
+    return PolicyLossOutput(
+        loss=agg_loss(losses, mask, inp.agg_mode, inp.denom),
+        clipfrac=masked_mean((loss2 > loss1).float(), mask).detach(),
+        clipfrac_lower=masked_mean(((clipped > loss3) & (adv < 0)).float(), mask).detach(),
+        ppo_kl=masked_mean(-neg_kl, mask).detach(),
+        behav_weight_mean=behav_mean,
+    )

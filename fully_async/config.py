@@ -1,0 +1,366 @@
+"""Typed config schema (layer 0) and the one validation pass that runs before Ray starts.
+
+The schema is a tree of small dataclasses whose paths are verl's key names, so a verl launch
+script's `actor_rollout_ref.rollout.n=8` or `async_training.staleness_threshold=0.2` lands on the
+same field here.  Hydra merges the YAML under `hydra_configs/` onto this schema in struct mode:
+an unknown key or a value of the wrong type is rejected by OmegaConf with the full key named.
+`validate()` then checks what types cannot express (ranges, choices, cross-field rules) and
+raises `ConfigError` naming the key and the valid values.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Optional
+
+ASSET_ROOT = "fully_async.assets"
+
+
+def asset_path(rel: str) -> str:
+    """Absolute path of a file shipped inside the package (`${asset:tiny_arithmetic/model}`)."""
+    return str(resources.files(ASSET_ROOT).joinpath(rel))
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"config error at '{key}': {message}")
+        self.key = key
+
+
+# ----------------------------------------------------------------------------------- data
+@dataclass
+class DataConfig:
+    train_files: Any = "${asset:tiny_arithmetic/data/train.parquet}"  # parquet/jsonl path or list of paths
+    val_files: Any = "${asset:tiny_arithmetic/data/val.parquet}"      # parquet/jsonl path or list; null: no validation
+    prompt_key: str = "prompt"            # column holding chat messages or a plain string
+    reward_fn_key: str = "data_source"    # column selecting the reward function
+    max_prompt_length: int = 512          # tokens, after the chat template
+    max_response_length: int = 512        # tokens generated per response
+    truncation: str = "error"             # error | left | right | middle, for prompts over max_prompt_length
+    filter_overlong_prompts: bool = False  # drop prompts over max_prompt_length instead of truncating
+    shuffle: bool = True                  # reshuffle prompts every epoch
+    seed: int = 1                         # shuffle and sampling seed
+    train_batch_size: int = 256           # prompts per step in sync mode (async uses ppo_mini_batch_size)
+
+
+# ----------------------------------------------------------------------------------- actor/rollout/ref
+@dataclass
+class ModelConfig:
+    path: str = "${asset:tiny_arithmetic/model}"  # local HF folder (config.json, weights, tokenizer)
+    trust_remote_code: bool = False
+    enable_gradient_checkpointing: bool = False
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr_warmup_steps: int = -1             # optimizer steps of linear warm-up; -1: use lr_warmup_steps_ratio
+    lr_warmup_steps_ratio: float = 0.0    # fraction of total optimizer steps
+    total_training_steps: int = -1        # filled in at start-up from trainer.total_training_steps
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = "torch"               # torch (single worker)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_mini_batch_size: int = 256        # prompts (groups of n responses) per optimizer step
+    ppo_micro_batch_size_per_gpu: Optional[int] = None  # responses per forward/backward; null: whole mini-batch
+    use_dynamic_bsz: bool = False         # pack micro-batches by token budget instead of a fixed count
+    ppo_max_token_len_per_gpu: int = 16384  # token budget per micro-batch (padded tokens) with use_dynamic_bsz
+    ppo_epochs: int = 1
+    shuffle: bool = False                 # shuffle responses before splitting into mini-batches
+    clip_ratio: float = 0.2               # default for clip_ratio_low/high when they are null
+    clip_ratio_low: Optional[float] = None
+    clip_ratio_high: Optional[float] = None
+    clip_ratio_c: float = 3.0             # dual-clip bound for negative advantages (> 1)
+    loss_agg_mode: str = "token-mean"     # token-mean | seq-mean-token-sum | seq-mean-token-mean
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"      # kl(k1) | abs | mse(k2) | low_var_kl(k3)
+    entropy_coeff: float = 0.0
+    grad_clip: float = 1.0                # max global grad norm
+    dtype: str = "float32"                # float32 | bfloat16 (params and compute)
+
+
+@dataclass
+class ValKwargs:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
+    do_sample: bool = False
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "hf"                      # hf (embedded torch engine)
+    n: int = 1                            # responses per prompt (GRPO needs >= 2)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    calculate_log_probs: bool = True      # return behaviour log-probs (always on for async)
+    max_num_seqs: int = 256               # sequences decoded together by the engine
+    dtype: str = "float32"
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_use_dynamic_bsz: bool = False
+    log_prob_max_token_len_per_gpu: int = 16384
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_use_dynamic_bsz: bool = False
+    log_prob_max_token_len_per_gpu: int = 16384
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+
+
+# ----------------------------------------------------------------------------------- algorithm
+@dataclass
+class KLCtrlConfig:
+    type: str = "fixed"
+    kl_coef: float = 0.001
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"                # estimator for the in-reward KL (same choices as kl_loss_type)
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+
+
+# ----------------------------------------------------------------------------------- trainer / rollout placement
+@dataclass
+class TrainerConfig:
+    device: str = "auto"                  # auto | npu | cuda | cpu (auto: npu > cuda > cpu)
+    nnodes: int = 1
+    n_gpus_per_node: int = 1              # trainer devices per node
+    total_epochs: int = 1
+    total_training_steps: Optional[int] = None  # null: derived from the data and total_epochs
+    logger: list[str] = field(default_factory=lambda: ["console"])  # console, tensorboard
+    project_name: str = "fully_async"
+    experiment_name: str = "default"
+    test_freq: int = -1                   # validate every N param versions; -1: only before and after
+    val_before_train: bool = True
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    seed: int = 1                         # torch seed of trainer and engine
+    progress_bar: bool = True
+
+
+@dataclass
+class RolloutPlacementConfig:
+    nnodes: int = 1
+    n_gpus_per_node: int = 1              # rollout devices per node
+    total_rollout_steps: Optional[int] = None  # prompts to generate; null: total_epochs x dataset
+    test_freq: Optional[int] = None       # overrides trainer.test_freq for the rollouter when set
+
+
+@dataclass
+class AsyncTrainingConfig:
+    staleness_threshold: float = 0.1      # extra fraction of samples admitted per param version
+    trigger_parameter_sync_step: int = 1  # trainer steps per weight push (one param version)
+    require_batches: int = 1              # mini-batches per trainer step
+    partial_rollout: bool = True          # interrupt in-flight requests at a weight update and resume
+    use_rollout_log_probs: bool = True    # behaviour log-probs are the PPO old policy
+    decoupled_ppo: bool = False           # recompute a proximal policy; weight behaviour->proximal
+    behav_imp_weight_cap: float = 5.0     # truncation of the decoupled-PPO importance weight
+
+
+# ----------------------------------------------------------------------------------- rewards
+@dataclass
+class OverlongBufferConfig:
+    enable: bool = False
+    len: int = 0                          # tokens before max_response_length where the penalty starts
+    penalty_factor: float = 1.0           # penalty at max_response_length
+    log: bool = False
+
+
+@dataclass
+class RewardModelConfig:
+    reward_manager: str = "naive"         # naive | dapo
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+
+
+@dataclass
+class CustomRewardConfig:
+    path: Optional[str] = None            # python file defining the function
+    name: str = "compute_score"
+
+
+@dataclass
+class FullyAsyncConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rollout: RolloutPlacementConfig = field(default_factory=RolloutPlacementConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
+
+
+# ----------------------------------------------------------------------------------- validation
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+DEVICES = ("auto", "npu", "cuda", "cpu")
+TRUNCATIONS = ("error", "left", "right", "middle")
+ROLLOUT_NAMES = ("hf",)
+STRATEGIES = ("torch",)
+ADV_ESTIMATORS = ("grpo",)
+REWARD_MANAGERS = ("naive", "dapo")
+LOGGERS = ("console", "tensorboard")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _choice(key: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(key, f"{value!r} is not one of {list(choices)}")
+
+
+def _at_least(key: str, value: Any, low: float, strict: bool = False) -> None:
+    if value is None or (value <= low if strict else value < low):
+        raise ConfigError(key, f"{value!r} must be {'>' if strict else '>='} {low}")
+
+
+def as_file_list(value: Any) -> list[str]:
+    """verl accepts one path or a list of paths for data.*_files."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value]
+
+
+def validate(cfg: Any) -> None:
+    """Cross-field checks that need no data and no model; raises ConfigError naming the key."""
+    arr = cfg.actor_rollout_ref
+    actor, rollout = arr.actor, arr.rollout
+    _choice("trainer.device", cfg.trainer.device, DEVICES)
+    _choice("actor_rollout_ref.rollout.name", rollout.name, ROLLOUT_NAMES)
+    _choice("actor_rollout_ref.actor.strategy", actor.strategy, STRATEGIES)
+    _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS)
+    _choice("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
+    _choice("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, KL_TYPES)
+    _choice("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_TYPES)
+    _choice("data.truncation", cfg.data.truncation, TRUNCATIONS)
+    _choice("reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS)
+    _choice("actor_rollout_ref.actor.dtype", actor.dtype, DTYPES)
+    _choice("actor_rollout_ref.rollout.dtype", rollout.dtype, DTYPES)
+    for name in cfg.trainer.logger:
+        _choice("trainer.logger", name, LOGGERS)
+
+    if cfg.algorithm.adv_estimator == "grpo" and rollout.n < 2:
+        raise ConfigError("actor_rollout_ref.rollout.n",
+                          f"GRPO normalises rewards within a group, so it needs n >= 2 responses per prompt (got {rollout.n})")
+    _at_least("data.max_prompt_length", cfg.data.max_prompt_length, 1)
+    _at_least("data.max_response_length", cfg.data.max_response_length, 1)
+    _at_least("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size, 1)
+    _at_least("actor_rollout_ref.actor.ppo_epochs", actor.ppo_epochs, 1)
+    _at_least("actor_rollout_ref.actor.optim.lr", actor.optim.lr, 0.0)
+    _at_least("actor_rollout_ref.actor.grad_clip", actor.grad_clip, 0.0, strict=True)
+    _at_least("actor_rollout_ref.actor.clip_ratio_c", actor.clip_ratio_c, 1.0, strict=True)
+    for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+        value = getattr(actor, key)
+        if value is not None:
+            _at_least(f"actor_rollout_ref.actor.{key}", value, 0.0, strict=True)
+    micro = actor.ppo_micro_batch_size_per_gpu
+    if micro is not None:
+        _at_least("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", micro, 1)
+        if micro > actor.ppo_mini_batch_size * rollout.n:
+            raise ConfigError("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+                              f"{micro} responses exceed a mini-batch of ppo_mini_batch_size x n = "
+                              f"{actor.ppo_mini_batch_size * rollout.n}")
+    if actor.use_dynamic_bsz:
+        need = cfg.data.max_prompt_length + cfg.data.max_response_length
+        if actor.ppo_max_token_len_per_gpu < need:
+            raise ConfigError("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                              f"{actor.ppo_max_token_len_per_gpu} cannot hold one sequence of "
+                              f"max_prompt_length + max_response_length = {need} tokens")
+    _at_least("actor_rollout_ref.rollout.n", rollout.n, 1)
+    _at_least("actor_rollout_ref.rollout.temperature", rollout.temperature, 0.0)
+    _at_least("actor_rollout_ref.rollout.max_num_seqs", rollout.max_num_seqs, 1)
+    if not 0.0 < rollout.top_p <= 1.0:
+        raise ConfigError("actor_rollout_ref.rollout.top_p", f"{rollout.top_p} must be in (0, 1]")
+    if rollout.top_k == 0 or rollout.top_k < -1:
+        raise ConfigError("actor_rollout_ref.rollout.top_k", f"{rollout.top_k} must be -1 (off) or >= 1")
+    _at_least("actor_rollout_ref.rollout.val_kwargs.n", rollout.val_kwargs.n, 1)
+
+    at = cfg.async_training
+    _at_least("async_training.staleness_threshold", at.staleness_threshold, 0.0)
+    _at_least("async_training.trigger_parameter_sync_step", at.trigger_parameter_sync_step, 1)
+    _at_least("async_training.require_batches", at.require_batches, 1)
+    _at_least("async_training.behav_imp_weight_cap", at.behav_imp_weight_cap, 1.0)
+    if at.decoupled_ppo and not at.use_rollout_log_probs:
+        # decoupled PPO needs the behaviour log-probs next to the recomputed proximal ones
+        raise ConfigError("async_training.decoupled_ppo",
+                          "needs async_training.use_rollout_log_probs=true (the behaviour policy)")
+
+    for key, value in (("trainer.nnodes", cfg.trainer.nnodes), ("trainer.n_gpus_per_node", cfg.trainer.n_gpus_per_node),
+                       ("rollout.nnodes", cfg.rollout.nnodes), ("rollout.n_gpus_per_node", cfg.rollout.n_gpus_per_node),
+                       ("trainer.total_epochs", cfg.trainer.total_epochs)):
+        _at_least(key, value, 1)
+    if cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node != 1:
+        raise ConfigError("trainer.n_gpus_per_node",
+                          "strategy=torch trains on one device; use trainer.nnodes=1 trainer.n_gpus_per_node=1")
+    if cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node != 1:
+        raise ConfigError("rollout.n_gpus_per_node",
+                          f"rollout.name={rollout.name} runs one engine on one device; use rollout.nnodes=1 "
+                          "rollout.n_gpus_per_node=1")
+    if cfg.trainer.total_training_steps is not None:
+        _at_least("trainer.total_training_steps", cfg.trainer.total_training_steps, 1)
+    if cfg.rollout.total_rollout_steps is not None:
+        _at_least("rollout.total_rollout_steps", cfg.rollout.total_rollout_steps, 1)
+    if cfg.reward_model.overlong_buffer.enable:
+        ob = cfg.reward_model.overlong_buffer
+        if not 0 < ob.len <= cfg.data.max_response_length:
+            raise ConfigError("reward_model.overlong_buffer.len",
+                              f"{ob.len} must be in (0, data.max_response_length={cfg.data.max_response_length}]")
+
+    train_files = as_file_list(cfg.data.train_files)
+    if not train_files:
+        raise ConfigError("data.train_files", "no training file given")
+    for key, files in (("data.train_files", train_files), ("data.val_files", as_file_list(cfg.data.val_files))):
+        for path in files:
+            if not os.path.isfile(path):
+                raise ConfigError(key, f"file not found: {path}")
+            if not path.endswith((".parquet", ".jsonl", ".json")):
+                raise ConfigError(key, f"{path}: expected a .parquet or .jsonl file")
+    model_path = arr.model.path
+    if not os.path.isdir(model_path) or not os.path.isfile(os.path.join(model_path, "config.json")):
+        raise ConfigError("actor_rollout_ref.model.path",
+                          f"{model_path!r} is not a local Hugging Face model folder (no config.json); "
+                          "download the model first (this package never fetches weights at run time)")
+    if cfg.custom_reward_function.path is not None and not os.path.isfile(cfg.custom_reward_function.path):
+        raise ConfigError("custom_reward_function.path", f"file not found: {cfg.custom_reward_function.path}")
+
+
+def validate_with_data(cfg: Any, num_train_prompts: int) -> None:
+    """Checks that need the (filtered) dataset size."""
+    actor = cfg.actor_rollout_ref.actor
+    if num_train_prompts == 0:
+        raise ConfigError("data.train_files", "the training data has no prompts left after filtering")
+    required = actor.ppo_mini_batch_size * cfg.async_training.require_batches
+    if required > num_train_prompts:
+        raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size",
+                          f"a trainer step needs ppo_mini_batch_size x require_batches = {required} prompts "
+                          f"but the training data has only {num_train_prompts}")
+
+
+def clip_bounds(actor: Any) -> tuple[float, float]:
+    low = actor.clip_ratio_low if actor.clip_ratio_low is not None else actor.clip_ratio
+    high = actor.clip_ratio_high if actor.clip_ratio_high is not None else actor.clip_ratio
+    return float(low), float(high)

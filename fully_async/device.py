@@ -1,0 +1,146 @@
+"""The one place that knows which accelerator we run on (layer 0).
+
+Ascend NPU, NVIDIA CUDA and plain CPU differ in a handful of names: the torch device module,
+the collective backend, the environment variable that limits visible devices and the Ray
+resource name.  Everything else in the package asks a `Device` instead of touching
+`torch.cuda` or `torch_npu` directly, so adding a platform is a change to this file only.
+
+`torch_npu` is imported here and only when the npu device is requested or probed: with it
+installed but CANN missing, importing it fails, and a CPU run must never pay for that.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import resource
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str                   # npu | cuda | cpu
+    comm_backend: str           # hccl | nccl | gloo
+    visible_devices_env: str    # ASCEND_RT_VISIBLE_DEVICES | CUDA_VISIBLE_DEVICES | ""
+    ray_resource: str           # NPU | GPU | "" (cpu needs no accelerator resource)
+
+    @property
+    def is_accelerator(self) -> bool:
+        return self.name != "cpu"
+
+    def module(self) -> Any:
+        """torch.npu / torch.cuda / None."""
+        if self.name == "npu":
+            _import_torch_npu()
+            return torch.npu  # type: ignore[attr-defined]
+        if self.name == "cuda":
+            return torch.cuda
+        return None
+
+    def torch_device(self, index: int = 0) -> torch.device:
+        return torch.device("cpu") if self.name == "cpu" else torch.device(self.name, index)
+
+    def set_device(self, index: int = 0) -> None:
+        if self.is_accelerator:
+            self.module().set_device(index)
+
+    def device_count(self) -> int:
+        return self.module().device_count() if self.is_accelerator else 0
+
+    def synchronize(self) -> None:
+        if self.is_accelerator:
+            self.module().synchronize()
+
+    def empty_cache(self) -> None:
+        if self.is_accelerator:
+            self.module().empty_cache()
+
+    def ray_actor_options(self, num_devices: int, num_cpus: float = 1) -> dict:
+        """Resources for a Ray actor that drives `num_devices` devices of this kind."""
+        opts: dict[str, Any] = {"num_cpus": num_cpus}
+        if self.name == "cuda":
+            opts["num_gpus"] = num_devices
+        elif self.name == "npu":
+            opts["resources"] = {self.ray_resource: num_devices}
+        return opts
+
+    def memory_stats(self) -> dict[str, float]:
+        """Allocated/reserved device memory (GiB) and host RSS (GiB); cpu reports RSS only."""
+        stats = {"host_rss_gib": host_rss_gib()}
+        if self.is_accelerator:
+            mod = self.module()
+            stats["allocated_gib"] = mod.memory_allocated() / 2**30
+            stats["reserved_gib"] = mod.memory_reserved() / 2**30
+            stats["max_allocated_gib"] = mod.max_memory_allocated() / 2**30
+        return stats
+
+
+NPU = Device("npu", "hccl", "ASCEND_RT_VISIBLE_DEVICES", "NPU")
+CUDA = Device("cuda", "nccl", "CUDA_VISIBLE_DEVICES", "GPU")
+CPU = Device("cpu", "gloo", "", "")
+_BY_NAME = {d.name: d for d in (NPU, CUDA, CPU)}
+
+
+class DeviceError(RuntimeError):
+    pass
+
+
+def _import_torch_npu() -> None:
+    try:
+        import torch_npu  # noqa: F401
+    except Exception as exc:  # ImportError, or OSError when CANN's libraries are missing
+        raise DeviceError(
+            "trainer.device=npu needs torch_npu with Huawei CANN: install `pip install fully_async[npu]` "
+            "matching your torch version and `source /usr/local/Ascend/ascend-toolkit/set_env.sh` "
+            f"(import torch_npu failed: {exc})") from exc
+
+
+def npu_available() -> bool:
+    """True when torch_npu is installed, imports, and sees at least one NPU."""
+    if importlib.util.find_spec("torch_npu") is None:
+        return False
+    try:
+        _import_torch_npu()
+        return torch.npu.is_available()  # type: ignore[attr-defined]
+    except DeviceError:
+        return False
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def get_device(name: str = "auto") -> Device:
+    """Resolve `trainer.device`: auto picks npu > cuda > cpu; an explicit accelerator must exist."""
+    if name == "auto":
+        if npu_available():
+            return NPU
+        return CUDA if cuda_available() else CPU
+    if name not in _BY_NAME:
+        raise DeviceError(f"trainer.device={name!r} is not one of ['auto', 'npu', 'cuda', 'cpu']")
+    return _BY_NAME[name]
+
+
+def check_available(device: Device) -> None:
+    """Fail early (on the driver) when an explicitly requested accelerator cannot be used."""
+    if device.name == "npu":
+        _import_torch_npu()
+    elif device.name == "cuda" and not cuda_available():
+        raise DeviceError("trainer.device=cuda but torch sees no CUDA device "
+                          f"(torch {torch.__version__}; check the driver and CUDA_VISIBLE_DEVICES)")
+
+
+def host_rss_gib() -> float:
+    """Current resident set size of this process in GiB (falls back to peak RSS)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            pages = int(fh.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]

@@ -1,0 +1,21 @@
+"""Rollout engines (layer 2); each implementation lives in its own file and is imported lazily."""
+from __future__ import annotations
+
+from typing import Any
+
+from fully_async.engines.base import RolloutEngine
+
+
+def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: int) -> RolloutEngine:
+    """Engine named by actor_rollout_ref.rollout.name."""
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name == "hf":
+        from fully_async.engines.hf_engine import HFEngine
+        return HFEngine(cfg.actor_rollout_ref.model.path, device=device, dtype=rollout.dtype,
+                        max_num_seqs=rollout.max_num_seqs, eos_token_ids=eos_token_ids,
+                        pad_token_id=pad_token_id, seed=cfg.trainer.seed,
+                        trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+    raise ValueError(f"actor_rollout_ref.rollout.name={rollout.name!r} is not one of ['hf']")
+
+
+__all__ = ["RolloutEngine", "build_engine"]

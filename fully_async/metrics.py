@@ -1,0 +1,95 @@
+"""Metric computation and sinks (layer 1): console line, TensorBoard.  Names follow verl."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Optional, Sequence
+
+from fully_async.types import Sample
+
+logger = logging.getLogger(__name__)
+
+
+def batch_metrics(samples: Sequence[Sample], trainer_version: int, max_response_length: int) -> dict[str, float]:
+    """Reward, length, partial-rollout and staleness statistics of one training batch."""
+    n = len(samples)
+    rewards = [s.reward for s in samples]
+    resp = [len(s.response_ids) for s in samples]
+    prompt = [len(s.prompt_ids) for s in samples]
+    partial = [s for s in samples if s.num_interruptions > 0]
+    stale = [trainer_version - s.param_version_start for s in samples]
+    m = {
+        "critic/score/mean": sum(rewards) / n,
+        "critic/score/max": max(rewards),
+        "critic/score/min": min(rewards),
+        "response_length/mean": sum(resp) / n,
+        "response_length/max": max(resp),
+        "response_length/min": min(resp),
+        "response_length/clip_ratio": sum(r >= max_response_length for r in resp) / n,
+        "prompt_length/mean": sum(prompt) / n,
+        "fully_async/partial/total_partial_num": len(partial),
+        "fully_async/partial/partial_ratio": len(partial) / n,
+        "fully_async/partial/max_partial_span": max((s.param_version_end - s.param_version_start for s in samples),
+                                                   default=0),
+        "fully_async/staleness/mean": sum(stale) / n,
+        "fully_async/staleness/max": max(stale),
+        "perf/total_num_tokens": sum(prompt) + sum(resp),
+    }
+    extra_keys = {k for s in samples for k, v in s.reward_extra.items() if isinstance(v, (int, float))}
+    for key in sorted(extra_keys):
+        vals = [float(s.reward_extra[key]) for s in samples if key in s.reward_extra]
+        m[f"reward_extra/{key}/mean"] = sum(vals) / len(vals)
+    return m
+
+
+CONSOLE_KEYS = (("critic/score/mean", "reward"), ("val-core", "val"), ("actor/pg_loss", "pg_loss"),
+                ("actor/grad_norm", "gnorm"), ("response_length/mean", "resp_len"),
+                ("fully_async/staleness/mean", "stale"), ("perf/throughput", "tok/s/dev"),
+                ("fully_async/trainer/idle_ratio", "t_idle"), ("fully_async/rollouter/idle_ratio", "r_idle"),
+                ("timing_s/step", "step_s"))
+
+
+def console_line(step: int, metrics: dict[str, float]) -> str:
+    parts = [f"step {step}"]
+    for key, short in CONSOLE_KEYS:
+        if key == "val-core":
+            vals = [v for k, v in metrics.items() if k.startswith("val-core/")]
+            if vals:
+                parts.append(f"{short} {sum(vals) / len(vals):.3f}")
+        elif key in metrics:
+            parts.append(f"{short} {metrics[key]:.4g}")
+    return " | ".join(parts)
+
+
+def tensorboard_dir(project: str, experiment: str) -> str:
+    return os.environ.get("TENSORBOARD_DIR") or os.path.join("tensorboard_log", project, experiment)
+
+
+class MetricLogger:
+    """Fans step metrics out to the configured sinks (trainer.logger)."""
+
+    def __init__(self, backends: Sequence[str], project: str, experiment: str, config: Optional[dict] = None,
+                 write_line: Any = None):
+        self.console = "console" in backends
+        self.write_line = write_line or (lambda line: logger.info(line))
+        self.writer = None
+        if "tensorboard" in backends:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.log_dir = tensorboard_dir(project, experiment)
+            self.writer = SummaryWriter(self.log_dir)
+            if config is not None:
+                import json
+                self.writer.add_text("config", "```\n" + json.dumps(config, indent=1, default=str) + "\n```")
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if self.writer is not None:
+            for key, value in metrics.items():
+                self.writer.add_scalar(key, value, step)
+            self.writer.flush()
+        if self.console:
+            self.write_line(console_line(step, metrics))
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

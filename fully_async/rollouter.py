@@ -1,0 +1,245 @@
+"""Rollouter actor (layer 3): keeps the engine busy, scores groups, feeds the queue.
+
+One thread owns the engine.  `run()` is that thread's loop: admit prompts while the staleness
+bound allows, advance the engine, turn finished responses into scored groups, push them.  Other
+callers (the trainer's weight push, the driver's validation and stop) never touch the engine:
+they enqueue a command that the loop executes between two engine steps and wait for its result.
+That keeps weight updates, interrupts and validation strictly ordered with generation.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue as queue_mod
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from fully_async.partial import PendingResponse
+from fully_async.types import GenOutput, PromptRecord, SampleGroup, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Group:
+    record: PromptRecord
+    epoch: int
+    admitted_version: int
+    done: list = field(default_factory=list)
+
+
+class Rollouter:
+    def __init__(self, cfg: Any, queue: Any, train_records: list[PromptRecord], val_records: list[PromptRecord],
+                 eos_token_ids: list[int], pad_token_id: int):
+        from fully_async.actor_setup import actor_init, build_tokenizer
+        from fully_async.data import PromptStream
+        from fully_async.engines import build_engine
+        from fully_async.rewards import build_reward_manager
+        from fully_async.staleness import StalenessManager
+
+        self.cfg, self.device = actor_init(cfg, "rollouter")
+        cfg = self.cfg
+        self.queue = queue
+        self.tokenizer = build_tokenizer(cfg)
+        self.engine = build_engine(cfg, self.device, eos_token_ids, pad_token_id)
+        self.reward = build_reward_manager(cfg)
+        self.staleness = StalenessManager.from_config(cfg)
+        total = cfg.rollout.total_rollout_steps
+        self.stream = PromptStream(train_records, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
+                                   total_epochs=cfg.trainer.total_epochs, total_prompts=total)
+        self.val_records = val_records
+        r = cfg.actor_rollout_ref.rollout
+        self.n = r.n
+        self.params = SamplingParams(r.temperature, r.top_p, r.top_k, cfg.data.max_response_length)
+        self.max_num_seqs = r.max_num_seqs
+        self.partial_rollout = cfg.async_training.partial_rollout
+        test_freq = cfg.rollout.test_freq if cfg.rollout.test_freq is not None else cfg.trainer.test_freq
+        self.test_freq = test_freq
+        self.groups: dict[str, _Group] = {}
+        self.pending: dict[str, PendingResponse] = {}
+        self.interrupted: list[PendingResponse] = []
+        self.commands: queue_mod.Queue = queue_mod.Queue()
+        self.stopped = False
+        self.closed = False
+        self.stats = {"idle_s": 0.0, "wall_s": 0.0, "generated_samples": 0, "pushed_groups": 0,
+                      "interrupted_samples": 0, "bound_pauses": 0, "staleness_samples": 0, "version": 0}
+        self._start = time.perf_counter()
+
+    # ------------------------------------------------------------------ called by others
+    def update_weights(self, named_tensors: dict, version: int) -> dict:
+        return self._call(lambda: self._apply_weights(named_tensors, version))
+
+    def validate(self) -> dict:
+        return self._call(lambda: self._validate(self.engine.version))
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.commands.put(None)
+
+    def get_stats(self) -> dict:
+        return dict(self.stats)
+
+    def ready(self) -> bool:
+        return True
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self.commands.put((fn, fut))
+        return fut.result()
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> dict:
+        self._start = time.perf_counter()
+        if self.cfg.trainer.val_before_train and self.val_records:
+            self._validate(0)
+        while not self.stopped:
+            self._run_commands(block=False)
+            if self.stopped:
+                break
+            self._admit()
+            if self.engine.num_in_flight() == 0:
+                if self.stream.exhausted and not self.groups and not self.closed:
+                    ray_get(self.queue.close.remote())
+                    self.closed = True
+                    logger.info("rollouter: all %d prompts generated; serving weight updates and validation",
+                                self.stream.num_emitted)
+                idle_from = time.perf_counter()
+                self._run_commands(block=True, timeout=0.5)
+                self.stats["idle_s"] += time.perf_counter() - idle_from
+                continue
+            self._handle(self.engine.collect())
+        return self.get_stats()
+
+    def _run_commands(self, block: bool, timeout: float = 0.0) -> None:
+        while True:
+            try:
+                item = self.commands.get(block=block, timeout=timeout if block else None)
+            except queue_mod.Empty:
+                return
+            block = False
+            if item is None:
+                return
+            fn, fut = item
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:
+                fut.set_exception(exc)
+                raise
+
+    def _admit(self) -> None:
+        pushed_stats = False
+        while (self.engine.num_in_flight() < self.max_num_seqs and not self.stream.exhausted
+               and not self.stopped):
+            if not self.staleness.can_admit():
+                if self.staleness.state.pauses != self.stats["bound_pauses"]:
+                    self.stats["bound_pauses"] = self.staleness.state.pauses
+                    logger.info("rollouter paused: %s", self.staleness.pause_reason())
+                    pushed_stats = True
+                break
+            epoch, record = self.stream.next()
+            uid = f"e{epoch}-p{record.index}"
+            self.groups[uid] = _Group(record, epoch, self.engine.version)
+            for j in range(self.n):
+                pend = PendingResponse(uid, f"{uid}-s{j}", record.prompt_ids, self.params)
+                self.pending[pend.sample_id] = pend
+                self.engine.submit([pend.request()])
+            self.staleness.on_admit()
+        self.stats["staleness_samples"] = self.staleness.state.admitted
+        if pushed_stats:
+            self._refresh_stats()
+
+    def _handle(self, outputs: list[GenOutput]) -> None:
+        complete: list[SampleGroup] = []
+        for out in outputs:
+            pend = self.pending[out.request_id]
+            if not pend.extend(out):
+                self.interrupted.append(pend)
+                continue
+            del self.pending[out.request_id]
+            group = self.groups[pend.uid]
+            group.done.append(pend.to_sample())
+            if len(group.done) == self.n:
+                del self.groups[pend.uid]
+                complete.append(self._score(pend.uid, group))
+        if complete:
+            self.stats["generated_samples"] += self.n * len(complete)
+            self.stats["pushed_groups"] += len(complete)
+            self._refresh_stats()
+            ray_get(self.queue.put_many.remote(complete, dict(self.stats)))
+
+    def _score(self, uid: str, group: _Group) -> SampleGroup:
+        rec = group.record
+        for s in group.done:
+            text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
+            s.reward, s.reward_extra = self.reward.score(rec.data_source, text, rec.ground_truth, rec.extra_info,
+                                                         len(s.response_ids))
+            s.data_source = rec.data_source
+        group.done.sort(key=lambda s: s.sample_id)
+        return SampleGroup(uid, rec.index, group.epoch, group.done, group.admitted_version)
+
+    def _refresh_stats(self) -> None:
+        self.stats["wall_s"] = time.perf_counter() - self._start
+        self.stats["version"] = self.engine.version
+
+    # ------------------------------------------------------------------ commands
+    def _apply_weights(self, named_tensors: dict, version: int) -> dict:
+        t0 = time.perf_counter()
+        if self.partial_rollout:
+            aborted = self.engine.interrupt()
+            self.stats["interrupted_samples"] += len(aborted)
+            self._handle(aborted)
+        else:  # finish in-flight requests on the old weights
+            while self.engine.num_in_flight():
+                self._handle(self.engine.collect())
+        t1 = time.perf_counter()
+        self.engine.update_weights(named_tensors, version)
+        t2 = time.perf_counter()
+        queued = ray_get(self.queue.size.remote())
+        self.staleness.on_version(version, in_flight=len(self.groups), queued=queued)
+        timings = {"pause": t1 - t0, "load": t2 - t1}
+        if self.test_freq > 0 and version % self.test_freq == 0 and self.val_records:
+            self._validate(version)
+        t3 = time.perf_counter()
+        self.engine.submit([p.request() for p in self.interrupted])
+        self.interrupted = []
+        timings["resume"] = time.perf_counter() - t3
+        self._refresh_stats()
+        return timings
+
+    def _validate(self, version: int) -> dict:
+        """Greedy (val_kwargs) pass over the validation set on the weights of `version`."""
+        if self.engine.num_in_flight():  # keep in-flight work: it resumes after validation
+            self._handle(self.engine.interrupt())
+        start = time.perf_counter()
+        vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
+        temperature = vk.temperature if vk.do_sample else 0.0
+        params = SamplingParams(temperature, vk.top_p, vk.top_k, self.cfg.data.max_response_length)
+        pend = {}
+        for rec in self.val_records:
+            for j in range(vk.n):
+                p = PendingResponse(f"val{rec.index}", f"val-v{version}-{rec.index}-{j}", rec.prompt_ids, params)
+                pend[p.sample_id] = (p, rec)
+                self.engine.submit([p.request()])
+        scores: dict[str, list[float]] = {}
+        while self.engine.num_in_flight():
+            for out in self.engine.collect():
+                p, rec = pend[out.request_id]
+                p.extend(out)
+                text = self.tokenizer.decode(p.token_ids, skip_special_tokens=True)
+                score, _ = self.reward.score(rec.data_source, text, rec.ground_truth, rec.extra_info,
+                                             len(p.token_ids))
+                scores.setdefault(rec.data_source, []).append(score)
+        metrics = {f"val-core/{ds}/reward/mean@{vk.n}": sum(v) / len(v) for ds, v in scores.items()}
+        metrics["timing_s/testing"] = time.perf_counter() - start
+        ray_get(self.queue.put_val_metrics.remote(version, metrics))
+        logger.info("validation at param version %d: %s", version,
+                    ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
+        self.engine.submit([p.request() for p in self.interrupted])
+        self.interrupted = []
+        return metrics
+
+
+def ray_get(ref: Any) -> Any:
+    import ray
+    return ray.get(ref)

@@ -1,0 +1,4 @@
+"""WeightSync implementations (layer 2): how the trainer's weights reach the rollout engines."""
+from fully_async.weight_sync.object_store import ObjectStoreWeightSync
+
+__all__ = ["ObjectStoreWeightSync"]

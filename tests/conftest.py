@@ -1,0 +1,27 @@
+"""Shared fixtures: a tiny random Qwen2 model + character tokenizer built in a temp dir (no downloads)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def build_random_model(path: str, seed: int = 0, vocab: int = 48, layers: int = 2) -> str:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=128,
+                      tie_word_embeddings=True, initializer_range=0.3, eos_token_id=1, pad_token_id=0, bos_token_id=None)
+    model = Qwen2ForCausalLM(cfg)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def random_model_dir(tmp_path_factory) -> str:
+    return build_random_model(str(tmp_path_factory.mktemp("random_qwen2")))

@@ -1,0 +1,95 @@
+"""Embedded engine: continuous batching is exact, interrupt/resume is exact, weights update."""
+import pytest
+import torch
+
+from fully_async.device import CPU
+from fully_async.engines.hf_engine import HFEngine
+from fully_async.partial import PendingResponse
+from fully_async.types import GenRequest, SamplingParams
+
+PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14], [3], [20, 21, 22, 23]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10)
+
+
+def run_all(engine, requests):
+    engine.submit(requests)
+    outs = {}
+    while engine.num_in_flight():
+        for o in engine.collect():
+            outs[o.request_id] = o
+    return outs
+
+
+@pytest.fixture(scope="module")
+def hf_model(random_model_dir):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(random_model_dir).eval()
+
+
+def test_continuous_batching_matches_generate_and_forward(random_model_dir, hf_model):
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=2, eos_token_ids=[1], pad_token_id=0)
+    outs = run_all(eng, [GenRequest(f"r{i}", p, GREEDY) for i, p in enumerate(PROMPTS)])
+    for i, p in enumerate(PROMPTS):
+        got = outs[f"r{i}"]
+        ref = hf_model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=1,
+                                pad_token_id=0)[0, len(p):].tolist()
+        assert got.token_ids == ref[:len(got.token_ids)]
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([p + got.token_ids])).logits[0, len(p) - 1:-1]
+        lp = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(got.token_ids)[:, None]).squeeze(1)
+        assert torch.allclose(lp, torch.tensor(got.log_probs), atol=1e-4)
+        assert got.versions == [0] * len(got.token_ids)
+
+
+def test_interrupt_then_resume_equals_uninterrupted(random_model_dir):
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=8, eos_token_ids=[], pad_token_id=0)
+    full = run_all(eng, [GenRequest("a", PROMPTS[0], GREEDY)])["a"]
+    pend = PendingResponse("u", "a", PROMPTS[0], GREEDY)
+    eng.submit([pend.request()])
+    for _ in range(4):
+        assert eng.collect() == []
+    partial = eng.interrupt()
+    assert eng.num_in_flight() == 0 and len(partial) == 1 and partial[0].finish_reason == "abort"
+    assert 0 < len(partial[0].token_ids) < 10
+    assert not pend.extend(partial[0])
+    eng.version = 3  # as after a weight update with identical weights
+    rest = run_all(eng, [pend.request()])["a"]
+    assert pend.extend(rest)
+    s = pend.to_sample()
+    assert s.response_ids == full.token_ids
+    assert s.rollout_log_probs == pytest.approx(full.log_probs, abs=1e-4)
+    k = len(partial[0].token_ids)
+    assert s.versions == [0] * k + [3] * (10 - k)
+
+
+def test_update_weights_changes_outputs_and_version(random_model_dir):
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=8, eos_token_ids=[], pad_token_id=0)
+    before = run_all(eng, [GenRequest("x", PROMPTS[2], GREEDY)])["x"]
+    new = {k: torch.randn_like(v) * 0.3 for k, v in eng.model.named_parameters()}
+    eng.update_weights(new, version=7)
+    after = run_all(eng, [GenRequest("x", PROMPTS[2], GREEDY)])["x"]
+    assert after.versions == [7] * len(after.token_ids)
+    assert after.token_ids != before.token_ids
+    with pytest.raises(KeyError, match="does not exist"):
+        eng.update_weights({"nope.weight": torch.zeros(1)}, 8)
+    eng.submit([GenRequest("y", PROMPTS[0], GREEDY)])
+    with pytest.raises(RuntimeError, match="in flight"):
+        eng.update_weights(new, 8)
+
+
+def test_sampling_respects_max_tokens_and_eos(random_model_dir):
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=4, eos_token_ids=list(range(48)), pad_token_id=0)
+    out = run_all(eng, [GenRequest("e", PROMPTS[0], SamplingParams(1.0, 1.0, -1, 5))])["e"]
+    assert out.finish_reason == "stop" and len(out.token_ids) == 1   # every token is an EOS here
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=4, eos_token_ids=[], pad_token_id=0)
+    outs = run_all(eng, [GenRequest(f"s{i}", PROMPTS[1], SamplingParams(1.0, 0.9, 5, 6)) for i in range(4)])
+    assert all(o.finish_reason == "length" and len(o.token_ids) == 6 for o in outs.values())
+
+
+def test_sleep_and_wake_up_on_cpu(random_model_dir):
+    eng = HFEngine(random_model_dir, CPU, eos_token_ids=[], pad_token_id=0)
+    eng.sleep(1)
+    with pytest.raises(RuntimeError, match="asleep"):
+        eng.submit([GenRequest("z", PROMPTS[0], GREEDY)])
+    eng.wake_up()
+    assert len(run_all(eng, [GenRequest("z", PROMPTS[0], GREEDY)])["z"].token_ids) == 10
