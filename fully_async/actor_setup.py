@@ -14,6 +14,8 @@ def actor_init(cfg: Any, role: str) -> tuple[Any, Any]:
     from fully_async.device import get_device
 
     logging.basicConfig(level=logging.INFO, format=f"[{role}] %(message)s", force=True)
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
     cfg = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
     device = get_device(cfg.trainer.device)
     if device.is_accelerator:

@@ -1,0 +1,87 @@
+"""End to end on Ray with the bundled tiny task: a few async steps, metrics, failures."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fully_async.hydra_setup import load_config
+
+pytestmark = pytest.mark.integration
+
+REQUIRED_METRICS = [
+    "perf/throughput", "perf/time_per_step", "perf/total_num_tokens",
+    "timing_s/gen", "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor", "timing_s/param_sync",
+    "timing_s/step", "fully_async/count/staleness_samples", "fully_async/count/total_generated_samples",
+    "fully_async/count/current_param_version", "fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio",
+    "fully_async/partial/total_partial_num", "fully_async/partial/partial_ratio",
+    "fully_async/partial/max_partial_span", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy",
+    "actor/grad_norm", "actor/lr", "critic/score/mean", "response_length/mean", "response_length/max",
+    "response_length/clip_ratio", "val-core/arithmetic/reward/mean@1",
+]
+
+
+def read_scalars(logdir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(logdir, size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    yield
+    ray.shutdown()
+
+
+def test_async_run_completes_and_writes_metrics(ray_session, tmp_path, monkeypatch):
+    from fully_async.main import run_async
+
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    cfg = load_config(["trainer.total_training_steps=4", "trainer.test_freq=2", "actor_rollout_ref.actor.use_kl_loss=true",
+                       "trainer.progress_bar=false", "actor_rollout_ref.rollout.n=4",
+                       "actor_rollout_ref.actor.ppo_mini_batch_size=8"])
+    summary = run_async(cfg)
+    assert summary["steps"] == 4
+    scalars = read_scalars(str(tmp_path / "tb"))
+    missing = [m for m in REQUIRED_METRICS + ["actor/kl_loss", "timing_s/ref"] if m not in scalars]
+    assert not missing, f"missing metrics: {missing}"
+    assert [s for s, _ in scalars["actor/pg_loss"]] == [1, 2, 3, 4]
+    # validation before training (version 0), at version 2 (test_freq) and the final one
+    val_steps = [s for s, _ in scalars["val-core/arithmetic/reward/mean@1"]]
+    assert 0 in val_steps and 2 in val_steps and 4 in val_steps
+    assert [v for _, v in scalars["fully_async/count/current_param_version"]] == [0, 1, 2, 3]
+    assert all(0.0 <= v <= 1.0 for _, v in scalars["fully_async/trainer/idle_ratio"])
+
+
+def test_strict_on_policy_samples_are_fresh(ray_session, tmp_path, monkeypatch):
+    from fully_async.main import run_async
+
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    cfg = load_config(["trainer.total_training_steps=3", "async_training.staleness_threshold=0",
+                       "async_training.trigger_parameter_sync_step=1", "async_training.partial_rollout=false",
+                       "trainer.val_before_train=false", "data.val_files=null", "trainer.progress_bar=false",
+                       "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4"])
+    run_async(cfg)
+    scalars = read_scalars(str(tmp_path / "tb"))
+    assert [v for _, v in scalars["fully_async/staleness/max"]] == [0, 0, 0]
+    assert [v for _, v in scalars["fully_async/partial/total_partial_num"]] == [0, 0, 0]
+
+
+def test_failing_rollouter_exits_nonzero_with_its_error(tmp_path):
+    bad = tmp_path / "bad_reward.py"
+    bad.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                   "    raise ValueError('reward exploded on purpose')\n")
+    env = dict(os.environ, TENSORBOARD_DIR=str(tmp_path / "tb"))
+    r = subprocess.run([sys.executable, "-m", "fully_async.main", f"custom_reward_function.path={bad}",
+                        "trainer.total_training_steps=3", "trainer.val_before_train=false", "trainer.progress_bar=false",
+                        f"hydra.run.dir={tmp_path}/hydra"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    assert "rollouter failed: ValueError: reward exploded on purpose" in out

@@ -1,0 +1,66 @@
+"""Config errors name the key, before any expensive work."""
+import subprocess
+import sys
+
+import pytest
+
+from fully_async.config import ConfigError, validate, validate_with_data
+from fully_async.hydra_setup import load_config
+
+
+def cfg_with(*overrides):
+    return load_config(list(overrides))
+
+
+def test_default_config_is_valid():
+    cfg = cfg_with()
+    validate(cfg)
+    assert cfg.actor_rollout_ref.rollout.n == 8
+    assert cfg.data.train_files.endswith("tiny_arithmetic/data/train.parquet")
+
+
+@pytest.mark.parametrize("override,key", [
+    ("actor_rollout_ref.rollout.n=1", "actor_rollout_ref.rollout.n"),
+    ("actor_rollout_ref.actor.loss_agg_mode=seq-mean", "actor_rollout_ref.actor.loss_agg_mode"),
+    ("actor_rollout_ref.actor.kl_loss_type=full", "actor_rollout_ref.actor.kl_loss_type"),
+    ("trainer.device=tpu", "trainer.device"),
+    ("actor_rollout_ref.rollout.top_p=0", "actor_rollout_ref.rollout.top_p"),
+    ("actor_rollout_ref.rollout.top_k=0", "actor_rollout_ref.rollout.top_k"),
+    ("async_training.trigger_parameter_sync_step=0", "async_training.trigger_parameter_sync_step"),
+    ("async_training.staleness_threshold=-0.1", "async_training.staleness_threshold"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1000", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+    ("actor_rollout_ref.actor.clip_ratio_c=1.0", "actor_rollout_ref.actor.clip_ratio_c"),
+    ("data.train_files=/nonexistent/train.parquet", "data.train_files"),
+    ("actor_rollout_ref.model.path=/nonexistent/model", "actor_rollout_ref.model.path"),
+    ("trainer.logger=[console,wandb]", "trainer.logger"),
+    ("reward_model.reward_manager=prime", "reward_model.reward_manager"),
+])
+def test_bad_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        validate(cfg_with(override))
+    assert err.value.key == key and key in str(err.value)
+
+
+def test_mini_batch_larger_than_dataset():
+    cfg = cfg_with("actor_rollout_ref.actor.ppo_mini_batch_size=600", "async_training.require_batches=2")
+    with pytest.raises(ConfigError, match="1200 prompts but the training data has only 1000"):
+        validate_with_data(cfg, 1000)
+
+
+def run_main(*args):
+    return subprocess.run([sys.executable, "-m", "fully_async.main", *args, "hydra.run.dir=/tmp/fa_cfg_test"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_unknown_key_and_wrong_type_exit_nonzero_naming_key():
+    r = run_main("actor_rollout_ref.rollout.nn=8")
+    assert r.returncode != 0 and "actor_rollout_ref.rollout.nn" in r.stderr
+    r = run_main("data.max_prompt_length=abc")
+    assert r.returncode != 0 and "data.max_prompt_length" in r.stderr
+
+
+def test_cli_impossible_combination_exits_before_ray():
+    r = run_main("actor_rollout_ref.rollout.n=1")
+    assert r.returncode == 1
+    assert "actor_rollout_ref.rollout.n" in r.stderr + r.stdout
+    assert "Started a local Ray instance" not in r.stderr + r.stdout
