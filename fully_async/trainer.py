@@ -84,6 +84,10 @@ class Trainer:
             out, self._metrics = self._metrics, []
         return out
 
+    def sync_initial_weights(self) -> dict:
+        """Send the version-0 weights (an engine started with load_format=dummy has random ones)."""
+        return self.weight_sync.push(self.backend.named_parameters_for_sync(), self.version)
+
     def progress(self) -> dict:
         return {"step": self.step, "version": self.version, "total_steps": self.total_steps}
 
