@@ -21,10 +21,21 @@ def actor_init(cfg: Any, role: str) -> tuple[Any, Any]:
     if device.is_accelerator:
         device.set_device(0)  # Ray exposes exactly this actor's devices, renumbered from 0
     else:
-        # one core per actor: the rollouter and the trainer run side by side
-        torch.set_num_threads(max(1, int(os.environ.get("FULLY_ASYNC_THREADS_PER_ACTOR", "1"))))
+        # as many threads as Ray gave this actor cores: rollouter and trainer run side by side
+        torch.set_num_threads(assigned_cpus())
     torch.manual_seed(cfg.trainer.seed)
     return cfg, device
+
+
+def assigned_cpus() -> int:
+    """CPU cores Ray assigned to the calling actor (1 outside Ray)."""
+    try:
+        import ray
+        if ray.is_initialized():
+            return max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+    except Exception:  # noqa: BLE001 - not in a Ray worker
+        pass
+    return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
 
 
 def build_tokenizer(cfg: Any) -> Any:

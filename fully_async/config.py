@@ -65,6 +65,13 @@ class OptimConfig:
 
 
 @dataclass
+class OffloadConfig:
+    """verl's actor_rollout_ref.actor.fsdp_config.*offload: host offload between training phases."""
+    param_offload: bool = False           # params (and grads) to host memory while the engine generates
+    optimizer_offload: bool = False       # optimizer states to host memory while the engine generates
+
+
+@dataclass
 class ActorConfig:
     strategy: str = "torch"               # torch (single worker)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -85,6 +92,7 @@ class ActorConfig:
     entropy_coeff: float = 0.0
     grad_clip: float = 1.0                # max global grad norm
     dtype: str = "float32"                # float32 | bfloat16 (params and compute)
+    fsdp_config: OffloadConfig = field(default_factory=OffloadConfig)
 
 
 @dataclass
@@ -213,6 +221,7 @@ class CustomRewardConfig:
 
 @dataclass
 class FullyAsyncConfig:
+    mode: str = "async"                   # async (rollouter + trainer actors) | sync (colocated loop)
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
@@ -234,6 +243,7 @@ ADV_ESTIMATORS = ("grpo",)
 REWARD_MANAGERS = ("naive", "dapo")
 LOGGERS = ("console", "tensorboard")
 DTYPES = ("float32", "bfloat16", "float16")
+MODES = ("async", "sync")
 
 
 def _choice(key: str, value: Any, choices: tuple) -> None:
@@ -259,6 +269,7 @@ def validate(cfg: Any) -> None:
     """Cross-field checks that need no data and no model; raises ConfigError naming the key."""
     arr = cfg.actor_rollout_ref
     actor, rollout = arr.actor, arr.rollout
+    _choice("mode", cfg.mode, MODES)
     _choice("trainer.device", cfg.trainer.device, DEVICES)
     _choice("actor_rollout_ref.rollout.name", rollout.name, ROLLOUT_NAMES)
     _choice("actor_rollout_ref.actor.strategy", actor.strategy, STRATEGIES)
@@ -335,10 +346,16 @@ def validate(cfg: Any) -> None:
                        ("rollout.nnodes", cfg.rollout.nnodes), ("rollout.n_gpus_per_node", cfg.rollout.n_gpus_per_node),
                        ("trainer.total_epochs", cfg.trainer.total_epochs)):
         _at_least(key, value, 1)
+    if cfg.mode == "sync":
+        _at_least("data.train_batch_size", cfg.data.train_batch_size, 1)
+        if cfg.data.train_batch_size % actor.ppo_mini_batch_size:
+            raise ConfigError("data.train_batch_size",
+                              f"{cfg.data.train_batch_size} prompts per step must be a multiple of "
+                              f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size}")
     if cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node != 1:
         raise ConfigError("trainer.n_gpus_per_node",
                           "strategy=torch trains on one device; use trainer.nnodes=1 trainer.n_gpus_per_node=1")
-    if cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node != 1:
+    if cfg.mode == "async" and cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node != 1:
         raise ConfigError("rollout.n_gpus_per_node",
                           f"rollout.name={rollout.name} runs one engine on one device; use rollout.nnodes=1 "
                           "rollout.n_gpus_per_node=1")
@@ -375,6 +392,11 @@ def validate_with_data(cfg: Any, num_train_prompts: int) -> None:
     actor = cfg.actor_rollout_ref.actor
     if num_train_prompts == 0:
         raise ConfigError("data.train_files", "the training data has no prompts left after filtering")
+    if cfg.mode == "sync":
+        if cfg.data.train_batch_size > num_train_prompts:
+            raise ConfigError("data.train_batch_size", f"{cfg.data.train_batch_size} prompts per step but the "
+                              f"training data has only {num_train_prompts}")
+        return
     required = actor.ppo_mini_batch_size * cfg.async_training.require_batches
     if required > num_train_prompts:
         raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size",

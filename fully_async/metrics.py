@@ -1,6 +1,7 @@
 """Metric computation and sinks (layer 1): console line, TensorBoard.  Names follow verl."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any, Optional, Sequence
@@ -73,13 +74,14 @@ class MetricLogger:
         self.console = "console" in backends
         self.write_line = write_line or (lambda line: logger.info(line))
         self.writer = None
+        self.log_dir = ""
         if "tensorboard" in backends:
             from torch.utils.tensorboard import SummaryWriter
 
             self.log_dir = tensorboard_dir(project, experiment)
             self.writer = SummaryWriter(self.log_dir)
-            if config is not None:
-                import json
+            if config is not None:  # the resolved config travels with the curves (compare_sync_async diffs it)
+                self.write_json("config.json", config)
                 self.writer.add_text("config", "```\n" + json.dumps(config, indent=1, default=str) + "\n```")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -89,6 +91,13 @@ class MetricLogger:
             self.writer.flush()
         if self.console:
             self.write_line(console_line(step, metrics))
+
+    def write_json(self, name: str, data: dict) -> None:
+        """A side file in the TensorBoard run directory (no-op without TensorBoard)."""
+        if self.log_dir:
+            os.makedirs(self.log_dir, exist_ok=True)
+            with open(os.path.join(self.log_dir, name), "w") as fh:
+                json.dump(data, fh, indent=1, default=str)
 
     def close(self) -> None:
         if self.writer is not None:

@@ -61,6 +61,8 @@ def prepare(cfg: Any) -> Prepared:
 
     at = cfg.async_training
     required = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * at.require_batches
+    if cfg.mode == "sync":
+        required = cfg.data.train_batch_size  # prompts per step
     total_prompts = cfg.rollout.total_rollout_steps or cfg.trainer.total_epochs * len(train)
     if cfg.trainer.total_training_steps is not None:
         total_steps = cfg.trainer.total_training_steps

@@ -11,10 +11,12 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import queue as queue_mod
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from fully_async.generation import group_pendings, make_group, score_samples, validate
 from fully_async.partial import PendingResponse
 from fully_async.types import GenOutput, PromptRecord, SampleGroup, SamplingParams
 
@@ -62,6 +64,8 @@ class Rollouter:
         self.commands: queue_mod.Queue = queue_mod.Queue()
         self.stopped = False
         self.closed = False
+        self.loop_running = False
+        self._loop_lock = threading.Lock()
         self.stats = {"idle_s": 0.0, "wall_s": 0.0, "generated_samples": 0, "pushed_groups": 0,
                       "interrupted_samples": 0, "bound_pauses": 0, "staleness_samples": 0, "version": 0}
         self._start = time.perf_counter()
@@ -85,12 +89,27 @@ class Rollouter:
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        self.commands.put((fn, fut))
+        with self._loop_lock:
+            if not self.loop_running:  # before run() (initial weights) or after it: nobody else drives the engine
+                return fn()
+            self.commands.put((fn, fut))
         return fut.result()
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict:
         self._start = time.perf_counter()
+        self.loop_running = True
+        try:
+            return self._loop()
+        finally:
+            with self._loop_lock:
+                self.loop_running = False
+                while not self.commands.empty():
+                    item = self.commands.get_nowait()
+                    if item is not None:
+                        item[1].set_exception(RuntimeError("the rollouter's loop has ended"))
+
+    def _loop(self) -> dict:
         if self.cfg.trainer.val_before_train and self.val_records:
             self._validate(0)
         while not self.stopped:
@@ -140,10 +159,9 @@ class Rollouter:
             epoch, record = self.stream.next()
             uid = f"e{epoch}-p{record.index}"
             self.groups[uid] = _Group(record, epoch, self.engine.version)
-            for j in range(self.n):
-                pend = PendingResponse(uid, f"{uid}-s{j}", record.prompt_ids, self.params)
-                self.pending[pend.sample_id] = pend
-                self.engine.submit([pend.request()])
+            pends = group_pendings(uid, record, self.n, self.params)
+            self.pending.update((p.sample_id, p) for p in pends)
+            self.engine.submit([p.request() for p in pends])
             self.staleness.on_admit()
         self.stats["staleness_samples"] = self.staleness.state.admitted
         if pushed_stats:
@@ -169,14 +187,8 @@ class Rollouter:
             ray_get(self.queue.put_many.remote(complete, dict(self.stats)))
 
     def _score(self, uid: str, group: _Group) -> SampleGroup:
-        rec = group.record
-        for s in group.done:
-            text = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
-            s.reward, s.reward_extra = self.reward.score(rec.data_source, text, rec.ground_truth, rec.extra_info,
-                                                         len(s.response_ids))
-            s.data_source = rec.data_source
-        group.done.sort(key=lambda s: s.sample_id)
-        return SampleGroup(uid, rec.index, group.epoch, group.done, group.admitted_version)
+        score_samples(self.tokenizer, self.reward, group.record, group.done)
+        return make_group(uid, group.record, group.epoch, group.admitted_version, group.done)
 
     def _refresh_stats(self) -> None:
         self.stats["wall_s"] = time.perf_counter() - self._start
@@ -208,30 +220,10 @@ class Rollouter:
         return timings
 
     def _validate(self, version: int) -> dict:
-        """Greedy (val_kwargs) pass over the validation set on the weights of `version`."""
-        if self.engine.num_in_flight():  # keep in-flight work: it resumes after validation
+        """Validation on the weights of `version`; in-flight work is parked and resumed after."""
+        if self.engine.num_in_flight():
             self._handle(self.engine.interrupt())
-        start = time.perf_counter()
-        vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
-        temperature = vk.temperature if vk.do_sample else 0.0
-        params = SamplingParams(temperature, vk.top_p, vk.top_k, self.cfg.data.max_response_length)
-        pend = {}
-        for rec in self.val_records:
-            for j in range(vk.n):
-                p = PendingResponse(f"val{rec.index}", f"val-v{version}-{rec.index}-{j}", rec.prompt_ids, params)
-                pend[p.sample_id] = (p, rec)
-                self.engine.submit([p.request()])
-        scores: dict[str, list[float]] = {}
-        while self.engine.num_in_flight():
-            for out in self.engine.collect():
-                p, rec = pend[out.request_id]
-                p.extend(out)
-                text = self.tokenizer.decode(p.token_ids, skip_special_tokens=True)
-                score, _ = self.reward.score(rec.data_source, text, rec.ground_truth, rec.extra_info,
-                                             len(p.token_ids))
-                scores.setdefault(rec.data_source, []).append(score)
-        metrics = {f"val-core/{ds}/reward/mean@{vk.n}": sum(v) / len(v) for ds, v in scores.items()}
-        metrics["timing_s/testing"] = time.perf_counter() - start
+        metrics = validate(self.engine, self.tokenizer, self.reward, self.val_records, self.cfg, version)
         ray_get(self.queue.put_val_metrics.remote(version, metrics))
         logger.info("validation at param version %d: %s", version,
                     ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))

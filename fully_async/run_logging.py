@@ -23,6 +23,7 @@ class RunLogger:
         self.bar = tqdm(total=total_steps, desc="steps", dynamic_ncols=True, disable=not t.progress_bar)
         self.sink = MetricLogger(list(t.logger), t.project_name, t.experiment_name,
                                  config=OmegaConf.to_container(cfg, resolve=True), write_line=self.bar.write)
+        self.mode = cfg.mode
         self.val_history: list[tuple[int, dict]] = []
         self.last: dict = {}
         self.history: list[tuple[int, dict]] = []
@@ -32,6 +33,9 @@ class RunLogger:
 
         for step, metrics in ray.get(self.trainer.pop_metrics.remote()):
             self._log(step, metrics)
+
+    def has_val_at(self, step: int) -> bool:
+        return any(s == step for s, _ in self.val_history)
 
     def log_val(self, metrics: dict, step: int) -> None:
         self._log(step, metrics)
@@ -52,8 +56,8 @@ class RunLogger:
 
     def finish(self, wall_s: float) -> dict:
         self.bar.close()
-        self.sink.close()
-        summary: dict[str, Any] = {"wall_s": wall_s, "steps": self.history[-1][0] if self.history else 0}
+        summary: dict[str, Any] = {"wall_s": wall_s, "steps": self.history[-1][0] if self.history else 0,
+                                   "mode": self.mode}
         if self.val_history:
             summary["val_before"] = self._val_mean(self.val_history[0][1])
             summary["val_after"] = self._val_mean(self.val_history[-1][1])
@@ -65,6 +69,10 @@ class RunLogger:
         if "val_before" in summary:
             lines.append(f"validation reward: before {summary['val_before']:.3f} -> after {summary['val_after']:.3f}")
         lines += [f"mean {k}: {summary[k]:.4g}" for k in summary if "/" in k]
+        if self.sink.log_dir:
+            lines.append(f"TensorBoard: {self.sink.log_dir}")
         for line in lines:
             logger.info(line)
+        self.sink.write_json("summary.json", summary)
+        self.sink.close()
         return summary
