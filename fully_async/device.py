@@ -132,6 +132,22 @@ def check_available(device: Device) -> None:
                           f"(torch {torch.__version__}; check the driver and CUDA_VISIBLE_DEVICES)")
 
 
+def describe_hardware(device: Device) -> str:
+    """One line naming the hardware, for reports ("2x NVIDIA H100 80GB HBM3", "CPU: ... (2 cores)")."""
+    if device.is_accelerator:
+        mod = device.module()
+        count = mod.device_count()
+        name = mod.get_device_name(0) if count else "none visible"
+        return f"{count}x {name}"
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"CPU: {model or 'unknown'} ({os.cpu_count()} cores)"
+
+
 def host_rss_gib() -> float:
     """Current resident set size of this process in GiB (falls back to peak RSS)."""
     try:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
-from typing import Any, Callable
+from typing import Any, Optional
 
 import hydra
 from omegaconf import DictConfig
@@ -22,7 +21,8 @@ logger = logging.getLogger("fully_async")
 register()
 
 
-def create_async_actors(cfg: Any, prep: Any, device: Any) -> dict:
+def create_async_actors(cfg: Any, prep: Any, device: Any, resume_path: Optional[str],
+                        resume_state: Optional[dict]) -> dict:
     import ray
 
     from fully_async.queue import GroupQueue
@@ -32,66 +32,19 @@ def create_async_actors(cfg: Any, prep: Any, device: Any) -> dict:
     n_train = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     n_roll = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
     queue = ray.remote(GroupQueue).options(num_cpus=0, max_concurrency=8).remote()
+    if resume_state is not None:  # groups generated but not trained at the checkpoint go back first
+        ray.get(queue.put_many.remote(resume_state["queue"]))
     rollouter = ray.remote(Rollouter).options(max_concurrency=4, **device.ray_actor_options(n_roll)).remote(
-        prep.cfg_dict, queue, prep.train, prep.val, prep.eos_token_ids, prep.pad_token_id)
-    trainer = ray.remote(Trainer).options(max_concurrency=2, **device.ray_actor_options(n_train)).remote(
-        prep.cfg_dict, queue, rollouter, prep.total_steps, n_train + n_roll, prep.pad_token_id)
+        prep.cfg_dict, queue, prep.train, prep.val, prep.eos_token_ids, prep.pad_token_id, resume_state)
+    trainer = ray.remote(Trainer).options(max_concurrency=3, **device.ray_actor_options(n_train)).remote(
+        prep.cfg_dict, queue, rollouter, prep.total_steps, n_train + n_roll, prep.pad_token_id, resume_path)
     return {"trainer": trainer, "rollouter": rollouter, "queue": queue}
 
 
-def launch(cfg: Any, create: Callable[[Any, Any], dict], main_actor: str) -> dict:
-    """Shared by both modes: prepare, start Ray, create actors, supervise, validate, shut down.
-
-    `create(prep, device)` returns named actor handles; `main_actor` has run()/pop_metrics()/
-    validate(); every other actor with a run() method runs beside it and is stopped at the end.
-    """
-    import ray
-
-    from fully_async.device import check_available, get_device
-    from fully_async.prepare import prepare
-    from fully_async.ray_utils import RunFailed, check_resources, kill_all, start_ray, supervise, wait_ready
-    from fully_async.run_logging import RunLogger
-
-    t_start = time.perf_counter()
-    prep = prepare(cfg)
-    device = get_device(cfg.trainer.device)
-    check_available(device)
-    started_ray = start_ray(num_cpus_needed=2)
-    actors: dict = {}
-    try:
-        needs = {"trainer": cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node}
-        if cfg.mode == "async":
-            needs["rollout"] = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
-        check_resources(device, needs)
-        actors = create(prep, device)
-        runners = {name: a for name, a in actors.items() if name != "queue"}
-        logger.info("actors ready in %.1fs on %s", wait_ready(runners), device.name)
-        main = actors[main_actor]
-        if cfg.mode == "async" and cfg.actor_rollout_ref.rollout.load_format == "dummy":
-            ray.get(main.sync_initial_weights.remote())  # the engine holds random weights until now
-        run_log = RunLogger(cfg, prep.total_steps, main)
-        runs = {a.run.remote(): name for name, a in runners.items()}
-        supervise(runs, until=main_actor, on_tick=run_log.drain)
-        run_log.drain()
-        validator = actors.get("rollouter", main)
-        if prep.val and not run_log.has_val_at(prep.total_steps):
-            run_log.log_val(ray.get(validator.validate.remote()), prep.total_steps)
-        others = {ref: name for ref, name in runs.items() if name != main_actor}
-        for name in others.values():
-            ray.get(actors[name].stop.remote())
-        if others:
-            supervise(others, until=next(iter(others.values())), on_tick=lambda: None)
-        return run_log.finish(time.perf_counter() - t_start)
-    except RunFailed:
-        kill_all(list(actors.values()))
-        raise
-    finally:
-        if started_ray:
-            ray.shutdown()
-
-
 def run_async(cfg: Any) -> dict:
-    return launch(cfg, lambda prep, device: create_async_actors(cfg, prep, device), main_actor="trainer")
+    from fully_async.launcher import launch
+
+    return launch(cfg, lambda *args: create_async_actors(cfg, *args), main_actor="trainer")
 
 
 def run(cfg: Any) -> dict:
@@ -104,9 +57,13 @@ def run(cfg: Any) -> dict:
 @hydra.main(config_path=CONFIG_DIR, config_name="fully_async_ppo_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
     from fully_async.hydra_setup import USER_ERRORS
+    from fully_async.launcher import RunInterrupted
 
     try:
         run(cfg)
+    except RunInterrupted as exc:
+        logger.error("%s", exc)
+        sys.exit(128 + exc.signum)
     except USER_ERRORS as exc:
         logger.error("%s", exc)
         sys.exit(1)

@@ -65,6 +65,11 @@ class GroupQueue:
             return {"groups": groups, "closed": self._closed and not self._groups, "stats": dict(self._stats),
                     "val": val}
 
+    def snapshot(self) -> list[SampleGroup]:
+        """The queued groups, not removed (for a checkpoint)."""
+        with self._cond:
+            return list(self._groups)
+
     def size(self) -> int:
         with self._cond:
             return len(self._groups)

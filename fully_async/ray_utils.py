@@ -61,8 +61,9 @@ def _is_secondary(exc: BaseException) -> bool:
     return isinstance(root_cause(exc), (rex.RayActorError, rex.ActorDiedError))
 
 
-def supervise(runs: dict[Any, str], until: str, on_tick: Callable[[], None], tick_s: float = 0.5) -> None:
-    """Wait for the run named `until` to finish while ticking; raise RunFailed on any failure.
+def supervise(runs: dict[Any, str], until: str, on_tick: Callable[[], None], tick_s: float = 0.5) -> Any:
+    """Wait for the run named `until` to finish while ticking (returns its result); raise RunFailed
+    on any failure, including one raised by `on_tick` (the watchdog).
 
     When several actors fail together, report the one whose error is not just "actor died".
     """
@@ -75,13 +76,12 @@ def supervise(runs: dict[Any, str], until: str, on_tick: Callable[[], None], tic
         for ref in ready:
             name = pending.pop(ref)
             try:
-                ray.get(ref)
+                result = ray.get(ref)
             except Exception as exc:  # noqa: BLE001 - anything from an actor ends the run
                 raise RunFailed(_failure_message(name, exc, pending)) from None
             if name == until:
-                return
-            if until not in pending.values():
-                return
+                return result
+            logger.warning("%s finished before %s", name, until)
 
 
 def _failure_message(name: str, exc: BaseException, others: dict[Any, str]) -> str:

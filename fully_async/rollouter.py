@@ -33,12 +33,13 @@ class _Group:
 
 class Rollouter:
     def __init__(self, cfg: Any, queue: Any, train_records: list[PromptRecord], val_records: list[PromptRecord],
-                 eos_token_ids: list[int], pad_token_id: int):
+                 eos_token_ids: list[int], pad_token_id: int, resume_state: Optional[dict] = None):
         from fully_async.actor_setup import actor_init, build_tokenizer
         from fully_async.data import PromptStream
         from fully_async.engines import build_engine
         from fully_async.rewards import build_reward_manager
         from fully_async.staleness import StalenessManager
+        from fully_async.timeline import Timeline
 
         self.cfg, self.device = actor_init(cfg, "rollouter")
         cfg = self.cfg
@@ -69,6 +70,10 @@ class Rollouter:
         self.stats = {"idle_s": 0.0, "wall_s": 0.0, "generated_samples": 0, "pushed_groups": 0,
                       "interrupted_samples": 0, "bound_pauses": 0, "staleness_samples": 0, "version": 0}
         self._start = time.perf_counter()
+        self.timeline = Timeline("rollouter", cfg.trainer.timeline)
+        self.resumed = resume_state is not None
+        if resume_state is not None:
+            self._restore(resume_state)
 
     # ------------------------------------------------------------------ called by others
     def update_weights(self, named_tensors: dict, version: int) -> dict:
@@ -81,8 +86,23 @@ class Rollouter:
         self.stopped = True
         self.commands.put(None)
 
+    def snapshot(self) -> dict:
+        """Everything not yet trained on, for a checkpoint (taken between two engine steps)."""
+        return self._call(self._snapshot)
+
     def get_stats(self) -> dict:
-        return dict(self.stats)
+        return dict(self.stats, in_flight_requests=len(self.pending), in_flight_groups=len(self.groups),
+                    prompts_emitted=self.stream.num_emitted, loop_running=self.loop_running)
+
+    def progress(self) -> dict:
+        """Counters the driver's watchdog compares between polls."""
+        keys = ("engine_steps", "validations", "generated_samples", "staleness_samples", "bound_pauses", "version")
+        return dict({k: self.stats.get(k, 0) for k in keys}, in_flight_requests=len(self.pending),
+                    prompts_emitted=self.stream.num_emitted, loop_running=self.loop_running,
+                    paused_at_bound=not self.staleness.can_admit_peek())
+
+    def get_timeline(self) -> list[dict]:
+        return self.timeline.drain()
 
     def ready(self) -> bool:
         return True
@@ -110,8 +130,11 @@ class Rollouter:
                         item[1].set_exception(RuntimeError("the rollouter's loop has ended"))
 
     def _loop(self) -> dict:
-        if self.cfg.trainer.val_before_train and self.val_records:
-            self._validate(0)
+        if self.interrupted:  # partial responses restored from a checkpoint
+            self.engine.submit([p.request() for p in self.interrupted])
+            self.interrupted = []
+        elif self.cfg.trainer.val_before_train and self.val_records and not self.resumed:
+            self._validate(self.engine.version)
         while not self.stopped:
             self._run_commands(block=False)
             if self.stopped:
@@ -127,7 +150,10 @@ class Rollouter:
                 self._run_commands(block=True, timeout=0.5)
                 self.stats["idle_s"] += time.perf_counter() - idle_from
                 continue
-            self._handle(self.engine.collect())
+            with self.timeline.span("generate"):
+                outputs = self.engine.collect()
+            self.stats["engine_steps"] = self.stats.get("engine_steps", 0) + 1
+            self._handle(outputs)
         return self.get_stats()
 
     def _run_commands(self, block: bool, timeout: float = 0.0) -> None:
@@ -182,12 +208,14 @@ class Rollouter:
                 complete.append(self._score(pend.uid, group))
         if complete:
             self.stats["generated_samples"] += self.n * len(complete)
+            self.stats["last_progress"] = time.time()
             self.stats["pushed_groups"] += len(complete)
             self._refresh_stats()
             ray_get(self.queue.put_many.remote(complete, dict(self.stats)))
 
     def _score(self, uid: str, group: _Group) -> SampleGroup:
-        score_samples(self.tokenizer, self.reward, group.record, group.done)
+        with self.timeline.span("reward"):
+            score_samples(self.tokenizer, self.reward, group.record, group.done)
         return make_group(uid, group.record, group.epoch, group.admitted_version, group.done)
 
     def _refresh_stats(self) -> None:
@@ -196,6 +224,10 @@ class Rollouter:
 
     # ------------------------------------------------------------------ commands
     def _apply_weights(self, named_tensors: dict, version: int) -> dict:
+        with self.timeline.span("param_sync", version=version):
+            return self._apply_weights_inner(named_tensors, version)
+
+    def _apply_weights_inner(self, named_tensors: dict, version: int) -> dict:
         t0 = time.perf_counter()
         if self.partial_rollout:
             aborted = self.engine.interrupt()
@@ -223,13 +255,46 @@ class Rollouter:
         """Validation on the weights of `version`; in-flight work is parked and resumed after."""
         if self.engine.num_in_flight():
             self._handle(self.engine.interrupt())
-        metrics = validate(self.engine, self.tokenizer, self.reward, self.val_records, self.cfg, version)
+        with self.timeline.span("validate", version=version):
+            metrics = validate(self.engine, self.tokenizer, self.reward, self.val_records, self.cfg, version)
+        self.stats["validations"] = self.stats.get("validations", 0) + 1
+        self.stats["last_progress"] = time.time()
         ray_get(self.queue.put_val_metrics.remote(version, metrics))
         logger.info("validation at param version %d: %s", version,
                     ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
         self.engine.submit([p.request() for p in self.interrupted])
         self.interrupted = []
         return metrics
+
+
+    # ------------------------------------------------------------------ checkpoint
+    def _snapshot(self) -> dict:
+        if self.engine.num_in_flight():  # park in-flight requests: their partial state goes in the snapshot
+            self._handle(self.engine.interrupt())
+        state = {
+            "stream": self.stream.state_dict(),
+            "staleness": self.staleness.state_dict(),
+            "groups": {uid: (g.record, g.epoch, g.admitted_version, list(g.done)) for uid, g in self.groups.items()},
+            "pending": list(self.pending.values()),
+            # taken while this loop is parked, so no group moves between rollouter and queue meanwhile
+            "queue": ray_get(self.queue.snapshot.remote()),
+            "closed": self.closed,
+        }
+        self.engine.submit([p.request() for p in self.interrupted])
+        self.interrupted = []
+        return state
+
+    def _restore(self, state: dict) -> None:
+        """Continue exactly where a checkpoint left off; the driver refills the queue itself."""
+        self.stream.load_state_dict(state["stream"])
+        self.staleness.load_state_dict(state["staleness"])
+        self.groups = {uid: _Group(rec, epoch, version, list(done))
+                       for uid, (rec, epoch, version, done) in state["groups"].items()}
+        self.pending = {p.sample_id: p for p in state["pending"]}
+        self.interrupted = list(self.pending.values())  # resubmitted when the loop starts
+        self.closed = False
+        logger.info("rollouter resumed: %d prompts already emitted, %d groups in flight (%d partial responses)",
+                    self.stream.num_emitted, len(self.groups), len(self.pending))
 
 
 def ray_get(ref: Any) -> Any:

@@ -14,7 +14,7 @@ logger = logging.getLogger("fully_async")
 
 
 class RunLogger:
-    def __init__(self, cfg: Any, total_steps: int, trainer: Any):
+    def __init__(self, cfg: Any, total_steps: int, trainer: Any, hardware: str = ""):
         from omegaconf import OmegaConf
         from tqdm import tqdm
 
@@ -24,6 +24,11 @@ class RunLogger:
         self.sink = MetricLogger(list(t.logger), t.project_name, t.experiment_name,
                                  config=OmegaConf.to_container(cfg, resolve=True), write_line=self.bar.write)
         self.mode = cfg.mode
+        self.hardware = hardware
+        n_train = t.nnodes * t.n_gpus_per_node
+        n_roll = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+        self.devices = {"trainer": n_train, "rollout": n_roll if cfg.mode == "async" else 0,
+                        "total": n_train + (n_roll if cfg.mode == "async" else 0), "device": t.device}
         self.val_history: list[tuple[int, dict]] = []
         self.last: dict = {}
         self.history: list[tuple[int, dict]] = []
@@ -57,7 +62,7 @@ class RunLogger:
     def finish(self, wall_s: float) -> dict:
         self.bar.close()
         summary: dict[str, Any] = {"wall_s": wall_s, "steps": self.history[-1][0] if self.history else 0,
-                                   "mode": self.mode}
+                                   "mode": self.mode, "hardware": self.hardware, "devices": self.devices}
         if self.val_history:
             summary["val_before"] = self._val_mean(self.val_history[0][1])
             summary["val_after"] = self._val_mean(self.val_history[-1][1])

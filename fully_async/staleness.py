@@ -64,6 +64,10 @@ class StalenessManager:
         self._paused = not ok
         return ok
 
+    def can_admit_peek(self) -> bool:
+        """can_admit() without counting a pause."""
+        return self.state.admitted < self.max_admitted
+
     def pause_reason(self) -> str:
         s = self.state
         return (f"staleness bound: {s.admitted} groups admitted for param version {s.version} "

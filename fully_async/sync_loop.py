@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Optional
 
 from fully_async.generation import group_pendings, make_group, run_to_completion, score_samples, validate
 from fully_async.types import PromptRecord, SamplingParams
@@ -21,12 +21,14 @@ logger = logging.getLogger(__name__)
 
 class SyncWorker:
     def __init__(self, cfg: Any, train_records: list[PromptRecord], val_records: list[PromptRecord],
-                 total_steps: int, num_devices: int, eos_token_ids: list[int], pad_token_id: int):
+                 total_steps: int, num_devices: int, eos_token_ids: list[int], pad_token_id: int,
+                 resume_path: Optional[str] = None, resume_state: Optional[dict] = None):
         from fully_async.actor_setup import actor_init, build_tokenizer
         from fully_async.backends import build_backend
         from fully_async.data import PromptStream
         from fully_async.engines import build_engine
         from fully_async.rewards import build_reward_manager
+        from fully_async.timeline import Timeline
         from fully_async.weight_sync import LocalWeightSync
 
         self.cfg, self.device = actor_init(cfg, "sync")
@@ -49,9 +51,41 @@ class SyncWorker:
         self.version = 0
         self.trained_sample_ids: list[str] = []
         self._metrics: list[tuple[int, dict]] = []
+        self._validations = 0
         self._lock = threading.Lock()
         off = cfg.actor_rollout_ref.actor.fsdp_config
         self.offload_trainer = off.param_offload or off.optimizer_offload
+        self.timeline = Timeline("sync", cfg.trainer.timeline)
+        self._stop_requested = False
+        self.last_checkpoint: Optional[str] = None
+        if resume_path:
+            from fully_async.trainer import load_trainer_state
+
+            state = load_trainer_state(resume_path)
+            self.backend.load(resume_path)
+            self.step, self.version = state["step"], state["version"]
+            self.trained_sample_ids = list(state["trained_sample_ids"])
+            self.stream.load_state_dict(resume_state["stream"])
+            self.weight_sync.push(self.backend.named_parameters_for_sync(), self.version)
+            logger.info("resumed from %s: step %d", resume_path, self.step)
+
+    def progress(self) -> dict:
+        return {"step": self.step, "version": self.version, "validations": self._validations}
+
+    def request_stop(self) -> None:
+        self._stop_requested = True
+
+    def get_timeline(self) -> list[dict]:
+        return self.timeline.drain()
+
+    def _save(self) -> dict:
+        from fully_async.trainer import save_checkpoint
+
+        start = time.perf_counter()
+        with self.timeline.span("save"):
+            self.last_checkpoint = save_checkpoint(self.backend, self.cfg, self.step, self.version,
+                                                   self.trained_sample_ids, {"stream": self.stream.state_dict()})
+        return {"timing_s/save_checkpoint": time.perf_counter() - start}
 
     def ready(self) -> bool:
         return True
@@ -69,20 +103,23 @@ class SyncWorker:
         return {f"memory/{phase}/{k}": v for k, v in self.device.memory_stats().items()}
 
     def validate(self) -> dict:
-        return validate(self.engine, self.tokenizer, self.reward, self.val_records, self.cfg, self.version)
+        with self.timeline.span("validate"):
+            metrics = validate(self.engine, self.tokenizer, self.reward, self.val_records, self.cfg, self.version)
+        self._validations += 1
+        return metrics
 
     def run(self) -> dict:
         from fully_async.batch import build_batch
         from fully_async.metrics import batch_metrics
-        from fully_async.trainer import prepare_batch
+        from fully_async.trainer import check_bad_steps, prepare_batch
 
         cfg = self.cfg
-        if cfg.trainer.val_before_train and self.val_records:
+        if cfg.trainer.val_before_train and self.val_records and self.step == 0:
             self._emit(0, self.validate())
         if self.offload_trainer:
             self.backend.offload()
         test_freq = cfg.trainer.test_freq
-        while self.step < self.total_steps and not self.stream.exhausted:
+        while self.step < self.total_steps and not self.stream.exhausted and not self._stop_requested:
             t_step = time.perf_counter()
             timing: dict[str, float] = {}
             # ---- generate (engine awake, trainer offloaded)
@@ -96,7 +133,8 @@ class SyncWorker:
                 uid = f"e{epoch}-p{rec.index}"
                 groups_in.append((uid, rec, epoch, group_pendings(uid, rec, cfg.actor_rollout_ref.rollout.n,
                                                                   self.params)))
-            run_to_completion(self.engine, [p for *_, ps in groups_in for p in ps])
+            with self.timeline.span("generate"):
+                run_to_completion(self.engine, [p for *_, ps in groups_in for p in ps])
             timing["timing_s/gen"] = time.perf_counter() - t
             metrics = self._memory("generate")
             # ---- reward
@@ -109,18 +147,22 @@ class SyncWorker:
             timing["timing_s/reward"] = time.perf_counter() - t
             # ---- switch: engine sleeps, trainer comes back
             t = time.perf_counter()
-            self.engine.sleep(1)
-            if self.offload_trainer:
-                self.backend.onload()
+            with self.timeline.span("onload"):
+                self.engine.sleep(1)
+                if self.offload_trainer:
+                    self.backend.onload()
             timing["timing_s/onload"] = time.perf_counter() - t
             # ---- train
             samples = [s for g in groups for s in g.samples]
             self.trained_sample_ids.extend(s.sample_id for s in samples)
             batch = build_batch(samples, self.pad_token_id)
-            metrics.update(prepare_batch(self.backend, cfg, batch, timing))
+            with self.timeline.span("old_log_prob+ref+adv"):
+                metrics.update(prepare_batch(self.backend, cfg, batch, timing))
             t = time.perf_counter()
             mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
-            metrics.update(self.backend.train_step(batch, num_mini_batches=max(1, len(groups) // mini)))
+            with self.timeline.span("update_actor"):
+                metrics.update(self.backend.train_step(batch, num_mini_batches=max(1, len(groups) // mini)))
+            check_bad_steps(self.backend, cfg, self.step + 1, samples)
             timing["timing_s/update_actor"] = time.perf_counter() - t
             metrics.update(self._memory("update_actor"))
             metrics.update(batch_metrics(samples, self.version, cfg.data.max_response_length))
@@ -128,13 +170,17 @@ class SyncWorker:
             # ---- switch back and push weights
             t = time.perf_counter()
             named = self.backend.named_parameters_for_sync()
-            if self.offload_trainer:
-                self.backend.offload()
-            self.engine.wake_up()
+            with self.timeline.span("offload"):
+                if self.offload_trainer:
+                    self.backend.offload()
+                self.engine.wake_up()
             timing["timing_s/offload"] = time.perf_counter() - t
             self.step += 1
             self.version += 1
-            metrics.update(self.weight_sync.push(named, self.version))
+            with self.timeline.span("param_sync"):
+                metrics.update(self.weight_sync.push(named, self.version))
+            if cfg.trainer.save_freq > 0 and self.version % cfg.trainer.save_freq == 0:
+                metrics.update(self._save())
             metrics.update(self._memory("param_sync"))
             if test_freq > 0 and self.version % test_freq == 0 and self.val_records:
                 self._emit(self.step, self.validate())
@@ -150,21 +196,25 @@ class SyncWorker:
                 "fully_async/count/total_generated_samples": len(self.trained_sample_ids),
             })
             self._emit(self.step, metrics)
-        return {"steps": self.step, "version": self.version, "trained_sample_ids": self.trained_sample_ids}
+        if self._stop_requested:
+            self._emit(self.step, self._save())
+        return {"steps": self.step, "version": self.version, "trained_sample_ids": self.trained_sample_ids,
+                "checkpoint": self.last_checkpoint}
 
 
 def run_sync(cfg: Any) -> dict:
     """Driver of mode=sync: one colocated worker on the trainer's devices."""
     import ray
 
-    from fully_async.main import launch
+    from fully_async.launcher import launch
 
-    def create(prep: Any, device: Any) -> dict:
+    def create(prep: Any, device: Any, resume_path: Optional[str], resume_state: Optional[dict]) -> dict:
         n_dev = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
         # on CPU the colocated worker gets the cores async mode splits between its two actors
         opts = device.ray_actor_options(n_dev, num_cpus=1 if device.is_accelerator else 2)
         worker = ray.remote(SyncWorker).options(max_concurrency=2, **opts).remote(
-            prep.cfg_dict, prep.train, prep.val, prep.total_steps, n_dev, prep.eos_token_ids, prep.pad_token_id)
+            prep.cfg_dict, prep.train, prep.val, prep.total_steps, n_dev, prep.eos_token_ids, prep.pad_token_id,
+            resume_path, resume_state)
         return {"sync": worker}
 
     return launch(cfg, create, main_actor="sync")

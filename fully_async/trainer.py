@@ -12,7 +12,7 @@ import logging
 import math
 import threading
 import time
-from typing import Any
+from typing import Any, Optional
 
 from fully_async.algorithms import grpo_advantages, kl_penalty
 from fully_async.batch import TrainBatch, build_batch
@@ -51,16 +51,67 @@ def prepare_batch(backend: Any, cfg: Any, batch: TrainBatch, timing: dict) -> di
     return metrics
 
 
+def save_checkpoint(backend: Any, cfg: Any, step: int, version: int, trained_ids: list[str],
+                    rollout_state: dict) -> str:
+    """Atomic global_step_<version> folder with everything needed to resume (see checkpoint.py)."""
+    import os
+
+    from fully_async.checkpoint import atomic_save, write_json, write_pickle
+
+    def write(tmp: str) -> None:
+        backend.save(tmp)
+        write_json(os.path.join(tmp, "trainer_state.json"),
+                   {"step": step, "version": version, "trained_sample_ids": trained_ids,
+                    "model_path": cfg.actor_rollout_ref.model.path, "mode": cfg.mode})
+        write_pickle(os.path.join(tmp, "rollout_state.pkl"), rollout_state)
+
+    t = cfg.trainer
+    return atomic_save(t.default_local_dir, version, write, keep=t.max_ckpt_to_keep)
+
+
+def load_trainer_state(path: str) -> dict:
+    import os
+
+    from fully_async.checkpoint import read_json
+    return read_json(os.path.join(path, "trainer_state.json"))
+
+
+class BadStepsError(RuntimeError):
+    pass
+
+
+def check_bad_steps(backend: Any, cfg: Any, step: int, samples: list) -> None:
+    """Log the batch of a skipped update; fail after trainer.max_bad_steps in a row."""
+    import json
+    import os
+
+    if backend.consecutive_bad_steps == 0:
+        return
+    folder = os.path.join(cfg.trainer.default_local_dir, "bad_batches")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"step_{step}.json")
+    with open(path, "w") as fh:
+        json.dump([{"sample_id": s.sample_id, "reward": s.reward, "response_len": len(s.response_ids),
+                    "versions": [s.param_version_start, s.param_version_end]} for s in samples], fh)
+    logger.warning("step %d: non-finite loss or gradient, update skipped; batch logged to %s", step, path)
+    if backend.consecutive_bad_steps >= cfg.trainer.max_bad_steps:
+        raise BadStepsError(f"{backend.consecutive_bad_steps} consecutive optimizer steps had a NaN/inf loss or "
+                            f"gradient (trainer.max_bad_steps={cfg.trainer.max_bad_steps}); last batch: {path}")
+
+
 class Trainer:
-    def __init__(self, cfg: Any, queue: Any, rollouter: Any, total_steps: int, num_devices: int, pad_token_id: int):
+    def __init__(self, cfg: Any, queue: Any, rollouter: Any, total_steps: int, num_devices: int, pad_token_id: int,
+                 resume_path: Optional[str] = None):
         from fully_async.actor_setup import actor_init
         from fully_async.backends import build_backend
+        from fully_async.timeline import Timeline
         from fully_async.weight_sync import ObjectStoreWeightSync
 
         self.cfg, self.device = actor_init(cfg, "trainer")
         cfg = self.cfg
         at = cfg.async_training
         self.queue = queue
+        self.rollouter = rollouter
         self.total_steps = total_steps
         self.num_devices = num_devices
         self.pad_token_id = pad_token_id
@@ -69,12 +120,21 @@ class Trainer:
         optimizer_steps = total_steps * at.require_batches * cfg.actor_rollout_ref.actor.ppo_epochs
         self.backend = build_backend(cfg, self.device, optimizer_steps)
         self.weight_sync = ObjectStoreWeightSync(rollouter)
+        self.timeline = Timeline("trainer", cfg.trainer.timeline)
         self.step = 0
         self.version = 0
         self.trained_sample_ids: list[str] = []
+        if resume_path:
+            state = load_trainer_state(resume_path)
+            self.backend.load(resume_path)
+            self.step, self.version = state["step"], state["version"]
+            self.trained_sample_ids = list(state["trained_sample_ids"])
+            logger.info("resumed from %s: step %d, param version %d", resume_path, self.step, self.version)
         self._metrics: list[tuple[int, dict]] = []
         self._lock = threading.Lock()
         self._last_rollouter: dict = {}
+        self._stop_requested = False
+        self.last_checkpoint: Optional[str] = None
 
     def ready(self) -> bool:
         return True
@@ -85,34 +145,45 @@ class Trainer:
         return out
 
     def sync_initial_weights(self) -> dict:
-        """Send the version-0 weights (an engine started with load_format=dummy has random ones)."""
+        """Send the current weights as the current version (random dummy engine weights, or a resume)."""
         return self.weight_sync.push(self.backend.named_parameters_for_sync(), self.version)
 
     def progress(self) -> dict:
         return {"step": self.step, "version": self.version, "total_steps": self.total_steps}
+
+    def request_stop(self) -> None:
+        """Finish the current step, checkpoint, and return from run() (SIGTERM/SIGINT)."""
+        self._stop_requested = True
+
+    def get_timeline(self) -> list[dict]:
+        return self.timeline.drain()
 
     def _emit(self, step: int, metrics: dict) -> None:
         with self._lock:
             self._metrics.append((step, metrics))
 
     def run(self) -> dict:
+        save_freq = self.cfg.trainer.save_freq
         last_end = time.perf_counter()
-        while self.step < self.total_steps:
+        while self.step < self.total_steps and not self._stop_requested:
             wait_start = time.perf_counter()
-            res = self.queue.get_batch.remote(self.required, 5.0)
-            res = _ray_get(res)
-            while not res["groups"] and not res["closed"]:
-                self._emit_val(res["val"])
+            with self.timeline.span("queue_wait"):
                 res = _ray_get(self.queue.get_batch.remote(self.required, 5.0))
+                while not res["groups"] and not res["closed"] and not self._stop_requested:
+                    self._emit_val(res["val"])
+                    res = _ray_get(self.queue.get_batch.remote(self.required, 5.0))
             wait_s = time.perf_counter() - wait_start
             self._emit_val(res["val"])
             if not res["groups"]:
-                logger.info("queue closed and empty after %d steps: training ends", self.step)
+                if res["closed"]:
+                    logger.info("queue closed and empty after %d steps: training ends", self.step)
                 break
             metrics = self._train(res["groups"])
             self.step += 1
             if self.step % self.trigger == 0 or self.step == self.total_steps:
                 metrics.update(self._sync_weights())
+                if save_freq > 0 and self.version % save_freq == 0:
+                    metrics.update(self._save())
             now = time.perf_counter()
             step_s = now - last_end
             last_end = now
@@ -120,7 +191,23 @@ class Trainer:
             self._emit(self.step, metrics)
         if self.step % self.trigger != 0 and self.step != self.total_steps:
             self._emit(self.step, self._sync_weights())  # the last weights reach the engine for validation
-        return {"steps": self.step, "version": self.version, "trained_sample_ids": self.trained_sample_ids}
+        if self._stop_requested:
+            self._emit(self.step, self._save())
+        return {"steps": self.step, "version": self.version, "trained_sample_ids": self.trained_sample_ids,
+                "checkpoint": self.last_checkpoint, "stopped": self._stop_requested}
+
+    def _save(self) -> dict:
+        from fully_async.checkpoint import dir_size_bytes
+
+        start = time.perf_counter()
+        with self.timeline.span("save"):
+            snapshot = _ray_get(self.rollouter.snapshot.remote())
+            self.last_checkpoint = save_checkpoint(self.backend, self.cfg, self.step, self.version,
+                                                   self.trained_sample_ids, snapshot)
+        elapsed = time.perf_counter() - start
+        size = dir_size_bytes(self.last_checkpoint)
+        logger.info("checkpoint %s: %.1f MB in %.2fs", self.last_checkpoint, size / 1e6, elapsed)
+        return {"timing_s/save_checkpoint": elapsed, "checkpoint/size_mb": size / 1e6}
 
     def _emit_val(self, val: list) -> None:
         for version, metrics in val:
@@ -128,14 +215,17 @@ class Trainer:
 
     def _train(self, groups: list[SampleGroup]) -> dict:
         samples = [s for g in groups for s in g.samples]
-        self.trained_sample_ids.extend(s.sample_id for s in samples)
         timing: dict[str, float] = {}
         batch = build_batch(samples, self.pad_token_id)
-        metrics = prepare_batch(self.backend, self.cfg, batch, timing)
+        with self.timeline.span("old_log_prob+ref+adv"):
+            metrics = prepare_batch(self.backend, self.cfg, batch, timing)
         t = time.perf_counter()
         mini = self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size
-        metrics.update(self.backend.train_step(batch, num_mini_batches=math.ceil(len(groups) / mini)))
+        with self.timeline.span("update_actor"):
+            metrics.update(self.backend.train_step(batch, num_mini_batches=math.ceil(len(groups) / mini)))
         timing["timing_s/update_actor"] = time.perf_counter() - t
+        check_bad_steps(self.backend, self.cfg, self.step + 1, samples)
+        self.trained_sample_ids.extend(s.sample_id for s in samples)
         metrics.update(timing)
         metrics.update(batch_metrics(samples, self.version, self.cfg.data.max_response_length))
         metrics["fully_async/count/current_param_version"] = self.version
@@ -143,8 +233,9 @@ class Trainer:
 
     def _sync_weights(self) -> dict:
         self.version += 1
-        named = self.backend.named_parameters_for_sync()
-        return self.weight_sync.push(named, self.version)
+        with self.timeline.span("param_sync"):
+            named = self.backend.named_parameters_for_sync()
+            return self.weight_sync.push(named, self.version)
 
     def _pipeline_metrics(self, stats: dict, wait_s: float, step_s: float, tokens: float) -> dict:
         prev = self._last_rollouter

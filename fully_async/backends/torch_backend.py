@@ -8,8 +8,10 @@ optimizer step (the grads are dropped) and is reported in `actor/bad_steps`.
 from __future__ import annotations
 
 import copy
+import glob
 import logging
 import math
+import os
 import random
 from typing import Any, Optional
 
@@ -63,7 +65,8 @@ class TorchBackend:
             self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0)
         self.temperature = arr.rollout.temperature
         self.rng = random.Random(cfg.trainer.seed)
-        self.num_bad_steps = 0
+        self.num_bad_steps = 0          # total optimizer steps skipped for a non-finite loss/grad
+        self.consecutive_bad_steps = 0  # reset by every good optimizer step
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
@@ -143,12 +146,14 @@ class TorchBackend:
                 if grad_norm is None or not torch.isfinite(grad_norm):
                     self.optimizer.zero_grad(set_to_none=True)
                     self.num_bad_steps += 1
+                    self.consecutive_bad_steps += 1
                     add("actor/bad_steps", 1.0)
                     logger.warning("non-finite loss or grad norm: optimizer step skipped (%d so far)",
                                    self.num_bad_steps)
                     continue
                 self.optimizer.step()
                 self.scheduler.step()
+                self.consecutive_bad_steps = 0
                 add("actor/grad_norm", grad_norm.item())
         # micro-batch terms are already scaled to their mini-batch, so sums / optimizer steps are
         # per-mini-batch means; grad_norm is averaged over the steps that were taken
@@ -165,6 +170,35 @@ class TorchBackend:
     def named_parameters_for_sync(self) -> dict[str, torch.Tensor]:
         """CPU copies of every parameter (tied weights once), as the rollout engine names them."""
         return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
+
+    # ------------------------------------------------------------------ checkpoint
+    def save(self, path: str) -> None:
+        """actor/ as a Hugging Face folder (directly exportable) + optimizer/scheduler/RNG states."""
+        self.model.save_pretrained(os.path.join(path, "actor"), safe_serialization=True)
+        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                    "torch_rng": torch.get_rng_state(), "py_rng": self.rng.getstate(),
+                    "num_bad_steps": self.num_bad_steps}, os.path.join(path, "actor_optim.pt"))
+
+    def load(self, path: str) -> None:
+        from safetensors.torch import load_file
+
+        files = sorted(glob.glob(os.path.join(path, "actor", "*.safetensors")))
+        if not files:
+            raise FileNotFoundError(f"checkpoint {path} has no actor/*.safetensors")
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(f))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        tied = set(getattr(self.model, "_tied_weights_keys", None) or [])
+        if unexpected or set(missing) - tied:
+            raise RuntimeError(f"checkpoint {path} does not match the model: missing {sorted(set(missing) - tied)}, "
+                               f"unexpected {sorted(unexpected)}")
+        extra = torch.load(os.path.join(path, "actor_optim.pt"), weights_only=False)
+        self.optimizer.load_state_dict(extra["optimizer"])
+        self.scheduler.load_state_dict(extra["scheduler"])
+        torch.set_rng_state(extra["torch_rng"])
+        self.rng.setstate(extra["py_rng"])
+        self.num_bad_steps = extra["num_bad_steps"]
 
     def offload(self) -> None:
         """Move params (and grads/optimizer state) to host memory; no-op on cpu."""

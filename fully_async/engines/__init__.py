@@ -9,12 +9,17 @@ from fully_async.engines.base import RolloutEngine
 def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: int) -> RolloutEngine:
     """Engine named by actor_rollout_ref.rollout.name."""
     rollout = cfg.actor_rollout_ref.rollout
+    hf_kwargs = dict(device=device, dtype=rollout.dtype, max_num_seqs=rollout.max_num_seqs,
+                     eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, seed=cfg.trainer.seed,
+                     trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+    if ":" in rollout.name:  # a user engine "package.module:Class" with HFEngine's constructor
+        import importlib
+
+        module, _, cls_name = rollout.name.partition(":")
+        return getattr(importlib.import_module(module), cls_name)(cfg.actor_rollout_ref.model.path, **hf_kwargs)
     if rollout.name == "hf":
         from fully_async.engines.hf_engine import HFEngine
-        return HFEngine(cfg.actor_rollout_ref.model.path, device=device, dtype=rollout.dtype,
-                        max_num_seqs=rollout.max_num_seqs, eos_token_ids=eos_token_ids,
-                        pad_token_id=pad_token_id, seed=cfg.trainer.seed,
-                        trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+        return HFEngine(cfg.actor_rollout_ref.model.path, **hf_kwargs)
     raise ValueError(f"actor_rollout_ref.rollout.name={rollout.name!r} is not one of ['hf']")
 
 

@@ -1,0 +1,95 @@
+"""Checkpoint folders: atomic writes, discovery for resume, retention (layer 1: files only).
+
+A checkpoint is `<default_local_dir>/global_step_<v>/` where v is the param version:
+  actor/                 the trainer's model as a Hugging Face folder (save_pretrained)
+  actor_optim.pt         optimizer, LR scheduler, RNG states
+  trainer_state.json     step, version, ids of every sample trained so far
+  rollout_state.pkl      data-stream position, staleness counters, in-flight groups with their
+                         partial responses (tokens, log-probs, versions), the queue's groups
+It is written into `.tmp_global_step_<v>` and renamed when complete, so a crash mid-save never
+leaves a folder that looks finished; `latest_checkpointed_iteration.txt` (verl's name) names the
+newest complete one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+from typing import Any, Callable, Optional
+
+LATEST = "latest_checkpointed_iteration.txt"
+_STEP_RE = re.compile(r"^global_step_(\d+)$")
+
+
+def step_dir(root: str, version: int) -> str:
+    return os.path.join(root, f"global_step_{version}")
+
+
+def atomic_save(root: str, version: int, write: Callable[[str], None], keep: Optional[int] = None) -> str:
+    """Call `write(tmp_dir)`, then rename it to global_step_<version> and update the latest marker."""
+    os.makedirs(root, exist_ok=True)
+    final = step_dir(root, version)
+    tmp = os.path.join(root, f".tmp_global_step_{version}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    write(tmp)
+    if os.path.exists(final):
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    marker_tmp = os.path.join(root, LATEST + ".tmp")
+    with open(marker_tmp, "w") as fh:
+        fh.write(str(version))
+    os.replace(marker_tmp, os.path.join(root, LATEST))
+    if keep is not None:
+        for old in list_checkpoints(root)[:-keep]:
+            shutil.rmtree(step_dir(root, old), ignore_errors=True)
+    return final
+
+
+def list_checkpoints(root: str) -> list[int]:
+    """Versions of the complete checkpoints under root, oldest first."""
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for name in os.listdir(root):
+        m = _STEP_RE.match(name)
+        if m and os.path.isfile(os.path.join(root, name, "trainer_state.json")):
+            found.append(int(m.group(1)))
+    return sorted(found)
+
+
+def find_resume_path(trainer_cfg: Any) -> Optional[str]:
+    """The checkpoint to resume from according to trainer.resume_mode (None: start fresh)."""
+    mode = trainer_cfg.resume_mode
+    if mode == "disable":
+        return None
+    if mode == "resume_path":
+        return trainer_cfg.resume_from_path
+    versions = list_checkpoints(trainer_cfg.default_local_dir)
+    return step_dir(trainer_cfg.default_local_dir, versions[-1]) if versions else None
+
+
+def write_json(path: str, data: Any) -> None:
+    with open(path, "w") as fh:
+        json.dump(data, fh)
+
+
+def read_json(path: str) -> Any:
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def write_pickle(path: str, data: Any) -> None:
+    with open(path, "wb") as fh:
+        pickle.dump(data, fh, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def read_pickle(path: str) -> Any:
+    with open(path, "rb") as fh:
+        return pickle.load(fh)  # our own checkpoint files only
+
+
+def dir_size_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
