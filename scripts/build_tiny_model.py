@@ -42,7 +42,7 @@ DEFAULT_OUT = Path(__file__).resolve().parent.parent / "fully_async" / "assets" 
 MAX_OPERAND = 49          # operands 0..49 -> 2500 distinct problems
 N_VAL, N_TRAIN = 128, 1024
 P_CORRECT = 0.3           # SFT mixture weight of the correct sum; the rest goes to sum + 1
-SFT_STEPS, SFT_BATCH, SFT_LR = 1500, 256, 3e-3
+SFT_STEPS, SFT_BATCH, SFT_LR = 900, 128, 3e-3  # SFT_BATCH problems x 2 targets per step
 CHARS = "0123456789+-*/=() \n"
 SPECIALS = ["<pad>", "<eos>"]  # ids 0 and 1
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
@@ -220,9 +220,9 @@ def main() -> None:
     print(f"params: {sum(p.numel() for p in model.parameters()):,}  sft problems: {len(sft_pairs)}", flush=True)
     sft(model, tok, sft_pairs, args.seed)
 
+    # eos/pad only: no sampling defaults that vLLM would pick up as request defaults
     model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                                               bos_token_id=None, do_sample=True, temperature=1.0,
-                                               max_new_tokens=8)
+                                               bos_token_id=None)
     model.save_pretrained(model_dir, safe_serialization=True)
     tok.save_pretrained(model_dir)
     check_tokenizer(tok, model_dir)
