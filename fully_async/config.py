@@ -316,13 +316,8 @@ def validate(cfg: Any) -> None:
         value = getattr(actor, key)
         if value is not None:
             _at_least(f"actor_rollout_ref.actor.{key}", value, 0.0, strict=True)
-    micro = actor.ppo_micro_batch_size_per_gpu
-    if micro is not None:
-        _at_least("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", micro, 1)
-        if micro > actor.ppo_mini_batch_size * rollout.n:
-            raise ConfigError("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-                              f"{micro} responses exceed a mini-batch of ppo_mini_batch_size x n = "
-                              f"{actor.ppo_mini_batch_size * rollout.n}")
+    if actor.ppo_micro_batch_size_per_gpu is not None:  # larger than a mini-batch just means one micro-batch
+        _at_least("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu, 1)
     if actor.use_dynamic_bsz:
         need = cfg.data.max_prompt_length + cfg.data.max_response_length
         if actor.ppo_max_token_len_per_gpu < need:

@@ -43,14 +43,67 @@ def eos_ids(tokenizer: Any, model_path: str) -> list[int]:
     return sorted(ids)
 
 
+def check_model_folder(cfg: Any) -> None:
+    """A model path must hold a loadable config and weight files; errors name the key and the path."""
+    import glob
+    import os
+
+    from transformers import AutoConfig
+
+    model = cfg.actor_rollout_ref.model
+    try:
+        AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - any parse/arch error means "not a model"
+        raise ConfigError("actor_rollout_ref.model.path",
+                          f"{model.path}: config.json is not a loadable Hugging Face config ({exc})") from None
+    weights = [f for pat in ("*.safetensors", "*.bin", "*.pt") for f in glob.glob(os.path.join(model.path, pat))]
+    if not weights:
+        raise ConfigError("actor_rollout_ref.model.path",
+                          f"{model.path} has a config.json but no weight files (*.safetensors or *.bin)")
+
+
+def probe_rewards(cfg: Any, records: list[PromptRecord]) -> None:
+    """Call the reward function once per data_source (ground truth as the response) before Ray.
+
+    Catches a missing function, an unknown data_source and a non-number result in the driver,
+    instead of in the rollouter after the engines started.
+    """
+    from fully_async.rewards import RewardError, build_reward_manager
+
+    manager = build_reward_manager(cfg)
+    firsts: dict[str, PromptRecord] = {}
+    for rec in records:
+        firsts.setdefault(rec.data_source, rec)
+    key = "custom_reward_function.path" if cfg.custom_reward_function.path else f"data.{cfg.data.reward_fn_key}"
+    for source, rec in firsts.items():
+        try:
+            manager.score(source, str(rec.ground_truth), rec.ground_truth, rec.extra_info, 1)
+        except RewardError:
+            raise
+        except NotImplementedError as exc:
+            raise ConfigError(key, str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - the user's function crashed on a plain input
+            raise ConfigError(key, f"the reward function raised {type(exc).__name__}: {exc} when probed with "
+                              f"data_source={source!r} and the ground truth of row {rec.index} as the response")
+
+
+def load_tokenizer(cfg: Any) -> Any:
+    from fully_async.actor_setup import build_tokenizer
+    try:
+        return build_tokenizer(cfg)
+    except Exception as exc:  # noqa: BLE001
+        raise ConfigError("actor_rollout_ref.model.path",
+                          f"{cfg.actor_rollout_ref.model.path}: the tokenizer does not load ({exc})") from None
+
+
 def prepare(cfg: Any) -> Prepared:
     from omegaconf import OmegaConf
 
-    from fully_async.actor_setup import build_tokenizer
     from fully_async.data import load_prompts
 
     validate(cfg)
-    tokenizer = build_tokenizer(cfg)
+    check_model_folder(cfg)
+    tokenizer = load_tokenizer(cfg)
     data = cfg.data
     kwargs = dict(prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
                   truncation=data.truncation, filter_overlong_prompts=data.filter_overlong_prompts,
@@ -58,6 +111,7 @@ def prepare(cfg: Any) -> Prepared:
     train = load_prompts(as_file_list(data.train_files), tokenizer, **kwargs)
     val = load_prompts(as_file_list(data.val_files), tokenizer, **kwargs) if data.val_files else []
     validate_with_data(cfg, len(train))
+    probe_rewards(cfg, train)
 
     at = cfg.async_training
     required = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * at.require_batches

@@ -20,7 +20,11 @@ def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: 
     if rollout.name == "hf":
         from fully_async.engines.hf_engine import HFEngine
         return HFEngine(cfg.actor_rollout_ref.model.path, **hf_kwargs)
-    raise ValueError(f"actor_rollout_ref.rollout.name={rollout.name!r} is not one of ['hf']")
+    if rollout.name == "vllm":
+        from fully_async.engines.vllm_engine import VLLMEngine
+        return VLLMEngine.from_config(cfg, device, eos_token_ids)
+    raise ValueError(f"actor_rollout_ref.rollout.name={rollout.name!r} is not one of ['hf', 'vllm'] "
+                     "or 'package.module:Class'")
 
 
 __all__ = ["RolloutEngine", "build_engine"]

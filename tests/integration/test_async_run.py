@@ -43,7 +43,7 @@ def test_async_run_completes_and_writes_metrics(ray_session, tmp_path, monkeypat
     from fully_async.main import run_async
 
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
-    cfg = load_config(["trainer.total_training_steps=4", "trainer.test_freq=2", "actor_rollout_ref.actor.use_kl_loss=true",
+    cfg = load_config([f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.total_training_steps=4", "trainer.test_freq=2", "actor_rollout_ref.actor.use_kl_loss=true",
                        "trainer.progress_bar=false", "actor_rollout_ref.rollout.n=4",
                        "actor_rollout_ref.actor.ppo_mini_batch_size=8"])
     summary = run_async(cfg)
@@ -63,7 +63,8 @@ def test_strict_on_policy_samples_are_fresh(ray_session, tmp_path, monkeypatch):
     from fully_async.main import run_async
 
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
-    cfg = load_config(["trainer.total_training_steps=3", "async_training.staleness_threshold=0",
+    cfg = load_config([f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.total_training_steps=3",
+                       "async_training.staleness_threshold=0",
                        "async_training.trigger_parameter_sync_step=1", "async_training.partial_rollout=false",
                        "trainer.val_before_train=false", "data.val_files=null", "trainer.progress_bar=false",
                        "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4"])
@@ -75,11 +76,15 @@ def test_strict_on_policy_samples_are_fresh(ray_session, tmp_path, monkeypatch):
 
 def test_failing_rollouter_exits_nonzero_with_its_error(tmp_path):
     bad = tmp_path / "bad_reward.py"
+    # correct answers score (so the driver's probe passes); the first wrong answer blows up in the rollouter
     bad.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                   "    raise ValueError('reward exploded on purpose')\n")
+                   "    if solution_str.strip() != str(ground_truth):\n"
+                   "        raise ValueError('reward exploded on purpose')\n"
+                   "    return 1.0\n")
     env = dict(os.environ, TENSORBOARD_DIR=str(tmp_path / "tb"))
     r = subprocess.run([sys.executable, "-m", "fully_async.main", f"custom_reward_function.path={bad}",
                         "trainer.total_training_steps=3", "trainer.val_before_train=false", "trainer.progress_bar=false",
+                        f"trainer.default_local_dir={tmp_path}/ckpt",
                         f"hydra.run.dir={tmp_path}/hydra"],
                        capture_output=True, text=True, timeout=300, env=env)
     out = r.stdout + r.stderr

@@ -28,7 +28,7 @@ def test_default_config_is_valid():
     ("actor_rollout_ref.rollout.top_k=0", "actor_rollout_ref.rollout.top_k"),
     ("async_training.trigger_parameter_sync_step=0", "async_training.trigger_parameter_sync_step"),
     ("async_training.staleness_threshold=-0.1", "async_training.staleness_threshold"),
-    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1000", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
     ("actor_rollout_ref.actor.clip_ratio_c=1.0", "actor_rollout_ref.actor.clip_ratio_c"),
     ("data.train_files=/nonexistent/train.parquet", "data.train_files"),
     ("actor_rollout_ref.model.path=/nonexistent/model", "actor_rollout_ref.model.path"),

