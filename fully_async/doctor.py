@@ -114,17 +114,14 @@ def check_data(cfg: Any) -> Check:
 
 
 def check_model(cfg: Any) -> Check:
-    from transformers import AutoConfig
-
     from fully_async.actor_setup import build_tokenizer
     from fully_async.prepare import check_model_folder, eos_ids
 
     path = cfg.actor_rollout_ref.model.path
-    check_model_folder(cfg)
-    conf = AutoConfig.from_pretrained(path, trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+    conf = check_model_folder(cfg)
     tok = build_tokenizer(cfg)
     return Check("model + tokenizer", "PASS", f"{conf.model_type} ({getattr(conf, 'num_hidden_layers', '?')} layers), "
-                 f"vocab {len(tok)}, eos {eos_ids(tok, path)}")
+                 f"vocab {len(tok)}, eos {eos_ids(tok, path, getattr(conf, 'vocab_size', None))}")
 
 
 def run_check(fn: Callable[[], Any], name: str) -> Any:

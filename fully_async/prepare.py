@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from fully_async.config import ConfigError, as_file_list, validate, validate_with_data
 from fully_async.types import PromptRecord
@@ -27,7 +27,8 @@ class Prepared:
     pad_token_id: int
 
 
-def eos_ids(tokenizer: Any, model_path: str) -> list[int]:
+def eos_ids(tokenizer: Any, model_path: str, vocab_size: Optional[int] = None) -> list[int]:
+    """EOS ids from the tokenizer and generation_config; each must exist in the model's vocabulary."""
     ids = set()
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
@@ -37,13 +38,20 @@ def eos_ids(tokenizer: Any, model_path: str) -> list[int]:
         ids.update([gen_eos] if isinstance(gen_eos, int) else (gen_eos or []))
     except (OSError, ValueError):
         pass
+    if vocab_size is not None:
+        outside = sorted(i for i in ids if i >= vocab_size)
+        if outside:
+            raise ConfigError("actor_rollout_ref.model.path",
+                              f"the tokenizer at {model_path} has eos_token id(s) {outside} outside the model's "
+                              f"vocabulary of {vocab_size} (a tokenizer without a real eos_token?): responses "
+                              "could never stop")
     if not ids:
         raise ConfigError("actor_rollout_ref.model.path",
                           f"the tokenizer at {model_path} defines no eos_token: responses could never stop")
     return sorted(ids)
 
 
-def check_model_folder(cfg: Any) -> None:
+def check_model_folder(cfg: Any) -> Any:
     """A model path must hold a loadable config and weight files; errors name the key and the path."""
     import glob
     import os
@@ -52,7 +60,7 @@ def check_model_folder(cfg: Any) -> None:
 
     model = cfg.actor_rollout_ref.model
     try:
-        AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+        conf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
     except Exception as exc:  # noqa: BLE001 - any parse/arch error means "not a model"
         raise ConfigError("actor_rollout_ref.model.path",
                           f"{model.path}: config.json is not a loadable Hugging Face config ({exc})") from None
@@ -60,6 +68,7 @@ def check_model_folder(cfg: Any) -> None:
     if not weights:
         raise ConfigError("actor_rollout_ref.model.path",
                           f"{model.path} has a config.json but no weight files (*.safetensors or *.bin)")
+    return conf
 
 
 def probe_rewards(cfg: Any, records: list[PromptRecord]) -> None:
@@ -102,7 +111,7 @@ def prepare(cfg: Any) -> Prepared:
     from fully_async.data import load_prompts
 
     validate(cfg)
-    check_model_folder(cfg)
+    model_conf = check_model_folder(cfg)
     tokenizer = load_tokenizer(cfg)
     data = cfg.data
     kwargs = dict(prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
@@ -130,5 +139,5 @@ def prepare(cfg: Any) -> Prepared:
     cfg_dict["trainer"]["total_training_steps"] = total_steps
     logger.info("data: %d train prompts, %d val prompts; %d prompts to generate, %d trainer steps of %d groups",
                 len(train), len(val), total_prompts, total_steps, required)
-    return Prepared(cfg_dict, train, val, total_prompts, total_steps, eos_ids(tokenizer, cfg.actor_rollout_ref.model.path),
-                    int(pad))
+    eos = eos_ids(tokenizer, cfg.actor_rollout_ref.model.path, getattr(model_conf, "vocab_size", None))
+    return Prepared(cfg_dict, train, val, total_prompts, total_steps, eos, int(pad))

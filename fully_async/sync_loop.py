@@ -140,10 +140,11 @@ class SyncWorker:
             # ---- reward
             t = time.perf_counter()
             groups = []
-            for uid, rec, epoch, ps in groups_in:
-                samples = [p.to_sample() for p in ps]
-                score_samples(self.tokenizer, self.reward, rec, samples)
-                groups.append(make_group(uid, rec, epoch, self.version, samples))
+            with self.timeline.span("reward"):
+                for uid, rec, epoch, ps in groups_in:
+                    samples = [p.to_sample() for p in ps]
+                    score_samples(self.tokenizer, self.reward, rec, samples)
+                    groups.append(make_group(uid, rec, epoch, self.version, samples))
             timing["timing_s/reward"] = time.perf_counter() - t
             # ---- switch: engine sleeps, trainer comes back
             t = time.perf_counter()
@@ -156,8 +157,7 @@ class SyncWorker:
             samples = [s for g in groups for s in g.samples]
             self.trained_sample_ids.extend(s.sample_id for s in samples)
             batch = build_batch(samples, self.pad_token_id)
-            with self.timeline.span("old_log_prob+ref+adv"):
-                metrics.update(prepare_batch(self.backend, cfg, batch, timing))
+            metrics.update(prepare_batch(self.backend, cfg, batch, timing, self.timeline))
             t = time.perf_counter()
             mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
             with self.timeline.span("update_actor"):

@@ -8,6 +8,7 @@ increments.  Metrics accumulate in a list the driver drains (`pop_metrics`).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -23,22 +24,26 @@ from fully_async.types import SampleGroup
 logger = logging.getLogger(__name__)
 
 
-def prepare_batch(backend: Any, cfg: Any, batch: TrainBatch, timing: dict) -> dict[str, float]:
+def prepare_batch(backend: Any, cfg: Any, batch: TrainBatch, timing: dict,
+                  timeline: Optional[Any] = None) -> dict[str, float]:
     """Fill old/ref log-probs and advantages in place; returns metrics of this preparation."""
     at, actor, alg = cfg.async_training, cfg.actor_rollout_ref.actor, cfg.algorithm
+    span = timeline.span if timeline is not None else (lambda name: contextlib.nullcontext())
     metrics: dict[str, float] = {}
     t = time.perf_counter()
     if at.use_rollout_log_probs and not at.decoupled_ppo:
         batch.old_log_probs = batch.rollout_log_probs
     else:
-        batch.old_log_probs = backend.compute_log_probs(batch, "actor")
+        with span("old_log_prob"):
+            batch.old_log_probs = backend.compute_log_probs(batch, "actor")
         diff = (batch.old_log_probs - batch.rollout_log_probs).abs() * batch.response_mask
         metrics["training/rollout_probs_diff_mean"] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
     timing["timing_s/old_log_prob"] = time.perf_counter() - t
     scores = batch.scores
     if actor.use_kl_loss or alg.use_kl_in_reward:
         t = time.perf_counter()
-        batch.ref_log_probs = backend.compute_log_probs(batch, "ref")
+        with span("ref"):
+            batch.ref_log_probs = backend.compute_log_probs(batch, "ref")
         timing["timing_s/ref"] = time.perf_counter() - t
         if alg.use_kl_in_reward:
             kl = kl_penalty(batch.old_log_probs, batch.ref_log_probs, alg.kl_penalty) * batch.response_mask
@@ -46,7 +51,8 @@ def prepare_batch(backend: Any, cfg: Any, batch: TrainBatch, timing: dict) -> di
             metrics["actor/reward_kl_penalty"] = float(kl.sum() / batch.response_mask.sum().clamp(min=1))
             metrics["actor/reward_kl_penalty_coeff"] = alg.kl_ctrl.kl_coef
     t = time.perf_counter()
-    batch.advantages = grpo_advantages(scores, batch.group_ids, batch.response_mask, alg.norm_adv_by_std_in_grpo)
+    with span("adv"):
+        batch.advantages = grpo_advantages(scores, batch.group_ids, batch.response_mask, alg.norm_adv_by_std_in_grpo)
     timing["timing_s/adv"] = time.perf_counter() - t
     return metrics
 
@@ -217,8 +223,7 @@ class Trainer:
         samples = [s for g in groups for s in g.samples]
         timing: dict[str, float] = {}
         batch = build_batch(samples, self.pad_token_id)
-        with self.timeline.span("old_log_prob+ref+adv"):
-            metrics = prepare_batch(self.backend, self.cfg, batch, timing)
+        metrics = prepare_batch(self.backend, self.cfg, batch, timing, self.timeline)
         t = time.perf_counter()
         mini = self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size
         with self.timeline.span("update_actor"):

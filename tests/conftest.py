@@ -25,3 +25,8 @@ def build_random_model(path: str, seed: int = 0, vocab: int = 48, layers: int = 
 @pytest.fixture(scope="session")
 def random_model_dir(tmp_path_factory) -> str:
     return build_random_model(str(tmp_path_factory.mktemp("random_qwen2")))
+
+
+import sys as _sys  # noqa: E402
+
+_sys.path.insert(0, os.path.dirname(__file__))  # tests_helpers, fakes

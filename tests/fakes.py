@@ -1,0 +1,14 @@
+"""Test doubles importable by Ray workers (tests/ is put on PYTHONPATH by the tests that use them)."""
+import time
+
+from fully_async.engines.hf_engine import HFEngine
+
+
+class HangingEngine(HFEngine):
+    """Generates normally for a few steps, then never returns from collect() (a wedged engine)."""
+
+    def collect(self, timeout_s: float = 0.05):
+        self._calls = getattr(self, "_calls", 0) + 1
+        if self._calls > 3:
+            time.sleep(3600)
+        return super().collect(timeout_s)

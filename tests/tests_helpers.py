@@ -1,0 +1,16 @@
+"""Small builders shared by tests."""
+import torch
+
+from fully_async.types import Sample
+
+
+def tiny_samples(seed: int = 0, groups: int = 2, n: int = 2, vocab: int = 21):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for gi in range(groups):
+        prompt = torch.randint(2, vocab, (4,), generator=g).tolist()
+        for j in range(n):
+            resp = torch.randint(2, vocab, (3,), generator=g).tolist()
+            out.append(Sample(uid=f"g{gi}", sample_id=f"g{gi}-{j}", prompt_ids=prompt, response_ids=resp,
+                              rollout_log_probs=[-1.0] * 3, versions=[0] * 3, reward=float(j)))
+    return out
