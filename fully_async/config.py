@@ -177,7 +177,7 @@ class TrainerConfig:
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     seed: int = 1                         # torch seed of trainer and engine
     progress_bar: bool = True
-    save_freq: int = -1                   # checkpoint every N param versions (-1: only on SIGTERM/SIGINT)
+    save_freq: int = -1                   # checkpoint every N param versions and at the end (-1: only on SIGTERM/SIGINT)
     resume_mode: str = "auto"             # auto (latest in default_local_dir) | disable | resume_path
     resume_from_path: Optional[str] = None  # a global_step_<v> folder, with resume_mode=resume_path
     max_ckpt_to_keep: Optional[int] = None  # keep the newest N checkpoints (null: all)

@@ -72,7 +72,6 @@ def supervise(runs: dict[Any, str], until: str, on_tick: Callable[[], None], tic
     pending = dict(runs)
     while True:
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=tick_s)
-        on_tick()
         for ref in ready:
             name = pending.pop(ref)
             try:
@@ -82,6 +81,19 @@ def supervise(runs: dict[Any, str], until: str, on_tick: Callable[[], None], tic
             if name == until:
                 return result
             logger.warning("%s finished before %s", name, until)
+        try:
+            on_tick()
+        except RunFailed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - polling hit a dead actor: its run() has the root cause
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=10)
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except Exception as run_exc:  # noqa: BLE001
+                    name = pending.pop(ref)
+                    raise RunFailed(_failure_message(name, run_exc, pending)) from None
+            raise RunFailed(f"lost contact with an actor: {type(exc).__name__}: {exc}") from None
 
 
 def _failure_message(name: str, exc: BaseException, others: dict[Any, str]) -> str:

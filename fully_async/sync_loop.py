@@ -179,7 +179,8 @@ class SyncWorker:
             self.version += 1
             with self.timeline.span("param_sync"):
                 metrics.update(self.weight_sync.push(named, self.version))
-            if cfg.trainer.save_freq > 0 and self.version % cfg.trainer.save_freq == 0:
+            if cfg.trainer.save_freq > 0 and (self.version % cfg.trainer.save_freq == 0
+                                              or self.step == self.total_steps):
                 metrics.update(self._save())
             metrics.update(self._memory("param_sync"))
             if test_freq > 0 and self.version % test_freq == 0 and self.val_records:

@@ -188,8 +188,8 @@ class Trainer:
             self.step += 1
             if self.step % self.trigger == 0 or self.step == self.total_steps:
                 metrics.update(self._sync_weights())
-                if save_freq > 0 and self.version % save_freq == 0:
-                    metrics.update(self._save())
+                if save_freq > 0 and (self.version % save_freq == 0 or self.step == self.total_steps):
+                    metrics.update(self._save())  # every save_freq versions and at the end, as verl
             now = time.perf_counter()
             step_s = now - last_end
             last_end = now

