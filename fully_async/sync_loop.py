@@ -183,9 +183,9 @@ class SyncWorker:
                                               or self.step == self.total_steps):
                 metrics.update(self._save())
             metrics.update(self._memory("param_sync"))
+            step_s = time.perf_counter() - t_step  # validation excluded, as in async mode
             if test_freq > 0 and self.version % test_freq == 0 and self.val_records:
                 self._emit(self.step, self.validate())
-            step_s = time.perf_counter() - t_step
             gen_s = timing["timing_s/gen"]
             metrics.update(timing)
             metrics.update({

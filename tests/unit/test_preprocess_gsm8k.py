@@ -68,7 +68,8 @@ def test_hub_parquet_layout(pre, tmp_path):
     pq.write_table(pa.Table.from_pylist(TEST), raw / "main" / "test-00000-of-00001.parquet")
     out = tmp_path / "out"
     assert pre.main(["--local_dir", str(raw), "--out_dir", str(out)]) == 0
-    assert [r["reward_model"]["ground_truth"] for r in pq.read_table(out / "train.parquet").to_pylist()] == ["7", "2400"]
+    rows = pq.read_table(out / "train.parquet").to_pylist()
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["7", "2400"]
 
 
 def test_bad_inputs_are_named(pre, tmp_path, capsys):

@@ -1,0 +1,377 @@
+"""Helpers of compare_sync_async.py: read two TensorBoard runs, diff configs, tabulate, plot, report.
+
+Everything is computed from what a run wrote into its TensorBoard directory (scalars, the event
+wall times, `config.json`, `summary.json`), so a comparison can be redone from saved logs.
+
+Definitions (per run):
+  tokens/s         sum(perf/total_num_tokens) / sum(timing_s/step)   (all devices together)
+  tokens/s/device  tokens/s / devices.total (summary.json)
+  samples/step     perf/total_num_tokens / (prompt_length/mean + response_length/mean)
+  elapsed          event wall_time - wall_time of the run's first event
+  time to reward   elapsed of the first validation point whose reward >= threshold
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+VAL_PREFIX = "val-core/"
+MODES = ("async", "sync")
+
+
+@dataclass
+class Run:
+    log_dir: str
+    scalars: dict[str, list[tuple[int, float, float]]]   # tag -> [(step, wall_time, value)] in write order
+    first_wall: float                                    # wall_time of the first event in the dir
+    config: dict
+    summary: dict = field(default_factory=dict)
+
+    @property
+    def mode(self) -> str:
+        return str(self.config.get("mode", self.summary.get("mode", "?")))
+
+    def series(self, tag: str) -> list[tuple[int, float, float]]:
+        return self.scalars.get(tag, [])
+
+    def values(self, tag: str) -> list[float]:
+        return [v for _, _, v in self.series(tag)]
+
+    def devices(self) -> dict:
+        if "devices" in self.summary:
+            return dict(self.summary["devices"])
+        t, r = self.config["trainer"], self.config["rollout"]
+        n_train = t["nnodes"] * t["n_gpus_per_node"]
+        n_roll = r["nnodes"] * r["n_gpus_per_node"] if self.mode == "async" else 0
+        return {"trainer": n_train, "rollout": n_roll, "total": n_train + n_roll, "device": t["device"]}
+
+
+class CompareError(RuntimeError):
+    """A run dir that cannot be compared (missing files, missing scalars)."""
+
+
+def _read_json(path: str) -> dict:
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def read_run(log_dir: str) -> Run:
+    """All scalars of one TensorBoard run dir plus its config.json and (when present) summary.json."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config_path = os.path.join(log_dir, "config.json")
+    if not os.path.isfile(config_path):
+        raise CompareError(f"{log_dir}: no config.json (not a fully_async TensorBoard run dir; "
+                           "was trainer.logger missing 'tensorboard'?)")
+    acc = EventAccumulator(log_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    scalars = {tag: [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    if not scalars.get("timing_s/step"):
+        raise CompareError(f"{log_dir}: no timing_s/step scalars (the run logged no training step)")
+    try:
+        first = acc.FirstEventTimestamp()
+    except ValueError:
+        first = min(w for s in scalars.values() for _, w, _ in s)
+    summary_path = os.path.join(log_dir, "summary.json")
+    summary = _read_json(summary_path) if os.path.isfile(summary_path) else {}
+    return Run(log_dir, scalars, first, _read_json(config_path), summary)
+
+
+# ----------------------------------------------------------------------------------- config diff
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        out.update(flatten(v, key) if isinstance(v, dict) and v else {key: v})
+    return out
+
+
+def config_diff(a: dict, b: dict, ignore: tuple[str, ...] = ("mode",)) -> list[tuple[str, Any, Any]]:
+    """(key, value in a, value in b) for every dotted key whose values differ, except `ignore`."""
+    fa, fb = flatten(a), flatten(b)
+    missing = object()
+    diff = []
+    for key in sorted(set(fa) | set(fb)):
+        if key in ignore:
+            continue
+        va, vb = fa.get(key, missing), fb.get(key, missing)
+        if va != vb:
+            diff.append((key, "<absent>" if va is missing else va, "<absent>" if vb is missing else vb))
+    return diff
+
+
+# ----------------------------------------------------------------------------------- numbers
+def tokens_per_s(run: Run) -> float:
+    return sum(run.values("perf/total_num_tokens")) / sum(run.values("timing_s/step"))
+
+
+def samples_per_step(run: Run) -> dict[int, int]:
+    """step -> trained responses, recovered exactly from token totals and mean lengths."""
+    prompt = {s: v for s, _, v in run.series("prompt_length/mean")}
+    resp = {s: v for s, _, v in run.series("response_length/mean")}
+    out = {}
+    for step, _, tokens in run.series("perf/total_num_tokens"):
+        per_sample = prompt.get(step, 0.0) + resp.get(step, 0.0)
+        if per_sample > 0:
+            out[step] = int(round(tokens / per_sample))
+    return out
+
+
+def val_points(run: Run) -> list[tuple[int, float, float]]:
+    """(step, wall_time, mean over data sources) per validation, in time order."""
+    tags = sorted(t for t in run.scalars if t.startswith(VAL_PREFIX))
+    if not tags:
+        return []
+    per_tag = [run.series(t) for t in tags]
+    points = []
+    for events in zip(*per_tag):  # each validation writes every data source's tag once
+        points.append((events[0][0], max(e[1] for e in events), sum(e[2] for e in events) / len(events)))
+    return sorted(points, key=lambda p: p[1])
+
+
+def _mean(values: list[float]) -> Optional[float]:
+    return sum(values) / len(values) if values else None
+
+
+def run_stats(run: Run, threshold: float, bench: Optional[dict] = None) -> dict:
+    """The numbers of one run for the side-by-side table."""
+    step_s = run.values("timing_s/step")
+    devices = run.devices()
+    tps = tokens_per_s(run)
+    samples = samples_per_step(run)
+    vals = val_points(run)
+    reached = next((p for p in vals if p[2] >= threshold), None)
+    stats = {
+        "mode": run.mode, "log_dir": run.log_dir, "devices": devices, "steps": len(step_s),
+        "wall_s": run.summary.get("wall_s"),
+        "tokens_per_s": tps, "tokens_per_s_per_device": tps / max(1, devices["total"]),
+        "time_per_step_s": sum(step_s) / len(step_s),
+        "samples_per_s": sum(samples.values()) / sum(step_s) if samples else None,
+        "val_first": vals[0][2] if vals else None, "val_final": vals[-1][2] if vals else None,
+        "val_best": max(p[2] for p in vals) if vals else None,
+        "time_to_threshold_s": reached[1] - run.first_wall if reached else None,
+        "trainer_idle_ratio": _mean(run.values("fully_async/trainer/idle_ratio")),
+        "rollouter_idle_ratio": _mean(run.values("fully_async/rollouter/idle_ratio")),
+        "staleness_mean": _mean(run.values("fully_async/staleness/mean")),
+        "staleness_max": max(run.values("fully_async/staleness/max"), default=None),
+        "pipeline_efficiency": tps / bench["min_tokens_per_s"] if bench else None,
+    }
+    return stats
+
+
+ROWS = (  # (key, label, format)
+    ("devices", "devices (trainer+rollout)", None),
+    ("tokens_per_s", "tokens/s (total)", "{:.1f}"),
+    ("tokens_per_s_per_device", "tokens/s per device", "{:.1f}"),
+    ("time_per_step_s", "time/step (s)", "{:.3f}"),
+    ("samples_per_s", "samples/s", "{:.2f}"),
+    ("steps", "steps", "{:d}"),
+    ("wall_s", "wall time incl. start-up (s)", "{:.1f}"),
+    ("val_first", "val reward: first", "{:.3f}"),
+    ("val_final", "val reward: final", "{:.3f}"),
+    ("val_best", "val reward: best", "{:.3f}"),
+    ("time_to_threshold_s", "time to val >= {thr} (s)", "{:.1f}"),
+    ("trainer_idle_ratio", "trainer idle ratio (mean)", "{:.3f}"),
+    ("rollouter_idle_ratio", "rollouter idle ratio (mean)", "{:.3f}"),
+    ("staleness_mean", "staleness (mean)", "{:.3f}"),
+    ("pipeline_efficiency", "pipeline efficiency", "{:.3f}"),
+)
+
+
+def build_table(runs: dict[str, Run], threshold: float, bench: Optional[dict] = None,
+                config_diff_rows: Optional[list] = None) -> dict:
+    """table.json content: per-mode stats, async/sync ratios and the headline speedups."""
+    stats = {mode: run_stats(run, threshold, bench) for mode, run in runs.items()}
+    a, s = stats["async"], stats["sync"]
+    ratio = {}
+    for key, _, fmt in ROWS:
+        if fmt and isinstance(a.get(key), (int, float)) and isinstance(s.get(key), (int, float)) and s[key]:
+            ratio[key] = a[key] / s[key]
+    speedup = {"tokens_per_s": ratio.get("tokens_per_s"),
+               "tokens_per_s_per_device": ratio.get("tokens_per_s_per_device"),
+               "samples_per_s": ratio.get("samples_per_s"),
+               "time_to_threshold": (s["time_to_threshold_s"] / a["time_to_threshold_s"]
+                                     if a["time_to_threshold_s"] and s["time_to_threshold_s"] is not None else None)}
+    hardware = {mode: run.summary.get("hardware", "unknown") for mode, run in runs.items()}
+    return {"threshold": threshold, "modes": stats, "ratio_async_over_sync": ratio, "speedup": speedup,
+            "hardware": hardware, "config_diff": [list(d) for d in (config_diff_rows or [])], "bench": bench}
+
+
+def _fmt(value: Any, fmt: Optional[str]) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict):  # devices
+        return f"{value['trainer']}+{value['rollout']} ({value['device']})"
+    if fmt == "{:d}":
+        return str(int(value))
+    return fmt.format(value) if fmt else str(value)
+
+
+def table_rows(table: dict) -> list[tuple[str, str, str, str]]:
+    rows = [("metric", "async", "sync", "async/sync")]
+    for key, label, fmt in ROWS:
+        if key == "pipeline_efficiency" and not table["bench"]:
+            continue
+        label = label.format(thr=f"{table['threshold']:g}")
+        a, s = table["modes"]["async"].get(key), table["modes"]["sync"].get(key)
+        if key == "time_to_threshold_s":
+            a_s = _fmt(a, fmt) if a is not None else "not reached"
+            s_s = _fmt(s, fmt) if s is not None else "not reached"
+        else:
+            a_s, s_s = _fmt(a, fmt), _fmt(s, fmt)
+        r = table["ratio_async_over_sync"].get(key)
+        rows.append((label, a_s, s_s, f"{r:.3f}" if r is not None else "-"))
+    return rows
+
+
+def format_table(table: dict) -> str:
+    rows = table_rows(table)
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    sp = table["speedup"]
+    lines.append(f"speedup async/sync: tokens/s {_fmt(sp['tokens_per_s'], '{:.2f}')}x, "
+                 f"time to val >= {table['threshold']:g}: {_fmt(sp['time_to_threshold'], '{:.2f}')}x")
+    return "\n".join(lines)
+
+
+def markdown_table(table: dict) -> str:
+    rows = table_rows(table)
+    out = ["| " + " | ".join(rows[0]) + " |", "| " + " | ".join(["---"] + ["---:"] * 3) + " |"]
+    out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------- plots
+COLORS = {"async": "tab:blue", "sync": "tab:orange"}
+
+
+def _elapsed(run: Run, tag: str) -> tuple[list[float], list[float]]:
+    pts = sorted(run.series(tag), key=lambda p: p[1])
+    return [w - run.first_wall for _, w, _ in pts], [v for _, _, v in pts]
+
+
+def _by_step(run: Run, tag: str) -> tuple[list[int], list[float]]:
+    pts = sorted(run.series(tag), key=lambda p: p[0])
+    return [s for s, _, _ in pts], [v for _, _, v in pts]
+
+
+def _step_tokens_per_s(run: Run) -> tuple[list[float], list[float]]:
+    step_s = {s: v for s, _, v in run.series("timing_s/step")}
+    xs, ys = [], []
+    for step, wall, tokens in sorted(run.series("perf/total_num_tokens"), key=lambda p: p[1]):
+        if step_s.get(step):
+            xs.append(wall - run.first_wall)
+            ys.append(tokens / step_s[step])
+    return xs, ys
+
+
+def _samples_axis(run: Run) -> tuple[list[float], list[float]]:
+    per_step = samples_per_step(run)
+    total, xs, ys = 0, [], []
+    for step, _, reward in sorted(run.series("critic/score/mean"), key=lambda p: p[0]):
+        total += per_step.get(step, 0)
+        xs.append(total)
+        ys.append(reward)
+    return xs, ys
+
+
+def _figure(path: str, title: str, panels: list[tuple[str, str, dict]], hline: Optional[float] = None) -> str:
+    """One PNG with a panel per (xlabel, ylabel, {label: (xs, ys)})."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for ax, (xlabel, ylabel, series) in zip(axes[0], panels):
+        for label, (xs, ys) in series.items():
+            ax.plot(xs, ys, marker="o", markersize=3, label=label, color=COLORS.get(label.split()[0]))
+        if hline is not None:
+            ax.axhline(hline, color="gray", linestyle="--", linewidth=1, label=f"threshold {hline:g}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def make_plots(runs: dict[str, Run], out_dir: str, threshold: float) -> dict[str, str]:
+    """Write the comparison PNGs into out_dir; returns {name: file name}."""
+    def each(fn: Any, tag: Optional[str] = None) -> dict:
+        return {m: (fn(r, tag) if tag else fn(r)) for m, r in runs.items()}
+
+    t = "elapsed wall-clock (s)"
+    specs = {
+        "throughput": ("Throughput over time", [(t, "tokens/s (all devices)", each(_step_tokens_per_s)),
+                                                (t, "perf/throughput (tokens/s per device)",
+                                                 each(_elapsed, "perf/throughput"))], None),
+        "reward_vs_time": ("Training reward vs wall-clock",
+                           [(t, "critic/score/mean", each(_elapsed, "critic/score/mean"))], None),
+        "val_reward_vs_time": ("Validation reward vs wall-clock",
+                               [(t, "validation reward", {m: ([w - r.first_wall for _, w, _ in val_points(r)],
+                                                              [v for _, _, v in val_points(r)])
+                                                          for m, r in runs.items()})], threshold),
+        "reward_vs_samples": ("Training reward vs trained samples",
+                              [("trained samples (responses)", "critic/score/mean", each(_samples_axis))], None),
+        "time_per_step": ("Time per step", [("step", "timing_s/step (s)", each(_by_step, "timing_s/step"))], None),
+        "idle_ratios": ("Idle ratios", [("step", "trainer idle ratio",
+                                         each(_by_step, "fully_async/trainer/idle_ratio")),
+                                        ("step", "rollouter idle ratio",
+                                         each(_by_step, "fully_async/rollouter/idle_ratio"))], None),
+        "staleness": ("Staleness of trained samples (param versions)",
+                      [("step", "staleness mean", each(_by_step, "fully_async/staleness/mean")),
+                       ("step", "staleness max", each(_by_step, "fully_async/staleness/max"))], None),
+    }
+    files = {}
+    for name, (title, panels, hline) in specs.items():
+        _figure(os.path.join(out_dir, f"{name}.png"), title, panels, hline)
+        files[name] = f"{name}.png"
+    return files
+
+
+# ----------------------------------------------------------------------------------- report
+def write_report(out_dir: str, table: dict, runs: dict[str, Run], plots: dict[str, str]) -> str:
+    hw = table["hardware"]
+    same_hw = len(set(hw.values())) == 1
+    lines = ["# Sync vs async comparison", ""]
+    lines.append(f"Hardware: {hw['async']}" if same_hw else
+                 f"Hardware DIFFERS: async on {hw['async']}, sync on {hw['sync']}")
+    for mode, run in runs.items():
+        d = run.devices()
+        lines.append(f"- {mode}: {d['total']} {d['device']} device(s) (trainer {d['trainer']}, rollout "
+                     f"{d['rollout']}{', colocated' if mode == 'sync' else ''}); log dir `{run.log_dir}`")
+    lines += ["", "## Config diff (apart from `mode`)", ""]
+    if table["config_diff"]:
+        lines += [f"- `{k}`: async `{a}` vs sync `{b}` (allowed by --allow-diff)" for k, a, b in table["config_diff"]]
+    else:
+        lines.append("none: both runs used the same resolved config except `mode`.")
+    lines += ["", "## Results", "", markdown_table(table), ""]
+    sp = table["speedup"]
+    lines.append(f"Speedup async/sync in tokens/s: **{_fmt(sp['tokens_per_s'], '{:.2f}')}x**; "
+                 f"in time to validation reward >= {table['threshold']:g}: {_fmt(sp['time_to_threshold'], '{:.2f}')}x.")
+    if table["bench"]:
+        b = table["bench"]
+        lines.append(f"Pipeline efficiency = tokens/s / min(rollout-only {b['rollout']['tokens_per_s']:.1f}, "
+                     f"train-only {b['train']['tokens_per_s']:.1f}) tokens/s, measured by scripts/bench_pipeline.py "
+                     f"on one {b['device']} device{' with 1 thread' if b.get('threads') == 1 else ''} "
+                     f"(bottleneck: {b['bottleneck']}).")
+    lines += ["", "Definitions: tokens/s = sum(perf/total_num_tokens) / sum(timing_s/step) (prompt + response "
+              "tokens of trained samples, all devices of the mode together); per device = divided by the "
+              "mode's device count; samples/s counts trained responses; times to the reward threshold are "
+              "wall-clock seconds from each run's first TensorBoard event; idle ratios and staleness are "
+              "means over steps.  As in verl, a sync step's time includes the validations it runs "
+              "(timing_s/testing); async validates on the rollouter, outside the trainer's step.", "", "## Plots", ""]
+    lines += [f"![{name}]({fname})" for name, fname in plots.items()]
+    path = os.path.join(out_dir, "report.md")
+    with open(path, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return path
