@@ -73,7 +73,7 @@ class OffloadConfig:
 
 @dataclass
 class ActorConfig:
-    strategy: str = "torch"               # torch (single worker)
+    strategy: str = "torch"               # torch (one device) | fsdp2 (data parallel, sharded) | megatron
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = 256        # prompts (groups of n responses) per optimizer step
     ppo_micro_batch_size_per_gpu: Optional[int] = None  # responses per forward/backward; null: whole mini-batch
@@ -245,7 +245,7 @@ KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 DEVICES = ("auto", "npu", "cuda", "cpu")
 TRUNCATIONS = ("error", "left", "right", "middle")
 ROLLOUT_NAMES = ("hf", "vllm")
-STRATEGIES = ("torch",)
+STRATEGIES = ("torch", "fsdp2", "megatron")
 ADV_ESTIMATORS = ("grpo",)
 REWARD_MANAGERS = ("naive", "dapo")
 LOGGERS = ("console", "tensorboard")
@@ -365,9 +365,15 @@ def validate(cfg: Any) -> None:
             raise ConfigError("data.train_batch_size",
                               f"{cfg.data.train_batch_size} prompts per step must be a multiple of "
                               f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size}")
-    if cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node != 1:
-        raise ConfigError("trainer.n_gpus_per_node",
-                          "strategy=torch trains on one device; use trainer.nnodes=1 trainer.n_gpus_per_node=1")
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    if world > 1 and actor.strategy == "torch":
+        raise ConfigError("actor_rollout_ref.actor.strategy",
+                          f"strategy=torch trains on one device but the trainer has {world} "
+                          "(trainer.nnodes x trainer.n_gpus_per_node); use strategy=fsdp2 or megatron")
+    if world > 1 and actor.ppo_mini_batch_size * rollout.n < world:
+        raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size",
+                          f"a mini-batch of {actor.ppo_mini_batch_size} x n={rollout.n} responses cannot give each "
+                          f"of the {world} data-parallel ranks at least one")
     if cfg.mode == "async" and cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node != 1:
         raise ConfigError("rollout.n_gpus_per_node",
                           f"rollout.name={rollout.name} runs one engine on one device; use rollout.nnodes=1 "

@@ -86,7 +86,9 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
     resume_state = read_pickle(os.path.join(resume_path, "rollout_state.pkl")) if resume_path else None
     if resume_path:
         logger.info("resuming from %s", resume_path)
-    started_ray = start_ray(num_cpus_needed=2)
+    n_train = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    n_roll = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node if cfg.mode == "async" else 0
+    started_ray = start_ray(num_cpus_needed=max(2, n_train + n_roll))  # one core per actor on CPU
     actors: dict = {}
     signals: list[int] = []
     old_handlers = {s: signal.signal(s, lambda signum, _f: signals.append(signum))

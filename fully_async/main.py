@@ -36,7 +36,8 @@ def create_async_actors(cfg: Any, prep: Any, device: Any, resume_path: Optional[
         ray.get(queue.put_many.remote(resume_state["queue"]))
     rollouter = ray.remote(Rollouter).options(max_concurrency=4, **device.ray_actor_options(n_roll)).remote(
         prep.cfg_dict, queue, prep.train, prep.val, prep.eos_token_ids, prep.pad_token_id, resume_state)
-    trainer = ray.remote(Trainer).options(max_concurrency=3, **device.ray_actor_options(n_train)).remote(
+    # the trainer actor is data-parallel rank 0 on one device; it spawns ranks 1..n_train-1 itself
+    trainer = ray.remote(Trainer).options(max_concurrency=3, **device.ray_actor_options(1)).remote(
         prep.cfg_dict, queue, rollouter, prep.total_steps, n_train + n_roll, prep.pad_token_id, resume_path)
     return {"trainer": trainer, "rollouter": rollouter, "queue": queue}
 

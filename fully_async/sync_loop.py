@@ -24,7 +24,8 @@ class SyncWorker:
                  total_steps: int, num_devices: int, eos_token_ids: list[int], pad_token_id: int,
                  resume_path: Optional[str] = None, resume_state: Optional[dict] = None):
         from fully_async.actor_setup import actor_init, build_tokenizer
-        from fully_async.backends import build_backend
+        from fully_async.backends.fsdp import free_port, node_ip
+        from fully_async.train_group import connect_trainer_group, total_optimizer_steps
         from fully_async.data import PromptStream
         from fully_async.engines import build_engine
         from fully_async.rewards import build_reward_manager
@@ -35,8 +36,9 @@ class SyncWorker:
         cfg = self.cfg
         self.tokenizer = build_tokenizer(cfg)
         self.reward = build_reward_manager(cfg)
-        self.backend = build_backend(cfg, self.device, total_steps * (cfg.data.train_batch_size //
-                                     cfg.actor_rollout_ref.actor.ppo_mini_batch_size) * cfg.actor_rollout_ref.actor.ppo_epochs)
+        minis = cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+        self.backend = connect_trainer_group(cfg, self.device, total_optimizer_steps(cfg, total_steps, minis),
+                                             (node_ip(), free_port()), self.device.ray_actor_options(1))
         self.engine = build_engine(cfg, self.device, eos_token_ids, pad_token_id)
         self.weight_sync = LocalWeightSync(self.engine)
         self.stream = PromptStream(train_records, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
@@ -211,8 +213,9 @@ def run_sync(cfg: Any) -> dict:
 
     def create(prep: Any, device: Any, resume_path: Optional[str], resume_state: Optional[dict]) -> dict:
         n_dev = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+        # rank 0 (engine + trainer shard) takes one device, the trainer group spawns the others;
         # on CPU the colocated worker gets the cores async mode splits between its two actors
-        opts = device.ray_actor_options(n_dev, num_cpus=1 if device.is_accelerator else 2)
+        opts = device.ray_actor_options(1, num_cpus=1 if device.is_accelerator or n_dev > 1 else 2)
         worker = ray.remote(SyncWorker).options(max_concurrency=2, **opts).remote(
             prep.cfg_dict, prep.train, prep.val, prep.total_steps, n_dev, prep.eos_token_ids, prep.pad_token_id,
             resume_path, resume_state)

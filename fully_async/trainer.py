@@ -109,8 +109,9 @@ class Trainer:
     def __init__(self, cfg: Any, queue: Any, rollouter: Any, total_steps: int, num_devices: int, pad_token_id: int,
                  resume_path: Optional[str] = None):
         from fully_async.actor_setup import actor_init
-        from fully_async.backends import build_backend
+        from fully_async.backends.fsdp import free_port, node_ip
         from fully_async.timeline import Timeline
+        from fully_async.train_group import connect_trainer_group, total_optimizer_steps
         from fully_async.weight_sync import ObjectStoreWeightSync
 
         self.cfg, self.device = actor_init(cfg, "trainer")
@@ -123,8 +124,10 @@ class Trainer:
         self.pad_token_id = pad_token_id
         self.required = required_samples(cfg.actor_rollout_ref.actor.ppo_mini_batch_size, at.require_batches)
         self.trigger = at.trigger_parameter_sync_step
-        optimizer_steps = total_steps * at.require_batches * cfg.actor_rollout_ref.actor.ppo_epochs
-        self.backend = build_backend(cfg, self.device, optimizer_steps)
+        optimizer_steps = total_optimizer_steps(cfg, total_steps, at.require_batches)
+        # rank 0 of the data-parallel group; ranks 1..W-1 are spawned (one device each) and joined here
+        self.backend = connect_trainer_group(cfg, self.device, optimizer_steps, (node_ip(), free_port()),
+                                             self.device.ray_actor_options(1))
         self.weight_sync = ObjectStoreWeightSync(rollouter)
         self.timeline = Timeline("trainer", cfg.trainer.timeline)
         self.step = 0

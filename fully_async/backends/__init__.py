@@ -26,7 +26,10 @@ class TrainBackend(Protocol):
 
 def build_backend(cfg: Any, device: Any, total_optimizer_steps: int) -> TrainBackend:
     strategy = cfg.actor_rollout_ref.actor.strategy
-    if strategy == "torch":
+    if strategy in ("torch", "fsdp2"):  # fsdp2: the same backend, sharded over the trainer's process group
         from fully_async.backends.torch_backend import TorchBackend
         return TorchBackend(cfg, device, total_optimizer_steps)
-    raise ValueError(f"actor_rollout_ref.actor.strategy={strategy!r} is not one of ['torch']")
+    if strategy == "megatron":
+        from fully_async.backends.megatron_backend import MegatronBackend
+        return MegatronBackend(cfg, device, total_optimizer_steps)
+    raise ValueError(f"actor_rollout_ref.actor.strategy={strategy!r} is not one of ['torch', 'fsdp2', 'megatron']")

@@ -13,11 +13,13 @@ import logging
 import math
 import os
 import random
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
+import torch.distributed as dist
 
 from fully_async.algorithms.losses import PolicyLossInput, agg_loss, entropy_from_logits, kl_penalty, policy_loss
+from fully_async.backends import fsdp
 from fully_async.batch import TrainBatch, micro_batches
 from fully_async.config import clip_bounds
 from fully_async.device import Device, parse_dtype
@@ -37,6 +39,50 @@ def token_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: floa
     return logp, ent
 
 
+def pad_micro_batches(splits: list[list[int]], num_micro: Optional[int]) -> list[tuple[list[int], bool]]:
+    """Micro-batches flagged (idx, is_dummy), padded with dummies to `num_micro` passes."""
+    out = [(idx, False) for idx in splits]
+    if num_micro is not None:
+        if len(out) > num_micro:
+            raise ValueError(f"{len(out)} micro-batches but the ranks agreed on {num_micro}")
+        out += [(splits[0][:1], True)] * (num_micro - len(out))
+    return out
+
+
+def ppo_update(batch: TrainBatch, num_mini_batches: int, actor_cfg: Any, rng: random.Random,
+               run_mini: Callable[[TrainBatch, float], dict], scheduler: Any) -> dict[str, float]:
+    """`ppo_epochs` passes over `num_mini_batches` mini-batches; one `run_mini` (optimizer step) each.
+
+    Shared by the single-device backend and the data-parallel group, so both split, shuffle and
+    normalise identically."""
+    mini_size = math.ceil(len(batch) / num_mini_batches)
+    sums: dict[str, float] = {}
+    norms: list[float] = []
+    steps = 0
+    for _ in range(actor_cfg.ppo_epochs):
+        order = list(range(len(batch)))
+        if actor_cfg.shuffle:
+            rng.shuffle(order)
+        for start in range(0, len(batch), mini_size):
+            mini = batch.select(order[start:start + mini_size])
+            mask = mini.response_mask
+            denom = float(mask.sum()) if actor_cfg.loss_agg_mode == "token-mean" else float((mask.sum(-1) > 0).sum())
+            res = run_mini(mini, denom)
+            steps += 1
+            if "grad_norm" in res:
+                norms.append(res["grad_norm"])
+            for key, value in res.items():
+                if key.startswith("actor/"):
+                    sums[key] = sums.get(key, 0.0) + value
+            sums["actor/bad_steps"] = sums.get("actor/bad_steps", 0.0) + res["bad"]
+    metrics = {k: v / steps for k, v in sums.items() if k != "actor/bad_steps"}
+    if norms:
+        metrics["actor/grad_norm"] = sum(norms) / len(norms)
+    metrics["actor/bad_steps"] = sums["actor/bad_steps"]
+    metrics["actor/lr"] = scheduler.get_last_lr()[0]
+    return metrics
+
+
 class TorchBackend:
     def __init__(self, cfg: Any, device: Device, total_optimizer_steps: int):
         from transformers import AutoModelForCausalLM
@@ -47,14 +93,25 @@ class TorchBackend:
         self.device = device
         self.torch_device = device.torch_device()
         torch.manual_seed(cfg.trainer.seed)
+        self.fsdp = arr.actor.strategy == "fsdp2"
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        compute_dtype = parse_dtype(arr.actor.dtype)
+        # FSDP2 keeps float32 master weights and computes in actor.dtype; plain torch trains in actor.dtype
         self.model = AutoModelForCausalLM.from_pretrained(
-            arr.model.path, dtype=parse_dtype(arr.actor.dtype), trust_remote_code=arr.model.trust_remote_code,
-        ).to(self.torch_device)
+            arr.model.path, dtype=torch.float32 if self.fsdp else compute_dtype,
+            trust_remote_code=arr.model.trust_remote_code).to(self.torch_device)
         if arr.model.enable_gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.model.train()
         need_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if need_ref else None
+        if self.fsdp:
+            if not dist.is_initialized():
+                raise RuntimeError("strategy=fsdp2 needs the trainer's process group (fully_async.train_group)")
+            offload = arr.actor.fsdp_config.param_offload
+            fsdp.shard_model(self.model, compute_dtype, offload)
+            if self.ref_model is not None:
+                fsdp.shard_model(self.ref_model, compute_dtype, offload)
         optim = arr.actor.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
                                            weight_decay=optim.weight_decay)
@@ -70,8 +127,11 @@ class TorchBackend:
 
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
-    def compute_log_probs(self, batch: TrainBatch, which: str = "actor") -> torch.Tensor:
-        """(B, L) log-probs of `batch` under the actor or the frozen reference, micro-batched."""
+    def compute_log_probs(self, batch: TrainBatch, which: str = "actor", num_micro: Optional[int] = None
+                          ) -> torch.Tensor:
+        """(B, L) log-probs of `batch` under the actor or the frozen reference, micro-batched.
+
+        `num_micro` forces that many forward passes (sharded ranks must run the same number)."""
         arr = self.cfg.actor_rollout_ref
         sub = arr.rollout if which == "actor" else arr.ref
         model = self.model if which == "actor" else self.ref_model
@@ -80,106 +140,140 @@ class TorchBackend:
         was_training = model.training
         model.eval()
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        for idx in micro_batches(batch, sub.log_prob_micro_batch_size_per_gpu, sub.log_prob_use_dynamic_bsz,
-                                 sub.log_prob_max_token_len_per_gpu):
+        splits = micro_batches(batch, sub.log_prob_micro_batch_size_per_gpu, sub.log_prob_use_dynamic_bsz,
+                               sub.log_prob_max_token_len_per_gpu)
+        for idx, dummy in pad_micro_batches(splits, num_micro):
             mb = batch.select(idx).to(self.torch_device)
             logp, _ = token_log_probs(model, mb, self.temperature)
-            out[idx, :logp.shape[1]] = logp.float().cpu()
+            if not dummy:
+                out[idx, :logp.shape[1]] = logp.float().cpu()
         model.train(was_training)
         return out
 
     # ------------------------------------------------------------------ update
     def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
         """PPO update over `batch` split into `num_mini_batches` optimizer steps, `ppo_epochs` times."""
+        return ppo_update(batch, num_mini_batches, self.actor_cfg, self.rng,
+                          lambda mini, denom: self.train_mini_batch(mini, denom), self.scheduler)
+
+    def train_mini_batch(self, mini: TrainBatch, denom: float, loss_scale: float = 1.0,
+                         num_micro: Optional[int] = None, rows_total: Optional[int] = None) -> dict[str, float]:
+        """One optimizer step on a mini-batch (or this rank's shard of it).
+
+        Losses are divided by `denom`, the token/sequence count of the whole mini-batch, so the sum
+        over micro-batches (and over ranks) is the mini-batch loss; `loss_scale` undoes the
+        data-parallel gradient averaging.  Returns additive metrics (sum them over ranks) plus
+        grad_norm and bad (identical on every rank)."""
         a = self.actor_cfg
         at = self.cfg.async_training
         clip_low, clip_high = clip_bounds(a)
-        mini_size = math.ceil(len(batch) / num_mini_batches)
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {}
+        rows_total = rows_total or len(mini)
+        out: dict[str, float] = {}
 
         def add(key: str, value: float) -> None:
-            sums[key] = sums.get(key, 0.0) + float(value)
-            counts[key] = counts.get(key, 0) + 1
+            out[key] = out.get(key, 0.0) + float(value)
 
-        for _ in range(a.ppo_epochs):
-            order = list(range(len(batch)))
-            if a.shuffle:
-                self.rng.shuffle(order)
-            for start in range(0, len(batch), mini_size):
-                mini = batch.select(order[start:start + mini_size])
-                mask = mini.response_mask
-                denom = float(mask.sum()) if a.loss_agg_mode == "token-mean" else float((mask.sum(-1) > 0).sum())
-                self.optimizer.zero_grad(set_to_none=True)
-                finite = True
-                for idx in micro_batches(mini, a.ppo_micro_batch_size_per_gpu, a.use_dynamic_bsz,
-                                         a.ppo_max_token_len_per_gpu):
-                    mb = mini.select(idx).to(self.torch_device)
-                    logp, ent = token_log_probs(self.model, mb, self.temperature, with_entropy=True)
-                    out = policy_loss(PolicyLossInput(
-                        logp=logp, old_logp=mb.old_log_probs, advantages=mb.advantages, mask=mb.response_mask,
-                        clip_low=clip_low, clip_high=clip_high, clip_c=a.clip_ratio_c, agg_mode=a.loss_agg_mode,
-                        denom=denom, behav_logp=mb.rollout_log_probs if at.decoupled_ppo else None,
-                        behav_cap=at.behav_imp_weight_cap))
-                    loss = out.loss
-                    entropy = agg_loss(ent, mb.response_mask, a.loss_agg_mode, denom)
-                    if a.entropy_coeff != 0:
-                        loss = loss - a.entropy_coeff * entropy
-                    if a.use_kl_loss:
-                        kl = agg_loss(kl_penalty(logp, mb.ref_log_probs, a.kl_loss_type), mb.response_mask,
-                                      a.loss_agg_mode, denom)
-                        loss = loss + a.kl_loss_coef * kl
-                        add("actor/kl_loss", kl.item())
-                    if not torch.isfinite(loss):
-                        finite = False
-                        break
-                    loss.backward()
-                    share = len(idx) / len(mini)
-                    add("actor/pg_loss", out.loss.item())
-                    add("actor/entropy", entropy.item())
-                    add("actor/pg_clipfrac", out.clipfrac.item() * share)
-                    add("actor/pg_clipfrac_lower", out.clipfrac_lower.item() * share)
-                    add("actor/ppo_kl", out.ppo_kl.item() * share)
-                    if out.behav_weight_mean is not None:
-                        add("actor/behav_imp_weight", out.behav_weight_mean.item() * share)
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.grad_clip) if finite else None
-                if grad_norm is None or not torch.isfinite(grad_norm):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    self.num_bad_steps += 1
-                    self.consecutive_bad_steps += 1
-                    add("actor/bad_steps", 1.0)
-                    logger.warning("non-finite loss or grad norm: optimizer step skipped (%d so far)",
-                                   self.num_bad_steps)
-                    continue
-                self.optimizer.step()
-                self.scheduler.step()
-                self.consecutive_bad_steps = 0
-                add("actor/grad_norm", grad_norm.item())
-        # micro-batch terms are already scaled to their mini-batch, so sums / optimizer steps are
-        # per-mini-batch means; grad_norm is averaged over the steps that were taken
-        steps = a.ppo_epochs * math.ceil(len(batch) / mini_size)
-        metrics = {k: v / steps for k, v in sums.items() if k not in ("actor/grad_norm", "actor/bad_steps")}
-        if "actor/grad_norm" in sums:
-            metrics["actor/grad_norm"] = sums["actor/grad_norm"] / counts["actor/grad_norm"]
-        metrics["actor/bad_steps"] = sums.get("actor/bad_steps", 0.0)
-        metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
-        return metrics
+        self.optimizer.zero_grad(set_to_none=True)
+        splits = micro_batches(mini, a.ppo_micro_batch_size_per_gpu, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu)
+        for idx, dummy in pad_micro_batches(splits, num_micro):
+            mb = mini.select(idx).to(self.torch_device)
+            mask = mb.response_mask * (0.0 if dummy else 1.0)   # a dummy pass only keeps collectives in step
+            logp, ent = token_log_probs(self.model, mb, self.temperature, with_entropy=True)
+            res = policy_loss(PolicyLossInput(
+                logp=logp, old_logp=mb.old_log_probs, advantages=mb.advantages, mask=mask,
+                clip_low=clip_low, clip_high=clip_high, clip_c=a.clip_ratio_c, agg_mode=a.loss_agg_mode,
+                denom=denom, behav_logp=mb.rollout_log_probs if at.decoupled_ppo else None,
+                behav_cap=at.behav_imp_weight_cap))
+            loss = res.loss
+            entropy = agg_loss(ent, mask, a.loss_agg_mode, denom)
+            if a.entropy_coeff != 0:
+                loss = loss - a.entropy_coeff * entropy
+            if a.use_kl_loss:
+                kl = agg_loss(kl_penalty(logp, mb.ref_log_probs, a.kl_loss_type), mask, a.loss_agg_mode, denom)
+                loss = loss + a.kl_loss_coef * kl
+                add("actor/kl_loss", kl.item())
+            # backward even for a non-finite loss: every rank must run the same collectives; the
+            # (then non-finite) global grad norm makes all ranks skip this step together
+            (loss * loss_scale).backward()
+            if dummy:
+                continue
+            share = len(idx) / rows_total
+            add("actor/pg_loss", res.loss.item())
+            add("actor/entropy", entropy.item())
+            add("actor/pg_clipfrac", res.clipfrac.item() * share)
+            add("actor/pg_clipfrac_lower", res.clipfrac_lower.item() * share)
+            add("actor/ppo_kl", res.ppo_kl.item() * share)
+            if res.behav_weight_mean is not None:
+                add("actor/behav_imp_weight", res.behav_weight_mean.item() * share)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.grad_clip)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor holding the global norm
+            grad_norm = grad_norm.full_tensor()
+        if not torch.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.num_bad_steps += 1
+            self.consecutive_bad_steps += 1
+            logger.warning("non-finite loss or grad norm: optimizer step skipped (%d so far)", self.num_bad_steps)
+            return dict(out, bad=1.0)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.consecutive_bad_steps = 0
+        return dict(out, grad_norm=float(grad_norm), bad=0.0)
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
     def named_parameters_for_sync(self) -> dict[str, torch.Tensor]:
-        """CPU copies of every parameter (tied weights once), as the rollout engine names them."""
-        return {name: p.detach().to("cpu", copy=True) for name, p in self.model.named_parameters()}
+        """CPU copies of every parameter (tied weights once), as the rollout engine names them.
+
+        Under FSDP2 every rank must call (parameters are all-gathered); only rank 0 gets the dict."""
+        return {name: t.to("cpu", copy=True) for name, t in self.iter_full_parameters() if self.rank == 0}
+
+    def iter_full_parameters(self):
+        """(name, full tensor on the device) per parameter; all ranks iterate under FSDP2."""
+        if self.fsdp:
+            return fsdp.full_parameters(self.model)
+        return ((name, p.detach()) for name, p in self.model.named_parameters())
 
     # ------------------------------------------------------------------ checkpoint
+    def _extra_state(self, with_optimizer: bool) -> dict:
+        extra = {"scheduler": self.scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
+                 "py_rng": self.rng.getstate(), "num_bad_steps": self.num_bad_steps}
+        if with_optimizer:
+            extra["optimizer"] = self.optimizer.state_dict()
+        return extra
+
     def save(self, path: str) -> None:
-        """actor/ as a Hugging Face folder (directly exportable) + optimizer/scheduler/RNG states."""
-        self.model.save_pretrained(os.path.join(path, "actor"), safe_serialization=True)
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                    "torch_rng": torch.get_rng_state(), "py_rng": self.rng.getstate(),
-                    "num_bad_steps": self.num_bad_steps}, os.path.join(path, "actor_optim.pt"))
+        """actor/ as a Hugging Face folder (directly exportable) + optimizer/scheduler/RNG states.
+
+        FSDP2: every rank writes its shards (torch.distributed.checkpoint) and its own RNG file;
+        rank 0 also writes the gathered Hugging Face folder."""
+        if not self.fsdp:
+            self.model.save_pretrained(os.path.join(path, "actor"), safe_serialization=True)
+            torch.save(self._extra_state(True), os.path.join(path, "actor_optim.pt"))
+            return
+        from safetensors.torch import save_file
+
+        full = self.named_parameters_for_sync()
+        fsdp.save_sharded(self.model, self.optimizer, path)
+        torch.save(self._extra_state(False), os.path.join(path, f"actor_extra_rank{self.rank}.pt"))
+        if self.rank == 0:
+            actor = os.path.join(path, "actor")
+            os.makedirs(actor, exist_ok=True)
+            self.model.config.save_pretrained(actor)
+            save_file({k: v.contiguous() for k, v in full.items()}, os.path.join(actor, "model.safetensors"))
+
+    def _load_extra(self, extra: dict) -> None:
+        if "optimizer" in extra:
+            self.optimizer.load_state_dict(extra["optimizer"])
+        self.scheduler.load_state_dict(extra["scheduler"])
+        torch.set_rng_state(extra["torch_rng"])
+        self.rng.setstate(extra["py_rng"])
+        self.num_bad_steps = extra["num_bad_steps"]
 
     def load(self, path: str) -> None:
+        if self.fsdp:
+            fsdp.load_sharded(self.model, self.optimizer, path)
+            self._load_extra(torch.load(os.path.join(path, f"actor_extra_rank{self.rank}.pt"), weights_only=False))
+            return
         from safetensors.torch import load_file
 
         files = sorted(glob.glob(os.path.join(path, "actor", "*.safetensors")))
@@ -193,12 +287,7 @@ class TorchBackend:
         if unexpected or set(missing) - tied:
             raise RuntimeError(f"checkpoint {path} does not match the model: missing {sorted(set(missing) - tied)}, "
                                f"unexpected {sorted(unexpected)}")
-        extra = torch.load(os.path.join(path, "actor_optim.pt"), weights_only=False)
-        self.optimizer.load_state_dict(extra["optimizer"])
-        self.scheduler.load_state_dict(extra["scheduler"])
-        torch.set_rng_state(extra["torch_rng"])
-        self.rng.setstate(extra["py_rng"])
-        self.num_bad_steps = extra["num_bad_steps"]
+        self._load_extra(torch.load(os.path.join(path, "actor_optim.pt"), weights_only=False))
 
     def offload(self) -> None:
         """Move params (and grads/optimizer state) to host memory; no-op on cpu."""

@@ -153,8 +153,9 @@ def test_keep_mode_continues_in_flight_requests_on_new_weights(engine, hf_model,
     monkeypatch.setattr(engine, "pause_mode", "keep")
     params = SamplingParams(temperature=0.0, max_tokens=56)
     v0 = engine.version
+    old = run_all(engine, [GenRequest("k", PROMPTS[0], params)])["k"]
     new = perturbed(hf_model, seed=11)
-    for attempt, wait_s in enumerate((0.05, 0.1, 0.2, 0.4)):
+    for wait_s in (0.05, 0.1, 0.2, 0.4):
         engine.update_weights(dict(hf_model.named_parameters()), v0)
         engine.submit([GenRequest("k", PROMPTS[0], params)])
         time.sleep(wait_s)
@@ -166,6 +167,8 @@ def test_keep_mode_continues_in_flight_requests_on_new_weights(engine, hf_model,
     else:
         pytest.fail("could not update weights while the request was mid-generation")
     assert out.finish_reason == "length" and out.versions == [v0] * k + [v0 + 1] * (56 - k)
+    assert out.token_ids[:k] == old.token_ids[:k]   # before the update: the old weights' greedy tokens
+    assert out.log_probs[:k] == pytest.approx(old.log_probs[:k], abs=1e-4)
     # tokens after the update are exactly what the new weights produce from prompt + the first k tokens
     model = type(hf_model)(hf_model.config).eval()
     model.load_state_dict(new, strict=False)   # tied lm_head follows embed_tokens

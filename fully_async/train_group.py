@@ -1,0 +1,149 @@
+"""Data-parallel trainer group (layer 3): one process per trainer device, rank 0 drives.
+
+Rank 0 is the Trainer (or SyncWorker) actor itself; ranks 1..W-1 are `TrainWorker` actors.  All
+ranks join one torch.distributed world on the device's comm backend (gloo / nccl / hccl) and hold
+an FSDP2-sharded `TorchBackend`.  `GroupBackend` gives rank 0 the same `TrainBackend` interface as
+a single device: it cuts every batch (and every mini-batch) into per-rank shards, runs its own
+shard while the workers run theirs, and sums the additive metrics.  Every rank is told how many
+micro-batches to run so that FSDP's collectives line up (a rank with fewer rows runs dummies).
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Optional
+
+import torch
+
+from fully_async.batch import TrainBatch, micro_batches
+
+
+def _ray_get(refs: Any) -> Any:
+    import ray
+    return ray.get(refs)
+
+
+def total_optimizer_steps(cfg: Any, total_steps: int, mini_batches_per_step: int) -> int:
+    return total_steps * mini_batches_per_step * cfg.actor_rollout_ref.actor.ppo_epochs
+
+
+def build_local_backend(cfg: Any, device: Any, optimizer_steps: int, rank: int, world: int,
+                        master: Optional[tuple[str, int]]) -> Any:
+    """This process's backend; joins the trainer's process group first when the strategy shards."""
+    from fully_async.backends import build_backend
+    from fully_async.backends.fsdp import free_port, init_process_group
+
+    if cfg.actor_rollout_ref.actor.strategy in ("fsdp2", "megatron"):
+        addr, port = master or ("127.0.0.1", free_port())
+        init_process_group(device, rank, world, addr, port)
+    return build_backend(cfg, device, optimizer_steps)
+
+
+class TrainWorker:
+    """Ray actor for data-parallel ranks >= 1: a backend that rank 0 calls method by method."""
+
+    def __init__(self, cfg: Any, rank: int, world: int, master: tuple[str, int], optimizer_steps: int):
+        from fully_async.actor_setup import actor_init
+
+        self.cfg, self.device = actor_init(cfg, f"trainer-rank{rank}")
+        self.backend = build_local_backend(self.cfg, self.device, optimizer_steps, rank, world, master)
+
+    def ready(self) -> bool:
+        return True
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.backend, method)(*args, **kwargs)
+
+
+def shard_rows(n: int, world: int) -> list[list[int]]:
+    """Row r::world for rank r (sizes differ by at most one)."""
+    return [list(range(r, n, world)) for r in range(world)]
+
+
+class GroupBackend:
+    """`TrainBackend` over rank 0's local backend and the workers of ranks 1..W-1."""
+
+    def __init__(self, local: Any, workers: list[Any], cfg: Any):
+        self.local = local
+        self.workers = workers
+        self.world = len(workers) + 1
+        self.cfg = cfg
+        self.actor_cfg = cfg.actor_rollout_ref.actor
+        self.rng = random.Random(cfg.trainer.seed)
+
+    def __getattr__(self, name: str) -> Any:  # consecutive_bad_steps, num_bad_steps, ...
+        return getattr(self.local, name)
+
+    def _all(self, method: str, local_args: tuple, worker_args: list[tuple], **kwargs: Any) -> list[Any]:
+        refs = [w.call.remote(method, *args, **kwargs) for w, args in zip(self.workers, worker_args)]
+        mine = getattr(self.local, method)(*local_args, **kwargs)
+        return [mine] + _ray_get(refs)
+
+    def _micro_count(self, shards: list[TrainBatch], micro: Optional[int], dynamic: bool, budget: int) -> int:
+        return max(len(micro_batches(s, micro, dynamic, budget)) for s in shards)
+
+    def compute_log_probs(self, batch: TrainBatch, which: str = "actor") -> torch.Tensor:
+        sub = self.cfg.actor_rollout_ref.rollout if which == "actor" else self.cfg.actor_rollout_ref.ref
+        rows = shard_rows(len(batch), self.world)
+        shards = [batch.select(r) for r in rows]
+        k = self._micro_count(shards, sub.log_prob_micro_batch_size_per_gpu, sub.log_prob_use_dynamic_bsz,
+                              sub.log_prob_max_token_len_per_gpu)
+        parts = self._all("compute_log_probs", (shards[0], which), [(s, which) for s in shards[1:]], num_micro=k)
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        for idx, part in zip(rows, parts):
+            out[idx, :part.shape[1]] = part
+        return out
+
+    def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
+        from fully_async.backends.torch_backend import ppo_update
+
+        a = self.actor_cfg
+
+        def run_mini(mini: TrainBatch, denom: float) -> dict:
+            shards = [mini.select(r) for r in shard_rows(len(mini), self.world)]
+            k = self._micro_count(shards, a.ppo_micro_batch_size_per_gpu, a.use_dynamic_bsz,
+                                  a.ppo_max_token_len_per_gpu)
+            kwargs = dict(loss_scale=float(self.world), num_micro=k, rows_total=len(mini))
+            results = self._all("train_mini_batch", (shards[0], denom), [(s, denom) for s in shards[1:]], **kwargs)
+            merged = {key: sum(r.get(key, 0.0) for r in results) for key in results[0] if key.startswith("actor/")}
+            merged["bad"] = results[0]["bad"]                    # identical on every rank (global norm)
+            if "grad_norm" in results[0]:
+                merged["grad_norm"] = results[0]["grad_norm"]
+            return merged
+
+        return ppo_update(batch, num_mini_batches, a, self.rng, run_mini, self.local.scheduler)
+
+    def named_parameters_for_sync(self) -> dict[str, torch.Tensor]:
+        return self._all("named_parameters_for_sync", (), [()] * len(self.workers))[0]
+
+    def iter_full_parameters(self):
+        raise NotImplementedError("use fully_async.weight_sync.collective, which drives every rank")
+
+    def save(self, path: str) -> None:
+        self._all("save", (path,), [(path,)] * len(self.workers))
+
+    def load(self, path: str) -> None:
+        self._all("load", (path,), [(path,)] * len(self.workers))
+
+    def offload(self) -> None:
+        self._all("offload", (), [()] * len(self.workers))
+
+    def onload(self) -> None:
+        self._all("onload", (), [()] * len(self.workers))
+
+
+def connect_trainer_group(cfg: Any, device: Any, optimizer_steps: int, master: tuple[str, int],
+                          worker_options: dict) -> Any:
+    """Rank 0's backend: spawns W-1 TrainWorkers, joins the process group with them, wraps them."""
+    import ray
+
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    if world == 1:
+        return build_local_backend(cfg, device, optimizer_steps, 0, 1, None)
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    workers = [ray.remote(TrainWorker).options(**worker_options).remote(plain, r, world, master, optimizer_steps)
+               for r in range(1, world)]
+    local = build_local_backend(cfg, device, optimizer_steps, 0, world, master)  # rendezvous with the workers
+    ray.get([w.ready.remote() for w in workers])
+    return GroupBackend(local, workers, cfg)
