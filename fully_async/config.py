@@ -128,6 +128,8 @@ class RolloutConfig:
     load_format: str = "auto"             # auto | dummy (random init; real weights arrive from the trainer)
     max_model_len: Optional[int] = None   # null: max_prompt_length + max_response_length
     pause_mode: str = "abort"             # abort | keep: how in-flight requests stop at a weight update
+    weight_sync: str = "auto"             # auto | object_store | collective (NCCL/HCCL/gloo broadcast)
+    update_weights_bucket_megabytes: int = 512  # bucket size of the collective weight broadcast
 
 
 @dataclass
@@ -332,6 +334,8 @@ def validate(cfg: Any) -> None:
     if rollout.top_k == 0 or rollout.top_k < -1:
         raise ConfigError("actor_rollout_ref.rollout.top_k", f"{rollout.top_k} must be -1 (off) or >= 1")
     _at_least("actor_rollout_ref.rollout.val_kwargs.n", rollout.val_kwargs.n, 1)
+    _choice("actor_rollout_ref.rollout.weight_sync", rollout.weight_sync, ("auto", "object_store", "collective"))
+    _at_least("actor_rollout_ref.rollout.update_weights_bucket_megabytes", rollout.update_weights_bucket_megabytes, 1)
     if rollout.name == "vllm":
         _choice("actor_rollout_ref.rollout.load_format", rollout.load_format, ("auto", "dummy", "safetensors", "pt"))
         _choice("actor_rollout_ref.rollout.pause_mode", rollout.pause_mode, ("abort", "keep"))

@@ -66,6 +66,26 @@ class Device:
             opts["resources"] = {self.ray_resource: num_devices}
         return opts
 
+    def new_group(self, addr: str, port: int, rank: int, world: int, timeout_s: float = 600.0) -> Any:
+        """A process group outside torch.distributed's default world (stateless: its own TCP store).
+
+        Used between trainer rank 0 and the rollout engines, which live in different worlds.  Ray's
+        collectives cannot do this on NPU (no HCCL), so we build the group from torch directly."""
+        import torch.distributed as dist
+        from datetime import timedelta
+
+        timeout = timedelta(seconds=timeout_s)
+        store = dist.TCPStore(addr, port, world, is_master=(rank == 0), timeout=timeout)
+        if self.name == "cuda":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            return dist.ProcessGroupNCCL(store, rank, world, opts)
+        if self.name == "npu":
+            _import_torch_npu()
+            from torch_npu._C._distributed_c10d import ProcessGroupHCCL  # type: ignore[import-not-found]
+            return ProcessGroupHCCL(store, rank, world, timeout)
+        return dist.ProcessGroupGloo(store, rank, world, timeout)
+
     def memory_stats(self) -> dict[str, float]:
         """Allocated/reserved device memory (GiB) and host RSS (GiB); cpu reports RSS only."""
         stats = {"host_rss_gib": host_rss_gib()}

@@ -79,6 +79,20 @@ class Rollouter:
     def update_weights(self, named_tensors: dict, version: int) -> dict:
         return self._call(lambda: self._apply_weights(named_tensors, version))
 
+    def init_weight_group(self, addr: str, port: int, rank: int, world: int) -> None:
+        """Join the trainer's weight-broadcast group (fully_async.weight_sync.collective)."""
+        self.weight_pg = self.device.new_group(addr, port, rank, world)
+
+    def receive_weights(self, metas: list, buckets: list, dtype: str, version: int) -> dict:
+        """Collective path: pause, then load buckets as they arrive from trainer rank 0."""
+        import torch
+
+        from fully_async.weight_sync.collective import receive
+
+        stream = receive(self.weight_pg, metas, buckets, getattr(torch, dtype.split(".")[-1]),
+                         self.device.torch_device())
+        return self._call(lambda: self._apply_weights(stream, version))
+
     def validate(self) -> dict:
         return self._call(lambda: self._validate(self.engine.version))
 

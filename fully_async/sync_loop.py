@@ -40,7 +40,7 @@ class SyncWorker:
         self.backend = connect_trainer_group(cfg, self.device, total_optimizer_steps(cfg, total_steps, minis),
                                              (node_ip(), free_port()), self.device.ray_actor_options(1))
         self.engine = build_engine(cfg, self.device, eos_token_ids, pad_token_id)
-        self.weight_sync = LocalWeightSync(self.engine)
+        self.weight_sync = LocalWeightSync(self.backend, self.engine)
         self.stream = PromptStream(train_records, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
                                    total_epochs=cfg.trainer.total_epochs, total_prompts=cfg.rollout.total_rollout_steps)
         self.val_records = val_records
@@ -68,7 +68,7 @@ class SyncWorker:
             self.step, self.version = state["step"], state["version"]
             self.trained_sample_ids = list(state["trained_sample_ids"])
             self.stream.load_state_dict(resume_state["stream"])
-            self.weight_sync.push(self.backend.named_parameters_for_sync(), self.version)
+            self.weight_sync.push(self.version)
             logger.info("resumed from %s: step %d", resume_path, self.step)
 
     def progress(self) -> dict:
@@ -150,8 +150,9 @@ class SyncWorker:
             timing["timing_s/reward"] = time.perf_counter() - t
             # ---- switch: engine sleeps, trainer comes back
             t = time.perf_counter()
-            with self.timeline.span("onload"):
+            with self.timeline.span("offload"):
                 self.engine.sleep(1)
+            with self.timeline.span("onload"):
                 if self.offload_trainer:
                     self.backend.onload()
             timing["timing_s/onload"] = time.perf_counter() - t
@@ -169,18 +170,18 @@ class SyncWorker:
             metrics.update(self._memory("update_actor"))
             metrics.update(batch_metrics(samples, self.version, cfg.data.max_response_length))
             metrics["fully_async/count/current_param_version"] = self.version
-            # ---- switch back and push weights
+            # ---- switch back: engine wakes, receives the new weights, then the trainer offloads
+            self.step += 1
+            self.version += 1
             t = time.perf_counter()
-            named = self.backend.named_parameters_for_sync()
+            with self.timeline.span("onload"):
+                self.engine.wake_up()
+            with self.timeline.span("param_sync"):
+                metrics.update(self.weight_sync.push(self.version))
             with self.timeline.span("offload"):
                 if self.offload_trainer:
                     self.backend.offload()
-                self.engine.wake_up()
-            timing["timing_s/offload"] = time.perf_counter() - t
-            self.step += 1
-            self.version += 1
-            with self.timeline.span("param_sync"):
-                metrics.update(self.weight_sync.push(named, self.version))
+            timing["timing_s/offload"] = time.perf_counter() - t - metrics["timing_s/param_sync"]
             if cfg.trainer.save_freq > 0 and (self.version % cfg.trainer.save_freq == 0
                                               or self.step == self.total_steps):
                 metrics.update(self._save())

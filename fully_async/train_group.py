@@ -115,8 +115,14 @@ class GroupBackend:
     def named_parameters_for_sync(self) -> dict[str, torch.Tensor]:
         return self._all("named_parameters_for_sync", (), [()] * len(self.workers))[0]
 
-    def iter_full_parameters(self):
-        raise NotImplementedError("use fully_async.weight_sync.collective, which drives every rank")
+    def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        return self.local.param_shapes()
+
+    def stream_full_parameters(self, consumer: Any) -> Any:
+        refs = [w.call.remote("stream_full_parameters", None) for w in self.workers]
+        out = self.local.stream_full_parameters(consumer)
+        _ray_get(refs)
+        return out
 
     def save(self, path: str) -> None:
         self._all("save", (path,), [(path,)] * len(self.workers))

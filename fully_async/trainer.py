@@ -112,7 +112,7 @@ class Trainer:
         from fully_async.backends.fsdp import free_port, node_ip
         from fully_async.timeline import Timeline
         from fully_async.train_group import connect_trainer_group, total_optimizer_steps
-        from fully_async.weight_sync import ObjectStoreWeightSync
+        from fully_async.weight_sync import build_weight_sync
 
         self.cfg, self.device = actor_init(cfg, "trainer")
         cfg = self.cfg
@@ -128,7 +128,7 @@ class Trainer:
         # rank 0 of the data-parallel group; ranks 1..W-1 are spawned (one device each) and joined here
         self.backend = connect_trainer_group(cfg, self.device, optimizer_steps, (node_ip(), free_port()),
                                              self.device.ray_actor_options(1))
-        self.weight_sync = ObjectStoreWeightSync(rollouter)
+        self.weight_sync = build_weight_sync(cfg, self.backend, rollouter, self.device)
         self.timeline = Timeline("trainer", cfg.trainer.timeline)
         self.step = 0
         self.version = 0
@@ -155,7 +155,7 @@ class Trainer:
 
     def sync_initial_weights(self) -> dict:
         """Send the current weights as the current version (random dummy engine weights, or a resume)."""
-        return self.weight_sync.push(self.backend.named_parameters_for_sync(), self.version)
+        return self.weight_sync.push(self.version)
 
     def progress(self) -> dict:
         return {"step": self.step, "version": self.version, "total_steps": self.total_steps}
@@ -242,8 +242,7 @@ class Trainer:
     def _sync_weights(self) -> dict:
         self.version += 1
         with self.timeline.span("param_sync"):
-            named = self.backend.named_parameters_for_sync()
-            return self.weight_sync.push(named, self.version)
+            return self.weight_sync.push(self.version)
 
     def _pipeline_metrics(self, stats: dict, wait_s: float, step_s: float, tokens: float) -> dict:
         prev = self._last_rollouter

@@ -227,6 +227,19 @@ class TorchBackend:
         Under FSDP2 every rank must call (parameters are all-gathered); only rank 0 gets the dict."""
         return {name: t.to("cpu", copy=True) for name, t in self.iter_full_parameters() if self.rank == 0}
 
+    def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Names and full (unsharded) shapes, in the order iter_full_parameters yields them."""
+        return [(name, tuple(p.shape)) for name, p in self.model.named_parameters()]
+
+    def stream_full_parameters(self, consumer: Optional[Callable[[Any], Any]]) -> Any:
+        """Rank 0 hands the full-parameter iterator to `consumer`; other ranks only join the gathers."""
+        params = self.iter_full_parameters()
+        if self.rank == 0 and consumer is not None:
+            return consumer(params)
+        for _ in params:
+            pass
+        return 0
+
     def iter_full_parameters(self):
         """(name, full tensor on the device) per parameter; all ranks iterate under FSDP2."""
         if self.fsdp:

@@ -1,5 +1,22 @@
 """WeightSync implementations (layer 2): how the trainer's weights reach the rollout engines."""
+from typing import Any
+
 from fully_async.weight_sync.local import LocalWeightSync
 from fully_async.weight_sync.object_store import ObjectStoreWeightSync
 
-__all__ = ["LocalWeightSync", "ObjectStoreWeightSync"]
+
+def build_weight_sync(cfg: Any, backend: Any, rollouter: Any, device: Any) -> Any:
+    """actor_rollout_ref.rollout.weight_sync: auto = collective on accelerators, object store on CPU."""
+    rollout = cfg.actor_rollout_ref.rollout
+    kind = rollout.weight_sync
+    if kind == "auto":
+        kind = "collective" if device.is_accelerator else "object_store"
+    if kind == "collective":
+        from fully_async.device import parse_dtype
+        from fully_async.weight_sync.collective import CollectiveWeightSync
+        return CollectiveWeightSync(backend, rollouter, device, rollout.update_weights_bucket_megabytes,
+                                    parse_dtype(rollout.dtype))
+    return ObjectStoreWeightSync(backend, rollouter)
+
+
+__all__ = ["LocalWeightSync", "ObjectStoreWeightSync", "build_weight_sync"]

@@ -4,15 +4,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
-
 
 class LocalWeightSync:
-    def __init__(self, engine: Any):
+    def __init__(self, backend: Any, engine: Any):
+        self.backend = backend
         self.engine = engine
 
-    def push(self, named_tensors: dict[str, torch.Tensor], version: int) -> dict[str, float]:
+    def push(self, version: int) -> dict[str, float]:
         start = time.perf_counter()
+        named_tensors = self.backend.named_parameters_for_sync()
         self.engine.update_weights(named_tensors, version)
         total = time.perf_counter() - start
         nbytes = sum(t.numel() * t.element_size() for t in named_tensors.values())

@@ -33,7 +33,7 @@ def read_scalars(logdir):
 def ray_session():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
     yield
     ray.shutdown()
@@ -57,6 +57,23 @@ def test_async_run_completes_and_writes_metrics(ray_session, tmp_path, monkeypat
     assert 0 in val_steps and 2 in val_steps and 4 in val_steps
     assert [v for _, v in scalars["fully_async/count/current_param_version"]] == [0, 1, 2, 3]
     assert all(0.0 <= v <= 1.0 for _, v in scalars["fully_async/trainer/idle_ratio"])
+
+
+def test_collective_weight_sync_and_fsdp2_trainer_on_gloo(ray_session, tmp_path, monkeypatch):
+    """2 FSDP2 trainer ranks + the engine, weights broadcast over a stateless gloo group."""
+    from fully_async.main import run_async
+
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    cfg = load_config([f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.total_training_steps=3",
+                       "actor_rollout_ref.rollout.weight_sync=collective", "actor_rollout_ref.actor.strategy=fsdp2",
+                       "trainer.n_gpus_per_node=2", "trainer.progress_bar=false", "trainer.val_before_train=false",
+                       "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4",
+                       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"])
+    summary = run_async(cfg)
+    assert summary["steps"] == 3
+    scalars = read_scalars(str(tmp_path / "tb"))
+    assert len(scalars["perf/param_sync_buckets"]) == 3 and all(v > 0 for _, v in scalars["perf/param_sync_gbps"])
+    assert [v for _, v in scalars["fully_async/count/current_param_version"]] == [0, 1, 2]
 
 
 def test_strict_on_policy_samples_are_fresh(ray_session, tmp_path, monkeypatch):
