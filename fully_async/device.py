@@ -78,7 +78,8 @@ class Device:
         store = dist.TCPStore(addr, port, world, is_master=(rank == 0), timeout=timeout)
         if self.name == "cuda":
             opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = timeout
+            if hasattr(opts, "_timeout"):
+                opts._timeout = timeout
             return dist.ProcessGroupNCCL(store, rank, world, opts)
         if self.name == "npu":
             _import_torch_npu()

@@ -84,7 +84,7 @@ def vocab_parallel_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, temp
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             ent = F.pad(vocab_parallel_entropy(scaled), (1, 0))
     target = scaled.clone() if ent is not None and ent.requires_grad else scaled
-    logp = -tensor_parallel.vocab_parallel_cross_entropy(target, input_ids[:, 1:])  # (B, L-1)
+    logp = -tensor_parallel.vocab_parallel_cross_entropy(target, input_ids[:, 1:].contiguous())  # (B, L-1)
     return F.pad(logp, (1, 0)), ent
 
 
@@ -137,7 +137,8 @@ class MegatronBackend:
                       context_parallel_size=m.context_parallel_size,
                       sequence_parallel=bool(m.sequence_parallel and m.tensor_model_parallel_size > 1),
                       use_cpu_initialization=True, perform_initialization=False,  # weights come from HF
-                      variable_seq_lengths=True)
+                      variable_seq_lengths=True, moe_token_dispatcher_type="alltoall")  # (the MoE field is
+        # only there because megatron refuses variable_seq_lengths with its default dispatcher)
         if self.cfg.actor_rollout_ref.model.enable_gradient_checkpointing:
             kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
         override = m.override_transformer_config
@@ -350,6 +351,22 @@ class MegatronBackend:
             return {}
         hf = hf_megatron.megatron_to_hf(shards, self.hf_config, self.pp_rank, self.pp)
         return self._gather_stages(hf) if self.pp > 1 else hf
+
+    def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """HF names and full shapes in the HF model's named_parameters order (what the engines hold)."""
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(self.hf_config)
+        return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+
+    def stream_full_parameters(self, consumer: Optional[Callable[[Any], Any]]) -> Any:
+        """Global rank 0 hands (name, full device tensor) in param_shapes order to `consumer`; every rank
+        must call (the gather is collective)."""
+        full = self.named_parameters_for_sync()
+        if dist.get_rank() != 0 or consumer is None:
+            return 0
+        return consumer((name, full[name].to(self.torch_device)) for name, _ in self.param_shapes())
 
     def _gather_stages(self, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Pipeline stages 1.. broadcast their HF tensors over the (tp 0, dp 0) pipeline group to stage 0."""

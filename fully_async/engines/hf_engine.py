@@ -66,7 +66,6 @@ class HFEngine:
         self._next_logits: Optional[torch.Tensor] = None                     # (B, V)
         self._pending_tokens: Optional[torch.Tensor] = None                  # (B,) last sampled
         self._sleep_level = 0
-        self._offloaded: Optional[dict[str, torch.Tensor]] = None
         self.num_generated_tokens = 0
 
     # ------------------------------------------------------------------ contract
@@ -101,37 +100,24 @@ class HFEngine:
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
         if self.num_in_flight():
             raise RuntimeError("HFEngine.update_weights() with requests in flight: interrupt() or drain first")
-        items = named_tensors.items() if hasattr(named_tensors, "items") else named_tensors
-        params = dict(self.model.named_parameters())
-        params.update(dict(self.model.named_buffers()))
-        with torch.no_grad():
-            for name, tensor in items:
-                if name not in params:
-                    raise KeyError(f"weight {name!r} does not exist in the rollout model")
-                params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+        load_named_tensors(self.model, named_tensors)
         self.version = version
 
     def sleep(self, level: int = 1) -> None:
+        """Free device memory for the colocated trainer: drop the KV cache and move the weights (and
+        buffers such as RoPE's inv_freq, which are not in the state dict) to host memory.  Level 2 is
+        treated as level 1: this engine has no way to rebuild non-persistent buffers from nothing."""
         if self.num_in_flight():
             raise RuntimeError("HFEngine.sleep() with requests in flight")
-        self._kv = self._mask = self._next_logits = None
+        self._kv = self._mask = self._next_logits = self._pending_tokens = None
         if self.device.is_accelerator:
-            if level >= 2:
-                self.model.to("meta")
-            else:
-                self._offloaded = {k: v.to("cpu") for k, v in self.model.state_dict().items()}
-                self.model.to("meta")
+            self.model.to("cpu")
             self.device.empty_cache()
         self._sleep_level = level
 
     def wake_up(self) -> None:
         if self._sleep_level and self.device.is_accelerator:
-            self.model.to_empty(device=self.torch_device)
-            if self._offloaded is not None:
-                self.model.load_state_dict(self._offloaded, strict=False, assign=False)
-                self._offloaded = None
-            else:
-                logger.info("engine woke from sleep level 2: weights must come from update_weights()")
+            self.model.to(self.torch_device)
         self._sleep_level = 0
 
     # ------------------------------------------------------------------ internals
@@ -219,3 +205,17 @@ def _lpad(x: torch.Tensor, length: int, dim: int) -> torch.Tensor:
     pad = [0, 0] * (x.dim() - 1 - dim) + [missing, 0]
     return F.pad(x, pad)
 
+
+def load_named_tensors(model: torch.nn.Module, named_tensors: NamedTensors) -> int:
+    """Copy (name, tensor) pairs into the model's parameters/buffers in place; returns bytes loaded."""
+    items = named_tensors.items() if hasattr(named_tensors, "items") else named_tensors
+    params = dict(model.named_parameters())
+    params.update(dict(model.named_buffers()))
+    loaded = 0
+    with torch.no_grad():
+        for name, tensor in items:
+            if name not in params:
+                raise KeyError(f"weight {name!r} does not exist in the rollout model")
+            params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+            loaded += tensor.numel() * tensor.element_size()
+    return loaded

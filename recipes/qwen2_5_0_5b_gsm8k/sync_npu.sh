@@ -17,6 +17,7 @@ export TENSORBOARD_DIR="${TENSORBOARD_DIR:-tensorboard_log/qwen2_5_0_5b_gsm8k/sy
 
 python -m fully_async.main \
   mode=sync \
+  actor_rollout_ref.actor.strategy=fsdp2 \
   trainer.device=npu \
   trainer.nnodes=1 trainer.n_gpus_per_node=2 \
   rollout.nnodes=1 rollout.n_gpus_per_node=1 \

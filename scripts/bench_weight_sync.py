@@ -1,0 +1,172 @@
+"""Weight-sync time and bandwidth: collective broadcast vs Ray object store, side by side.
+
+    python scripts/bench_weight_sync.py --shapes 0.5b 3b --device cuda --out weight_sync.json
+    python scripts/bench_weight_sync.py --shapes tiny --device cpu          # smoke test (gloo)
+
+Two Ray actors on two devices: a sender holding a Qwen2-shaped parameter set (random values,
+bf16 on accelerators) and a receiver holding a Qwen2 model of the same shape, as a rollout
+engine would.  Each weight update goes through the package's real transports
+(fully_async.weight_sync.{collective,object_store}) into `load_named_tensors`, the engine's load.
+Prints a table and writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+SHAPES = {  # Qwen2 configs: vocab, hidden, layers, heads, kv heads, intermediate
+    "tiny": dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, intermediate_size=128),
+    "0.5b": dict(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True),
+    "3b": dict(vocab_size=151936, hidden_size=2048, num_hidden_layers=36, num_attention_heads=16,
+               num_key_value_heads=2, intermediate_size=11008, tie_word_embeddings=True),
+}
+
+
+def build_model(shape: str, device: Any, dtype: Any) -> Any:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(**SHAPES[shape], max_position_embeddings=4096)
+    with torch.device(device.torch_device()):
+        model = Qwen2ForCausalLM(cfg).to(dtype)
+    return model.eval().requires_grad_(False)
+
+
+class Sender:
+    """Looks like a trainer backend to the weight-sync classes."""
+
+    def __init__(self, shape: str, device_name: str):
+        from fully_async.device import get_device, parse_dtype
+
+        self.device = get_device(device_name)
+        self.device.set_device(0)
+        self.dtype = parse_dtype("bfloat16" if self.device.is_accelerator else "float32")
+        self.model = build_model(shape, self.device, self.dtype)
+        self.rank = 0
+
+    def param_shapes(self) -> list:
+        return [(n, tuple(p.shape)) for n, p in self.model.named_parameters()]
+
+    def stream_full_parameters(self, consumer: Any) -> Any:
+        return consumer((n, p.detach()) for n, p in self.model.named_parameters())
+
+    def named_parameters_for_sync(self) -> dict:
+        return {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters()}
+
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def run(self, receiver: Any, transport: str, repeats: int, bucket_mb: int) -> list[dict]:
+        from fully_async.weight_sync.collective import CollectiveWeightSync
+        from fully_async.weight_sync.object_store import ObjectStoreWeightSync
+
+        if transport == "collective":
+            sync = CollectiveWeightSync(self, receiver, self.device, bucket_mb, self.dtype)
+        else:
+            sync = ObjectStoreWeightSync(self, receiver)
+        out = []
+        for version in range(repeats + 1):  # the first push also sets the group up: not timed
+            self.device.synchronize()
+            start = time.perf_counter()
+            metrics = sync.push(version)
+            metrics["wall_s"] = time.perf_counter() - start
+            if version:
+                out.append(metrics)
+        return out
+
+
+class Receiver:
+    """Looks like the rollouter to the weight-sync classes; loads into a real model."""
+
+    def __init__(self, shape: str, device_name: str):
+        from fully_async.device import get_device, parse_dtype
+
+        self.device = get_device(device_name)
+        self.device.set_device(0)
+        self.model = build_model(shape, self.device, parse_dtype("bfloat16" if self.device.is_accelerator
+                                                                 else "float32"))
+        self.weight_pg = None
+
+    def init_weight_group(self, addr: str, port: int, rank: int, world: int) -> None:
+        self.weight_pg = self.device.new_group(addr, port, rank, world)
+
+    def _load(self, named: Any) -> dict:
+        from fully_async.engines.hf_engine import load_named_tensors
+
+        start = time.perf_counter()
+        load_named_tensors(self.model, named)
+        self.device.synchronize()
+        return {"load": time.perf_counter() - start}
+
+    def receive_weights(self, metas: list, buckets: list, dtype: str, version: int) -> dict:
+        import torch
+
+        from fully_async.weight_sync.collective import receive
+        return self._load(receive(self.weight_pg, metas, buckets, getattr(torch, dtype.split(".")[-1]),
+                                  self.device.torch_device()))
+
+    def update_weights(self, named: dict, version: int) -> dict:
+        return self._load(named)
+
+
+def measure(shapes: list[str], device_name: str, repeats: int, bucket_mb: int) -> list[dict]:
+    import ray
+
+    from fully_async.device import get_device
+
+    device = get_device(device_name)
+    opts = device.ray_actor_options(1)
+    rows = []
+    for shape in shapes:
+        sender = ray.remote(Sender).options(**opts).remote(shape, device_name)
+        receiver = ray.remote(Receiver).options(**opts).remote(shape, device_name)
+        nbytes = ray.get(sender.nbytes.remote())
+        for transport in ("collective", "object_store"):
+            runs = ray.get(sender.run.remote(receiver, transport, repeats, bucket_mb))
+            wall = statistics.median(r["wall_s"] for r in runs)
+            rows.append({"shape": shape, "transport": transport, "gbytes": nbytes / 1e9, "median_s": wall,
+                         "gbps": nbytes / 1e9 / wall, "load_s": statistics.median(
+                             r.get("timing_s/param_sync/load", 0.0) for r in runs), "repeats": repeats,
+                         "device": device.name})
+        ray.kill(sender)
+        ray.kill(receiver)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="+", default=["0.5b"], choices=sorted(SHAPES))
+    p.add_argument("--device", default="auto")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--bucket-mb", type=int, default=512)
+    p.add_argument("--out", default="")
+    args = p.parse_args(argv)
+    import ray
+
+    from fully_async.device import describe_hardware, get_device
+
+    ray.init(include_dashboard=False, log_to_driver=False, num_cpus=max(2, os.cpu_count() or 2))
+    try:
+        rows = measure(args.shapes, args.device, args.repeats, args.bucket_mb)
+    finally:
+        ray.shutdown()
+    print(f"hardware: {describe_hardware(get_device(args.device))}")
+    print(f"{'shape':<6} {'transport':<13} {'GB':>7} {'median s':>9} {'GB/s':>7} {'load s':>7}")
+    for r in rows:
+        print(f"{r['shape']:<6} {r['transport']:<13} {r['gbytes']:7.3f} {r['median_s']:9.3f} {r['gbps']:7.2f} "
+              f"{r['load_s']:7.3f}")
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

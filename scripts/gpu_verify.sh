@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# GPU verification of the scale-out paths and the sync-vs-async comparison (issues #3, #6).
+#
+#   bash scripts/gpu_verify.sh runs|megatron      (on a 2x H100 machine, from the repo root)
+#
+# Expects the offline bundle in .gpubundle/ (../shared/tools/offline_bundle.sh) plus the tiny task
+# as jsonl in .gpubundle/data/.  Model: a Qwen2.5-0.5B-shaped Qwen2 with random weights and the
+# 21-token tiny tokenizer (scripts/build_shaped_model.py): rewards stay ~0, only speed is meaningful.
+# Writes results under $OUT (default /tmp/gpu_out).
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpubundle/*.whl && tar xJf .gpubundle/ray.tar.xz -C /tmp/site
+export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
+nvidia-smi -L
+python3 -c "import ray, hydra, torch, transformers, tensorboard, tqdm; print('ray', ray.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+case "${1:-runs}" in
+runs)
+  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  COMMON=(trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
+          data.val_files=null data.max_prompt_length=16 data.max_response_length=256
+          actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.actor.dtype=bfloat16
+          actor_rollout_ref.rollout.dtype=bfloat16 actor_rollout_ref.actor.optim.lr=1e-6
+          actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32 actor_rollout_ref.actor.ppo_mini_batch_size=16
+          data.train_batch_size=16 trainer.total_training_steps=${STEPS:-15} trainer.resume_mode=disable
+          trainer.progress_bar=false trainer.timeline=true "trainer.default_local_dir=/tmp/ckpt")
+  TENSORBOARD_DIR=$OUT/runs/async timeout 240 python3 -m fully_async.main mode=async "${COMMON[@]}" \
+      hydra.run.dir=/tmp/h_async 2>&1 | grep -v "it/s\]" | tail -25
+  TENSORBOARD_DIR=$OUT/runs/sync timeout 240 python3 -m fully_async.main mode=sync trainer.n_gpus_per_node=2 \
+      "${COMMON[@]}" hydra.run.dir=/tmp/h_sync 2>&1 | grep -v "it/s\]" | tail -25
+  timeout 150 python3 scripts/bench_weight_sync.py --shapes 0.5b 3b --device cuda --out "$OUT/weight_sync.json" 2>&1 | tail -8
+  tar czf "$OUT/runs.tgz" -C "$OUT" runs
+  ;;
+megatron)
+  timeout 400 python3 scripts/gpu_megatron_check.py --out "$OUT/megatron.json" 2>&1 | tail -40
+  timeout 150 python3 -m pytest -q -m gpu tests/gpu 2>&1 | tail -15
+  ;;
+esac
+ls -la "$OUT"
