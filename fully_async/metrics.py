@@ -17,7 +17,8 @@ def batch_metrics(samples: Sequence[Sample], trainer_version: int, max_response_
     rewards = [s.reward for s in samples]
     resp = [len(s.response_ids) for s in samples]
     prompt = [len(s.prompt_ids) for s in samples]
-    partial = [s for s in samples if s.num_interruptions > 0]
+    # interrupted and resumed, or (keep mode) continued across a weight update without interruption
+    partial = [s for s in samples if s.num_interruptions > 0 or len(set(s.versions)) > 1]
     stale = [trainer_version - s.param_version_start for s in samples]
     m = {
         "critic/score/mean": sum(rewards) / n,

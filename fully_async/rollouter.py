@@ -243,7 +243,12 @@ class Rollouter:
 
     def _apply_weights_inner(self, named_tensors: dict, version: int) -> dict:
         t0 = time.perf_counter()
-        if self.partial_rollout:
+        # an engine that keeps in-flight requests (vLLM pause_mode=keep) continues them on the new
+        # weights inside update_weights(), stamping later tokens with the new version
+        keep = self.partial_rollout and getattr(self.engine, "keeps_in_flight", False)
+        if keep:
+            pass
+        elif self.partial_rollout:
             aborted = self.engine.interrupt()
             self.stats["interrupted_samples"] += len(aborted)
             self._handle(aborted)
@@ -256,6 +261,8 @@ class Rollouter:
         queued = ray_get(self.queue.size.remote())
         self.staleness.on_version(version, in_flight=len(self.groups), queued=queued)
         timings = {"pause": t1 - t0, "load": t2 - t1}
+        if keep:
+            timings.update(self.engine.last_update_timings)  # the engine's own pause/load/resume
         if self.test_freq > 0 and version % self.test_freq == 0 and self.val_records:
             self._validate(version)
         t3 = time.perf_counter()

