@@ -43,3 +43,34 @@ def build_tokenizer(cfg: Any) -> Any:
 
     model = cfg.actor_rollout_ref.model
     return AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+
+
+class DriverFacing:
+    """What the driver calls on the main actor of a run (Trainer, SyncWorker): metrics outbox,
+    stop request, timeline.  Subclasses set `self.timeline` and call `_init_driver_facing()`."""
+
+    def _init_driver_facing(self) -> None:
+        import threading
+
+        self._metrics: list[tuple[int, dict]] = []
+        self._lock = threading.Lock()
+        self._stop_requested = False
+
+    def ready(self) -> bool:
+        return True
+
+    def pop_metrics(self) -> list[tuple[int, dict]]:
+        with self._lock:
+            out, self._metrics = self._metrics, []
+        return out
+
+    def request_stop(self) -> None:
+        """Finish the current step, checkpoint, and return from run() (SIGTERM/SIGINT)."""
+        self._stop_requested = True
+
+    def get_timeline(self) -> list[dict]:
+        return self.timeline.drain()
+
+    def _emit(self, step: int, metrics: dict) -> None:
+        with self._lock:
+            self._metrics.append((step, metrics))

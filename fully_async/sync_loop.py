@@ -9,17 +9,17 @@ asks while the engine generates.  Same engine, backend, rewards, metrics as asyn
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any, Optional
 
+from fully_async.actor_setup import DriverFacing
 from fully_async.generation import group_pendings, make_group, run_to_completion, score_samples, validate
 from fully_async.types import PromptRecord, SamplingParams
 
 logger = logging.getLogger(__name__)
 
 
-class SyncWorker:
+class SyncWorker(DriverFacing):
     def __init__(self, cfg: Any, train_records: list[PromptRecord], val_records: list[PromptRecord],
                  total_steps: int, num_devices: int, eos_token_ids: list[int], pad_token_id: int,
                  resume_path: Optional[str] = None, resume_state: Optional[dict] = None):
@@ -52,13 +52,11 @@ class SyncWorker:
         self.step = 0
         self.version = 0
         self.trained_sample_ids: list[str] = []
-        self._metrics: list[tuple[int, dict]] = []
         self._validations = 0
-        self._lock = threading.Lock()
+        self._init_driver_facing()
         off = cfg.actor_rollout_ref.actor.fsdp_config
         self.offload_trainer = off.param_offload or off.optimizer_offload
         self.timeline = Timeline("sync", cfg.trainer.timeline)
-        self._stop_requested = False
         self.last_checkpoint: Optional[str] = None
         if resume_path:
             from fully_async.trainer import load_trainer_state
@@ -74,12 +72,6 @@ class SyncWorker:
     def progress(self) -> dict:
         return {"step": self.step, "version": self.version, "validations": self._validations}
 
-    def request_stop(self) -> None:
-        self._stop_requested = True
-
-    def get_timeline(self) -> list[dict]:
-        return self.timeline.drain()
-
     def _save(self) -> dict:
         from fully_async.trainer import save_checkpoint
 
@@ -88,18 +80,6 @@ class SyncWorker:
             self.last_checkpoint = save_checkpoint(self.backend, self.cfg, self.step, self.version,
                                                    self.trained_sample_ids, {"stream": self.stream.state_dict()})
         return {"timing_s/save_checkpoint": time.perf_counter() - start}
-
-    def ready(self) -> bool:
-        return True
-
-    def pop_metrics(self) -> list[tuple[int, dict]]:
-        with self._lock:
-            out, self._metrics = self._metrics, []
-        return out
-
-    def _emit(self, step: int, metrics: dict) -> None:
-        with self._lock:
-            self._metrics.append((step, metrics))
 
     def _memory(self, phase: str) -> dict:
         return {f"memory/{phase}/{k}": v for k, v in self.device.memory_stats().items()}

@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import threading
 import time
 from typing import Any, Optional
 
+from fully_async.actor_setup import DriverFacing
 from fully_async.algorithms import grpo_advantages, kl_penalty
 from fully_async.batch import TrainBatch, build_batch
 from fully_async.metrics import batch_metrics
@@ -105,7 +105,7 @@ def check_bad_steps(backend: Any, cfg: Any, step: int, samples: list) -> None:
                             f"gradient (trainer.max_bad_steps={cfg.trainer.max_bad_steps}); last batch: {path}")
 
 
-class Trainer:
+class Trainer(DriverFacing):
     def __init__(self, cfg: Any, queue: Any, rollouter: Any, total_steps: int, num_devices: int, pad_token_id: int,
                  resume_path: Optional[str] = None):
         from fully_async.actor_setup import actor_init
@@ -139,19 +139,9 @@ class Trainer:
             self.step, self.version = state["step"], state["version"]
             self.trained_sample_ids = list(state["trained_sample_ids"])
             logger.info("resumed from %s: step %d, param version %d", resume_path, self.step, self.version)
-        self._metrics: list[tuple[int, dict]] = []
-        self._lock = threading.Lock()
+        self._init_driver_facing()
         self._last_rollouter: dict = {}
-        self._stop_requested = False
         self.last_checkpoint: Optional[str] = None
-
-    def ready(self) -> bool:
-        return True
-
-    def pop_metrics(self) -> list[tuple[int, dict]]:
-        with self._lock:
-            out, self._metrics = self._metrics, []
-        return out
 
     def sync_initial_weights(self) -> dict:
         """Send the current weights as the current version (random dummy engine weights, or a resume)."""
@@ -159,17 +149,6 @@ class Trainer:
 
     def progress(self) -> dict:
         return {"step": self.step, "version": self.version, "total_steps": self.total_steps}
-
-    def request_stop(self) -> None:
-        """Finish the current step, checkpoint, and return from run() (SIGTERM/SIGINT)."""
-        self._stop_requested = True
-
-    def get_timeline(self) -> list[dict]:
-        return self.timeline.drain()
-
-    def _emit(self, step: int, metrics: dict) -> None:
-        with self._lock:
-            self._metrics.append((step, metrics))
 
     def run(self) -> dict:
         save_freq = self.cfg.trainer.save_freq

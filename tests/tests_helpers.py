@@ -14,3 +14,12 @@ def tiny_samples(seed: int = 0, groups: int = 2, n: int = 2, vocab: int = 21):
             out.append(Sample(uid=f"g{gi}", sample_id=f"g{gi}-{j}", prompt_ids=prompt, response_ids=resp,
                               rollout_log_probs=[-1.0] * 3, versions=[0] * 3, reward=float(j)))
     return out
+
+
+def read_scalars(logdir):
+    """{tag: [(step, value), ...]} of a TensorBoard run directory."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(logdir, size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}

@@ -408,6 +408,7 @@ class MegatronBackend:
             self.optimizer.save_parameter_state(self._ckpt_file(path, "param_state"))
         dist.barrier()
 
+    @torch.no_grad()   # megatron's parameter-state loader copies into leaf tensors in place
     def load(self, path: str) -> None:
         self._load_local(self.model.module, hf_megatron.SafetensorsFolder(os.path.join(path, "actor")))
         self.optimizer.reload_model_params()             # fp32 master copies from the loaded weights

@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from fully_async.hydra_setup import load_config
+from tests_helpers import read_scalars
 
 pytestmark = pytest.mark.integration
 
@@ -19,14 +20,6 @@ REQUIRED_METRICS = [
     "actor/grad_norm", "actor/lr", "critic/score/mean", "response_length/mean", "response_length/max",
     "response_length/clip_ratio", "val-core/arithmetic/reward/mean@1",
 ]
-
-
-def read_scalars(logdir):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(logdir, size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 @pytest.fixture(scope="module")

@@ -2,16 +2,9 @@
 import pytest
 
 from fully_async.hydra_setup import load_config
+from tests_helpers import read_scalars
 
 pytestmark = pytest.mark.integration
-
-
-def read_scalars(logdir):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(logdir, size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
 @pytest.fixture(scope="module")
