@@ -72,6 +72,17 @@ class OffloadConfig:
 
 
 @dataclass
+class MegatronConfig:
+    """actor_rollout_ref.actor.megatron: layout of strategy=megatron (tp x pp x cp x dp = trainer world)."""
+    tensor_model_parallel_size: int = 1   # ranks sharing each layer (divides kv heads, vocab, intermediate size)
+    pipeline_model_parallel_size: int = 1  # pipeline stages (divides num_hidden_layers)
+    context_parallel_size: int = 1        # must be 1: context parallelism is not implemented
+    sequence_parallel: bool = False       # split activations along the sequence in the tp group (needs tp > 1)
+    use_distributed_optimizer: bool = False  # shard fp32 master weights and Adam states over data-parallel ranks
+    override_transformer_config: dict[str, Any] = field(default_factory=dict)  # extra TransformerConfig fields
+
+
+@dataclass
 class ActorConfig:
     strategy: str = "torch"               # torch (one device) | fsdp2 (data parallel, sharded) | megatron
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -93,6 +104,7 @@ class ActorConfig:
     grad_clip: float = 1.0                # max global grad norm
     dtype: str = "float32"                # float32 | bfloat16 (params and compute)
     fsdp_config: OffloadConfig = field(default_factory=OffloadConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
 
 @dataclass
@@ -374,6 +386,8 @@ def validate(cfg: Any) -> None:
         raise ConfigError("actor_rollout_ref.actor.strategy",
                           f"strategy=torch trains on one device but the trainer has {world} "
                           "(trainer.nnodes x trainer.n_gpus_per_node); use strategy=fsdp2 or megatron")
+    if actor.strategy == "megatron":
+        _validate_megatron(cfg, world)
     if world > 1 and actor.ppo_mini_batch_size * rollout.n < world:
         raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size",
                           f"a mini-batch of {actor.ppo_mini_batch_size} x n={rollout.n} responses cannot give each "
@@ -408,6 +422,29 @@ def validate(cfg: Any) -> None:
                           "download the model first (this package never fetches weights at run time)")
     if cfg.custom_reward_function.path is not None and not os.path.isfile(cfg.custom_reward_function.path):
         raise ConfigError("custom_reward_function.path", f"file not found: {cfg.custom_reward_function.path}")
+
+
+def _validate_megatron(cfg: Any, world: int) -> None:
+    actor = cfg.actor_rollout_ref.actor
+    m = actor.megatron
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+        _at_least(f"actor_rollout_ref.actor.megatron.{key}", getattr(m, key), 1)
+    if m.context_parallel_size != 1:
+        raise ConfigError("actor_rollout_ref.actor.megatron.context_parallel_size",
+                          "context parallelism is not implemented; use 1")
+    if actor.dtype == "float16":
+        raise ConfigError("actor_rollout_ref.actor.dtype",
+                          "strategy=megatron trains in bfloat16 or float32 (float16 needs loss scaling)")
+    if cfg.trainer.device == "cpu":
+        raise ConfigError("trainer.device", "strategy=megatron needs cuda or npu: megatron-core does not run a "
+                          "forward pass on CPU")
+    mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+    if world % mp:
+        raise ConfigError("actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
+                          f"trainer world {world} (trainer.nnodes x trainer.n_gpus_per_node) is not a multiple of "
+                          f"tp x pp x cp = {mp}")
+    if m.sequence_parallel and m.tensor_model_parallel_size == 1:
+        raise ConfigError("actor_rollout_ref.actor.megatron.sequence_parallel", "needs tensor_model_parallel_size > 1")
 
 
 def validate_with_data(cfg: Any, num_train_prompts: int) -> None:

@@ -137,6 +137,17 @@ class GroupBackend:
         self._all("onload", (), [()] * len(self.workers))
 
 
+class ReplicatedGroupBackend(GroupBackend):
+    """strategy=megatron: every rank gets the same call and the full batch (tensor/pipeline ranks must
+    see the same rows; the megatron backend takes its own data-parallel rows)."""
+
+    def compute_log_probs(self, batch: TrainBatch, which: str = "actor") -> torch.Tensor:
+        return self._all("compute_log_probs", (batch, which), [(batch, which)] * len(self.workers))[0]
+
+    def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
+        return self._all("train_step", (batch, num_mini_batches), [(batch, num_mini_batches)] * len(self.workers))[0]
+
+
 def connect_trainer_group(cfg: Any, device: Any, optimizer_steps: int, master: tuple[str, int],
                           worker_options: dict) -> Any:
     """Rank 0's backend: spawns W-1 TrainWorkers, joins the process group with them, wraps them."""
@@ -152,4 +163,5 @@ def connect_trainer_group(cfg: Any, device: Any, optimizer_steps: int, master: t
                for r in range(1, world)]
     local = build_local_backend(cfg, device, optimizer_steps, 0, world, master)  # rendezvous with the workers
     ray.get([w.ready.remote() for w in workers])
-    return GroupBackend(local, workers, cfg)
+    cls = ReplicatedGroupBackend if cfg.actor_rollout_ref.actor.strategy == "megatron" else GroupBackend
+    return cls(local, workers, cfg)

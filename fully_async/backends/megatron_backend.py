@@ -137,8 +137,9 @@ class MegatronBackend:
                       context_parallel_size=m.context_parallel_size,
                       sequence_parallel=bool(m.sequence_parallel and m.tensor_model_parallel_size > 1),
                       use_cpu_initialization=True, perform_initialization=False,  # weights come from HF
-                      variable_seq_lengths=True, moe_token_dispatcher_type="alltoall")  # (the MoE field is
-        # only there because megatron refuses variable_seq_lengths with its default dispatcher)
+                      # pipeline p2p of micro-batches of any length; megatron accepts that only with this
+                      # (MoE-only) dispatcher set, even for a dense model
+                      variable_seq_lengths=True, moe_token_dispatcher_type="alltoall")
         if self.cfg.actor_rollout_ref.model.enable_gradient_checkpointing:
             kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
         override = m.override_transformer_config
@@ -385,9 +386,12 @@ class MegatronBackend:
         return out if self.pp_rank == 0 else {}
 
     # ------------------------------------------------------------------ checkpoint
-    def _ckpt_file(self, path: str, what: str) -> str:
-        name = f"rank_{dist.get_rank():05d}" if what == "rank" else f"param_state_tp{self.tp_rank}_pp{self.pp_rank}"
-        return os.path.join(path, "actor_megatron_optim", name + ".pt")
+    def _ckpt_file(self, path: str) -> str:
+        return os.path.join(path, "actor_megatron_optim", f"rank_{dist.get_rank():05d}.pt")
+
+    def _inner_optimizers(self) -> list[torch.optim.Optimizer]:
+        """The torch optimizers over this rank's fp32 master params (shards, with the distributed one)."""
+        return [o.optimizer for o in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
 
     def save(self, path: str) -> None:
         """actor/ as a Hugging Face folder (rank 0) + per-rank optimizer/RNG files (resume: same sizes)."""
@@ -400,26 +404,26 @@ class MegatronBackend:
             save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(path, "actor", "model.safetensors"),
                       metadata={"format": "pt"})
             self.hf_config.save_pretrained(os.path.join(path, "actor"))
+        # the inner torch optimizers' states and master params as they are on this rank (megatron's own
+        # dp-zero parameter-state files do not round-trip torch's AdamW "step" state)
+        optim = [{"state": o.state_dict(), "main": [p.detach().cpu() for g in o.param_groups for p in g["params"]]}
+                 for o in self._inner_optimizers()]
         torch.save({"optim_steps": self.optim_steps, "num_bad_steps": self.num_bad_steps, "py_rng": self.rng.getstate(),
-                    "torch_rng": torch.get_rng_state(), "layout": (self.tp, self.pp, self.dp),
-                    "optimizer": self.optimizer.state_dict() if self.optim_steps else None},
-                   self._ckpt_file(path, "rank"))
-        if self.mcfg.use_distributed_optimizer and self.optim_steps:   # collective over dp; dp rank 0 writes
-            self.optimizer.save_parameter_state(self._ckpt_file(path, "param_state"))
+                    "torch_rng": torch.get_rng_state(), "layout": (self.tp, self.pp, self.dp), "optimizer": optim},
+                   self._ckpt_file(path))
         dist.barrier()
 
-    @torch.no_grad()   # megatron's parameter-state loader copies into leaf tensors in place
+    @torch.no_grad()
     def load(self, path: str) -> None:
-        self._load_local(self.model.module, hf_megatron.SafetensorsFolder(os.path.join(path, "actor")))
-        self.optimizer.reload_model_params()             # fp32 master copies from the loaded weights
-        extra = torch.load(self._ckpt_file(path, "rank"), weights_only=False)
+        extra = torch.load(self._ckpt_file(path), weights_only=False)
         if tuple(extra["layout"]) != (self.tp, self.pp, self.dp):
             raise RuntimeError(f"checkpoint {path} was written with (tp, pp, dp)={tuple(extra['layout'])} but this "
                                f"run has {(self.tp, self.pp, self.dp)}: resume with the same actor.megatron sizes")
-        if extra["optimizer"] is not None:
-            self.optimizer.load_state_dict(extra["optimizer"])
-            if self.mcfg.use_distributed_optimizer:
-                self.optimizer.load_parameter_state(self._ckpt_file(path, "param_state"))
+        self._load_local(self.model.module, hf_megatron.SafetensorsFolder(os.path.join(path, "actor")))
+        for inner, saved in zip(self._inner_optimizers(), extra["optimizer"]):
+            inner.load_state_dict(saved["state"])
+            for p, value in zip((p for g in inner.param_groups for p in g["params"]), saved["main"]):
+                p.copy_(value)                           # fp32 masters (the bf16 params are their rounding)
         self.optim_steps, self.num_bad_steps = extra["optim_steps"], extra["num_bad_steps"]
         self.rng.setstate(extra["py_rng"])
         torch.set_rng_state(extra["torch_rng"])
