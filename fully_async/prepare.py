@@ -71,6 +71,25 @@ def check_model_folder(cfg: Any) -> Any:
     return conf
 
 
+def check_parallel_layout(cfg: Any, model_conf: Any) -> None:
+    """strategy=megatron: the model's sizes must split over tensor/pipeline ranks (else megatron asserts)."""
+    actor = cfg.actor_rollout_ref.actor
+    if actor.strategy != "megatron":
+        return
+    tp, pp = actor.megatron.tensor_model_parallel_size, actor.megatron.pipeline_model_parallel_size
+    sizes = {"vocab_size": (model_conf.vocab_size, tp),
+             "num_key_value_heads": (getattr(model_conf, "num_key_value_heads", None) or
+                                     model_conf.num_attention_heads, tp),
+             "num_attention_heads": (model_conf.num_attention_heads, tp),
+             "intermediate_size": (model_conf.intermediate_size, tp),
+             "num_hidden_layers": (model_conf.num_hidden_layers, pp)}
+    for name, (value, parts) in sizes.items():
+        if value % parts:
+            key = "tensor_model_parallel_size" if parts == tp else "pipeline_model_parallel_size"
+            raise ConfigError(f"actor_rollout_ref.actor.megatron.{key}",
+                              f"the model's {name}={value} does not split into {parts} parts")
+
+
 def probe_rewards(cfg: Any, records: list[PromptRecord]) -> None:
     """Call the reward function once per data_source (ground truth as the response) before Ray.
 
@@ -112,6 +131,7 @@ def prepare(cfg: Any) -> Prepared:
 
     validate(cfg)
     model_conf = check_model_folder(cfg)
+    check_parallel_layout(cfg, model_conf)
     tokenizer = load_tokenizer(cfg)
     data = cfg.data
     kwargs = dict(prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,

@@ -4,7 +4,7 @@
 
 For throughput and scaling measurements where a real checkpoint is not available (offline GPU
 machines): the layer sizes are Qwen2.5-0.5B's / ~3B's, the vocabulary is the tiny tokenizer's 21
-tokens, the weights are random, so rewards stay ~0 and only speed is meaningful.
+tokens (the embedding padded to 64 rows), the weights are random, so rewards stay ~0 and only speed is meaningful.
 """
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     tiny = asset_path("tiny_arithmetic/model")
     tok = AutoTokenizer.from_pretrained(tiny)
     torch.manual_seed(args.seed)
-    cfg = Qwen2Config(vocab_size=len(tok), max_position_embeddings=4096, tie_word_embeddings=True,
+    vocab = -(-len(tok) // 64) * 64  # padded like real checkpoints, so tensor parallelism can split it
+    cfg = Qwen2Config(vocab_size=vocab, max_position_embeddings=4096, tie_word_embeddings=True,
                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
                       rope_theta=1000000.0, **SHAPES[args.shape])
     model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         if name.startswith(("tokenizer", "chat_template", "special_tokens")):
             shutil.copy(os.path.join(tiny, name), os.path.join(args.out, name))
     n = sum(p.numel() for p in model.parameters())
-    print(f"{args.shape}-shaped Qwen2, {n / 1e6:.0f}M parameters (random init, vocab {len(tok)}) -> {args.out}")
+    print(f"{args.shape}-shaped Qwen2, {n / 1e6:.0f}M parameters (random init, {len(tok)} tokens, embedding "
+          f"rows {vocab}) -> {args.out}")
     return 0
 
 

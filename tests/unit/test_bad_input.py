@@ -174,3 +174,16 @@ def test_nan_loss_skips_update_logs_batch_and_fails_after_max_bad_steps(tmp_path
     assert all(torch.equal(a, b) for a, b in zip(before, backend.model.parameters()))  # no update applied
     logged = json.loads((tmp_path / "bad_batches" / "step_1.json").read_text())
     assert [r["sample_id"] for r in logged] == [s.sample_id for s in samples]
+
+
+def test_megatron_layout_that_does_not_split_the_model():
+    from transformers import AutoConfig
+
+    from fully_async.prepare import check_parallel_layout
+
+    cfg = load_config(["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"],
+                      config_name="fully_async_ppo_megatron_trainer")
+    with pytest.raises(ConfigError, match="megatron.tensor_model_parallel_size.*vocab_size=21 does not split into 2"):
+        check_parallel_layout(cfg, AutoConfig.from_pretrained(MODEL))
+    with pytest.raises(ConfigError, match="trainer.device.*megatron-core does not run"):
+        prep("actor_rollout_ref.actor.strategy=megatron", "trainer.device=cpu")
