@@ -154,3 +154,26 @@ def test_bench_pipeline_measures_both_stages():
     assert res["rollout"]["tokens"] == res["train"]["tokens"] > MINI * N   # same samples, prompt + response
     assert res["min_tokens_per_s"] == min(res["rollout"]["tokens_per_s"], res["train"]["tokens_per_s"])
     assert "rollout-only" in bench_pipeline.format_table(res)
+
+
+CORE_METRICS = ["perf/throughput", "perf/time_per_step", "perf/total_num_tokens", "timing_s/gen",
+                "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor", "timing_s/param_sync",
+                "timing_s/step", "fully_async/count/total_generated_samples", "fully_async/count/current_param_version",
+                "fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio",
+                "fully_async/partial/total_partial_num", "fully_async/partial/partial_ratio",
+                "fully_async/partial/max_partial_span", "fully_async/staleness/mean", "actor/pg_loss",
+                "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/lr",
+                "critic/score/mean", "response_length/mean", "response_length/max", "response_length/clip_ratio",
+                VAL_TAG]
+
+
+def test_sync_logs_the_same_metric_set_as_async(compared):
+    out, _ = compared
+    tags = {m: set(read_events(str(out / "runs" / m))[0]) for m in ("async", "sync")}
+    for mode in ("async", "sync"):
+        assert not [m for m in CORE_METRICS if m not in tags[mode]], mode
+    # colocation is visible in sync mode: per-phase memory and the switch timings
+    assert {"memory/generate/host_rss_gib", "memory/update_actor/host_rss_gib", "timing_s/offload",
+            "timing_s/onload"} <= tags["sync"]
+    sync_versions = read_events(str(out / "runs" / "sync"))[0]["fully_async/staleness/max"]
+    assert [v for _, _, v in sync_versions] == [0.0, 0.0, 0.0]   # every sync sample is on-policy
