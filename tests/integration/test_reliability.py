@@ -92,7 +92,13 @@ def test_trainer_killed_then_resume_loses_and_repeats_nothing(tmp_path):
     assert resumed[0] == resumed_from                        # the param version continued
 
 
+def raylets() -> int:
+    r = subprocess.run(["pgrep", "-f", "ray/core/src/ray/raylet/raylet"], capture_output=True, text=True)
+    return len(r.stdout.split())
+
+
 def test_rollouter_killed_exits_nonzero_fast_naming_it(tmp_path):
+    before = raylets()
     run = Run(tmp_path, *common(tmp_path, 200))
     run.wait_for(r"step 2 \|")
     run.wait_for(r"\(Rollouter pid=")
@@ -103,6 +109,10 @@ def test_rollouter_killed_exits_nonzero_fast_naming_it(tmp_path):
     print(f"time to exit after the rollouter was killed: {elapsed:.1f}s")
     assert rc == 1 and elapsed < 30
     assert re.search(r"rollouter failed: .*(died|ActorDiedError|RayActorError)", run.output), run.output[-3000:]
+    deadline = time.monotonic() + 15
+    while raylets() > before and time.monotonic() < deadline:  # the Ray it started is shut down with it
+        time.sleep(0.5)
+    assert raylets() == before
 
 
 def test_watchdog_fails_a_wedged_engine_with_state(tmp_path):

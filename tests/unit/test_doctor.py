@@ -1,0 +1,23 @@
+"""python -m fully_async.doctor: a pass/fail table with fixes, exit code 1 on any failure."""
+import subprocess
+import sys
+
+
+def doctor(*args):
+    return subprocess.run([sys.executable, "-m", "fully_async.doctor", "--no-ray", *args], capture_output=True,
+                          text=True, timeout=180)
+
+
+def test_doctor_passes_on_the_default_config():
+    r = doctor()
+    assert r.returncode == 0, r.stdout + r.stderr
+    for row in ("PASS  torch + device", "PASS  Hydra config", "PASS  data files", "PASS  model + tokenizer"):
+        assert row in r.stdout
+    assert "0 failed" in r.stdout
+
+
+def test_doctor_reports_failures_with_fixes():
+    r = doctor("trainer.device=npu", "data.prompt_key=question")
+    assert r.returncode == 1
+    assert "FAIL  torch_npu / CANN" in r.stdout and "fix: pip install 'fully_async[npu]'" in r.stdout
+    assert "FAIL  data files" in r.stdout and "data.prompt_key" in r.stdout
