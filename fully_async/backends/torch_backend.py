@@ -108,7 +108,7 @@ class TorchBackend:
         if self.fsdp:
             if not dist.is_initialized():
                 raise RuntimeError("strategy=fsdp2 needs the trainer's process group (fully_async.train_group)")
-            offload = arr.actor.fsdp_config.param_offload
+            offload = arr.actor.fsdp_config.param_offload and device.is_accelerator  # on CPU it is already there
             fsdp.shard_model(self.model, compute_dtype, offload)
             if self.ref_model is not None:
                 fsdp.shard_model(self.ref_model, compute_dtype, offload)

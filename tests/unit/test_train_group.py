@@ -30,8 +30,12 @@ def test_shard_rows():
     assert shard_rows(5, 2) == [[0, 2, 4], [1, 3]]
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
-def test_two_fsdp2_gloo_ranks_match_one_device(ray_cpus, mode):
+@pytest.mark.parametrize("mode,extra", [
+    ("token-mean", []),
+    ("seq-mean-token-mean", ["actor_rollout_ref.model.enable_gradient_checkpointing=true",
+                             "actor_rollout_ref.actor.fsdp_config.param_offload=true"]),
+])
+def test_two_fsdp2_gloo_ranks_match_one_device(ray_cpus, mode, extra):
     samples = tiny_samples(groups=4, n=3)   # 12 responses, 2 mini-batches of 6, 3 rows per rank
     single_cfg = load_config(COMMON + [f"actor_rollout_ref.actor.loss_agg_mode={mode}"])
     single = TorchBackend(single_cfg, CPU, 10)
@@ -40,7 +44,7 @@ def test_two_fsdp2_gloo_ranks_match_one_device(ray_cpus, mode):
     ref_metrics = single.train_step(batch, num_mini_batches=2)
 
     cfg = load_config(COMMON + [f"actor_rollout_ref.actor.loss_agg_mode={mode}", "actor_rollout_ref.actor.strategy=fsdp2",
-                                "trainer.n_gpus_per_node=2"])
+                                "trainer.n_gpus_per_node=2", *extra])
     group = connect_trainer_group(cfg, CPU, 10, ("127.0.0.1", free_port()), {"num_cpus": 1})
     try:
         assert isinstance(group, GroupBackend) and group.world == 2
