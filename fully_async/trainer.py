@@ -145,7 +145,9 @@ class Trainer(DriverFacing):
 
     def sync_initial_weights(self) -> dict:
         """Send the current weights as the current version (random dummy engine weights, or a resume)."""
-        return self.weight_sync.push(self.version)
+        out = self.weight_sync.push(self.version)
+        out.update(self.weight_sync.flush())  # the engine holds these weights before anything generates
+        return out
 
     def progress(self) -> dict:
         return {"step": self.step, "version": self.version, "total_steps": self.total_steps}
@@ -181,6 +183,7 @@ class Trainer(DriverFacing):
             self._emit(self.step, self._sync_weights())  # the last weights reach the engine for validation
         if self._stop_requested:
             self._emit(self.step, self._save())
+        self.weight_sync.flush()  # the final weights are loaded before the driver validates them
         return {"steps": self.step, "version": self.version, "trained_sample_ids": self.trained_sample_ids,
                 "checkpoint": self.last_checkpoint, "stopped": self._stop_requested}
 
@@ -189,6 +192,7 @@ class Trainer(DriverFacing):
 
         start = time.perf_counter()
         with self.timeline.span("save"):
+            self.weight_sync.flush()  # the snapshot must see the pushed version applied
             snapshot = _ray_get(self.rollouter.snapshot.remote())
             self.last_checkpoint = save_checkpoint(self.backend, self.cfg, self.step, self.version,
                                                    self.trained_sample_ids, snapshot)

@@ -115,6 +115,10 @@ class CollectiveWeightSync:
         elem = torch.empty(0, dtype=self.dtype).element_size()
         self.buckets = plan_buckets(self.metas, self.bucket_bytes, elem)
 
+    def flush(self) -> dict[str, float]:
+        """Pushes complete before push() returns (the trainer takes part in the broadcast)."""
+        return {}
+
     def push(self, version: int) -> dict[str, float]:
         """Gather parameters and send them bucket by bucket."""
         import ray

@@ -3,31 +3,52 @@
 The trainer puts one CPU copy of its parameters into the object store and hands the reference
 to the rollouter, which loads it into its engine between two generation steps.  This is the
 portable fallback; the collective (HCCL/NCCL) path avoids the host round-trip.
+
+The push does not wait for the engine to load: the trainer goes on to its next batch while the
+rollouter pauses, loads and resumes (the load only has to finish before the next push, a
+checkpoint snapshot or the final validation: `flush()`).  The staleness bound is unaffected:
+the rollouter counts versions when it applies them.
 """
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Optional
 
 
 class ObjectStoreWeightSync:
     def __init__(self, backend: Any, rollouter: Any):
         self.backend = backend
         self.rollouter = rollouter
+        self._pending: Optional[Any] = None    # the in-flight update_weights call
+        self._pending_bytes = 0
+        self._pending_start = 0.0
+
+    def flush(self) -> dict[str, float]:
+        """Wait for the previous push to be loaded; returns its engine-side timings."""
+        import ray
+
+        if self._pending is None:
+            return {}
+        start = time.perf_counter()
+        timings = ray.get(self._pending)
+        self._pending = None
+        out = {f"timing_s/param_sync/{k}": v for k, v in timings.items()}
+        out["timing_s/param_sync/wait"] = time.perf_counter() - start
+        out["perf/param_sync_gbps"] = self._pending_bytes / 1e9 / max(time.perf_counter() - self._pending_start, 1e-9)
+        return out
 
     def push(self, version: int) -> dict[str, float]:
         import ray
 
         start = time.perf_counter()
+        out = self.flush()
         named_tensors = self.backend.named_parameters_for_sync()
-        gather_s = time.perf_counter() - start
+        gathered = time.perf_counter()
         ref = ray.put(named_tensors)
-        put_s = time.perf_counter() - start - gather_s
-        timings = ray.get(self.rollouter.update_weights.remote(ref, version))
-        total = time.perf_counter() - start
-        nbytes = sum(t.numel() * t.element_size() for t in named_tensors.values())
-        out = {f"timing_s/param_sync/{k}": v for k, v in timings.items()}
-        out.update({"timing_s/param_sync": total, "timing_s/param_sync/gather": gather_s,
-                    "timing_s/param_sync/put": put_s,
-                    "perf/param_sync_gbps": nbytes / 1e9 / max(total, 1e-9)})
+        self._pending = self.rollouter.update_weights.remote(ref, version)
+        self._pending_bytes = sum(t.numel() * t.element_size() for t in named_tensors.values())
+        self._pending_start = gathered
+        out.update({"timing_s/param_sync": time.perf_counter() - start,
+                    "timing_s/param_sync/gather": gathered - start,
+                    "timing_s/param_sync/put": time.perf_counter() - gathered})
         return out
