@@ -9,6 +9,7 @@ micro-batches to run so that FSDP's collectives line up (a rank with fewer rows 
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any, Optional
 
@@ -59,6 +60,20 @@ def shard_rows(n: int, world: int) -> list[list[int]]:
     return [list(range(r, n, world)) for r in range(world)]
 
 
+def shard_batch(batch: TrainBatch, world: int) -> tuple[list[list[int]], list[TrainBatch]]:
+    """Per-rank shards; a rank left without rows (a tiny last batch) gets row 0 with its response mask
+    zeroed, so it still runs the collectives but adds nothing to losses or gradients."""
+    rows = shard_rows(len(batch), world)
+    shards = []
+    for idx in rows:
+        if idx:
+            shards.append(batch.select(idx))
+        else:
+            dummy = batch.select([0])
+            shards.append(dataclasses.replace(dummy, response_mask=torch.zeros_like(dummy.response_mask)))
+    return rows, shards
+
+
 class GroupBackend:
     """`TrainBackend` over rank 0's local backend and the workers of ranks 1..W-1."""
 
@@ -83,14 +98,14 @@ class GroupBackend:
 
     def compute_log_probs(self, batch: TrainBatch, which: str = "actor") -> torch.Tensor:
         sub = self.cfg.actor_rollout_ref.rollout if which == "actor" else self.cfg.actor_rollout_ref.ref
-        rows = shard_rows(len(batch), self.world)
-        shards = [batch.select(r) for r in rows]
+        rows, shards = shard_batch(batch, self.world)
         k = self._micro_count(shards, sub.log_prob_micro_batch_size_per_gpu, sub.log_prob_use_dynamic_bsz,
                               sub.log_prob_max_token_len_per_gpu)
         parts = self._all("compute_log_probs", (shards[0], which), [(s, which) for s in shards[1:]], num_micro=k)
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         for idx, part in zip(rows, parts):
-            out[idx, :part.shape[1]] = part
+            if idx:
+                out[idx, :part.shape[1]] = part
         return out
 
     def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
@@ -99,7 +114,7 @@ class GroupBackend:
         a = self.actor_cfg
 
         def run_mini(mini: TrainBatch, denom: float) -> dict:
-            shards = [mini.select(r) for r in shard_rows(len(mini), self.world)]
+            _, shards = shard_batch(mini, self.world)
             k = self._micro_count(shards, a.ppo_micro_batch_size_per_gpu, a.use_dynamic_bsz,
                                   a.ppo_max_token_len_per_gpu)
             kwargs = dict(loss_scale=float(self.world), num_micro=k, rows_total=len(mini))
