@@ -149,8 +149,8 @@ def prepare(cfg: Any) -> Prepared:
     total_prompts = cfg.rollout.total_rollout_steps or cfg.trainer.total_epochs * len(train)
     if cfg.trainer.total_training_steps is not None:
         total_steps = cfg.trainer.total_training_steps
-        total_prompts = min(total_prompts, total_steps * required) if not cfg.rollout.total_rollout_steps \
-            else total_prompts
+        if not cfg.rollout.total_rollout_steps:  # generate no more than the trainer will consume
+            total_prompts = min(total_prompts, total_steps * required)
     else:
         total_steps = max(1, math.ceil(total_prompts / required))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

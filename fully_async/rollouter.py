@@ -187,14 +187,12 @@ class Rollouter:
                 raise
 
     def _admit(self) -> None:
-        pushed_stats = False
         while (self.engine.num_in_flight() < self.max_num_seqs and not self.stream.exhausted
                and not self.stopped):
             if not self.staleness.can_admit():
                 if self.staleness.state.pauses != self.stats["bound_pauses"]:
                     self.stats["bound_pauses"] = self.staleness.state.pauses
                     logger.info("rollouter paused: %s", self.staleness.pause_reason())
-                    pushed_stats = True
                 break
             epoch, record = self.stream.next()
             uid = f"e{epoch}-p{record.index}"
@@ -204,8 +202,6 @@ class Rollouter:
             self.engine.submit([p.request() for p in pends])
             self.staleness.on_admit()
         self.stats["staleness_samples"] = self.staleness.state.admitted
-        if pushed_stats:
-            self._refresh_stats()
 
     def _handle(self, outputs: list[GenOutput]) -> None:
         complete: list[SampleGroup] = []

@@ -30,7 +30,6 @@ class RunLogger:
         self.devices = {"trainer": n_train, "rollout": n_roll if cfg.mode == "async" else 0,
                         "total": n_train + (n_roll if cfg.mode == "async" else 0), "device": t.device}
         self.val_history: list[tuple[int, dict]] = []
-        self.last: dict = {}
         self.history: list[tuple[int, dict]] = []
 
     def drain(self) -> None:
@@ -50,7 +49,6 @@ class RunLogger:
             self.val_history.append((step, metrics))
         else:
             self.history.append((step, metrics))
-            self.last = metrics
             self.bar.update(step - self.bar.n)
         self.sink.log(metrics, step)
 
