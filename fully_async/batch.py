@@ -75,27 +75,31 @@ def split_fixed(n: int, size: int) -> list[list[int]]:
     return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
 
 
-def split_by_tokens(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Dynamic batch size: group rows so that (rows x longest row) <= max_tokens per micro-batch.
+def split_by_tokens(lengths: Sequence[int], max_tokens: int, packed: bool = False) -> list[list[int]]:
+    """Dynamic batch size: group rows so that each micro-batch costs <= max_tokens.
 
-    Longest-first greedy: rows sorted by length descending fill a micro-batch until the padded
-    size would exceed the budget.  Every row fits alone (validated against the config).
+    The cost is rows x longest row for padded micro-batches, the sum of the rows' lengths for packed
+    ones (model.use_remove_padding).  Longest-first greedy: rows sorted by length descending fill a
+    micro-batch until the next would exceed the budget.  Every row fits alone (validated).
     """
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     groups: list[list[int]] = []
     current: list[int] = []
+    used = 0
     for i in order:
-        longest = lengths[current[0]] if current else lengths[i]
-        if current and (len(current) + 1) * longest > max_tokens:
+        cost = used + lengths[i] if packed else (len(current) + 1) * (lengths[current[0]] if current else lengths[i])
+        if current and cost > max_tokens:
             groups.append(sorted(current))
-            current = []
+            current, used = [], 0
         current.append(i)
+        used += lengths[i]
     if current:
         groups.append(sorted(current))
     return groups
 
 
-def micro_batches(batch: TrainBatch, micro_size: Optional[int], dynamic: bool, max_tokens: int) -> list[list[int]]:
+def micro_batches(batch: TrainBatch, micro_size: Optional[int], dynamic: bool, max_tokens: int,
+                  packed: bool = False) -> list[list[int]]:
     if dynamic:
-        return split_by_tokens(batch.seq_lengths, max_tokens)
+        return split_by_tokens(batch.seq_lengths, max_tokens, packed)
     return split_fixed(len(batch), micro_size or len(batch))

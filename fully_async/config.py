@@ -52,6 +52,11 @@ class ModelConfig:
     path: str = "${asset:tiny_arithmetic/model}"  # local HF folder (config.json, weights, tokenizer)
     trust_remote_code: bool = False
     enable_gradient_checkpointing: bool = False
+    # pack each micro-batch's sequences into one row (no pad tokens computed; attention stays per sequence)
+    use_remove_padding: bool = False
+    # Hugging Face config fields to override for the actor/ref (verl's key); `attn_implementation` picks the
+    # attention kernel (default: sdpa, or with use_remove_padding the device's packed kernel, see device.py)
+    override_config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -89,7 +94,8 @@ class ActorConfig:
     ppo_mini_batch_size: int = 256        # prompts (groups of n responses) per optimizer step
     ppo_micro_batch_size_per_gpu: Optional[int] = None  # responses per forward/backward; null: whole mini-batch
     use_dynamic_bsz: bool = False         # pack micro-batches by token budget instead of a fixed count
-    ppo_max_token_len_per_gpu: int = 16384  # token budget per micro-batch (padded tokens) with use_dynamic_bsz
+    ppo_max_token_len_per_gpu: int = 16384  # token budget per micro-batch with use_dynamic_bsz (padded rows x longest,
+    #                                         or the sum of real tokens with model.use_remove_padding)
     ppo_epochs: int = 1
     shuffle: bool = False                 # shuffle responses before splitting into mini-batches
     clip_ratio: float = 0.2               # default for clip_ratio_low/high when they are null
@@ -265,6 +271,7 @@ REWARD_MANAGERS = ("naive", "dapo")
 LOGGERS = ("console", "tensorboard")
 DTYPES = ("float32", "bfloat16", "float16")
 MODES = ("async", "sync")
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
 
 
 def _choice(key: str, value: Any, choices: tuple) -> None:
@@ -388,6 +395,7 @@ def validate(cfg: Any) -> None:
                           "(trainer.nnodes x trainer.n_gpus_per_node); use strategy=fsdp2 or megatron")
     if actor.strategy == "megatron":
         _validate_megatron(cfg, world)
+    _validate_attention(cfg)
     if world > 1 and actor.ppo_mini_batch_size * rollout.n < world:
         raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size",
                           f"a mini-batch of {actor.ppo_mini_batch_size} x n={rollout.n} responses cannot give each "
@@ -445,6 +453,18 @@ def _validate_megatron(cfg: Any, world: int) -> None:
                           f"tp x pp x cp = {mp}")
     if m.sequence_parallel and m.tensor_model_parallel_size == 1:
         raise ConfigError("actor_rollout_ref.actor.megatron.sequence_parallel", "needs tensor_model_parallel_size > 1")
+
+
+def _validate_attention(cfg: Any) -> None:
+    """Static checks; the device-dependent ones (kernel installed, CPU backward) are in prepare.check_attention."""
+    model = cfg.actor_rollout_ref.model
+    impl = (model.override_config or {}).get("attn_implementation")
+    if impl is not None:
+        _choice("actor_rollout_ref.model.override_config.attn_implementation", impl, ATTN_IMPLEMENTATIONS)
+    if model.use_remove_padding and cfg.actor_rollout_ref.actor.strategy == "megatron":
+        raise ConfigError("actor_rollout_ref.model.use_remove_padding",
+                          "strategy=megatron keeps right-padded rows (packed THD attention needs Transformer "
+                          "Engine); set it to false or use strategy=torch/fsdp2")
 
 
 def validate_with_data(cfg: Any, num_train_prompts: int) -> None:

@@ -66,6 +66,19 @@ class Device:
             opts["resources"] = {self.ray_resource: num_devices}
         return opts
 
+    def attn_implementation(self, packed: bool) -> str:
+        """The transformers attention kernel for training here.
+
+        Packed rows (use_remove_padding) need a kernel that keeps sequences apart from position_ids:
+        Ascend's fused varlen attention (transformers maps flash_attention_2 onto torch_npu), flash-attn
+        where installed, else flex_attention's block-sparse mask on CUDA, and sdpa's dense
+        block-diagonal mask on CPU (flex_attention has no CPU backward)."""
+        if not packed or self.name == "cpu":
+            return "sdpa"
+        if self.name == "npu" or importlib.util.find_spec("flash_attn") is not None:
+            return "flash_attention_2"
+        return "flex_attention"
+
     def new_group(self, addr: str, port: int, rank: int, world: int, timeout_s: float = 600.0) -> Any:
         """A process group outside torch.distributed's default world (stateless: its own TCP store).
 

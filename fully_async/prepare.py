@@ -90,6 +90,32 @@ def check_parallel_layout(cfg: Any, model_conf: Any) -> None:
                               f"the model's {name}={value} does not split into {parts} parts")
 
 
+def check_attention(cfg: Any, model_conf: Any) -> None:
+    """override_config names real HF config fields; the attention kernel exists and can train on this device."""
+    import importlib.util
+
+    from fully_async.backends.torch_backend import model_overrides
+    from fully_async.device import get_device
+
+    model = cfg.actor_rollout_ref.model
+    if cfg.actor_rollout_ref.actor.strategy == "megatron":
+        return
+    unknown = [k for k in (model.override_config or {}) if k != "attn_implementation" and not hasattr(model_conf, k)]
+    if unknown:
+        raise ConfigError("actor_rollout_ref.model.override_config",
+                          f"{unknown} are not fields of {model.path}/config.json ({type(model_conf).__name__})")
+    device = get_device(cfg.trainer.device)
+    impl = model_overrides(model, device)["attn_implementation"]
+    key = "actor_rollout_ref.model.override_config.attn_implementation"
+    if device.name == "cpu" and impl not in ("sdpa", "eager"):
+        raise ConfigError(key, f"{impl} cannot train on the CPU (no backward there); use sdpa or eager")
+    if impl.startswith("flash_attention") and device.name == "cuda":
+        package = "flash_attn" if impl == "flash_attention_2" else "flash_attn_interface"
+        if importlib.util.find_spec(package) is None:
+            raise ConfigError(key, f"{impl} needs the {package} package, which is not installed; use "
+                              "flex_attention or sdpa")
+
+
 def probe_rewards(cfg: Any, records: list[PromptRecord]) -> None:
     """Call the reward function once per data_source (ground truth as the response) before Ray.
 
@@ -132,6 +158,7 @@ def prepare(cfg: Any) -> Prepared:
     validate(cfg)
     model_conf = check_model_folder(cfg)
     check_parallel_layout(cfg, model_conf)
+    check_attention(cfg, model_conf)
     tokenizer = load_tokenizer(cfg)
     data = cfg.data
     kwargs = dict(prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,

@@ -94,7 +94,8 @@ class GroupBackend:
         return [mine] + _ray_get(refs)
 
     def _micro_count(self, shards: list[TrainBatch], micro: Optional[int], dynamic: bool, budget: int) -> int:
-        return max(len(micro_batches(s, micro, dynamic, budget)) for s in shards)
+        packed = self.cfg.actor_rollout_ref.model.use_remove_padding
+        return max(len(micro_batches(s, micro, dynamic, budget, packed)) for s in shards)
 
     def compute_log_probs(self, batch: TrainBatch, which: str = "actor") -> torch.Tensor:
         sub = self.cfg.actor_rollout_ref.rollout if which == "actor" else self.cfg.actor_rollout_ref.ref

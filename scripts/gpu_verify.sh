@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU verification of the scale-out paths and the sync-vs-async comparison (issues #3, #6).
 #
-#   bash scripts/gpu_verify.sh runs|megatron      (on a 2x H100 machine, from the repo root)
+#   bash scripts/gpu_verify.sh runs|megatron|packing      (on a 2x H100 machine, from the repo root)
 #
 # Expects the offline bundle in .gpubundle/ (../shared/tools/offline_bundle.sh) plus the tiny task
 # as jsonl in .gpubundle/data/.  Model: a Qwen2.5-0.5B-shaped Qwen2 with random weights and the
@@ -43,6 +43,24 @@ megatron)
   TENSORBOARD_DIR=$OUT/megatron_sync_tp2 timeout 200 python3 -m fully_async.main --config-name=fully_async_ppo_megatron_trainer mode=sync \
       trainer.n_gpus_per_node=2 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 "${M[@]}" hydra.run.dir=/tmp/h_ms 2>&1 \
       | grep -v "it/s\]" | tail -12
+  ;;
+packing)
+  # remove-padding: parity (float32, then bfloat16) and trainer throughput on one GPU, then end to end on two
+  CUDA_VISIBLE_DEVICES=0 timeout 150 python3 scripts/bench_packing.py --shape 0.5b --device cuda --dtype float32 \
+      --rows 16 --max-tokens 8192 --warmup 0 --iters 1 --out "$OUT/packing_parity_fp32.json" 2>&1 | tail -6
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 scripts/bench_packing.py --shape 0.5b --device cuda \
+      --out "$OUT/packing_0.5b.json" 2>&1 | tail -6
+  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  P=(trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
+     data.val_files=null data.max_prompt_length=16 data.max_response_length=256
+     actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.actor.dtype=bfloat16
+     actor_rollout_ref.rollout.dtype=bfloat16 actor_rollout_ref.actor.optim.lr=1e-6
+     actor_rollout_ref.model.use_remove_padding=true actor_rollout_ref.actor.use_dynamic_bsz=true
+     actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192 actor_rollout_ref.actor.ppo_mini_batch_size=16
+     data.train_batch_size=16 trainer.total_training_steps=${STEPS:-5} trainer.resume_mode=disable
+     trainer.progress_bar=false "trainer.default_local_dir=/tmp/ckpt")
+  TENSORBOARD_DIR=$OUT/packed_sync timeout 200 python3 -m fully_async.main mode=sync trainer.n_gpus_per_node=2 "${P[@]}" \
+      hydra.run.dir=/tmp/h_ps 2>&1 | grep -v "it/s\]" | tail -10
   ;;
 esac
 ls -la "$OUT"

@@ -28,15 +28,45 @@ logger = logging.getLogger(__name__)
 
 
 def token_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: float,
-                    with_entropy: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(B, L) log p(input_ids[t] | <t) at logits / temperature (0 at t = 0), and optionally entropy."""
-    positions = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=positions).logits
-    logits = logits[:, :-1].float() / (temperature if temperature > 0 else 1.0)          # (B, L-1, V)
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    logp = torch.nn.functional.pad(logp, (1, 0))                                        # (B, L)
+                    with_entropy: bool = False, packed: bool = False
+                    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(B, L) log p(input_ids[t] | <t) at logits / temperature (0 at t = 0), and optionally entropy.
+
+    packed (model.use_remove_padding): the rows' real tokens go back to back in one (1, T) row with
+    position_ids restarting at 0 per sequence and no attention mask; transformers then keeps the
+    sequences apart (a block-diagonal mask, or varlen kernels), so no pad token is computed.
+    Results are scattered back to the padded (B, L) layout."""
+    mask = batch.attention_mask
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    if packed:
+        keep = mask.bool()
+        ids, pos = batch.input_ids[keep][None], positions[keep][None]                  # (1, T)
+        logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+    else:
+        ids = batch.input_ids
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+    logits = logits[:, :-1]                                                             # (B, L-1, V)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / (temperature if temperature > 0 else 1.0)
+    logp = torch.nn.functional.pad(
+        torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1), (1, 0))
     ent = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0)) if with_entropy else None
-    return logp, ent
+    if not packed:
+        return logp, ent
+
+    def unpack(packed_values: torch.Tensor) -> torch.Tensor:
+        # a sequence's first token was "predicted" from the previous sequence's last: not a real value
+        values = packed_values[0].masked_fill(pos[0] == 0, 0.0)
+        return values.new_zeros(mask.shape).masked_scatter(keep, values)
+
+    return unpack(logp), (unpack(ent) if ent is not None else None)
+
+
+def model_overrides(model_cfg: Any, device: Device) -> dict[str, Any]:
+    """from_pretrained keyword arguments: actor_rollout_ref.model.override_config (HF config fields) and
+    the attention kernel (override_config.attn_implementation, else the device's choice, see device.py)."""
+    overrides = dict(model_cfg.override_config or {})
+    overrides.setdefault("attn_implementation", device.attn_implementation(model_cfg.use_remove_padding))
+    return overrides
 
 
 def pad_micro_batches(splits: list[list[int]], num_micro: Optional[int]) -> list[tuple[list[int], bool]]:
@@ -97,9 +127,10 @@ class TorchBackend:
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         compute_dtype = parse_dtype(arr.actor.dtype)
         # FSDP2 keeps float32 master weights and computes in actor.dtype; plain torch trains in actor.dtype
+        self.packed = arr.model.use_remove_padding
         self.model = AutoModelForCausalLM.from_pretrained(
             arr.model.path, dtype=torch.float32 if self.fsdp else compute_dtype,
-            trust_remote_code=arr.model.trust_remote_code).to(self.torch_device)
+            trust_remote_code=arr.model.trust_remote_code, **model_overrides(arr.model, device)).to(self.torch_device)
         if arr.model.enable_gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.model.train()
@@ -141,10 +172,10 @@ class TorchBackend:
         model.eval()
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         splits = micro_batches(batch, sub.log_prob_micro_batch_size_per_gpu, sub.log_prob_use_dynamic_bsz,
-                               sub.log_prob_max_token_len_per_gpu)
+                               sub.log_prob_max_token_len_per_gpu, self.packed)
         for idx, dummy in pad_micro_batches(splits, num_micro):
             mb = batch.select(idx).to(self.torch_device)
-            logp, _ = token_log_probs(model, mb, self.temperature)
+            logp, _ = token_log_probs(model, mb, self.temperature, packed=self.packed)
             if not dummy:
                 out[idx, :logp.shape[1]] = logp.float().cpu()
         model.train(was_training)
@@ -174,11 +205,12 @@ class TorchBackend:
             out[key] = out.get(key, 0.0) + float(value)
 
         self.optimizer.zero_grad(set_to_none=True)
-        splits = micro_batches(mini, a.ppo_micro_batch_size_per_gpu, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu)
+        splits = micro_batches(mini, a.ppo_micro_batch_size_per_gpu, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu,
+                               self.packed)
         for idx, dummy in pad_micro_batches(splits, num_micro):
             mb = mini.select(idx).to(self.torch_device)
             mask = mb.response_mask * (0.0 if dummy else 1.0)   # a dummy pass only keeps collectives in step
-            logp, ent = token_log_probs(self.model, mb, self.temperature, with_entropy=True)
+            logp, ent = token_log_probs(self.model, mb, self.temperature, with_entropy=True, packed=self.packed)
             res = policy_loss(PolicyLossInput(
                 logp=logp, old_logp=mb.old_log_probs, advantages=mb.advantages, mask=mask,
                 clip_low=clip_low, clip_high=clip_high, clip_c=a.clip_ratio_c, agg_mode=a.loss_agg_mode,

@@ -30,21 +30,28 @@ def test_shard_rows():
     assert shard_rows(5, 2) == [[0, 2, 4], [1, 3]]
 
 
-@pytest.mark.parametrize("mode,extra", [
-    ("token-mean", []),
-    ("seq-mean-token-mean", ["actor_rollout_ref.model.enable_gradient_checkpointing=true",
-                             "actor_rollout_ref.actor.fsdp_config.param_offload=true"]),
+PACKED = ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+          "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16", "data.max_prompt_length=4",
+          "data.max_response_length=4"]
+
+
+@pytest.mark.parametrize("mode,shared,extra", [
+    ("token-mean", [], []),
+    ("seq-mean-token-mean", [], ["actor_rollout_ref.model.enable_gradient_checkpointing=true",
+                                 "actor_rollout_ref.actor.fsdp_config.param_offload=true"]),
+    # packed ranks with token-budget micro-batches (packed == padded is tests/unit/test_remove_padding.py)
+    ("token-mean", PACKED, []),
 ])
-def test_two_fsdp2_gloo_ranks_match_one_device(ray_cpus, mode, extra):
+def test_two_fsdp2_gloo_ranks_match_one_device(ray_cpus, mode, shared, extra):
     samples = tiny_samples(groups=4, n=3)   # 12 responses, 2 mini-batches of 6, 3 rows per rank
-    single_cfg = load_config(COMMON + [f"actor_rollout_ref.actor.loss_agg_mode={mode}"])
+    single_cfg = load_config(COMMON + [f"actor_rollout_ref.actor.loss_agg_mode={mode}", *shared])
     single = TorchBackend(single_cfg, CPU, 10)
     batch = build_batch(samples)
     prepare_batch(single, single_cfg, batch, {})
     ref_metrics = single.train_step(batch, num_mini_batches=2)
 
-    cfg = load_config(COMMON + [f"actor_rollout_ref.actor.loss_agg_mode={mode}", "actor_rollout_ref.actor.strategy=fsdp2",
-                                "trainer.n_gpus_per_node=2", *extra])
+    cfg = load_config(COMMON + [f"actor_rollout_ref.actor.loss_agg_mode={mode}",
+                                "actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=2", *shared, *extra])
     group = connect_trainer_group(cfg, CPU, 10, ("127.0.0.1", free_port()), {"num_cpus": 1})
     try:
         assert isinstance(group, GroupBackend) and group.world == 2

@@ -1,0 +1,192 @@
+"""Remove-padding (packed sequences) vs padded micro-batches: trainer throughput, memory, parity.
+
+    python scripts/bench_packing.py --shape 0.5b --device cuda --out packing.json
+    python scripts/bench_packing.py --shape tiny --device cpu --rows 16          # smoke test
+
+One process, one batch, the package's real trainer path (TorchBackend: prepare_batch's log-prob
+pass, then train_step's PPO update with dynamic batch size), once per variant, side by side:
+`padded` (rows right-padded to the longest of each micro-batch, sdpa), `packed:<kernel>`
+(actor_rollout_ref.model.use_remove_padding=true; each micro-batch's real tokens in one row, the
+kernel from override_config.attn_implementation).  Every variant starts from the same weights,
+so the log-probs of its first pass are compared with the padded ones (max / mean absolute
+difference over response tokens).  The model is a Qwen2 of a real model's shape (real vocabulary
+size) with random weights; sequence lengths are drawn like RL rollouts (long-tailed responses).
+Prints a table and writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+SHAPES = {
+    "tiny": dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, intermediate_size=128),
+    "0.5b": dict(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, intermediate_size=4864),
+    "3b": dict(vocab_size=151936, hidden_size=2048, num_hidden_layers=36, num_attention_heads=16,
+               num_key_value_heads=2, intermediate_size=11008),
+}
+
+
+def build_model(shape: str, path: str) -> None:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(Qwen2Config(**SHAPES[shape], max_position_embeddings=8192, tie_word_embeddings=True)
+                     ).save_pretrained(path)
+
+
+def rollout_like_samples(rows: int, n: int, vocab: int, max_prompt: int, max_response: int, seed: int) -> list:
+    """`rows` responses in groups of n; prompts U[max_prompt/8, max_prompt], responses log-normal."""
+    import torch
+
+    from fully_async.types import Sample
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for gi in range(rows // n):
+        plen = int(torch.randint(max_prompt // 8, max_prompt + 1, (1,), generator=g))
+        prompt = torch.randint(2, vocab, (plen,), generator=g).tolist()
+        for j in range(n):
+            rlen = int(min(max_response, max(8, torch.empty(1).log_normal_(5.0, 0.9, generator=g).item())))
+            resp = torch.randint(2, vocab, (rlen,), generator=g).tolist()
+            out.append(Sample(uid=f"g{gi}", sample_id=f"g{gi}-{j}", prompt_ids=prompt, response_ids=resp,
+                              rollout_log_probs=[-1.0] * rlen, versions=[0] * rlen,
+                              reward=float(torch.rand(1, generator=g) > 0.5)))
+    return out
+
+
+def run_variant(name: str, model_dir: str, device: Any, samples: list, args: argparse.Namespace) -> tuple[dict, Any]:
+    from fully_async.backends.torch_backend import TorchBackend
+    from fully_async.batch import build_batch, micro_batches
+    from fully_async.hydra_setup import load_config
+    from fully_async.trainer import prepare_batch
+
+    packed = name.startswith("packed")
+    overrides = [f"actor_rollout_ref.model.path={model_dir}", f"trainer.device={device.name}",
+                 f"actor_rollout_ref.actor.dtype={args.dtype}", "actor_rollout_ref.actor.optim.lr=1e-6",
+                 "async_training.use_rollout_log_probs=false", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                 f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.max_tokens}",
+                 "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+                 f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={args.max_tokens}",
+                 f"actor_rollout_ref.model.use_remove_padding={str(packed).lower()}",
+                 f"actor_rollout_ref.model.enable_gradient_checkpointing={str(args.grad_ckpt).lower()}"]
+    kernel = name.split(":", 1)[1] if ":" in name else "sdpa"
+    overrides.append(f"+actor_rollout_ref.model.override_config.attn_implementation={kernel}")
+    cfg = load_config(overrides)
+    backend = TorchBackend(cfg, device, total_optimizer_steps=100)
+    batch = build_batch(samples)
+    real_tokens = int(batch.attention_mask.sum())
+    splits = micro_batches(batch, None, True, args.max_tokens, packed)
+    computed = real_tokens if packed else sum(len(idx) * max(batch.seq_lengths[i] for i in idx) for idx in splits)
+    res: dict[str, Any] = {"variant": name, "micro_batches": len(splits), "real_tokens": real_tokens,
+                           "computed_tokens": computed}
+    logp_times, update_times = [], []
+    first_logp = None
+    for it in range(args.warmup + args.iters):
+        device.synchronize()
+        if device.is_accelerator:
+            device.module().reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        prepare_batch(backend, cfg, batch, {})
+        device.synchronize()
+        t1 = time.perf_counter()
+        backend.train_step(batch, num_mini_batches=1)
+        device.synchronize()
+        t2 = time.perf_counter()
+        if it == 0:
+            first_logp = batch.old_log_probs.clone()
+            res["first_iteration_s"] = t2 - t0   # includes kernel compilation (flex_attention)
+        if it >= args.warmup:
+            logp_times.append(t1 - t0)
+            update_times.append(t2 - t1)
+    res["log_prob_s"] = min(logp_times)
+    res["update_s"] = min(update_times)
+    res["update_tokens_per_s"] = real_tokens / res["update_s"]
+    res["log_prob_tokens_per_s"] = real_tokens / res["log_prob_s"]
+    if device.is_accelerator:
+        res["peak_memory_gib"] = device.memory_stats()["max_allocated_gib"]
+    del backend
+    device.empty_cache()
+    return res, first_logp
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
+    p.add_argument("--model", help="an HF model folder instead of a random --shape model")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default=None, help="actor dtype (default: bfloat16 on accelerators, float32 on cpu)")
+    p.add_argument("--rows", type=int, default=64, help="responses in the batch (groups of --n)")
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--max-prompt", type=int, default=512)
+    p.add_argument("--max-response", type=int, default=2048)
+    p.add_argument("--max-tokens", type=int, default=16384, help="ppo_max_token_len_per_gpu for every variant")
+    p.add_argument("--variants", nargs="+", default=None,
+                   help="padded, packed:<attn_implementation>; default: padded, packed:sdpa and, on CUDA, "
+                        "packed:flex_attention")
+    p.add_argument("--grad-ckpt", action="store_true")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="bench_packing.json")
+    args = p.parse_args(argv)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    import torch
+
+    from fully_async.device import describe_hardware, get_device
+
+    device = get_device(args.device)
+    args.dtype = args.dtype or ("bfloat16" if device.is_accelerator else "float32")
+    variants = args.variants or ["padded", "packed:sdpa"] + (["packed:flex_attention"] if device.name == "cuda" else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = args.model
+        if model_dir is None:
+            model_dir = os.path.join(tmp, "model")
+            build_model(args.shape, model_dir)
+        from transformers import AutoConfig
+
+        vocab = AutoConfig.from_pretrained(model_dir).vocab_size
+        samples = rollout_like_samples(args.rows, args.n, vocab, args.max_prompt, args.max_response, args.seed)
+        results, logps = [], {}
+        for name in variants:
+            res, logps[name] = run_variant(name, model_dir, device, samples, args)
+            results.append(res)
+    from fully_async.batch import build_batch
+
+    mask = build_batch(samples).response_mask.bool()
+    base = variants[0]
+    for res in results:
+        diff = (logps[res["variant"]] - logps[base])[mask].abs()
+        res[f"logp_vs_{base}_max_abs"] = float(diff.max())
+        res[f"logp_vs_{base}_mean_abs"] = float(diff.mean())
+    lengths = [s.num_tokens for s in samples]
+    report = {"hardware": describe_hardware(device), "torch": torch.__version__, "shape": args.model or args.shape,
+              "dtype": args.dtype, "rows": args.rows, "max_tokens_per_micro_batch": args.max_tokens,
+              "seq_len_mean": sum(lengths) / len(lengths), "seq_len_max": max(lengths),
+              "gradient_checkpointing": args.grad_ckpt, "results": results}
+    cols = [("variant", "variant", "{}"), ("micro", "micro_batches", "{}"), ("real tok", "real_tokens", "{}"),
+            ("computed tok", "computed_tokens", "{}"), ("logp s", "log_prob_s", "{:.3f}"),
+            ("update s", "update_s", "{:.3f}"), ("update tok/s", "update_tokens_per_s", "{:.0f}"),
+            ("1st iter s", "first_iteration_s", "{:.1f}"), ("peak GiB", "peak_memory_gib", "{:.1f}"),
+            (f"|dlogp| max vs {base}", f"logp_vs_{base}_max_abs", "{:.2e}")]
+    print(f"{report['hardware']} | torch {report['torch']} | {report['shape']} {args.dtype} | {args.rows} rows, "
+          f"mean length {report['seq_len_mean']:.0f}, max {report['seq_len_max']} | budget {args.max_tokens} tok")
+    print("  ".join(f"{h:>14}" for h, _, _ in cols))
+    for res in results:
+        print("  ".join(f"{(fmt.format(res[k]) if k in res else '-'):>14}" for _, k, fmt in cols))
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
