@@ -9,6 +9,7 @@ That keeps weight updates, interrupts and validation strictly ordered with gener
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import queue as queue_mod
 import threading
@@ -16,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from fully_async.engines.base import receives_weights_directly
 from fully_async.generation import group_pendings, make_group, score_samples, validate
 from fully_async.partial import PendingResponse
 from fully_async.types import GenOutput, PromptRecord, SampleGroup, SamplingParams
@@ -77,21 +79,35 @@ class Rollouter:
 
     # ------------------------------------------------------------------ called by others
     def update_weights(self, named_tensors: dict, version: int) -> dict:
-        return self._call(lambda: self._apply_weights(named_tensors, version))
+        load = functools.partial(self.engine.update_weights, named_tensors, version)
+        return self._call(lambda: self._apply_weights(load, version))
+
+    # Collective path (fully_async.weight_sync.collective).  An engine that receives the broadcast in
+    # its own processes (engines.base.DirectWeightReceiver: vLLM's workers) gets the group and the
+    # buckets directly; otherwise this actor is the one receiver and feeds its engine the stream.
+    def weight_receivers(self) -> int:
+        """Ranks this rollouter adds to the trainer's weight-broadcast group."""
+        return self.engine.weight_receivers() if receives_weights_directly(self.engine) else 1
 
     def init_weight_group(self, addr: str, port: int, rank: int, world: int) -> None:
-        """Join the trainer's weight-broadcast group (fully_async.weight_sync.collective)."""
+        """Join the trainer's weight-broadcast group as ranks rank .. rank + weight_receivers() - 1."""
+        if receives_weights_directly(self.engine):
+            return self._call(lambda: self.engine.init_weight_group(addr, port, rank, world))
         self.weight_pg = self.device.new_group(addr, port, rank, world)
 
     def receive_weights(self, metas: list, buckets: list, dtype: str, version: int) -> dict:
-        """Collective path: pause, then load buckets as they arrive from trainer rank 0."""
-        import torch
+        """Pause, then load buckets as they arrive from trainer rank 0."""
+        if receives_weights_directly(self.engine):
+            load = functools.partial(self.engine.receive_weights, metas, buckets, dtype, version)
+        else:
+            import torch
 
-        from fully_async.weight_sync.collective import receive
+            from fully_async.weight_sync.collective import receive
 
-        stream = receive(self.weight_pg, metas, buckets, getattr(torch, dtype.split(".")[-1]),
-                         self.device.torch_device())
-        return self._call(lambda: self._apply_weights(stream, version))
+            stream = receive(self.weight_pg, metas, buckets, getattr(torch, dtype.split(".")[-1]),
+                             self.device.torch_device())
+            load = functools.partial(self.engine.update_weights, stream, version)
+        return self._call(lambda: self._apply_weights(load, version))
 
     def validate(self) -> dict:
         return self._call(lambda: self._validate(self.engine.version))
@@ -233,14 +249,15 @@ class Rollouter:
         self.stats["version"] = self.engine.version
 
     # ------------------------------------------------------------------ commands
-    def _apply_weights(self, named_tensors: dict, version: int) -> dict:
+    def _apply_weights(self, load: Callable[[], None], version: int) -> dict:
+        """Pause the engine's work as the config says, run `load` (the engine's update), resume."""
         with self.timeline.span("param_sync", version=version):
-            return self._apply_weights_inner(named_tensors, version)
+            return self._apply_weights_inner(load, version)
 
-    def _apply_weights_inner(self, named_tensors: dict, version: int) -> dict:
+    def _apply_weights_inner(self, load: Callable[[], None], version: int) -> dict:
         t0 = time.perf_counter()
         # an engine that keeps in-flight requests (vLLM pause_mode=keep) continues them on the new
-        # weights inside update_weights(), stamping later tokens with the new version
+        # weights inside the engine's update, stamping later tokens with the new version
         keep = self.partial_rollout and getattr(self.engine, "keeps_in_flight", False)
         if keep:
             pass
@@ -252,7 +269,7 @@ class Rollouter:
             while self.engine.num_in_flight():
                 self._handle(self.engine.collect())
         t1 = time.perf_counter()
-        self.engine.update_weights(named_tensors, version)
+        load()
         t2 = time.perf_counter()
         queued = ray_get(self.queue.size.remote())
         self.staleness.on_version(version, in_flight=len(self.groups), queued=queued)

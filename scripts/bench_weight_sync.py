@@ -2,12 +2,19 @@
 
     python scripts/bench_weight_sync.py --shapes 0.5b 3b --device cuda --out weight_sync.json
     python scripts/bench_weight_sync.py --shapes tiny --device cpu          # smoke test (gloo)
+    python scripts/bench_weight_sync.py --engine vllm --device cpu --models fully_async/assets/tiny_arithmetic/model
 
 Two Ray actors on two devices: a sender holding a Qwen2-shaped parameter set (random values,
 bf16 on accelerators) and a receiver holding a Qwen2 model of the same shape, as a rollout
 engine would.  Each weight update goes through the package's real transports
 (fully_async.weight_sync.{collective,object_store}) into `load_named_tensors`, the engine's load.
-Prints a table and writes JSON.
+
+`--engine vllm`: the receiver is a real VLLMEngine on each checkpoint of `--models` (the sender
+holds the same weights), and three paths are timed: `collective_direct` (every vLLM worker
+joins the broadcast group and loads the buckets itself), `collective_host` (the receiving actor
+takes the broadcast into its own memory, then the engine re-serialises it to its workers: the
+path before workers received directly) and `object_store`.  A time is one whole update: from
+the push until the engine holds the new weights.  Prints a table and writes JSON.
 """
 from __future__ import annotations
 
@@ -39,16 +46,26 @@ def build_model(shape: str, device: Any, dtype: Any) -> Any:
     return model.eval().requires_grad_(False)
 
 
+def load_model(path: str, device: Any, dtype: Any) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device(device.torch_device()):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model.eval().requires_grad_(False)
+
+
 class Sender:
     """Looks like a trainer backend to the weight-sync classes."""
 
-    def __init__(self, shape: str, device_name: str):
+    def __init__(self, shape: str, device_name: str, model_path: str = ""):
         from fully_async.device import get_device, parse_dtype
 
         self.device = get_device(device_name)
         self.device.set_device(0)
         self.dtype = parse_dtype("bfloat16" if self.device.is_accelerator else "float32")
-        self.model = build_model(shape, self.device, self.dtype)
+        self.model = (load_model(model_path, self.device, self.dtype) if model_path
+                      else build_model(shape, self.device, self.dtype))
         self.rank = 0
 
     def param_shapes(self) -> list:
@@ -76,6 +93,7 @@ class Sender:
             self.device.synchronize()
             start = time.perf_counter()
             metrics = sync.push(version)
+            metrics.update(sync.flush())  # the object-store push returns before the engine has loaded
             metrics["wall_s"] = time.perf_counter() - start
             if version:
                 out.append(metrics)
@@ -93,6 +111,9 @@ class Receiver:
         self.model = build_model(shape, self.device, parse_dtype("bfloat16" if self.device.is_accelerator
                                                                  else "float32"))
         self.weight_pg = None
+
+    def weight_receivers(self) -> int:
+        return 1
 
     def init_weight_group(self, addr: str, port: int, rank: int, world: int) -> None:
         self.weight_pg = self.device.new_group(addr, port, rank, world)
@@ -116,6 +137,90 @@ class Receiver:
         return self._load(named)
 
 
+class VLLMReceiver:
+    """Looks like the rollouter with a vLLM engine.  `direct`: the engine's workers receive the broadcast
+    themselves (engines.base.DirectWeightReceiver); otherwise this actor receives it into host tensors and
+    hands the stream to `update_weights`, which ships it to the workers as safetensors blobs."""
+
+    def __init__(self, model_path: str, device_name: str, bucket_mb: int):
+        from fully_async.device import get_device
+        from fully_async.engines.vllm_engine import VLLMEngine
+
+        self.device = get_device(device_name)
+        with open(os.path.join(model_path, "config.json")) as fh:
+            max_len = min(256, json.load(fh).get("max_position_embeddings", 256))
+        self.engine = VLLMEngine(model_path, self.device, max_num_seqs=8, max_model_len=max_len, load_format="dummy",
+                                 update_weights_bucket_megabytes=bucket_mb)
+        self.direct = True
+        self.weight_pg = None
+
+    def set_direct(self, direct: bool) -> None:
+        self.direct = direct
+
+    def weight_receivers(self) -> int:
+        return self.engine.weight_receivers() if self.direct else 1
+
+    def init_weight_group(self, addr: str, port: int, rank: int, world: int) -> None:
+        if self.direct:
+            self.engine.init_weight_group(addr, port, rank, world)
+        else:
+            self.weight_pg = self.device.new_group(addr, port, rank, world)
+
+    def receive_weights(self, metas: list, buckets: list, dtype: str, version: int) -> dict:
+        import torch
+
+        from fully_async.weight_sync.collective import receive
+
+        if self.direct:
+            return self._load(lambda: self.engine.receive_weights(metas, buckets, dtype, version))
+        stream = receive(self.weight_pg, metas, buckets, getattr(torch, dtype.split(".")[-1]),
+                         self.device.torch_device())
+        return self._load(lambda: self.engine.update_weights(stream, version))
+
+    def update_weights(self, named: dict, version: int) -> dict:
+        return self._load(lambda: self.engine.update_weights(named, version))
+
+    def _load(self, load: Any) -> dict:
+        start = time.perf_counter()
+        load()
+        return {"load": time.perf_counter() - start, **self.engine.last_update_timings}
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _row(label: str, transport: str, nbytes: int, runs: list[dict], repeats: int, device: Any) -> dict:
+    wall = statistics.median(r["wall_s"] for r in runs)
+    return {"shape": label, "transport": transport, "gbytes": nbytes / 1e9, "median_s": wall,
+            "gbps": nbytes / 1e9 / wall, "load_s": statistics.median(
+                r.get("timing_s/param_sync/load", 0.0) for r in runs), "repeats": repeats, "device": device.name}
+
+
+def measure_vllm(models: list[str], device_name: str, repeats: int, bucket_mb: int) -> list[dict]:
+    import ray
+
+    from fully_async.device import get_device
+
+    device = get_device(device_name)
+    opts = device.ray_actor_options(1)
+    rows = []
+    for path in models:
+        parent, label = os.path.split(os.path.normpath(path))
+        label = os.path.basename(parent) if label == "model" else label  # assets/<name>/model -> <name>
+        sender = ray.remote(Sender).options(**opts).remote(label, device_name, path)
+        receiver = ray.remote(VLLMReceiver).options(**opts).remote(path, device_name, bucket_mb)
+        nbytes = ray.get(sender.nbytes.remote())
+        for transport, direct in (("collective_direct", True), ("collective_host", False), ("object_store", False)):
+            ray.get(receiver.set_direct.remote(direct))
+            kind = "object_store" if transport == "object_store" else "collective"
+            runs = ray.get(sender.run.remote(receiver, kind, repeats, bucket_mb))
+            rows.append(_row(label, transport, nbytes, runs, repeats, device))
+        ray.get(receiver.close.remote())
+        ray.kill(sender)
+        ray.kill(receiver)
+    return rows
+
+
 def measure(shapes: list[str], device_name: str, repeats: int, bucket_mb: int) -> list[dict]:
     import ray
 
@@ -130,11 +235,7 @@ def measure(shapes: list[str], device_name: str, repeats: int, bucket_mb: int) -
         nbytes = ray.get(sender.nbytes.remote())
         for transport in ("collective", "object_store"):
             runs = ray.get(sender.run.remote(receiver, transport, repeats, bucket_mb))
-            wall = statistics.median(r["wall_s"] for r in runs)
-            rows.append({"shape": shape, "transport": transport, "gbytes": nbytes / 1e9, "median_s": wall,
-                         "gbps": nbytes / 1e9 / wall, "load_s": statistics.median(
-                             r.get("timing_s/param_sync/load", 0.0) for r in runs), "repeats": repeats,
-                         "device": device.name})
+            rows.append(_row(shape, transport, nbytes, runs, repeats, device))
         ray.kill(sender)
         ray.kill(receiver)
     return rows
@@ -146,22 +247,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--bucket-mb", type=int, default=512)
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
+                   help="receiver: a transformers model (hf) or a real VLLMEngine on --models")
+    p.add_argument("--models", nargs="+", default=[],
+                   help="--engine vllm: checkpoint directories (e.g. scripts/build_shaped_model.py output)")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
+    if args.engine == "vllm" and not args.models:
+        p.error("--engine vllm needs --models DIR [DIR ...]")
     import ray
 
     from fully_async.device import describe_hardware, get_device
 
     ray.init(include_dashboard=False, log_to_driver=False, num_cpus=max(2, os.cpu_count() or 2))
     try:
-        rows = measure(args.shapes, args.device, args.repeats, args.bucket_mb)
+        if args.engine == "vllm":
+            rows = measure_vllm(args.models, args.device, args.repeats, args.bucket_mb)
+        else:
+            rows = measure(args.shapes, args.device, args.repeats, args.bucket_mb)
     finally:
         ray.shutdown()
     print(f"hardware: {describe_hardware(get_device(args.device))}")
-    print(f"{'shape':<6} {'transport':<13} {'GB':>7} {'median s':>9} {'GB/s':>7} {'load s':>7}")
+    width = max(6, *(len(r["shape"]) for r in rows))
+    print(f"{'shape':<{width}} {'transport':<17} {'GB':>7} {'median s':>9} {'GB/s':>7} {'load s':>7}")
     for r in rows:
-        print(f"{r['shape']:<6} {r['transport']:<13} {r['gbytes']:7.3f} {r['median_s']:9.3f} {r['gbps']:7.2f} "
-              f"{r['load_s']:7.3f}")
+        print(f"{r['shape']:<{width}} {r['transport']:<17} {r['gbytes']:7.3f} {r['median_s']:9.3f} "
+              f"{r['gbps']:7.2f} {r['load_s']:7.3f}")
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(rows, fh, indent=1)

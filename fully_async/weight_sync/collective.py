@@ -6,6 +6,11 @@ never materialises the full model on the host.  The group is stateless (its own 
 fully_async.device.Device.new_group) because the trainer's FSDP world and the engines are
 different processes and worlds.
 
+Who receives: the trainer asks the rollouter how many ranks it contributes.  An engine that
+receives itself (engines.base.DirectWeightReceiver: every vLLM worker, one rank per TP/PP rank)
+makes the world 1 + its worker count, and each worker loads the buckets into its own model;
+otherwise the rollouter actor is the single rank 1 and hands its engine the received stream.
+
 Protocol, per update: the sender publishes the parameter list (name, shape, dtype) once, groups
 it into buckets of `update_weights_bucket_megabytes`, gathers full parameters (all FSDP ranks
 take part), packs each bucket into one flat tensor of the rollout dtype and broadcasts it.  The
@@ -108,8 +113,9 @@ class CollectiveWeightSync:
         from fully_async.backends.fsdp import free_port, node_ip
 
         addr, port = node_ip(), free_port()
-        joined = self.rollouter.init_weight_group.remote(addr, port, 1, 2)
-        self.pg = self.device.new_group(addr, port, 0, 2)
+        world = 1 + ray.get(self.rollouter.weight_receivers.remote())
+        joined = self.rollouter.init_weight_group.remote(addr, port, 1, world)
+        self.pg = self.device.new_group(addr, port, 0, world)
         ray.get(joined)
         self.metas = [ParamMeta(n, tuple(s), int(torch.Size(s).numel())) for n, s in self.backend.param_shapes()]
         elem = torch.empty(0, dtype=self.dtype).element_size()

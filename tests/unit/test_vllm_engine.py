@@ -1,6 +1,8 @@
 """vLLM engine (real vLLM on CPU) against the embedded engine: same tokens, same behaviour log-probs,
-exact interrupt/resume, weight updates with version stamps (abort and keep modes), sleep/wake_up."""
+exact interrupt/resume, weight updates with version stamps (abort and keep modes; object-store blobs
+and collective broadcasts received by the workers themselves), sleep/wake_up."""
 import os
+import threading
 import time
 
 import pytest
@@ -8,10 +10,12 @@ import torch
 
 from fully_async.config import asset_path
 from fully_async.device import CPU
+from fully_async.engines.base import receives_weights_directly
 from fully_async.engines.hf_engine import HFEngine
 from fully_async.engines.vllm_engine import ASYNC_LLM_API, VLLMApiError, VLLMEngine, check_api, serialize_buckets
 from fully_async.partial import PendingResponse
 from fully_async.types import GenRequest, SamplingParams
+from fully_async.weight_sync.collective import ParamMeta, plan_buckets, send
 
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14], [3], [15, 16, 17, 18]]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
@@ -42,6 +46,41 @@ def restore_weights(engine, hf_model):
     """Tests that push new weights put the original ones back (same version) when they end."""
     yield
     engine.update_weights(dict(hf_model.named_parameters()), engine.version)
+
+
+@pytest.fixture(scope="module")
+def weight_pg(engine):
+    """This test process is rank 0 of a gloo weight group; the engine's vLLM workers are ranks 1..n."""
+    from fully_async.backends.fsdp import free_port
+
+    port, world = free_port(), 1 + engine.weight_receivers()
+    joined = threading.Thread(target=engine.init_weight_group, args=("127.0.0.1", port, 1, world))
+    joined.start()
+    pg = CPU.new_group("127.0.0.1", port, 0, world, timeout_s=120)
+    joined.join(120)
+    assert not joined.is_alive() and engine._weight_group == (1, world)
+    return pg
+
+
+def broadcast(engine, pg, named, version, bucket_bytes=64 << 10):
+    """Trainer side of one collective update (collective.send from here) while the workers receive."""
+    metas = [ParamMeta(n, tuple(t.shape), t.numel()) for n, t in named.items()]
+    buckets = plan_buckets(metas, bucket_bytes, elem_bytes=4)
+    sent = {}
+    sender = threading.Thread(target=lambda: sent.update(n=send(pg, iter(named.items()), metas, buckets,
+                                                                torch.float32)))
+    sender.start()
+    engine.receive_weights(metas, buckets, str(torch.float32), version)
+    sender.join(60)
+    assert sent["n"] == sum(t.numel() for t in named.values()) * 4
+    return len(buckets)
+
+
+def push(engine, request, named, version, path):
+    if path == "object_store":
+        engine.update_weights(named, version)
+    else:
+        broadcast(engine, request.getfixturevalue("weight_pg"), named, version)
 
 
 def run_all(engine, requests, timeout_s=120.0):
@@ -149,7 +188,45 @@ def test_update_weights_changes_outputs_and_version(engine, hf_model, model_dir,
     engine.interrupt()
 
 
-def test_keep_mode_continues_in_flight_requests_on_new_weights(engine, hf_model, monkeypatch, restore_weights):
+def test_collective_broadcast_is_received_by_the_workers_directly(engine, hf_model, model_dir, weight_pg,
+                                                                  restore_weights):
+    assert receives_weights_directly(engine) and engine.weight_receivers() == 1   # one worker (TP=1)
+    before = run_all(engine, [GenRequest("c", PROMPTS[2], GREEDY)])["c"]
+    new = perturbed(hf_model, seed=5)       # named_parameters(): no lm_head (tied), as a trainer sends it
+    version = engine.version + 1
+    assert broadcast(engine, weight_pg, new, version) > 3   # several buckets: receive overlaps the load
+    assert set(engine.last_update_timings) == {"pause", "load", "resume"}   # nothing serialised
+    after = run_all(engine, [GenRequest("c", PROMPTS[2], GREEDY)])["c"]
+    assert after.versions == [version] * 12 and after.token_ids != before.token_ids
+    hf = HFEngine(model_dir, CPU, eos_token_ids=[], pad_token_id=0)
+    hf.update_weights(new, version)
+    ref = run_all(hf, [GenRequest("c", PROMPTS[2], GREEDY)])["c"]
+    assert after.token_ids == ref.token_ids
+    assert after.log_probs == pytest.approx(ref.log_probs, abs=1e-4)
+    # sampled log-probs (every position, whole vocabulary) match the new weights too, tied lm_head included
+    params = SamplingParams(temperature=1.0, max_tokens=10)
+    for j, out in run_all(engine, [GenRequest(f"cs{j}", PROMPTS[j], params) for j in range(4)]).items():
+        ref_logp, _ = scored(hf.model, PROMPTS[int(j[2:])], out.token_ids)
+        assert torch.allclose(torch.tensor(out.log_probs), ref_logp, atol=1e-3)
+    # a second broadcast over the same group replaces the weights again
+    broadcast(engine, weight_pg, dict(hf_model.named_parameters()), version + 1, bucket_bytes=1 << 30)
+    again = run_all(engine, [GenRequest("c", PROMPTS[2], GREEDY)])["c"]
+    assert again.token_ids == before.token_ids and again.versions == [version + 1] * 12
+    engine.submit([GenRequest("y", PROMPTS[0], GREEDY)])
+    with pytest.raises(RuntimeError, match="in flight.*pause_mode=keep"):
+        engine.receive_weights([], [], str(torch.float32), version + 2)
+    engine.interrupt()
+
+
+def test_receive_weights_before_the_group_exists_fails(engine, monkeypatch):
+    monkeypatch.setattr(engine, "_weight_group", None)
+    with pytest.raises(RuntimeError, match="before init_weight_group"):
+        engine.receive_weights([], [], str(torch.float32), engine.version + 1)
+
+
+@pytest.mark.parametrize("path", ["object_store", "collective"])
+def test_keep_mode_continues_in_flight_requests_on_new_weights(engine, hf_model, monkeypatch, restore_weights,
+                                                               request, path):
     monkeypatch.setattr(engine, "pause_mode", "keep")
     params = SamplingParams(temperature=0.0, max_tokens=56)
     v0 = engine.version
@@ -159,7 +236,7 @@ def test_keep_mode_continues_in_flight_requests_on_new_weights(engine, hf_model,
         engine.update_weights(dict(hf_model.named_parameters()), v0)
         engine.submit([GenRequest("k", PROMPTS[0], params)])
         time.sleep(wait_s)
-        engine.update_weights(new, v0 + 1)      # requests stay in flight
+        push(engine, request, new, v0 + 1, path)   # requests stay in flight
         out = run_all(engine, [])["k"]
         k = out.versions.count(v0)
         if 0 < k < 56:
