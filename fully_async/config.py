@@ -55,7 +55,8 @@ class ModelConfig:
     # pack each micro-batch's sequences into one row (no pad tokens computed; attention stays per sequence)
     use_remove_padding: bool = False
     # Hugging Face config fields to override for the actor/ref (verl's key); `attn_implementation` picks the
-    # attention kernel (default: sdpa, or with use_remove_padding the device's packed kernel, see device.py)
+    # attention kernel (default: sdpa; with use_remove_padding the device's packed kernel: varlen, or
+    # flash_attention_2 on npu / where flash-attn is installed; see device.py)
     override_config: dict[str, Any] = field(default_factory=dict)
 
 
@@ -271,7 +272,7 @@ REWARD_MANAGERS = ("naive", "dapo")
 LOGGERS = ("console", "tensorboard")
 DTYPES = ("float32", "bfloat16", "float16")
 MODES = ("async", "sync")
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "varlen", "flex_attention", "flash_attention_2", "flash_attention_3")
 
 
 def _choice(key: str, value: Any, choices: tuple) -> None:
@@ -461,6 +462,10 @@ def _validate_attention(cfg: Any) -> None:
     impl = (model.override_config or {}).get("attn_implementation")
     if impl is not None:
         _choice("actor_rollout_ref.model.override_config.attn_implementation", impl, ATTN_IMPLEMENTATIONS)
+        if impl == "varlen" and not model.use_remove_padding:
+            raise ConfigError("actor_rollout_ref.model.override_config.attn_implementation",
+                              "varlen attends within packed sequences: it needs "
+                              "actor_rollout_ref.model.use_remove_padding=true")
     if model.use_remove_padding and cfg.actor_rollout_ref.actor.strategy == "megatron":
         raise ConfigError("actor_rollout_ref.model.use_remove_padding",
                           "strategy=megatron keeps right-padded rows (packed THD attention needs Transformer "

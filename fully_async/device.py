@@ -69,15 +69,15 @@ class Device:
     def attn_implementation(self, packed: bool) -> str:
         """The transformers attention kernel for training here.
 
-        Packed rows (use_remove_padding) need a kernel that keeps sequences apart from position_ids:
-        Ascend's fused varlen attention (transformers maps flash_attention_2 onto torch_npu), flash-attn
-        where installed, else flex_attention's block-sparse mask on CUDA, and sdpa's dense
-        block-diagonal mask on CPU (flex_attention has no CPU backward)."""
-        if not packed or self.name == "cpu":
+        Packed rows (use_remove_padding) need a kernel that attends within each sequence: Ascend's
+        fused varlen attention (transformers maps flash_attention_2 onto torch_npu), flash-attn where
+        installed, else fully_async's "varlen" (torch's built-in FlashAttention varlen kernel on CUDA,
+        per-sequence sdpa on CPU; backends/varlen_attention.py)."""
+        if not packed:
             return "sdpa"
-        if self.name == "npu" or importlib.util.find_spec("flash_attn") is not None:
+        if self.name == "npu" or (self.name == "cuda" and importlib.util.find_spec("flash_attn") is not None):
             return "flash_attention_2"
-        return "flex_attention"
+        return "varlen"
 
     def new_group(self, addr: str, port: int, rank: int, world: int, timeout_s: float = 600.0) -> Any:
         """A process group outside torch.distributed's default world (stateless: its own TCP store).

@@ -107,13 +107,13 @@ def check_attention(cfg: Any, model_conf: Any) -> None:
     device = get_device(cfg.trainer.device)
     impl = model_overrides(model, device)["attn_implementation"]
     key = "actor_rollout_ref.model.override_config.attn_implementation"
-    if device.name == "cpu" and impl not in ("sdpa", "eager"):
-        raise ConfigError(key, f"{impl} cannot train on the CPU (no backward there); use sdpa or eager")
+    if device.name == "cpu" and impl not in ("sdpa", "eager", "varlen"):
+        raise ConfigError(key, f"{impl} cannot train on the CPU (no backward there); use varlen, sdpa or eager")
     if impl.startswith("flash_attention") and device.name == "cuda":
         package = "flash_attn" if impl == "flash_attention_2" else "flash_attn_interface"
         if importlib.util.find_spec(package) is None:
             raise ConfigError(key, f"{impl} needs the {package} package, which is not installed; use "
-                              "flex_attention or sdpa")
+                              "varlen (torch's own varlen kernel) or sdpa")
 
 
 def probe_rewards(cfg: Any, records: list[PromptRecord]) -> None:

@@ -7,7 +7,8 @@ One process, one batch, the package's real trainer path (TorchBackend: prepare_b
 pass, then train_step's PPO update with dynamic batch size), once per variant, side by side:
 `padded` (rows right-padded to the longest of each micro-batch, sdpa), `packed:<kernel>`
 (actor_rollout_ref.model.use_remove_padding=true; each micro-batch's real tokens in one row, the
-kernel from override_config.attn_implementation).  Every variant starts from the same weights,
+kernel from override_config.attn_implementation: varlen is fully_async's, sdpa builds a dense
+block-diagonal mask).  Every variant starts from the same weights,
 so the log-probs of its first pass are compared with the padded ones (max / mean absolute
 difference over response tokens).  The model is a Qwen2 of a real model's shape (real vocabulary
 size) with random weights; sequence lengths are drawn like RL rollouts (long-tailed responses).
@@ -129,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-response", type=int, default=2048)
     p.add_argument("--max-tokens", type=int, default=16384, help="ppo_max_token_len_per_gpu for every variant")
     p.add_argument("--variants", nargs="+", default=None,
-                   help="padded, packed:<attn_implementation>; default: padded, packed:sdpa and, on CUDA, "
-                        "packed:flex_attention")
+                   help="padded, packed:<attn_implementation> (varlen, sdpa, eager, flex_attention, "
+                        "flash_attention_2); default: padded packed:varlen packed:sdpa")
     p.add_argument("--grad-ckpt", action="store_true")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = get_device(args.device)
     args.dtype = args.dtype or ("bfloat16" if device.is_accelerator else "float32")
-    variants = args.variants or ["padded", "packed:sdpa"] + (["packed:flex_attention"] if device.name == "cuda" else [])
+    variants = args.variants or ["padded", "packed:varlen", "packed:sdpa"]
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
         if model_dir is None:

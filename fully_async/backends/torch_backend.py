@@ -19,12 +19,13 @@ import torch
 import torch.distributed as dist
 
 from fully_async.algorithms.losses import PolicyLossInput, agg_loss, entropy_from_logits, kl_penalty, policy_loss
-from fully_async.backends import fsdp
+from fully_async.backends import fsdp, varlen_attention
 from fully_async.batch import TrainBatch, micro_batches
 from fully_async.config import clip_bounds
 from fully_async.device import Device, parse_dtype
 
 logger = logging.getLogger(__name__)
+varlen_attention.register()
 
 
 def token_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: float,
@@ -34,14 +35,15 @@ def token_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: floa
 
     packed (model.use_remove_padding): the rows' real tokens go back to back in one (1, T) row with
     position_ids restarting at 0 per sequence and no attention mask; transformers then keeps the
-    sequences apart (a block-diagonal mask, or varlen kernels), so no pad token is computed.
-    Results are scattered back to the padded (B, L) layout."""
+    sequences apart: the sequence boundaries go along as FlashAttentionKwargs (used by "varlen" and
+    flash_attention_2), and sdpa/eager build a block-diagonal mask from the positions.  No pad
+    token is computed.  Results are scattered back to the padded (B, L) layout."""
     mask = batch.attention_mask
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     if packed:
         keep = mask.bool()
         ids, pos = batch.input_ids[keep][None], positions[keep][None]                  # (1, T)
-        logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+        logits = model(input_ids=ids, position_ids=pos, use_cache=False, **varlen_attention.packed_kwargs(pos)).logits
     else:
         ids = batch.input_ids
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits

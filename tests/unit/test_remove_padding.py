@@ -16,10 +16,11 @@ MODEL = asset_path("tiny_arithmetic/model")
 
 
 # float64 makes the two layouts agree to rounding; eager's softmax runs in float32 even then
-@pytest.mark.parametrize("impl,grad_tol", [("sdpa", 1e-10), ("eager", 1e-5)])
+@pytest.mark.parametrize("impl,grad_tol", [("varlen", 1e-10), ("sdpa", 1e-10), ("eager", 1e-5)])
 def test_packed_log_probs_and_grads_match_padded(random_model_dir, impl, grad_tol):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(random_model_dir, attn_implementation=impl, dtype=torch.float64)
+    assert model.config._attn_implementation == impl
     batch = build_batch(make_samples(groups=3, n=3))   # 9 rows of different lengths
     assert len(set(batch.seq_lengths)) > 2
     real = batch.attention_mask.bool()
@@ -69,9 +70,11 @@ def test_packed_token_budget_counts_real_tokens():
 
 def test_attention_kernel_per_device():
     cfg = load_config(["actor_rollout_ref.model.use_remove_padding=true"]).actor_rollout_ref.model
-    assert model_overrides(cfg, CPU)["attn_implementation"] == "sdpa"
+    assert model_overrides(cfg, CPU)["attn_implementation"] == "varlen"
     assert model_overrides(cfg, NPU)["attn_implementation"] == "flash_attention_2"   # torch_npu's varlen kernel
-    assert model_overrides(cfg, CUDA)["attn_implementation"] in ("flash_attention_2", "flex_attention")
+    assert model_overrides(cfg, CUDA)["attn_implementation"] in ("flash_attention_2", "varlen")
+    padded = load_config([]).actor_rollout_ref.model
+    assert model_overrides(padded, CUDA)["attn_implementation"] == "sdpa"
     cfg = load_config(["+actor_rollout_ref.model.override_config.attn_implementation=eager",
                        "+actor_rollout_ref.model.override_config.attention_dropout=0.0"]).actor_rollout_ref.model
     assert model_overrides(cfg, CUDA) == {"attn_implementation": "eager", "attention_dropout": 0.0}
@@ -86,6 +89,8 @@ def test_bad_attention_settings_name_the_key():
     check("actor_rollout_ref.model.use_remove_padding=true", "trainer.device=cpu")   # fine: sdpa
     with pytest.raises(ConfigError, match="attn_implementation.*flex_attention cannot train on the CPU"):
         check("+actor_rollout_ref.model.override_config.attn_implementation=flex_attention", "trainer.device=cpu")
+    with pytest.raises(ConfigError, match="attn_implementation.*varlen attends within packed sequences"):
+        validate(load_config(["+actor_rollout_ref.model.override_config.attn_implementation=varlen"]))
     with pytest.raises(ConfigError, match=r"override_config.*\['hidden_sise'\] are not fields of"):
         check("+actor_rollout_ref.model.override_config.hidden_sise=8")
     with pytest.raises(ConfigError, match="attn_implementation.*'flash' is not one of"):

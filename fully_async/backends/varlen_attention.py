@@ -1,0 +1,103 @@
+"""Packed-sequence attention for model.use_remove_padding, registered with transformers as "varlen".
+
+Why: a packed micro-batch is one (1, T) row holding many sequences.  transformers' sdpa/eager
+keep them apart with a dense (T, T) block-diagonal mask, so attention costs T^2 however short
+the sequences are; its flex_attention path recompiles whenever the packed length or the
+train/eval mode changes (measured on 1x H200: 58 s per log-prob pass).  This function takes the
+sequence boundaries (transformers' FlashAttentionKwargs `cu_seq_lens_q/k`, `max_length_q/k`,
+passed by torch_backend.token_log_probs) and attends within each sequence only:
+- CUDA, half precision: `torch.nn.attention.varlen.varlen_attn`, the FlashAttention varlen kernel
+  that ships with torch (no flash-attn package needed);
+- anything else (CPU, float32): causal sdpa per sequence (sum of l_i^2 work, no mask).
+A call without boundaries treats each row as one causal sequence (right-padded rows: real
+tokens never see the padding after them).  Ascend uses transformers' flash_attention_2, which
+maps onto torch_npu's fused varlen attention (device.py picks it).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+NAME = "varlen"
+
+
+@functools.lru_cache(maxsize=1)
+def _flash_varlen() -> Optional[tuple[Any, set[str]]]:
+    """torch's varlen_attn and its keyword names (they changed between torch releases), or None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn, set(inspect.signature(varlen_attn).parameters)
+
+
+def _flash_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int,
+                scale: Optional[float]) -> torch.Tensor:
+    fn, params = _flash_varlen()
+    kwargs: dict[str, Any] = {"scale": scale} if "scale" in params else {}
+    if "is_causal" in params:
+        kwargs["is_causal"] = True
+    else:
+        kwargs["window_size"] = (-1, 0)           # causal, in the newer signature
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    return fn(q, k, v, cu, cu, max_len, max_len, **kwargs)
+
+
+def uses_flash(query: torch.Tensor) -> bool:
+    return (query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and query.shape[-1] <= 256
+            and _flash_varlen() is not None)
+
+
+def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attention_mask: Optional[torch.Tensor], scaling: Optional[float] = None,
+                             dropout: float = 0.0, sliding_window: Optional[int] = None, **kwargs: Any
+                             ) -> tuple[torch.Tensor, None]:
+    """query (B, Hq, T, D), key/value (B, Hkv, T, D) -> (B, T, Hq, D), as transformers expects."""
+    if sliding_window is not None:
+        raise NotImplementedError("attn_implementation=varlen does not implement sliding-window attention; "
+                                  "use sdpa for this model")
+    if dropout:
+        raise NotImplementedError(f"attn_implementation=varlen has no attention dropout (got {dropout}); set "
+                                  "override_config.attention_dropout=0")
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is None or query.shape[0] != 1:
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
+                                             enable_gqa=key.shape[1] != query.shape[1])
+        return out.transpose(1, 2).contiguous(), None
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))          # (T, H, D)
+    if uses_flash(query):
+        max_len = int(kwargs.get("max_length_q") or int((cu[1:] - cu[:-1]).max()))
+        out = _flash_call(q.contiguous(), k.contiguous(), v.contiguous(), cu.to(torch.int32), max_len, scaling)
+    else:
+        bounds = cu.tolist()
+        parts = [F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1),
+                                                v[a:b].transpose(0, 1), is_causal=True, scale=scaling,
+                                                enable_gqa=k.shape[1] != q.shape[1]).transpose(0, 1)
+                 for a, b in zip(bounds[:-1], bounds[1:])]
+        out = torch.cat(parts)
+    return out[None], None
+
+
+def register() -> None:
+    """Make attn_implementation="varlen" known to transformers (idempotent; every trainer process)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, varlen_attention_forward)
+
+
+def packed_kwargs(positions: torch.Tensor) -> dict[str, Any]:
+    """FlashAttentionKwargs of a packed (1, T) row whose positions restart at 0 per sequence."""
+    starts = (positions[0] == 0).nonzero().flatten()
+    total = torch.tensor([positions.shape[1]], device=positions.device)
+    cu = torch.cat([starts, total]).to(torch.int32)
+    max_len = int((cu[1:] - cu[:-1]).max())
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_len, "max_length_k": max_len}
