@@ -8,11 +8,12 @@ pass, then train_step's PPO update with dynamic batch size), once per variant, s
 `padded` (rows right-padded to the longest of each micro-batch, sdpa), `packed:<kernel>`
 (actor_rollout_ref.model.use_remove_padding=true; each micro-batch's real tokens in one row, the
 kernel from override_config.attn_implementation: varlen is fully_async's, sdpa builds a dense
-block-diagonal mask).  Every variant starts from the same weights,
-so the log-probs of its first pass are compared with the padded ones (max / mean absolute
-difference over response tokens).  The model is a Qwen2 of a real model's shape (real vocabulary
-size) with random weights; sequence lengths are drawn like RL rollouts (long-tailed responses).
-Prints a table and writes JSON.
+block-diagonal mask).  A `/plain` suffix swaps the chunked log-prob/entropy of
+backends/token_stats.py for the plain autograd formulas, to show what it saves.  Every variant
+starts from the same weights, so the log-probs of its first pass are compared with the first
+variant's (max / mean absolute difference over response tokens).  The model is a Qwen2 of a
+real model's shape (real vocabulary size) with random weights; sequence lengths are drawn like
+RL rollouts (long-tailed responses).  Prints a table and writes JSON.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import tempfile
 import time
 from typing import Any
 
+TOKEN_STATS: Any = None   # backends.token_stats.token_stats, set in main()
 SHAPES = {
     "tiny": dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, intermediate_size=128),
@@ -63,13 +65,28 @@ def rollout_like_samples(rows: int, n: int, vocab: int, max_prompt: int, max_res
     return out
 
 
+def plain_token_stats(logits: Any, targets: Any, temperature: float = 1.0, with_entropy: bool = False,
+                      chunk_elems: int = 0) -> tuple:
+    """The straightforward autograd version that backends/token_stats.py replaces (for `<variant>/plain`)."""
+    import torch
+
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+    return logp, (-(logp_all.exp() * logp_all).sum(-1) if with_entropy else None)
+
+
 def run_variant(name: str, model_dir: str, device: Any, samples: list, args: argparse.Namespace) -> tuple[dict, Any]:
     from fully_async.backends.torch_backend import TorchBackend
     from fully_async.batch import build_batch, micro_batches
     from fully_async.hydra_setup import load_config
     from fully_async.trainer import prepare_batch
 
+    from fully_async.backends import torch_backend
+
     packed = name.startswith("packed")
+    plain = name.endswith("/plain")
+    torch_backend.token_stats = plain_token_stats if plain else TOKEN_STATS
+    name_kernel = name.removesuffix("/plain")
     overrides = [f"actor_rollout_ref.model.path={model_dir}", f"trainer.device={device.name}",
                  f"actor_rollout_ref.actor.dtype={args.dtype}", "actor_rollout_ref.actor.optim.lr=1e-6",
                  "async_training.use_rollout_log_probs=false", "actor_rollout_ref.actor.use_dynamic_bsz=true",
@@ -78,7 +95,7 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
                  f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={args.max_tokens}",
                  f"actor_rollout_ref.model.use_remove_padding={str(packed).lower()}",
                  f"actor_rollout_ref.model.enable_gradient_checkpointing={str(args.grad_ckpt).lower()}"]
-    kernel = name.split(":", 1)[1] if ":" in name else "sdpa"
+    kernel = name_kernel.split(":", 1)[1] if ":" in name_kernel else "sdpa"
     overrides.append(f"+actor_rollout_ref.model.override_config.attn_implementation={kernel}")
     cfg = load_config(overrides)
     backend = TorchBackend(cfg, device, total_optimizer_steps=100)
@@ -131,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=16384, help="ppo_max_token_len_per_gpu for every variant")
     p.add_argument("--variants", nargs="+", default=None,
                    help="padded, packed:<attn_implementation> (varlen, sdpa, eager, flex_attention, "
-                        "flash_attention_2); default: padded packed:varlen packed:sdpa")
+                        "flash_attention_2), each optionally with /plain (log-probs and entropy by plain autograd "
+                        "instead of backends/token_stats.py); default: padded packed:varlen packed:sdpa")
     p.add_argument("--grad-ckpt", action="store_true")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)
@@ -139,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench_packing.json")
     args = p.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    global TOKEN_STATS
+    from fully_async.backends.token_stats import token_stats as TOKEN_STATS
 
     import torch
 

@@ -48,8 +48,9 @@ packing)
   # remove-padding: parity (float32, then bfloat16) and trainer throughput on one GPU, then end to end on two
   CUDA_VISIBLE_DEVICES=0 timeout 120 python3 scripts/bench_packing.py --shape 0.5b --device cuda --dtype float32 \
       --rows 16 --max-tokens 8192 --warmup 0 --iters 1 --out "$OUT/packing_parity_fp32.json" 2>&1 | tail -5
-  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 scripts/bench_packing.py --shape 0.5b --device cuda \
-      --out "$OUT/packing_0.5b.json" 2>&1 | tail -5
+  CUDA_VISIBLE_DEVICES=0 timeout 240 python3 scripts/bench_packing.py --shape 0.5b --device cuda \
+      --variants padded/plain padded packed:varlen/plain packed:varlen packed:sdpa \
+      --out "$OUT/packing_0.5b.json" 2>&1 | tail -7
   CUDA_VISIBLE_DEVICES=0 timeout 200 python3 scripts/bench_packing.py --shape 0.5b --device cuda --grad-ckpt \
       --rows 128 --max-tokens 32768 --variants padded packed:varlen --out "$OUT/packing_0.5b_ckpt.json" 2>&1 | tail -4
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05

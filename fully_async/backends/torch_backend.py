@@ -18,8 +18,9 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from fully_async.algorithms.losses import PolicyLossInput, agg_loss, entropy_from_logits, kl_penalty, policy_loss
+from fully_async.algorithms.losses import PolicyLossInput, agg_loss, kl_penalty, policy_loss
 from fully_async.backends import fsdp, varlen_attention
+from fully_async.backends.token_stats import token_stats
 from fully_async.batch import TrainBatch, micro_batches
 from fully_async.config import clip_bounds
 from fully_async.device import Device, parse_dtype
@@ -47,11 +48,16 @@ def token_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: floa
     else:
         ids = batch.input_ids
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
-    logits = logits[:, :-1]                                                             # (B, L-1, V)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / (temperature if temperature > 0 else 1.0)
-    logp = torch.nn.functional.pad(
-        torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1), (1, 0))
-    ent = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0)) if with_entropy else None
+    # row t of the logits predicts token t + 1; the last row's (wrapped) target is dropped below
+    vocab = logits.shape[-1]
+    logp, ent = token_stats(logits.reshape(-1, vocab), torch.roll(ids, -1, dims=1).reshape(-1),
+                            temperature if temperature > 0 else 1.0, with_entropy)
+
+    def shift(values: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(values.view(ids.shape)[:, :-1], (1, 0))
+
+    logp = shift(logp)
+    ent = shift(ent) if with_entropy else None
     if not packed:
         return logp, ent
 

@@ -51,8 +51,10 @@ def test_micro_batches_match_full_batch(random_model_dir, mode):
                                  "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24", "data.max_prompt_length=8",
                                  "data.max_response_length=8")
     for name in full:
-        assert torch.allclose(full[name], micro[name], atol=1e-5), name
-        assert torch.allclose(full[name], dyn[name], atol=1e-5), name
+        # float32 matmuls round differently per micro-batch shape, and Adam (lr 0.01) turns that into up to
+        # ~2e-5 on near-zero gradients; a wrong normalisation would be off by a whole step (~1e-2)
+        assert torch.allclose(full[name], micro[name], atol=1e-4), name
+        assert torch.allclose(full[name], dyn[name], atol=1e-4), name
     assert m_full["actor/pg_loss"] == pytest.approx(m_micro["actor/pg_loss"], abs=1e-5)
     assert m_full["actor/grad_norm"] == pytest.approx(m_dyn["actor/grad_norm"], rel=1e-4)
 
