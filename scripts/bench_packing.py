@@ -18,6 +18,7 @@ RL rollouts (long-tailed responses).  Prints a table and writes JSON.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -178,13 +179,23 @@ def main(argv: list[str] | None = None) -> int:
         samples = rollout_like_samples(args.rows, args.n, vocab, args.max_prompt, args.max_response, args.seed)
         results, logps = [], {}
         for name in variants:
-            res, logps[name] = run_variant(name, model_dir, device, samples, args)
+            try:
+                res, logps[name] = run_variant(name, model_dir, device, samples, args)
+            except RuntimeError as exc:   # torch.OutOfMemoryError is one; a variant that does not fit is a result
+                if "out of memory" not in str(exc).lower():
+                    raise
+                res = {"variant": name, "error": "out of memory"}
+                print(f"{name}: out of memory", flush=True)
+                gc.collect()
+                device.empty_cache()
             results.append(res)
     from fully_async.batch import build_batch
 
     mask = build_batch(samples).response_mask.bool()
-    base = variants[0]
+    base = next((r["variant"] for r in results if "error" not in r), variants[0])
     for res in results:
+        if "error" in res:
+            continue
         diff = (logps[res["variant"]] - logps[base])[mask].abs()
         res[f"logp_vs_{base}_max_abs"] = float(diff.max())
         res[f"logp_vs_{base}_mean_abs"] = float(diff.mean())
@@ -202,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
           f"mean length {report['seq_len_mean']:.0f}, max {report['seq_len_max']} | budget {args.max_tokens} tok")
     print("  ".join(f"{h:>14}" for h, _, _ in cols))
     for res in results:
+        if "error" in res:
+            print(f"{res['variant']:>14}  {res['error']}")
+            continue
         print("  ".join(f"{(fmt.format(res[k]) if k in res else '-'):>14}" for _, k, fmt in cols))
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
