@@ -1,4 +1,5 @@
-"""End to end on Ray with rollout.name=vllm (real vLLM on CPU): async steps with partial rollouts."""
+"""End to end on Ray with rollout.name=vllm (real vLLM on CPU): async steps with partial rollouts, and the
+collective weight path into vLLM's workers."""
 import pytest
 
 from fully_async.hydra_setup import load_config
@@ -57,4 +58,36 @@ def test_async_run_on_vllm_completes_with_rewards_and_validation(ray_session, tm
     assert {0, 2, 3} <= set(val) and all(0.0 <= v <= 1.0 for v in val.values())
     # greedy on the pushed version-0 weights scores what the embedded engine scores on the checkpoint
     # (at most one prompt may flip on a near-tie between the two engines' kernels)
+    assert abs(val[0] - reference) <= 1.0 / num_val + 1e-6, (val[0], reference)
+
+
+def test_async_run_on_vllm_with_weights_broadcast_to_the_workers(ray_session, tmp_path, monkeypatch):
+    """weight_sync=collective: the vLLM workers join the trainer's gloo broadcast group themselves (no copy
+    through the rollouter), with pause_mode=keep."""
+    from fully_async.main import run_async
+
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    # load_format=dummy: vLLM starts from random weights, so version 0 must arrive by broadcast
+    cfg = load_config([f"trainer.default_local_dir={tmp_path}/ckpt", "actor_rollout_ref.rollout.name=vllm",
+                       "actor_rollout_ref.rollout.weight_sync=collective", "actor_rollout_ref.rollout.pause_mode=keep",
+                       "actor_rollout_ref.rollout.load_format=dummy",
+                       "actor_rollout_ref.rollout.update_weights_bucket_megabytes=1",
+                       "trainer.total_training_steps=3", "trainer.progress_bar=false",
+                       "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                       "actor_rollout_ref.rollout.max_num_seqs=32"])
+    reference, num_val = embedded_engine_validation(cfg)
+
+    summary = run_async(cfg)
+    assert summary["steps"] == 3
+    scalars = read_scalars(str(tmp_path / "tb"))
+    assert [s for s, _ in scalars["actor/pg_loss"]] == [1, 2, 3]
+    assert all(0.0 <= v <= 1.0 for _, v in scalars["critic/score/mean"])
+    assert [v for _, v in scalars["fully_async/count/current_param_version"]] == [0, 1, 2]
+    # every push went through the bucketed broadcast (1.5 MiB of float32 weights: two 1 MiB buckets)
+    assert [v for _, v in scalars["perf/param_sync_buckets"]] == [2, 2, 2]
+    assert all(v > 0 for _, v in scalars["perf/param_sync_gbps"])
+    # keep mode reports the engine's own timings: pause/load/resume, and no `serialize` (no host re-copy)
+    assert "timing_s/param_sync/load" in scalars and "timing_s/param_sync/serialize" not in scalars
+    # greedy on the broadcast version-0 weights scores what the embedded engine scores on the checkpoint
+    val = dict(scalars["val-core/arithmetic/reward/mean@1"])
     assert abs(val[0] - reference) <= 1.0 / num_val + 1e-6, (val[0], reference)

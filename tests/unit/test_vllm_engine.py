@@ -169,19 +169,25 @@ def test_interrupt_then_resume_equals_uninterrupted(engine, hf_model, restore_we
     assert s.versions == [v0] * k + [v0 + 1] * (56 - k)
 
 
+def assert_greedy_matches_hf(engine, model_dir, new, version, before):
+    """After loading `new` as `version`, greedy output changed from `before` and equals HFEngine's on `new`."""
+    after = run_all(engine, [GenRequest("g", PROMPTS[2], GREEDY)])["g"]
+    assert after.versions == [version] * 12 and after.token_ids != before.token_ids
+    hf = HFEngine(model_dir, CPU, eos_token_ids=[], pad_token_id=0)
+    hf.update_weights(new, version)
+    ref = run_all(hf, [GenRequest("g", PROMPTS[2], GREEDY)])["g"]
+    assert after.token_ids == ref.token_ids
+    assert after.log_probs == pytest.approx(ref.log_probs, abs=1e-4)
+    return hf
+
+
 def test_update_weights_changes_outputs_and_version(engine, hf_model, model_dir, restore_weights):
     before = run_all(engine, [GenRequest("x", PROMPTS[2], GREEDY)])["x"]
     new = perturbed(hf_model, seed=7)
     version = engine.version + 1
     engine.update_weights(new, version)
     assert set(engine.last_update_timings) == {"serialize", "pause", "load", "resume"}
-    after = run_all(engine, [GenRequest("x", PROMPTS[2], GREEDY)])["x"]
-    assert after.versions == [version] * 12 and after.token_ids != before.token_ids
-    hf = HFEngine(model_dir, CPU, eos_token_ids=[], pad_token_id=0)
-    hf.update_weights(new, version)
-    ref = run_all(hf, [GenRequest("x", PROMPTS[2], GREEDY)])["x"]
-    assert after.token_ids == ref.token_ids
-    assert after.log_probs == pytest.approx(ref.log_probs, abs=1e-4)
+    assert_greedy_matches_hf(engine, model_dir, new, version, before)
     engine.submit([GenRequest("y", PROMPTS[0], GREEDY)])
     with pytest.raises(RuntimeError, match="in flight.*pause_mode=keep"):
         engine.update_weights(new, version + 1)
@@ -196,13 +202,7 @@ def test_collective_broadcast_is_received_by_the_workers_directly(engine, hf_mod
     version = engine.version + 1
     assert broadcast(engine, weight_pg, new, version) > 3   # several buckets: receive overlaps the load
     assert set(engine.last_update_timings) == {"pause", "load", "resume"}   # nothing serialised
-    after = run_all(engine, [GenRequest("c", PROMPTS[2], GREEDY)])["c"]
-    assert after.versions == [version] * 12 and after.token_ids != before.token_ids
-    hf = HFEngine(model_dir, CPU, eos_token_ids=[], pad_token_id=0)
-    hf.update_weights(new, version)
-    ref = run_all(hf, [GenRequest("c", PROMPTS[2], GREEDY)])["c"]
-    assert after.token_ids == ref.token_ids
-    assert after.log_probs == pytest.approx(ref.log_probs, abs=1e-4)
+    hf = assert_greedy_matches_hf(engine, model_dir, new, version, before)
     # sampled log-probs (every position, whole vocabulary) match the new weights too, tied lm_head included
     params = SamplingParams(temperature=1.0, max_tokens=10)
     for j, out in run_all(engine, [GenRequest(f"cs{j}", PROMPTS[j], params) for j in range(4)]).items():
