@@ -124,6 +124,29 @@ def check_model(cfg: Any) -> Check:
                  f"vocab {len(tok)}, eos {eos_ids(tok, path, getattr(conf, 'vocab_size', None))}")
 
 
+def check_attention(cfg: Any) -> Check:
+    """The trainer's attention kernel for this config and device, and whether it can run here."""
+    from transformers import AutoConfig
+
+    from fully_async.backends.torch_backend import model_overrides
+    from fully_async.backends.varlen_attention import flash_varlen_available
+    from fully_async.device import get_device
+    from fully_async.prepare import check_attention as validate_attention
+
+    model = cfg.actor_rollout_ref.model
+    if cfg.actor_rollout_ref.actor.strategy == "megatron":
+        return Check("attention kernel", "SKIP", "strategy=megatron: megatron-core's own attention")
+    validate_attention(cfg, AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code))
+    device = get_device(cfg.trainer.device)
+    impl = model_overrides(model, device)["attn_implementation"]
+    detail = f"{impl} ({'packed' if model.use_remove_padding else 'padded'} rows on {device.name})"
+    if impl == "varlen" and device.name == "cuda" and not flash_varlen_available():
+        return Check("attention kernel", "WARN", f"{detail}: this torch has no torch.nn.attention.varlen, so "
+                     "packed attention runs per sequence in sdpa",
+                     "torch >= 2.9 ships the FlashAttention varlen kernel")
+    return Check("attention kernel", "PASS", detail)
+
+
 def run_check(fn: Callable[[], Any], name: str) -> Any:
     try:
         return fn()
@@ -156,6 +179,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if cfg is not None:
         rows.append(run_check(lambda: check_data(cfg), "data files"))
         rows.append(run_check(lambda: check_model(cfg), "model + tokenizer"))
+        rows.append(run_check(lambda: check_attention(cfg), "attention kernel"))
     width = max(len(r.name) for r in rows)
     for r in rows:
         print(f"{r.status:5} {r.name:<{width}}  {r.detail}" + (f"\n      fix: {r.fix}" if r.fix else ""))

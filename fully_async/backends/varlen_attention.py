@@ -52,9 +52,14 @@ def _flash_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Ten
     return fn(q, k, v, cu, cu, max_len, max_len, **kwargs)
 
 
+def flash_varlen_available() -> bool:
+    """This torch ships the FlashAttention varlen kernel (torch.nn.attention.varlen)."""
+    return _flash_varlen() is not None
+
+
 def uses_flash(query: torch.Tensor) -> bool:
     return (query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and query.shape[-1] <= 256
-            and _flash_varlen() is not None)
+            and flash_varlen_available())
 
 
 def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

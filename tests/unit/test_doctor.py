@@ -11,7 +11,8 @@ def doctor(*args):
 def test_doctor_passes_on_the_default_config():
     r = doctor()
     assert r.returncode == 0, r.stdout + r.stderr
-    for row in ("PASS  torch + device", "PASS  Hydra config", "PASS  data files", "PASS  model + tokenizer"):
+    for row in ("PASS  torch + device", "PASS  Hydra config", "PASS  data files", "PASS  model + tokenizer",
+                "PASS  attention kernel    sdpa (padded rows on"):
         assert row in r.stdout
     assert "0 failed" in r.stdout
 
@@ -21,3 +22,10 @@ def test_doctor_reports_failures_with_fixes():
     assert r.returncode == 1
     assert "FAIL  torch_npu / CANN" in r.stdout and "fix: pip install 'fully_async[npu]'" in r.stdout
     assert "FAIL  data files" in r.stdout and "data.prompt_key" in r.stdout
+
+
+def test_doctor_names_the_packed_attention_kernel_and_refuses_one_without_cpu_backward():
+    r = doctor("actor_rollout_ref.model.use_remove_padding=true", "trainer.device=cpu")
+    assert r.returncode == 0 and "PASS  attention kernel    varlen (packed rows on cpu)" in r.stdout, r.stdout
+    r = doctor("+actor_rollout_ref.model.override_config.attn_implementation=flex_attention", "trainer.device=cpu")
+    assert r.returncode == 1 and "FAIL  attention kernel" in r.stdout and "no backward there" in r.stdout, r.stdout
