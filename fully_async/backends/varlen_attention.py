@@ -62,6 +62,14 @@ def uses_flash(query: torch.Tensor) -> bool:
             and flash_varlen_available())
 
 
+def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float]) -> torch.Tensor:
+    """Causal sdpa over (..., H, T, D); grouped kv heads are repeated (sdpa's enable_gqa needs torch 2.5)."""
+    if k.shape[-3] != q.shape[-3]:
+        rep = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+
+
 def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              attention_mask: Optional[torch.Tensor], scaling: Optional[float] = None,
                              dropout: float = 0.0, sliding_window: Optional[int] = None, **kwargs: Any
@@ -75,18 +83,15 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
                                   "override_config.attention_dropout=0")
     cu = kwargs.get("cu_seq_lens_q")
     if cu is None or query.shape[0] != 1:
-        out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
-                                             enable_gqa=key.shape[1] != query.shape[1])
-        return out.transpose(1, 2).contiguous(), None
+        return _causal_sdpa(query, key, value, scaling).transpose(1, 2).contiguous(), None
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))          # (T, H, D)
     if uses_flash(query):
         max_len = int(kwargs.get("max_length_q") or int((cu[1:] - cu[:-1]).max()))
         out = _flash_call(q.contiguous(), k.contiguous(), v.contiguous(), cu.to(torch.int32), max_len, scaling)
     else:
         bounds = cu.tolist()
-        parts = [F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1),
-                                                v[a:b].transpose(0, 1), is_causal=True, scale=scaling,
-                                                enable_gqa=k.shape[1] != q.shape[1]).transpose(0, 1)
+        parts = [_causal_sdpa(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1),
+                              scaling).transpose(0, 1)
                  for a, b in zip(bounds[:-1], bounds[1:])]
         out = torch.cat(parts)
     return out[None], None
