@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
+from fully_async.engines.base import run_requests
 from fully_async.partial import PendingResponse
 from fully_async.types import PromptRecord, Sample, SampleGroup, SamplingParams
 
@@ -16,10 +17,8 @@ from fully_async.types import PromptRecord, Sample, SampleGroup, SamplingParams
 def run_to_completion(engine: Any, pendings: Sequence[PendingResponse]) -> None:
     """Generate every pending response to the end (engine must hold nothing else)."""
     by_id = {p.sample_id: p for p in pendings}
-    engine.submit([p.request() for p in pendings])
-    while engine.num_in_flight():
-        for out in engine.collect():
-            by_id[out.request_id].extend(out)
+    for request_id, out in run_requests(engine, [p.request() for p in pendings]).items():
+        by_id[request_id].extend(out)
 
 
 def score_samples(tokenizer: Any, reward: Any, record: PromptRecord, samples: Sequence[Sample]) -> None:

@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 from fully_async.config import asset_path  # noqa: E402
 from fully_async.device import describe_hardware, get_device  # noqa: E402
+from fully_async.engines.base import run_requests  # noqa: E402
 from fully_async.partial import PendingResponse  # noqa: E402
 from fully_async.types import GenRequest, SamplingParams  # noqa: E402
 
@@ -45,20 +46,11 @@ def build(name: str, model_dir: str, device, max_num_seqs: int):
     return VLLMEngine(model_dir, device, max_num_seqs=max_num_seqs, eos_token_ids=[], max_model_len=64)
 
 
-def run_all(engine, requests) -> dict:
-    engine.submit(requests)
-    outs = {}
-    while engine.num_in_flight():
-        for o in engine.collect():
-            outs[o.request_id] = o
-    return outs
-
-
 def throughput(engine, prompts, samples: int, max_tokens: int) -> dict:
     params = SamplingParams(1.0, 1.0, -1, max_tokens)
     reqs = [GenRequest(f"p{i}-s{j}", p, params) for i, p in enumerate(prompts) for j in range(samples)]
     start = time.perf_counter()
-    outs = run_all(engine, reqs)
+    outs = run_requests(engine, reqs)
     wall = time.perf_counter() - start
     tokens = sum(len(o.token_ids) for o in outs.values())
     return {"requests": len(reqs), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall}
@@ -82,7 +74,7 @@ def partial_update(engine, prompts, weights: dict, version: int, run_s: float = 
     resumed = [p for o in partial if not (p := pend[o.request_id]).extend(o)]
     engine.submit([p.request() for p in resumed])
     t3 = time.perf_counter()
-    run_all(engine, [])
+    run_requests(engine, [])
     return {"interrupted": len(partial), "pause_s": t1 - t0, "load_s": t2 - t1, "resume_s": t3 - t2,
             "finish_after_resume_s": time.perf_counter() - t3}
 
@@ -96,7 +88,7 @@ def keep_update(engine, prompts, weights: dict, version: int, run_s: float = 0.5
     in_flight = engine.num_in_flight()
     engine.update_weights(weights, version)
     out = {"in_flight": in_flight, **{f"{k}_s": v for k, v in engine.last_update_timings.items()}}
-    run_all(engine, [])
+    run_requests(engine, [])
     engine.pause_mode = "abort"
     return out
 

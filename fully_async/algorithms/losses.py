@@ -58,12 +58,6 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
     raise ValueError(f"kl type {kind!r} is not one of kl/k1, abs, mse/k2, low_var_kl/k3")
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """(..., V) -> (...) entropy of softmax(logits)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
 @dataclass
 class PolicyLossInput:
     logp: torch.Tensor                   # (B, T) current policy

@@ -19,7 +19,8 @@ nothing in flight unless the engine keeps requests, stamps `version`, sets
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Protocol, Union, runtime_checkable
+import time
+from typing import Any, Iterable, Mapping, Optional, Protocol, Union, runtime_checkable
 
 import torch
 
@@ -51,6 +52,22 @@ class RolloutEngine(Protocol):
 
     def wake_up(self) -> None:
         """Restore what sleep() freed."""
+
+
+def run_requests(engine: RolloutEngine, requests: list[GenRequest],
+                 timeout_s: Optional[float] = None) -> dict[str, GenOutput]:
+    """Submit `requests` and collect until nothing is in flight; the outputs by request id.
+
+    `timeout_s` bounds the wait (TimeoutError naming what is still in flight); None waits."""
+    engine.submit(requests)
+    outs: dict[str, GenOutput] = {}
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while engine.num_in_flight():
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"{engine.num_in_flight()} requests still in flight after {timeout_s} s")
+        for out in engine.collect():
+            outs[out.request_id] = out
+    return outs
 
 
 @runtime_checkable

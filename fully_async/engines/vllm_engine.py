@@ -209,7 +209,7 @@ class VLLMEngine:
         self.bucket_bytes = update_weights_bucket_megabytes << 20
         self.version, self.num_generated_tokens, self._sleep_level = 0, 0, 0
         self.last_update_timings: dict[str, float] = {}
-        self._weight_group: tuple[int, int] | None = None  # (first rank, world) once the workers joined
+        self._in_weight_group = False  # the workers joined the trainer's broadcast group
         self._pending: set[str] = set()       # submitted, not yet returned (caller's thread only)
         self._tasks: dict[str, asyncio.Task] = {}  # loop thread only
         self._done: queue.Queue = queue.Queue()
@@ -307,11 +307,11 @@ class VLLMEngine:
         """Every worker joins the trainer's broadcast group as first_rank + its vLLM rank (blocks until all join)."""
         self._run(self._llm.collective_rpc("fa_init_weight_group",
                                            args=(addr, port, first_rank, world, self.device.name)))
-        self._weight_group = (first_rank, world)
+        self._in_weight_group = True
 
     def receive_weights(self, metas: list, buckets: list[list[int]], dtype: str, version: int) -> None:
         """Collective path: the workers receive the buckets themselves while earlier ones load."""
-        if self._weight_group is None:
+        if not self._in_weight_group:
             raise RuntimeError("VLLMEngine.receive_weights() before init_weight_group()")
         keep = self._check_can_update()
         plan = [(m.name, list(m.shape), int(m.numel)) for m in metas]  # plain data: collective_rpc uses msgpack

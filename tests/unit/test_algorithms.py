@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from fully_async.algorithms import (PolicyLossInput, agg_loss, entropy_from_logits, filter_top_k_top_p,
-                                    grpo_advantages, kl_penalty, policy_loss, sample_tokens)
+from fully_async.algorithms import (PolicyLossInput, agg_loss, filter_top_k_top_p, grpo_advantages, kl_penalty,
+                                    policy_loss, sample_tokens)
 
 
 def test_grpo_group_normalisation_by_hand():
@@ -88,10 +88,6 @@ def test_decoupled_ppo_weight_truncated():
     out = policy_loss(PolicyLossInput(logp, old, adv, torch.ones(1, 2), behav_logp=behav, behav_cap=5.0))
     assert out.loss.item() == pytest.approx((-1 - 5) / 2)
     assert out.behav_weight_mean.item() == pytest.approx(3.0)
-
-
-def test_entropy_uniform():
-    assert entropy_from_logits(torch.zeros(2, 8)).tolist() == pytest.approx([math.log(8)] * 2)
 
 
 def test_sampling_greedy_topk_topp_and_logprobs():

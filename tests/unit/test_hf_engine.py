@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from fully_async.device import CPU
+from fully_async.engines.base import run_requests
 from fully_async.engines.hf_engine import HFEngine
 from fully_async.partial import PendingResponse
 from fully_async.types import GenRequest, SamplingParams
@@ -12,12 +13,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=10)
 
 
 def run_all(engine, requests):
-    engine.submit(requests)
-    outs = {}
-    while engine.num_in_flight():
-        for o in engine.collect():
-            outs[o.request_id] = o
-    return outs
+    return run_requests(engine, requests, timeout_s=120.0)
 
 
 @pytest.fixture(scope="module")

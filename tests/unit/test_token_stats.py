@@ -1,4 +1,6 @@
 """Chunked log-prob/entropy: same values and gradients as the plain autograd formulas, any chunking."""
+import math
+
 import pytest
 import torch
 
@@ -41,3 +43,8 @@ def test_half_precision_logits_are_computed_in_float32():
     ref_logp, ref_ent = reference(x, t, 1.0)
     assert logp.dtype == torch.float32
     assert torch.allclose(logp, ref_logp, atol=1e-5) and torch.allclose(ent, ref_ent, atol=1e-5)
+
+
+def test_entropy_of_uniform_logits_is_log_vocab():
+    _, ent = token_stats(torch.zeros(2, 8), torch.zeros(2, dtype=torch.long), with_entropy=True)
+    assert ent.tolist() == pytest.approx([math.log(8)] * 2)

@@ -10,7 +10,7 @@ import torch
 
 from fully_async.config import asset_path
 from fully_async.device import CPU
-from fully_async.engines.base import receives_weights_directly
+from fully_async.engines.base import receives_weights_directly, run_requests
 from fully_async.engines.hf_engine import HFEngine
 from fully_async.engines.vllm_engine import ASYNC_LLM_API, VLLMApiError, VLLMEngine, check_api, serialize_buckets
 from fully_async.partial import PendingResponse
@@ -84,13 +84,7 @@ def push(engine, request, named, version, path):
 
 
 def run_all(engine, requests, timeout_s=120.0):
-    engine.submit(requests)
-    outs, deadline = {}, time.monotonic() + timeout_s
-    while engine.num_in_flight():
-        assert time.monotonic() < deadline, "engine did not finish in time"
-        for o in engine.collect(timeout_s=0.5):
-            outs[o.request_id] = o
-    return outs
+    return run_requests(engine, requests, timeout_s)
 
 
 def scored(model, prompt, tokens, temperature=1.0):
