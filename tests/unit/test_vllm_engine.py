@@ -58,7 +58,7 @@ def weight_pg(engine):
     joined.start()
     pg = CPU.new_group("127.0.0.1", port, 0, world, timeout_s=120)
     joined.join(120)
-    assert not joined.is_alive() and engine._weight_group == (1, world)
+    assert not joined.is_alive() and engine._in_weight_group
     return pg
 
 
@@ -213,7 +213,7 @@ def test_collective_broadcast_is_received_by_the_workers_directly(engine, hf_mod
 
 
 def test_receive_weights_before_the_group_exists_fails(engine, monkeypatch):
-    monkeypatch.setattr(engine, "_weight_group", None)
+    monkeypatch.setattr(engine, "_in_weight_group", False)
     with pytest.raises(RuntimeError, match="before init_weight_group"):
         engine.receive_weights([], [], str(torch.float32), engine.version + 1)
 
