@@ -6,8 +6,10 @@ import os
 from typing import Any
 
 
-def actor_init(cfg: Any, role: str) -> tuple[Any, Any]:
-    """Rebuild the config from the plain dict Ray shipped, pick the device, pin CPU threads."""
+def actor_init(cfg: Any, role: str, uses_device: bool = True) -> tuple[Any, Any]:
+    """Rebuild the config from the plain dict Ray shipped, pick the device, pin CPU threads.
+
+    `uses_device=False`: an actor that drives others and holds no accelerator itself."""
     import torch
     from omegaconf import OmegaConf
 
@@ -19,7 +21,8 @@ def actor_init(cfg: Any, role: str) -> tuple[Any, Any]:
     cfg = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
     device = get_device(cfg.trainer.device)
     if device.is_accelerator:
-        device.set_device(0)  # Ray exposes exactly this actor's devices, renumbered from 0
+        if uses_device:
+            device.set_device(0)  # Ray exposes exactly this actor's devices, renumbered from 0
     else:
         # as many threads as Ray gave this actor cores: rollouter and trainer run side by side
         torch.set_num_threads(assigned_cpus())

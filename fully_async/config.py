@@ -248,6 +248,19 @@ class CustomRewardConfig:
 
 
 @dataclass
+class BenchmarkConfig:
+    """Benchmark-only workload shaping, applied identically in both modes (fully_async/workload.py).
+
+    Random-weight models never emit EOS, so every response runs to max_response_length and the long
+    tail async training exists for never shows.  This gives each training response a deterministic
+    synthetic length (a stand-in EOS); off by default and never meant for real training."""
+    response_length: str = "none"         # none | lognormal | path to a JSON length histogram
+    response_length_median_ratio: float = 0.25  # lognormal: median length / data.max_response_length
+    response_length_sigma: float = 0.75   # lognormal: standard deviation of log(length)
+    seed: int = 0                         # the same seed gives every sample id the same length in every run
+
+
+@dataclass
 class FullyAsyncConfig:
     mode: str = "async"                   # async (rollouter + trainer actors) | sync (colocated loop)
     data: DataConfig = field(default_factory=DataConfig)
@@ -258,6 +271,7 @@ class FullyAsyncConfig:
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
+    benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
 
 
 # ----------------------------------------------------------------------------------- validation
@@ -359,7 +373,6 @@ def validate(cfg: Any) -> None:
     if rollout.name == "vllm":
         _choice("actor_rollout_ref.rollout.load_format", rollout.load_format, ("auto", "dummy", "safetensors", "pt"))
         _choice("actor_rollout_ref.rollout.pause_mode", rollout.pause_mode, ("abort", "keep"))
-        _at_least("actor_rollout_ref.rollout.tensor_model_parallel_size", rollout.tensor_model_parallel_size, 1)
         _at_least("actor_rollout_ref.rollout.max_num_batched_tokens", rollout.max_num_batched_tokens, 1)
         if not 0.0 < rollout.gpu_memory_utilization <= 1.0:
             raise ConfigError("actor_rollout_ref.rollout.gpu_memory_utilization",
@@ -401,10 +414,7 @@ def validate(cfg: Any) -> None:
         raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size",
                           f"a mini-batch of {actor.ppo_mini_batch_size} x n={rollout.n} responses cannot give each "
                           f"of the {world} data-parallel ranks at least one")
-    if cfg.mode == "async" and cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node != 1:
-        raise ConfigError("rollout.n_gpus_per_node",
-                          f"rollout.name={rollout.name} runs one engine on one device; use rollout.nnodes=1 "
-                          "rollout.n_gpus_per_node=1")
+    _validate_rollout_layout(cfg)
     if cfg.trainer.total_training_steps is not None:
         _at_least("trainer.total_training_steps", cfg.trainer.total_training_steps, 1)
     if cfg.rollout.total_rollout_steps is not None:
@@ -414,6 +424,10 @@ def validate(cfg: Any) -> None:
         if not 0 < ob.len <= cfg.data.max_response_length:
             raise ConfigError("reward_model.overlong_buffer.len",
                               f"{ob.len} must be in (0, data.max_response_length={cfg.data.max_response_length}]")
+
+    if cfg.benchmark.response_length != "none":
+        from fully_async.workload import validate_config as validate_workload
+        validate_workload(cfg)
 
     train_files = as_file_list(cfg.data.train_files)
     if not train_files:
@@ -431,6 +445,29 @@ def validate(cfg: Any) -> None:
                           "download the model first (this package never fetches weights at run time)")
     if cfg.custom_reward_function.path is not None and not os.path.isfile(cfg.custom_reward_function.path):
         raise ConfigError("custom_reward_function.path", f"file not found: {cfg.custom_reward_function.path}")
+
+
+def _validate_rollout_layout(cfg: Any) -> None:
+    """Async: rollout devices split into replicas of tensor_model_parallel_size devices (placement.py).
+    Sync: one engine per trainer rank, on that rank's device."""
+    rollout = cfg.actor_rollout_ref.rollout
+    tp = rollout.tensor_model_parallel_size
+    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    _at_least(key, tp, 1)
+    if tp > 1 and rollout.name == "hf":
+        raise ConfigError(key, f"{tp}: the embedded engine (rollout.name=hf) has no tensor parallelism; use 1 "
+                          "(every rollout device runs its own replica) or rollout.name=vllm")
+    if cfg.mode == "sync":
+        if tp > 1:
+            raise ConfigError(key, f"{tp}: mode=sync runs one engine per trainer rank on that rank's device; use 1")
+        return
+    devices = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+    if devices % tp:
+        raise ConfigError(key, f"{tp} does not divide the {devices} rollout devices "
+                          "(rollout.nnodes x rollout.n_gpus_per_node)")
+    if tp > cfg.rollout.n_gpus_per_node:
+        raise ConfigError(key, f"{tp} > rollout.n_gpus_per_node={cfg.rollout.n_gpus_per_node}: a replica's "
+                          "tensor-parallel ranks must share one node")
 
 
 def _validate_megatron(cfg: Any, world: int) -> None:

@@ -7,7 +7,7 @@ so its numbers are comparable across modes.
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from fully_async.engines.base import run_requests
 from fully_async.partial import PendingResponse
@@ -33,8 +33,13 @@ def make_group(uid: str, record: PromptRecord, epoch: int, version: int, samples
     return SampleGroup(uid, record.index, epoch, sorted(samples, key=lambda s: s.sample_id), version)
 
 
-def group_pendings(uid: str, record: PromptRecord, n: int, params: SamplingParams) -> list[PendingResponse]:
-    return [PendingResponse(uid, f"{uid}-s{j}", record.prompt_ids, params) for j in range(n)]
+def group_pendings(uid: str, record: PromptRecord, n: int, params: SamplingParams,
+                   lengths: Optional[Any] = None) -> list[PendingResponse]:
+    """The n responses of one prompt; `lengths` (fully_async.workload.LengthProfile, benchmarks only)
+    gives each response a synthetic target length."""
+    ids = [f"{uid}-s{j}" for j in range(n)]
+    return [PendingResponse(uid, sid, record.prompt_ids, params,
+                            target_len=lengths.target(sid) if lengths is not None else None) for sid in ids]
 
 
 def validate(engine: Any, tokenizer: Any, reward: Any, records: Sequence[PromptRecord], cfg: Any,

@@ -74,6 +74,7 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
     from fully_async.checkpoint import find_resume_path, read_pickle
     from fully_async.device import check_available, describe_hardware, get_device
     from fully_async.metrics import tensorboard_dir
+    from fully_async.placement import release_placement_groups
     from fully_async.prepare import prepare
     from fully_async.ray_utils import RunFailed, check_resources, kill_all, start_ray, supervise, wait_ready
     from fully_async.run_logging import RunLogger
@@ -143,6 +144,8 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
             signal.signal(s, handler)
         if cfg.trainer.timeline and actors:
             write_timeline(actors, tensorboard_dir(cfg.trainer.project_name, cfg.trainer.experiment_name))
+        kill_all(list(actors.values()))  # a Ray session shared with the caller gets its resources back
+        release_placement_groups()
         if started_ray:
             ray.shutdown()
 

@@ -25,20 +25,32 @@ def create_async_actors(cfg: Any, prep: Any, device: Any, resume_path: Optional[
                         resume_state: Optional[dict]) -> dict:
     import ray
 
+    from fully_async.placement import in_bundle, make_placement_group, rollout_layout
     from fully_async.queue import GroupQueue
     from fully_async.rollouter import Rollouter
     from fully_async.trainer import Trainer
 
     n_train = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     n_roll = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+    replicas, tp = rollout_layout(cfg)
+    # one bundle per engine replica and one per trainer rank, reserved up front (or a named error)
+    roll_pg = make_placement_group(device, replicas, tp, f"{replicas} rollout engine replica(s)")
+    train_pg = make_placement_group(device, n_train, 1, f"{n_train} trainer rank(s)")
     queue = ray.remote(GroupQueue).options(num_cpus=0, max_concurrency=8).remote()
     if resume_state is not None:  # groups generated but not trained at the checkpoint go back first
         ray.get(queue.put_many.remote(resume_state["queue"]))
-    rollouter = ray.remote(Rollouter).options(max_concurrency=4, **device.ray_actor_options(n_roll)).remote(
-        prep.cfg_dict, queue, prep.train, prep.val, prep.eos_token_ids, prep.pad_token_id, resume_state)
-    # the trainer actor is data-parallel rank 0 on one device; it spawns ranks 1..n_train-1 itself
-    trainer = ray.remote(Trainer).options(max_concurrency=3, **device.ray_actor_options(1)).remote(
-        prep.cfg_dict, queue, rollouter, prep.total_steps, n_train + n_roll, prep.pad_token_id, resume_path)
+    # one replica: the engine lives in the rollouter (on bundle 0's devices); several: the rollouter is a
+    # device-less shell and each replica actor takes its own bundle
+    roll_opts = (dict(device.ray_actor_options(tp), **in_bundle(roll_pg, 0)) if replicas == 1
+                 else {"num_cpus": 0})
+    rollouter = ray.remote(Rollouter).options(max_concurrency=4, **roll_opts).remote(
+        prep.cfg_dict, queue, prep.train, prep.val, prep.eos_token_ids, prep.pad_token_id, resume_state,
+        roll_pg if replicas > 1 else None)
+    # the trainer actor is data-parallel rank 0 (bundle 0); it spawns ranks 1..n_train-1 into bundles 1..
+    trainer = ray.remote(Trainer).options(max_concurrency=3, **device.ray_actor_options(1),
+                                          **in_bundle(train_pg, 0)).remote(
+        prep.cfg_dict, queue, rollouter, prep.total_steps, n_train + n_roll, prep.pad_token_id, resume_path,
+        train_pg)
     return {"trainer": trainer, "rollouter": rollouter, "queue": queue}
 
 

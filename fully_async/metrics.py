@@ -51,6 +51,20 @@ CONSOLE_KEYS = (("critic/score/mean", "reward"), ("val-core", "val"), ("actor/pg
                 ("timing_s/step", "step_s"))
 
 
+def engine_metrics(current: Sequence[dict], previous: Optional[Sequence[dict]], window_s: float) -> dict[str, float]:
+    """`fully_async/rollouter/num_engines` and, per rollout engine i, the tokens it generated and the
+    fraction of the window it had work (`engine_<i>/{tokens,busy_ratio}`), from the pool's cumulative
+    `engine_stats()` now and at the start of the window (None: since the start)."""
+    m: dict[str, float] = {"fully_async/rollouter/num_engines": float(len(current))}
+    for i, cur in enumerate(current):
+        prev = previous[i] if previous and i < len(previous) else {"tokens": 0, "busy_s": 0.0}
+        m[f"fully_async/rollouter/engine_{i}/tokens"] = float(cur["tokens"] - prev["tokens"])
+        if window_s > 0:
+            m[f"fully_async/rollouter/engine_{i}/busy_ratio"] = min(1.0, max(0.0, (cur["busy_s"] - prev["busy_s"])
+                                                                            / window_s))
+    return m
+
+
 def console_line(step: int, metrics: dict[str, float]) -> str:
     parts = [f"step {step}"]
     for key, short in CONSOLE_KEYS:

@@ -9,6 +9,7 @@ which token, and `max_partial_span` (last version - first version) measures the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from fully_async.types import GenOutput, GenRequest, Sample, SamplingParams
 
@@ -24,12 +25,22 @@ class PendingResponse:
     versions: list[int] = field(default_factory=list)
     num_interruptions: int = 0
     finish_reason: str = ""
+    # benchmark-only synthetic EOS (fully_async.workload): the response ends with finish_reason "stop"
+    # after this many tokens when that is below params.max_tokens; None: only the engine decides
+    target_len: Optional[int] = None
+
+    @property
+    def budget(self) -> int:
+        """Tokens this response may have in total (max_tokens, or the synthetic length when shorter)."""
+        if self.target_len is None:
+            return self.params.max_tokens
+        return min(self.params.max_tokens, self.target_len)
 
     def request(self) -> GenRequest:
         """The request that (re)starts generation from prompt + what is already generated."""
-        remaining = self.params.max_tokens - len(self.token_ids)
+        remaining = self.budget - len(self.token_ids)
         params = SamplingParams(self.params.temperature, self.params.top_p, self.params.top_k, remaining)
-        return GenRequest(self.sample_id, self.prompt_ids + self.token_ids, params)
+        return GenRequest(self.sample_id, self.prompt_ids + self.token_ids, params, group_id=self.uid)
 
     def extend(self, out: GenOutput) -> bool:
         """Append an engine output; returns True when the response is complete."""
@@ -42,12 +53,16 @@ class PendingResponse:
         self.versions += out.versions
         if out.finish_reason == "abort":
             self.num_interruptions += 1
-            if len(self.token_ids) < self.params.max_tokens:
+            if len(self.token_ids) < self.budget:
                 return False
-            self.finish_reason = "length"   # cut exactly at the budget: nothing left to resume
+            self.finish_reason = self._budget_reason()  # cut exactly at the budget: nothing left to resume
             return True
-        self.finish_reason = out.finish_reason
+        self.finish_reason = self._budget_reason() if out.finish_reason == "length" else out.finish_reason
         return True
+
+    def _budget_reason(self) -> str:
+        """'length' at max_tokens; 'stop' at a synthetic length below it (it stands for an EOS)."""
+        return "length" if len(self.token_ids) >= self.params.max_tokens else "stop"
 
     def to_sample(self) -> Sample:
         return Sample(uid=self.uid, sample_id=self.sample_id, prompt_ids=list(self.prompt_ids),

@@ -6,6 +6,7 @@ shipped to the rollouter), derived step counts.  Nothing here touches a device.
 from __future__ import annotations
 
 import logging
+import os
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -184,6 +185,8 @@ def prepare(cfg: Any) -> Prepared:
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     cfg_dict["rollout"]["total_rollout_steps"] = total_prompts
     cfg_dict["trainer"]["total_training_steps"] = total_steps
+    if cfg_dict["benchmark"]["response_length"].endswith(".json"):  # actors may run in another directory
+        cfg_dict["benchmark"]["response_length"] = os.path.abspath(cfg_dict["benchmark"]["response_length"])
     logger.info("data: %d train prompts, %d val prompts; %d prompts to generate, %d trainer steps of %d groups",
                 len(train), len(val), total_prompts, total_steps, required)
     eos = eos_ids(tokenizer, cfg.actor_rollout_ref.model.path, getattr(model_conf, "vocab_size", None))

@@ -16,6 +16,7 @@ from typing import Any, Optional
 import torch
 
 from fully_async.batch import TrainBatch, micro_batches
+from fully_async.engines.replica import EngineHost
 
 
 def _ray_get(refs: Any) -> Any:
@@ -39,20 +40,38 @@ def build_local_backend(cfg: Any, device: Any, optimizer_steps: int, rank: int, 
     return build_backend(cfg, device, optimizer_steps)
 
 
-class TrainWorker:
-    """Ray actor for data-parallel ranks >= 1: a backend that rank 0 calls method by method."""
+class TrainWorker(EngineHost):
+    """Ray actor for data-parallel ranks >= 1: a backend that rank 0 calls method by method.
 
-    def __init__(self, cfg: Any, rank: int, world: int, master: tuple[str, int], optimizer_steps: int):
+    In sync mode it also hosts this rank's rollout engine (EngineHost: submit / poll / engine_call), so
+    sync mode generates on every trainer device; the engine loads this rank's own gathered parameters
+    (`load_trainer_weights`), so no weight crosses processes."""
+
+    def __init__(self, cfg: Any, rank: int, world: int, master: tuple[str, int], optimizer_steps: int,
+                 engine_args: Optional[tuple[list[int], int]] = None):
         from fully_async.actor_setup import actor_init
 
         self.cfg, self.device = actor_init(cfg, f"trainer-rank{rank}")
         self.backend = build_local_backend(self.cfg, self.device, optimizer_steps, rank, world, master)
+        if engine_args is not None:
+            from fully_async.engines import build_engine
+
+            engine = build_engine(self.cfg, self.device, *engine_args, replica=rank)
+            self._host_engine(engine, self.device, f"engine{rank}",
+                              extra={"load_trainer_weights": lambda version: load_trainer_weights(
+                                  self.backend, engine, version)})
 
     def ready(self) -> bool:
         return True
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.backend, method)(*args, **kwargs)
+
+
+def load_trainer_weights(backend: Any, engine: Any, version: int) -> None:
+    """Sync mode, every rank at once: the engine beside a trainer rank loads that rank's full parameters
+    (FSDP2 all-gathers each one on every rank, so each engine reads its own copy as it is gathered)."""
+    engine.update_weights(backend.iter_full_parameters(), version)
 
 
 def shard_rows(n: int, world: int) -> list[list[int]]:
@@ -165,9 +184,13 @@ class ReplicatedGroupBackend(GroupBackend):
 
 
 def connect_trainer_group(cfg: Any, device: Any, optimizer_steps: int, master: tuple[str, int],
-                          worker_options: dict) -> Any:
-    """Rank 0's backend: spawns W-1 TrainWorkers, joins the process group with them, wraps them."""
+                          worker_options: dict, placement: Optional[Any] = None,
+                          engine_args: Optional[tuple[list[int], int]] = None) -> Any:
+    """Rank 0's backend: spawns W-1 TrainWorkers (rank r in bundle r of `placement`), joins the process
+    group with them, wraps them.  `engine_args` (eos ids, pad id): each worker also hosts an engine."""
     import ray
+
+    from fully_async.placement import in_bundle
 
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     if world == 1:
@@ -175,8 +198,8 @@ def connect_trainer_group(cfg: Any, device: Any, optimizer_steps: int, master: t
     from omegaconf import OmegaConf
 
     plain = OmegaConf.to_container(cfg, resolve=True)
-    workers = [ray.remote(TrainWorker).options(**worker_options).remote(plain, r, world, master, optimizer_steps)
-               for r in range(1, world)]
+    workers = [ray.remote(TrainWorker).options(**worker_options, **in_bundle(placement, r)).remote(
+        plain, r, world, master, optimizer_steps, engine_args) for r in range(1, world)]
     local = build_local_backend(cfg, device, optimizer_steps, 0, world, master)  # rendezvous with the workers
     ray.get([w.ready.remote() for w in workers])
     cls = ReplicatedGroupBackend if cfg.actor_rollout_ref.actor.strategy == "megatron" else GroupBackend

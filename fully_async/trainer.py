@@ -17,7 +17,7 @@ from typing import Any, Optional
 from fully_async.actor_setup import DriverFacing
 from fully_async.algorithms import grpo_advantages, kl_penalty
 from fully_async.batch import TrainBatch, build_batch
-from fully_async.metrics import batch_metrics
+from fully_async.metrics import batch_metrics, engine_metrics
 from fully_async.staleness import required_samples
 from fully_async.types import SampleGroup
 
@@ -107,7 +107,7 @@ def check_bad_steps(backend: Any, cfg: Any, step: int, samples: list) -> None:
 
 class Trainer(DriverFacing):
     def __init__(self, cfg: Any, queue: Any, rollouter: Any, total_steps: int, num_devices: int, pad_token_id: int,
-                 resume_path: Optional[str] = None):
+                 resume_path: Optional[str] = None, placement: Optional[Any] = None):
         from fully_async.actor_setup import actor_init
         from fully_async.backends.fsdp import free_port, node_ip
         from fully_async.timeline import Timeline
@@ -127,7 +127,7 @@ class Trainer(DriverFacing):
         optimizer_steps = total_optimizer_steps(cfg, total_steps, at.require_batches)
         # rank 0 of the data-parallel group; ranks 1..W-1 are spawned (one device each) and joined here
         self.backend = connect_trainer_group(cfg, self.device, optimizer_steps, (node_ip(), free_port()),
-                                             self.device.ray_actor_options(1))
+                                             self.device.ray_actor_options(1), placement)
         self.weight_sync = build_weight_sync(cfg, self.backend, rollouter, self.device)
         self.timeline = Timeline("trainer", cfg.trainer.timeline)
         self.step = 0
@@ -236,10 +236,11 @@ class Trainer(DriverFacing):
             m["fully_async/count/total_generated_samples"] = stats["generated_samples"]
             m["fully_async/count/staleness_samples"] = stats["staleness_samples"]
             m["fully_async/rollouter/bound_pauses"] = stats["bound_pauses"]
-            if prev:
-                wall = stats["wall_s"] - prev["wall_s"]
-                if wall > 0:
-                    m["fully_async/rollouter/idle_ratio"] = min(1.0, (stats["idle_s"] - prev["idle_s"]) / wall)
+            wall = stats["wall_s"] - prev.get("wall_s", 0.0)
+            if prev and wall > 0:
+                m["fully_async/rollouter/idle_ratio"] = min(1.0, (stats["idle_s"] - prev["idle_s"]) / wall)
+            if "engines" in stats:
+                m.update(engine_metrics(stats["engines"], prev.get("engines"), wall))
             self._last_rollouter = stats
         return m
 

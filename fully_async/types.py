@@ -37,6 +37,7 @@ class GenRequest:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
+    group_id: str = ""              # the prompt group (an engine pool keeps a group on one replica)
 
 
 @dataclass

@@ -1,33 +1,44 @@
-"""Ceilings of the async pipeline: rollout-only and train-only throughput on one device each.
+"""Ceilings of the async pipeline: rollout-only and train-only throughput of ONE device each.
 
-An async run splits the work between a rollout device and a trainer device, so its tokens/s can
+An async run splits N devices into r rollout devices and N - r trainer devices, so its tokens/s can
 at best reach the slower of the two stages run alone.  This script measures both stages for a
-config, in-process and without Ray, under the conditions one async actor gets: the configured
-device, and on CPU one thread (an async actor is given one core; `torch.set_num_threads(1)`).
+config, in-process and without Ray, under the conditions one device gets: the configured device
+(placement forced to one device per stage; strategy fsdp2 runs as torch, the same backend without a
+process group), and on CPU one thread (a CPU "device" is one core; `torch.set_num_threads(1)`).
 
   rollout-only: the configured engine generates `rollout.n` responses for each prompt of a
                 step's batch (train prompts, in order), the responses are scored; no training.
   train-only:   the configured backend runs `prepare_batch` + `train_step` on exactly the samples
                 recorded in the rollout phase; no generation.
 
-Tokens are counted as in `perf/total_num_tokens`: prompt + response tokens of the samples.  A
-first warm-up batch (not timed) absorbs one-off costs (kernel selection, allocator growth).
+A `benchmark.response_length` workload (fully_async/workload.py) applies here as in the runs, so the
+ceilings are measured on the same response lengths.  Tokens are counted as in
+`perf/total_num_tokens`: prompt + response tokens of the samples.  A first warm-up batch (not
+timed) absorbs one-off costs (kernel selection, allocator growth).
+
+Model of N devices (R = rollout-only, T = train-only tokens/s of one device, e = data-parallel
+scaling efficiency of a trainer on several devices, 1.0 = linear; rollout replicas do not communicate):
+  train capacity of k devices   k x T, times e when k > 1
+  async, r rollout + k trainer  min(r x R, train capacity(k))              (the stages overlap)
+  sync on N devices             1 / (1 / (N x R) + 1 / train capacity(N))  (generate and train alternate)
+`choose_split` picks the r of 1..N-1 with the highest async ceiling (ties: fewer rollout devices).
 
   python scripts/bench_pipeline.py [--batches 3] [--out bench.json] [--async-log TB_DIR] [overrides...]
 
 With `--async-log` (the TensorBoard dir of an async run of the same config) it also reports the
-pipeline efficiency = async tokens/s / min(rollout-only, train-only), where async tokens/s =
+pipeline efficiency = async tokens/s / ceiling of that run's split, where async tokens/s =
 sum(perf/total_num_tokens) / sum(timing_s/step).
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Optional
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -49,7 +60,8 @@ def _stage(tokens: int, samples: int, seconds: float) -> dict:
             "samples_per_s": samples / seconds if seconds > 0 else float("nan")}
 
 
-def _rollout_phase(cfg: Any, prep: Any, device: Any, batches: int, warmup: int) -> tuple[list[list], dict]:
+def _rollout_phase(cfg: Any, prep: Any, device: Any, batches: int, warmup: int,
+                   lengths: Any = None) -> tuple[list[list], dict]:
     """Generate and score `warmup + batches` step batches; returns the groups of each batch and the timing."""
     from fully_async.actor_setup import build_tokenizer
     from fully_async.engines import build_engine
@@ -66,7 +78,7 @@ def _rollout_phase(cfg: Any, prep: Any, device: Any, batches: int, warmup: int) 
     recorded, tokens, samples, seconds = [], 0, 0, 0.0
     for b in range(warmup + batches):
         records = [prep.train[(b * per_batch + i) % len(prep.train)] for i in range(per_batch)]
-        groups = [(rec, group_pendings(f"b{b}-p{i}", rec, r.n, params)) for i, rec in enumerate(records)]
+        groups = [(rec, group_pendings(f"b{b}-p{i}", rec, r.n, params, lengths)) for i, rec in enumerate(records)]
         device.synchronize()
         t = time.perf_counter()
         run_to_completion(engine, [p for _, ps in groups for p in ps])
@@ -114,18 +126,36 @@ def _train_phase(cfg: Any, prep: Any, device: Any, recorded: list[list], warmup:
     return _stage(tokens, samples, seconds)
 
 
+PER_DEVICE = ("rollout/train tokens_per_s are of ONE device each (R and T); r rollout devices give r x R, k trainer "
+              "devices k x T (x dp efficiency when k > 1); min_tokens_per_s is the async ceiling of a 1+1 split")
+
+
+def one_device_config(cfg: Any) -> Any:
+    """A copy of `cfg` placed on one device per stage (what the bench measures; see the module docstring)."""
+    cfg = copy.deepcopy(cfg)
+    cfg.trainer.nnodes = cfg.trainer.n_gpus_per_node = 1
+    cfg.rollout.nnodes = cfg.rollout.n_gpus_per_node = 1
+    if cfg.actor_rollout_ref.actor.strategy == "fsdp2":
+        cfg.actor_rollout_ref.actor.strategy = "torch"
+    return cfg
+
+
 def measure_config(cfg: Any, batches: int = 3, warmup: int = 1) -> dict:
-    """Rollout-only and train-only throughput of `cfg` (an OmegaConf config as load_config returns)."""
+    """Rollout-only and train-only throughput of one device each for `cfg` (an OmegaConf config as
+    load_config returns; its placement is ignored)."""
     import torch
 
     from fully_async.device import check_available, describe_hardware, get_device
     from fully_async.prepare import prepare
+    from fully_async.workload import LengthProfile
 
     if batches < 1:
-        raise ValueError(f"batches={batches} must be >= 1")
+        raise ValueError(f"--batches {batches} must be >= 1")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    cfg = one_device_config(cfg)
+    lengths = LengthProfile.from_config(cfg)
     prep = prepare(cfg)
     device = get_device(cfg.trainer.device)
     check_available(device)
@@ -136,7 +166,7 @@ def measure_config(cfg: Any, batches: int = 3, warmup: int = 1) -> dict:
         else:
             torch.set_num_threads(1)  # what one async actor gets: Ray assigns it one core
         torch.manual_seed(cfg.trainer.seed)
-        recorded, rollout = _rollout_phase(cfg, prep, device, batches, warmup)
+        recorded, rollout = _rollout_phase(cfg, prep, device, batches, warmup, lengths)
         train = _train_phase(cfg, prep, device, recorded, warmup)
         threads = torch.get_num_threads()
     finally:
@@ -146,7 +176,93 @@ def measure_config(cfg: Any, batches: int = 3, warmup: int = 1) -> dict:
             device.is_accelerator else None, "batches": batches, "warmup": warmup,
             "prompts_per_batch": _prompts_per_batch(cfg), "n": cfg.actor_rollout_ref.rollout.n,
             "rollout": rollout, "train": train, "min_tokens_per_s": ceiling,
-            "bottleneck": "rollout" if rollout["tokens_per_s"] <= train["tokens_per_s"] else "train"}
+            "bottleneck": "rollout" if rollout["tokens_per_s"] <= train["tokens_per_s"] else "train",
+            "per_device": PER_DEVICE, "workload": lengths.as_dict() if lengths else None}
+
+
+# ----------------------------------------------------------------------------------- ceiling model
+def train_capacity(devices: int, train_tps: float, dp_efficiency: float = 1.0) -> float:
+    """Train-only tokens/s of `devices` data-parallel trainer devices (e applies only when there are several)."""
+    return devices * train_tps * (dp_efficiency if devices > 1 else 1.0)
+
+
+def async_ceiling(rollout: int, trainer: int, rollout_tps: float, train_tps: float,
+                  dp_efficiency: float = 1.0) -> float:
+    """Best tokens/s of an async run on `rollout` + `trainer` devices: the slower stage (they overlap)."""
+    return min(rollout * rollout_tps, train_capacity(trainer, train_tps, dp_efficiency))
+
+
+def sync_ceiling(devices: int, rollout_tps: float, train_tps: float, dp_efficiency: float = 1.0) -> float:
+    """Best tokens/s of the sync loop on `devices` devices: generate and train alternate on all of them."""
+    return 1.0 / (1.0 / (devices * rollout_tps) + 1.0 / train_capacity(devices, train_tps, dp_efficiency))
+
+
+def choose_split(devices: int, rollout_tps: Optional[float], train_tps: Optional[float],
+                 dp_efficiency: float = 1.0, force: Optional[int] = None, forced_by: Optional[str] = None) -> dict:
+    """The async rollout/trainer split of `devices` devices with the highest predicted ceiling.
+
+    rollout_tps/train_tps: R and T of one device (None: not measured, then `force` must be given and no
+    ceiling is predicted).  force: use this rollout device count (--split), still reporting the candidates;
+    forced_by: how the report names where `force` came from (default "forced by --split <force>").
+    Returns {"devices", "rollout", "trainer", "forced", "reason", "candidates": [{rollout, trainer,
+    rollout_tokens_per_s, train_tokens_per_s, ceiling, bottleneck}], "best", "ceiling", "sync_ceiling", ...}."""
+    if devices < 2:
+        raise ValueError(f"--devices {devices}: async needs at least 2 devices (one rollout, one trainer)")
+    if force is not None and not 1 <= force <= devices - 1:
+        raise ValueError(f"--split {force} must be in 1..{devices - 1} (rollout devices of --devices {devices}; "
+                         "the rest train)")
+    if not 0.0 < dp_efficiency <= 1.0:
+        raise ValueError(f"--dp-efficiency {dp_efficiency} must be in (0, 1]")
+    out: dict[str, Any] = {"devices": devices, "rollout_tokens_per_s_per_device": rollout_tps,
+                           "train_tokens_per_s_per_device": train_tps, "dp_efficiency": dp_efficiency,
+                           "forced": force is not None, "candidates": [], "best": None, "ceiling": None,
+                           "sync_ceiling": None}
+    forced_by = forced_by or f"forced by --split {force}"
+    if not rollout_tps or not train_tps:
+        if force is None:
+            raise ValueError("choosing the split needs the measured rollout-only and train-only tokens/s "
+                             "(--bench); or pass --split R")
+        out.update(rollout=force, trainer=devices - force, reason=f"{forced_by} (no bench: ceilings not predicted)")
+        return out
+    for r in range(1, devices):
+        roll, train = r * rollout_tps, train_capacity(devices - r, train_tps, dp_efficiency)
+        out["candidates"].append({"rollout": r, "trainer": devices - r, "rollout_tokens_per_s": roll,
+                                  "train_tokens_per_s": train, "ceiling": min(roll, train),
+                                  "bottleneck": "rollout" if roll <= train else "train"})
+    top = max(c["ceiling"] for c in out["candidates"])
+    tied = [c for c in out["candidates"] if c["ceiling"] >= top * (1 - 1e-9)]
+    best = tied[0]  # ties: fewer rollout devices
+    chosen = best if force is None else out["candidates"][force - 1]
+    out.update(rollout=chosen["rollout"], trainer=chosen["trainer"], best=best["rollout"], ceiling=chosen["ceiling"],
+               sync_ceiling=sync_ceiling(devices, rollout_tps, train_tps, dp_efficiency))
+    why = (f"r={best['rollout']} maximises min(r x R, train capacity(N - r)) = "
+           f"{best['ceiling']:.1f} tokens/s over r in 1..{devices - 1}")
+    if len(tied) > 1:
+        why += f" (tied with r={', '.join(str(c['rollout']) for c in tied[1:])}: fewer rollout devices wins)"
+    if force is not None:
+        why = f"{forced_by}: predicted {chosen['ceiling']:.1f} tokens/s; the best split: {why}"
+    out["reason"] = why
+    return out
+
+
+def format_split(split: dict) -> list[str]:
+    """The candidate splits as plain-text lines (the chosen one marked)."""
+    if not split["candidates"]:
+        return [f"async split {split['rollout']}+{split['trainer']}: {split['reason']}"]
+    rows = [("rollout", "trainer", "r x R", "capacity(N-r)", "ceiling", "bottleneck", "")]
+    rows += [(str(c["rollout"]), str(c["trainer"]), f"{c['rollout_tokens_per_s']:.1f}",
+              f"{c['train_tokens_per_s']:.1f}", f"{c['ceiling']:.1f}", c["bottleneck"],
+              "<- chosen" if c["rollout"] == split["rollout"] else "")
+             for c in split["candidates"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [f"candidate splits of N={split['devices']} devices (R = {split['rollout_tokens_per_s_per_device']:.1f}, "
+             f"T = {split['train_tokens_per_s_per_device']:.1f} tokens/s per device, dp efficiency "
+             f"e = {split['dp_efficiency']:g}; capacity(k) = k T, x e when k > 1):"]
+    lines += ["  " + "  ".join(x.rjust(w) for x, w in zip(r, widths)).rstrip() for r in rows]
+    lines.append(f"why: {split['reason']}")
+    lines.append(f"sync ceiling on N={split['devices']} (generate and train alternate): 1 / (1/(N R) + 1/capacity(N)) "
+                 f"= {split['sync_ceiling']:.1f} tokens/s")
+    return lines
 
 
 def measure(overrides: list[str], batches: int = 3, warmup: int = 1) -> dict:
@@ -156,15 +272,16 @@ def measure(overrides: list[str], batches: int = 3, warmup: int = 1) -> dict:
     return measure_config(load_config(list(overrides)), batches, warmup)
 
 
-def run_tokens_per_s(log_dir: str) -> float:
-    """sum(perf/total_num_tokens) / sum(timing_s/step) of a run's TensorBoard dir."""
+def run_tokens_per_s(log_dir: str) -> tuple[float, dict]:
+    """sum(perf/total_num_tokens) / sum(timing_s/step) of a run's TensorBoard dir, and its devices."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from compare_lib import read_run, tokens_per_s
 
-    return tokens_per_s(read_run(log_dir))
+    run = read_run(log_dir)
+    return tokens_per_s(run), run.devices()
 
 
-def format_table(result: dict, async_tokens_per_s: float | None = None) -> str:
+def format_table(result: dict, async_tokens_per_s: float | None = None, async_ceiling_tps: float | None = None) -> str:
     rows = [("stage", "tokens", "samples", "seconds", "tokens/s", "samples/s")]
     for stage in ("rollout", "train"):
         s = result[stage]
@@ -173,13 +290,17 @@ def format_table(result: dict, async_tokens_per_s: float | None = None) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"hardware: {result['hardware']}; device {result['device']}"
              + (f", {result['threads']} thread(s)" if result["threads"] else "")
-             + f"; {result['batches']} timed batch(es) of {result['prompts_per_batch']} prompts x n={result['n']}"]
+             + f"; {result['batches']} timed batch(es) of {result['prompts_per_batch']} prompts x n={result['n']}; "
+             "one device per stage"]
+    if result.get("workload"):
+        lines.append(result["workload"]["description"])
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
-    lines.append(f"min(rollout-only, train-only) = {result['min_tokens_per_s']:.1f} tokens/s "
+    lines.append(f"min(rollout-only, train-only) = {result['min_tokens_per_s']:.1f} tokens/s per device pair "
                  f"(bottleneck: {result['bottleneck']})")
     if async_tokens_per_s is not None:
-        lines.append(f"async run: {async_tokens_per_s:.1f} tokens/s -> pipeline efficiency "
-                     f"{async_tokens_per_s / result['min_tokens_per_s']:.3f}")
+        ceiling = async_ceiling_tps or result["min_tokens_per_s"]
+        lines.append(f"async run: {async_tokens_per_s:.1f} tokens/s / ceiling {ceiling:.1f} -> pipeline efficiency "
+                     f"{async_tokens_per_s / ceiling:.3f}")
     return "\n".join(lines)
 
 
@@ -189,18 +310,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="untimed warm-up batches (default 1)")
     ap.add_argument("--out", help="write the numbers as JSON to this file")
     ap.add_argument("--async-log", help="TensorBoard dir of an async run of this config: report pipeline efficiency")
+    ap.add_argument("--devices", type=int, help="also print the predicted ceilings of every async split of N devices")
+    ap.add_argument("--dp-efficiency", type=float, default=1.0,
+                    help="data-parallel scaling efficiency of a trainer on several devices, in (0, 1] (default 1.0)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m fully_async.main")
     args = ap.parse_intermixed_args(argv)
     import logging
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:  # bad flags fail before the measurement
+        choose_split(args.devices if args.devices is not None else 2, 1.0, 1.0, args.dp_efficiency)
+    except ValueError as exc:
+        ap.error(str(exc))
     result = measure(args.overrides, args.batches, args.warmup)
     result["overrides"] = list(args.overrides)
-    async_tps = None
+    R, T = result["rollout"]["tokens_per_s"], result["train"]["tokens_per_s"]
+    async_tps = ceiling = None
     if args.async_log:
-        async_tps = run_tokens_per_s(args.async_log)
-        result["async_tokens_per_s"] = async_tps
-        result["pipeline_efficiency"] = async_tps / result["min_tokens_per_s"]
-    print(format_table(result, async_tps))
+        async_tps, dev = run_tokens_per_s(args.async_log)
+        ceiling = async_ceiling(dev["rollout"], dev["trainer"], R, T, args.dp_efficiency)
+        result.update(async_tokens_per_s=async_tps, async_devices=dev, async_ceiling_tokens_per_s=ceiling,
+                      pipeline_efficiency=async_tps / ceiling)
+    print(format_table(result, async_tps, ceiling))
+    if args.devices is not None:
+        result["split"] = choose_split(args.devices, R, T, args.dp_efficiency)
+        print("\n".join(format_split(result["split"])))
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as fh:

@@ -9,6 +9,13 @@ Definitions (per run):
   samples/step     perf/total_num_tokens / (prompt_length/mean + response_length/mean)
   elapsed          event wall_time - wall_time of the run's first event
   time to reward   elapsed of the first validation point whose reward >= threshold
+  ceiling          best tokens/s of the run's placement predicted from one device's rollout-only (R) and
+                   train-only (T) tokens/s (scripts/bench_pipeline.py): async r+k: min(r R, k T e);
+                   sync on N: 1 / (1/(N R) + 1/(N T e)) (e, the data-parallel efficiency, only when > 1 device)
+  pipeline eff.    tokens/s / ceiling
+
+Fair comparison: equal total devices.  Two runs whose configs differ only in PLACEMENT_KEYS (and
+`mode`) are compared when both use the same number of devices; any other difference is refused.
 """
 from __future__ import annotations
 
@@ -17,8 +24,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from bench_pipeline import async_ceiling, format_split, sync_ceiling
+
 VAL_PREFIX = "val-core/"
 MODES = ("async", "sync")
+# what may differ between the two runs of an equal-devices comparison (compare_sync_async.py sets them per mode)
+PLACEMENT_KEYS = ("trainer.n_gpus_per_node", "rollout.n_gpus_per_node", "actor_rollout_ref.actor.strategy")
 
 
 @dataclass
@@ -46,6 +57,10 @@ class Run:
         n_train = t["nnodes"] * t["n_gpus_per_node"]
         n_roll = r["nnodes"] * r["n_gpus_per_node"] if self.mode == "async" else 0
         return {"trainer": n_train, "rollout": n_roll, "total": n_train + n_roll, "device": t["device"]}
+
+    @property
+    def strategy(self) -> str:
+        return str(self.config.get("actor_rollout_ref", {}).get("actor", {}).get("strategy", "?"))
 
 
 class CompareError(RuntimeError):
@@ -104,6 +119,40 @@ def config_diff(a: dict, b: dict, ignore: tuple[str, ...] = ("mode",)) -> list[t
     return diff
 
 
+def check_diff(diff: list[tuple[str, Any, Any]], allow_diff: tuple[str, ...],
+               totals: dict[str, int]) -> tuple[list, bool]:
+    """(differences that block the comparison, fair).  fair: equal total devices; then the PLACEMENT_KEYS
+    may differ too.  With unequal totals a placement difference blocks (it is not a fair split either)."""
+    fair = totals["async"] == totals["sync"]
+    allowed = set(allow_diff) | (set(PLACEMENT_KEYS) if fair else set())
+    return [d for d in diff if d[0] not in allowed], fair
+
+
+def workload_of(config: dict) -> Optional[dict]:
+    """LengthProfile.as_dict() of a run's benchmark.response_length workload (None when off or absent)."""
+    from fully_async.config import ConfigError
+    from fully_async.workload import LengthProfile
+
+    kind = str(config.get("benchmark", {}).get("response_length", "none"))
+    if kind == "none":
+        return None
+    try:
+        from omegaconf import OmegaConf
+        return LengthProfile.from_config(OmegaConf.create(config)).as_dict()
+    except ConfigError as exc:  # e.g. a histogram file that moved since the run
+        return {"kind": kind, "description": f"synthetic response lengths: {kind} (cannot describe: {exc})"}
+
+
+def run_ceiling(run: "Run", bench: Optional[dict], dp_efficiency: float = 1.0) -> Optional[float]:
+    """Predicted best tokens/s of the run's placement (module docstring), None without a bench."""
+    if not bench:
+        return None
+    R, T, d = bench["rollout"]["tokens_per_s"], bench["train"]["tokens_per_s"], run.devices()
+    if run.mode == "async":
+        return async_ceiling(d["rollout"], d["trainer"], R, T, dp_efficiency)
+    return sync_ceiling(d["trainer"], R, T, dp_efficiency)
+
+
 # ----------------------------------------------------------------------------------- numbers
 def tokens_per_s(run: Run) -> float:
     return sum(run.values("perf/total_num_tokens")) / sum(run.values("timing_s/step"))
@@ -137,7 +186,7 @@ def _mean(values: list[float]) -> Optional[float]:
     return sum(values) / len(values) if values else None
 
 
-def run_stats(run: Run, threshold: float, bench: Optional[dict] = None) -> dict:
+def run_stats(run: Run, threshold: float, ceiling: Optional[float] = None) -> dict:
     """The numbers of one run for the side-by-side table."""
     step_s = run.values("timing_s/step")
     devices = run.devices()
@@ -146,7 +195,7 @@ def run_stats(run: Run, threshold: float, bench: Optional[dict] = None) -> dict:
     vals = val_points(run)
     reached = next((p for p in vals if p[2] >= threshold), None)
     stats = {
-        "mode": run.mode, "log_dir": run.log_dir, "devices": devices, "steps": len(step_s),
+        "mode": run.mode, "log_dir": run.log_dir, "devices": devices, "strategy": run.strategy, "steps": len(step_s),
         "wall_s": run.summary.get("wall_s"),
         "tokens_per_s": tps, "tokens_per_s_per_device": tps / max(1, devices["total"]),
         "time_per_step_s": sum(step_s) / len(step_s),
@@ -158,7 +207,7 @@ def run_stats(run: Run, threshold: float, bench: Optional[dict] = None) -> dict:
         "rollouter_idle_ratio": _mean(run.values("fully_async/rollouter/idle_ratio")),
         "staleness_mean": _mean(run.values("fully_async/staleness/mean")),
         "staleness_max": max(run.values("fully_async/staleness/max"), default=None),
-        "pipeline_efficiency": tps / bench["min_tokens_per_s"] if bench else None,
+        "ceiling_tokens_per_s": ceiling, "pipeline_efficiency": tps / ceiling if ceiling else None,
     }
     return stats
 
@@ -178,14 +227,16 @@ ROWS = (  # (key, label, format)
     ("trainer_idle_ratio", "trainer idle ratio (mean)", "{:.3f}"),
     ("rollouter_idle_ratio", "rollouter idle ratio (mean)", "{:.3f}"),
     ("staleness_mean", "staleness (mean)", "{:.3f}"),
-    ("pipeline_efficiency", "pipeline efficiency", "{:.3f}"),
+    ("ceiling_tokens_per_s", "predicted ceiling (tokens/s)", "{:.1f}"),
+    ("pipeline_efficiency", "pipeline efficiency (tokens/s / ceiling)", "{:.3f}"),
 )
 
 
 def build_table(runs: dict[str, Run], threshold: float, bench: Optional[dict] = None,
-                config_diff_rows: Optional[list] = None) -> dict:
-    """table.json content: per-mode stats, async/sync ratios and the headline speedups."""
-    stats = {mode: run_stats(run, threshold, bench) for mode, run in runs.items()}
+                config_diff_rows: Optional[list] = None, split: Optional[dict] = None,
+                dp_efficiency: float = 1.0) -> dict:
+    """table.json content: per-mode stats, async/sync ratios, the headline speedups, devices and split."""
+    stats = {mode: run_stats(run, threshold, run_ceiling(run, bench, dp_efficiency)) for mode, run in runs.items()}
     a, s = stats["async"], stats["sync"]
     ratio = {}
     for key, _, fmt in ROWS:
@@ -197,8 +248,13 @@ def build_table(runs: dict[str, Run], threshold: float, bench: Optional[dict] = 
                "time_to_threshold": (s["time_to_threshold_s"] / a["time_to_threshold_s"]
                                      if a["time_to_threshold_s"] and s["time_to_threshold_s"] is not None else None)}
     hardware = {mode: run.summary.get("hardware", "unknown") for mode, run in runs.items()}
+    totals = {mode: st["devices"]["total"] for mode, st in stats.items()}
+    diff = [list(d) for d in (config_diff_rows or [])]
     return {"threshold": threshold, "modes": stats, "ratio_async_over_sync": ratio, "speedup": speedup,
-            "hardware": hardware, "config_diff": [list(d) for d in (config_diff_rows or [])], "bench": bench}
+            "hardware": hardware, "config_diff": diff, "bench": bench, "devices_total": totals,
+            "fair": totals["async"] == totals["sync"], "dp_efficiency": dp_efficiency,
+            "placement_diff": [d[0] for d in diff if d[0] in PLACEMENT_KEYS and totals["async"] == totals["sync"]],
+            "split": split, "workload": workload_of(runs["async"].config)}
 
 
 def _fmt(value: Any, fmt: Optional[str]) -> str:
@@ -214,7 +270,7 @@ def _fmt(value: Any, fmt: Optional[str]) -> str:
 def table_rows(table: dict) -> list[tuple[str, str, str, str]]:
     rows = [("metric", "async", "sync", "async/sync")]
     for key, label, fmt in ROWS:
-        if key == "pipeline_efficiency" and not table["bench"]:
+        if key in ("ceiling_tokens_per_s", "pipeline_efficiency") and not table["bench"]:
             continue
         label = label.format(thr=f"{table['threshold']:g}")
         a, s = table["modes"]["async"].get(key), table["modes"]["sync"].get(key)
@@ -228,12 +284,26 @@ def table_rows(table: dict) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def device_lines(table: dict) -> list[str]:
+    """Total devices and each mode's placement (the header of the printed table and of the report)."""
+    a, s = table["modes"]["async"], table["modes"]["sync"]
+    da, ds = a["devices"], s["devices"]
+    return [f"total devices: {da['total']} {da['device']} per mode (equal)" if table["fair"] else
+            f"total devices DIFFER: async {da['total']}, sync {ds['total']} (not an equal-devices comparison; "
+            "compare_sync_async.py --devices N runs one)",
+            f"async: rollout {da['rollout']} + trainer {da['trainer']} device(s), strategy {a['strategy']}",
+            f"sync: {ds['trainer']} device(s), colocated (each trainer rank generates its share, then trains), "
+            f"strategy {s['strategy']}"]
+
+
 def format_table(table: dict) -> str:
     rows = table_rows(table)
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    header = device_lines(table) + (format_split(table["split"]) if table["split"] else [])
+    lines = header + ([table["workload"]["description"]] if table["workload"] else []) + [""] + lines
     sp = table["speedup"]
     lines.append(f"speedup async/sync: tokens/s {_fmt(sp['tokens_per_s'], '{:.2f}')}x, "
                  f"time to val >= {table['threshold']:g}: {_fmt(sp['time_to_threshold'], '{:.2f}')}x")
@@ -348,22 +418,35 @@ def write_report(out_dir: str, table: dict, runs: dict[str, Run], plots: dict[st
     for mode, run in runs.items():
         d = run.devices()
         lines.append(f"- {mode}: {d['total']} {d['device']} device(s) (trainer {d['trainer']}, rollout "
-                     f"{d['rollout']}{', colocated' if mode == 'sync' else ''}); log dir `{run.log_dir}`")
+                     f"{d['rollout']}{', colocated' if mode == 'sync' else ''}, strategy {run.strategy}); "
+                     f"log dir `{run.log_dir}`")
+    lines += ["", "## Devices, split and workload", "", f"- {device_lines(table)[0]}", f"- {device_lines(table)[2]}"]
+    lines += [f"- {table['workload']['description']}"] if table["workload"] else []
+    lines += ["", "Async split:", "", "```text", *format_split(table["split"]), "```"] if table["split"] else []
     lines += ["", "## Config diff (apart from `mode`)", ""]
-    if table["config_diff"]:
-        lines += [f"- `{k}`: async `{a}` vs sync `{b}` (allowed by --allow-diff)" for k, a, b in table["config_diff"]]
-    else:
+    if table["placement_diff"]:
+        lines.append("Placement keys allowed to differ at equal total devices: "
+                     + ", ".join(f"`{k}`" for k in PLACEMENT_KEYS) + ".")
+    for k, a, b in table["config_diff"]:
+        why = "placement" if k in table["placement_diff"] else "allowed by --allow-diff"
+        lines.append(f"- `{k}`: async `{a}` vs sync `{b}` ({why})")
+    if not table["config_diff"]:
         lines.append("none: both runs used the same resolved config except `mode`.")
     lines += ["", "## Results", "", markdown_table(table), ""]
     sp = table["speedup"]
     lines.append(f"Speedup async/sync in tokens/s: **{_fmt(sp['tokens_per_s'], '{:.2f}')}x**; "
                  f"in time to validation reward >= {table['threshold']:g}: {_fmt(sp['time_to_threshold'], '{:.2f}')}x.")
     if table["bench"]:
-        b = table["bench"]
-        lines.append(f"Pipeline efficiency = tokens/s / min(rollout-only {b['rollout']['tokens_per_s']:.1f}, "
-                     f"train-only {b['train']['tokens_per_s']:.1f}) tokens/s, measured by scripts/bench_pipeline.py "
-                     f"on one {b['device']} device{' with 1 thread' if b.get('threads') == 1 else ''} "
-                     f"(bottleneck: {b['bottleneck']}).")
+        b, a, s = table["bench"], table["modes"]["async"], table["modes"]["sync"]
+        r, k, n = a["devices"]["rollout"], a["devices"]["trainer"], s["devices"]["trainer"]
+        lines.append(f"Pipeline efficiency = tokens/s / predicted ceiling of the run's placement, from R = "
+                     f"{b['rollout']['tokens_per_s']:.1f} rollout-only and T = {b['train']['tokens_per_s']:.1f} "
+                     f"train-only tokens/s of one {b['device']} device{' (1 thread)' if b.get('threads') == 1 else ''}"
+                     f" (scripts/bench_pipeline.py), data-parallel efficiency e = {table['dp_efficiency']:g}: async "
+                     f"{r}+{k}: min({r} R, {k} T{' e' if k > 1 else ''}) = {a['ceiling_tokens_per_s']:.1f} tokens/s "
+                     f"(efficiency {a['pipeline_efficiency']:.3f}); sync on {n} (generate and train alternate): 1 / "
+                     f"(1/({n} R) + 1/({n} T{' e' if n > 1 else ''})) = {s['ceiling_tokens_per_s']:.1f} tokens/s "
+                     f"(efficiency {s['pipeline_efficiency']:.3f}).")
     lines += ["", "Definitions: tokens/s = sum(perf/total_num_tokens) / sum(timing_s/step) (prompt + response "
               "tokens of trained samples, all devices of the mode together); per device = divided by the "
               "mode's device count; samples/s counts trained responses; times to the reward threshold are "

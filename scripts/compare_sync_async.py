@@ -1,19 +1,34 @@
-"""Run the same workload in sync and async mode (or take two saved runs) and compare them.
+"""Run the same workload in sync and async mode on equal total devices (or take two saved runs) and compare.
 
-  python scripts/compare_sync_async.py [--out DIR] [--threshold 0.8] [--bench] [overrides...]
-  python scripts/compare_sync_async.py --from-logs RUN_A RUN_B [--out DIR] [--threshold 0.8]
+  python scripts/compare_sync_async.py [--devices N] [--split R] [--dp-efficiency E] [--bench]
+                                       [--out DIR] [--threshold 0.8] [overrides...]
+  python scripts/compare_sync_async.py --from-logs RUN_A RUN_B [--bench] [--out DIR] [--threshold 0.8]
 
-The first form runs `python -m fully_async.main mode=async <overrides>` and then the same with
-`mode=sync`, each writing TensorBoard to DIR/runs/<mode> under the same experiment name, so the
-two resolved configs differ only in `mode` (both get trainer.resume_mode=disable first, so the
-second run never resumes from the first one's checkpoint).  The second form compares two
-existing TensorBoard run dirs (one async, one sync).  Either way the two `config.json` must agree on every key but
-`mode` (exit 2 naming the differing keys otherwise; `--allow-diff KEY` accepts a known
-difference, e.g. device placement, and the report lists it).
+The first form compares at equal total devices N on one node (--devices; default the overrides'
+trainer.n_gpus_per_node, else 2; the script sets the placement keys per mode, so the overrides must
+not set rollout.n_gpus_per_node or an nnodes other than 1):
+  sync   `mode=sync trainer.n_gpus_per_node=N`: one colocated engine + trainer rank per device,
+         generate and train alternate;
+  async  `mode=async rollout.n_gpus_per_node=r trainer.n_gpus_per_node=N-r`: the split r chosen from
+         the measured ceilings (scripts/bench_pipeline.py: R, T = rollout-only and train-only tokens/s of
+         one device): the r in 1..N-1 maximising min(r R, (N-r) T e), e = --dp-efficiency when N-r > 1
+         (ties: fewer rollout devices).  `--split R` forces r (ceilings are still reported with --bench).
+A trainer on more than one device gets `actor_rollout_ref.actor.strategy=fsdp2` unless the overrides
+set a strategy.  The bench runs first (always when the split is chosen; with --split only with
+--bench).  Each run writes TensorBoard to DIR/runs/<mode> under the same experiment name and starts
+with trainer.resume_mode=disable (the second run must not resume from the first one's checkpoint).
 
-Writes into DIR: report.md, table.json and PNG plots; prints the side-by-side table.  `--bench`
-also measures rollout-only and train-only throughput (scripts/bench_pipeline.py) once for the
-config and reports each mode's pipeline efficiency = tokens/s / min(rollout-only, train-only).
+The second form compares two existing TensorBoard run dirs (one async, one sync), taking devices from
+each run's config.json/summary.json.
+
+Either way the two `config.json` must agree on every key except `mode` and, when both runs use the
+same total number of devices, the placement keys (compare_lib.PLACEMENT_KEYS, listed in the report);
+any other difference is refused (exit 2 naming the keys; `--allow-diff KEY` accepts a known one, and
+the report lists it).
+
+Writes into DIR: report.md, table.json, PNG plots (and bench.json when it ran the bench); prints the side-by-side table: devices, the
+split and why (candidate splits with predicted ceilings), each mode's pipeline efficiency = tokens/s /
+ceiling of its placement, the speedup async/sync, and a benchmark.response_length workload when set.
 """
 from __future__ import annotations
 
@@ -27,36 +42,92 @@ from typing import Any, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from compare_lib import (MODES, CompareError, build_table, config_diff, format_table, make_plots,  # noqa: E402
-                         read_run, write_report)
+from bench_pipeline import choose_split, format_split  # noqa: E402
+from compare_lib import (MODES, CompareError, build_table, check_diff, config_diff, format_table,  # noqa: E402
+                         make_plots, read_run, write_report)
 
 REFUSED = 2
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 # Both runs share trainer.default_local_dir (same experiment name): with the default resume_mode=auto
 # the second run would resume from a checkpoint the first one left there.  Users may override it.
 DEFAULT_OVERRIDES = ["trainer.resume_mode=disable"]
+PLACED = ("trainer.n_gpus_per_node", "trainer.nnodes", "rollout.n_gpus_per_node", "rollout.nnodes")
+STRATEGY = "actor_rollout_ref.actor.strategy"
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _value(overrides: list[str], key: str) -> Optional[str]:
+    return next((o.split("=", 1)[1] for o in overrides if _key(o) == key and "=" in o), None)
+
+
+def plan_devices(overrides: list[str], devices: Optional[int]) -> tuple[int, list[str]]:
+    """(N, the overrides without placement keys).  Raises ValueError naming the key/flag."""
+    for key in ("trainer.nnodes", "rollout.nnodes"):
+        if _value(overrides, key) not in (None, "1"):
+            raise ValueError(f"{key}={_value(overrides, key)}: the equal-devices comparison places all N devices "
+                             "on one node; pass --devices N instead")
+    if _value(overrides, "rollout.n_gpus_per_node") is not None:
+        raise ValueError("rollout.n_gpus_per_node is set per mode by this script: pass --split R (async rollout "
+                         "devices) and --devices N instead")
+    given = _value(overrides, "trainer.n_gpus_per_node")
+    if given is not None and not given.isdigit():
+        raise ValueError(f"trainer.n_gpus_per_node={given} is not a device count")
+    if devices is None:
+        devices = int(given) if given is not None else 2
+    elif given is not None and int(given) != devices:
+        raise ValueError(f"trainer.n_gpus_per_node={given} contradicts --devices {devices}; pass one of them")
+    if devices < 2:
+        raise ValueError(f"--devices {devices}: async needs at least 2 devices (one rollout, one trainer)")
+    return devices, [o for o in overrides if _key(o) not in PLACED]
+
+
+def mode_overrides(mode: str, devices: int, rollout: int, overrides: list[str]) -> list[str]:
+    """The placement of one mode: sync on all `devices`, async `rollout` + the rest (fsdp2 when the trainer
+    has several devices and the overrides set no strategy)."""
+    trainer = devices if mode == "sync" else devices - rollout
+    out = [f"trainer.n_gpus_per_node={trainer}"] + ([f"rollout.n_gpus_per_node={rollout}"] if mode == "async" else [])
+    if trainer > 1 and _value(overrides, STRATEGY) is None:
+        out.append(f"{STRATEGY}=fsdp2")
+    return out
 
 
 def run_mode(mode: str, overrides: list[str], out_dir: str) -> str:
     """One training run as a subprocess; returns its TensorBoard dir (output also in DIR/logs/<mode>.log)."""
     tb_dir = os.path.join(out_dir, "runs", mode)
     shutil.rmtree(tb_dir, ignore_errors=True)  # stale event files would mix into this run's curves
-    os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
-    log_path = os.path.join(out_dir, "logs", f"{mode}.log")
     cmd = [sys.executable, "-m", "fully_async.main", f"mode={mode}", *DEFAULT_OVERRIDES, *overrides,
            f"hydra.run.dir={os.path.join(out_dir, 'hydra', mode)}"]
-    env = dict(os.environ, TENSORBOARD_DIR=tb_dir)
-    print(f"=== {mode}: {' '.join(cmd[1:])}", flush=True)
+    _stream(mode, cmd, out_dir, dict(os.environ, TENSORBOARD_DIR=tb_dir))
+    return tb_dir
+
+
+def run_bench(overrides: list[str], batches: int, out_dir: str) -> dict:
+    """scripts/bench_pipeline.py in a subprocess (its device memory is freed before the runs start)."""
+    path = os.path.join(out_dir, "bench.json")
+    cmd = [sys.executable, os.path.join(HERE, "bench_pipeline.py"), "--batches", str(batches), "--out", path,
+           *overrides]
+    _stream("bench", cmd, out_dir, dict(os.environ))
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def _stream(name: str, cmd: list[str], out_dir: str, env: dict) -> None:
+    os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
+    log_path = os.path.join(out_dir, "logs", f"{name}.log")
+    print(f"=== {name}: {' '.join(cmd[1:])}", flush=True)
     with open(log_path, "w") as log, subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                       text=True, bufsize=1) as proc:
         for line in proc.stdout:
             log.write(line)
-            sys.stdout.write(f"[{mode}] {line}")
+            sys.stdout.write(f"[{name}] {line}")
         rc = proc.wait()
     if rc != 0:
-        raise CompareError(f"the {mode} run failed with exit code {rc}; its output is in {log_path}")
-    return tb_dir
+        raise CompareError(f"the {name} run failed with exit code {rc}; its output is in {log_path}")
 
 
 def load_run_config(config: dict):
@@ -73,24 +144,33 @@ def refuse(message: str) -> int:
     return REFUSED
 
 
-def compare(dirs: list[str], out_dir: str, threshold: float, bench: Any,
-            allow_diff: tuple[str, ...] = ()) -> tuple[int, Optional[dict]]:
-    """Compare two run dirs; returns (exit code, table).  `bench`: None, a result dict, or config -> dict."""
+def compare(dirs: list[str], out_dir: str, threshold: float, bench: Any, allow_diff: tuple[str, ...] = (),
+            split: Optional[dict] = None, dp_efficiency: float = 1.0) -> tuple[int, Optional[dict]]:
+    """Compare two run dirs; returns (exit code, table).  `bench`: None, a result dict, or config -> dict.
+    `split`: choose_split's result for the async run (None: derived from the runs when bench is given)."""
     runs = [read_run(d) for d in dirs]
     modes = sorted(r.mode for r in runs)
     if modes != sorted(MODES):
         return refuse(f"need one async and one sync run, got modes {modes} ({dirs[0]}, {dirs[1]})"), None
     by_mode = {r.mode: r for r in sorted(runs, key=lambda r: MODES.index(r.mode))}
+    totals = {m: r.devices()["total"] for m, r in by_mode.items()}
     diff = config_diff(by_mode["async"].config, by_mode["sync"].config)
-    blocking = [d for d in diff if d[0] not in allow_diff]
+    blocking, fair = check_diff(diff, allow_diff, totals)
     if blocking:
         keys = "\n".join(f"  {k}: async={a!r} sync={b!r}" for k, a, b in blocking)
-        return refuse(f"the two config.json differ in more than `mode`:\n{keys}\n"
+        placement = "" if fair else (f"\n(placement keys may differ only at equal total devices; these runs use "
+                                     f"async {totals['async']} vs sync {totals['sync']})")
+        return refuse(f"the two config.json differ in more than `mode`:\n{keys}{placement}\n"
                       "rerun with identical overrides (or pass --allow-diff KEY for a deliberate difference)"), None
     if callable(bench):  # measured lazily: only once the configs are known to be comparable
         bench = bench(by_mode["async"].config)
+    if split is None and bench and fair:  # the predicted ceilings of every split of N, this run's one marked
+        d = by_mode["async"].devices()
+        split = choose_split(d["total"], bench["rollout"]["tokens_per_s"], bench["train"]["tokens_per_s"],
+                             dp_efficiency, force=d["rollout"], forced_by=f"the async run's split {d['rollout']}+"
+                             f"{d['trainer']}")
     os.makedirs(out_dir, exist_ok=True)
-    table = build_table(by_mode, threshold, bench, diff)
+    table = build_table(by_mode, threshold, bench, diff, split, dp_efficiency)
     plots = make_plots(by_mode, out_dir, threshold)
     write_report(out_dir, table, by_mode, plots)
     with open(os.path.join(out_dir, "table.json"), "w") as fh:
@@ -105,8 +185,18 @@ def main(argv: Optional[list[str]] = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--out", default="compare_out", help="output folder (default compare_out)")
     ap.add_argument("--threshold", type=float, default=0.8, help="validation reward to time (default 0.8)")
-    ap.add_argument("--bench", action="store_true", help="measure rollout-only/train-only ceilings too")
+    ap.add_argument("--devices", type=int, help="total devices N of each mode (default: trainer.n_gpus_per_node "
+                    "of the overrides, else 2)")
+    ap.add_argument("--split", type=int, metavar="R", help="async rollout devices (1..N-1), instead of choosing")
+    ap.add_argument("--dp-efficiency", type=float, default=1.0,
+                    help="data-parallel scaling efficiency of a trainer on several devices, in (0, 1] (default 1.0)")
+    ap.add_argument("--bench", action="store_true", help="measure rollout-only/train-only ceilings (implied when "
+                    "the split is chosen)")
     ap.add_argument("--bench-batches", type=int, default=3, help="timed batches per bench stage (default 3)")
+    ap.add_argument("--bench-json", metavar="FILE", help="use this saved bench.json (of the same overrides) "
+                    "instead of measuring again")
+    ap.add_argument("--sync-log", metavar="DIR", help="reuse this sync run's TensorBoard dir (same overrides and "
+                    "devices) instead of running sync again, e.g. to compare a second async split")
     ap.add_argument("--from-logs", nargs=2, metavar=("RUN_A", "RUN_B"), help="compare two TensorBoard run dirs")
     ap.add_argument("--allow-diff", action="append", default=[], metavar="KEY",
                     help="a dotted config key allowed to differ (listed in the report); repeatable")
@@ -114,27 +204,65 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_intermixed_args(argv)
     out_dir = os.path.abspath(args.out)
 
-    if any(o.split("=", 1)[0].lstrip("+~") == "mode" for o in args.overrides):
+    if any(_key(o) == "mode" for o in args.overrides):
         return refuse("do not pass mode=...: this script runs both modes with otherwise identical overrides")
-    bench = None
-    if args.bench:
-        import bench_pipeline
-        if args.from_logs:
-            bench = lambda cfg: bench_pipeline.measure_config(load_run_config(cfg), args.bench_batches)  # noqa: E731
-        else:
-            bench = lambda cfg: bench_pipeline.measure(args.overrides, args.bench_batches)  # noqa: E731
+    if not 0.0 < args.dp_efficiency <= 1.0:
+        return refuse(f"--dp-efficiency {args.dp_efficiency} must be in (0, 1]")
     try:
-        if args.from_logs:
-            if args.overrides:
-                return refuse("overrides are only used when this script runs the two modes itself")
-            dirs = list(args.from_logs)
-        else:
-            dirs = [run_mode(mode, args.overrides, out_dir) for mode in MODES]
-        rc, _ = compare(dirs, out_dir, args.threshold, bench, tuple(args.allow_diff))
-        return rc
+        return from_logs(args, out_dir) if args.from_logs else run_both(args, out_dir)
     except CompareError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+
+
+def from_logs(args: argparse.Namespace, out_dir: str) -> int:
+    """--from-logs: compare two saved runs (with --bench, measured on the async run's config)."""
+    if args.overrides or args.devices is not None or args.split is not None:
+        return refuse("overrides, --devices and --split are only used when this script runs the two modes "
+                      "itself; --from-logs takes the devices from the runs")
+
+    def measure(cfg: dict) -> dict:
+        import bench_pipeline
+        return bench_pipeline.measure_config(load_run_config(cfg), args.bench_batches)
+
+    bench = saved_bench(args.bench_json) if args.bench_json else (measure if args.bench else None)
+    rc, _ = compare(list(args.from_logs), out_dir, args.threshold, bench,
+                    tuple(args.allow_diff), dp_efficiency=args.dp_efficiency)
+    return rc
+
+
+def saved_bench(path: str) -> dict:
+    """A bench.json written by an earlier run of this script or bench_pipeline.py --out."""
+    try:
+        with open(path) as fh:
+            bench = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise CompareError(f"--bench-json {path}: cannot read it ({exc})") from None
+    if not all(k in bench and "tokens_per_s" in bench[k] for k in ("rollout", "train")):
+        raise CompareError(f"--bench-json {path}: not a bench_pipeline result (needs rollout/train tokens_per_s)")
+    return bench
+
+
+def run_both(args: argparse.Namespace, out_dir: str) -> int:
+    """Bench (to choose the split), the async run, the sync run, the comparison."""
+    try:
+        devices, overrides = plan_devices(args.overrides, args.devices)
+        # flag check before anything runs (no ceilings yet: a forced split needs none)
+        choose_split(devices, None, None, args.dp_efficiency, force=1 if args.split is None else args.split)
+    except ValueError as exc:
+        return refuse(str(exc))
+    if args.bench_json:
+        bench = saved_bench(args.bench_json)
+    else:
+        bench = run_bench(overrides, args.bench_batches, out_dir) if args.bench or args.split is None else None
+    R, T = (bench["rollout"]["tokens_per_s"], bench["train"]["tokens_per_s"]) if bench else (None, None)
+    split = choose_split(devices, R, T, args.dp_efficiency, force=args.split)
+    print("\n".join(["=== async split"] + format_split(split)), flush=True)
+    dirs = [args.sync_log if mode == "sync" and args.sync_log else
+            run_mode(mode, overrides + mode_overrides(mode, devices, split["rollout"], overrides), out_dir)
+            for mode in MODES]
+    rc, _ = compare(dirs, out_dir, args.threshold, bench, tuple(args.allow_diff), split, args.dp_efficiency)
+    return rc
 
 
 if __name__ == "__main__":

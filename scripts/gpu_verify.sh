@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU verification of the scale-out paths and the sync-vs-async comparison (issues #3, #6).
+# GPU verification of the scale-out paths and the sync-vs-async comparison (issues #3, #6, #10).
 #
 #   bash scripts/gpu_verify.sh runs|megatron|packing      (on a 2x H100 machine, from the repo root)
+#   bash scripts/gpu_verify.sh scaling|compare2|compare4  (engine pool, #10: on a 4-GPU machine)
 #
 # Expects the offline bundle in .gpubundle/ (../shared/tools/offline_bundle.sh) plus the tiny task
 # as jsonl in .gpubundle/data/.  Model: a Qwen2.5-0.5B-shaped Qwen2 with random weights and the
@@ -14,7 +15,32 @@ export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTI
 export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
 nvidia-smi -L
 python3 -c "import ray, hydra, torch, transformers, tensorboard, tqdm; print('ray', ray.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
+# the engine-pool benchmarks (#10): 0.5B-shaped model, bf16, a long-tail response-length workload
+POOL=(trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
+      data.val_files=null data.max_prompt_length=16 data.max_response_length=${MAXLEN:-256}
+      actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16
+      actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32
+      actor_rollout_ref.actor.ppo_mini_batch_size=16 data.train_batch_size=16 actor_rollout_ref.rollout.n=8
+      benchmark.response_length=lognormal trainer.total_training_steps=${STEPS:-8} trainer.progress_bar=false
+      trainer.logger=[console,tensorboard] "trainer.default_local_dir=/tmp/ckpt")
 case "${1:-runs}" in
+scaling)
+  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  timeout 560 python3 scripts/bench_rollout_scaling.py --devices ${DEVICES:-1 2 4} --out /tmp/pool/scaling "${POOL[@]}" \
+      2>&1 | grep -v "it/s\]" | grep -E "^\[|^ |devices|hardware|workload|Error|error" | tail -40
+  cp /tmp/pool/scaling/rollout_scaling.json "$OUT/" 2>/dev/null
+  ;;
+compare2|compare4)
+  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  N=${1#compare}
+  [ "$N" = 2 ] && export CUDA_VISIBLE_DEVICES=0,1
+  timeout 560 python3 scripts/compare_sync_async.py --devices "$N" --threshold 0.0 --bench-batches 2 ${SPLIT:+--split $SPLIT} \
+      ${BENCH_JSON:+--bench-json $BENCH_JSON} ${SYNC_LOG:+--sync-log $SYNC_LOG} --out /tmp/pool/compare$N${SPLIT:+_split$SPLIT} "${POOL[@]}" \
+      2>&1 | grep -v "it/s\]" | grep -E -v "^\[(async|sync|bench)\] " | tail -60
+  D=/tmp/pool/compare$N${SPLIT:+_split$SPLIT}
+  cp "$D/report.md" "$OUT/report$N${SPLIT:+_split$SPLIT}.md"; cp "$D/table.json" "$OUT/table$N${SPLIT:+_split$SPLIT}.json"
+  cp "$D/bench.json" "$OUT/bench$N.json" 2>/dev/null
+  ;;
 runs)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
   COMMON=(trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl

@@ -6,11 +6,13 @@ from typing import Any
 from fully_async.engines.base import RolloutEngine
 
 
-def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: int) -> RolloutEngine:
-    """Engine named by actor_rollout_ref.rollout.name."""
+def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: int,
+                 replica: int = 0) -> RolloutEngine:
+    """Engine named by actor_rollout_ref.rollout.name; replica i of a pool samples with seed + i."""
     rollout = cfg.actor_rollout_ref.rollout
+    seed = cfg.trainer.seed + replica
     hf_kwargs = dict(device=device, dtype=rollout.dtype, max_num_seqs=rollout.max_num_seqs,
-                     eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, seed=cfg.trainer.seed,
+                     eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, seed=seed,
                      trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
     if ":" in rollout.name:  # a user engine "package.module:Class" with HFEngine's constructor
         import importlib
@@ -22,7 +24,7 @@ def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: 
         return HFEngine(cfg.actor_rollout_ref.model.path, **hf_kwargs)
     if rollout.name == "vllm":
         from fully_async.engines.vllm_engine import VLLMEngine
-        return VLLMEngine.from_config(cfg, device, eos_token_ids)
+        return VLLMEngine.from_config(cfg, device, eos_token_ids, seed=seed)
     raise ValueError(f"actor_rollout_ref.rollout.name={rollout.name!r} is not one of ['hf', 'vllm'] "
                      "or 'package.module:Class'")
 

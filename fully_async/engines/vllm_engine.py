@@ -246,13 +246,15 @@ class VLLMEngine:
                     self._unmasked, pause_mode)
 
     @classmethod
-    def from_config(cls, cfg: Any, device: Device, eos_token_ids: list[int]) -> "VLLMEngine":
+    def from_config(cls, cfg: Any, device: Device, eos_token_ids: list[int],
+                    seed: Optional[int] = None) -> "VLLMEngine":
         r = cfg.actor_rollout_ref.rollout
         max_model_len = r.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length
         keys = ("dtype", "max_num_seqs", "tensor_model_parallel_size", "gpu_memory_utilization", "enforce_eager",
                 "max_num_batched_tokens", "enable_chunked_prefill", "free_cache_engine", "load_format", "pause_mode",
                 "update_weights_bucket_megabytes")
-        return cls(cfg.actor_rollout_ref.model.path, device, eos_token_ids=eos_token_ids, seed=cfg.trainer.seed,
+        return cls(cfg.actor_rollout_ref.model.path, device, eos_token_ids=eos_token_ids,
+                   seed=cfg.trainer.seed if seed is None else seed,
                    trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code, max_model_len=max_model_len,
                    **{k: getattr(r, k) for k in keys})
 

@@ -1,23 +1,34 @@
-"""In-process weight sync for the colocated sync loop: engine and trainer share one process."""
+"""Weight sync of the colocated sync loop: every trainer rank's engine sits in that rank's process.
+
+Sync mode runs one engine per trainer rank (engines/pool.py over the ranks).  With strategy torch or
+fsdp2 each rank's engine loads that rank's own full parameters as FSDP2 gathers them
+(train_group.load_trainer_weights, all ranks at once): nothing crosses a process.  A backend without
+per-rank full parameters (megatron: rank 0 assembles the HF weights) sends rank 0's copy through the
+pool instead (one object-store copy read by every other rank).
+"""
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
 
 class LocalWeightSync:
-    def __init__(self, backend: Any, engine: Any):
+    def __init__(self, backend: Any, pool: Any, per_rank: bool, elem_bytes: int = 4):
         self.backend = backend
-        self.engine = engine
+        self.pool = pool
+        self.per_rank = per_rank
+        self.nbytes = sum(math.prod(shape) for _, shape in backend.param_shapes()) * elem_bytes
 
     def flush(self) -> dict[str, float]:
         return {}
 
     def push(self, version: int) -> dict[str, float]:
         start = time.perf_counter()
-        named_tensors = self.backend.named_parameters_for_sync()
-        self.engine.update_weights(named_tensors, version)
+        if self.per_rank:
+            self.pool.load_everywhere("load_trainer_weights", version)
+        else:
+            self.pool.update_weights(self.backend.named_parameters_for_sync(), version)
         total = time.perf_counter() - start
-        nbytes = sum(t.numel() * t.element_size() for t in named_tensors.values())
         return {"timing_s/param_sync": total, "timing_s/param_sync/load": total,
-                "perf/param_sync_gbps": nbytes / 1e9 / max(total, 1e-9)}
+                "perf/param_sync_gbps": self.nbytes / 1e9 / max(total, 1e-9)}

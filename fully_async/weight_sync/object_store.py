@@ -1,7 +1,7 @@
 """Weight sync through Ray's object store: works on any device and across hosts.
 
 The trainer puts one CPU copy of its parameters into the object store and hands the reference
-to the rollouter, which loads it into its engine between two generation steps.  This is the
+to the rollouter, which has every engine replica load it between two generation steps.  This is the
 portable fallback; the collective (HCCL/NCCL) path avoids the host round-trip.
 
 The push does not wait for the engine to load: the trainer goes on to its next batch while the
@@ -45,7 +45,9 @@ class ObjectStoreWeightSync:
         named_tensors = self.backend.named_parameters_for_sync()
         gathered = time.perf_counter()
         ref = ray.put(named_tensors)
-        self._pending = self.rollouter.update_weights.remote(ref, version)
+        # wrapped in a list so Ray hands the reference itself to the rollouter: every engine replica then
+        # reads this one copy, and the rollouter never materialises the weights
+        self._pending = self.rollouter.update_weights.remote([ref], version)
         self._pending_bytes = sum(t.numel() * t.element_size() for t in named_tensors.values())
         self._pending_start = gathered
         out.update({"timing_s/param_sync": time.perf_counter() - start,

@@ -1,8 +1,10 @@
 """scripts/compare_sync_async.py and scripts/bench_pipeline.py on real short runs of the tiny task.
 
-One module fixture runs the comparison script itself (async then sync, 3 steps each, identical
-overrides); the tests then re-read those TensorBoard dirs independently and check the report,
-the plots, every number of the table, and the refusal of configs that differ beyond `mode`.
+One module fixture runs the comparison script itself at equal total devices (N=2: async 1 rollout +
+1 trainer vs sync on 2 devices, 3 steps each, the bench measured first to choose the split, a
+synthetic response-length workload); the tests then re-read those TensorBoard dirs independently and
+check the report, the plots, every number of the table, and the refusal of configs that differ beyond
+`mode` and placement.  The split/ceiling model and the report are also tested on synthetic runs.
 """
 import json
 import os
@@ -16,14 +18,16 @@ pytestmark = pytest.mark.integration
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 SCRIPT = os.path.join(ROOT, "scripts", "compare_sync_async.py")
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 MINI, N = 8, 4
 OVERRIDES = ["trainer.total_training_steps=3", f"actor_rollout_ref.actor.ppo_mini_batch_size={MINI}",
              f"data.train_batch_size={MINI}", f"actor_rollout_ref.rollout.n={N}",
              f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MINI * N}", "trainer.progress_bar=false",
-             "trainer.test_freq=1", "trainer.device=cpu"]
+             "trainer.test_freq=1", "trainer.device=cpu", "benchmark.response_length=lognormal"]
 PLOTS = ["throughput", "reward_vs_time", "val_reward_vs_time", "reward_vs_samples", "time_per_step", "idle_ratios",
          "staleness"]
 VAL_TAG = "val-core/arithmetic/reward/mean@1"
+PLACEMENT = {"async": (1, 1, "torch"), "sync": (0, 2, "fsdp2")}   # rollout devices, trainer devices, strategy
 
 
 def run_script(*args, timeout=600):
@@ -45,18 +49,58 @@ def read_events(logdir):
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
-    r = run_script("--out", str(out), "--threshold", "0.0", *OVERRIDES)
+    r = run_script("--out", str(out), "--threshold", "0.0", "--bench-batches", "1", *OVERRIDES)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     return out, r.stdout
 
 
-def test_runs_differ_only_in_mode(compared):
+def placement_of(cfg):
+    return (cfg["rollout"]["n_gpus_per_node"] if cfg["mode"] == "async" else 0, cfg["trainer"]["n_gpus_per_node"],
+            cfg["actor_rollout_ref"]["actor"]["strategy"])
+
+
+def test_runs_differ_only_in_mode_and_placement(compared):
     out, stdout = compared
     cfg = {m: json.loads((out / "runs" / m / "config.json").read_text()) for m in ("async", "sync")}
     assert cfg["async"]["mode"] == "async" and cfg["sync"]["mode"] == "sync"
-    cfg["sync"]["mode"] = "async"
+    assert {m: placement_of(c) for m, c in cfg.items()} == PLACEMENT
+    for c in cfg.values():   # the rest is identical
+        c["mode"], c["trainer"]["n_gpus_per_node"], c["actor_rollout_ref"]["actor"]["strategy"] = "x", 0, "x"
+    cfg["async"]["rollout"]["n_gpus_per_node"] = cfg["sync"]["rollout"]["n_gpus_per_node"]
     assert cfg["async"] == cfg["sync"]
     assert "tokens/s (total)" in stdout and "speedup async/sync" in stdout
+    assert "total devices: 2 cpu per mode (equal)" in stdout and "<- chosen" in stdout
+    assert "synthetic response lengths: lognormal(median 2 = 0.25 x 8, sigma 0.75)" in stdout
+    bench = json.loads((out / "bench.json").read_text())   # the split was chosen from a measured bench
+    assert bench["workload"]["kind"] == "lognormal" and bench["rollout"]["tokens_per_s"] > 0
+
+
+def test_ceilings_and_efficiency_of_the_split(compared, tmp_path):
+    out, _ = compared
+    table = json.loads((out / "table.json").read_text())
+    R, T = table["bench"]["rollout"]["tokens_per_s"], table["bench"]["train"]["tokens_per_s"]
+    split = table["split"]
+    assert (split["devices"], split["rollout"], split["trainer"], split["forced"]) == (2, 1, 1, False)
+    assert [c["rollout"] for c in split["candidates"]] == [1]
+    a, s = table["modes"]["async"], table["modes"]["sync"]
+    assert a["ceiling_tokens_per_s"] == pytest.approx(min(R, T)) == split["ceiling"]
+    assert s["ceiling_tokens_per_s"] == pytest.approx(1 / (1 / (2 * R) + 1 / (2 * T))) == split["sync_ceiling"]
+    for st in (a, s):
+        assert st["pipeline_efficiency"] == pytest.approx(st["tokens_per_s"] / st["ceiling_tokens_per_s"])
+    assert table["fair"] and table["devices_total"] == {"async": 2, "sync": 2}
+    assert table["workload"]["expected"]["p50"] == 2
+    report = (out / "report.md").read_text()
+    assert "candidate splits of N=2 devices" in report and "why: r=1 maximises" in report
+    assert f"= {s['ceiling_tokens_per_s']:.1f} tokens/s (efficiency {s['pipeline_efficiency']:.3f})" in report
+    # from saved logs with --bench: the async run's split among the candidates, e on the 2-device sync trainer
+    r = run_script("--from-logs", str(out / "runs" / "async"), str(out / "runs" / "sync"), "--out", str(tmp_path),
+                   "--bench", "--bench-batches", "1", "--dp-efficiency", "0.5")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    again = json.loads((tmp_path / "table.json").read_text())
+    R, T = again["bench"]["rollout"]["tokens_per_s"], again["bench"]["train"]["tokens_per_s"]
+    assert again["split"]["reason"].startswith("the async run's split 1+1: predicted")
+    assert again["modes"]["async"]["ceiling_tokens_per_s"] == pytest.approx(min(R, T))
+    assert again["modes"]["sync"]["ceiling_tokens_per_s"] == pytest.approx(1 / (1 / (2 * R) + 1 / (2 * T * 0.5)))
 
 
 def test_from_logs_report_plots_and_numbers(compared, tmp_path):
@@ -72,25 +116,29 @@ def test_from_logs_report_plots_and_numbers(compared, tmp_path):
     report = (dest / "report.md").read_text()
     summary = json.loads((out / "runs" / "async" / "summary.json").read_text())
     assert summary["hardware"] and f"Hardware: {summary['hardware']}" in report
-    assert "none: both runs used the same resolved config except `mode`" in report
-    assert "- async: 2 cpu device(s) (trainer 1, rollout 1)" in report
-    assert "- sync: 1 cpu device(s) (trainer 1, rollout 0, colocated)" in report
+    assert "- async: 2 cpu device(s) (trainer 1, rollout 1, strategy torch)" in report
+    assert "- sync: 2 cpu device(s) (trainer 2, rollout 0, colocated, strategy fsdp2)" in report
+    assert "Placement keys allowed to differ at equal total devices" in report
+    assert "- `trainer.n_gpus_per_node`: async `1` vs sync `2` (placement)" in report
+    assert "synthetic response lengths: lognormal" in report
     for name in PLOTS:
         png = dest / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
         assert f"]({name}.png)" in report
 
     table = json.loads((dest / "table.json").read_text())
-    assert table["config_diff"] == []
-    for mode, devices in (("async", 2), ("sync", 1)):
+    assert table["config_diff"] == [["actor_rollout_ref.actor.strategy", "torch", "fsdp2"],
+                                    ["trainer.n_gpus_per_node", 1, 2]]
+    assert table["fair"] and table["split"] is None and table["bench"] is None   # no --bench: no ceilings
+    for mode in ("async", "sync"):
         scalars, first = events[mode]
         got = table["modes"][mode]
         step_s = [v for _, _, v in scalars["timing_s/step"]]
         tokens = [v for _, _, v in scalars["perf/total_num_tokens"]]
         assert got["steps"] == len(step_s) == 3
-        assert got["devices"]["total"] == devices
+        assert got["devices"]["total"] == 2 and got["pipeline_efficiency"] is None
         assert got["tokens_per_s"] == pytest.approx(sum(tokens) / sum(step_s), rel=1e-9)
-        assert got["tokens_per_s_per_device"] == pytest.approx(sum(tokens) / sum(step_s) / devices, rel=1e-9)
+        assert got["tokens_per_s_per_device"] == pytest.approx(sum(tokens) / sum(step_s) / 2, rel=1e-9)
         assert got["time_per_step_s"] == pytest.approx(sum(step_s) / 3, rel=1e-9)
         assert got["samples_per_s"] == pytest.approx(3 * MINI * N / sum(step_s), rel=1e-9)
         vals = sorted(scalars[VAL_TAG], key=lambda e: e[1])
@@ -111,18 +159,23 @@ def test_from_logs_report_plots_and_numbers(compared, tmp_path):
     assert f"{table['modes']['async']['tokens_per_s']:.1f}" in r.stdout
 
 
-def test_config_diff_beyond_mode_is_refused(compared, tmp_path):
+def _edit(run_dir, fn, name="config.json"):
+    path = run_dir / name
+    doc = json.loads(path.read_text())
+    fn(doc)
+    path.write_text(json.dumps(doc))
+
+
+def test_config_diff_beyond_mode_and_placement_is_refused(compared, tmp_path):
     out, _ = compared
     a_dir, s_dir = tmp_path / "async", tmp_path / "sync"
     shutil.copytree(out / "runs" / "async", a_dir)
     shutil.copytree(out / "runs" / "sync", s_dir)
-    cfg = json.loads((s_dir / "config.json").read_text())
-    cfg["actor_rollout_ref"]["actor"]["optim"]["lr"] = 0.5
-    (s_dir / "config.json").write_text(json.dumps(cfg))
+    _edit(s_dir, lambda c: c["actor_rollout_ref"]["actor"]["optim"].update(lr=0.5))
     r = run_script("--from-logs", str(a_dir), str(s_dir), "--out", str(tmp_path / "refused"))
     assert r.returncode == 2, r.stdout + r.stderr
     named = [line.split(":")[0].strip() for line in r.stderr.splitlines() if line.startswith("  ")]
-    assert named == ["actor_rollout_ref.actor.optim.lr"], r.stderr
+    assert named == ["actor_rollout_ref.actor.optim.lr"], r.stderr   # the placement keys are not named
     assert not (tmp_path / "refused" / "report.md").exists()
     # a deliberate difference is accepted when named, and the report states it
     r = run_script("--from-logs", str(a_dir), str(s_dir), "--out", str(tmp_path / "allowed"),
@@ -130,22 +183,51 @@ def test_config_diff_beyond_mode_is_refused(compared, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     lr = json.loads((a_dir / "config.json").read_text())["actor_rollout_ref"]["actor"]["optim"]["lr"]
     report = (tmp_path / "allowed" / "report.md").read_text()
-    assert f"`actor_rollout_ref.actor.optim.lr`: async `{lr}` vs sync `0.5`" in report
-    # two runs of the same mode, or a mode override, are not a sync/async comparison
+    assert f"`actor_rollout_ref.actor.optim.lr`: async `{lr}` vs sync `0.5` (allowed by --allow-diff)" in report
+    # placement may differ only at equal total devices
+    _edit(s_dir, lambda c: c["actor_rollout_ref"]["actor"]["optim"].update(lr=lr))
+    _edit(s_dir, lambda c: c["trainer"].update(n_gpus_per_node=3))
+    _edit(s_dir, lambda s: s["devices"].update(trainer=3, total=3), "summary.json")
+    r = run_script("--from-logs", str(a_dir), str(s_dir), "--out", str(tmp_path / "unequal"))
+    assert r.returncode == 2 and "at equal total devices; these runs use async 2 vs sync 3" in r.stderr, r.stderr
+    assert [line.split(":")[0].strip() for line in r.stderr.splitlines() if line.startswith("  ")] == [
+        "actor_rollout_ref.actor.strategy", "trainer.n_gpus_per_node"]
+    # identical configs on unequal devices (the old async 1+1 vs sync 1) still compare, flagged as unequal
+    _edit(s_dir, lambda c: (c["trainer"].update(n_gpus_per_node=1), c["actor_rollout_ref"]["actor"].update(
+        strategy="torch")))
+    _edit(s_dir, lambda s: s["devices"].update(trainer=1, total=1), "summary.json")
+    r = run_script("--from-logs", str(a_dir), str(s_dir), "--out", str(tmp_path / "legacy"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "total devices DIFFER: async 2, sync 1" in (tmp_path / "legacy" / "report.md").read_text()
+    # two runs of the same mode, a mode override or bad placement flags are refused before anything runs
     assert run_script("--from-logs", str(a_dir), str(a_dir), "--out", str(tmp_path / "x")).returncode == 2
-    assert run_script("--out", str(tmp_path / "x"), "mode=sync").returncode == 2
+    for args, words in ((["mode=sync"], "mode="), (["--devices", "1"], "--devices 1"),
+                        (["--split", "2"], "--split 2 must be in 1..1"), (["--split", "0"], "--split 0 must be"),
+                        (["--dp-efficiency", "1.5"], "--dp-efficiency 1.5"),
+                        (["rollout.n_gpus_per_node=2"], "pass --split R"),
+                        (["trainer.nnodes=2"], "trainer.nnodes=2"),
+                        (["--devices", "3", "trainer.n_gpus_per_node=2"], "contradicts --devices 3")):
+        r = run_script("--out", str(tmp_path / "x"), *args)
+        assert r.returncode == 2 and words in r.stderr, (args, r.stderr)
+    assert not (tmp_path / "x" / "runs").exists()
 
 
-def test_bench_pipeline_measures_both_stages():
+def test_bench_pipeline_measures_both_stages(tmp_path):
     import torch
 
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
     import bench_pipeline
 
     threads = torch.get_num_threads()
-    res = bench_pipeline.measure([f"actor_rollout_ref.actor.ppo_mini_batch_size={MINI}",
-                                  f"actor_rollout_ref.rollout.n={N}", "trainer.device=cpu",
-                                  f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MINI * N}"], batches=1)
+    # placement and fsdp2 of the overrides are ignored: the bench measures one device per stage
+    path = tmp_path / "bench.json"
+    assert bench_pipeline.main(["--batches", "1", "--out", str(path), "--devices", "3",
+                                f"actor_rollout_ref.actor.ppo_mini_batch_size={MINI}",
+                                f"actor_rollout_ref.rollout.n={N}", "trainer.device=cpu",
+                                f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MINI * N}",
+                                "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=fsdp2",
+                                "benchmark.response_length=lognormal",
+                                "benchmark.response_length_median_ratio=0.125"]) == 0
+    res = json.loads(path.read_text())
     assert torch.get_num_threads() == threads   # the 1-thread setting does not leak
     assert res["threads"] == 1 and res["device"] == "cpu"
     for stage in ("rollout", "train"):
@@ -153,7 +235,114 @@ def test_bench_pipeline_measures_both_stages():
         assert res[stage]["samples"] == MINI * N
     assert res["rollout"]["tokens"] == res["train"]["tokens"] > MINI * N   # same samples, prompt + response
     assert res["min_tokens_per_s"] == min(res["rollout"]["tokens_per_s"], res["train"]["tokens_per_s"])
-    assert "rollout-only" in bench_pipeline.format_table(res)
+    assert res["workload"]["median"] == 1.0 and "ONE device" in res["per_device"]
+    table = bench_pipeline.format_table(res)
+    assert "rollout-only" in table and "synthetic response lengths: lognormal(median 1 = 0.125 x 8" in table
+    assert [c["rollout"] for c in res["split"]["candidates"]] == [1, 2]   # --devices 3: the splits of 3 devices
+
+
+# ----------------------------------------------------------------------------------- split model (no runs)
+def test_choose_split_maximises_the_async_ceiling():
+    from bench_pipeline import choose_split, sync_ceiling
+
+    s = choose_split(8, rollout_tps=100.0, train_tps=30.0, dp_efficiency=0.9)
+    # r x 100 vs (8 - r) x 30 x 0.9: r=2 gives min(200, 162) = 162, the best
+    assert [round(c["ceiling"], 6) for c in s["candidates"]] == [100, 162, 135, 108, 81, 54, 30]
+    assert (s["rollout"], s["trainer"], s["best"], s["ceiling"]) == (2, 6, 2, pytest.approx(162.0))
+    assert s["candidates"][-1]["train_tokens_per_s"] == 30.0   # one trainer device: no data-parallel loss
+    assert s["sync_ceiling"] == pytest.approx(1 / (1 / 800 + 1 / (8 * 30 * 0.9)))
+    assert s["sync_ceiling"] == pytest.approx(sync_ceiling(8, 100.0, 30.0, 0.9))
+    assert "r=2 maximises" in s["reason"] and not s["forced"]
+    tie = choose_split(4, 100.0, 100.0)   # r=2: min(200, 200); ties go to fewer rollout devices
+    assert tie["rollout"] == 2
+    tie = choose_split(3, 100.0, 50.0)    # r=1: min(100, 100), r=2: min(200, 50)
+    assert tie["rollout"] == 1 and tie["ceiling"] == 100.0
+    even = choose_split(5, 10.0, 10.0)    # r=2: min(20, 30) = 20 = r=3: min(30, 20)
+    assert even["rollout"] == 2 and "tied with r=3" in even["reason"]
+    forced = choose_split(4, 100.0, 100.0, force=3)
+    assert (forced["rollout"], forced["ceiling"], forced["best"], forced["forced"]) == (3, 100.0, 2, True)
+    assert forced["reason"].startswith("forced by --split 3: predicted 100.0 tokens/s; the best split: r=2")
+    blind = choose_split(4, None, None, force=1)
+    assert (blind["rollout"], blind["trainer"], blind["candidates"], blind["ceiling"]) == (1, 3, [], None)
+
+
+@pytest.mark.parametrize("args, words", [
+    ((1, 10.0, 10.0), "--devices 1"), ((4, 10.0, 10.0, 1.0, 4), "--split 4 must be in 1..3"),
+    ((4, 10.0, 10.0, 1.0, 0), "--split 0"), ((4, 10.0, 10.0, 0.0), "--dp-efficiency 0.0"),
+    ((4, None, None), "needs the measured"),
+])
+def test_choose_split_rejects_bad_flags(args, words):
+    from bench_pipeline import choose_split
+
+    with pytest.raises(ValueError, match=words.replace(".", r"\.")):
+        choose_split(*args)
+
+
+def test_plan_devices_and_mode_overrides():
+    import compare_sync_async as cs
+
+    assert cs.plan_devices(["a=1"], None) == (2, ["a=1"])
+    assert cs.plan_devices(["trainer.n_gpus_per_node=4", "a=1"], None) == (4, ["a=1"])
+    assert cs.plan_devices(["trainer.nnodes=1"], 6) == (6, [])
+    assert cs.mode_overrides("sync", 4, 1, []) == ["trainer.n_gpus_per_node=4",
+                                                   "actor_rollout_ref.actor.strategy=fsdp2"]
+    assert cs.mode_overrides("async", 4, 3, []) == ["trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=3"]
+    assert cs.mode_overrides("async", 4, 1, ["actor_rollout_ref.actor.strategy=megatron"]) == [
+        "trainer.n_gpus_per_node=3", "rollout.n_gpus_per_node=1"]   # the user's strategy is kept
+
+
+def fake_run(mode, trainer, rollout, strategy, tps, log_dir="/x"):
+    """A Run with 2 steps of 1000 tokens each at 1000 / tps seconds per step, two validations."""
+    from compare_lib import Run
+
+    step = 1000.0 / tps
+    scalars = {"timing_s/step": [(1, 10.0, step), (2, 20.0, step)],
+               "perf/total_num_tokens": [(1, 10.0, 1000.0), (2, 20.0, 1000.0)],
+               "prompt_length/mean": [(1, 10.0, 5.0), (2, 20.0, 5.0)],
+               "response_length/mean": [(1, 10.0, 5.0), (2, 20.0, 5.0)],
+               "critic/score/mean": [(1, 10.0, 0.1), (2, 20.0, 0.3)],
+               VAL_TAG: [(0, 5.0, 0.1), (2, 21.0, 0.5)]}
+    config = {"mode": mode, "trainer": {"nnodes": 1, "n_gpus_per_node": trainer, "device": "cuda"},
+              "rollout": {"nnodes": 1, "n_gpus_per_node": max(1, rollout)},
+              "actor_rollout_ref": {"actor": {"strategy": strategy}}, "data": {"max_response_length": 512},
+              "benchmark": {"response_length": "lognormal", "response_length_median_ratio": 0.25,
+                            "response_length_sigma": 0.75, "seed": 0}}
+    devices = {"trainer": trainer, "rollout": rollout, "total": trainer + rollout, "device": "cuda"}
+    return Run(log_dir, scalars, 0.0, config, {"devices": devices, "hardware": "H100 x4", "wall_s": 30.0})
+
+
+def test_report_of_synthetic_runs_states_split_ceilings_and_workload(tmp_path):
+    from bench_pipeline import choose_split
+    from compare_lib import build_table, check_diff, config_diff, format_table, write_report
+
+    runs = {"async": fake_run("async", 3, 1, "fsdp2", 250.0), "sync": fake_run("sync", 4, 0, "fsdp2", 160.0)}
+    bench = {"rollout": {"tokens_per_s": 300.0}, "train": {"tokens_per_s": 100.0}, "device": "cuda", "threads": None}
+    split = choose_split(4, 300.0, 100.0)
+    assert (split["rollout"], split["ceiling"]) == (1, 300.0)   # min(300, 300)
+    diff = config_diff(runs["async"].config, runs["sync"].config)
+    assert check_diff(diff, (), {"async": 4, "sync": 4}) == ([], True)
+    assert [d[0] for d in check_diff(diff, (), {"async": 4, "sync": 3})[0]] == ["trainer.n_gpus_per_node"]
+    table = build_table(runs, 0.4, bench, diff, split)
+    a, s = table["modes"]["async"], table["modes"]["sync"]
+    assert a["tokens_per_s"] == pytest.approx(250.0) and a["ceiling_tokens_per_s"] == pytest.approx(300.0)
+    assert a["pipeline_efficiency"] == pytest.approx(250 / 300)
+    assert s["ceiling_tokens_per_s"] == pytest.approx(1 / (1 / 1200 + 1 / 400)) == pytest.approx(300.0)
+    assert s["pipeline_efficiency"] == pytest.approx(160 / 300)
+    assert table["speedup"]["tokens_per_s"] == pytest.approx(250 / 160)
+    assert table["placement_diff"] == ["trainer.n_gpus_per_node"]
+    assert table["workload"]["expected"]["p50"] == 128
+    text = format_table(table)
+    for line in ("total devices: 4 cuda per mode (equal)", "async: rollout 1 + trainer 3 device(s), strategy fsdp2",
+                 "sync: 4 device(s), colocated", "candidate splits of N=4 devices (R = 300.0, T = 100.0",
+                 "why: r=1 maximises", "synthetic response lengths: lognormal(median 128 = 0.25 x 512, sigma 0.75)",
+                 "speedup async/sync: tokens/s 1.56x"):
+        assert line in text, line
+    write_report(str(tmp_path), table, runs, {})
+    report = (tmp_path / "report.md").read_text()
+    assert "min(1 R, 3 T e) = 300.0 tokens/s (efficiency 0.833)" in report
+    assert "1 / (1/(4 R) + 1/(4 T e)) = 300.0 tokens/s (efficiency 0.533)" in report
+    assert "- `trainer.n_gpus_per_node`: async `3` vs sync `4` (placement)" in report
+    assert "P(hit max) 3.2%" in report and "**1.56x**" in report
 
 
 CORE_METRICS = ["perf/throughput", "perf/time_per_step", "perf/total_num_tokens", "timing_s/gen",

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.integration
 def ray_session():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
                                        "VLLM_CPU_KVCACHE_SPACE": "1"}})
     yield
@@ -61,9 +61,10 @@ def test_async_run_on_vllm_completes_with_rewards_and_validation(ray_session, tm
     assert abs(val[0] - reference) <= 1.0 / num_val + 1e-6, (val[0], reference)
 
 
-def test_async_run_on_vllm_with_weights_broadcast_to_the_workers(ray_session, tmp_path, monkeypatch):
-    """weight_sync=collective: the vLLM workers join the trainer's gloo broadcast group themselves (no copy
-    through the rollouter), with pause_mode=keep."""
+def test_async_run_on_two_vllm_replicas_with_weights_broadcast_to_the_workers(ray_session, tmp_path, monkeypatch):
+    """Two vllm-cpu replicas in the engine pool (rollout.n_gpus_per_node=2), weight_sync=collective: the
+    workers of both engines join the trainer's gloo broadcast group themselves (world 1 + 2, no copy through
+    the rollouter), with pause_mode=keep."""
     from fully_async.main import run_async
 
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
@@ -74,7 +75,7 @@ def test_async_run_on_vllm_with_weights_broadcast_to_the_workers(ray_session, tm
                        "actor_rollout_ref.rollout.update_weights_bucket_megabytes=1",
                        "trainer.total_training_steps=3", "trainer.progress_bar=false",
                        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-                       "actor_rollout_ref.rollout.max_num_seqs=32"])
+                       "actor_rollout_ref.rollout.max_num_seqs=32", "rollout.n_gpus_per_node=2"])
     reference, num_val = embedded_engine_validation(cfg)
 
     summary = run_async(cfg)
@@ -88,6 +89,10 @@ def test_async_run_on_vllm_with_weights_broadcast_to_the_workers(ray_session, tm
     assert all(v > 0 for _, v in scalars["perf/param_sync_gbps"])
     # keep mode reports the engine's own timings: pause/load/resume, and no `serialize` (no host re-copy)
     assert "timing_s/param_sync/load" in scalars and "timing_s/param_sync/serialize" not in scalars
+    # both replicas generated
+    assert [v for _, v in scalars["fully_async/rollouter/num_engines"]] == [2, 2, 2]
+    for i in (0, 1):
+        assert sum(v for _, v in scalars[f"fully_async/rollouter/engine_{i}/tokens"]) > 0, f"engine {i} idle"
     # greedy on the broadcast version-0 weights scores what the embedded engine scores on the checkpoint
     val = dict(scalars["val-core/arithmetic/reward/mean@1"])
     assert abs(val[0] - reference) <= 1.0 / num_val + 1e-6, (val[0], reference)

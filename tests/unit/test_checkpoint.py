@@ -95,20 +95,20 @@ def test_rollouter_snapshot_restores_partial_responses(monkeypatch):
     prep = prepare(cfg)
     q1 = FakeQueue()
     r1 = ro.Rollouter(prep.cfg_dict, q1, prep.train, [], prep.eos_token_ids, prep.pad_token_id)
-    r1._admit()
-    r1._handle(r1.engine.collect())  # one engine step: every response holds exactly one token
+    r1.scheduler.admit()
+    r1.scheduler.step()  # one engine step: every response holds exactly one token
     snap = r1._snapshot()
     partial = {p.sample_id: list(p.token_ids) for p in snap["pending"]}
-    assert len(partial) == 2 * r1.staleness.state.admitted and all(len(t) == 1 for t in partial.values())
-    assert snap["stream"]["emitted"] == r1.stream.num_emitted == r1.staleness.state.admitted
+    admitted = r1.scheduler.staleness.state.admitted
+    assert len(partial) == 2 * admitted and all(len(t) == 1 for t in partial.values())
+    assert snap["stream"]["emitted"] == r1.scheduler.stream.num_emitted == admitted
 
     q2 = FakeQueue()
     r2 = ro.Rollouter(prep.cfg_dict, q2, prep.train, [], prep.eos_token_ids, prep.pad_token_id, resume_state=snap)
-    assert r2.stream.num_emitted == r1.stream.num_emitted and r2.staleness.state == r1.staleness.state
-    r2.engine.submit([p.request() for p in r2.interrupted])
-    r2.interrupted = []
-    while r2.pending:
-        r2._handle(r2.engine.collect())
+    assert r2.scheduler.stream.num_emitted == admitted and r2.scheduler.staleness.state == r1.scheduler.staleness.state
+    r2.scheduler.resume()
+    while r2.scheduler.pending:
+        r2.scheduler.step()
     groups = q2.q.snapshot()
     samples = {s.sample_id: s for g in groups for s in g.samples}
     assert set(samples) == set(partial)
