@@ -15,13 +15,17 @@ export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTI
 export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
 nvidia-smi -L
 python3 -c "import ray, hydra, torch, transformers, tensorboard, tqdm; print('ray', ray.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
-# the engine-pool benchmarks (#10): 0.5B-shaped model, bf16, a long-tail response-length workload
+# the engine-pool benchmarks (#10): 0.5B-shaped model, bf16.  scaling: every response runs to the max (random
+# weights never emit EOS), BATCH prompts x 8 per step against NSEQS slots per engine, so one engine works in
+# waves and K engines in 1/K of them; compare: the long-tail lognormal workload (benchmark.response_length)
+BATCH=${BATCH:-16}
 POOL=(trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
       data.val_files=null data.max_prompt_length=16 data.max_response_length=${MAXLEN:-256}
       actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16
       actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32
-      actor_rollout_ref.actor.ppo_mini_batch_size=16 data.train_batch_size=16 actor_rollout_ref.rollout.n=8
-      benchmark.response_length=lognormal trainer.total_training_steps=${STEPS:-8} trainer.progress_bar=false
+      actor_rollout_ref.actor.ppo_mini_batch_size=$BATCH data.train_batch_size=$BATCH actor_rollout_ref.rollout.n=8
+      actor_rollout_ref.rollout.max_num_seqs=${NSEQS:-128} benchmark.response_length=${LENGTHS:-lognormal}
+      trainer.total_training_steps=${STEPS:-8} trainer.progress_bar=false
       trainer.logger=[console,tensorboard] "trainer.default_local_dir=/tmp/ckpt")
 case "${1:-runs}" in
 scaling)
