@@ -451,8 +451,8 @@ def write_report(out_dir: str, table: dict, runs: dict[str, Run], plots: dict[st
               "tokens of trained samples, all devices of the mode together); per device = divided by the "
               "mode's device count; samples/s counts trained responses; times to the reward threshold are "
               "wall-clock seconds from each run's first TensorBoard event; idle ratios and staleness are "
-              "means over steps.  As in verl, a sync step's time includes the validations it runs "
-              "(timing_s/testing); async validates on the rollouter, outside the trainer's step.", "", "## Plots", ""]
+              "means over steps.  Neither mode counts validation in a step's time: sync validates after the "
+              "step's clock stops (timing_s/testing), async validates on the rollouter, outside the trainer's step.", "", "## Plots", ""]
     lines += [f"![{name}]({fname})" for name, fname in plots.items()]
     path = os.path.join(out_dir, "report.md")
     with open(path, "w") as fh:

@@ -168,13 +168,6 @@ class EnginePool:
     def drain_timeline(self) -> list[dict]:
         return [e for t in self.timelines for e in t.drain()]
 
-    def close(self) -> None:
-        import ray
-
-        for rep in self.replicas:
-            if not rep.inline:
-                ray.kill(rep.actor, no_restart=True)
-
     # ------------------------------------------------------------------ internals
     def _room(self, i: int) -> int:
         return self.max_num_seqs - len(self._assigned[i])

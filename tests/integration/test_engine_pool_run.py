@@ -65,3 +65,16 @@ def test_async_mode_runs_one_replica_per_rollout_device(ray_session, tmp_path, m
         trace = json.load(fh)["traceEvents"]
     tracks = {e["args"]["name"] for e in trace if e["ph"] == "M"}
     assert {"engine_0", "engine_1", "rollouter", "trainer"} <= tracks
+
+
+def test_placement_that_cannot_fit_fails_at_once_naming_the_need(ray_session):
+    import time
+
+    from fully_async.device import CPU
+    from fully_async.placement import make_placement_group
+    from fully_async.ray_utils import RunFailed
+
+    start = time.monotonic()
+    with pytest.raises(RunFailed, match=r"could not place 5 rollout engine replica\(s\).*'CPU': 5.*has \{'CPU': 3"):
+        make_placement_group(CPU, 5, 1, "5 rollout engine replica(s)")
+    assert time.monotonic() - start < 10

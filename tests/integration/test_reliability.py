@@ -158,3 +158,15 @@ def test_timeline_has_every_phase(tmp_path, mode, extra, phases):
     names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
     assert phases <= names, phases - names
     assert all(e["dur"] >= 0 for e in trace["traceEvents"] if e["ph"] == "X")
+
+
+def test_failing_engine_replica_stops_the_run_naming_it(tmp_path):
+    """Two rollout replicas; replica 1's engine raises: the run exits 1 naming the replica and its cause."""
+    run = Run(tmp_path, *common(tmp_path, 20), "rollout.n_gpus_per_node=2",
+              "actor_rollout_ref.rollout.name=fakes:SecondReplicaCrashes", "trainer.val_before_train=false",
+              env={"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    start = time.monotonic()
+    assert run.wait(180) == 1, run.output[-3000:]
+    assert time.monotonic() - start < 150
+    assert re.search(r"rollouter failed: ReplicaFailed: rollout engine replica 1 \(engine1\) failed: .*"
+                     r"replica exploded on purpose", run.output), run.output[-3000:]

@@ -64,3 +64,30 @@ def test_cli_impossible_combination_exits_before_ray():
     assert r.returncode == 1
     assert "actor_rollout_ref.rollout.n" in r.stderr + r.stdout
     assert "Started a local Ray instance" not in r.stderr + r.stdout
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "rollout.n_gpus_per_node=2"],
+     "embedded engine .* has no tensor parallelism"),
+    (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+      "rollout.n_gpus_per_node=3"], "does not divide the 3 rollout devices"),
+    (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+      "rollout.n_gpus_per_node=2", "rollout.nnodes=2"], "must share one node"),
+    (["mode=sync", "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+     "one engine per trainer rank"),
+    (["actor_rollout_ref.rollout.tensor_model_parallel_size=0"], ">= 1"),
+])
+def test_rollout_layout_errors_name_the_tp_key(overrides, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        validate(cfg_with(*overrides))
+    assert err.value.key == "actor_rollout_ref.rollout.tensor_model_parallel_size"
+
+
+def test_rollout_devices_split_into_replicas():
+    from fully_async.placement import rollout_layout
+
+    assert rollout_layout(cfg_with("rollout.n_gpus_per_node=4")) == (4, 1)
+    cfg = cfg_with("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                   "rollout.n_gpus_per_node=4", "rollout.nnodes=2")
+    validate(cfg)
+    assert rollout_layout(cfg) == (4, 2)   # 8 devices / tp 2, each replica's 2 ranks on one node
