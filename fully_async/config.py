@@ -145,7 +145,8 @@ class RolloutConfig:
     enforce_eager: bool = True            # skip CUDA-graph capture (faster start-up)
     free_cache_engine: bool = True        # release the KV cache when the engine sleeps (colocated sync mode)
     load_format: str = "auto"             # auto | dummy (random init; real weights arrive from the trainer)
-    max_model_len: Optional[int] = None   # null: max_prompt_length + max_response_length
+    max_model_len: Optional[int] = None   # tokens per sequence (both engines; the embedded one sizes its KV
+    #                                       cache slots by it); null: max_prompt_length + max_response_length
     pause_mode: str = "abort"             # abort | keep: how in-flight requests stop at a weight update
     weight_sync: str = "auto"             # auto | object_store | collective (NCCL/HCCL/gloo broadcast)
     update_weights_bucket_megabytes: int = 512  # bucket size of the collective weight broadcast

@@ -1,12 +1,20 @@
-"""Benchmark the rollout engines on the same workloads in one invocation: embedded (hf) vs vLLM.
+"""Benchmark the rollout engines and transformers' own generate on the same workload, in one invocation.
 
-Measures, per engine: start-up time; generated tokens/s for each workload (prompts x samples x max
-tokens, EOS ignored so both engines generate exactly the same number of tokens); the cost of a
-partial-rollout weight update as the rollouter pays it (pause = interrupt(), load = update_weights(),
-resume = resubmitting prompt + partial), and for vLLM also pause_mode=keep (update with requests in
-flight).  Prints a table and writes JSON.
+For each engine (`hf`: the embedded engine, `vllm`) and each baseline (`generate`: model.generate with its
+default cache, `generate_static`: model.generate(cache_implementation="static"), which transformers compiles
+on CUDA), at each concurrency c: c sequences of --prompt-len random prompt tokens, --new-tokens sampled
+tokens each (EOS ignored, so every contender generates exactly c x new-tokens tokens), temperature 1.
+Reported per (contender, c): the first run's tokens/s (start-up effects: kernel selection, compilation,
+allocator growth) and the warm tokens/s (best of --repeats later runs), ms per decode step (wall / new
+tokens) and the start-up time of the contender.  Engines also get the cost of a partial-rollout weight
+update as the rollouter pays it (pause = interrupt(), load = update_weights(), resume = resubmit prompt +
+partial), and vLLM pause_mode=keep (update with requests in flight), unless --no-updates.
 
-Usage: python scripts/bench_engines.py [--model DIR] [--device cpu] [--engines hf,vllm] [--out FILE]
+  python scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  python scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 --engines hf \\
+      --baselines generate_static --concurrency 64 256 --new-tokens 256 --out bench_engines.json
+
+Prints a table and writes JSON.  Every number of one invocation comes from the same device.
 """
 from __future__ import annotations
 
@@ -15,6 +23,7 @@ import json
 import os
 import random
 import time
+from typing import Any, Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -22,48 +31,80 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 import torch  # noqa: E402
 
 from fully_async.config import asset_path  # noqa: E402
-from fully_async.device import describe_hardware, get_device  # noqa: E402
+from fully_async.device import describe_hardware, get_device, parse_dtype  # noqa: E402
 from fully_async.engines.base import run_requests  # noqa: E402
 from fully_async.partial import PendingResponse  # noqa: E402
 from fully_async.types import GenRequest, SamplingParams  # noqa: E402
 
-WORKLOADS = [("short", 64, 8, 8), ("long", 64, 8, 48)]  # name, prompts, samples per prompt, max tokens
+ENGINES = ("hf", "vllm")
+BASELINES = ("generate", "generate_static")
 
 
-def make_prompts(model_dir: str, n: int) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    rng = random.Random(0)
-    return [tok(f"{rng.randint(0, 49)}+{rng.randint(0, 49)}=", add_special_tokens=False)["input_ids"] for _ in range(n)]
+def make_prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[list[int]]:
+    """Random token prompts of one length (no padding: every contender sees the same tensor shapes)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(2, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def build(name: str, model_dir: str, device, max_num_seqs: int):
+def build_engine(name: str, model_dir: str, device: Any, dtype: str, max_num_seqs: int, max_len: int) -> Any:
     if name == "hf":
         from fully_async.engines.hf_engine import HFEngine
-        return HFEngine(model_dir, device, max_num_seqs=max_num_seqs, eos_token_ids=[], pad_token_id=0)
+        return HFEngine(model_dir, device, dtype=dtype, max_num_seqs=max_num_seqs, eos_token_ids=[], pad_token_id=0,
+                        max_model_len=max_len)
     from fully_async.engines.vllm_engine import VLLMEngine
-    return VLLMEngine(model_dir, device, max_num_seqs=max_num_seqs, eos_token_ids=[], max_model_len=64)
+    return VLLMEngine(model_dir, device, dtype=dtype, max_num_seqs=max_num_seqs, eos_token_ids=[],
+                      max_model_len=max_len)
 
 
-def throughput(engine, prompts, samples: int, max_tokens: int) -> dict:
-    params = SamplingParams(1.0, 1.0, -1, max_tokens)
-    reqs = [GenRequest(f"p{i}-s{j}", p, params) for i, p in enumerate(prompts) for j in range(samples)]
+def engine_runner(engine: Any, new_tokens: int) -> Callable[[list[list[int]]], int]:
+    def run(prompts: list[list[int]]) -> int:
+        params = SamplingParams(1.0, 1.0, -1, new_tokens)
+        outs = run_requests(engine, [GenRequest(f"r{i}", p, params) for i, p in enumerate(prompts)])
+        return sum(len(o.token_ids) for o in outs.values())
+    return run
+
+
+def generate_runner(model: Any, device: Any, new_tokens: int, static: bool) -> Callable[[list[list[int]]], int]:
+    def run(prompts: list[list[int]]) -> int:
+        ids = torch.tensor(prompts, device=device.torch_device())
+        kwargs = {"cache_implementation": "static"} if static else {}
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                 min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                 pad_token_id=0, **kwargs)
+        return int(out[:, ids.shape[1]:].numel())
+    return run
+
+
+def timed(run: Callable[[list[list[int]]], int], prompts: list[list[int]], device: Any) -> dict:
+    device.synchronize()
     start = time.perf_counter()
-    outs = run_requests(engine, reqs)
+    tokens = run(prompts)
+    device.synchronize()
     wall = time.perf_counter() - start
-    tokens = sum(len(o.token_ids) for o in outs.values())
-    return {"requests": len(reqs), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall}
+    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall}
 
 
-def partial_update(engine, prompts, weights: dict, version: int, run_s: float = 0.5) -> dict:
+def measure(run: Callable[[list[list[int]]], int], prompts_by_c: dict[int, list[list[int]]], device: Any,
+            repeats: int, new_tokens: int) -> dict:
+    out = {}
+    for c, prompts in prompts_by_c.items():
+        first = timed(run, prompts, device)
+        warm = [timed(run, prompts, device) for _ in range(repeats)]
+        best = max(warm, key=lambda r: r["tokens_per_s"])
+        out[str(c)] = {"first": first, "warm": best, "warm_all_tokens_per_s": [r["tokens_per_s"] for r in warm],
+                       "ms_per_step": 1e3 * best["wall_s"] / new_tokens}
+    return out
+
+
+def partial_update(engine: Any, prompts: list[list[int]], weights: dict, version: int, new_tokens: int,
+                   run_s: float = 0.5) -> dict:
     """Interrupt mid-generation, load weights, resubmit prompt + partial (what the rollouter does)."""
-    params = SamplingParams(1.0, 1.0, -1, 48)
-    pend = {f"u{i}-s{j}": PendingResponse(f"u{i}", f"u{i}-s{j}", p, params)
-            for i, p in enumerate(prompts) for j in range(8)}
+    params = SamplingParams(1.0, 1.0, -1, new_tokens)
+    pend = {f"u{i}": PendingResponse(f"u{i}", f"u{i}", p, params) for i, p in enumerate(prompts)}
     engine.submit([p.request() for p in pend.values()])
     until = time.perf_counter() + run_s
-    while time.perf_counter() < until:
+    while time.perf_counter() < until and engine.num_in_flight():
         for o in engine.collect():
             pend.pop(o.request_id).extend(o)
     t0 = time.perf_counter()
@@ -79,11 +120,11 @@ def partial_update(engine, prompts, weights: dict, version: int, run_s: float = 
             "finish_after_resume_s": time.perf_counter() - t3}
 
 
-def keep_update(engine, prompts, weights: dict, version: int, run_s: float = 0.5) -> dict:
+def keep_update(engine: Any, prompts: list[list[int]], weights: dict, version: int, new_tokens: int,
+                run_s: float = 0.5) -> dict:
     """vLLM pause_mode=keep: update weights while requests stay in flight."""
     engine.pause_mode = "keep"
-    engine.submit([GenRequest(f"k{i}-s{j}", p, SamplingParams(1.0, 1.0, -1, 48))
-                   for i, p in enumerate(prompts) for j in range(8)])
+    engine.submit([GenRequest(f"k{i}", p, SamplingParams(1.0, 1.0, -1, new_tokens)) for i, p in enumerate(prompts)])
     time.sleep(run_s)
     in_flight = engine.num_in_flight()
     engine.update_weights(weights, version)
@@ -93,60 +134,87 @@ def keep_update(engine, prompts, weights: dict, version: int, run_s: float = 0.5
     return out
 
 
-def bench(name: str, model_dir: str, device, prompts, weights: dict, repeats: int) -> dict:
-    start = time.perf_counter()
-    engine = build(name, model_dir, device, max_num_seqs=256)
-    res: dict = {"startup_s": time.perf_counter() - start}
-    throughput(engine, prompts[:8], 1, 4)  # warm-up
-    for wl, n_prompts, samples, max_tokens in WORKLOADS:  # best of `repeats`: the host is shared
-        runs = [throughput(engine, prompts[:n_prompts], samples, max_tokens) for _ in range(repeats)]
-        res[wl] = dict(max(runs, key=lambda r: r["tokens_per_s"]), all_tokens_per_s=[r["tokens_per_s"] for r in runs])
-    res["partial_update"] = partial_update(engine, prompts, weights, version=1)
-    if name == "vllm":
-        res["keep_update"] = keep_update(engine, prompts, weights, version=2)
-        res["vllm_version"] = engine.vllm_version
-        engine.close()
-    return res
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=asset_path("tiny_arithmetic/model"))
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--engines", default="hf,vllm")
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--model", default=asset_path("tiny_arithmetic/model"), help="local HF model folder")
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | npu")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--engines", default="hf", help=f"comma-separated from {ENGINES}, or '' for none")
+    ap.add_argument("--baselines", default="generate_static",
+                    help=f"comma-separated from {BASELINES}, or '' for none")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[64, 256], help="sequences generated together")
+    ap.add_argument("--new-tokens", type=int, default=64, help="tokens generated per sequence (EOS ignored)")
+    ap.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per sequence")
+    ap.add_argument("--repeats", type=int, default=3, help="warm runs per concurrency (the best is reported)")
+    ap.add_argument("--no-updates", action="store_true", help="skip the weight-update measurements")
     ap.add_argument("--out", default="bench_engines.json")
-    ap.add_argument("--repeats", type=int, default=3, help="throughput runs per workload (best is reported)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    engines = [e for e in args.engines.split(",") if e]
+    baselines = [b for b in args.baselines.split(",") if b]
+    bad = [e for e in engines if e not in ENGINES] + [b for b in baselines if b not in BASELINES]
+    if bad or not engines + baselines or min(args.concurrency) < 1 or args.new_tokens < 1 or args.repeats < 1:
+        ap.error(f"--engines from {ENGINES}, --baselines from {BASELINES} (at least one contender; got {bad or 'none'}),"
+                 " --concurrency/--new-tokens/--repeats >= 1")
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     device = get_device(args.device)
+    device.set_device(0)
     from transformers import AutoModelForCausalLM
-    weights = {k: v.detach().clone() for k, v in
-               AutoModelForCausalLM.from_pretrained(args.model).named_parameters()}
-    prompts = make_prompts(args.model, 64)
-    results = {"hardware": describe_hardware(device), "model": args.model, "workloads": WORKLOADS,
-               "torch_threads": torch.get_num_threads(), "engines": {}}
-    for name in args.engines.split(","):
-        results["engines"][name] = bench(name, args.model, device, prompts, weights, args.repeats)
-    print_table(results)
+
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=parse_dtype(args.dtype)).to(
+        device.torch_device()).eval()
+    weights = {k: v.detach().clone() for k, v in model.named_parameters()}
+    prompts_by_c = {c: make_prompts(model.config.vocab_size, c, args.prompt_len, seed=c) for c in args.concurrency}
+    max_len = args.prompt_len + args.new_tokens
+    results: dict = {"hardware": describe_hardware(device), "model": args.model, "dtype": args.dtype,
+                     "new_tokens": args.new_tokens, "prompt_len": args.prompt_len, "repeats": args.repeats,
+                     "torch_threads": torch.get_num_threads(), "contenders": {}}
+    for name in baselines:
+        results["contenders"][name] = {"startup_s": 0.0, **measure(
+            generate_runner(model, device, args.new_tokens, static=name == "generate_static"), prompts_by_c, device,
+            args.repeats, args.new_tokens)}
+    for name in engines:
+        start = time.perf_counter()
+        engine = build_engine(name, args.model, device, args.dtype, max(args.concurrency), max_len)
+        res: dict = {"startup_s": time.perf_counter() - start}
+        res.update(measure(engine_runner(engine, args.new_tokens), prompts_by_c, device, args.repeats,
+                           args.new_tokens))
+        if not args.no_updates:
+            few = prompts_by_c[min(args.concurrency)]
+            res["partial_update"] = partial_update(engine, few, weights, 1, args.new_tokens)
+            if name == "vllm":
+                res["keep_update"] = keep_update(engine, few, weights, 2, args.new_tokens)
+        if name == "vllm":
+            res["vllm_version"] = engine.vllm_version
+            engine.close()
+        results["contenders"][name] = res
+        del engine
+        device.empty_cache()
+    print(format_table(results, args.concurrency))
     with open(args.out, "w") as fh:
         json.dump(results, fh, indent=2)
     print(f"wrote {args.out}")
+    return 0
 
 
-def print_table(results: dict) -> None:
-    engines = results["engines"]
-    rows = [("start-up (s)", lambda r: r["startup_s"])]
-    for wl, n, s, m in WORKLOADS:
-        rows.append((f"{wl}: {n}x{s}x{m} tok/s", lambda r, wl=wl: r[wl]["tokens_per_s"]))
-    for key in ("pause_s", "load_s", "resume_s", "finish_after_resume_s"):
-        rows.append((f"partial update {key}", lambda r, key=key: r["partial_update"][key]))
-    for key in ("pause_s", "load_s", "resume_s"):
-        rows.append((f"keep update {key}", lambda r, key=key: r.get("keep_update", {}).get(key, float("nan"))))
-    print(f"\n{results['hardware']}, torch threads {results['torch_threads']}")
-    print(f"{'':34}" + "".join(f"{name:>12}" for name in engines))
-    for label, get in rows:
-        print(f"{label:34}" + "".join(f"{get(r):12.3f}" for r in engines.values()))
+def format_table(results: dict, concurrency: list[int]) -> str:
+    rows = [("contender", "c", "first tok/s", "warm tok/s", "ms/step", "start-up s")]
+    for name, res in results["contenders"].items():
+        for c in concurrency:
+            r = res[str(c)]
+            rows.append((name, str(c), f"{r['first']['tokens_per_s']:.0f}", f"{r['warm']['tokens_per_s']:.0f}",
+                         f"{r['ms_per_step']:.2f}", f"{res['startup_s']:.1f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [f"{results['hardware']}; {results['dtype']}; {results['prompt_len']} prompt + {results['new_tokens']} new "
+             f"tokens per sequence, EOS ignored; warm = best of {results['repeats']}"]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    for name, res in results["contenders"].items():
+        for key in ("partial_update", "keep_update"):
+            if key in res:
+                lines.append(f"{name} {key}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                                          for k, v in res[key].items()))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -3,6 +3,7 @@
 #
 #   bash scripts/gpu_verify.sh runs|megatron|packing      (on a 2x H100 machine, from the repo root)
 #   bash scripts/gpu_verify.sh scaling|compare2|compare4  (engine pool, #10: on a 4-GPU machine)
+#   bash scripts/gpu_verify.sh engine                     (embedded engine vs generate(static), #11: 1 GPU)
 #
 # Expects the offline bundle in .gpubundle/ (../shared/tools/offline_bundle.sh) plus the tiny task
 # as jsonl in .gpubundle/data/.  Model: a Qwen2.5-0.5B-shaped Qwen2 with random weights and the
@@ -28,6 +29,13 @@ POOL=(trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files
       trainer.total_training_steps=${STEPS:-8} trainer.progress_bar=false
       trainer.logger=[console,tensorboard] "trainer.default_local_dir=/tmp/ckpt")
 case "${1:-runs}" in
+engine)
+  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -5
+  CUDA_VISIBLE_DEVICES=0 timeout 360 python3 scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 \
+      --engines hf --baselines generate,generate_static --concurrency 64 256 --new-tokens 256 --repeats 2 \
+      --out "$OUT/bench_engines.json" 2>&1 | grep -v "it/s\]" | tail -14
+  ;;
 scaling)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
   timeout 560 python3 scripts/bench_rollout_scaling.py --devices ${DEVICES:-1 2 4} --out /tmp/pool/scaling "${POOL[@]}" \

@@ -13,7 +13,8 @@ def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: 
     seed = cfg.trainer.seed + replica
     hf_kwargs = dict(device=device, dtype=rollout.dtype, max_num_seqs=rollout.max_num_seqs,
                      eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, seed=seed,
-                     trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+                     trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
+                     max_model_len=rollout.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length)
     if ":" in rollout.name:  # a user engine "package.module:Class" with HFEngine's constructor
         import importlib
 

@@ -1,34 +1,37 @@
-"""Embedded rollout engine: pure torch + transformers, continuous batching over a KV cache.
+"""Embedded rollout engine: pure torch + transformers, continuous batching over a slot KV cache.
 
 Why our own loop instead of `model.generate`: the async pipeline needs requests to join the
 running batch as others finish, to be cut off mid-generation at a weight update with their
 partial tokens and log-probs, and to stamp each token with the weights' version.  `generate`
 does none of that.
 
-Mechanics.  Running sequences share one left-padded KV cache: per layer keys/values of shape
-(B, H, L, D) plus an attention mask (B, L) whose zeros mark padding.  Each `collect()` is one
+Mechanics.  The KV cache is preallocated once: per layer keys and values of shape (S, H, T, D),
+S = max_num_seqs slots, T = the longest sequence the engine serves (max_model_len; it grows by
+doubling if a request needs more).  A running sequence owns one slot and its length; nothing is
+ever concatenated, padded or index-selected: every write goes in place.  Each `collect()` is one
 engine iteration:
-  1. admit waiting requests up to `max_num_seqs`: prefill them as a left-padded batch and
-     splice their cache into the running one (pad both to the same length, concat on batch).
-     While sequences are running, admission waits until `admit_batch` slots (max_num_seqs / 8) are
-     free: each admission costs a prefill forward and a copy of the whole cache, which long-tail
-     lengths and an engine pool refilling freed slots would otherwise pay at almost every step.
-     (Measured: no visible change on the 2-core CPU default run, 13.5-14.0 s vs 13.9-15.5 s; the
-     H200 runs in the README were taken with it);
-  2. sample one token for every running sequence from its pending logits;
-  3. retire the sequences that hit EOS or max_tokens (index-select them out of the cache);
-  4. run one decode forward for the rest and trim cache columns that are padding in every row.
-Positions come from the mask (number of real tokens so far), so left padding never shifts RoPE.
+  1. admit waiting requests into free slots (lowest first): one prefill forward over the joining
+     prompts only (right-padded, causal mask), writing their keys/values into their slots; running
+     sequences are not touched.  While sequences run, admission waits until `admit_batch` slots
+     (max_num_seqs / 8) are free, so the prefill forward is paid once per batch of joiners;
+  2. sample one token for every occupied slot from its pending logits, on the device; one host
+     transfer per step brings back the tokens and their behaviour log-probs;
+  3. retire the sequences that hit EOS or max_tokens (their slot is simply freed);
+  4. one decode forward over slots [0, hi) (hi = highest occupied slot + 1): each slot's new key/value
+     is written at its own position and attention reads its slot up to its own length (an additive
+     mask over the cache's first `span` columns, a view).
+The transformers model sees a duck-typed cache (`_SlotCache.update`) and a prepared 4D mask, which
+transformers passes through untouched, so any causal LM whose attention calls
+`past_key_values.update(key, value, layer_idx)` works; sliding-window layers are refused.
 """
 from __future__ import annotations
 
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
 
 from fully_async.algorithms.sampling import sample_tokens
 from fully_async.device import Device, parse_dtype
@@ -49,16 +52,71 @@ class _Seq:
         return GenOutput(self.req.request_id, self.tokens, self.log_probs, self.versions, reason)
 
 
+class _SlotCache:
+    """What the model's attention layers call as `past_key_values`: writes in place into the slot buffers.
+
+    prefill(slots, P): the joining prompts' keys/values go to positions [0, P) of their slots and the
+    attention reads exactly those (nothing else exists for them yet).
+    decode(hi, positions, span): slot i < hi writes its one new key/value at positions[i] and the attention
+    reads slots [0, hi) over columns [0, span)."""
+
+    def __init__(self, slots: int, capacity: int):
+        self.slots, self.capacity = slots, capacity
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._mode: tuple = ()
+
+    def prefill(self, slots: torch.Tensor, length: int) -> "_SlotCache":
+        self._mode = ("prefill", slots, length)
+        return self
+
+    def decode(self, hi: int, positions: torch.Tensor, span: int) -> "_SlotCache":
+        self._mode = ("decode", hi, positions, span)
+        return self
+
+    def grow(self, capacity: int) -> None:
+        """Make room for `capacity` positions per slot, keeping what is cached."""
+        for buffers in (self.keys, self.values):
+            for i, old in enumerate(buffers):
+                new = old.new_zeros(old.shape[0], old.shape[1], capacity, old.shape[3])
+                new[:, :, :old.shape[2]] = old
+                buffers[i] = new
+        self.capacity = capacity
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+        if layer_idx == len(self.keys):  # first use: shapes come from the model's own projections
+            shape = (self.slots, key.shape[1], self.capacity, key.shape[3])
+            self.keys.append(key.new_zeros(shape))
+            self.values.append(value.new_zeros(shape))
+        k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
+        if self._mode[0] == "prefill":
+            _, slots, length = self._mode
+            k_buf[slots, :, :length] = key                                   # key (B, H, P, D)
+            v_buf[slots, :, :length] = value
+            return key, value
+        _, hi, positions, span = self._mode
+        rows = torch.arange(hi, device=key.device)
+        k_buf[rows, :, positions] = key[:, :, 0]                             # key (hi, H, 1, D)
+        v_buf[rows, :, positions] = value[:, :, 0]
+        return k_buf[:hi, :, :span], v_buf[:hi, :, :span]
+
+
 class HFEngine:
     def __init__(self, model_path: str, device: Device, dtype: str = "float32", max_num_seqs: int = 256,
                  eos_token_ids: Optional[list[int]] = None, pad_token_id: int = 0, seed: int = 1,
-                 trust_remote_code: bool = False):
+                 trust_remote_code: bool = False, max_model_len: Optional[int] = None):
         from transformers import AutoModelForCausalLM
 
         self.device = device
         self.torch_device = device.torch_device()
         self.model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=parse_dtype(dtype), trust_remote_code=trust_remote_code).to(self.torch_device).eval()
+        sliding = [t for t in getattr(self.model.config, "layer_types", None) or [] if t != "full_attention"]
+        if sliding:
+            raise ValueError(f"{model_path}: layer types {sorted(set(sliding))} are not supported by the embedded "
+                             "engine's slot cache (full attention only); use actor_rollout_ref.rollout.name=vllm")
+        self.base = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.base_model
+        self.lm_head = self.model.get_output_embeddings()
         self.max_num_seqs = max_num_seqs
         self.admit_batch = max(1, max_num_seqs // 8)  # free slots that trigger an admission mid-run
         self.eos = set(eos_token_ids or [])
@@ -66,11 +124,11 @@ class HFEngine:
         self.version = 0
         self.generator = torch.Generator(device=self.torch_device).manual_seed(seed)
         self.waiting: deque[_Seq] = deque()
-        self.running: list[_Seq] = []
-        self._kv: Optional[list[tuple[torch.Tensor, torch.Tensor]]] = None  # per layer (B, H, L, D)
-        self._mask: Optional[torch.Tensor] = None                            # (B, L) long
-        self._next_logits: Optional[torch.Tensor] = None                     # (B, V)
-        self._pending_tokens: Optional[torch.Tensor] = None                  # (B,) last sampled
+        self.slots: list[Optional[_Seq]] = [None] * max_num_seqs
+        self.lengths = [0] * max_num_seqs       # tokens cached per slot (host copy)
+        self.max_model_len = max_model_len or 256
+        self._cache: Optional[_SlotCache] = None
+        self._state: Optional[dict[str, torch.Tensor]] = None  # per-slot device tensors, see _buffers()
         self._sleep_level = 0
         self.num_generated_tokens = 0
 
@@ -84,23 +142,24 @@ class HFEngine:
             self.waiting.append(_Seq(req))
 
     def num_in_flight(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + sum(s is not None for s in self.slots)
 
     def collect(self, timeout_s: float = 0.05) -> list[GenOutput]:
         """One engine iteration (admit, sample, retire, decode); `timeout_s` is not needed here."""
-        if not self.running and not self.waiting:
+        if not self.waiting and not any(s is not None for s in self.slots):
             return []
         with torch.inference_mode():
             self._admit()
             finished = self._sample_and_retire()
-            if self.running:
+            if any(s is not None for s in self.slots):
                 self._decode()
         return finished
 
     def interrupt(self) -> list[GenOutput]:
-        out = [s.output("abort") for s in self.running] + [s.output("abort") for s in self.waiting]
-        self.running, self.waiting = [], deque()
-        self._kv = self._mask = self._next_logits = None
+        out = [s.output("abort") for s in self.slots if s is not None] + [s.output("abort") for s in self.waiting]
+        self.slots = [None] * self.max_num_seqs
+        self.lengths = [0] * self.max_num_seqs
+        self.waiting = deque()
         return out
 
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
@@ -115,7 +174,7 @@ class HFEngine:
         treated as level 1: this engine has no way to rebuild non-persistent buffers from nothing."""
         if self.num_in_flight():
             raise RuntimeError("HFEngine.sleep() with requests in flight")
-        self._kv = self._mask = self._next_logits = self._pending_tokens = None
+        self._cache = self._state = None
         if self.device.is_accelerator:
             self.model.to("cpu")
             self.device.empty_cache()
@@ -127,89 +186,102 @@ class HFEngine:
         self._sleep_level = 0
 
     # ------------------------------------------------------------------ internals
-    def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, kv) -> tuple[torch.Tensor, list]:
-        from transformers import DynamicCache
+    def _buffers(self, need: int) -> tuple[_SlotCache, dict[str, torch.Tensor]]:
+        """The slot cache (room for `need` positions per slot) and the per-slot device state."""
+        if self._cache is None:
+            self._cache = _SlotCache(self.max_num_seqs, max(self.max_model_len, need))
+        elif need > self._cache.capacity:
+            self._cache.grow(max(need, 2 * self._cache.capacity))
+        if self._state is None:
+            dev, s = self.torch_device, self.max_num_seqs
+            self._state = {"logits": None, "tokens": torch.zeros(s, dtype=torch.long, device=dev),
+                           "lengths": torch.zeros(s, dtype=torch.long, device=dev),
+                           "temperature": torch.ones(s, device=dev), "top_p": torch.ones(s, device=dev),
+                           "top_k": torch.full((s,), -1, dtype=torch.long, device=dev)}
+        return self._cache, self._state
 
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1]:]
-        cache = DynamicCache(ddp_cache_data=kv, config=self.model.config) if kv else DynamicCache(config=self.model.config)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True)
-        new_kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-        return out.logits[:, -1, :].float(), new_kv
+    def _mask(self, query_pos: torch.Tensor, span: int, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Additive (B, 1, q, span) mask: key j visible to a query at position p when j <= p (and j < valid)."""
+        keys = torch.arange(span, device=query_pos.device)
+        allowed = keys.view(1, 1, -1) <= query_pos.unsqueeze(-1)                        # (B, q, span)
+        if valid is not None:
+            allowed &= keys.view(1, 1, -1) < valid.view(-1, 1, 1)
+        dtype = self.lm_head.weight.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+        return mask.masked_fill_(~allowed, torch.finfo(dtype).min).unsqueeze(1)
 
     def _admit(self) -> None:
-        room = self.max_num_seqs - len(self.running)
-        if room <= 0 or not self.waiting or (self.running and room < self.admit_batch):
+        free = [i for i, s in enumerate(self.slots) if s is None]
+        running = len(self.slots) - len(free)
+        if not free or not self.waiting or (running and len(free) < self.admit_batch):
             return
-        joining = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
-        prompts = [s.req.prompt_ids for s in joining]
-        length = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), length), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), length), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, length - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, length - len(p):] = 1
-        ids, mask = ids.to(self.torch_device), mask.to(self.torch_device)
-        logits, kv = self._forward(ids, mask, None)
-        if self._kv is None:
-            self._kv, self._mask, self._next_logits = kv, mask, logits
-        else:
-            total = max(self._mask.shape[1], length)
-            self._kv = [(torch.cat([_lpad(k0, total, 2), _lpad(k1, total, 2)]),
-                         torch.cat([_lpad(v0, total, 2), _lpad(v1, total, 2)]))
-                        for (k0, v0), (k1, v1) in zip(self._kv, kv)]
-            self._mask = torch.cat([_lpad(self._mask, total, 1), _lpad(mask, total, 1)])
-            self._next_logits = torch.cat([self._next_logits, logits])
-        self.running.extend(joining)
+        joining = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
+        slot_ids = free[:len(joining)]
+        lens = [len(s.req.prompt_ids) for s in joining]
+        cache, state = self._buffers(max(n + s.req.params.max_tokens for n, s in zip(lens, joining)))
+        dev, width = self.torch_device, max(lens)
+        ids = torch.full((len(joining), width), self.pad_token_id, dtype=torch.long)
+        for i, s in enumerate(joining):
+            ids[i, :lens[i]] = torch.tensor(s.req.prompt_ids, dtype=torch.long)
+        ids = ids.to(dev)
+        lengths = torch.tensor(lens, dtype=torch.long, device=dev)
+        slots = torch.tensor(slot_ids, dtype=torch.long, device=dev)
+        positions = torch.arange(width, device=dev).expand(len(joining), width)
+        hidden = self.base(input_ids=ids, position_ids=positions, attention_mask=self._mask(positions, width, lengths),
+                           past_key_values=cache.prefill(slots, width), use_cache=True).last_hidden_state
+        last = hidden[torch.arange(len(joining), device=dev), lengths - 1]                 # (B, H)
+        logits = self.lm_head(last).float()                                                 # (B, V)
+        if state["logits"] is None:
+            state["logits"] = torch.zeros(self.max_num_seqs, logits.shape[-1], device=dev)
+        state["logits"][slots] = logits
+        state["lengths"][slots] = lengths
+        params = [s.req.params for s in joining]
+        state["temperature"][slots] = torch.tensor([p.temperature for p in params], device=dev)
+        state["top_p"][slots] = torch.tensor([p.top_p for p in params], device=dev)
+        state["top_k"][slots] = torch.tensor([p.top_k for p in params], dtype=torch.long, device=dev)
+        for i, s, n in zip(slot_ids, joining, lens):
+            self.slots[i], self.lengths[i] = s, n
+
+    def _hi(self) -> int:
+        return max((i for i, s in enumerate(self.slots) if s is not None), default=-1) + 1
 
     def _sample_and_retire(self) -> list[GenOutput]:
-        params = [s.req.params for s in self.running]
-        dev = self.torch_device
-        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
-        top_k = torch.tensor([p.top_k for p in params], dtype=torch.long, device=dev)
-        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
-        tokens, logps = sample_tokens(self._next_logits, temps, top_k, top_p, self.generator)
-        tokens_l, logps_l = tokens.tolist(), logps.tolist()
-        finished, keep = [], []
-        for i, seq in enumerate(self.running):
-            seq.tokens.append(tokens_l[i])
-            seq.log_probs.append(logps_l[i])
+        hi = self._hi()
+        state = self._state
+        tokens, logps = sample_tokens(state["logits"][:hi], state["temperature"][:hi], state["top_k"][:hi],
+                                      state["top_p"][:hi], self.generator)
+        state["tokens"][:hi] = tokens
+        host = torch.stack([tokens.double(), logps.double()]).cpu().tolist()               # the one sync per step
+        finished = []
+        for i in range(hi):
+            seq = self.slots[i]
+            if seq is None:
+                continue
+            token = int(host[0][i])
+            seq.tokens.append(token)
+            seq.log_probs.append(host[1][i])
             seq.versions.append(self.version)
-            if tokens_l[i] in self.eos:
-                finished.append(seq.output("stop"))
-            elif len(seq.tokens) >= seq.req.params.max_tokens:
-                finished.append(seq.output("length"))
-            else:
-                keep.append(i)
-        self.num_generated_tokens += len(tokens_l)
-        if len(keep) < len(self.running):
-            idx = torch.tensor(keep, dtype=torch.long, device=dev)
-            self.running = [self.running[i] for i in keep]
-            self._kv = [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in self._kv]
-            self._mask = self._mask.index_select(0, idx)
-            tokens = tokens.index_select(0, idx)
-        if not self.running:
-            self._kv = self._mask = self._next_logits = None
-        else:
-            self._pending_tokens = tokens
+            self.num_generated_tokens += 1
+            if token in self.eos or len(seq.tokens) >= seq.req.params.max_tokens:
+                finished.append(seq.output("stop" if token in self.eos else "length"))
+                self.slots[i] = None
         return finished
 
     def _decode(self) -> None:
-        ids = self._pending_tokens.unsqueeze(1)                                           # (B, 1)
-        mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)         # (B, L+1)
-        self._next_logits, kv = self._forward(ids, mask, self._kv)
-        first = int((mask.sum(0) > 0).nonzero()[0])  # leading columns that are padding in every row
-        self._kv = [(k[:, :, first:], v[:, :, first:]) for k, v in kv] if first else kv
-        self._mask = mask[:, first:]
-
-
-def _lpad(x: torch.Tensor, length: int, dim: int) -> torch.Tensor:
-    """Left-pad `x` with zeros along `dim` to `length`."""
-    missing = length - x.shape[dim]
-    if missing <= 0:
-        return x
-    pad = [0, 0] * (x.dim() - 1 - dim) + [missing, 0]
-    return F.pad(x, pad)
+        hi = self._hi()
+        state, cache = self._state, self._cache
+        span = max(self.lengths[i] for i, s in enumerate(self.slots[:hi]) if s is not None) + 1
+        positions = state["lengths"][:hi]                                                   # where each new token goes
+        ids = state["tokens"][:hi].unsqueeze(1)                                             # (hi, 1)
+        hidden = self.base(input_ids=ids, position_ids=positions.unsqueeze(1),
+                           attention_mask=self._mask(positions.unsqueeze(1), span),
+                           past_key_values=cache.decode(hi, positions, span), use_cache=True).last_hidden_state
+        state["logits"][:hi] = self.lm_head(hidden[:, -1]).float()
+        occupied = torch.tensor([s is not None for s in self.slots[:hi]], device=positions.device)
+        state["lengths"][:hi] += occupied.long()
+        for i in range(hi):
+            if self.slots[i] is not None:
+                self.lengths[i] += 1
 
 
 def load_named_tensors(model: torch.nn.Module, named_tensors: NamedTensors) -> int:

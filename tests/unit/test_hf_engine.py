@@ -89,3 +89,32 @@ def test_sleep_and_wake_up_on_cpu(random_model_dir):
         eng.submit([GenRequest("z", PROMPTS[0], GREEDY)])
     eng.wake_up()
     assert len(run_all(eng, [GenRequest("z", PROMPTS[0], GREEDY)])["z"].token_ids) == 10
+
+
+def test_slot_reuse_and_cache_growth_are_exact(random_model_dir, hf_model):
+    """More requests than slots (slots are freed and refilled mid-run, admissions in batches), a cache that
+    starts too short for them (it grows by doubling): every greedy output still equals a plain forward."""
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=3, eos_token_ids=[], pad_token_id=0, max_model_len=4)
+    reqs = [GenRequest(f"q{i}", PROMPTS[i % len(PROMPTS)] + [i + 2], SamplingParams(0.0, max_tokens=3 + 2 * i))
+            for i in range(8)]
+    outs = run_all(eng, reqs)
+    assert eng._cache.capacity >= max(len(r.prompt_ids) + r.params.max_tokens for r in reqs)
+    for r in reqs:
+        got = outs[r.request_id]
+        assert len(got.token_ids) == r.params.max_tokens and got.finish_reason == "length"
+        ids = list(r.prompt_ids)
+        with torch.no_grad():
+            for _ in range(r.params.max_tokens):
+                ids.append(int(hf_model(torch.tensor([ids])).logits[0, -1].argmax()))
+        assert got.token_ids == ids[len(r.prompt_ids):], r.request_id
+
+
+def test_sliding_window_models_are_refused(tmp_path):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=48, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, use_sliding_window=True,
+                      sliding_window=8, max_window_layers=0)
+    Qwen2ForCausalLM(cfg).save_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match="sliding_attention.*rollout.name=vllm"):
+        HFEngine(str(tmp_path), CPU)
