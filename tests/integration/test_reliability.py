@@ -61,8 +61,10 @@ def common(tmp_path, steps):
     return [f"trainer.default_local_dir={tmp_path}/ckpt", f"trainer.total_training_steps={steps}"]
 
 
-def test_trainer_killed_then_resume_loses_and_repeats_nothing(tmp_path):
-    args = common(tmp_path, 8) + ["trainer.save_freq=2", "data.val_files=null"]
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_trainer_killed_then_resume_loses_and_repeats_nothing(tmp_path, replicas):
+    """With 2 rollout replicas the checkpoint holds partial responses interrupted on both engines."""
+    args = common(tmp_path, 8) + ["trainer.save_freq=2", "data.val_files=null", f"rollout.n_gpus_per_node={replicas}"]
     first = Run(tmp_path, *args)
     first.wait_for(r"checkpoint .*global_step_4")
     first.wait_for(r"\(Trainer pid=")
