@@ -23,3 +23,13 @@ def read_scalars(logdir):
     acc = EventAccumulator(logdir, size_guidance={"scalars": 0})
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def ray_session(num_cpus: int, **env: str):
+    """A local Ray for one test module (use with `yield from` in a module-scoped fixture)."""
+    import ray
+
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **env}})
+    yield
+    ray.shutdown()

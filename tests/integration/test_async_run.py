@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from fully_async.hydra_setup import load_config
+import tests_helpers
 from tests_helpers import read_scalars
 
 pytestmark = pytest.mark.integration
@@ -24,12 +25,7 @@ REQUIRED_METRICS = [
 
 @pytest.fixture(scope="module")
 def ray_session():
-    import ray
-
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
-    yield
-    ray.shutdown()
+    yield from tests_helpers.ray_session(num_cpus=3)
 
 
 def test_async_run_completes_and_writes_metrics(ray_session, tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from fully_async.hydra_setup import load_config
+import tests_helpers
 from tests_helpers import read_scalars
 
 pytestmark = pytest.mark.integration
@@ -17,12 +18,7 @@ LEARN = ["trainer.total_training_steps=24", "trainer.test_freq=-1", "trainer.pro
 
 @pytest.fixture(scope="module")
 def ray_session():
-    import ray
-
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
-    yield
-    ray.shutdown()
+    yield from tests_helpers.ray_session(num_cpus=3)
 
 
 def check_two_engines_learned(scalars: dict, steps: int) -> None:

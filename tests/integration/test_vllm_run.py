@@ -3,6 +3,7 @@ collective weight path into vLLM's workers."""
 import pytest
 
 from fully_async.hydra_setup import load_config
+import tests_helpers
 from tests_helpers import read_scalars
 
 pytestmark = pytest.mark.integration
@@ -10,13 +11,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def ray_session():
-    import ray
-
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-                                       "VLLM_CPU_KVCACHE_SPACE": "1"}})
-    yield
-    ray.shutdown()
+    yield from tests_helpers.ray_session(num_cpus=3, VLLM_CPU_KVCACHE_SPACE="1")
 
 
 def embedded_engine_validation(cfg) -> tuple[float, int]:
