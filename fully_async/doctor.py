@@ -147,6 +147,30 @@ def check_attention(cfg: Any) -> Check:
     return Check("attention kernel", "PASS", detail)
 
 
+def check_placement(cfg: Any) -> Check:
+    """Rollout replicas and trainer ranks the config asks for, against the devices this host sees."""
+    from fully_async.device import get_device
+    from fully_async.placement import rollout_layout
+
+    device = get_device(cfg.trainer.device)
+    ranks = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    if cfg.mode == "sync":
+        detail, need = f"sync: {ranks} trainer rank(s), each generating with its own engine", ranks
+    else:
+        replicas, tp = rollout_layout(cfg)
+        need = ranks + replicas * tp
+        detail = (f"async: {replicas} rollout replica(s) x {tp} device(s) + {ranks} trainer rank(s) = {need} "
+                  f"{device.name} device(s)")
+    if not device.is_accelerator:
+        return Check("placement", "PASS", f"{detail} (on cpu a device is one core; {os.cpu_count()} here)")
+    have = device.device_count()
+    nodes = max(cfg.trainer.nnodes, cfg.rollout.nnodes if cfg.mode == "async" else 1)
+    if nodes == 1 and need > have:
+        return Check("placement", "FAIL", f"{detail}, this host sees {have}",
+                     "lower trainer.n_gpus_per_node / rollout.n_gpus_per_node or use more nodes")
+    return Check("placement", "PASS", f"{detail}; this host sees {have}")
+
+
 def run_check(fn: Callable[[], Any], name: str) -> Any:
     try:
         return fn()
@@ -180,6 +204,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         rows.append(run_check(lambda: check_data(cfg), "data files"))
         rows.append(run_check(lambda: check_model(cfg), "model + tokenizer"))
         rows.append(run_check(lambda: check_attention(cfg), "attention kernel"))
+        rows.append(run_check(lambda: check_placement(cfg), "placement"))
     width = max(len(r.name) for r in rows)
     for r in rows:
         print(f"{r.status:5} {r.name:<{width}}  {r.detail}" + (f"\n      fix: {r.fix}" if r.fix else ""))

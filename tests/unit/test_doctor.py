@@ -29,3 +29,11 @@ def test_doctor_names_the_packed_attention_kernel_and_refuses_one_without_cpu_ba
     assert r.returncode == 0 and "PASS  attention kernel    varlen (packed rows on cpu)" in r.stdout, r.stdout
     r = doctor("+actor_rollout_ref.model.override_config.attn_implementation=flex_attention", "trainer.device=cpu")
     assert r.returncode == 1 and "FAIL  attention kernel" in r.stdout and "no backward there" in r.stdout, r.stdout
+
+
+def test_doctor_shows_the_rollout_placement():
+    r = doctor("rollout.n_gpus_per_node=2", "trainer.device=cpu")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASS  placement" in r.stdout and "async: 2 rollout replica(s) x 1 device(s) + 1 trainer rank(s)" in r.stdout
+    r = doctor("mode=sync", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=fsdp2", "trainer.device=cpu")
+    assert "sync: 2 trainer rank(s), each generating with its own engine" in r.stdout, r.stdout
