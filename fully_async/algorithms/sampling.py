@@ -28,15 +28,17 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
 
 
 def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                  generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits (B, V) float -> (tokens (B,), behaviour log-probs (B,))."""
+                  generator: Optional[torch.Generator] = None, truncate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits (B, V) float -> (tokens (B,), behaviour log-probs (B,)).
+
+    `truncate=False` skips the top-k/top-p filter (a full sort of the vocabulary per row): for a caller
+    that knows no row sets top_k or top_p < 1, where the filter would keep every token anyway."""
     logits = logits.float()
     greedy = temperature <= 0
     scale = torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(1)  # (B, 1)
     scaled = logits / scale
     logp_all = torch.log_softmax(scaled, dim=-1)                                          # (B, V)
-    masked = filter_top_k_top_p(scaled, top_k, top_p)
-    probs = masked.softmax(dim=-1)
+    probs = (filter_top_k_top_p(scaled, top_k, top_p) if truncate else scaled).softmax(dim=-1)
     sampled = torch.multinomial(probs, 1, generator=generator).squeeze(1)
     tokens = torch.where(greedy, scaled.argmax(dim=-1), sampled)
     return tokens, logp_all.gather(1, tokens.unsqueeze(1)).squeeze(1)

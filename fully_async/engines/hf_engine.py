@@ -248,8 +248,9 @@ class HFEngine:
     def _sample_and_retire(self) -> list[GenOutput]:
         hi = self._hi()
         state = self._state
+        truncate = any(s is not None and (s.req.params.top_k > 0 or s.req.params.top_p < 1.0) for s in self.slots)
         tokens, logps = sample_tokens(state["logits"][:hi], state["temperature"][:hi], state["top_k"][:hi],
-                                      state["top_p"][:hi], self.generator)
+                                      state["top_p"][:hi], self.generator, truncate=truncate)
         state["tokens"][:hi] = tokens
         host = torch.stack([tokens.double(), logps.double()]).cpu().tolist()               # the one sync per step
         finished = []

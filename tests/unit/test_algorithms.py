@@ -103,3 +103,12 @@ def test_sampling_greedy_topk_topp_and_logprobs():
     assert lp[0].item() == pytest.approx(math.log(0.5), rel=1e-5)
     expected = torch.log_softmax(logits[2] / 2.0, -1)[tok[2]]      # unmasked, temperature-scaled
     assert lp[2].item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_sampling_without_truncation_equals_the_filter_that_keeps_everything():
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(1)) * 3
+    temps = torch.tensor([1.0, 0.7, 0.0, 1.3])
+    off_k, off_p = torch.full((4,), -1), torch.ones(4)
+    a = sample_tokens(logits, temps, off_k, off_p, torch.Generator().manual_seed(5))
+    b = sample_tokens(logits, temps, off_k, off_p, torch.Generator().manual_seed(5), truncate=False)
+    assert torch.equal(a[0], b[0]) and torch.allclose(a[1], b[1])
