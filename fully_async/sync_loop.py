@@ -101,9 +101,8 @@ class SyncWorker(DriverFacing):
         return metrics
 
     def run(self) -> dict:
-        from fully_async.batch import build_batch
-        from fully_async.metrics import batch_metrics, engine_metrics
-        from fully_async.trainer import check_bad_steps, prepare_batch
+        from fully_async.metrics import engine_metrics
+        from fully_async.train_step import train_step
 
         cfg = self.cfg
         if cfg.trainer.val_before_train and self.val_records and self.step == 0:
@@ -148,20 +147,13 @@ class SyncWorker(DriverFacing):
                 if self.offload_trainer:
                     self.backend.onload()
             timing["timing_s/onload"] = time.perf_counter() - t
-            # ---- train
-            samples = [s for g in groups for s in g.samples]
+            # ---- train (the same step as async mode)
+            step_metrics, samples = train_step(self.backend, cfg, groups, self.pad_token_id, self.step + 1,
+                                               self.version, self.timeline)
             self.trained_sample_ids.extend(s.sample_id for s in samples)
-            batch = build_batch(samples, self.pad_token_id)
-            metrics.update(prepare_batch(self.backend, cfg, batch, timing, self.timeline))
-            t = time.perf_counter()
-            mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
-            with self.timeline.span("update_actor"):
-                metrics.update(self.backend.train_step(batch, num_mini_batches=max(1, len(groups) // mini)))
-            check_bad_steps(self.backend, cfg, self.step + 1, samples)
-            timing["timing_s/update_actor"] = time.perf_counter() - t
+            timing.update({k: v for k, v in step_metrics.items() if k.startswith("timing_s/")})
+            metrics.update({k: v for k, v in step_metrics.items() if not k.startswith("timing_s/")})
             metrics.update(self._memory("update_actor"))
-            metrics.update(batch_metrics(samples, self.version, cfg.data.max_response_length))
-            metrics["fully_async/count/current_param_version"] = self.version
             # ---- switch back: engine wakes, receives the new weights, then the trainer offloads
             self.step += 1
             self.version += 1

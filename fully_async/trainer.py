@@ -1,60 +1,23 @@
 """Trainer actor (layer 3): take a step's groups from the queue, update, push weights.
 
-Per step: wait for `required_samples` groups (that wait is the trainer's idle time), build the
-padded batch, compute the PPO old policy (the behaviour log-probs, or recomputed), reference
-log-probs when a KL term needs them, GRPO advantages, then the update.  Every
+Per step: wait for `required_samples` groups (that wait is the trainer's idle time), then the step
+both modes share (train_step.py: batch, old/ref log-probs, advantages, mini-batch updates).  Every
 `trigger_parameter_sync_step` steps the weights go to the rollouter and the param version
 increments.  Metrics accumulate in a list the driver drains (`pop_metrics`).
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
 import time
 from typing import Any, Optional
 
 from fully_async.actor_setup import DriverFacing
-from fully_async.algorithms import grpo_advantages, kl_penalty
-from fully_async.batch import TrainBatch, build_batch
-from fully_async.metrics import batch_metrics, engine_metrics
+from fully_async.metrics import engine_metrics
 from fully_async.staleness import required_samples
+from fully_async.train_step import train_step
 from fully_async.types import SampleGroup
 
 logger = logging.getLogger(__name__)
-
-
-def prepare_batch(backend: Any, cfg: Any, batch: TrainBatch, timing: dict,
-                  timeline: Optional[Any] = None) -> dict[str, float]:
-    """Fill old/ref log-probs and advantages in place; returns metrics of this preparation."""
-    at, actor, alg = cfg.async_training, cfg.actor_rollout_ref.actor, cfg.algorithm
-    span = timeline.span if timeline is not None else (lambda name: contextlib.nullcontext())
-    metrics: dict[str, float] = {}
-    t = time.perf_counter()
-    if at.use_rollout_log_probs and not at.decoupled_ppo:
-        batch.old_log_probs = batch.rollout_log_probs
-    else:
-        with span("old_log_prob"):
-            batch.old_log_probs = backend.compute_log_probs(batch, "actor")
-        diff = (batch.old_log_probs - batch.rollout_log_probs).abs() * batch.response_mask
-        metrics["training/rollout_probs_diff_mean"] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
-    timing["timing_s/old_log_prob"] = time.perf_counter() - t
-    scores = batch.scores
-    if actor.use_kl_loss or alg.use_kl_in_reward:
-        t = time.perf_counter()
-        with span("ref"):
-            batch.ref_log_probs = backend.compute_log_probs(batch, "ref")
-        timing["timing_s/ref"] = time.perf_counter() - t
-        if alg.use_kl_in_reward:
-            kl = kl_penalty(batch.old_log_probs, batch.ref_log_probs, alg.kl_penalty) * batch.response_mask
-            scores = scores - alg.kl_ctrl.kl_coef * kl.sum(-1)
-            metrics["actor/reward_kl_penalty"] = float(kl.sum() / batch.response_mask.sum().clamp(min=1))
-            metrics["actor/reward_kl_penalty_coeff"] = alg.kl_ctrl.kl_coef
-    t = time.perf_counter()
-    with span("adv"):
-        batch.advantages = grpo_advantages(scores, batch.group_ids, batch.response_mask, alg.norm_adv_by_std_in_grpo)
-    timing["timing_s/adv"] = time.perf_counter() - t
-    return metrics
 
 
 def save_checkpoint(backend: Any, cfg: Any, step: int, version: int, trained_ids: list[str],
@@ -80,29 +43,6 @@ def load_trainer_state(path: str) -> dict:
 
     from fully_async.checkpoint import read_json
     return read_json(os.path.join(path, "trainer_state.json"))
-
-
-class BadStepsError(RuntimeError):
-    pass
-
-
-def check_bad_steps(backend: Any, cfg: Any, step: int, samples: list) -> None:
-    """Log the batch of a skipped update; fail after trainer.max_bad_steps in a row."""
-    import json
-    import os
-
-    if backend.consecutive_bad_steps == 0:
-        return
-    folder = os.path.join(cfg.trainer.default_local_dir, "bad_batches")
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"step_{step}.json")
-    with open(path, "w") as fh:
-        json.dump([{"sample_id": s.sample_id, "reward": s.reward, "response_len": len(s.response_ids),
-                    "versions": [s.param_version_start, s.param_version_end]} for s in samples], fh)
-    logger.warning("step %d: non-finite loss or gradient, update skipped; batch logged to %s", step, path)
-    if backend.consecutive_bad_steps >= cfg.trainer.max_bad_steps:
-        raise BadStepsError(f"{backend.consecutive_bad_steps} consecutive optimizer steps had a NaN/inf loss or "
-                            f"gradient (trainer.max_bad_steps={cfg.trainer.max_bad_steps}); last batch: {path}")
 
 
 class Trainer(DriverFacing):
@@ -206,20 +146,9 @@ class Trainer(DriverFacing):
             self._emit(version * self.trigger, dict(metrics))
 
     def _train(self, groups: list[SampleGroup]) -> dict:
-        samples = [s for g in groups for s in g.samples]
-        timing: dict[str, float] = {}
-        batch = build_batch(samples, self.pad_token_id)
-        metrics = prepare_batch(self.backend, self.cfg, batch, timing, self.timeline)
-        t = time.perf_counter()
-        mini = self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size
-        with self.timeline.span("update_actor"):
-            metrics.update(self.backend.train_step(batch, num_mini_batches=math.ceil(len(groups) / mini)))
-        timing["timing_s/update_actor"] = time.perf_counter() - t
-        check_bad_steps(self.backend, self.cfg, self.step + 1, samples)
+        metrics, samples = train_step(self.backend, self.cfg, groups, self.pad_token_id, self.step + 1, self.version,
+                                      self.timeline)
         self.trained_sample_ids.extend(s.sample_id for s in samples)
-        metrics.update(timing)
-        metrics.update(batch_metrics(samples, self.version, self.cfg.data.max_response_length))
-        metrics["fully_async/count/current_param_version"] = self.version
         return metrics
 
     def _sync_weights(self) -> dict:

@@ -80,7 +80,7 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
     from fully_async.backends.torch_backend import TorchBackend
     from fully_async.batch import build_batch, micro_batches
     from fully_async.hydra_setup import load_config
-    from fully_async.trainer import prepare_batch
+    from fully_async.train_step import prepare_batch
 
     from fully_async.backends import torch_backend
 

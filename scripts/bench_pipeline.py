@@ -103,7 +103,7 @@ def _train_phase(cfg: Any, prep: Any, device: Any, recorded: list[list], warmup:
     """prepare_batch + train_step on each recorded batch (the first `warmup` untimed)."""
     from fully_async.backends import build_backend
     from fully_async.batch import build_batch
-    from fully_async.trainer import prepare_batch
+    from fully_async.train_step import prepare_batch
 
     actor = cfg.actor_rollout_ref.actor
     mini = actor.ppo_mini_batch_size

@@ -152,7 +152,7 @@ def test_nan_loss_skips_update_logs_batch_and_fails_after_max_bad_steps(tmp_path
     from fully_async.backends.torch_backend import TorchBackend
     from fully_async.batch import build_batch
     from fully_async.device import CPU
-    from fully_async.trainer import BadStepsError, check_bad_steps, prepare_batch
+    from fully_async.train_step import BadStepsError, check_bad_steps, prepare_batch
     from tests_helpers import tiny_samples
 
     cfg = load_config([f"trainer.default_local_dir={tmp_path}", "trainer.max_bad_steps=2",

@@ -46,7 +46,7 @@ def test_backend_state_round_trip(tmp_path):
     from fully_async.backends.torch_backend import TorchBackend
     from fully_async.batch import build_batch
     from fully_async.device import CPU
-    from fully_async.trainer import prepare_batch
+    from fully_async.train_step import prepare_batch
     from tests_helpers import tiny_samples
 
     cfg = load_config(["actor_rollout_ref.actor.optim.lr=0.01", "actor_rollout_ref.rollout.n=2",

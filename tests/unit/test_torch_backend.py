@@ -8,7 +8,7 @@ from fully_async.backends.torch_backend import TorchBackend, token_log_probs
 from fully_async.batch import build_batch, split_by_tokens
 from fully_async.device import CPU
 from fully_async.hydra_setup import load_config
-from fully_async.trainer import prepare_batch
+from fully_async.train_step import prepare_batch
 from fully_async.types import Sample
 
 

@@ -8,7 +8,7 @@ from fully_async.backends.torch_backend import TorchBackend
 from fully_async.batch import build_batch
 from fully_async.device import CPU
 from fully_async.hydra_setup import load_config
-from fully_async.trainer import prepare_batch
+from fully_async.train_step import prepare_batch
 from fully_async.train_group import GroupBackend, connect_trainer_group, shard_rows
 from tests_helpers import tiny_samples
 
