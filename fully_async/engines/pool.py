@@ -12,7 +12,8 @@ cache serves the shared prompt); a new group goes to the least-loaded replica.
 
 Progress.  `collect()` runs one iteration of each inline replica in this thread and gathers what the
 remote replicas (each generating continuously in its own process) finished meanwhile: one outstanding
-poll per busy replica, waited for together.
+poll per busy replica, waited for together, but only while no inline replica has work (an inline engine
+advances only while this thread steps it).
 
 Weights and pauses reach every replica: `interrupt()` stops all (queued requests come back as empty
 aborted outputs), `update_weights()` puts the tensors into Ray's object store once and every remote
@@ -93,10 +94,14 @@ class EnginePool:
         for i, rep in enumerate(self.replicas):
             if not rep.inline and self._assigned[i] and i not in self._polls:
                 self._polls[i] = rep.poll(timeout_s)
+        inline_busy = False
         for i, rep in enumerate(self.replicas):
             if rep.inline and self._assigned[i]:
                 outputs += self._result(i, lambda rep=rep: rep.step(timeout_s))
-        if not outputs and self._polls and not any(f.done() for f in self._polls.values()):
+                inline_busy = True
+        # block on the remote replicas only when no inline engine has work: an inline engine advances only
+        # while this thread steps it, so waiting here would idle it
+        if not outputs and not inline_busy and self._polls and not any(f.done() for f in self._polls.values()):
             concurrent.futures.wait(list(self._polls.values()), timeout=timeout_s,
                                     return_when=concurrent.futures.FIRST_COMPLETED)
         for i in [i for i, f in self._polls.items() if f.done()]:

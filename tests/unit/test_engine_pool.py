@@ -151,3 +151,25 @@ def test_driver_runs_calls_in_order_between_steps():
     partial = driver.interrupt()
     assert [o.request_id for o in partial] == ["b-s0"]  # finished (unpolled) or cut: never lost
     driver.close()
+
+
+def test_an_inline_replica_is_not_held_up_by_slow_remote_ones():
+    """Sync mode's rank 0 engine runs in the pool's thread: collect() must keep stepping it instead of
+    waiting for remote polls (that idled it up to timeout_s per step)."""
+    class Slow(ScriptedEngine):
+        def collect(self, timeout_s=0.05):
+            time.sleep(0.2)
+            return super().collect(timeout_s)
+
+    fast = ScriptedEngine(max_num_seqs=1, fixed_len=40)
+    slow = ThreadReplica(Slow(max_num_seqs=1, fixed_len=3), "engine1")
+    pool = EnginePool([InlineReplica(fast, None), slow], max_num_seqs=1)
+    long = SamplingParams(1.0, 1.0, -1, 40)
+    pool.submit([GenRequest("a-s0", [10, 20, 30], long, group_id="a"), GenRequest("b-s0", [10, 20, 30], long, "b")])
+    start = time.monotonic()
+    while not fast.served:
+        pool.collect(0.05)
+    # 40 inline steps: ~0 s of waiting (before the fix each step waited for a remote poll, ~1.2-2 s in all)
+    assert time.monotonic() - start < 0.4, "the inline engine waited on the remote polls"
+    run_all(pool)
+    slow.close()
