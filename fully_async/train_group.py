@@ -104,8 +104,10 @@ class GroupBackend:
         self.actor_cfg = cfg.actor_rollout_ref.actor
         self.rng = random.Random(cfg.trainer.seed)
 
-    def __getattr__(self, name: str) -> Any:  # consecutive_bad_steps, num_bad_steps, ...
-        return getattr(self.local, name)
+    @property
+    def consecutive_bad_steps(self) -> int:
+        """Identical on every rank (the skip decision uses the global grad norm); rank 0's count."""
+        return self.local.consecutive_bad_steps
 
     def _all(self, method: str, local_args: tuple, worker_args: list[tuple], **kwargs: Any) -> list[Any]:
         refs = [w.call.remote(method, *args, **kwargs) for w, args in zip(self.workers, worker_args)]
