@@ -214,14 +214,15 @@ class Rollouter:
     # ------------------------------------------------------------------ commands
     def _apply_weights(self, load: Callable[[], None], version: int) -> dict:
         """Pause the engines' work as the config says, run `load` (every replica's update), resume."""
+        validate_now = self.test_freq > 0 and version % self.test_freq == 0 and bool(self.val_records)
         with self.timeline.span("param_sync", version=version):
-            timings = self.scheduler.apply_weights(load, version, queued=lambda: ray_get(self.queue.size.remote()))
-            if self.test_freq > 0 and version % self.test_freq == 0 and self.val_records:
-                self._validate(version)
-        return timings
+            return self.scheduler.apply_weights(load, version, queued=lambda: ray_get(self.queue.size.remote()),
+                                                before_resume=(lambda: self._validate(version, resume=False))
+                                                if validate_now else None)
 
-    def _validate(self, version: int) -> dict:
-        """Validation on the weights of `version`; in-flight work is parked and resumed after."""
+    def _validate(self, version: int, resume: bool = True) -> dict:
+        """Validation on the weights of `version`; in-flight work is parked and resumed after (resume=False:
+        inside a weight update, which resumes the parked work itself)."""
         self.scheduler.park()
         with self.timeline.span("validate", version=version):
             metrics = validate(self.pool, self.tokenizer, self.reward, self.val_records, self.cfg, version)
@@ -230,7 +231,8 @@ class Rollouter:
         ray_get(self.queue.put_val_metrics.remote(version, metrics))
         logger.info("validation at param version %d: %s", version,
                     ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
-        self.scheduler.resume()
+        if resume:
+            self.scheduler.resume()
         return metrics
 
     # ------------------------------------------------------------------ checkpoint

@@ -169,11 +169,13 @@ class RolloutScheduler:
         while self.engine.num_in_flight():
             self.step()
 
-    def apply_weights(self, load: Callable[[], Any], version: int, queued: Callable[[], int]) -> dict[str, float]:
+    def apply_weights(self, load: Callable[[], Any], version: int, queued: Callable[[], int],
+                      before_resume: Optional[Callable[[], Any]] = None) -> dict[str, float]:
         """Stop in-flight work as the mode says, `load()` the new weights, move the bound, resume.
 
-        `queued()` counts groups waiting in the trainer's queue (carried over to the new version).
-        Returns the timings of the phases (pause / load / resume)."""
+        `queued()` counts groups waiting in the trainer's queue (carried over to the new version);
+        `before_resume()` runs on the new weights while the partial responses are still parked (the
+        rollouter validates there).  Returns the timings of the phases (pause / load / resume)."""
         t0 = time.perf_counter()
         keep = self.partial_rollout and getattr(self.engine, "keeps_in_flight", False)
         if keep:
@@ -189,6 +191,8 @@ class RolloutScheduler:
         timings = {"pause": t1 - t0, "load": t2 - t1}
         if keep:
             timings.update(getattr(self.engine, "last_update_timings", {}) or {})
+        if before_resume is not None:
+            before_resume()
         t3 = time.perf_counter()
         self.resume()
         timings["resume"] = time.perf_counter() - t3

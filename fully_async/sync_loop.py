@@ -151,8 +151,7 @@ class SyncWorker(DriverFacing):
             step_metrics, samples = train_step(self.backend, cfg, groups, self.pad_token_id, self.step + 1,
                                                self.version, self.timeline)
             self.trained_sample_ids.extend(s.sample_id for s in samples)
-            timing.update({k: v for k, v in step_metrics.items() if k.startswith("timing_s/")})
-            metrics.update({k: v for k, v in step_metrics.items() if not k.startswith("timing_s/")})
+            metrics.update(step_metrics)
             metrics.update(self._memory("update_actor"))
             # ---- switch back: engine wakes, receives the new weights, then the trainer offloads
             self.step += 1

@@ -77,8 +77,7 @@ class EnginePool:
     def keeps_in_flight(self) -> bool:
         """True when every replica's engine continues in-flight requests across a weight update."""
         if self._keeps is None:
-            infos = self._all("info")
-            self._keeps = all(info["keeps_in_flight"] for info in infos)
+            self._keeps = all(self._all("keeps_in_flight"))
         return self._keeps
 
     def submit(self, requests: list[GenRequest]) -> None:
@@ -133,9 +132,7 @@ class EnginePool:
         self._settle()
         futures = [(i, rep.call("update_weights", local if rep.in_process else ref, version))
                    for i, rep in enumerate(self.replicas)]
-        for i, fut in futures:
-            self._result(i, fut.result)
-        self._loaded(version)
+        self._loaded(version, [self._result(i, fut.result) for i, fut in futures])
 
     def sleep(self, level: int = 1) -> None:
         self._all("sleep", level)
@@ -145,8 +142,7 @@ class EnginePool:
 
     def load_everywhere(self, command: str, version: int) -> None:
         """Run a replica-side loading command (e.g. sync mode's 'load_trainer_weights') on all, then stamp."""
-        self._all(command, version)
-        self._loaded(version)
+        self._loaded(version, self._all(command, version))
 
     # ------------------------------------------------------------------ collective weight sync
     def weight_receivers(self) -> int:
@@ -158,9 +154,7 @@ class EnginePool:
         self._concurrently("init_weight_group", [(addr, port, off, world) for off in offsets])
 
     def receive_weights(self, metas: list, buckets: list, dtype: str, version: int) -> None:
-        self._settle()
-        self._concurrently("receive_weights", [(metas, buckets, dtype, version)] * len(self.replicas))
-        self._loaded(version)
+        self._loaded(version, self._all("receive_weights", metas, buckets, dtype, version))
 
     # ------------------------------------------------------------------ observability
     def engine_stats(self) -> list[dict[str, float]]:
@@ -251,12 +245,9 @@ class EnginePool:
             futures[i] = self.replicas[i].call(method, *per_replica[i])
         return [self._result(i, futures[i].result) for i in range(len(self.replicas))]
 
-    def _loaded(self, version: int) -> None:
-        infos = self._all("info")
-        self.last_update_timings = {}
-        for info in infos:
-            for k, v in info["last_update_timings"].items():
-                self.last_update_timings[k] = max(v, self.last_update_timings.get(k, 0.0))
+    def _loaded(self, version: int, timings: list[dict[str, float]]) -> None:
+        """Every replica loaded `version`; the slowest replica's timing of each phase is the pool's."""
+        self.last_update_timings = {k: max(t.get(k, 0.0) for t in timings) for t in timings for k in t}
         self.version = version
 
 

@@ -68,23 +68,26 @@ def weight_receiver(engine: Any, device: Any) -> Any:
 
 ENGINE_METHODS = ("update_weights", "sleep", "wake_up")
 RECEIVER_METHODS = ("weight_receivers", "init_weight_group", "receive_weights")
+LOADS = ("update_weights", "receive_weights", "load_trainer_weights")  # return the engine's update timings
 
 
 def engine_command(engine: Any, receiver: Any, method: str, args: tuple,
                    extra: Optional[dict[str, Callable[..., Any]]] = None) -> Any:
-    """What a replica does for pool.call(method, *args); runs where the engine lives."""
-    if extra and method in extra:
-        return extra[method](*args)
+    """What a replica does for pool.call(method, *args); runs where the engine lives.  A weight load returns
+    the engine's own timings of it (`last_update_timings`: pause/load/resume of a keep-mode vLLM engine)."""
     if method == "interrupt":
         return engine.interrupt()
-    if method == "info":
-        return {"version": engine.version, "keeps_in_flight": bool(getattr(engine, "keeps_in_flight", False)),
-                "last_update_timings": dict(getattr(engine, "last_update_timings", {}) or {})}
-    if method in RECEIVER_METHODS:
-        return getattr(receiver, method)(*args)
-    if method in ENGINE_METHODS:
-        return getattr(engine, method)(*args)
-    raise ValueError(f"unknown engine replica command {method!r}")
+    if method == "keeps_in_flight":
+        return bool(getattr(engine, "keeps_in_flight", False))
+    if extra and method in extra:
+        out = extra[method](*args)
+    elif method in RECEIVER_METHODS:
+        out = getattr(receiver, method)(*args)
+    elif method in ENGINE_METHODS:
+        out = getattr(engine, method)(*args)
+    else:
+        raise ValueError(f"unknown engine replica command {method!r}")
+    return dict(getattr(engine, "last_update_timings", {}) or {}) if method in LOADS else out
 
 
 class InlineReplica:
@@ -226,7 +229,6 @@ class EngineHost:
 
     def _host_engine(self, engine: Any, device: Any, name: str,
                      extra: Optional[dict[str, Callable[..., Any]]] = None) -> None:
-        self._engine = engine
         self._driver = EngineDriver(engine, name)
         self._receiver = weight_receiver(engine, device)
         self._extra = extra or {}

@@ -173,3 +173,18 @@ def test_unknown_output_is_an_error():
     sched, _, _ = make()
     with pytest.raises(RuntimeError, match="not in flight"):
         sched.handle([GenOutput("nope", [], [], [], "stop")])
+
+
+def test_before_resume_runs_on_new_weights_with_partials_still_parked():
+    sched, engine, done = make(prompts=4, threshold=10)
+    sched.admit()
+    sched.step()
+    seen = {}
+
+    def hook():  # what the rollouter's validation sees: nothing in flight, the partials waiting
+        seen.update(version=engine.version, in_flight=engine.num_in_flight(), parked=len(sched.parked),
+                    unfinished=len(sched.pending))
+
+    sched.apply_weights(lambda: engine.update_weights({}, 1), 1, queued=lambda: 0, before_resume=hook)
+    assert seen["version"] == 1 and seen["in_flight"] == 0 and seen["parked"] == seen["unfinished"] > 0
+    assert not sched.parked and engine.num_in_flight() == seen["parked"]   # resumed after the hook
