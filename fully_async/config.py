@@ -142,8 +142,10 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5   # fraction of device memory vLLM may take (weights + KV cache)
     max_num_batched_tokens: int = 8192
     enable_chunked_prefill: bool = True
-    enforce_eager: bool = True            # skip CUDA-graph capture (faster start-up)
-    free_cache_engine: bool = True        # release the KV cache when the engine sleeps (colocated sync mode)
+    enforce_eager: bool = False           # true: no device graphs (CUDA/NPU graph capture costs start-up time)
+    cudagraph_capture_sizes: Optional[list[int]] = None  # decode batch sizes captured as graphs; null: engine's
+    free_cache_engine: bool = True        # sync mode: the engine frees its KV cache and weights while the trainer
+    #                                       runs; false keeps them resident (and the decode graphs valid)
     load_format: str = "auto"             # auto | dummy (random init; real weights arrive from the trainer)
     max_model_len: Optional[int] = None   # tokens per sequence (both engines; the embedded one sizes its KV
     #                                       cache slots by it); null: max_prompt_length + max_response_length
@@ -259,6 +261,8 @@ class BenchmarkConfig:
     response_length_median_ratio: float = 0.25  # lognormal: median length / data.max_response_length
     response_length_sigma: float = 0.75   # lognormal: standard deviation of log(length)
     seed: int = 0                         # the same seed gives every sample id the same length in every run
+    ignore_eos: bool = False              # engines never stop at EOS (vLLM's ignore_eos): with a trained model's
+    #                                       EOS, responses run to their synthetic length or max_response_length
 
 
 @dataclass
@@ -364,6 +368,12 @@ def validate(cfg: Any) -> None:
     _at_least("actor_rollout_ref.rollout.n", rollout.n, 1)
     _at_least("actor_rollout_ref.rollout.temperature", rollout.temperature, 0.0)
     _at_least("actor_rollout_ref.rollout.max_num_seqs", rollout.max_num_seqs, 1)
+    sizes = rollout.cudagraph_capture_sizes
+    if sizes is not None and (not sizes or any(not isinstance(b, int) or not 1 <= b <= rollout.max_num_seqs
+                                               for b in sizes)):
+        raise ConfigError("actor_rollout_ref.rollout.cudagraph_capture_sizes",
+                          f"{list(sizes)} must be a non-empty list of batch sizes in [1, max_num_seqs="
+                          f"{rollout.max_num_seqs}], or null for the engine's default buckets")
     if not 0.0 < rollout.top_p <= 1.0:
         raise ConfigError("actor_rollout_ref.rollout.top_p", f"{rollout.top_p} must be in (0, 1]")
     if rollout.top_k == 0 or rollout.top_k < -1:

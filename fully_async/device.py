@@ -14,7 +14,7 @@ import importlib.util
 import os
 import resource
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -100,6 +100,16 @@ class Device:
             return ProcessGroupHCCL(store, rank, world, timeout)
         return dist.ProcessGroupGloo(store, rank, world, timeout)
 
+    def graphs(self) -> "Optional[DeviceGraphs]":
+        """Device-graph capture for this device (CUDA graphs; NPU graphs where torch_npu has them), else None."""
+        if not self.is_accelerator:
+            return None
+        mod = self.module()
+        cls = getattr(mod, "CUDAGraph" if self.name == "cuda" else "NPUGraph", None)
+        if cls is None or not all(hasattr(mod, n) for n in ("graph", "graph_pool_handle", "Stream", "stream")):
+            return None
+        return DeviceGraphs(mod, cls)
+
     def memory_stats(self) -> dict[str, float]:
         """Allocated/reserved device memory (GiB) and host RSS (GiB); cpu reports RSS only."""
         stats = {"host_rss_gib": host_rss_gib()}
@@ -109,6 +119,34 @@ class Device:
             stats["reserved_gib"] = mod.memory_reserved() / 2**30
             stats["max_allocated_gib"] = mod.max_memory_allocated() / 2**30
         return stats
+
+
+class DeviceGraphs:
+    """Captures a function's kernels once and replays them: one launch per call instead of one per kernel.
+
+    A captured function must only read and write tensors that outlive the graph at fixed addresses (its
+    inputs and outputs are such buffers, updated in place); every graph of one `DeviceGraphs` shares one
+    memory pool, so capture the largest first and replay one at a time."""
+
+    def __init__(self, module: Any, graph_cls: Any):
+        self.module, self.graph_cls = module, graph_cls
+        self.pool = module.graph_pool_handle()
+
+    def capture(self, fn: Callable[[], None], warmup: int = 1) -> Callable[[], None]:
+        """Run `fn` `warmup` times on a side stream (library handles, autotuning), capture it, return replay."""
+        mod = self.module
+        side = mod.Stream()
+        side.wait_stream(mod.current_stream())
+        with mod.stream(side):
+            for _ in range(warmup):
+                fn()
+        mod.current_stream().wait_stream(side)
+        graph = self.graph_cls()
+        # thread_local: CUDA calls of other threads of this process (a Ray actor has several) may go on
+        kwargs = {"capture_error_mode": "thread_local"} if self.graph_cls.__name__ == "CUDAGraph" else {}
+        with mod.graph(graph, pool=self.pool, **kwargs):
+            fn()
+        return graph.replay
 
 
 NPU = Device("npu", "hccl", "ASCEND_RT_VISIBLE_DEVICES", "NPU")

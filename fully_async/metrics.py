@@ -53,7 +53,8 @@ CONSOLE_KEYS = (("critic/score/mean", "reward"), ("val-core", "val"), ("actor/pg
 
 def engine_metrics(current: Sequence[dict], previous: Optional[Sequence[dict]], window_s: float) -> dict[str, float]:
     """`fully_async/rollouter/num_engines` and, per rollout engine i, the tokens it generated and the
-    fraction of the window it had work (`engine_<i>/{tokens,busy_ratio}`), from the pool's cumulative
+    fraction of the window it had work (`engine_<i>/{tokens,busy_ratio}`), and the engine's own milliseconds
+    per iteration (`engine_<i>/ms_per_step`; from it, the pool's and Ray's overhead), from the pool's cumulative
     `engine_stats()` now and at the start of the window (None: since the start)."""
     m: dict[str, float] = {"fully_async/rollouter/num_engines": float(len(current))}
     for i, cur in enumerate(current):
@@ -62,6 +63,10 @@ def engine_metrics(current: Sequence[dict], previous: Optional[Sequence[dict]], 
         if window_s > 0:
             m[f"fully_async/rollouter/engine_{i}/busy_ratio"] = min(1.0, max(0.0, (cur["busy_s"] - prev["busy_s"])
                                                                             / window_s))
+        iterations = cur.get("iterations", 0) - prev.get("iterations", 0)
+        if iterations > 0:   # the engine's own time per iteration (one decode step), without pool/Ray overhead
+            m[f"fully_async/rollouter/engine_{i}/ms_per_step"] = \
+                1e3 * (cur.get("engine_s", 0.0) - prev.get("engine_s", 0.0)) / iterations
     return m
 
 

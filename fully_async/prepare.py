@@ -190,4 +190,8 @@ def prepare(cfg: Any) -> Prepared:
     logger.info("data: %d train prompts, %d val prompts; %d prompts to generate, %d trainer steps of %d groups",
                 len(train), len(val), total_prompts, total_steps, required)
     eos = eos_ids(tokenizer, cfg.actor_rollout_ref.model.path, getattr(model_conf, "vocab_size", None))
+    if cfg.benchmark.ignore_eos:
+        logger.warning("benchmark.ignore_eos=true: the engines ignore EOS %s (a benchmark setting, not for training)",
+                       eos)
+        eos = []
     return Prepared(cfg_dict, train, val, total_prompts, total_steps, eos, int(pad))

@@ -181,6 +181,20 @@ class LengthProfile:
         return out
 
 
+def workload_report(cfg: Any) -> Optional[dict]:
+    """What a report says about the benchmark workload of `cfg`: the length profile (as_dict) and whether the
+    engines ignored EOS (benchmark.ignore_eos); None when neither applies."""
+    profile = LengthProfile.from_config(cfg)
+    ignore = bool(getattr(cfg.benchmark, "ignore_eos", False))
+    if profile is None and not ignore:
+        return None
+    out = profile.as_dict() if profile else {"kind": NONE, "description": "response lengths: the model's own"}
+    if ignore:
+        out.update(ignore_eos=True, description=out["description"] + "; EOS ignored (benchmark.ignore_eos=true: "
+                   "responses run to their synthetic length or data.max_response_length)")
+    return out
+
+
 def load_histogram(path: str) -> tuple[list[int], list[float]]:
     """(lengths, weights) of a histogram file (format in the module docstring); ConfigError naming the problem."""
     try:

@@ -1,6 +1,7 @@
 """Benchmark the rollout engines and transformers' own generate on the same workload, in one invocation.
 
-For each engine (`hf`: the embedded engine, `vllm`) and each baseline (`generate`: model.generate with its
+For each engine (`hf`: the embedded engine with decode graphs on CUDA/NPU, `hf_eager`: the same engine
+without graphs, `vllm`) and each baseline (`generate`: model.generate with its
 default cache, `generate_static`: model.generate(cache_implementation="static"), which transformers compiles
 on CUDA), at each concurrency c: c sequences of --prompt-len random prompt tokens, --new-tokens sampled
 tokens each (EOS ignored, so every contender generates exactly c x new-tokens tokens), temperature 1.
@@ -36,7 +37,7 @@ from fully_async.engines.base import run_requests  # noqa: E402
 from fully_async.partial import PendingResponse  # noqa: E402
 from fully_async.types import GenRequest, SamplingParams  # noqa: E402
 
-ENGINES = ("hf", "vllm")
+ENGINES = ("hf", "hf_eager", "vllm")
 BASELINES = ("generate", "generate_static")
 
 
@@ -47,10 +48,10 @@ def make_prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[list[in
 
 
 def build_engine(name: str, model_dir: str, device: Any, dtype: str, max_num_seqs: int, max_len: int) -> Any:
-    if name == "hf":
+    if name in ("hf", "hf_eager"):   # hf: decode replayed from device graphs where the device has them
         from fully_async.engines.hf_engine import HFEngine
         return HFEngine(model_dir, device, dtype=dtype, max_num_seqs=max_num_seqs, eos_token_ids=[], pad_token_id=0,
-                        max_model_len=max_len)
+                        max_model_len=max_len, enforce_eager=name == "hf_eager")
     from fully_async.engines.vllm_engine import VLLMEngine
     return VLLMEngine(model_dir, device, dtype=dtype, max_num_seqs=max_num_seqs, eos_token_ids=[],
                       max_model_len=max_len)
@@ -198,12 +199,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def format_table(results: dict, concurrency: list[int]) -> str:
-    rows = [("contender", "c", "first tok/s", "warm tok/s", "ms/step", "start-up s")]
+    """One row per (contender, c); `vs static` = warm tok/s over generate_static's warm tok/s at the same c,
+    `warm/first` = how much slower the first run was (1.0: no warm-up cost left after start-up)."""
+    static = results["contenders"].get("generate_static")
+    rows = [("contender", "c", "first tok/s", "warm tok/s", "ms/step", "vs static", "warm/first", "start-up s")]
     for name, res in results["contenders"].items():
         for c in concurrency:
             r = res[str(c)]
-            rows.append((name, str(c), f"{r['first']['tokens_per_s']:.0f}", f"{r['warm']['tokens_per_s']:.0f}",
-                         f"{r['ms_per_step']:.2f}", f"{res['startup_s']:.1f}"))
+            warm, first = r["warm"]["tokens_per_s"], r["first"]["tokens_per_s"]
+            ratio = f"{warm / static[str(c)]['warm']['tokens_per_s']:.2f}x" if static else "-"
+            rows.append((name, str(c), f"{first:.0f}", f"{warm:.0f}", f"{r['ms_per_step']:.2f}", ratio,
+                         f"{warm / first:.2f}", f"{res['startup_s']:.1f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [f"{results['hardware']}; {results['dtype']}; {results['prompt_len']} prompt + {results['new_tokens']} new "
              f"tokens per sequence, EOS ignored; warm = best of {results['repeats']}"]

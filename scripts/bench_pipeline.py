@@ -147,7 +147,7 @@ def measure_config(cfg: Any, batches: int = 3, warmup: int = 1) -> dict:
 
     from fully_async.device import check_available, describe_hardware, get_device
     from fully_async.prepare import prepare
-    from fully_async.workload import LengthProfile
+    from fully_async.workload import LengthProfile, workload_report
 
     if batches < 1:
         raise ValueError(f"--batches {batches} must be >= 1")
@@ -177,7 +177,7 @@ def measure_config(cfg: Any, batches: int = 3, warmup: int = 1) -> dict:
             "prompts_per_batch": _prompts_per_batch(cfg), "n": cfg.actor_rollout_ref.rollout.n,
             "rollout": rollout, "train": train, "min_tokens_per_s": ceiling,
             "bottleneck": "rollout" if rollout["tokens_per_s"] <= train["tokens_per_s"] else "train",
-            "per_device": PER_DEVICE, "workload": lengths.as_dict() if lengths else None}
+            "per_device": PER_DEVICE, "workload": workload_report(cfg)}
 
 
 # ----------------------------------------------------------------------------------- ceiling model

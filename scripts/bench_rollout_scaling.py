@@ -12,6 +12,8 @@ run's TensorBoard scalars:
                          3-4x slower on GPUs)
   engine share         = each engine's fraction of those tokens
   busy ratio           = mean per-engine fraction of the generate phase it had work
+  engine ms/step       = mean per-engine milliseconds inside one engine iteration (its own decode step; the
+                         rest of the generate phase is the pool's, Ray's and the caller's overhead)
   scaling              = generation tokens/s / that of the smallest K
 
 Prints a table, writes DIR/rollout_scaling.json; runs' logs and TensorBoard dirs stay under DIR.
@@ -58,8 +60,10 @@ def generation_stats(log_dir: str, skip_steps: int) -> dict:
     for i in engines:
         tokens = {s: v for s, _, v in run.series(f"fully_async/rollouter/engine_{i}/tokens")}
         busy = {s: v for s, _, v in run.series(f"fully_async/rollouter/engine_{i}/busy_ratio")}
+        ms = [v for s, _, v in run.series(f"fully_async/rollouter/engine_{i}/ms_per_step") if s in steps]
         per_engine.append({"tokens": sum(tokens.get(s, 0.0) for s in steps),
-                           "busy_ratio": sum(busy.get(s, 0.0) for s in steps) / len(steps)})
+                           "busy_ratio": sum(busy.get(s, 0.0) for s in steps) / len(steps),
+                           "ms_per_step": sum(ms) / len(ms) if ms else None})
     total = sum(e["tokens"] for e in per_engine)
     seconds = sum(gen[s] for s in steps)
     for e in per_engine:
@@ -72,12 +76,14 @@ def generation_stats(log_dir: str, skip_steps: int) -> dict:
 def format_table(results: list[dict]) -> str:
     base = results[0]["gen_tokens_per_s"]
     rows = [("devices", "engines", "steps", "gen s", "gen tokens", "gen tok/s", "scaling", "share per engine",
-             "busy per engine")]
+             "busy per engine", "engine ms/step")]
     for r in results:
         rows.append((str(r["devices"]), str(r["engines"]), str(r["steps"]), f"{r['gen_seconds']:.2f}",
                      f"{r['generated_tokens']:.0f}", f"{r['gen_tokens_per_s']:.0f}", f"{r['gen_tokens_per_s'] / base:.2f}x",
                      " ".join(f"{e['share']:.2f}" for e in r["per_engine"]),
-                     " ".join(f"{e['busy_ratio']:.2f}" for e in r["per_engine"])))
+                     " ".join(f"{e['busy_ratio']:.2f}" for e in r["per_engine"]),
+                     " ".join("-" if e.get("ms_per_step") is None else f"{e['ms_per_step']:.1f}"
+                              for e in r["per_engine"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
     hardware = results[-1].get("hardware")

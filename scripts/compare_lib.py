@@ -129,17 +129,20 @@ def check_diff(diff: list[tuple[str, Any, Any]], allow_diff: tuple[str, ...],
 
 
 def workload_of(config: dict) -> Optional[dict]:
-    """LengthProfile.as_dict() of a run's benchmark.response_length workload (None when off or absent)."""
-    from fully_async.config import ConfigError
-    from fully_async.workload import LengthProfile
+    """workload_report() of a run's config: its benchmark.response_length profile and benchmark.ignore_eos
+    (None when neither applies)."""
+    from omegaconf import OmegaConf
 
-    kind = str(config.get("benchmark", {}).get("response_length", "none"))
-    if kind == "none":
+    from fully_async.config import ConfigError
+    from fully_async.workload import workload_report
+
+    bench = config.get("benchmark", {})
+    if str(bench.get("response_length", "none")) == "none" and not bench.get("ignore_eos"):
         return None
     try:
-        from omegaconf import OmegaConf
-        return LengthProfile.from_config(OmegaConf.create(config)).as_dict()
+        return workload_report(OmegaConf.create(config))
     except ConfigError as exc:  # e.g. a histogram file that moved since the run
+        kind = bench.get("response_length")
         return {"kind": kind, "description": f"synthetic response lengths: {kind} (cannot describe: {exc})"}
 
 

@@ -4,6 +4,7 @@
 #   bash scripts/gpu_verify.sh runs|megatron|packing      (on a 2x H100 machine, from the repo root)
 #   bash scripts/gpu_verify.sh scaling|compare2|compare4  (engine pool, #10: on a 4-GPU machine)
 #   bash scripts/gpu_verify.sh engine                     (embedded engine vs generate(static), #11: 1 GPU)
+#   bash scripts/gpu_verify.sh tests                      (the embedded engine's GPU tests only)
 #
 # Expects the offline bundle in .gpubundle/ (../shared/tools/offline_bundle.sh) plus the tiny task
 # as jsonl in .gpubundle/data/.  Model: a Qwen2.5-0.5B-shaped Qwen2 with random weights and the
@@ -16,9 +17,11 @@ export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTI
 export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
 nvidia-smi -L
 python3 -c "import ray, hydra, torch, transformers, tensorboard, tqdm; print('ray', ray.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
-# the engine-pool benchmarks (#10): 0.5B-shaped model, bf16.  scaling: every response runs to the max (random
-# weights never emit EOS), BATCH prompts x 8 per step against NSEQS slots per engine, so one engine works in
-# waves and K engines in 1/K of them; compare: the long-tail lognormal workload (benchmark.response_length)
+# the engine-pool benchmarks (#10): 0.5B-shaped model, bf16.  scaling: responses run to the max (random
+# weights with the 21-token vocabulary stop at EOS only by chance: IGNORE_EOS=true makes them run to the max),
+# BATCH prompts x 8 per step against NSEQS slots per engine, so one engine works in waves and K engines in 1/K of
+# them; compare: the long-tail lognormal workload (benchmark.response_length).  free_cache_engine=false: memory is
+# plentiful here, so sync's engines stay resident between generate phases (their decode graphs stay valid)
 BATCH=${BATCH:-16}
 POOL=(trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
       data.val_files=null data.max_prompt_length=16 data.max_response_length=${MAXLEN:-256}
@@ -26,15 +29,24 @@ POOL=(trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files
       actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32
       actor_rollout_ref.actor.ppo_mini_batch_size=$BATCH data.train_batch_size=$BATCH actor_rollout_ref.rollout.n=8
       actor_rollout_ref.rollout.max_num_seqs=${NSEQS:-128} benchmark.response_length=${LENGTHS:-lognormal}
+      benchmark.ignore_eos=${IGNORE_EOS:-false} actor_rollout_ref.rollout.free_cache_engine=false
       trainer.total_training_steps=${STEPS:-8} trainer.progress_bar=false
       trainer.logger=[console,tensorboard] "trainer.default_local_dir=/tmp/ckpt")
 case "${1:-runs}" in
+tests)
+  CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -15
+  ;;
 engine)
+  # the embedded engine (#11): GPU correctness (graphs and eager), the engine against generate(static) in one
+  # invocation, then the pipeline's rollout-only ceiling at the same concurrency (BATCH x 8 = NSEQS sequences)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
-  CUDA_VISIBLE_DEVICES=0 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -5
-  CUDA_VISIBLE_DEVICES=0 timeout 360 python3 scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 \
-      --engines hf --baselines generate,generate_static --concurrency 64 256 --new-tokens 256 --repeats 2 \
-      --out "$OUT/bench_engines.json" 2>&1 | grep -v "it/s\]" | tail -14
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -8
+  timeout 300 python3 scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 \
+      --engines ${ENGINES:-hf,hf_eager} --baselines generate_static --concurrency 64 256 --new-tokens 256 --repeats 2 \
+      --out "$OUT/bench_engines.json" 2>&1 | grep -v "it/s\]" | tail -12
+  timeout 200 python3 scripts/bench_pipeline.py --batches 2 --out "$OUT/bench_pipeline.json" "${POOL[@]}" \
+      2>&1 | grep -v "it/s\]" | tail -8
   ;;
 scaling)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
@@ -46,7 +58,7 @@ compare2|compare4)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
   N=${1#compare}
   [ "$N" = 2 ] && export CUDA_VISIBLE_DEVICES=0,1
-  timeout 560 python3 scripts/compare_sync_async.py --devices "$N" --threshold 0.0 --bench-batches 2 ${SPLIT:+--split $SPLIT} \
+  timeout 560 python3 scripts/compare_sync_async.py --devices "$N" --threshold ${REWARD_THRESHOLD:-0.0} --bench-batches 2 ${SPLIT:+--split $SPLIT} \
       ${BENCH_JSON:+--bench-json $BENCH_JSON} ${SYNC_LOG:+--sync-log $SYNC_LOG} --out /tmp/pool/compare$N${SPLIT:+_split$SPLIT} "${POOL[@]}" \
       2>&1 | grep -v "it/s\]" | grep -E -v "^\[(async|sync|bench)\] " | tail -60
   D=/tmp/pool/compare$N${SPLIT:+_split$SPLIT}

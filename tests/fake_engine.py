@@ -128,6 +128,10 @@ class ThreadReplica:
     def poll(self, timeout_s: float) -> concurrent.futures.Future:
         return self.pool_exec.submit(self.driver.poll, timeout_s)
 
+    @property
+    def counters(self):
+        return self.driver.counters
+
     def call(self, method: str, *args: Any) -> concurrent.futures.Future:
         if method == "interrupt":
             return self.pool_exec.submit(self.driver.interrupt)

@@ -14,7 +14,9 @@ def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: 
     hf_kwargs = dict(device=device, dtype=rollout.dtype, max_num_seqs=rollout.max_num_seqs,
                      eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, seed=seed,
                      trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
-                     max_model_len=rollout.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length)
+                     max_model_len=rollout.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length,
+                     enforce_eager=rollout.enforce_eager, graph_batch_sizes=rollout.cudagraph_capture_sizes,
+                     free_cache_engine=rollout.free_cache_engine)
     if ":" in rollout.name:  # a user engine "package.module:Class" with HFEngine's constructor
         import importlib
 

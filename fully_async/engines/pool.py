@@ -158,11 +158,17 @@ class EnginePool:
 
     # ------------------------------------------------------------------ observability
     def engine_stats(self) -> list[dict[str, float]]:
-        """Per replica: tokens generated and seconds it had work, both cumulative."""
+        """Per replica, cumulative: tokens generated, seconds it had work (the pool's view), and the engine's
+        own iterations and seconds inside them (a remote replica's as of its last poll)."""
         now = time.perf_counter()
-        return [{"tokens": self.tokens[i],
-                 "busy_s": self.busy_s[i] + (now - self._busy_since[i] if self._busy_since[i] is not None else 0.0)}
-                for i in range(len(self.replicas))]
+        stats = []
+        for i, rep in enumerate(self.replicas):
+            counters = getattr(rep, "counters", None)
+            busy = self.busy_s[i] + (now - self._busy_since[i] if self._busy_since[i] is not None else 0.0)
+            stats.append({"tokens": self.tokens[i], "busy_s": busy,
+                          "iterations": counters.iterations if counters else 0,
+                          "engine_s": counters.engine_s if counters else 0.0})
+        return stats
 
     def drain_timeline(self) -> list[dict]:
         return [e for t in self.timelines for e in t.drain()]

@@ -22,11 +22,25 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from fully_async.engines.base import receives_weights_directly
 from fully_async.types import GenOutput, GenRequest
+
+
+@dataclass
+class IterationCounters:
+    """Engine iterations (`collect()` calls) run by a replica and the seconds spent inside them, cumulative:
+    seconds / iterations is the engine's own time per step, whatever the pool and Ray add around it."""
+    iterations: int = 0
+    engine_s: float = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.iterations += 1
+        self.engine_s += seconds
 
 
 def done_future(fn: Callable[[], Any]) -> concurrent.futures.Future:
@@ -102,12 +116,16 @@ class InlineReplica:
         self.name = name
         self.receiver = weight_receiver(engine, device)
         self.extra = extra
+        self.counters = IterationCounters()
 
     def submit(self, requests: list[GenRequest]) -> None:
         self.engine.submit(requests)
 
     def step(self, timeout_s: float) -> list[GenOutput]:
-        return self.engine.collect(timeout_s)
+        start = time.perf_counter()
+        out = self.engine.collect(timeout_s)
+        self.counters.add(time.perf_counter() - start)
+        return out
 
     def call(self, method: str, *args: Any) -> concurrent.futures.Future:
         return done_future(lambda: engine_command(self.engine, self.receiver, method, args, self.extra))
@@ -122,12 +140,25 @@ class RemoteReplica:
     def __init__(self, actor: Any, name: str):
         self.actor = actor
         self.name = name
+        self.counters = IterationCounters()   # as of the last poll
 
     def submit(self, requests: list[GenRequest]) -> None:
         self.actor.submit.remote(requests)  # ordered before every later call (the actor runs one at a time)
 
     def poll(self, timeout_s: float) -> concurrent.futures.Future:
-        return self.actor.poll.remote(timeout_s).future()
+        """Future of the outputs finished meanwhile; the engine's iteration counters ride along."""
+        inner, outer = self.actor.poll.remote(timeout_s).future(), concurrent.futures.Future()
+
+        def unpack(fut: concurrent.futures.Future) -> None:
+            try:
+                polled = fut.result()
+            except BaseException as exc:  # noqa: BLE001 - the pool reads it from the future
+                outer.set_exception(exc)
+                return
+            self.counters = IterationCounters(**polled["counters"])
+            outer.set_result(polled["outputs"])
+        inner.add_done_callback(unpack)
+        return outer
 
     def call(self, method: str, *args: Any) -> concurrent.futures.Future:
         return self.actor.engine_call.remote(method, *args).future()
@@ -143,6 +174,7 @@ class EngineDriver:
         self._outbox: list[GenOutput] = []
         self._error: Optional[BaseException] = None
         self._closed = False
+        self.counters = IterationCounters()
         self._thread = threading.Thread(target=self._run, name=f"{name}-driver", daemon=True)
         self._thread.start()
 
@@ -209,7 +241,9 @@ class EngineDriver:
                     except BaseException as exc:  # noqa: BLE001 - the caller gets it
                         fut.set_exception(exc)
                 if engine.num_in_flight():
+                    start = time.perf_counter()
                     outputs = engine.collect()
+                    self.counters.add(time.perf_counter() - start)
                     if outputs:
                         with self._cv:
                             self._outbox.extend(outputs)
@@ -236,8 +270,9 @@ class EngineHost:
     def submit(self, requests: list[GenRequest]) -> None:
         self._driver.submit(requests)
 
-    def poll(self, timeout_s: float) -> list[GenOutput]:
-        return self._driver.poll(timeout_s)
+    def poll(self, timeout_s: float) -> dict:
+        outputs = self._driver.poll(timeout_s)
+        return {"outputs": outputs, "counters": vars(self._driver.counters).copy()}
 
     def engine_call(self, method: str, *args: Any) -> Any:
         if method == "interrupt":

@@ -195,7 +195,7 @@ class VLLMEngine:
                  max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
                  enforce_eager: bool = True, free_cache_engine: bool = True, load_format: str = "auto",
                  max_model_len: Optional[int] = None, pause_mode: str = "abort",
-                 update_weights_bucket_megabytes: int = 512):
+                 update_weights_bucket_megabytes: int = 512, cudagraph_capture_sizes: Optional[list[int]] = None):
         start = time.perf_counter()
         vllm = _import_vllm()
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -226,7 +226,8 @@ class VLLMEngine:
             enforce_eager=enforce_eager, load_format=load_format, max_model_len=max_model_len,
             max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
             enable_sleep_mode=free_cache_engine and current_platform.is_sleep_mode_available(),
-            generation_config="vllm", disable_log_stats=True)
+            generation_config="vllm", disable_log_stats=True,
+            **({"cudagraph_capture_sizes": list(cudagraph_capture_sizes)} if cudagraph_capture_sizes else {}))
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
@@ -252,7 +253,7 @@ class VLLMEngine:
         max_model_len = r.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length
         keys = ("dtype", "max_num_seqs", "tensor_model_parallel_size", "gpu_memory_utilization", "enforce_eager",
                 "max_num_batched_tokens", "enable_chunked_prefill", "free_cache_engine", "load_format", "pause_mode",
-                "update_weights_bucket_megabytes")
+                "update_weights_bucket_megabytes", "cudagraph_capture_sizes")
         return cls(cfg.actor_rollout_ref.model.path, device, eos_token_ids=eos_token_ids,
                    seed=cfg.trainer.seed if seed is None else seed,
                    trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code, max_model_len=max_model_len,

@@ -75,6 +75,14 @@ def test_threaded_replicas_generate_everything(thread_pool):
     stats = pool.engine_stats()
     assert sum(s["tokens"] for s in stats) == sum(len(o.token_ids) for o in outs.values())
     assert all(s["busy_s"] > 0 for s in stats)
+    # each replica's own iterations (collect calls, counted where the engine runs) and time inside them
+    assert [s["iterations"] for s in stats] == [e.steps for e in engines]
+    assert all(s["engine_s"] > 0 for s in stats)
+    from fully_async.metrics import engine_metrics
+
+    m = engine_metrics(stats, None, 1.0)
+    for i, s in enumerate(stats):
+        assert m[f"fully_async/rollouter/engine_{i}/ms_per_step"] == pytest.approx(1e3 * s["engine_s"] / s["iterations"])
 
 
 def test_interrupt_returns_everything_including_queued(thread_pool):

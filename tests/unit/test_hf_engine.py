@@ -118,3 +118,72 @@ def test_sliding_window_models_are_refused(tmp_path):
     Qwen2ForCausalLM(cfg).save_pretrained(str(tmp_path))
     with pytest.raises(ValueError, match="sliding_attention.*rollout.name=vllm"):
         HFEngine(str(tmp_path), CPU)
+
+
+class RecordingGraphs:
+    """A stand-in for DeviceGraphs on CPU: 'capture' runs the warm-ups and records the function (a real
+    capture runs nothing), 'replay' calls it.  A real graph replays exactly what the function did at capture
+    time, so this checks the engine's side of the contract: buckets, padding rows, spans, buffers that outlive
+    the graphs, recapture."""
+
+    def __init__(self):
+        self.captured: list = []
+        self.replays = 0
+
+    def capture(self, fn, warmup: int = 1):
+        for _ in range(warmup):
+            fn()
+        self.captured.append(fn)
+
+        def replay():
+            self.replays += 1
+            fn()
+        return replay
+
+
+def test_graph_buckets_decode_exactly_like_eager(random_model_dir, hf_model, monkeypatch):
+    """Decode through captured buckets (batch padded to a bucket, attention over a wider span bucket) gives the
+    eager engine's greedy tokens and log-probs; a cache that grows recaptures; a weight update keeps the graphs
+    (copies into the same storage); sleep/wake recaptures."""
+    graphs = RecordingGraphs()
+    monkeypatch.setattr(CPU.__class__, "graphs", lambda self: graphs)
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=6, eos_token_ids=[], pad_token_id=0, max_model_len=8,
+                   enforce_eager=False, graph_batch_sizes=[2, 4])
+    assert eng.graph_batch_sizes == [2, 4, 6]
+    first = len(graphs.captured)
+    assert first == 3 * 1 and eng.graph_capture_s > 0     # capacity 8 -> one span bucket per batch bucket
+    eager = HFEngine(random_model_dir, CPU, max_num_seqs=6, eos_token_ids=[], pad_token_id=0, max_model_len=8)
+    reqs = [GenRequest(f"q{i}", PROMPTS[i % len(PROMPTS)] + [i + 2], SamplingParams(0.0, max_tokens=3 + 2 * i))
+            for i in range(9)]
+    got, want = run_all(eng, reqs), run_all(eager, reqs)
+    assert graphs.replays > 0
+    assert len(graphs.captured) > first                    # the cache grew past 8: captured again at first use
+    for r in reqs:
+        assert got[r.request_id].token_ids == want[r.request_id].token_ids, r.request_id
+        assert got[r.request_id].log_probs == pytest.approx(want[r.request_id].log_probs, abs=1e-4)
+    eng.update_weights({k: v * 1.5 for k, v in eng.model.named_parameters()}, version=2)
+    eager.update_weights({k: v * 1.5 for k, v in eager.model.named_parameters()}, version=2)
+    n = len(graphs.captured)
+    got, want = run_all(eng, reqs[:4]), run_all(eager, reqs[:4])
+    assert len(graphs.captured) == n                       # the same graphs serve the new weights
+    assert all(got[k].token_ids == want[k].token_ids and got[k].versions == [2] * len(want[k].token_ids)
+               for k in want)
+    eng.sleep(1)                                           # free_cache_engine: weights moved, graphs dropped
+    eng.wake_up()
+    assert eng._graphs == {}
+    assert run_all(eng, reqs[:1])["q0"].token_ids == want["q0"].token_ids
+    assert len(graphs.captured) > n                        # captured again at first use
+    kept = HFEngine(random_model_dir, CPU, max_num_seqs=6, eos_token_ids=[], pad_token_id=0, max_model_len=32,
+                    enforce_eager=False, graph_batch_sizes=[2, 4], free_cache_engine=False)
+    before = dict(kept._graphs)
+    kept.sleep(1)
+    kept.wake_up()
+    assert kept._graphs == before                          # nothing moved: the graphs stay
+
+
+def test_default_graph_buckets():
+    from fully_async.engines.hf_engine import default_graph_batch_sizes, span_buckets
+
+    assert default_graph_batch_sizes(256) == [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256]
+    assert default_graph_batch_sizes(5) == [1, 2, 4, 5]
+    assert span_buckets(272) == [128, 256, 272] and span_buckets(100) == [100]
