@@ -58,6 +58,9 @@ class ModelConfig:
     # attention kernel (default: sdpa; with use_remove_padding the device's packed kernel: varlen, or
     # flash_attention_2 on npu / where flash-attn is installed; see device.py)
     override_config: dict[str, Any] = field(default_factory=dict)
+    # fold lm_head into the chunked log-prob/entropy: the (tokens x vocab) logits never exist whole (verl's key;
+    # our default is true: the same float32 math, less memory; models with biased/soft-capped heads fall back)
+    use_fused_kernels: bool = True
 
 
 @dataclass

@@ -8,8 +8,10 @@ pass, then train_step's PPO update with dynamic batch size), once per variant, s
 `padded` (rows right-padded to the longest of each micro-batch, sdpa), `packed:<kernel>`
 (actor_rollout_ref.model.use_remove_padding=true; each micro-batch's real tokens in one row, the
 kernel from override_config.attn_implementation: varlen is fully_async's, sdpa builds a dense
-block-diagonal mask).  A `/plain` suffix swaps the chunked log-prob/entropy of
-backends/token_stats.py for the plain autograd formulas, to show what it saves.  Every variant
+block-diagonal mask).  By default lm_head is folded into the chunked log-prob/entropy
+(model.use_fused_kernels: no logits tensor); a `/unfused` suffix computes the full logits and runs the
+chunked log-prob/entropy of backends/token_stats.py over them; `/plain` (unfused too) swaps that for the
+plain autograd formulas.  Both show what each step saves.  Every variant
 starts from the same weights, so the log-probs of its first pass are compared with the first
 variant's (max / mean absolute difference over response tokens).  The model is a Qwen2 of a
 real model's shape (real vocabulary size) with random weights; sequence lengths are drawn like
@@ -87,7 +89,8 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
     packed = name.startswith("packed")
     plain = name.endswith("/plain")
     torch_backend.token_stats = plain_token_stats if plain else TOKEN_STATS
-    name_kernel = name.removesuffix("/plain")
+    unfused = plain or name.endswith("/unfused")   # full logits (token_stats over them) instead of the fused head
+    name_kernel = name.removesuffix("/plain").removesuffix("/unfused")
     overrides = [f"actor_rollout_ref.model.path={model_dir}", f"trainer.device={device.name}",
                  f"actor_rollout_ref.actor.dtype={args.dtype}", "actor_rollout_ref.actor.optim.lr=1e-6",
                  "async_training.use_rollout_log_probs=false", "actor_rollout_ref.actor.use_dynamic_bsz=true",
@@ -95,6 +98,7 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
                  "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
                  f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={args.max_tokens}",
                  f"actor_rollout_ref.model.use_remove_padding={str(packed).lower()}",
+                 f"actor_rollout_ref.model.use_fused_kernels={str(not unfused).lower()}",
                  f"actor_rollout_ref.model.enable_gradient_checkpointing={str(args.grad_ckpt).lower()}"]
     kernel = name_kernel.split(":", 1)[1] if ":" in name_kernel else "sdpa"
     overrides.append(f"+actor_rollout_ref.model.override_config.attn_implementation={kernel}")
@@ -149,8 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=16384, help="ppo_max_token_len_per_gpu for every variant")
     p.add_argument("--variants", nargs="+", default=None,
                    help="padded, packed:<attn_implementation> (varlen, sdpa, eager, flex_attention, "
-                        "flash_attention_2), each optionally with /plain (log-probs and entropy by plain autograd "
-                        "instead of backends/token_stats.py); default: padded packed:varlen packed:sdpa")
+                        "flash_attention_2), each optionally with /unfused (full logits, then backends/token_stats.py) or "
+                        "/plain (full logits, then plain autograd log-probs and entropy); default: padded "
+                        "packed:varlen packed:sdpa")
     p.add_argument("--grad-ckpt", action="store_true")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)

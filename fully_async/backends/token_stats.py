@@ -14,10 +14,18 @@ keeps only the logits and the targets for backward, and recomputes softmax per c
 Values are computed in float32 (float64 for float64 logits), exactly as before.  On CUDA the
 per-chunk math is compiled (torch.compile fuses it into a few passes over the chunk); elsewhere
 it runs eagerly.
+
+`hidden_stats` goes one step further (actor_rollout_ref.model.use_fused_kernels): it takes the
+decoder's hidden states and the lm_head weight, so not even the (N, V) logits in the model's dtype
+exist whole: each chunk's logits are projected, used and dropped, in forward and again in backward
+(one extra lm_head matmul per chunk, against a tensor of N x V that no longer exists):
+
+    d hidden = d logits @ W,   d W = sum over chunks of d logits^T @ hidden   (float32 accumulation)
 """
 from __future__ import annotations
 
 import functools
+import types
 from typing import Callable, Optional
 
 import torch
@@ -94,6 +102,89 @@ class _TokenStats(torch.autograd.Function):
                                               g_ent[s:s + step] if with_entropy else g_logp[s:s + step],
                                               ctx.temperature, with_entropy)
         return grad, None, None, None, None
+
+
+class _HiddenStats(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
+                with_entropy: bool, chunk_elems: int):
+        n, vocab = hidden.shape[0], weight.shape[0]
+        forward_chunk, _ = _kernels(hidden.device.type)
+        step = _step(n, vocab, chunk_elems)
+        parts = [forward_chunk(hidden[s:s + step] @ weight.t(), targets[s:s + step], temperature, with_entropy)
+                 for s in range(0, n, step)]
+        logp = torch.cat([lp for lp, _ in parts])
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.temperature, ctx.with_entropy, ctx.chunk_elems = temperature, with_entropy, chunk_elems
+        if with_entropy:
+            return logp, torch.cat([e for _, e in parts])
+        ent = logp.new_zeros(0)
+        ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp: torch.Tensor, g_ent: Optional[torch.Tensor]):
+        hidden, weight, targets = ctx.saved_tensors
+        n, vocab = hidden.shape[0], weight.shape[0]
+        _, backward_chunk = _kernels(hidden.device.type)
+        with_entropy = ctx.with_entropy and g_ent is not None and g_ent.numel() > 0
+        if g_logp is None:
+            g_logp = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32),
+                             device=weight.device) if need_w else None
+        step = _step(n, vocab, ctx.chunk_elems)
+        for s in range(0, n, step):
+            h = hidden[s:s + step]
+            d = backward_chunk(h @ weight.t(), targets[s:s + step], g_logp[s:s + step],
+                               g_ent[s:s + step] if with_entropy else g_logp[s:s + step],
+                               ctx.temperature, with_entropy)                      # d logits, (rows, V)
+            if need_h:
+                grad_h[s:s + step] = d @ weight
+            if need_w:
+                grad_w += (d.t() @ h).to(grad_w.dtype)
+        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None
+
+
+def hidden_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                 with_entropy: bool = False, chunk_elems: int = CHUNK_ELEMS
+                 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """hidden (N, H), lm_head weight (V, H), targets (N,) -> what token_stats(hidden @ weight.T, ...) returns,
+    without the (N, V) logits ever existing whole (see the module docstring)."""
+    logp, ent = _HiddenStats.apply(hidden, weight, targets, float(temperature), with_entropy, chunk_elems)
+    return logp, (ent if with_entropy else None)
+
+
+def fused_head_supported(model: torch.nn.Module) -> bool:
+    """True when the model's logits are exactly lm_head(hidden): no bias, no soft-capping or logit scaling."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    cfg = getattr(model, "config", None)
+    return (isinstance(head, torch.nn.Linear) and head.bias is None and hasattr(model, "get_decoder")
+            and getattr(cfg, "final_logit_softcapping", None) is None
+            and getattr(cfg, "logit_scale", None) is None and getattr(cfg, "logits_scaling", 1.0) == 1.0)
+
+
+def _fused_forward(self: torch.nn.Module, *args, fa_targets: Optional[torch.Tensor] = None,
+                   fa_temperature: float = 1.0, fa_with_entropy: bool = False, **kwargs):
+    """The causal LM's forward, or with `fa_targets`: (log p(targets), entropy) from the decoder's hidden states
+    and lm_head's weight, chunk by chunk.  Runs as the model's own forward, so FSDP2's hooks gather the
+    lm_head weight for it (forward and backward) as they do for the plain projection."""
+    if fa_targets is None:
+        return type(self).forward(self, *args, **kwargs)
+    hidden = self.get_decoder()(*args, **kwargs).last_hidden_state
+    return hidden_stats(hidden.reshape(-1, hidden.shape[-1]), self.get_output_embeddings().weight,
+                        fa_targets.reshape(-1), fa_temperature, fa_with_entropy)
+
+
+def enable_fused_head(model: torch.nn.Module) -> bool:
+    """Let `model(..., fa_targets=...)` return per-token log-probs/entropy without materialising logits
+    (actor_rollout_ref.model.use_fused_kernels).  Returns False, changing nothing, for a model whose logits are
+    not a plain lm_head projection.  The patch is per instance and holds no references (deepcopy-safe)."""
+    if not fused_head_supported(model):
+        return False
+    model.forward = types.MethodType(_fused_forward, model)
+    return True
 
 
 def token_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from fully_async.algorithms.losses import PolicyLossInput, agg_loss, kl_penalty, policy_loss
 from fully_async.backends import fsdp, varlen_attention
-from fully_async.backends.token_stats import token_stats
+from fully_async.backends.token_stats import enable_fused_head, token_stats
 from fully_async.batch import TrainBatch, micro_batches
 from fully_async.config import clip_bounds
 from fully_async.device import Device, parse_dtype
@@ -30,7 +30,7 @@ varlen_attention.register()
 
 
 def token_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: float,
-                    with_entropy: bool = False, packed: bool = False
+                    with_entropy: bool = False, packed: bool = False, fused: bool = False
                     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(B, L) log p(input_ids[t] | <t) at logits / temperature (0 at t = 0), and optionally entropy.
 
@@ -38,20 +38,26 @@ def token_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: floa
     position_ids restarting at 0 per sequence and no attention mask; transformers then keeps the
     sequences apart: the sequence boundaries go along as FlashAttentionKwargs (used by "varlen" and
     flash_attention_2), and sdpa/eager build a block-diagonal mask from the positions.  No pad
-    token is computed.  Results are scattered back to the padded (B, L) layout."""
+    token is computed.  Results are scattered back to the padded (B, L) layout.
+    fused (model.use_fused_kernels, a model prepared by token_stats.enable_fused_head): the model returns
+    the per-token values from its hidden states and lm_head weight; no logits tensor exists whole."""
     mask = batch.attention_mask
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     if packed:
         keep = mask.bool()
         ids, pos = batch.input_ids[keep][None], positions[keep][None]                  # (1, T)
-        logits = model(input_ids=ids, position_ids=pos, use_cache=False, **varlen_attention.packed_kwargs(pos)).logits
+        inputs = dict(input_ids=ids, position_ids=pos, use_cache=False, **varlen_attention.packed_kwargs(pos))
     else:
         ids = batch.input_ids
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
     # row t of the logits predicts token t + 1; the last row's (wrapped) target is dropped below
-    vocab = logits.shape[-1]
-    logp, ent = token_stats(logits.reshape(-1, vocab), torch.roll(ids, -1, dims=1).reshape(-1),
-                            temperature if temperature > 0 else 1.0, with_entropy)
+    targets = torch.roll(ids, -1, dims=1)
+    temperature = temperature if temperature > 0 else 1.0
+    if fused:
+        logp, ent = model(**inputs, fa_targets=targets, fa_temperature=temperature, fa_with_entropy=with_entropy)
+    else:
+        logits = model(**inputs).logits
+        logp, ent = token_stats(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), temperature, with_entropy)
 
     def shift(values: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.pad(values.view(ids.shape)[:, :-1], (1, 0))
@@ -144,6 +150,12 @@ class TorchBackend:
         self.model.train()
         need_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if need_ref else None
+        # lm_head folded into the chunked log-prob/entropy (no logits tensor), where the model allows it
+        self.fused = arr.model.use_fused_kernels and all(
+            enable_fused_head(m) for m in (self.model, self.ref_model) if m is not None)
+        if arr.model.use_fused_kernels and not self.fused:
+            logger.warning("actor_rollout_ref.model.use_fused_kernels: %s's logits are not a plain lm_head projection "
+                           "(bias, soft-capping or scaling); computing full logits", arr.model.path)
         if self.fsdp:
             if not dist.is_initialized():
                 raise RuntimeError("strategy=fsdp2 needs the trainer's process group (fully_async.train_group)")
@@ -183,7 +195,7 @@ class TorchBackend:
                                sub.log_prob_max_token_len_per_gpu, self.packed)
         for idx, dummy in pad_micro_batches(splits, num_micro):
             mb = batch.select(idx).to(self.torch_device)
-            logp, _ = token_log_probs(model, mb, self.temperature, packed=self.packed)
+            logp, _ = token_log_probs(model, mb, self.temperature, packed=self.packed, fused=self.fused)
             if not dummy:
                 out[idx, :logp.shape[1]] = logp.float().cpu()
         model.train(was_training)
@@ -218,7 +230,8 @@ class TorchBackend:
         for idx, dummy in pad_micro_batches(splits, num_micro):
             mb = mini.select(idx).to(self.torch_device)
             mask = mb.response_mask * (0.0 if dummy else 1.0)   # a dummy pass only keeps collectives in step
-            logp, ent = token_log_probs(self.model, mb, self.temperature, with_entropy=True, packed=self.packed)
+            logp, ent = token_log_probs(self.model, mb, self.temperature, with_entropy=True, packed=self.packed,
+                                        fused=self.fused)
             res = policy_loss(PolicyLossInput(
                 logp=logp, old_logp=mb.old_log_probs, advantages=mb.advantages, mask=mask,
                 clip_low=clip_low, clip_high=clip_high, clip_c=a.clip_ratio_c, agg_mode=a.loss_agg_mode,

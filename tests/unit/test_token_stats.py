@@ -48,3 +48,26 @@ def test_half_precision_logits_are_computed_in_float32():
 def test_entropy_of_uniform_logits_is_log_vocab():
     _, ent = token_stats(torch.zeros(2, 8), torch.zeros(2, dtype=torch.long), with_entropy=True)
     assert ent.tolist() == pytest.approx([math.log(8)] * 2)
+
+
+@pytest.mark.parametrize("chunk_elems", [11, 11 * 3, 10 ** 6])
+def test_hidden_stats_equals_token_stats_of_the_projection(chunk_elems):
+    """lm_head folded in: the values and the gradients for the hidden states and the weight equal those of
+    token_stats over hidden @ weight.T, whatever the chunking."""
+    from fully_async.backends.token_stats import hidden_stats
+
+    torch.manual_seed(2)
+    h0, w0 = torch.randn(13, 6, dtype=torch.float64), torch.randn(11, 6, dtype=torch.float64)
+    targets = torch.randint(0, 11, (13,))
+    g_logp, g_ent = torch.randn(13, dtype=torch.float64), torch.randn(13, dtype=torch.float64)
+    h_ref, w_ref = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    ref_logp, ref_ent = token_stats(h_ref @ w_ref.t(), targets, 0.8, with_entropy=True)
+    ((ref_logp * g_logp).sum() + (ref_ent * g_ent).sum()).backward()
+    h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    logp, ent = hidden_stats(h, w, targets, 0.8, with_entropy=True, chunk_elems=chunk_elems)
+    ((logp * g_logp).sum() + (ent * g_ent).sum()).backward()
+    assert torch.allclose(logp, ref_logp, atol=1e-12) and torch.allclose(ent, ref_ent, atol=1e-12)
+    assert torch.allclose(h.grad, h_ref.grad, atol=1e-12) and torch.allclose(w.grad, w_ref.grad, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda a, b: hidden_stats(a, b, targets, 1.3, True, chunk_elems), (h, w))
+    assert torch.autograd.gradcheck(lambda a, b: hidden_stats(a, b, targets, 1.3, False, chunk_elems)[0], (h, w))
+    assert hidden_stats(h, w, targets)[1] is None

@@ -92,3 +92,28 @@ def test_first_ppo_step_is_on_policy_ratio_one(random_model_dir):
     assert metrics["actor/pg_clipfrac"] == 0.0
     assert metrics["actor/bad_steps"] == 0.0
     assert any(not torch.equal(before[k], v) for k, v in backend.model.named_parameters())
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_fused_head_trains_exactly_like_full_logits(random_model_dir, packed):
+    """use_fused_kernels (lm_head folded into the chunked log-prob, no logits tensor) against full logits:
+    the same recomputed log-probs, the same update (PPO + entropy + KL to the reference), the same metrics."""
+    common = ["actor_rollout_ref.actor.use_kl_loss=true", "async_training.use_rollout_log_probs=false",
+              "actor_rollout_ref.actor.entropy_coeff=0.01", f"actor_rollout_ref.model.use_remove_padding={packed}"]
+    fused, m_fused = updated_weights(random_model_dir, *common)
+    full, m_full = updated_weights(random_model_dir, *common, "actor_rollout_ref.model.use_fused_kernels=false")
+    for name in full:
+        assert torch.allclose(fused[name], full[name], atol=1e-5), name
+    for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm"):
+        assert m_fused[key] == pytest.approx(m_full[key], rel=1e-5, abs=1e-7), key
+    _, backend = backend_for(random_model_dir, *common)
+    assert backend.fused and backend.model(input_ids=torch.tensor([[3, 4]])).logits.shape[-1] > 0  # plain calls work
+
+
+def test_fused_head_falls_back_for_soft_capped_logits(random_model_dir):
+    from fully_async.backends.token_stats import enable_fused_head
+
+    _, backend = backend_for(random_model_dir, "actor_rollout_ref.model.use_fused_kernels=false")
+    model = backend.model
+    model.config.final_logit_softcapping = 30.0
+    assert not enable_fused_head(model) and "forward" not in vars(model)
