@@ -7,9 +7,9 @@ Qwen2.5-0.5B shape (vocabulary 151,936) at 16k tokens per micro-batch, peak memo
 against 37 GiB with this function.  It walks the rows in chunks of ~`chunk_elems` elements,
 keeps only the logits and the targets for backward, and recomputes softmax per chunk there:
 
-    x = logits / T,  lse = logsumexp(x),  logp = x[target] - lse,  p = exp(x - lse)
-    entropy = lse - sum(p * x)
-    d logp / dx = onehot(target) - p,   d entropy / dx = -p * (x - sum(p * x))
+    y = logits / T - max,  lse = logsumexp(y),  logp = y[target] - lse,  p = exp(y - lse)
+    entropy = lse - sum(p * y)
+    d logp / dy = onehot(target) - p,   d entropy / dy = -p * (y - sum(p * y))
 
 Values are computed in float32 (float64 for float64 logits), exactly as before.  On CUDA the
 per-chunk math is compiled (torch.compile fuses it into a few passes over the chunk); elsewhere
@@ -33,25 +33,33 @@ import torch
 CHUNK_ELEMS = 2 ** 26   # 64M elements: 256 MB per float32 temporary
 
 
+def _shifted(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """y = x - max(x), x = logits / T, in float32 (float64 for float64): every formula below is shift-invariant,
+    and with y <= 0 (the likely tokens near 0) `lse - sum(p * y)` does not cancel two large numbers the way
+    `lse(x) - sum(p * x)` does for logits of magnitude ~100 (3e-4 off against float64 there, 1e-6 here)."""
+    x = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    return x - x.amax(dim=-1, keepdim=True)
+
+
 def _forward_chunk(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    x = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
-    lse = torch.logsumexp(x, dim=-1)
-    logp = x.gather(-1, targets[:, None]).squeeze(-1) - lse
+    y = _shifted(logits, temperature)
+    lse = torch.logsumexp(y, dim=-1)
+    logp = y.gather(-1, targets[:, None]).squeeze(-1) - lse
     if with_entropy:
-        return logp, lse - (torch.exp(x - lse[:, None]) * x).sum(-1)
+        return logp, lse - (torch.exp(y - lse[:, None]) * y).sum(-1)
     return logp, logp
 
 
 def _backward_chunk(logits: torch.Tensor, targets: torch.Tensor, g_logp: torch.Tensor, g_ent: torch.Tensor,
                     temperature: float, with_entropy: bool) -> torch.Tensor:
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    x = logits.to(dtype) / temperature
-    p = torch.softmax(x, dim=-1)
+    y = _shifted(logits, temperature)
+    dtype = y.dtype
+    p = torch.softmax(y, dim=-1)
     gl = g_logp[:, None].to(dtype)
     if with_entropy:
-        mean_x = (p * x).sum(-1, keepdim=True)
-        d = -p * (gl + g_ent[:, None].to(dtype) * (x - mean_x))
+        mean_y = (p * y).sum(-1, keepdim=True)
+        d = -p * (gl + g_ent[:, None].to(dtype) * (y - mean_y))
     else:
         d = -p * gl
     d = d.scatter_add(-1, targets[:, None], gl)
