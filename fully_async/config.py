@@ -44,6 +44,8 @@ class DataConfig:
     shuffle: bool = True                  # reshuffle prompts every epoch
     seed: int = 1                         # shuffle and sampling seed
     train_batch_size: int = 256           # prompts per step in sync mode (async uses ppo_mini_batch_size)
+    skip_invalid_rows: bool = False       # drop rows with an empty prompt/data_source or (rule rewards) no ground
+    #                                       truth, with a count; false: such a row is an error naming file and row
 
 
 # ----------------------------------------------------------------------------------- actor/rollout/ref

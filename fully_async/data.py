@@ -61,22 +61,55 @@ def _read_jsonl(path: str) -> list[dict]:
     return rows
 
 
-def read_rows(files: list[str]) -> list[dict]:
-    """Rows of all `files` (parquet, jsonl, or a .json array/lines), concatenated in order."""
+def read_rows_with_origin(files: list[str]) -> list[tuple[str, int, dict]]:
+    """(file, row number in that file, row) for all `files` (parquet, jsonl, or a .json array/lines), in order."""
     if isinstance(files, str):
         files = [files]
-    rows: list[dict] = []
+    out: list[tuple[str, int, dict]] = []
     for path in files:
         path = str(path)
         if not os.path.isfile(path):
             raise DataError(f"{path}: file not found")
         if path.endswith(".parquet"):
-            rows.extend(_read_parquet(path))
+            rows = _read_parquet(path)
         elif path.endswith((".jsonl", ".json")):
-            rows.extend(_read_jsonl(path))
+            rows = _read_jsonl(path)
         else:
             raise DataError(f"{path}: unsupported file type; expected .parquet or .jsonl")
-    return rows
+        out.extend((path, i, row) for i, row in enumerate(rows))
+    return out
+
+
+def read_rows(files: list[str]) -> list[dict]:
+    """Rows of all `files` (parquet, jsonl, or a .json array/lines), concatenated in order."""
+    return [row for _, _, row in read_rows_with_origin(files)]
+
+
+def _is_blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip()) or (
+        isinstance(value, (list, dict, tuple)) and len(value) == 0)
+
+
+def row_problem(row: dict, prompt_key: str, reward_fn_key: str,
+                require_ground_truth: bool) -> Optional[tuple[str, str]]:
+    """(column, what is wrong) for a row the run cannot use, or None.  Checked for every row before Ray starts:
+    an empty prompt would kill the rollouter late, a missing ground truth would train on reward 0 silently."""
+    prompt = _to_python(row.get(prompt_key))
+    if isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt):
+        if all(_is_blank(m.get("content")) for m in prompt):
+            return prompt_key, "has no message with content (an empty prompt)"
+    elif _is_blank(prompt):
+        return prompt_key, "is empty"
+    if _is_blank(_to_python(row.get(reward_fn_key))):
+        return reward_fn_key, "is empty (it selects the reward function)"
+    reward_model = _to_python(row.get("reward_model"))
+    if reward_model is not None and not isinstance(reward_model, dict):
+        return "reward_model", ("must be a dict like {'style': 'rule', 'ground_truth': ...}, got "
+                                f"{type(reward_model).__name__}")
+    if require_ground_truth and _is_blank((reward_model or {}).get("ground_truth")):
+        return "reward_model.ground_truth", ("is missing or empty: the rule-based reward would score every response "
+                                             "0 (set custom_reward_function.path for rewards without a ground truth)")
+    return None
 
 
 # ----------------------------------------------------------------------------------- tokenising
@@ -120,12 +153,17 @@ def truncate_ids(ids: list[int], max_len: int, truncation: str) -> list[int]:
 
 def load_prompts(files: list[str], tokenizer: Any, *, prompt_key: str = "prompt", max_prompt_length: int,
                  truncation: str = "error", filter_overlong_prompts: bool = False,
-                 reward_fn_key: str = "data_source") -> list[PromptRecord]:
-    """Read and tokenise verl-format prompts; `index` is the row in the concatenated files."""
+                 reward_fn_key: str = "data_source", require_ground_truth: bool = False,
+                 skip_invalid_rows: bool = False) -> list[PromptRecord]:
+    """Read, check and tokenise verl-format prompts; `index` is the row in the concatenated files.
+
+    Every row is checked (row_problem): a bad row is an error naming its file, row and column, or with
+    `skip_invalid_rows` (data.skip_invalid_rows) it is dropped and counted."""
     if truncation not in TRUNCATIONS:
         raise DataError(f"data.truncation={truncation!r} is not one of {list(TRUNCATIONS)}")
     files = [files] if isinstance(files, str) else [str(f) for f in files]
-    rows = read_rows(files)
+    located = read_rows_with_origin(files)
+    rows = [row for _, _, row in located]
     for key, option in ((prompt_key, "data.prompt_key"), (reward_fn_key, "data.reward_fn_key")):
         missing = next((i for i, row in enumerate(rows) if key not in row), None)
         if missing is not None:
@@ -135,9 +173,16 @@ def load_prompts(files: list[str], tokenizer: Any, *, prompt_key: str = "prompt"
 
     records: list[PromptRecord] = []
     overlong: list[tuple[int, int]] = []  # (row index, length)
+    invalid: list[tuple[int, str, str]] = []  # (row index, column, problem)
     for index, row in enumerate(rows):
-        text = _prompt_text(row[prompt_key], tokenizer, index, prompt_key)
-        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        problem = row_problem(row, prompt_key, reward_fn_key, require_ground_truth)
+        text = _prompt_text(row[prompt_key], tokenizer, index, prompt_key) if problem is None else ""
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"]) if problem is None else []
+        if problem is None and not ids:
+            problem = (prompt_key, "tokenizes to no tokens (an empty prompt)")
+        if problem is not None:
+            invalid.append((index, *problem))
+            continue
         if len(ids) > max_prompt_length:
             overlong.append((index, len(ids)))
             if filter_overlong_prompts:
@@ -154,6 +199,15 @@ def load_prompts(files: list[str], tokenizer: Any, *, prompt_key: str = "prompt"
         records.append(PromptRecord(index=index, prompt_ids=ids, data_source=str(row[reward_fn_key]),
                                     ground_truth=ground_truth, extra_info=extra_info, raw_prompt=text))
 
+    if invalid:
+        index, column, what = invalid[0]
+        path, row_in_file, _ = located[index]
+        where = f"{path} row {row_in_file} (0-based), column '{column}' {what}"
+        if not skip_invalid_rows:
+            raise DataError(f"{where}; {len(invalid)} of {len(rows)} rows are invalid: fix them, or set "
+                            "data.skip_invalid_rows=true to drop them")
+        logger.warning("dropped %d invalid rows of %d (data.skip_invalid_rows=true); the first: %s",
+                       len(invalid), len(rows), where)
     if overlong and filter_overlong_prompts:
         logger.info("dropped %d of %d prompts longer than data.max_prompt_length=%d tokens (%s)",
                     len(overlong), len(rows), max_prompt_length, files)

@@ -96,21 +96,24 @@ def check_config(overrides: list[str]) -> tuple[Check, Any]:
                  f"device={cfg.trainer.device}"), cfg
 
 
-def check_data(cfg: Any) -> Check:
-    from fully_async.config import as_file_list
-    from fully_async.data import read_rows
+def check_device(cfg: Any) -> Check:
+    """The device trainer.device asks for exists here (the run checks the same before Ray starts)."""
+    from fully_async.device import check_available, get_device
 
-    parts = []
-    for key in ("train_files", "val_files"):
-        files = as_file_list(getattr(cfg.data, key))
-        if not files:
-            continue
-        rows = read_rows(files)
-        if rows and cfg.data.prompt_key not in rows[0]:
-            return Check("data files", "FAIL", f"data.{key}: no column {cfg.data.prompt_key!r} (has {sorted(rows[0])})",
-                         "set data.prompt_key to the prompt column")
-        parts.append(f"{key}: {len(rows)} rows")
-    return Check("data files", "PASS", "; ".join(parts))
+    device = get_device(cfg.trainer.device)
+    check_available(device)
+    return Check("requested device", "PASS", f"trainer.device={cfg.trainer.device} -> {device.name}")
+
+
+def check_data(cfg: Any) -> Check:
+    """The run's own data path (prepare.load_datasets: every row checked) and its reward probe."""
+    from fully_async.prepare import load_datasets, load_tokenizer, probe_rewards
+
+    train, val = load_datasets(cfg, load_tokenizer(cfg))
+    probe_rewards(cfg, train + val)
+    sources = sorted({r.data_source for r in train + val})
+    return Check("data + reward", "PASS", f"train {len(train)} prompts, val {len(val)}; every row valid; reward "
+                 f"probed for data_source {', '.join(sources)}")
 
 
 def check_model(cfg: Any) -> Check:
@@ -201,16 +204,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows.append(check_optional(("megatron-core",), "megatron-core", False, "pip install 'fully_async[megatron]'"))
     rows.append(Check("Ray", "SKIP", "--no-ray") if args.no_ray else run_check(check_ray, "Ray"))
     if cfg is not None:
-        rows.append(run_check(lambda: check_data(cfg), "data files"))
+        rows.append(run_check(lambda: check_device(cfg), "requested device"))
+        rows.append(run_check(lambda: check_data(cfg), "data + reward"))
         rows.append(run_check(lambda: check_model(cfg), "model + tokenizer"))
         rows.append(run_check(lambda: check_attention(cfg), "attention kernel"))
         rows.append(run_check(lambda: check_placement(cfg), "placement"))
     width = max(len(r.name) for r in rows)
     for r in rows:
         print(f"{r.status:5} {r.name:<{width}}  {r.detail}" + (f"\n      fix: {r.fix}" if r.fix else ""))
-    failed = [r for r in rows if r.status == "FAIL"]
-    print(f"\n{len(rows) - len(failed)} ok, {len(failed)} failed")
-    return 1 if failed else 0
+    counts = {status: sum(r.status == status for r in rows) for status in ("PASS", "WARN", "FAIL", "SKIP")}
+    print("\n" + ", ".join(f"{n} {status}" for status, n in counts.items()))
+    return 1 if counts["FAIL"] else 0
 
 
 if __name__ == "__main__":

@@ -151,22 +151,29 @@ def load_tokenizer(cfg: Any) -> Any:
                           f"{cfg.actor_rollout_ref.model.path}: the tokenizer does not load ({exc})") from None
 
 
+def load_datasets(cfg: Any, tokenizer: Any) -> tuple[list[PromptRecord], list[PromptRecord]]:
+    """Train and validation prompts, every row checked (data.load_prompts); the run and the doctor both call this."""
+    from fully_async.data import load_prompts
+
+    data = cfg.data
+    kwargs = dict(prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
+                  truncation=data.truncation, filter_overlong_prompts=data.filter_overlong_prompts,
+                  reward_fn_key=data.reward_fn_key, skip_invalid_rows=data.skip_invalid_rows,
+                  require_ground_truth=not cfg.custom_reward_function.path)  # rule rewards score against it
+    train = load_prompts(as_file_list(data.train_files), tokenizer, **kwargs)
+    val = load_prompts(as_file_list(data.val_files), tokenizer, **kwargs) if data.val_files else []
+    return train, val
+
+
 def prepare(cfg: Any) -> Prepared:
     from omegaconf import OmegaConf
-
-    from fully_async.data import load_prompts
 
     validate(cfg)
     model_conf = check_model_folder(cfg)
     check_parallel_layout(cfg, model_conf)
     check_attention(cfg, model_conf)
     tokenizer = load_tokenizer(cfg)
-    data = cfg.data
-    kwargs = dict(prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
-                  truncation=data.truncation, filter_overlong_prompts=data.filter_overlong_prompts,
-                  reward_fn_key=data.reward_fn_key)
-    train = load_prompts(as_file_list(data.train_files), tokenizer, **kwargs)
-    val = load_prompts(as_file_list(data.val_files), tokenizer, **kwargs) if data.val_files else []
+    train, val = load_datasets(cfg, tokenizer)
     validate_with_data(cfg, len(train))
     probe_rewards(cfg, train)
 

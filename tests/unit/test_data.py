@@ -246,3 +246,41 @@ def test_stream_state_values_and_mismatch():
 def test_stream_rejects_empty():
     with pytest.raises(ValueError, match="at least one prompt"):
         PromptStream([], shuffle=False, seed=0, total_epochs=1)
+
+
+# ----------------------------------------------------------------------------------- invalid rows
+@pytest.mark.parametrize("bad, column", [
+    ({"prompt": [{"role": "user", "content": "  "}]}, "prompt"),          # an empty user message
+    ({"prompt": ""}, "prompt"),
+    ({"data_source": ""}, "data_source"),
+    ({"reward_model": {"style": "rule"}}, "reward_model.ground_truth"),   # trains on reward 0 otherwise
+    ({"reward_model": {"style": "rule", "ground_truth": ""}}, "reward_model.ground_truth"),
+    ({"reward_model": "1"}, "reward_model"),
+])
+def test_an_invalid_row_is_named_by_file_row_and_column_before_anything_runs(tmp_path, bad, column):
+    good = write_parquet(tmp_path / "a.parquet", rows(3))
+    data = rows(5)
+    data[3].update(bad)
+    second = write_jsonl(tmp_path / "b.jsonl", data)      # jsonl: a column may mix types there
+    with pytest.raises(DataError, match=rf"b\.jsonl row 3 \(0-based\), column '{column}'.*1 of 8 rows are "
+                                        r"invalid.*data\.skip_invalid_rows=true"):
+        load_prompts([good, second], CharTokenizer(), max_prompt_length=64, require_ground_truth=True)
+
+
+def test_skip_invalid_rows_drops_and_counts(tmp_path, caplog):
+    data = rows(6)
+    data[1]["prompt"] = [{"role": "user", "content": ""}]
+    data[4]["reward_model"] = {"style": "rule"}
+    path = write_parquet(tmp_path / "a.parquet", data)
+    with caplog.at_level(logging.WARNING):
+        recs = load_prompts([path], CharTokenizer(), max_prompt_length=64, require_ground_truth=True,
+                            skip_invalid_rows=True)
+    assert [r.index for r in recs] == [0, 2, 3, 5]
+    assert "dropped 2 invalid rows of 6" in caplog.text and "a.parquet row 1" in caplog.text
+
+
+def test_a_missing_ground_truth_is_fine_for_a_custom_reward(tmp_path):
+    data = rows(2)
+    data[0]["reward_model"] = {"style": "model"}
+    path = write_parquet(tmp_path / "a.parquet", data)
+    assert len(load_prompts([path], CharTokenizer(), max_prompt_length=64, require_ground_truth=False)) == 2
