@@ -213,6 +213,8 @@ class TrainerConfig:
     progress_timeout_s: float = 1800.0    # fail when neither trainer nor rollouter progressed this long
     max_bad_steps: int = 3                # consecutive steps with NaN/inf loss before the run fails
     timeline: bool = False                # write a Chrome/Perfetto trace of each actor's phases
+    device_peak_tflops: Optional[float] = None  # bf16 dense peak TFLOP/s of one trainer device for perf/mfu/actor;
+    #                                             null: looked up from the device name (flops.py), no MFU if unknown
 
 
 @dataclass
@@ -347,6 +349,8 @@ def validate(cfg: Any) -> None:
         _at_least("trainer.max_ckpt_to_keep", cfg.trainer.max_ckpt_to_keep, 1)
     _at_least("trainer.progress_timeout_s", cfg.trainer.progress_timeout_s, 0.0, strict=True)
     _at_least("trainer.max_bad_steps", cfg.trainer.max_bad_steps, 1)
+    if cfg.trainer.device_peak_tflops is not None:
+        _at_least("trainer.device_peak_tflops", cfg.trainer.device_peak_tflops, 0.0, strict=True)
 
     if cfg.algorithm.adv_estimator == "grpo" and rollout.n < 2:
         raise ConfigError("actor_rollout_ref.rollout.n",

@@ -110,6 +110,13 @@ class Device:
             return None
         return DeviceGraphs(mod, cls)
 
+    def device_name(self, index: int = 0) -> Optional[str]:
+        """The accelerator's product name ("NVIDIA H100 80GB HBM3", "Ascend910B2"); None on cpu or none visible."""
+        if not self.is_accelerator:
+            return None
+        mod = self.module()
+        return mod.get_device_name(index) if mod.device_count() > index else None
+
     def memory_stats(self) -> dict[str, float]:
         """Allocated/reserved device memory (GiB) and host RSS (GiB); cpu reports RSS only."""
         stats = {"host_rss_gib": host_rss_gib()}

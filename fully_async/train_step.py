@@ -8,6 +8,7 @@ comparison compares the same step, and one place decides how many mini-batches a
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -17,6 +18,7 @@ from typing import Any, Optional, Sequence
 
 from fully_async.algorithms import grpo_advantages, kl_penalty
 from fully_async.batch import TrainBatch, build_batch
+from fully_async.flops import estimate_flops, match_device, mfu, peak_tflops, unsupported_reason
 from fully_async.metrics import batch_metrics
 from fully_async.types import Sample, SampleGroup
 
@@ -41,6 +43,7 @@ def train_step(backend: Any, cfg: Any, groups: Sequence[SampleGroup], pad_token_
         metrics.update(backend.train_step(batch, num_mini_batches=num_mini_batches(
             len(groups), cfg.actor_rollout_ref.actor.ppo_mini_batch_size)))
     timing["timing_s/update_actor"] = time.perf_counter() - t
+    metrics.update(actor_perf_metrics(cfg, batch.seq_lengths, timing["timing_s/update_actor"]))
     check_bad_steps(backend, cfg, step, samples)
     metrics.update(timing)
     metrics.update(batch_metrics(samples, version, cfg.data.max_response_length))
@@ -79,6 +82,62 @@ def prepare_batch(backend: Any, cfg: Any, batch: TrainBatch, timing: dict,
         batch.advantages = grpo_advantages(scores, batch.group_ids, batch.response_mask, alg.norm_adv_by_std_in_grpo)
     timing["timing_s/adv"] = time.perf_counter() - t
     return metrics
+
+
+def actor_perf_metrics(cfg: Any, seq_lens: Sequence[int], update_s: float) -> dict[str, float]:
+    """`perf/mfu/actor` and `perf/max_memory_allocated_gb`, as verl's update_actor reports them.
+
+    MFU: the model FLOPs of ppo_epochs forward + backward passes over the step's sequences (prompt + response
+    tokens each, flops.py) per second of update_actor, over the peak of the trainer's devices
+    (trainer.nnodes x trainer.n_gpus_per_node, each trainer.device_peak_tflops or its table entry).  Not
+    reported when the device's peak or the architecture's FLOPs are unknown.  Memory: rank 0's peak
+    allocation so far (GiB), accelerators only."""
+    t = cfg.trainer
+    out: dict[str, float] = {}
+    device = _resolve_device(t.device)
+    if device.is_accelerator:
+        out["perf/max_memory_allocated_gb"] = device.memory_stats()["max_allocated_gib"]
+    model = cfg.actor_rollout_ref.model
+    model_config, peak = _mfu_inputs(model.path, bool(model.trust_remote_code), t.device, t.device_peak_tflops)
+    if model_config is None or peak is None or update_s <= 0 or not seq_lens:
+        return out
+    flops = estimate_flops(model_config, seq_lens)
+    if flops:
+        passes = cfg.actor_rollout_ref.actor.ppo_epochs
+        out["perf/mfu/actor"] = mfu(flops * passes, update_s, t.nnodes * t.n_gpus_per_node, peak)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _resolve_device(name: str) -> Any:
+    from fully_async.device import get_device
+    return get_device(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _mfu_inputs(model_path: str, trust_remote_code: bool, device: str,
+                override: Optional[float]) -> tuple[Optional[Any], Optional[float]]:
+    """(HF config of the actor, peak TFLOP/s per device), each None when MFU cannot be computed; logged once."""
+    name = _resolve_device(device).device_name()
+    peak = peak_tflops(name, override)
+    if peak is None:
+        logger.info("perf/mfu/actor not reported: no bf16 peak known for device %r; set trainer.device_peak_tflops "
+                    "(TFLOP/s per device) to report it", name or "cpu")
+        return None, None
+    try:
+        from transformers import AutoConfig
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - the metric is optional, training is not
+        logger.warning("perf/mfu/actor not reported: cannot read the model config of %s (%s)", model_path, exc)
+        return None, peak
+    reason = unsupported_reason(config)
+    if reason is not None:
+        logger.warning("perf/mfu/actor not reported: %s", reason)
+        return None, peak
+    source = "trainer.device_peak_tflops" if override is not None else f"{match_device(name)} ({name})"
+    logger.info("perf/mfu/actor: %s, peak %.1f TFLOP/s per device from %s",
+                getattr(config, "model_type", "?"), peak, source)
+    return config, peak
 
 
 class BadStepsError(RuntimeError):

@@ -34,11 +34,20 @@ def test_default_config_is_valid():
     ("actor_rollout_ref.model.path=/nonexistent/model", "actor_rollout_ref.model.path"),
     ("trainer.logger=[console,wandb]", "trainer.logger"),
     ("reward_model.reward_manager=prime", "reward_model.reward_manager"),
+    ("trainer.device_peak_tflops=0", "trainer.device_peak_tflops"),
+    ("trainer.device_peak_tflops=-989", "trainer.device_peak_tflops"),
 ])
 def test_bad_values_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:
         validate(cfg_with(override))
     assert err.value.key == key and key in str(err.value)
+
+
+def test_device_peak_override_is_optional():
+    assert cfg_with().trainer.device_peak_tflops is None
+    cfg = cfg_with("trainer.device_peak_tflops=354")
+    validate(cfg)
+    assert cfg.trainer.device_peak_tflops == 354.0
 
 
 def test_mini_batch_larger_than_dataset():

@@ -8,7 +8,7 @@ import pytest
 PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "fully_async")
 VENDORS = {"vllm": {"engines/vllm_engine.py"}, "torch_npu": {"device.py"},
            "megatron": {"backends/megatron_backend.py", "backends/hf_megatron.py"}, "mindspeed": {"backends/megatron_backend.py"}}
-PURE = ["scheduler.py", "staleness.py", "workload.py", "partial.py", "types.py", "queue.py"]
+PURE = ["scheduler.py", "staleness.py", "workload.py", "partial.py", "types.py", "queue.py", "flops.py"]
 
 
 def sources():

@@ -30,3 +30,26 @@ def test_same_batch_same_weights_same_step(random_model_dir, tmp_path):
     assert all((w1[k] == w2[k]).all() for k in w1)
     assert len(samples) == 6 and m1["fully_async/count/current_param_version"] == 0
     assert {"timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor"} <= set(m1)
+
+
+def test_mfu_reported_with_a_peak_override_and_absent_without(random_model_dir, tmp_path):
+    """On cpu no peak is known: no perf/mfu/actor unless trainer.device_peak_tflops gives one; then it is the
+    model FLOPs of ppo_epochs passes over the step's prompt + response tokens per update second per peak."""
+    from transformers import AutoConfig
+
+    from fully_async.flops import estimate_flops
+
+    common = ["trainer.device=cpu", f"trainer.default_local_dir={tmp_path}"]
+    cfg, backend = backend_for(random_model_dir, *common)
+    metrics, _ = train_step(backend, cfg, as_groups(make_samples()), 0, step=1, version=0)
+    assert "perf/mfu/actor" not in metrics and "perf/max_memory_allocated_gb" not in metrics
+
+    cfg, backend = backend_for(random_model_dir, *common, "trainer.device_peak_tflops=2e-6",
+                               "actor_rollout_ref.actor.ppo_epochs=2")
+    samples = make_samples()
+    metrics, _ = train_step(backend, cfg, as_groups(samples), 0, step=1, version=0)
+    lens = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    flops = estimate_flops(AutoConfig.from_pretrained(random_model_dir), lens)
+    assert flops > 0
+    expected = 2 * flops / metrics["timing_s/update_actor"] / (2e-6 * 1e12)
+    assert metrics["perf/mfu/actor"] == pytest.approx(expected, rel=1e-9)
