@@ -14,10 +14,10 @@ plus a shared expert), and the lm_head.  P_i is the number of query-key pairs a 
 (the causal half, so 6 x s^2 x head_dim x heads per layer: verl's current term, which follows Megatron-LM),
 and for a sliding-window layer of window w < s: w^2/2 + (s - w) x w.
 
-Two deliberate differences from verl (as of volcengine/verl b178a3c, Jan 2026):
-  * verl adds the input embedding to N (`vocab x hidden x 2`); an embedding lookup is a gather, not a
-    matmul, so it is left out here unless `count_embedding=True` (which reproduces verl's number for the
-    dense families; for Qwen2.5-0.5B the embedding is ~22% of verl's N).
+Differences from verl (as of volcengine/verl b178a3c, Jan 2026):
+  * `perf/mfu/actor` counts the input embedding in N as verl does (`vocab x hidden x 2`, count_embedding=True),
+    so the curves compare with verl's by name, although an embedding lookup is a gather, not a matmul
+    (for Qwen2.5-0.5B the embedding is ~22% of N): estimate_flops(..., count_embedding=False) leaves it out.
   * sliding-window layers count w x s pairs once s > w (verl: s x w / 2, and only for Gemma 3 / gpt-oss: a
     Mistral-style window on every layer counts here too), and Qwen2-MoE's shared expert is counted (verl
     leaves it out).

@@ -101,7 +101,7 @@ def actor_perf_metrics(cfg: Any, seq_lens: Sequence[int], update_s: float) -> di
     model_config, peak = _mfu_inputs(model.path, bool(model.trust_remote_code), t.device, t.device_peak_tflops)
     if model_config is None or peak is None or update_s <= 0 or not seq_lens:
         return out
-    flops = estimate_flops(model_config, seq_lens)
+    flops = estimate_flops(model_config, seq_lens, count_embedding=True)   # as verl counts: comparable curves
     if flops:
         passes = cfg.actor_rollout_ref.actor.ppo_epochs
         out["perf/mfu/actor"] = mfu(flops * passes, update_s, t.nnodes * t.n_gpus_per_node, peak)
