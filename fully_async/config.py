@@ -72,6 +72,9 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     lr_warmup_steps: int = -1             # optimizer steps of linear warm-up; -1: use lr_warmup_steps_ratio
     lr_warmup_steps_ratio: float = 0.0    # fraction of total optimizer steps
+    lr_scheduler_type: str = "constant"   # constant | cosine, after the warm-up (algorithms/lr_schedule.py)
+    min_lr_ratio: float = 0.0             # cosine: final lr as a fraction of lr, in [0, 1]
+    num_cycles: float = 0.5               # cosine: waves over the post-warm-up steps (0.5: one half-cosine down)
     total_training_steps: int = -1        # filled in at start-up from trainer.total_training_steps
 
 
@@ -298,6 +301,7 @@ REWARD_MANAGERS = ("naive", "dapo")
 LOGGERS = ("console", "tensorboard")
 DTYPES = ("float32", "bfloat16", "float16")
 MODES = ("async", "sync")
+LR_SCHEDULER_TYPES = ("constant", "cosine")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "varlen", "flex_attention", "flash_attention_2", "flash_attention_3")
 
 
@@ -360,6 +364,11 @@ def validate(cfg: Any) -> None:
     _at_least("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size, 1)
     _at_least("actor_rollout_ref.actor.ppo_epochs", actor.ppo_epochs, 1)
     _at_least("actor_rollout_ref.actor.optim.lr", actor.optim.lr, 0.0)
+    _choice("actor_rollout_ref.actor.optim.lr_scheduler_type", actor.optim.lr_scheduler_type, LR_SCHEDULER_TYPES)
+    if not 0.0 <= actor.optim.min_lr_ratio <= 1.0:
+        raise ConfigError("actor_rollout_ref.actor.optim.min_lr_ratio",
+                          f"{actor.optim.min_lr_ratio!r} must be in [0, 1] (a fraction of optim.lr)")
+    _at_least("actor_rollout_ref.actor.optim.num_cycles", actor.optim.num_cycles, 0.0, strict=True)
     _at_least("actor_rollout_ref.actor.grad_clip", actor.grad_clip, 0.0, strict=True)
     _at_least("actor_rollout_ref.actor.clip_ratio_c", actor.clip_ratio_c, 1.0, strict=True)
     for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):

@@ -24,10 +24,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from fully_async.algorithms.losses import PolicyLossInput, agg_loss, kl_penalty, policy_loss
+from fully_async.algorithms.actor_loss import actor_loss, actor_metric_names
+from fully_async.algorithms.lr_schedule import lr_lambda, warmup_steps
 from fully_async.backends import hf_megatron
 from fully_async.batch import TrainBatch, micro_batches
-from fully_async.config import clip_bounds
 from fully_async.device import Device, parse_dtype
 
 logger = logging.getLogger(__name__)
@@ -117,8 +117,8 @@ class MegatronBackend:
         self.ref_model = self._build_model(hf_state, train=False) if need_ref else None
         self.optimizer = self._build_optimizer()
         optim = arr.actor.optim
-        self.warmup_steps = optim.lr_warmup_steps if optim.lr_warmup_steps >= 0 else int(
-            optim.lr_warmup_steps_ratio * total_optimizer_steps)
+        self.warmup_steps = warmup_steps(optim, total_optimizer_steps)
+        self.lr_multiplier = lr_lambda(optim, total_optimizer_steps)    # step -> multiplier of optim.lr
         self.temperature = arr.rollout.temperature
         self.rng = random.Random(cfg.trainer.seed)      # same seed on every rank: same shuffles
         self.optim_steps = self.num_bad_steps = 0        # good optimizer steps / skipped ones (non-finite)
@@ -246,32 +246,17 @@ class MegatronBackend:
     # ------------------------------------------------------------------ update
     def _ppo_loss(self, mb: TrainBatch, logits: torch.Tensor, *, denom: float, rows_total: int,
                   scale: float) -> tuple:
-        a, at = self.actor_cfg, self.cfg.async_training
-        clip_low, clip_high = clip_bounds(a)
+        a = self.actor_cfg
         logp, ent = vocab_parallel_log_probs(logits[:, :mb.input_ids.shape[1]], mb.input_ids, self.temperature,
                                              with_entropy=True, entropy_grad=a.entropy_coeff != 0)
-        res = policy_loss(PolicyLossInput(
-            logp=logp, old_logp=mb.old_log_probs, advantages=mb.advantages, mask=mb.response_mask,
-            clip_low=clip_low, clip_high=clip_high, clip_c=a.clip_ratio_c, agg_mode=a.loss_agg_mode, denom=denom,
-            behav_logp=mb.rollout_log_probs if at.decoupled_ppo else None, behav_cap=at.behav_imp_weight_cap))
-        loss = res.loss
-        entropy = agg_loss(ent, mb.response_mask, a.loss_agg_mode, denom)
-        if a.entropy_coeff != 0:
-            loss = loss - a.entropy_coeff * entropy
-        share = len(mb) / rows_total
-        stats = [res.loss, entropy, res.clipfrac * share, res.clipfrac_lower * share, res.ppo_kl * share]
-        if at.decoupled_ppo:
-            stats.append(res.behav_weight_mean * share)
-        if a.use_kl_loss:
-            kl = agg_loss(kl_penalty(logp, mb.ref_log_probs, a.kl_loss_type), mb.response_mask, a.loss_agg_mode, denom)
-            loss = loss + a.kl_loss_coef * kl
-            stats.append(kl)
+        res = actor_loss(logp, ent, old_logp=mb.old_log_probs, advantages=mb.advantages, mask=mb.response_mask,
+                         denom=denom, rows_total=rows_total, actor=a, async_training=self.cfg.async_training,
+                         ref_logp=mb.ref_log_probs, rollout_logp=mb.rollout_log_probs)
         # the schedule divides by the micro-batch count and DDP averages over dp: `scale` undoes both
-        return loss * scale, torch.stack([s.detach().float() for s in stats])
+        return res.loss * scale, res.metric_tensor()          # metrics in actor_metric_names order
 
     def _lr(self, step: int) -> float:
-        w = self.warmup_steps
-        return self.actor_cfg.optim.lr * (min(1.0, (step + 1) / w) if w > 0 else 1.0)
+        return self.actor_cfg.optim.lr * self.lr_multiplier(step)
 
     def _train_mini_batch(self, mini: TrainBatch, num_stats: int) -> tuple[torch.Tensor, Optional[float]]:
         """One optimizer step; (metric sums over the mini-batch, grad norm or None when skipped)."""
@@ -310,8 +295,7 @@ class MegatronBackend:
     def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
         """PPO update over `batch` split into `num_mini_batches` optimizer steps, `ppo_epochs` times."""
         a = self.actor_cfg
-        keys = ["actor/pg_loss", "actor/entropy", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"]
-        keys += ["actor/behav_imp_weight"] * self.cfg.async_training.decoupled_ppo + ["actor/kl_loss"] * a.use_kl_loss
+        keys = actor_metric_names(a, self.cfg.async_training)
         mini_size = math.ceil(len(batch) / num_mini_batches)
         sums, norms, steps = torch.zeros(len(keys), dtype=torch.float64), [], 0
         self.model.train()

@@ -18,11 +18,11 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from fully_async.algorithms.losses import PolicyLossInput, agg_loss, kl_penalty, policy_loss
+from fully_async.algorithms.actor_loss import actor_loss
+from fully_async.algorithms.lr_schedule import lr_lambda, warmup_steps
 from fully_async.backends import fsdp, varlen_attention
 from fully_async.backends.token_stats import enable_fused_head, token_stats
 from fully_async.batch import TrainBatch, micro_batches
-from fully_async.config import clip_bounds
 from fully_async.device import Device, parse_dtype
 
 logger = logging.getLogger(__name__)
@@ -166,11 +166,8 @@ class TorchBackend:
         optim = arr.actor.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
                                            weight_decay=optim.weight_decay)
-        warmup = optim.lr_warmup_steps if optim.lr_warmup_steps >= 0 else int(optim.lr_warmup_steps_ratio *
-                                                                               total_optimizer_steps)
-        self.warmup_steps = warmup
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0)
+        self.warmup_steps = warmup_steps(optim, total_optimizer_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim, total_optimizer_steps))
         self.temperature = arr.rollout.temperature
         self.rng = random.Random(cfg.trainer.seed)
         self.num_bad_steps = 0          # total optimizer steps skipped for a non-finite loss/grad
@@ -216,8 +213,6 @@ class TorchBackend:
         data-parallel gradient averaging.  Returns additive metrics (sum them over ranks) plus
         grad_norm and bad (identical on every rank)."""
         a = self.actor_cfg
-        at = self.cfg.async_training
-        clip_low, clip_high = clip_bounds(a)
         rows_total = rows_total or len(mini)
         out: dict[str, float] = {}
 
@@ -232,32 +227,16 @@ class TorchBackend:
             mask = mb.response_mask * (0.0 if dummy else 1.0)   # a dummy pass only keeps collectives in step
             logp, ent = token_log_probs(self.model, mb, self.temperature, with_entropy=True, packed=self.packed,
                                         fused=self.fused)
-            res = policy_loss(PolicyLossInput(
-                logp=logp, old_logp=mb.old_log_probs, advantages=mb.advantages, mask=mask,
-                clip_low=clip_low, clip_high=clip_high, clip_c=a.clip_ratio_c, agg_mode=a.loss_agg_mode,
-                denom=denom, behav_logp=mb.rollout_log_probs if at.decoupled_ppo else None,
-                behav_cap=at.behav_imp_weight_cap))
-            loss = res.loss
-            entropy = agg_loss(ent, mask, a.loss_agg_mode, denom)
-            if a.entropy_coeff != 0:
-                loss = loss - a.entropy_coeff * entropy
-            if a.use_kl_loss:
-                kl = agg_loss(kl_penalty(logp, mb.ref_log_probs, a.kl_loss_type), mask, a.loss_agg_mode, denom)
-                loss = loss + a.kl_loss_coef * kl
-                add("actor/kl_loss", kl.item())
+            res = actor_loss(logp, ent, old_logp=mb.old_log_probs, advantages=mb.advantages, mask=mask, denom=denom,
+                             rows_total=rows_total, actor=a, async_training=self.cfg.async_training,
+                             ref_logp=mb.ref_log_probs, rollout_logp=mb.rollout_log_probs)
             # backward even for a non-finite loss: every rank must run the same collectives; the
             # (then non-finite) global grad norm makes all ranks skip this step together
-            (loss * loss_scale).backward()
-            if dummy:
+            (res.loss * loss_scale).backward()
+            if dummy:   # its mask is zero: every metric of it is 0
                 continue
-            share = len(idx) / rows_total
-            add("actor/pg_loss", res.loss.item())
-            add("actor/entropy", entropy.item())
-            add("actor/pg_clipfrac", res.clipfrac.item() * share)
-            add("actor/pg_clipfrac_lower", res.clipfrac_lower.item() * share)
-            add("actor/ppo_kl", res.ppo_kl.item() * share)
-            if res.behav_weight_mean is not None:
-                add("actor/behav_imp_weight", res.behav_weight_mean.item() * share)
+            for key, value in res.metric_floats().items():
+                add(key, value)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.grad_clip)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor holding the global norm
             grad_norm = grad_norm.full_tensor()
