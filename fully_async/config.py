@@ -325,42 +325,78 @@ def as_file_list(value: Any) -> list[str]:
 
 
 def validate(cfg: Any) -> None:
-    """Cross-field checks that need no data and no model; raises ConfigError naming the key."""
-    arr = cfg.actor_rollout_ref
-    actor, rollout = arr.actor, arr.rollout
+    """Checks that need no data and no model; raises ConfigError naming the key.  Each section is checked by its
+    own function, then the checks that relate sections (each a small named function)."""
+    for check in SECTION_CHECKS + CROSS_SECTION_CHECKS:
+        check(cfg)
+
+
+# ------------------------------------------------------------------ one function per section
+def _check_mode(cfg: Any) -> None:
     _choice("mode", cfg.mode, MODES)
-    _choice("trainer.device", cfg.trainer.device, DEVICES)
-    if ":" not in rollout.name:  # "package.module:Class" plugs in a user engine with HFEngine's constructor
-        _choice("actor_rollout_ref.rollout.name", rollout.name, ROLLOUT_NAMES)
-    _choice("actor_rollout_ref.actor.strategy", actor.strategy, STRATEGIES)
-    _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS)
-    _choice("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
-    _choice("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, KL_TYPES)
-    _choice("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_TYPES)
-    _choice("data.truncation", cfg.data.truncation, TRUNCATIONS)
-    _choice("reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS)
-    _choice("actor_rollout_ref.actor.dtype", actor.dtype, DTYPES)
-    _choice("actor_rollout_ref.rollout.dtype", rollout.dtype, DTYPES)
-    for name in cfg.trainer.logger:
+
+
+def _check_trainer(cfg: Any) -> None:
+    t = cfg.trainer
+    _choice("trainer.device", t.device, DEVICES)
+    for name in t.logger:
         _choice("trainer.logger", name, LOGGERS)
-    _choice("trainer.resume_mode", cfg.trainer.resume_mode, ("auto", "disable", "resume_path"))
-    if cfg.trainer.resume_mode == "resume_path":
-        path = cfg.trainer.resume_from_path
+    _choice("trainer.resume_mode", t.resume_mode, ("auto", "disable", "resume_path"))
+    if t.resume_mode == "resume_path":
+        path = t.resume_from_path
         if not path or not os.path.isfile(os.path.join(path, "trainer_state.json")):
             raise ConfigError("trainer.resume_from_path", f"{path!r} is not a checkpoint folder (global_step_<v> "
                               "with trainer_state.json) as trainer.resume_mode=resume_path requires")
-    if cfg.trainer.max_ckpt_to_keep is not None:
-        _at_least("trainer.max_ckpt_to_keep", cfg.trainer.max_ckpt_to_keep, 1)
-    _at_least("trainer.progress_timeout_s", cfg.trainer.progress_timeout_s, 0.0, strict=True)
-    _at_least("trainer.max_bad_steps", cfg.trainer.max_bad_steps, 1)
-    if cfg.trainer.device_peak_tflops is not None:
-        _at_least("trainer.device_peak_tflops", cfg.trainer.device_peak_tflops, 0.0, strict=True)
+    if t.max_ckpt_to_keep is not None:
+        _at_least("trainer.max_ckpt_to_keep", t.max_ckpt_to_keep, 1)
+    _at_least("trainer.progress_timeout_s", t.progress_timeout_s, 0.0, strict=True)
+    _at_least("trainer.max_bad_steps", t.max_bad_steps, 1)
+    if t.device_peak_tflops is not None:
+        _at_least("trainer.device_peak_tflops", t.device_peak_tflops, 0.0, strict=True)
+    for key in ("nnodes", "n_gpus_per_node", "total_epochs"):
+        _at_least(f"trainer.{key}", getattr(t, key), 1)
+    if t.total_training_steps is not None:
+        _at_least("trainer.total_training_steps", t.total_training_steps, 1)
 
-    if cfg.algorithm.adv_estimator == "grpo" and rollout.n < 2:
-        raise ConfigError("actor_rollout_ref.rollout.n",
-                          f"GRPO normalises rewards within a group, so it needs n >= 2 responses per prompt (got {rollout.n})")
-    _at_least("data.max_prompt_length", cfg.data.max_prompt_length, 1)
-    _at_least("data.max_response_length", cfg.data.max_response_length, 1)
+
+def _check_rollout_placement(cfg: Any) -> None:
+    r = cfg.rollout
+    for key in ("nnodes", "n_gpus_per_node"):
+        _at_least(f"rollout.{key}", getattr(r, key), 1)
+    if r.total_rollout_steps is not None:
+        _at_least("rollout.total_rollout_steps", r.total_rollout_steps, 1)
+
+
+def _check_data(cfg: Any) -> None:
+    data = cfg.data
+    _choice("data.truncation", data.truncation, TRUNCATIONS)
+    _at_least("data.max_prompt_length", data.max_prompt_length, 1)
+    _at_least("data.max_response_length", data.max_response_length, 1)
+    train_files = as_file_list(data.train_files)
+    if not train_files:
+        raise ConfigError("data.train_files", "no training file given")
+    for key, files in (("data.train_files", train_files), ("data.val_files", as_file_list(data.val_files))):
+        for path in files:
+            if not os.path.isfile(path):
+                raise ConfigError(key, f"file not found: {path}")
+            if not path.endswith((".parquet", ".jsonl", ".json")):
+                raise ConfigError(key, f"{path}: expected a .parquet or .jsonl file")
+
+
+def _check_model(cfg: Any) -> None:
+    model_path = cfg.actor_rollout_ref.model.path
+    if not os.path.isdir(model_path) or not os.path.isfile(os.path.join(model_path, "config.json")):
+        raise ConfigError("actor_rollout_ref.model.path",
+                          f"{model_path!r} is not a local Hugging Face model folder (no config.json); "
+                          "download the model first (this package never fetches weights at run time)")
+
+
+def _check_actor(cfg: Any) -> None:
+    actor = cfg.actor_rollout_ref.actor
+    _choice("actor_rollout_ref.actor.strategy", actor.strategy, STRATEGIES)
+    _choice("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
+    _choice("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, KL_TYPES)
+    _choice("actor_rollout_ref.actor.dtype", actor.dtype, DTYPES)
     _at_least("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size, 1)
     _at_least("actor_rollout_ref.actor.ppo_epochs", actor.ppo_epochs, 1)
     _at_least("actor_rollout_ref.actor.optim.lr", actor.optim.lr, 0.0)
@@ -377,12 +413,13 @@ def validate(cfg: Any) -> None:
             _at_least(f"actor_rollout_ref.actor.{key}", value, 0.0, strict=True)
     if actor.ppo_micro_batch_size_per_gpu is not None:  # larger than a mini-batch just means one micro-batch
         _at_least("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu, 1)
-    if actor.use_dynamic_bsz:
-        need = cfg.data.max_prompt_length + cfg.data.max_response_length
-        if actor.ppo_max_token_len_per_gpu < need:
-            raise ConfigError("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-                              f"{actor.ppo_max_token_len_per_gpu} cannot hold one sequence of "
-                              f"max_prompt_length + max_response_length = {need} tokens")
+
+
+def _check_rollout(cfg: Any) -> None:
+    rollout = cfg.actor_rollout_ref.rollout
+    if ":" not in rollout.name:  # "package.module:Class" plugs in a user engine with HFEngine's constructor
+        _choice("actor_rollout_ref.rollout.name", rollout.name, ROLLOUT_NAMES)
+    _choice("actor_rollout_ref.rollout.dtype", rollout.dtype, DTYPES)
     _at_least("actor_rollout_ref.rollout.n", rollout.n, 1)
     _at_least("actor_rollout_ref.rollout.temperature", rollout.temperature, 0.0)
     _at_least("actor_rollout_ref.rollout.max_num_seqs", rollout.max_num_seqs, 1)
@@ -406,11 +443,14 @@ def validate(cfg: Any) -> None:
         if not 0.0 < rollout.gpu_memory_utilization <= 1.0:
             raise ConfigError("actor_rollout_ref.rollout.gpu_memory_utilization",
                               f"{rollout.gpu_memory_utilization} must be in (0, 1]")
-        need = cfg.data.max_prompt_length + cfg.data.max_response_length
-        if rollout.max_model_len is not None and rollout.max_model_len < need:
-            raise ConfigError("actor_rollout_ref.rollout.max_model_len",
-                              f"{rollout.max_model_len} < max_prompt_length + max_response_length = {need}")
 
+
+def _check_algorithm(cfg: Any) -> None:
+    _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS)
+    _choice("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_TYPES)
+
+
+def _check_async_training(cfg: Any) -> None:
     at = cfg.async_training
     _at_least("async_training.staleness_threshold", at.staleness_threshold, 0.0)
     _at_least("async_training.trigger_parameter_sync_step", at.trigger_parameter_sync_step, 1)
@@ -421,16 +461,54 @@ def validate(cfg: Any) -> None:
         raise ConfigError("async_training.decoupled_ppo",
                           "needs async_training.use_rollout_log_probs=true (the behaviour policy)")
 
-    for key, value in (("trainer.nnodes", cfg.trainer.nnodes), ("trainer.n_gpus_per_node", cfg.trainer.n_gpus_per_node),
-                       ("rollout.nnodes", cfg.rollout.nnodes), ("rollout.n_gpus_per_node", cfg.rollout.n_gpus_per_node),
-                       ("trainer.total_epochs", cfg.trainer.total_epochs)):
-        _at_least(key, value, 1)
-    if cfg.mode == "sync":
-        _at_least("data.train_batch_size", cfg.data.train_batch_size, 1)
-        if cfg.data.train_batch_size % actor.ppo_mini_batch_size:
-            raise ConfigError("data.train_batch_size",
-                              f"{cfg.data.train_batch_size} prompts per step must be a multiple of "
-                              f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size}")
+
+def _check_reward(cfg: Any) -> None:
+    _choice("reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS)
+    path = cfg.custom_reward_function.path
+    if path is not None and not os.path.isfile(path):
+        raise ConfigError("custom_reward_function.path", f"file not found: {path}")
+
+
+def _check_benchmark(cfg: Any) -> None:
+    if cfg.benchmark.response_length != "none":
+        from fully_async.workload import validate_config as validate_workload
+        validate_workload(cfg)
+
+
+# ------------------------------------------------------------------ checks that relate sections
+def _check_grpo_group(cfg: Any) -> None:
+    n = cfg.actor_rollout_ref.rollout.n
+    if cfg.algorithm.adv_estimator == "grpo" and n < 2:
+        raise ConfigError("actor_rollout_ref.rollout.n",
+                          f"GRPO normalises rewards within a group, so it needs n >= 2 responses per prompt (got {n})")
+
+
+def _check_sequence_budgets(cfg: Any) -> None:
+    """A dynamic micro-batch and the vLLM context must hold one whole sequence."""
+    arr = cfg.actor_rollout_ref
+    need = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if arr.actor.use_dynamic_bsz and arr.actor.ppo_max_token_len_per_gpu < need:
+        raise ConfigError("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                          f"{arr.actor.ppo_max_token_len_per_gpu} cannot hold one sequence of "
+                          f"max_prompt_length + max_response_length = {need} tokens")
+    if arr.rollout.name == "vllm" and arr.rollout.max_model_len is not None and arr.rollout.max_model_len < need:
+        raise ConfigError("actor_rollout_ref.rollout.max_model_len",
+                          f"{arr.rollout.max_model_len} < max_prompt_length + max_response_length = {need}")
+
+
+def _check_sync_batch(cfg: Any) -> None:
+    if cfg.mode != "sync":
+        return
+    mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    _at_least("data.train_batch_size", cfg.data.train_batch_size, 1)
+    if cfg.data.train_batch_size % mini:
+        raise ConfigError("data.train_batch_size", f"{cfg.data.train_batch_size} prompts per step must be a "
+                          f"multiple of actor_rollout_ref.actor.ppo_mini_batch_size={mini}")
+
+
+def _check_trainer_world(cfg: Any) -> None:
+    """The strategy fits the trainer's device count, and every data-parallel rank gets a response."""
+    actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     if world > 1 and actor.strategy == "torch":
         raise ConfigError("actor_rollout_ref.actor.strategy",
@@ -438,42 +516,17 @@ def validate(cfg: Any) -> None:
                           "(trainer.nnodes x trainer.n_gpus_per_node); use strategy=fsdp2 or megatron")
     if actor.strategy == "megatron":
         _validate_megatron(cfg, world)
-    _validate_attention(cfg)
-    if world > 1 and actor.ppo_mini_batch_size * rollout.n < world:
+    if world > 1 and actor.ppo_mini_batch_size * n < world:
         raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size",
-                          f"a mini-batch of {actor.ppo_mini_batch_size} x n={rollout.n} responses cannot give each "
+                          f"a mini-batch of {actor.ppo_mini_batch_size} x n={n} responses cannot give each "
                           f"of the {world} data-parallel ranks at least one")
-    _validate_rollout_layout(cfg)
-    if cfg.trainer.total_training_steps is not None:
-        _at_least("trainer.total_training_steps", cfg.trainer.total_training_steps, 1)
-    if cfg.rollout.total_rollout_steps is not None:
-        _at_least("rollout.total_rollout_steps", cfg.rollout.total_rollout_steps, 1)
-    if cfg.reward_model.overlong_buffer.enable:
-        ob = cfg.reward_model.overlong_buffer
-        if not 0 < ob.len <= cfg.data.max_response_length:
-            raise ConfigError("reward_model.overlong_buffer.len",
-                              f"{ob.len} must be in (0, data.max_response_length={cfg.data.max_response_length}]")
 
-    if cfg.benchmark.response_length != "none":
-        from fully_async.workload import validate_config as validate_workload
-        validate_workload(cfg)
 
-    train_files = as_file_list(cfg.data.train_files)
-    if not train_files:
-        raise ConfigError("data.train_files", "no training file given")
-    for key, files in (("data.train_files", train_files), ("data.val_files", as_file_list(cfg.data.val_files))):
-        for path in files:
-            if not os.path.isfile(path):
-                raise ConfigError(key, f"file not found: {path}")
-            if not path.endswith((".parquet", ".jsonl", ".json")):
-                raise ConfigError(key, f"{path}: expected a .parquet or .jsonl file")
-    model_path = arr.model.path
-    if not os.path.isdir(model_path) or not os.path.isfile(os.path.join(model_path, "config.json")):
-        raise ConfigError("actor_rollout_ref.model.path",
-                          f"{model_path!r} is not a local Hugging Face model folder (no config.json); "
-                          "download the model first (this package never fetches weights at run time)")
-    if cfg.custom_reward_function.path is not None and not os.path.isfile(cfg.custom_reward_function.path):
-        raise ConfigError("custom_reward_function.path", f"file not found: {cfg.custom_reward_function.path}")
+def _check_overlong_buffer(cfg: Any) -> None:
+    ob = cfg.reward_model.overlong_buffer
+    if ob.enable and not 0 < ob.len <= cfg.data.max_response_length:
+        raise ConfigError("reward_model.overlong_buffer.len",
+                          f"{ob.len} must be in (0, data.max_response_length={cfg.data.max_response_length}]")
 
 
 def _validate_rollout_layout(cfg: Any) -> None:
@@ -559,3 +612,10 @@ def clip_bounds(actor: Any) -> tuple[float, float]:
     low = actor.clip_ratio_low if actor.clip_ratio_low is not None else actor.clip_ratio
     high = actor.clip_ratio_high if actor.clip_ratio_high is not None else actor.clip_ratio
     return float(low), float(high)
+
+
+SECTION_CHECKS = (_check_mode, _check_trainer, _check_rollout_placement, _check_data, _check_model, _check_actor,
+                  _check_rollout, _check_algorithm, _check_async_training, _check_reward, _check_benchmark)
+CROSS_SECTION_CHECKS = (_check_grpo_group, _check_sequence_budgets, _check_sync_batch, _check_trainer_world,
+                        _validate_attention, _validate_rollout_layout,
+                        _check_overlong_buffer)
