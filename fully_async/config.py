@@ -9,10 +9,13 @@ raises `ConfigError` naming the key and the valid values.
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Optional
+
+logger = logging.getLogger(__name__)
 
 ASSET_ROOT = "fully_async.assets"
 
@@ -138,7 +141,7 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    calculate_log_probs: bool = True      # return behaviour log-probs (always on for async)
+    calculate_log_probs: bool = True      # always on: the engines return behaviour log-probs (false: a warning)
     max_num_seqs: int = 256               # sequences decoded together by the engine
     dtype: str = "float32"
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
@@ -434,6 +437,9 @@ def _check_rollout(cfg: Any) -> None:
     if rollout.top_k == 0 or rollout.top_k < -1:
         raise ConfigError("actor_rollout_ref.rollout.top_k", f"{rollout.top_k} must be -1 (off) or >= 1")
     _at_least("actor_rollout_ref.rollout.val_kwargs.n", rollout.val_kwargs.n, 1)
+    if not rollout.calculate_log_probs:
+        logger.warning("actor_rollout_ref.rollout.calculate_log_probs=false has no effect: the engines always "
+                       "return the behaviour log-probs (partial rollouts and decoupled PPO need them)")
     _choice("actor_rollout_ref.rollout.weight_sync", rollout.weight_sync, ("auto", "object_store", "collective"))
     _at_least("actor_rollout_ref.rollout.update_weights_bucket_megabytes", rollout.update_weights_bucket_megabytes, 1)
     if rollout.name == "vllm":
@@ -448,6 +454,10 @@ def _check_rollout(cfg: Any) -> None:
 def _check_algorithm(cfg: Any) -> None:
     _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS)
     _choice("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_TYPES)
+    if cfg.algorithm.kl_ctrl.type != "fixed":
+        raise ConfigError("algorithm.kl_ctrl.type", f"{cfg.algorithm.kl_ctrl.type!r}: only 'fixed' is implemented "
+                          "(algorithm.kl_ctrl.kl_coef is the in-reward KL coefficient); verl's 'adaptive' "
+                          "controller is not, and running it as fixed would change your experiment silently")
 
 
 def _check_async_training(cfg: Any) -> None:

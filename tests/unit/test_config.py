@@ -100,3 +100,42 @@ def test_rollout_devices_split_into_replicas():
                    "rollout.n_gpus_per_node=4", "rollout.nnodes=2")
     validate(cfg)
     assert rollout_layout(cfg) == (4, 2)   # 8 devices / tp 2, each replica's 2 ranks on one node
+
+
+def _leaf_keys(cls, prefix=""):
+    import dataclasses
+
+    for f in dataclasses.fields(cls):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        if default is not None and dataclasses.is_dataclass(default):
+            yield from _leaf_keys(type(default), f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f.name
+
+
+def test_every_schema_key_is_read_somewhere():
+    """No key of the schema is accepted and then ignored: each leaf's name is read as an attribute (or looked up
+    by name) by the package outside the dataclass definitions, or checked by config.validate."""
+    import pathlib
+    import re
+
+    import fully_async
+    from fully_async.config import FullyAsyncConfig
+
+    root = pathlib.Path(fully_async.__file__).parent
+    source = "\n".join(p.read_text() for p in root.rglob("*.py") if p.name != "config.py")
+    config_src = (root / "config.py").read_text()
+    source += config_src[config_src.index("def _choice"):]           # validate() and friends, not the schema
+    unread = [key for key, name in _leaf_keys(FullyAsyncConfig)
+              if not re.search(rf"\.{name}\b|[\"']{name}[\"']", source)]
+    assert unread == []
+
+
+def test_unimplemented_values_are_refused_or_warned(caplog):
+    import logging
+
+    with pytest.raises(ConfigError, match="algorithm.kl_ctrl.type.*'adaptive'.*only 'fixed'"):
+        validate(load_config(["algorithm.kl_ctrl.type=adaptive"]))
+    with caplog.at_level(logging.WARNING):
+        validate(load_config(["actor_rollout_ref.rollout.calculate_log_probs=false"]))
+    assert "calculate_log_probs=false has no effect" in caplog.text
