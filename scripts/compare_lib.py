@@ -52,11 +52,17 @@ class Run:
 
     def devices(self) -> dict:
         if "devices" in self.summary:
-            return dict(self.summary["devices"])
-        t, r = self.config["trainer"], self.config["rollout"]
-        n_train = t["nnodes"] * t["n_gpus_per_node"]
-        n_roll = r["nnodes"] * r["n_gpus_per_node"] if self.mode == "async" else 0
-        return {"trainer": n_train, "rollout": n_roll, "total": n_train + n_roll, "device": t["device"]}
+            out = dict(self.summary["devices"])
+        else:
+            t, r = self.config["trainer"], self.config["rollout"]
+            n_train = t["nnodes"] * t["n_gpus_per_node"]
+            n_roll = r["nnodes"] * r["n_gpus_per_node"] if self.mode == "async" else 0
+            out = {"trainer": n_train, "rollout": n_roll, "total": n_train + n_roll, "device": t["device"]}
+        if out.get("device") == "auto":   # print what it resolved to, from the run's hardware line
+            hw = str(self.summary.get("hardware", ""))
+            out["device"] = ("cpu" if hw.startswith("CPU") else "npu" if "Ascend" in hw else
+                             "cuda" if hw and hw[0].isdigit() else "auto")
+        return out
 
     @property
     def strategy(self) -> str:
@@ -309,7 +315,7 @@ def format_table(table: dict) -> str:
     lines = header + ([table["workload"]["description"]] if table["workload"] else []) + [""] + lines
     sp = table["speedup"]
     lines.append(f"speedup async/sync: tokens/s {_fmt(sp['tokens_per_s'], '{:.2f}')}x, "
-                 f"time to val >= {table['threshold']:g}: {_fmt(sp['time_to_threshold'], '{:.2f}')}x")
+                 f"time to val >= {table['threshold']:g}: {_speedup(sp['time_to_threshold'])}")
     return "\n".join(lines)
 
 
@@ -438,7 +444,7 @@ def write_report(out_dir: str, table: dict, runs: dict[str, Run], plots: dict[st
     lines += ["", "## Results", "", markdown_table(table), ""]
     sp = table["speedup"]
     lines.append(f"Speedup async/sync in tokens/s: **{_fmt(sp['tokens_per_s'], '{:.2f}')}x**; "
-                 f"in time to validation reward >= {table['threshold']:g}: {_fmt(sp['time_to_threshold'], '{:.2f}')}x.")
+                 f"in time to validation reward >= {table['threshold']:g}: {_speedup(sp['time_to_threshold'])}.")
     if table["bench"]:
         b, a, s = table["bench"], table["modes"]["async"], table["modes"]["sync"]
         r, k, n = a["devices"]["rollout"], a["devices"]["trainer"], s["devices"]["trainer"]
@@ -461,3 +467,53 @@ def write_report(out_dir: str, table: dict, runs: dict[str, Run], plots: dict[st
     with open(path, "w") as fh:
         fh.write("\n".join(lines) + "\n")
     return path
+
+
+def _speedup(value: Optional[float]) -> str:
+    return "not reached (by one mode or both)" if value is None else f"{value:.2f}x"
+
+
+# ----------------------------------------------------------------------------------- repeats
+REPEAT_FIGURES = (("tokens/s async", ("modes", "async", "tokens_per_s")),
+                  ("tokens/s sync", ("modes", "sync", "tokens_per_s")),
+                  ("speedup async/sync", ("speedup", "tokens_per_s")),
+                  ("time/step async (s)", ("modes", "async", "time_per_step_s")),
+                  ("time/step sync (s)", ("modes", "sync", "time_per_step_s")))
+SPREAD_WARNING = 0.20
+
+
+def summarize_repeats(tables: list[dict], busy: Optional[list[str]] = None) -> dict:
+    """Median, min, max and spread ((max - min) / median) of each headline figure over repeated comparisons of
+    the same workload; warnings when a spread exceeds 20% or the machine was busy before a run started."""
+    import statistics
+
+    figures, warnings = {}, []
+    for name, path in REPEAT_FIGURES:
+        values = []
+        for t in tables:
+            v: Any = t
+            for key in path:
+                v = v.get(key) if isinstance(v, dict) else None
+            if v is not None:
+                values.append(float(v))
+        if not values:
+            continue
+        med = statistics.median(values)
+        spread = (max(values) - min(values)) / med if med else float("nan")
+        figures[name] = {"values": values, "median": med, "min": min(values), "max": max(values), "spread": spread}
+        if len(values) > 1 and spread > SPREAD_WARNING:
+            warnings.append(f"{name}: spread {spread:.0%} over {len(values)} repeats (> {SPREAD_WARNING:.0%}): "
+                            "the difference between the modes may be noise; run more steps or repeats")
+    warnings += list(busy or [])
+    return {"repeats": len(tables), "figures": figures, "warnings": warnings}
+
+
+def format_repeats(summary: dict) -> str:
+    rows = [("figure", "median", "min", "max", "spread")]
+    for name, f in summary["figures"].items():
+        rows.append((name, f"{f['median']:.3g}", f"{f['min']:.3g}", f"{f['max']:.3g}", f"{f['spread']:.0%}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = [f"over {summary['repeats']} repeats (each: async and sync on the same workload):"]
+    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines += [f"WARNING: {w}" for w in summary["warnings"]]
+    return "\n".join(lines)

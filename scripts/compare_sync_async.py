@@ -26,6 +26,10 @@ same total number of devices, the placement keys (compare_lib.PLACEMENT_KEYS, li
 any other difference is refused (exit 2 naming the keys; `--allow-diff KEY` accepts a known one, and
 the report lists it).
 
+`--repeats K` (default 3 on CPU, 1 on accelerators) runs both modes K times, alternating which goes first,
+each repeat into DIR/repeat_<i>/, and prints the median, min, max and spread of tokens/s, time/step and the
+speedup (DIR/repeats.json), warning when a spread exceeds 20% or the load average before a run was high.
+
 Writes into DIR: report.md, table.json, PNG plots (and bench.json when it ran the bench); prints the side-by-side table: devices, the
 split and why (candidate splits with predicted ceilings), each mode's pipeline efficiency = tokens/s /
 ceiling of its placement, the speedup async/sync, and a benchmark.response_length workload when set.
@@ -43,8 +47,8 @@ from typing import Any, Optional
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_pipeline import choose_split, format_split  # noqa: E402
-from compare_lib import (MODES, CompareError, build_table, check_diff, config_diff, format_table,  # noqa: E402
-                         make_plots, read_run, write_report)
+from compare_lib import (MODES, CompareError, build_table, check_diff, config_diff, format_repeats,  # noqa: E402
+                         format_table, make_plots, read_run, summarize_repeats, write_report)
 
 REFUSED = 2
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -197,6 +201,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     "instead of measuring again")
     ap.add_argument("--sync-log", metavar="DIR", help="reuse this sync run's TensorBoard dir (same overrides and "
                     "devices) instead of running sync again, e.g. to compare a second async split")
+    ap.add_argument("--repeats", type=int, help="run both modes K times (alternating which runs first) and report "
+                    "each figure's median and spread, warning above 20%% (default 3 on CPU, 1 on accelerators)")
     ap.add_argument("--from-logs", nargs=2, metavar=("RUN_A", "RUN_B"), help="compare two TensorBoard run dirs")
     ap.add_argument("--allow-diff", action="append", default=[], metavar="KEY",
                     help="a dotted config key allowed to differ (listed in the report); repeatable")
@@ -208,6 +214,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return refuse("do not pass mode=...: this script runs both modes with otherwise identical overrides")
     if not 0.0 < args.dp_efficiency <= 1.0:
         return refuse(f"--dp-efficiency {args.dp_efficiency} must be in (0, 1]")
+    if args.repeats is not None and args.repeats < 1:
+        return refuse(f"--repeats {args.repeats} must be >= 1")
     try:
         return from_logs(args, out_dir) if args.from_logs else run_both(args, out_dir)
     except CompareError as exc:
@@ -258,11 +266,53 @@ def run_both(args: argparse.Namespace, out_dir: str) -> int:
     R, T = (bench["rollout"]["tokens_per_s"], bench["train"]["tokens_per_s"]) if bench else (None, None)
     split = choose_split(devices, R, T, args.dp_efficiency, force=args.split)
     print("\n".join(["=== async split"] + format_split(split)), flush=True)
-    dirs = [args.sync_log if mode == "sync" and args.sync_log else
-            run_mode(mode, overrides + mode_overrides(mode, devices, split["rollout"], overrides), out_dir)
-            for mode in MODES]
-    rc, _ = compare(dirs, out_dir, args.threshold, bench, tuple(args.allow_diff), split, args.dp_efficiency)
-    return rc
+    repeats = args.repeats or default_repeats(overrides)
+    if repeats > 1 and args.sync_log:
+        return refuse("--sync-log reuses one sync run, so repeats would not measure its spread: use --repeats 1")
+    tables, busy = [], []
+    for i in range(repeats):
+        rep_dir = out_dir if repeats == 1 else os.path.join(out_dir, f"repeat_{i}")
+        dirs = {}
+        for mode in (MODES if i % 2 == 0 else MODES[::-1]):   # alternate which mode runs first
+            if mode == "sync" and args.sync_log:
+                dirs[mode] = args.sync_log
+                continue
+            busy += machine_busy(f"repeat {i}, {mode}")
+            dirs[mode] = run_mode(mode, overrides + mode_overrides(mode, devices, split["rollout"], overrides),
+                                  rep_dir)
+        rc, table = compare([dirs[m] for m in MODES], rep_dir, args.threshold, bench, tuple(args.allow_diff), split,
+                            args.dp_efficiency)
+        if rc:
+            return rc
+        tables.append(table)
+    if repeats > 1:
+        summary = summarize_repeats(tables, busy)
+        with open(os.path.join(out_dir, "repeats.json"), "w") as fh:
+            json.dump(summary, fh, indent=1)
+        print(format_repeats(summary))
+        print(f"per-repeat reports: {os.path.join(out_dir, 'repeat_<i>', 'report.md')}; summary: "
+              f"{os.path.join(out_dir, 'repeats.json')}")
+    else:
+        for warning in busy:
+            print(f"WARNING: {warning}")
+    return 0
+
+
+def default_repeats(overrides: list[str]) -> int:
+    """3 on CPU (a shared machine's noise is large next to the differences measured), else 1."""
+    from fully_async.device import get_device
+
+    try:
+        return 3 if get_device(_value(overrides, "trainer.device") or "auto").name == "cpu" else 1
+    except Exception:  # noqa: BLE001 - an unusable device fails in the runs themselves, with its own message
+        return 1
+
+
+def machine_busy(what: str) -> list[str]:
+    """A warning when the load average before a run exceeds half the cores (other work skews the timing)."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    return [f"{what}: load average {load:.1f} on {cores} cores before it started: the machine was busy, timings "
+            "are less reliable"] if load > 0.5 * cores else []
 
 
 if __name__ == "__main__":

@@ -49,9 +49,28 @@ def read_events(logdir):
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
-    r = run_script("--out", str(out), "--threshold", "0.0", "--bench-batches", "1", *OVERRIDES)
+    r = run_script("--out", str(out), "--threshold", "0.0", "--bench-batches", "1", "--repeats", "1", *OVERRIDES)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     return out, r.stdout
+
+
+def test_repeats_report_median_and_spread(compared, tmp_path):
+    """--repeats 2: both modes twice (the second repeat runs sync first), one report per repeat, and the
+    median/min/max/spread of each headline figure in repeats.json and on stdout."""
+    out, _ = compared
+    dest = tmp_path / "rep"
+    r = run_script("--out", str(dest), "--threshold", "0.0", "--repeats", "2", "--split", "1", "--bench-json",
+                   str(out / "bench.json"), *OVERRIDES)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    summary = json.loads((dest / "repeats.json").read_text())
+    assert summary["repeats"] == 2
+    speed = summary["figures"]["speedup async/sync"]
+    assert len(speed["values"]) == 2 and speed["min"] <= speed["median"] <= speed["max"]
+    for i in range(2):
+        assert (dest / f"repeat_{i}" / "report.md").is_file()
+    order = [line.split(":")[0].removeprefix("=== ") for line in r.stdout.splitlines()
+             if line.startswith(("=== async:", "=== sync:"))]
+    assert order == ["async", "sync", "sync", "async"] and "over 2 repeats" in r.stdout
 
 
 def placement_of(cfg):
@@ -203,7 +222,7 @@ def test_config_diff_beyond_mode_and_placement_is_refused(compared, tmp_path):
     assert run_script("--from-logs", str(a_dir), str(a_dir), "--out", str(tmp_path / "x")).returncode == 2
     for args, words in ((["mode=sync"], "mode="), (["--devices", "1"], "--devices 1"),
                         (["--split", "2"], "--split 2 must be in 1..1"), (["--split", "0"], "--split 0 must be"),
-                        (["--dp-efficiency", "1.5"], "--dp-efficiency 1.5"),
+                        (["--dp-efficiency", "1.5"], "--dp-efficiency 1.5"), (["--repeats", "0"], "--repeats 0"),
                         (["rollout.n_gpus_per_node=2"], "pass --split R"),
                         (["trainer.nnodes=2"], "trainer.nnodes=2"),
                         (["--devices", "3", "trainer.n_gpus_per_node=2"], "contradicts --devices 3")):
