@@ -1,17 +1,35 @@
-"""Rule-based scores chosen by `data_source`, and loading a user's `custom_reward_function`.
+"""Rule-based scores chosen by `data_source` (verl's `default_compute_score`), and loading a user's
+`custom_reward_function`.
 
-The gsm8k and MATH rules reproduce verl's (`verl/utils/reward_score/{gsm8k,math}.py`) so a
-reward curve from this package can be compared with one from a verl run on the same data.
-`arithmetic` is the tiny task shipped with the package for CPU smoke tests.
+The routing and every rule reproduce verl's `verl/utils/reward_score/` so a reward curve from this
+package can be compared with one from a verl run on the same data:
+
+| data_source | rule (module here) | result |
+| --- | --- | --- |
+| openai/gsm8k | gsm8k (strict `#### n`) | 1.0 / 0.0 |
+| lighteval/MATH, DigitalLearningGmbH/MATH-lighteval, HuggingFaceH4/MATH-500 | hendrycks (last box) | 1.0 / 0.0 |
+| math_dapo, math, math_dapo_reasoning, aime* | math_dapo (`Answer: x`) | {"score": 1.0 / -1.0, "acc", "pred"} |
+| numina_{aops_forum, synthetic_math, amc_aime, synthetic_amc, cn_k12, olympiads} | prime_math (sympy) | 1.0 / 0.0 |
+| hiyouga/geometry3k | geo3k (mathruler's grader) | 0.9 * correct + 0.1 * format |
+| searchR1_{nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle} | search_r1 (EM) | 1 / 0.25 / 0 |
+| codecontests, apps, codeforces, taco | refused: verl runs code in a sandbox | NotImplementedError |
+| arithmetic | this package's tiny CPU task: exact match | 1.0 / 0.0 |
+
+prime_math and geo3k need sympy and pylatexenc (`pip install 'fully_async[math]'`) and run in a worker
+process with a time limit (`fully_async.rewards.isolated`).  Math-Verify, which verl only offers as a
+swap-in, is a custom reward function file here: `fully_async/rewards/math_verify_score.py`.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import os
 import re
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
+
+from fully_async.rewards import gsm8k, hendrycks, math_dapo, search_r1
 
 
 class RewardError(ValueError):
@@ -24,149 +42,97 @@ def arithmetic_score(solution_str: str, ground_truth: Any) -> float:
     return 1.0 if solution_str.strip() == str(ground_truth).strip() else 0.0
 
 
-# ----------------------------------------------------------------------------------- gsm8k (verl)
-_GSM8K_CLIP_CHARS = 300  # verl only searches the tail: regexes on long responses are slow
+# ----------------------------------------------------------------------------------- routing (verl's)
+MATH_HENDRYCKS_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+MATH_DAPO_SOURCES = ("math_dapo", "math", "math_dapo_reasoning")  # and every data_source starting with "aime"
+PRIME_MATH_SOURCES = ("numina_aops_forum", "numina_synthetic_math", "numina_amc_aime", "numina_synthetic_amc",
+                      "numina_cn_k12", "numina_olympiads")
+GEO3K_SOURCES = ("hiyouga/geometry3k",)
+SEARCH_R1_SOURCES = ("searchR1_nq", "searchR1_triviaqa", "searchR1_popqa", "searchR1_hotpotqa",
+                     "searchR1_2wikimultihopqa", "searchR1_musique", "searchR1_bamboogle")
+CODE_SOURCES = ("codecontests", "apps", "codeforces", "taco")  # verl runs these in a sandbox
+KNOWN_DATA_SOURCES = (("arithmetic", "openai/gsm8k") + MATH_HENDRYCKS_SOURCES + MATH_DAPO_SOURCES + ("aime*",)
+                      + PRIME_MATH_SOURCES + GEO3K_SOURCES + SEARCH_R1_SOURCES)
+MATH_EXTRA_HINT = "pip install 'fully_async[math]' (or: pip install pylatexenc)"
+_CUSTOM_FIX = ("write compute_score(data_source, solution_str, ground_truth, extra_info) in a python file and set "
+               "custom_reward_function.path=<file> (custom_reward_function.name=<function>, default compute_score)")
 
 
-def gsm8k_extract(solution_str: str, method: str = "strict") -> Optional[str]:
-    """strict: the last `#### <number>`; flexible: the last number anywhere. Commas removed."""
-    if method not in ("strict", "flexible"):
-        raise ValueError(f"method={method!r} is not one of ['strict', 'flexible']")
-    text = solution_str[-_GSM8K_CLIP_CHARS:]
-    if method == "strict":
-        found = re.findall(r"#### (\-?[0-9\.\,]+)", text)
-        return found[-1].replace(",", "").replace("$", "") if found else None
-    for candidate in reversed(re.findall(r"(\-?[0-9\.\,]+)", text)):
-        if candidate not in ("", "."):
-            return candidate.replace(",", "")
-    return None
+def scorer_for(data_source: str) -> str:
+    """The name of verl's rule for `data_source` (gsm8k, math, math_dapo, prime_math, geo3k, search_r1,
+    arithmetic), or raise NotImplementedError naming the source and the custom_reward_function fix."""
+    if data_source == "arithmetic":
+        return "arithmetic"
+    if data_source == "openai/gsm8k":
+        return "gsm8k"
+    if data_source in MATH_HENDRYCKS_SOURCES:
+        return "math"
+    if data_source in MATH_DAPO_SOURCES or data_source.startswith("aime"):
+        return "math_dapo"
+    if data_source in PRIME_MATH_SOURCES:
+        return "prime_math"
+    if data_source in GEO3K_SOURCES:
+        return "geo3k"
+    if data_source in SEARCH_R1_SOURCES:
+        return "search_r1"
+    if data_source in CODE_SOURCES:
+        raise NotImplementedError(
+            f"data_source={data_source!r} is a code task: verl scores it by running the response against test "
+            "cases in a sandbox (sandbox_fusion or prime_code), which fully_async does not ship or call. To train on "
+            f"it, {_CUSTOM_FIX}, calling your own sandbox; it must return a float, or a dict with a float 'score'")
+    raise NotImplementedError(
+        f"no built-in reward for data_source={data_source!r}; known: {list(KNOWN_DATA_SOURCES)}. To score it, "
+        f"{_CUSTOM_FIX}")
 
 
-def gsm8k_score(solution_str: str, ground_truth: Any, method: str = "strict",
-                format_score: float = 0.0, score: float = 1.0) -> float:
-    answer = gsm8k_extract(solution_str, method)
-    if answer is None:
-        return 0.0
-    return score if answer == str(ground_truth).strip().replace(",", "") else format_score
+@functools.lru_cache(maxsize=None)
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None
 
 
-# ----------------------------------------------------------------------------------- MATH (verl / Hendrycks)
-def last_boxed_only_string(text: str) -> Optional[str]:
-    """The last `\\boxed{...}` (or `\\fbox{...}`) with balanced braces, or None."""
-    if "\\boxed " in text:
-        return "\\boxed " + text.split("\\boxed ")[-1].split("$")[0]
-    idx = text.rfind("\\boxed")
-    if idx < 0:
-        idx = text.rfind("\\fbox")
-        if idx < 0:
-            return None
-    depth = 0
-    for i in range(idx, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[idx:i + 1]
-    return None
-
-
-def remove_boxed(boxed: str) -> str:
-    for left in ("\\boxed ", "\\boxed{", "\\fbox{"):
-        if boxed.startswith(left):
-            return boxed[len(left):-1] if left.endswith("{") else boxed[len(left):]
-    return boxed
-
-
-def _fix_fracs(s: str) -> str:
-    """\\frac12 -> \\frac{1}{2}, \\frac1{2} -> \\frac{1}{2}."""
-    parts = s.split("\\frac")
-    out = parts[0]
-    for part in parts[1:]:
-        out += "\\frac"
-        if part.startswith("{") or len(part) < 2:
-            out += part
-            continue
-        a, b, rest = part[0], part[1], part[2:]
-        out += "{" + a + "}" + (b + rest if b == "{" else "{" + b + "}" + rest)
-    return out
-
-
-def _fix_a_slash_b(s: str) -> str:
-    if s.count("/") != 1:
-        return s
-    a, b = s.split("/")
-    if re.fullmatch(r"-?\d+", a) and re.fullmatch(r"\d+", b):
-        return "\\frac{" + a + "}{" + b + "}"
-    return s
-
-
-def _fix_sqrt(s: str) -> str:
-    return re.sub(r"\\sqrt(\w)", r"\\sqrt{\1}", s)
-
-
-def _strip_text(s: str) -> str:
-    """Drop trailing units (`\\text{ cm}`, verl) and unwrap a remaining `\\text{...}`."""
-    if "\\text{ " in s:
-        s = s.split("\\text{ ")[0]
-    return re.sub(r"\\(?:text|textbf|mbox)\{([^{}]*)\}", r"\1", s)
-
-
-def normalize_math_answer(s: str) -> str:
-    """verl's `strip_string`: canonical form used for string comparison of MATH answers."""
-    s = s.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
-    s = s.replace("tfrac", "frac").replace("dfrac", "frac")
-    s = s.replace("\\left", "").replace("\\right", "")
-    s = s.replace("^{\\circ}", "").replace("^\\circ", "")
-    s = s.replace("\\$", "").replace("$", "")
-    s = _strip_text(s)
-    s = s.replace("\\%", "").replace("%", "")
-    s = s.replace(" .", " 0.").replace("{.", "{0.")
-    s = s.strip().rstrip(".")
-    if not s:
-        return s
-    if s[0] == ".":
-        s = "0" + s
-    halves = s.split("=")
-    if len(halves) == 2 and len(halves[0].strip()) <= 2:  # "k = 3" -> "3"
-        s = halves[1]
-    s = _fix_sqrt(s).replace(" ", "")
-    s = _fix_fracs(s)
-    if s == "0.5":
-        s = "\\frac{1}{2}"
-    return _fix_a_slash_b(s)
-
-
-def math_score(solution_str: str, ground_truth: Any) -> float:
-    boxed = last_boxed_only_string(solution_str)
-    if boxed is None:
-        return 0.0
-    truth = str(ground_truth)
-    truth_boxed = last_boxed_only_string(truth)  # some datasets keep the whole \boxed{} as truth
-    if truth_boxed is not None:
-        truth = remove_boxed(truth_boxed)
-    return 1.0 if normalize_math_answer(remove_boxed(boxed)) == normalize_math_answer(truth) else 0.0
-
-
-# ----------------------------------------------------------------------------------- dispatch
-_GSM8K = ("openai/gsm8k", "gsm8k")
-_MATH = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "math")
-KNOWN_DATA_SOURCES = ("arithmetic",) + _GSM8K + _MATH
+def _require_sympy_extra(data_source: str, rule: str) -> None:
+    missing = [pkg for pkg in ("pylatexenc", "sympy") if not _installed(pkg)]
+    if missing:
+        raise RewardError(f"data_source={data_source!r} is scored with verl's {rule} rule, which needs "
+                          f"{' and '.join(missing)} (not installed): {MATH_EXTRA_HINT}")
 
 
 def default_compute_score(data_source: str, solution_str: str, ground_truth: Any,
-                          extra_info: Optional[dict] = None) -> float:
-    """Score one response with the rule for its `data_source` (verl's default_compute_score)."""
-    if data_source == "arithmetic":
+                          extra_info: Optional[dict] = None, **kwargs: Any) -> Union[float, dict]:
+    """Score one response with verl's rule for its `data_source` (verl's default_compute_score).
+
+    A float, or for the DAPO rule a dict {"score": 1.0 | -1.0, "acc": bool, "pred": str}.  The
+    sympy-based rules (prime_math, geo3k) run in a worker process with a time limit
+    (fully_async.rewards.isolated).  Extra keyword arguments (verl's sandbox_fusion_url, ...) are ignored.
+    """
+    rule = scorer_for(data_source)
+    if rule == "arithmetic":
         return arithmetic_score(solution_str, ground_truth)
-    if data_source in _GSM8K:
-        return gsm8k_score(solution_str, ground_truth)
-    if data_source in _MATH:
-        return math_score(solution_str, ground_truth)
-    raise NotImplementedError(
-        f"no built-in reward for data_source={data_source!r}; known: {list(KNOWN_DATA_SOURCES)}. "
-        "Write compute_score(data_source, solution_str, ground_truth, extra_info) in a file and set "
-        "custom_reward_function.path=<file> (custom_reward_function.name=<function>)")
+    if rule == "gsm8k":
+        res = gsm8k.compute_score(solution_str, ground_truth)
+    elif rule == "math":
+        res = hendrycks.compute_score(solution_str, ground_truth)
+    elif rule == "math_dapo":
+        res = math_dapo.compute_score(solution_str, ground_truth)
+    elif rule == "prime_math":
+        _require_sympy_extra(data_source, rule)
+        from fully_async.rewards import isolated, prime_math
+
+        res = isolated.call(prime_math.compute_score, solution_str, ground_truth, default=(False, False, ""),
+                            label=f"data_source={data_source!r} (prime_math)")
+    elif rule == "geo3k":
+        _require_sympy_extra(data_source, rule)
+        from fully_async.rewards import geo3k, isolated
+
+        res = isolated.call(geo3k.compute_score, solution_str, ground_truth, default=0.0,
+                            label=f"data_source={data_source!r} (geo3k)")
+    else:
+        res = search_r1.compute_score(solution_str, ground_truth)
+    if isinstance(res, dict):
+        return res
+    if isinstance(res, (int, float, bool)):
+        return float(res)
+    return float(res[0])
 
 
 def load_custom_score(path: str, name: str) -> Callable[..., Any]:
