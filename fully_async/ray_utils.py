@@ -13,6 +13,13 @@ class RunFailed(RuntimeError):
     """An actor failed; the message names the actor and its root cause."""
 
 
+def ray_get(refs: Any, timeout: Optional[float] = None) -> Any:
+    """`ray.get`, imported lazily (modules that call actors stay importable without Ray)."""
+    import ray
+
+    return ray.get(refs, timeout=timeout)
+
+
 def start_ray(num_cpus_needed: int) -> bool:
     """Join `RAY_ADDRESS` when set, else start a local Ray; returns True when we started it."""
     import ray

@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable, Optional
 
 from fully_async.generation import make_group, score_samples, validate
+from fully_async.ray_utils import ray_get
 from fully_async.scheduler import CompletedGroup, RolloutScheduler
 from fully_async.types import PromptRecord, SampleGroup, SamplingParams
 
@@ -244,8 +245,3 @@ class Rollouter:
         state["closed"] = self.closed
         self.scheduler.resume()
         return state
-
-
-def ray_get(ref: Any) -> Any:
-    import ray
-    return ray.get(ref)

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from fully_async.actor_setup import DriverFacing
 from fully_async.metrics import engine_metrics
+from fully_async.ray_utils import ray_get
 from fully_async.staleness import required_samples
 from fully_async.train_step import train_step
 from fully_async.types import SampleGroup
@@ -98,10 +99,10 @@ class Trainer(DriverFacing):
         while self.step < self.total_steps and not self._stop_requested:
             wait_start = time.perf_counter()
             with self.timeline.span("queue_wait"):
-                res = _ray_get(self.queue.get_batch.remote(self.required, 5.0))
+                res = ray_get(self.queue.get_batch.remote(self.required, 5.0))
                 while not res["groups"] and not res["closed"] and not self._stop_requested:
                     self._emit_val(res["val"])
-                    res = _ray_get(self.queue.get_batch.remote(self.required, 5.0))
+                    res = ray_get(self.queue.get_batch.remote(self.required, 5.0))
             wait_s = time.perf_counter() - wait_start
             self._emit_val(res["val"])
             if not res["groups"]:
@@ -133,7 +134,7 @@ class Trainer(DriverFacing):
         start = time.perf_counter()
         with self.timeline.span("save"):
             self.weight_sync.flush()  # the snapshot must see the pushed version applied
-            snapshot = _ray_get(self.rollouter.snapshot.remote())
+            snapshot = ray_get(self.rollouter.snapshot.remote())
             self.last_checkpoint = save_checkpoint(self.backend, self.cfg, self.step, self.version,
                                                    self.trained_sample_ids, snapshot)
         elapsed = time.perf_counter() - start
@@ -172,8 +173,3 @@ class Trainer(DriverFacing):
                 m.update(engine_metrics(stats["engines"], prev.get("engines"), wall))
             self._last_rollouter = stats
         return m
-
-
-def _ray_get(ref: Any) -> Any:
-    import ray
-    return ray.get(ref)
