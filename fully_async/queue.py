@@ -22,14 +22,12 @@ class GroupQueue:
         self._closed = False
         self._stats: dict[str, Any] = {}
         self._val: list[tuple[int, dict]] = []
-        self.total_put = 0
 
     def put_many(self, groups: list[SampleGroup], stats: Optional[dict] = None) -> int:
         with self._cond:
             if self._closed and groups:
                 raise RuntimeError("put into a closed queue: the rollouter already declared the data exhausted")
             self._groups.extend(groups)
-            self.total_put += len(groups)
             if stats:
                 self._stats = stats
             self._cond.notify_all()

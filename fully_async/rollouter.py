@@ -68,7 +68,7 @@ class Rollouter:
         self.closed = False
         self.loop_running = False
         self._loop_lock = threading.Lock()
-        self.stats = {"idle_s": 0.0, "wall_s": 0.0, "version": 0, "validations": 0, "last_progress": 0.0}
+        self.stats = {"idle_s": 0.0, "wall_s": 0.0, "version": 0, "validations": 0}
         self._start = time.perf_counter()
         self.timeline = Timeline("rollouter", cfg.trainer.timeline)
         self.resumed = resume_state is not None
@@ -202,15 +202,13 @@ class Rollouter:
             for g in complete:
                 score_samples(self.tokenizer, self.reward, g.record, g.samples)
                 groups.append(make_group(g.uid, g.record, g.epoch, g.admitted_version, g.samples))
-        self.stats["last_progress"] = time.time()
         ray_get(self.queue.put_many.remote(groups, self._stats()))
 
     def _stats(self) -> dict:
         """The counters the trainer turns into metrics (cumulative; the trainer takes differences)."""
         self.stats["wall_s"] = time.perf_counter() - self._start
         self.stats["version"] = self.pool.version
-        return dict(self.stats, **self.scheduler.stats, num_engines=self.pool.num_engines,
-                    engines=self.pool.engine_stats())
+        return dict(self.stats, **self.scheduler.stats, engines=self.pool.engine_stats())
 
     # ------------------------------------------------------------------ commands
     def _apply_weights(self, load: Callable[[], None], version: int) -> dict:
@@ -228,7 +226,6 @@ class Rollouter:
         with self.timeline.span("validate", version=version):
             metrics = validate(self.pool, self.tokenizer, self.reward, self.val_records, self.cfg, version)
         self.stats["validations"] += 1
-        self.stats["last_progress"] = time.time()
         ray_get(self.queue.put_val_metrics.remote(version, metrics))
         logger.info("validation at param version %d: %s", version,
                     ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
@@ -242,6 +239,5 @@ class Rollouter:
         state = self.scheduler.state_dict()
         # taken while this loop is parked, so no group moves between rollouter and queue meanwhile
         state["queue"] = ray_get(self.queue.snapshot.remote())
-        state["closed"] = self.closed
         self.scheduler.resume()
         return state
