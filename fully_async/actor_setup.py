@@ -48,24 +48,36 @@ def build_tokenizer(cfg: Any) -> Any:
     return AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
 
 
-class DriverFacing:
-    """What the driver calls on the main actor of a run (Trainer, SyncWorker): metrics outbox,
-    stop request, timeline.  Subclasses set `self.timeline` and call `_init_driver_facing()`."""
+class MetricsOutbox:
+    """(step, metrics) an actor reports straight to the driver, which drains every running actor's outbox
+    (`pop_metrics`) and logs them at those steps.  Subclasses call `_init_outbox()`."""
 
-    def _init_driver_facing(self) -> None:
+    def _init_outbox(self) -> None:
         import threading
 
         self._metrics: list[tuple[int, dict]] = []
         self._lock = threading.Lock()
-        self._stop_requested = False
-
-    def ready(self) -> bool:
-        return True
 
     def pop_metrics(self) -> list[tuple[int, dict]]:
         with self._lock:
             out, self._metrics = self._metrics, []
         return out
+
+    def _emit(self, step: int, metrics: dict) -> None:
+        with self._lock:
+            self._metrics.append((step, metrics))
+
+
+class DriverFacing(MetricsOutbox):
+    """What the driver calls on the main actor of a run (Trainer, SyncWorker): metrics outbox,
+    stop request, timeline.  Subclasses set `self.timeline` and call `_init_driver_facing()`."""
+
+    def _init_driver_facing(self) -> None:
+        self._init_outbox()
+        self._stop_requested = False
+
+    def ready(self) -> bool:
+        return True
 
     def request_stop(self) -> None:
         """Finish the current step, checkpoint, and return from run() (SIGTERM/SIGINT)."""
@@ -73,7 +85,3 @@ class DriverFacing:
 
     def get_timeline(self) -> list[dict]:
         return self.timeline.drain()
-
-    def _emit(self, step: int, metrics: dict) -> None:
-        with self._lock:
-            self._metrics.append((step, metrics))

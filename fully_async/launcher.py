@@ -105,7 +105,8 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
         main = actors[main_actor]
         if cfg.mode == "async" and (resume_path or cfg.actor_rollout_ref.rollout.load_format == "dummy"):
             ray.get(main.sync_initial_weights.remote())  # the engine must generate with these weights
-        run_log = RunLogger(cfg, prep.total_steps, main, hardware=describe_hardware(device))
+        # every running actor reports its own metrics (async: the trainer its steps, the rollouter its validations)
+        run_log = RunLogger(cfg, prep.total_steps, list(runners.values()), hardware=describe_hardware(device))
         watchdog = Watchdog(runners, cfg.trainer.progress_timeout_s)
         stop_sent = []
 
@@ -131,6 +132,7 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
             ray.get(actors[name].stop.remote())
         if others:
             supervise(others, until=next(iter(others.values())), on_tick=lambda: None)
+        run_log.drain()
         summary = run_log.finish(time.perf_counter() - t_start)
         summary["trained_sample_ids"] = result.get("trained_sample_ids", []) if isinstance(result, dict) else []
         if signals:

@@ -43,7 +43,8 @@ def create_async_actors(cfg: Any, prep: Any, device: Any, resume_path: Optional[
     # device-less shell and each replica actor takes its own bundle
     roll_opts = (dict(device.ray_actor_options(tp), **in_bundle(roll_pg, 0)) if replicas == 1
                  else {"num_cpus": 0})
-    rollouter = ray.remote(Rollouter).options(max_concurrency=4, **roll_opts).remote(
+    # threads: its loop, the trainer's weight push and per-step metrics, the driver's calls (and spare)
+    rollouter = ray.remote(Rollouter).options(max_concurrency=6, **roll_opts).remote(
         prep.cfg_dict, queue, prep.train, prep.val, prep.eos_token_ids, prep.pad_token_id, resume_state,
         roll_pg if replicas > 1 else None)
     # the trainer actor is data-parallel rank 0 (bundle 0); it spawns ranks 1..n_train-1 into bundles 1..

@@ -2,15 +2,15 @@
 
 Back-pressure does not live here: the rollouter's staleness bound limits how many groups can be
 admitted per param version, so the queue never needs to drop or refuse a group.  The queue is a
-plain FIFO that also carries the rollouter's latest counters and validation results to the
-trainer, so the trainer learns both with the batch it was waiting for anyway (one RPC per step).
+plain FIFO of sample groups: the rollouter's metrics go to the trainer (per step) and its validation
+results to the driver, on their own paths.
 """
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
-from typing import Any, Optional
+from typing import Optional
 
 from fully_async.types import SampleGroup
 
@@ -20,23 +20,14 @@ class GroupQueue:
         self._groups: deque[SampleGroup] = deque()
         self._cond = threading.Condition()
         self._closed = False
-        self._stats: dict[str, Any] = {}
-        self._val: list[tuple[int, dict]] = []
 
-    def put_many(self, groups: list[SampleGroup], stats: Optional[dict] = None) -> int:
+    def put_many(self, groups: list[SampleGroup]) -> int:
         with self._cond:
             if self._closed and groups:
                 raise RuntimeError("put into a closed queue: the rollouter already declared the data exhausted")
             self._groups.extend(groups)
-            if stats:
-                self._stats = stats
             self._cond.notify_all()
             return len(self._groups)
-
-    def put_val_metrics(self, version: int, metrics: dict) -> None:
-        with self._cond:
-            self._val.append((version, metrics))
-            self._cond.notify_all()
 
     def close(self) -> None:
         """No more groups will come (the rollouter finished its prompts)."""
@@ -47,7 +38,7 @@ class GroupQueue:
     def get_batch(self, n: int, timeout_s: Optional[float] = None) -> dict:
         """Wait for `n` groups (or the close); on timeout return no groups and remove nothing.
 
-        Returns {"groups", "closed", "stats", "val"}; after the close the remainder (< n) is returned.
+        Returns {"groups", "closed"}; after the close the remainder (< n) is returned.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
@@ -59,9 +50,7 @@ class GroupQueue:
             ready = len(self._groups) >= n or self._closed
             take = min(n, len(self._groups)) if ready else 0
             groups = [self._groups.popleft() for _ in range(take)]
-            val, self._val = self._val, []
-            return {"groups": groups, "closed": self._closed and not self._groups, "stats": dict(self._stats),
-                    "val": val}
+            return {"groups": groups, "closed": self._closed and not self._groups}
 
     def snapshot(self) -> list[SampleGroup]:
         """The queued groups, not removed (for a checkpoint)."""

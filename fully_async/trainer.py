@@ -3,7 +3,8 @@
 Per step: wait for `required_samples` groups (that wait is the trainer's idle time), then the step
 both modes share (train_step.py: batch, old/ref log-probs, advantages, mini-batch updates).  Every
 `trigger_parameter_sync_step` steps the weights go to the rollouter and the param version
-increments.  Metrics accumulate in a list the driver drains (`pop_metrics`).
+increments.  Metrics, with the rollouter's own metrics of the step (asked for right after the take),
+accumulate in a list the driver drains (`pop_metrics`).
 """
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import time
 from typing import Any, Optional
 
 from fully_async.actor_setup import DriverFacing
-from fully_async.metrics import engine_metrics
 from fully_async.ray_utils import ray_get
 from fully_async.staleness import required_samples
 from fully_async.train_step import train_step
@@ -81,7 +81,6 @@ class Trainer(DriverFacing):
             self.trained_sample_ids = list(state["trained_sample_ids"])
             logger.info("resumed from %s: step %d, param version %d", resume_path, self.step, self.version)
         self._init_driver_facing()
-        self._last_rollouter: dict = {}
         self.last_checkpoint: Optional[str] = None
 
     def sync_initial_weights(self) -> dict:
@@ -101,14 +100,13 @@ class Trainer(DriverFacing):
             with self.timeline.span("queue_wait"):
                 res = ray_get(self.queue.get_batch.remote(self.required, 5.0))
                 while not res["groups"] and not res["closed"] and not self._stop_requested:
-                    self._emit_val(res["val"])
                     res = ray_get(self.queue.get_batch.remote(self.required, 5.0))
             wait_s = time.perf_counter() - wait_start
-            self._emit_val(res["val"])
             if not res["groups"]:
                 if res["closed"]:
                     logger.info("queue closed and empty after %d steps: training ends", self.step)
                 break
+            rollouter_metrics = self.rollouter.pop_step_metrics.remote()  # its window ends at this take
             metrics = self._train(res["groups"])
             self.step += 1
             if self.step % self.trigger == 0 or self.step == self.total_steps:
@@ -118,7 +116,8 @@ class Trainer(DriverFacing):
             now = time.perf_counter()
             step_s = now - last_end
             last_end = now
-            metrics.update(self._pipeline_metrics(res["stats"], wait_s, step_s, metrics["perf/total_num_tokens"]))
+            metrics.update(self._pipeline_metrics(wait_s, step_s, metrics["perf/total_num_tokens"]))
+            metrics.update(ray_get(rollouter_metrics))
             self._emit(self.step, metrics)
         if self.step % self.trigger != 0 and self.step != self.total_steps:
             self._emit(self.step, self._sync_weights())  # the last weights reach the engine for validation
@@ -142,10 +141,6 @@ class Trainer(DriverFacing):
         logger.info("checkpoint %s: %.1f MB in %.2fs", self.last_checkpoint, size / 1e6, elapsed)
         return {"timing_s/save_checkpoint": elapsed, "checkpoint/size_mb": size / 1e6}
 
-    def _emit_val(self, val: list) -> None:
-        for version, metrics in val:
-            self._emit(version * self.trigger, dict(metrics))
-
     def _train(self, groups: list[SampleGroup]) -> dict:
         metrics, samples = train_step(self.backend, self.cfg, groups, self.pad_token_id, self.step + 1, self.version,
                                       self.timeline)
@@ -157,19 +152,7 @@ class Trainer(DriverFacing):
         with self.timeline.span("param_sync"):
             return self.weight_sync.push(self.version)
 
-    def _pipeline_metrics(self, stats: dict, wait_s: float, step_s: float, tokens: float) -> dict:
-        prev = self._last_rollouter
-        m = {"timing_s/gen": wait_s, "timing_s/step": step_s, "perf/time_per_step": step_s,
-             "perf/throughput": tokens / step_s / self.num_devices,
-             "fully_async/trainer/idle_ratio": min(1.0, wait_s / step_s)}
-        if stats:
-            m["fully_async/count/total_generated_samples"] = stats["generated_samples"]
-            m["fully_async/count/staleness_samples"] = stats["staleness_samples"]
-            m["fully_async/rollouter/bound_pauses"] = stats["bound_pauses"]
-            wall = stats["wall_s"] - prev.get("wall_s", 0.0)
-            if prev and wall > 0:
-                m["fully_async/rollouter/idle_ratio"] = min(1.0, (stats["idle_s"] - prev["idle_s"]) / wall)
-            if "engines" in stats:
-                m.update(engine_metrics(stats["engines"], prev.get("engines"), wall))
-            self._last_rollouter = stats
-        return m
+    def _pipeline_metrics(self, wait_s: float, step_s: float, tokens: float) -> dict:
+        return {"timing_s/gen": wait_s, "timing_s/step": step_s, "perf/time_per_step": step_s,
+                "perf/throughput": tokens / step_s / self.num_devices,
+                "fully_async/trainer/idle_ratio": min(1.0, wait_s / step_s)}
