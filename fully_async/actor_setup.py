@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Optional
 
 
 def actor_init(cfg: Any, role: str, uses_device: bool = True) -> tuple[Any, Any]:
@@ -70,11 +70,34 @@ class MetricsOutbox:
 
 class DriverFacing(MetricsOutbox):
     """What the driver calls on the main actor of a run (Trainer, SyncWorker): metrics outbox,
-    stop request, timeline.  Subclasses set `self.timeline` and call `_init_driver_facing()`."""
+    stop request, checkpoint requests, timeline.  Subclasses set `self.timeline`, implement
+    `save_part(folder)` and call `_init_driver_facing()`."""
 
     def _init_driver_facing(self) -> None:
+        import threading
+
         self._init_outbox()
         self._stop_requested = False
+        self._checkpoint = threading.Condition()
+        self._checkpoint_wanted: Optional[int] = None
+        self._checkpoint_path: Optional[str] = None
+
+    def checkpoint_wanted(self) -> Optional[int]:
+        """The param version run() waits to have checkpointed (the driver then has every actor save its part
+        and answers `checkpoint_done`), or None."""
+        return self._checkpoint_wanted
+
+    def checkpoint_done(self, path: str) -> None:
+        with self._checkpoint:
+            self._checkpoint_wanted, self._checkpoint_path = None, path
+            self._checkpoint.notify_all()
+
+    def _await_checkpoint(self, version: int) -> str:
+        """Ask the driver for checkpoint `version` and wait until it is complete; returns its folder."""
+        with self._checkpoint:
+            self._checkpoint_wanted, self._checkpoint_path = version, None
+            self._checkpoint.wait_for(lambda: self._checkpoint_path is not None)
+            return self._checkpoint_path
 
     def ready(self) -> bool:
         return True

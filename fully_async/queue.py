@@ -7,17 +7,19 @@ results to the driver, on their own paths.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
 from typing import Optional
 
+from fully_async.checkpoint import QUEUE_STATE, ROLLOUT_STATE, read_pickle, write_pickle
 from fully_async.types import SampleGroup
 
 
 class GroupQueue:
-    def __init__(self) -> None:
-        self._groups: deque[SampleGroup] = deque()
+    def __init__(self, resume_path: Optional[str] = None) -> None:
+        self._groups: deque[SampleGroup] = deque(load_queue_part(resume_path) if resume_path else [])
         self._cond = threading.Condition()
         self._closed = False
 
@@ -53,10 +55,23 @@ class GroupQueue:
             return {"groups": groups, "closed": self._closed and not self._groups}
 
     def snapshot(self) -> list[SampleGroup]:
-        """The queued groups, not removed (for a checkpoint)."""
+        """The queued groups, not removed."""
         with self._cond:
             return list(self._groups)
+
+    def save_part(self, folder: str) -> None:
+        """This queue's part of a checkpoint: the groups generated and not yet trained (the driver calls it while
+        the rollouter holds, so no group is between the two)."""
+        write_pickle(os.path.join(folder, QUEUE_STATE), self.snapshot())
 
     def size(self) -> int:
         with self._cond:
             return len(self._groups)
+
+
+def load_queue_part(path: str) -> list[SampleGroup]:
+    """The queued groups of checkpoint `path` (older checkpoints kept them inside the rollouter's part)."""
+    own = os.path.join(path, QUEUE_STATE)
+    if os.path.isfile(own):
+        return read_pickle(own)
+    return read_pickle(os.path.join(path, ROLLOUT_STATE)).get("queue", [])

@@ -6,7 +6,7 @@ under the staleness bound, partial responses, grouping) admit prompts and advanc
 and push them to the queue.  Its own metrics go out on the shortest path: per trainer step to the trainer
 (`pop_step_metrics`, idle ratio and engine metrics computed here), validation results to the driver (the
 metrics outbox, `pop_metrics`).  Other callers (the trainer's weight push, the driver's validation,
-checkpoint snapshot and stop) never touch the engines: they enqueue a command that the loop executes
+checkpoint part and stop) never touch the engines: they enqueue a command that the loop executes
 between two engine steps and wait for its result.  That keeps weight updates, interrupts and
 validation strictly ordered with generation.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import logging
+import os
 import queue as queue_mod
 import threading
 import time
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 class Rollouter(MetricsOutbox):
     def __init__(self, cfg: Any, queue: Any, train_records: list[PromptRecord], val_records: list[PromptRecord],
-                 eos_token_ids: list[int], pad_token_id: int, resume_state: Optional[dict] = None,
+                 eos_token_ids: list[int], pad_token_id: int, resume_path: Optional[str] = None,
                  placement: Optional[Any] = None):
         from fully_async.actor_setup import actor_init, build_tokenizer
         from fully_async.data import PromptStream
@@ -72,6 +73,7 @@ class Rollouter(MetricsOutbox):
         self.commands: queue_mod.Queue = queue_mod.Queue()
         self.stopped = False
         self.closed = False
+        self.held = False  # a checkpoint is being taken: nothing is generated or pushed until release()
         self.loop_running = False
         self._loop_lock = threading.Lock()
         self.stats = {"idle_s": 0.0, "wall_s": 0.0, "version": 0, "validations": 0}
@@ -79,9 +81,11 @@ class Rollouter(MetricsOutbox):
         self._window_start: dict = {}  # the counters that ended the previous trainer step's window
         self._start = time.perf_counter()
         self.timeline = Timeline("rollouter", cfg.trainer.timeline)
-        self.resumed = resume_state is not None
-        if resume_state is not None:
-            self.scheduler.load_state_dict(resume_state)
+        self.resumed = resume_path is not None
+        if resume_path is not None:
+            from fully_async.checkpoint import ROLLOUT_STATE, read_pickle
+
+            self.scheduler.load_state_dict(read_pickle(os.path.join(resume_path, ROLLOUT_STATE)))
             logger.info("rollouter resumed: %d prompts already emitted, %d groups in flight (%d partial responses)",
                         stream.num_emitted, len(self.scheduler.groups), len(self.scheduler.pending))
 
@@ -129,9 +133,15 @@ class Rollouter(MetricsOutbox):
         self.stopped = True
         self.commands.put(None)
 
-    def snapshot(self) -> dict:
-        """Everything not yet trained on, for a checkpoint (taken between two engine steps)."""
-        return self._call(self._snapshot)
+    def save_part(self, folder: str) -> None:
+        """This rollouter's part of a checkpoint (between two engine steps): park the in-flight work, write
+        everything not yet handed to the queue, and hold -- generate and push nothing -- until `release()`,
+        so that the queue's part, written meanwhile, is the same cut."""
+        return self._call(lambda: self._save_part(folder))
+
+    def release(self) -> None:
+        """The checkpoint's other parts are written: resume the parked work and generate again."""
+        return self._call(self._release)
 
     def get_stats(self) -> dict:
         return dict(self._stats(), in_flight_requests=len(self.scheduler.pending),
@@ -184,6 +194,9 @@ class Rollouter(MetricsOutbox):
             self._run_commands(block=False)
             if self.stopped:
                 break
+            if self.held:
+                self._run_commands(block=True, timeout=0.5)
+                continue
             sched.admit()
             if sched.in_flight() == 0:
                 if sched.exhausted and not self.closed:
@@ -257,10 +270,13 @@ class Rollouter(MetricsOutbox):
         return metrics
 
     # ------------------------------------------------------------------ checkpoint
-    def _snapshot(self) -> dict:
-        self.scheduler.park()  # in-flight requests' partial state goes into the snapshot
-        state = self.scheduler.state_dict()
-        # taken while this loop is parked, so no group moves between rollouter and queue meanwhile
-        state["queue"] = ray_get(self.queue.snapshot.remote())
+    def _save_part(self, folder: str) -> None:
+        from fully_async.checkpoint import ROLLOUT_STATE, write_pickle
+
+        self.scheduler.park()  # in-flight requests' partial state goes into the checkpoint
+        write_pickle(os.path.join(folder, ROLLOUT_STATE), self.scheduler.state_dict())
+        self.held = True
+
+    def _release(self) -> None:
+        self.held = False
         self.scheduler.resume()
-        return state

@@ -21,29 +21,24 @@ from fully_async.types import SampleGroup
 logger = logging.getLogger(__name__)
 
 
-def save_checkpoint(backend: Any, cfg: Any, step: int, version: int, trained_ids: list[str],
-                    rollout_state: dict) -> str:
-    """Atomic global_step_<version> folder with everything needed to resume (see checkpoint.py)."""
+def save_trainer_part(backend: Any, cfg: Any, folder: str, step: int, version: int, trained_ids: list[str]) -> None:
+    """The trainer's part of a checkpoint (see checkpoint.py): the backend's model and optimizer files, and
+    trainer_state.json (written last: the part is complete when it exists)."""
     import os
 
-    from fully_async.checkpoint import atomic_save, write_json, write_pickle
+    from fully_async.checkpoint import TRAINER_STATE, write_json
 
-    def write(tmp: str) -> None:
-        backend.save(tmp)
-        write_json(os.path.join(tmp, "trainer_state.json"),
-                   {"step": step, "version": version, "trained_sample_ids": trained_ids,
-                    "model_path": cfg.actor_rollout_ref.model.path, "mode": cfg.mode})
-        write_pickle(os.path.join(tmp, "rollout_state.pkl"), rollout_state)
-
-    t = cfg.trainer
-    return atomic_save(t.default_local_dir, version, write, keep=t.max_ckpt_to_keep)
+    backend.save(folder)
+    write_json(os.path.join(folder, TRAINER_STATE),
+               {"step": step, "version": version, "trained_sample_ids": trained_ids,
+                "model_path": cfg.actor_rollout_ref.model.path, "mode": cfg.mode})
 
 
 def load_trainer_state(path: str) -> dict:
     import os
 
-    from fully_async.checkpoint import read_json
-    return read_json(os.path.join(path, "trainer_state.json"))
+    from fully_async.checkpoint import TRAINER_STATE, read_json
+    return read_json(os.path.join(path, TRAINER_STATE))
 
 
 class Trainer(DriverFacing):
@@ -127,15 +122,19 @@ class Trainer(DriverFacing):
         return {"steps": self.step, "version": self.version, "trained_sample_ids": self.trained_sample_ids,
                 "checkpoint": self.last_checkpoint, "stopped": self._stop_requested}
 
+    def save_part(self, folder: str) -> None:
+        """The trainer's part of the checkpoint run() is waiting for (called by the driver)."""
+        save_trainer_part(self.backend, self.cfg, folder, self.step, self.version, self.trained_sample_ids)
+
     def _save(self) -> dict:
+        """A checkpoint of this step: the driver has the rollouter, the queue and this trainer (`save_part`)
+        each write their part, then makes the folder visible; nothing is trained meanwhile."""
         from fully_async.checkpoint import dir_size_bytes
 
         start = time.perf_counter()
         with self.timeline.span("save"):
-            self.weight_sync.flush()  # the snapshot must see the pushed version applied
-            snapshot = ray_get(self.rollouter.snapshot.remote())
-            self.last_checkpoint = save_checkpoint(self.backend, self.cfg, self.step, self.version,
-                                                   self.trained_sample_ids, snapshot)
+            self.weight_sync.flush()  # the rollouter's part must see the pushed version applied
+            self.last_checkpoint = self._await_checkpoint(self.version)
         elapsed = time.perf_counter() - start
         size = dir_size_bytes(self.last_checkpoint)
         logger.info("checkpoint %s: %.1f MB in %.2fs", self.last_checkpoint, size / 1e6, elapsed)

@@ -86,3 +86,41 @@ def test_rollouter_computes_its_idle_ratio_per_trainer_step(rollouter):
     second = rollouter.pop_step_metrics()
     assert second["fully_async/rollouter/idle_ratio"] == 1.0
     assert "fully_async/rollouter/idle_ratio" not in rollouter.pop_step_metrics()  # no push since: empty window
+
+
+def test_checkpoint_hold_stops_generation_until_release(monkeypatch, tmp_path):
+    """While the driver writes the queue's part, the rollouter's loop generates and pushes nothing."""
+    import threading
+    import time
+
+    import fully_async.rollouter as ro
+    from fully_async.checkpoint import ROLLOUT_STATE
+    from fully_async.prepare import prepare
+
+    monkeypatch.setattr(ro, "ray_get", lambda x: x)
+    cfg = load_config(["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                       "trainer.total_training_steps=50", "data.val_files=null", "data.max_response_length=64",
+                       "async_training.staleness_threshold=100"])
+    prep = prepare(cfg)
+    r = ro.Rollouter(prep.cfg_dict, FakeQueue(), prep.train, [], prep.eos_token_ids, prep.pad_token_id)
+    loop = threading.Thread(target=r.run, daemon=True)
+    loop.start()
+    try:
+        deadline = time.monotonic() + 30
+        while r.scheduler.stats["engine_steps"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        r.save_part(str(tmp_path))                     # a command: runs between two engine steps
+        assert r.held and (tmp_path / ROLLOUT_STATE).exists()
+        steps, queued = r.scheduler.stats["engine_steps"], r.queue.q.size()
+        time.sleep(0.5)
+        assert (r.scheduler.stats["engine_steps"], r.queue.q.size()) == (steps, queued)
+        r.release()
+        assert not r.held
+        deadline = time.monotonic() + 30
+        while r.scheduler.stats["engine_steps"] == steps and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert r.scheduler.stats["engine_steps"] > steps   # generating again
+    finally:
+        r.stop()
+        loop.join(30)
+    assert not loop.is_alive()
