@@ -120,9 +120,9 @@ class Rollouter(MetricsOutbox):
 
     def pop_step_metrics(self) -> dict:
         """The rollouter's metrics over the trainer step whose batch was just taken (the trainer calls this once
-        per step, right after the take, and forwards them).  The window ends at the counters of the last push
-        before the take and starts where the previous step's window ended, so every step covers the time
-        the rollouter spent producing what the queue held at the take (metrics.rollouter_window_metrics)."""
+        per step, right after the take, and forwards them).  The window runs from the counters of the last push
+        before the previous take to those of the last push before this one (metrics.rollouter_window_metrics);
+        no push in between: an empty window."""
         current = self._pushed
         metrics = rollouter_window_metrics(current, self._window_start)
         if current:
