@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Optional
 
 
 def actor_init(cfg: Any, role: str, uses_device: bool = True) -> tuple[Any, Any]:
@@ -48,24 +48,59 @@ def build_tokenizer(cfg: Any) -> Any:
     return AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
 
 
-class DriverFacing:
-    """What the driver calls on the main actor of a run (Trainer, SyncWorker): metrics outbox,
-    stop request, timeline.  Subclasses set `self.timeline` and call `_init_driver_facing()`."""
+class MetricsOutbox:
+    """(step, metrics) an actor reports straight to the driver, which drains every running actor's outbox
+    (`pop_metrics`) and logs them at those steps.  Subclasses call `_init_outbox()`."""
 
-    def _init_driver_facing(self) -> None:
+    def _init_outbox(self) -> None:
         import threading
 
         self._metrics: list[tuple[int, dict]] = []
         self._lock = threading.Lock()
-        self._stop_requested = False
-
-    def ready(self) -> bool:
-        return True
 
     def pop_metrics(self) -> list[tuple[int, dict]]:
         with self._lock:
             out, self._metrics = self._metrics, []
         return out
+
+    def _emit(self, step: int, metrics: dict) -> None:
+        with self._lock:
+            self._metrics.append((step, metrics))
+
+
+class DriverFacing(MetricsOutbox):
+    """What the driver calls on the main actor of a run (Trainer, SyncWorker): metrics outbox,
+    stop request, checkpoint requests, timeline.  Subclasses set `self.timeline`, implement
+    `save_part(folder)` and call `_init_driver_facing()`."""
+
+    def _init_driver_facing(self) -> None:
+        import threading
+
+        self._init_outbox()
+        self._stop_requested = False
+        self._checkpoint = threading.Condition()
+        self._checkpoint_wanted: Optional[int] = None
+        self._checkpoint_path: Optional[str] = None
+
+    def checkpoint_wanted(self) -> Optional[int]:
+        """The param version run() waits to have checkpointed (the driver then has every actor save its part
+        and answers `checkpoint_done`), or None."""
+        return self._checkpoint_wanted
+
+    def checkpoint_done(self, path: str) -> None:
+        with self._checkpoint:
+            self._checkpoint_wanted, self._checkpoint_path = None, path
+            self._checkpoint.notify_all()
+
+    def _await_checkpoint(self, version: int) -> str:
+        """Ask the driver for checkpoint `version` and wait until it is complete; returns its folder."""
+        with self._checkpoint:
+            self._checkpoint_wanted, self._checkpoint_path = version, None
+            self._checkpoint.wait_for(lambda: self._checkpoint_path is not None)
+            return self._checkpoint_path
+
+    def ready(self) -> bool:
+        return True
 
     def request_stop(self) -> None:
         """Finish the current step, checkpoint, and return from run() (SIGTERM/SIGINT)."""
@@ -73,7 +108,3 @@ class DriverFacing:
 
     def get_timeline(self) -> list[dict]:
         return self.timeline.drain()
-
-    def _emit(self, step: int, metrics: dict) -> None:
-        with self._lock:
-            self._metrics.append((step, metrics))

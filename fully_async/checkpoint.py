@@ -1,12 +1,15 @@
 """Checkpoint folders: atomic writes, discovery for resume, retention (layer 1: files only).
 
-A checkpoint is `<default_local_dir>/global_step_<v>/` where v is the param version:
-  actor/                 the trainer's model as a Hugging Face folder (save_pretrained)
-  actor_optim.pt         optimizer, LR scheduler, RNG states
-  trainer_state.json     step, version, ids of every sample trained so far
-  rollout_state.pkl      data-stream position, staleness counters, in-flight groups with their
-                         partial responses (tokens, log-probs, versions), the queue's groups
-It is written into `.tmp_global_step_<v>` and renamed when complete, so a crash mid-save never
+A checkpoint is `<default_local_dir>/global_step_<v>/` where v is the param version; each actor writes
+its own part and reads it back on resume:
+  actor/                 trainer: the model as a Hugging Face folder (save_pretrained)
+  actor_optim.pt         trainer: optimizer, LR scheduler, RNG states (FSDP2: per-rank shard files)
+  trainer_state.json     trainer: step, version, ids of every sample trained so far
+  rollout_state.pkl      rollouter: data-stream position, staleness counters, in-flight groups with
+                         their partial responses (tokens, log-probs, versions); sync mode: the stream
+  queue_state.pkl        queue: the groups generated but not yet trained
+The driver orchestrates it (launcher.take_checkpoint): every part goes into `.tmp_global_step_<v>`
+(`begin_checkpoint`), which is renamed when all are in (`commit_checkpoint`), so a crash mid-save never
 leaves a folder that looks finished; `latest_checkpointed_iteration.txt` (verl's name) names the
 newest complete one.
 """
@@ -20,6 +23,9 @@ import shutil
 from typing import Any, Callable, Optional
 
 LATEST = "latest_checkpointed_iteration.txt"
+TRAINER_STATE = "trainer_state.json"
+ROLLOUT_STATE = "rollout_state.pkl"
+QUEUE_STATE = "queue_state.pkl"
 _STEP_RE = re.compile(r"^global_step_(\d+)$")
 
 
@@ -27,14 +33,28 @@ def step_dir(root: str, version: int) -> str:
     return os.path.join(root, f"global_step_{version}")
 
 
-def atomic_save(root: str, version: int, write: Callable[[str], None], keep: Optional[int] = None) -> str:
-    """Call `write(tmp_dir)`, then rename it to global_step_<version> and update the latest marker."""
+def begin_checkpoint(root: str, version: int) -> str:
+    """A fresh, empty temporary folder for the parts of checkpoint `version` (invisible to resume)."""
     os.makedirs(root, exist_ok=True)
-    final = step_dir(root, version)
     tmp = os.path.join(root, f".tmp_global_step_{version}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
+    return tmp
+
+
+def atomic_save(root: str, version: int, write: Callable[[str], None], keep: Optional[int] = None) -> str:
+    """Call `write(tmp_dir)`, then make it global_step_<version> (commit_checkpoint)."""
+    tmp = begin_checkpoint(root, version)
     write(tmp)
+    return commit_checkpoint(root, version, tmp, keep)
+
+
+def commit_checkpoint(root: str, version: int, tmp: str, keep: Optional[int] = None) -> str:
+    """Every part is in `tmp`: rename it to global_step_<version> (one step: the folder appears complete or
+    not at all), point the latest marker at it, and drop all but the newest `keep` checkpoints."""
+    if not os.path.isfile(os.path.join(tmp, TRAINER_STATE)):
+        raise RuntimeError(f"checkpoint folder {tmp} has no {TRAINER_STATE}: not committed")
+    final = step_dir(root, version)
     if os.path.exists(final):
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -55,7 +75,7 @@ def list_checkpoints(root: str) -> list[int]:
     found = []
     for name in os.listdir(root):
         m = _STEP_RE.match(name)
-        if m and os.path.isfile(os.path.join(root, name, "trainer_state.json")):
+        if m and os.path.isfile(os.path.join(root, name, TRAINER_STATE)):
             found.append(int(m.group(1)))
     return sorted(found)
 

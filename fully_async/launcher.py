@@ -6,8 +6,11 @@ Supervision is where "no hangs, no silent failures" lives:
   * a watchdog fails the run, with the queue/counter/in-flight state, when neither side made
     progress for trainer.progress_timeout_s;
   * SIGTERM/SIGINT ask the trainer to finish its step and checkpoint, then the run exits 128+signal;
-  * resume: the newest checkpoint (trainer.resume_mode) restores trainer, data position, queue and
-    in-flight partial responses, and the engine receives the restored weights before generating.
+  * checkpoints: when the main actor asks for one (its run() waits), the driver has every actor write its
+    own part into one temporary folder and renames it when all are in (`take_checkpoint`);
+  * resume: the newest checkpoint (trainer.resume_mode) is handed to every actor, which loads its own
+    part -- trainer, data position, queue, in-flight partial responses -- and the engine receives the
+    restored weights before generating.
 """
 from __future__ import annotations
 
@@ -65,13 +68,61 @@ class Watchdog:
             raise RunFailed(f"no progress for {now - self.last_change:.0f}s (trainer.progress_timeout_s="
                             f"{self.timeout_s:g}); state: {state}")
 
+    def touch(self) -> None:
+        """Something the counters do not show made progress (a checkpoint the driver itself took)."""
+        self.last_change = time.monotonic()
 
-def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
-    """`create(prep, device, resume_path, resume_state)` returns named actor handles; `main_actor` has
-    run()/pop_metrics()/validate()/request_stop(); others with run() run beside it and are stopped."""
+
+def take_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, version: int,
+                    get: Callable[[Any], Any]) -> str:
+    """The driver's side of the checkpoint the main actor asked for (its run() waits meanwhile): every actor
+    writes its own part into one temporary folder, which becomes global_step_<version> by a rename once all
+    parts are in (checkpoint.py).  The rollouter holds from its part until the queue's is written, so the
+    two are one cut; it generates again while the trainer writes its (larger) part.  `get`: ray.get."""
+    from fully_async.checkpoint import begin_checkpoint, commit_checkpoint
+
+    tmp = begin_checkpoint(trainer_cfg.default_local_dir, version)
+    rollouter = actors.get("rollouter")
+    if rollouter is not None:
+        get(rollouter.save_part.remote(tmp))
+        try:
+            if "queue" in actors:
+                get(actors["queue"].save_part.remote(tmp))
+        finally:
+            get(rollouter.release.remote())
+    get(actors[main_actor].save_part.remote(tmp))
+    return commit_checkpoint(trainer_cfg.default_local_dir, version, tmp, keep=trainer_cfg.max_ckpt_to_keep)
+
+
+def serve_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str) -> bool:
+    """Take the checkpoint the main actor waits for, if any; True when one was taken."""
     import ray
 
-    from fully_async.checkpoint import find_resume_path, read_pickle
+    from fully_async.ray_utils import RunFailed, is_secondary, root_cause
+
+    main = actors[main_actor]
+    version = ray.get(main.checkpoint_wanted.remote())
+    if version is None:
+        return False
+    try:
+        path = take_checkpoint(trainer_cfg, actors, main_actor, version, ray.get)
+    except Exception as exc:  # noqa: BLE001
+        if is_secondary(exc):
+            raise  # an actor died: supervise() reports its own error
+        cause = root_cause(exc)
+        raise RunFailed(f"checkpoint global_step_{version} failed: {type(cause).__name__}: {cause}") from None
+    ray.get(main.checkpoint_done.remote(path))
+    return True
+
+
+def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
+    """`create(prep, device, resume_path)` returns named actor handles, each loading its own part of the
+    checkpoint at resume_path; `main_actor` has run()/pop_metrics()/validate()/request_stop()/
+    checkpoint_wanted(); others with run() run beside it and are stopped.  Every actor with a part of the
+    checkpoint has save_part(folder)."""
+    import ray
+
+    from fully_async.checkpoint import find_resume_path
     from fully_async.device import check_available, describe_hardware, get_device
     from fully_async.metrics import tensorboard_dir
     from fully_async.placement import release_placement_groups
@@ -84,7 +135,6 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
     device = get_device(cfg.trainer.device)
     check_available(device)
     resume_path = find_resume_path(cfg.trainer)
-    resume_state = read_pickle(os.path.join(resume_path, "rollout_state.pkl")) if resume_path else None
     if resume_path:
         logger.info("resuming from %s", resume_path)
     n_train = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
@@ -99,18 +149,21 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
         if cfg.mode == "async":
             needs["rollout"] = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
         check_resources(device, needs)
-        actors = create(prep, device, resume_path, resume_state)
+        actors = create(prep, device, resume_path)
         runners = {name: a for name, a in actors.items() if name != "queue"}
         logger.info("actors ready in %.1fs on %s", wait_ready(runners), device.name)
         main = actors[main_actor]
         if cfg.mode == "async" and (resume_path or cfg.actor_rollout_ref.rollout.load_format == "dummy"):
             ray.get(main.sync_initial_weights.remote())  # the engine must generate with these weights
-        run_log = RunLogger(cfg, prep.total_steps, main, hardware=describe_hardware(device))
+        # every running actor reports its own metrics (async: the trainer its steps, the rollouter its validations)
+        run_log = RunLogger(cfg, prep.total_steps, list(runners.values()), hardware=describe_hardware(device))
         watchdog = Watchdog(runners, cfg.trainer.progress_timeout_s)
         stop_sent = []
 
         def tick() -> None:
             run_log.drain()
+            if serve_checkpoint(cfg.trainer, actors, main_actor):
+                watchdog.touch()  # the driver was busy with it: the counters had no chance to move
             if signals and not stop_sent:
                 logger.warning("%s received: finishing the current step and saving a checkpoint",
                                signal.Signals(signals[0]).name)
@@ -131,6 +184,7 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
             ray.get(actors[name].stop.remote())
         if others:
             supervise(others, until=next(iter(others.values())), on_tick=lambda: None)
+        run_log.drain()
         summary = run_log.finish(time.perf_counter() - t_start)
         summary["trained_sample_ids"] = result.get("trained_sample_ids", []) if isinstance(result, dict) else []
         if signals:

@@ -21,8 +21,8 @@ logger = logging.getLogger("fully_async")
 register()
 
 
-def create_async_actors(cfg: Any, prep: Any, device: Any, resume_path: Optional[str],
-                        resume_state: Optional[dict]) -> dict:
+def create_async_actors(cfg: Any, prep: Any, device: Any, resume_path: Optional[str]) -> dict:
+    """Queue, rollouter and trainer; resuming, each loads its own part of the checkpoint at `resume_path`."""
     import ray
 
     from fully_async.placement import in_bundle, make_placement_group, rollout_layout
@@ -36,15 +36,15 @@ def create_async_actors(cfg: Any, prep: Any, device: Any, resume_path: Optional[
     # one bundle per engine replica and one per trainer rank, reserved up front (or a named error)
     roll_pg = make_placement_group(device, replicas, tp, f"{replicas} rollout engine replica(s)")
     train_pg = make_placement_group(device, n_train, 1, f"{n_train} trainer rank(s)")
-    queue = ray.remote(GroupQueue).options(num_cpus=0, max_concurrency=8).remote()
-    if resume_state is not None:  # groups generated but not trained at the checkpoint go back first
-        ray.get(queue.put_many.remote(resume_state["queue"]))
+    # resuming: the groups generated but not trained at the checkpoint are the first the trainer gets
+    queue = ray.remote(GroupQueue).options(num_cpus=0, max_concurrency=8).remote(resume_path)
     # one replica: the engine lives in the rollouter (on bundle 0's devices); several: the rollouter is a
     # device-less shell and each replica actor takes its own bundle
     roll_opts = (dict(device.ray_actor_options(tp), **in_bundle(roll_pg, 0)) if replicas == 1
                  else {"num_cpus": 0})
-    rollouter = ray.remote(Rollouter).options(max_concurrency=4, **roll_opts).remote(
-        prep.cfg_dict, queue, prep.train, prep.val, prep.eos_token_ids, prep.pad_token_id, resume_state,
+    # threads: its loop, the trainer's weight push and per-step metrics, the driver's calls (and spare)
+    rollouter = ray.remote(Rollouter).options(max_concurrency=6, **roll_opts).remote(
+        prep.cfg_dict, queue, prep.train, prep.val, prep.eos_token_ids, prep.pad_token_id, resume_path,
         roll_pg if replicas > 1 else None)
     # the trainer actor is data-parallel rank 0 (bundle 0); it spawns ranks 1..n_train-1 into bundles 1..
     trainer = ray.remote(Trainer).options(max_concurrency=3, **device.ray_actor_options(1),

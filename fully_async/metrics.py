@@ -70,6 +70,24 @@ def engine_metrics(current: Sequence[dict], previous: Optional[Sequence[dict]], 
     return m
 
 
+def rollouter_window_metrics(current: dict, previous: dict) -> dict[str, float]:
+    """The rollouter's metrics over one trainer step, from its cumulative counters at the end of the window
+    (`current`) and at its start (`previous`; {} for the first window, which has no idle ratio): the sample
+    counts, the fraction of the window it had nothing to generate (`fully_async/rollouter/idle_ratio`), and
+    the per-engine metrics of `engine_metrics`.  No counters yet ({}): no metrics."""
+    if not current:
+        return {}
+    m = {"fully_async/count/total_generated_samples": current["generated_samples"],
+         "fully_async/count/staleness_samples": current["staleness_samples"],
+         "fully_async/rollouter/bound_pauses": current["bound_pauses"]}
+    wall = current["wall_s"] - previous.get("wall_s", 0.0)
+    if previous and wall > 0:
+        m["fully_async/rollouter/idle_ratio"] = min(1.0, (current["idle_s"] - previous["idle_s"]) / wall)
+    if "engines" in current:
+        m.update(engine_metrics(current["engines"], previous.get("engines"), wall))
+    return m
+
+
 def console_line(step: int, metrics: dict[str, float]) -> str:
     parts = [f"step {step}"]
     for key, short in CONSOLE_KEYS:

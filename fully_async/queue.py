@@ -2,43 +2,34 @@
 
 Back-pressure does not live here: the rollouter's staleness bound limits how many groups can be
 admitted per param version, so the queue never needs to drop or refuse a group.  The queue is a
-plain FIFO that also carries the rollouter's latest counters and validation results to the
-trainer, so the trainer learns both with the batch it was waiting for anyway (one RPC per step).
+plain FIFO of sample groups: the rollouter's metrics go to the trainer (per step) and its validation
+results to the driver, on their own paths.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
-from typing import Any, Optional
+from typing import Optional
 
+from fully_async.checkpoint import QUEUE_STATE, ROLLOUT_STATE, read_pickle, write_pickle
 from fully_async.types import SampleGroup
 
 
 class GroupQueue:
-    def __init__(self) -> None:
-        self._groups: deque[SampleGroup] = deque()
+    def __init__(self, resume_path: Optional[str] = None) -> None:
+        self._groups: deque[SampleGroup] = deque(load_queue_part(resume_path) if resume_path else [])
         self._cond = threading.Condition()
         self._closed = False
-        self._stats: dict[str, Any] = {}
-        self._val: list[tuple[int, dict]] = []
-        self.total_put = 0
 
-    def put_many(self, groups: list[SampleGroup], stats: Optional[dict] = None) -> int:
+    def put_many(self, groups: list[SampleGroup]) -> int:
         with self._cond:
             if self._closed and groups:
                 raise RuntimeError("put into a closed queue: the rollouter already declared the data exhausted")
             self._groups.extend(groups)
-            self.total_put += len(groups)
-            if stats:
-                self._stats = stats
             self._cond.notify_all()
             return len(self._groups)
-
-    def put_val_metrics(self, version: int, metrics: dict) -> None:
-        with self._cond:
-            self._val.append((version, metrics))
-            self._cond.notify_all()
 
     def close(self) -> None:
         """No more groups will come (the rollouter finished its prompts)."""
@@ -49,7 +40,7 @@ class GroupQueue:
     def get_batch(self, n: int, timeout_s: Optional[float] = None) -> dict:
         """Wait for `n` groups (or the close); on timeout return no groups and remove nothing.
 
-        Returns {"groups", "closed", "stats", "val"}; after the close the remainder (< n) is returned.
+        Returns {"groups", "closed"}; after the close the remainder (< n) is returned.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
@@ -61,15 +52,26 @@ class GroupQueue:
             ready = len(self._groups) >= n or self._closed
             take = min(n, len(self._groups)) if ready else 0
             groups = [self._groups.popleft() for _ in range(take)]
-            val, self._val = self._val, []
-            return {"groups": groups, "closed": self._closed and not self._groups, "stats": dict(self._stats),
-                    "val": val}
+            return {"groups": groups, "closed": self._closed and not self._groups}
 
     def snapshot(self) -> list[SampleGroup]:
-        """The queued groups, not removed (for a checkpoint)."""
+        """The queued groups, not removed."""
         with self._cond:
             return list(self._groups)
+
+    def save_part(self, folder: str) -> None:
+        """This queue's part of a checkpoint: the groups generated and not yet trained (the driver calls it while
+        the rollouter holds, so no group is between the two)."""
+        write_pickle(os.path.join(folder, QUEUE_STATE), self.snapshot())
 
     def size(self) -> int:
         with self._cond:
             return len(self._groups)
+
+
+def load_queue_part(path: str) -> list[SampleGroup]:
+    """The queued groups of checkpoint `path` (older checkpoints kept them inside the rollouter's part)."""
+    own = os.path.join(path, QUEUE_STATE)
+    if os.path.isfile(own):
+        return read_pickle(own)
+    return read_pickle(os.path.join(path, ROLLOUT_STATE)).get("queue", [])

@@ -13,6 +13,13 @@ class RunFailed(RuntimeError):
     """An actor failed; the message names the actor and its root cause."""
 
 
+def ray_get(refs: Any, timeout: Optional[float] = None) -> Any:
+    """`ray.get`, imported lazily (modules that call actors stay importable without Ray)."""
+    import ray
+
+    return ray.get(refs, timeout=timeout)
+
+
 def start_ray(num_cpus_needed: int) -> bool:
     """Join `RAY_ADDRESS` when set, else start a local Ray; returns True when we started it."""
     import ray
@@ -54,7 +61,7 @@ def root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
-def _is_secondary(exc: BaseException) -> bool:
+def is_secondary(exc: BaseException) -> bool:
     """Errors that only say 'the other actor died' (the root cause is elsewhere)."""
     import ray.exceptions as rex
 
@@ -100,14 +107,14 @@ def _failure_message(name: str, exc: BaseException, others: dict[Any, str]) -> s
     import ray
 
     failures = [(name, exc)]
-    if _is_secondary(exc):  # give the other side a moment to report its own error
+    if is_secondary(exc):  # give the other side a moment to report its own error
         ready, _ = ray.wait(list(others), num_returns=len(others), timeout=5.0)
         for ref in ready:
             try:
                 ray.get(ref)
             except Exception as other:  # noqa: BLE001
                 failures.append((others[ref], other))
-    name, exc = next(((n, e) for n, e in failures if not _is_secondary(e)), failures[0])
+    name, exc = next(((n, e) for n, e in failures if not is_secondary(e)), failures[0])
     cause = root_cause(exc)
     return f"{name} failed: {type(cause).__name__}: {cause}"
 

@@ -3,8 +3,10 @@
 One thread owns the engines.  `run()` is that thread's loop: let the scheduler (scheduler.py: admission
 under the staleness bound, partial responses, grouping) admit prompts and advance the engine pool
 (engines/pool.py: one inline engine or K replicas on their own devices), score the groups it completes
-and push them to the queue.  Other callers (the trainer's weight push, the driver's validation,
-checkpoint snapshot and stop) never touch the engines: they enqueue a command that the loop executes
+and push them to the queue.  Its own metrics go out on the shortest path: per trainer step to the trainer
+(`pop_step_metrics`, idle ratio and engine metrics computed here), validation results to the driver (the
+metrics outbox, `pop_metrics`).  Other callers (the trainer's weight push, the driver's validation,
+checkpoint part and stop) never touch the engines: they enqueue a command that the loop executes
 between two engine steps and wait for its result.  That keeps weight updates, interrupts and
 validation strictly ordered with generation.
 """
@@ -13,21 +15,25 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import logging
+import os
 import queue as queue_mod
 import threading
 import time
 from typing import Any, Callable, Optional
 
+from fully_async.actor_setup import MetricsOutbox
 from fully_async.generation import make_group, score_samples, validate
+from fully_async.metrics import rollouter_window_metrics
+from fully_async.ray_utils import ray_get
 from fully_async.scheduler import CompletedGroup, RolloutScheduler
 from fully_async.types import PromptRecord, SampleGroup, SamplingParams
 
 logger = logging.getLogger(__name__)
 
 
-class Rollouter:
+class Rollouter(MetricsOutbox):
     def __init__(self, cfg: Any, queue: Any, train_records: list[PromptRecord], val_records: list[PromptRecord],
-                 eos_token_ids: list[int], pad_token_id: int, resume_state: Optional[dict] = None,
+                 eos_token_ids: list[int], pad_token_id: int, resume_path: Optional[str] = None,
                  placement: Optional[Any] = None):
         from fully_async.actor_setup import actor_init, build_tokenizer
         from fully_async.data import PromptStream
@@ -62,17 +68,24 @@ class Rollouter:
         self.val_records = val_records
         test_freq = cfg.rollout.test_freq if cfg.rollout.test_freq is not None else cfg.trainer.test_freq
         self.test_freq = test_freq
+        self.trigger = cfg.async_training.trigger_parameter_sync_step  # trainer steps per param version
+        self._init_outbox()
         self.commands: queue_mod.Queue = queue_mod.Queue()
         self.stopped = False
         self.closed = False
+        self.held = False  # a checkpoint is being taken: nothing is generated or pushed until release()
         self.loop_running = False
         self._loop_lock = threading.Lock()
-        self.stats = {"idle_s": 0.0, "wall_s": 0.0, "version": 0, "validations": 0, "last_progress": 0.0}
+        self.stats = {"idle_s": 0.0, "wall_s": 0.0, "version": 0, "validations": 0}
+        self._pushed: dict = {}        # the counters as of the last push (the end of the current step window)
+        self._window_start: dict = {}  # the counters that ended the previous trainer step's window
         self._start = time.perf_counter()
         self.timeline = Timeline("rollouter", cfg.trainer.timeline)
-        self.resumed = resume_state is not None
-        if resume_state is not None:
-            self.scheduler.load_state_dict(resume_state)
+        self.resumed = resume_path is not None
+        if resume_path is not None:
+            from fully_async.checkpoint import ROLLOUT_STATE, read_pickle
+
+            self.scheduler.load_state_dict(read_pickle(os.path.join(resume_path, ROLLOUT_STATE)))
             logger.info("rollouter resumed: %d prompts already emitted, %d groups in flight (%d partial responses)",
                         stream.num_emitted, len(self.scheduler.groups), len(self.scheduler.pending))
 
@@ -102,15 +115,33 @@ class Rollouter:
         return self._call(lambda: self._apply_weights(load, version))
 
     def validate(self) -> dict:
-        return self._call(lambda: self._validate(self.pool.version))
+        """Validation on the current weights, for the caller (the driver's final one; not put in the outbox)."""
+        return self._call(lambda: self._validate(self.pool.version, publish=False))
+
+    def pop_step_metrics(self) -> dict:
+        """The rollouter's metrics over the trainer step whose batch was just taken (the trainer calls this once
+        per step, right after the take, and forwards them).  The window runs from the counters of the last push
+        before the previous take to those of the last push before this one (metrics.rollouter_window_metrics);
+        no push in between: an empty window."""
+        current = self._pushed
+        metrics = rollouter_window_metrics(current, self._window_start)
+        if current:
+            self._window_start = current
+        return metrics
 
     def stop(self) -> None:
         self.stopped = True
         self.commands.put(None)
 
-    def snapshot(self) -> dict:
-        """Everything not yet trained on, for a checkpoint (taken between two engine steps)."""
-        return self._call(self._snapshot)
+    def save_part(self, folder: str) -> None:
+        """This rollouter's part of a checkpoint (between two engine steps): park the in-flight work, write
+        everything not yet handed to the queue, and hold -- generate and push nothing -- until `release()`,
+        so that the queue's part, written meanwhile, is the same cut."""
+        return self._call(lambda: self._save_part(folder))
+
+    def release(self) -> None:
+        """The checkpoint's other parts are written: resume the parked work and generate again."""
+        return self._call(self._release)
 
     def get_stats(self) -> dict:
         return dict(self._stats(), in_flight_requests=len(self.scheduler.pending),
@@ -163,6 +194,9 @@ class Rollouter:
             self._run_commands(block=False)
             if self.stopped:
                 break
+            if self.held:
+                self._run_commands(block=True, timeout=0.5)
+                continue
             sched.admit()
             if sched.in_flight() == 0:
                 if sched.exhausted and not self.closed:
@@ -201,15 +235,14 @@ class Rollouter:
             for g in complete:
                 score_samples(self.tokenizer, self.reward, g.record, g.samples)
                 groups.append(make_group(g.uid, g.record, g.epoch, g.admitted_version, g.samples))
-        self.stats["last_progress"] = time.time()
-        ray_get(self.queue.put_many.remote(groups, self._stats()))
+        self._pushed = self._stats()
+        ray_get(self.queue.put_many.remote(groups))
 
     def _stats(self) -> dict:
-        """The counters the trainer turns into metrics (cumulative; the trainer takes differences)."""
+        """Cumulative counters (step windows are differences of two of them)."""
         self.stats["wall_s"] = time.perf_counter() - self._start
         self.stats["version"] = self.pool.version
-        return dict(self.stats, **self.scheduler.stats, num_engines=self.pool.num_engines,
-                    engines=self.pool.engine_stats())
+        return dict(self.stats, **self.scheduler.stats, engines=self.pool.engine_stats())
 
     # ------------------------------------------------------------------ commands
     def _apply_weights(self, load: Callable[[], None], version: int) -> dict:
@@ -220,15 +253,16 @@ class Rollouter:
                                                 before_resume=(lambda: self._validate(version, resume=False))
                                                 if validate_now else None)
 
-    def _validate(self, version: int, resume: bool = True) -> dict:
+    def _validate(self, version: int, resume: bool = True, publish: bool = True) -> dict:
         """Validation on the weights of `version`; in-flight work is parked and resumed after (resume=False:
-        inside a weight update, which resumes the parked work itself)."""
+        inside a weight update, which resumes the parked work itself).  publish: into the outbox the driver
+        drains, at the trainer step that pushed `version` (version x trigger_parameter_sync_step)."""
         self.scheduler.park()
         with self.timeline.span("validate", version=version):
             metrics = validate(self.pool, self.tokenizer, self.reward, self.val_records, self.cfg, version)
         self.stats["validations"] += 1
-        self.stats["last_progress"] = time.time()
-        ray_get(self.queue.put_val_metrics.remote(version, metrics))
+        if publish:
+            self._emit(version * self.trigger, dict(metrics))
         logger.info("validation at param version %d: %s", version,
                     ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
         if resume:
@@ -236,16 +270,13 @@ class Rollouter:
         return metrics
 
     # ------------------------------------------------------------------ checkpoint
-    def _snapshot(self) -> dict:
-        self.scheduler.park()  # in-flight requests' partial state goes into the snapshot
-        state = self.scheduler.state_dict()
-        # taken while this loop is parked, so no group moves between rollouter and queue meanwhile
-        state["queue"] = ray_get(self.queue.snapshot.remote())
-        state["closed"] = self.closed
+    def _save_part(self, folder: str) -> None:
+        from fully_async.checkpoint import ROLLOUT_STATE, write_pickle
+
+        self.scheduler.park()  # in-flight requests' partial state goes into the checkpoint
+        write_pickle(os.path.join(folder, ROLLOUT_STATE), self.scheduler.state_dict())
+        self.held = True
+
+    def _release(self) -> None:
+        self.held = False
         self.scheduler.resume()
-        return state
-
-
-def ray_get(ref: Any) -> Any:
-    import ray
-    return ray.get(ref)

@@ -1,7 +1,8 @@
 """Driver-side view of a run (layer 4 helper): progress bar, console, TensorBoard, summary.
 
-Actors only produce metric dicts; the driver drains them from the trainer and writes every sink,
-so TensorBoard files land on the machine the user launched from.
+Actors only produce metric dicts; the driver drains them from every running actor (the trainer's or sync
+worker's steps, the rollouter's validations) and writes every sink, so TensorBoard files land on the
+machine the user launched from.
 """
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ logger = logging.getLogger("fully_async")
 
 
 class RunLogger:
-    def __init__(self, cfg: Any, total_steps: int, trainer: Any, hardware: str = ""):
+    def __init__(self, cfg: Any, total_steps: int, sources: list[Any], hardware: str = ""):
         from omegaconf import OmegaConf
         from tqdm import tqdm
 
         t = cfg.trainer
-        self.trainer = trainer
+        self.sources = sources  # actor handles with pop_metrics() -> [(step, metrics)]
         self.bar = tqdm(total=total_steps, desc="steps", dynamic_ncols=True, disable=not t.progress_bar)
         self.sink = MetricLogger(list(t.logger), t.project_name, t.experiment_name,
                                  config=OmegaConf.to_container(cfg, resolve=True), write_line=self.bar.write)
@@ -35,8 +36,9 @@ class RunLogger:
     def drain(self) -> None:
         import ray
 
-        for step, metrics in ray.get(self.trainer.pop_metrics.remote()):
-            self._log(step, metrics)
+        for batch in ray.get([source.pop_metrics.remote() for source in self.sources]):
+            for step, metrics in batch:
+                self._log(step, metrics)
 
     def has_val_at(self, step: int) -> bool:
         return any(s == step for s, _ in self.val_history)
@@ -62,6 +64,7 @@ class RunLogger:
         summary: dict[str, Any] = {"wall_s": wall_s, "steps": self.history[-1][0] if self.history else 0,
                                    "mode": self.mode, "hardware": self.hardware, "devices": self.devices}
         if self.val_history:
+            self.val_history.sort(key=lambda item: item[0])  # several sources: in step order
             summary["val_before"] = self._val_mean(self.val_history[0][1])
             summary["val_after"] = self._val_mean(self.val_history[-1][1])
         for key in ("perf/throughput", "fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio"):

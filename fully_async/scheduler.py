@@ -74,7 +74,7 @@ class RolloutScheduler:
         self.groups: dict[str, GroupState] = {}
         self.pending: dict[str, PendingResponse] = {}
         self.parked: list[PendingResponse] = []
-        self.stats = {"generated_samples": 0, "pushed_groups": 0, "interrupted_samples": 0, "bound_pauses": 0,
+        self.stats = {"generated_samples": 0, "interrupted_samples": 0, "bound_pauses": 0,
                       "staleness_samples": 0, "engine_steps": 0}
 
     # ------------------------------------------------------------------ state
@@ -144,7 +144,6 @@ class RolloutScheduler:
                                                group.done))
         if complete:
             self.stats["generated_samples"] += self.n * len(complete)
-            self.stats["pushed_groups"] += len(complete)
             self.on_complete(complete)
 
     # ------------------------------------------------------------------ interrupt / resume

@@ -24,8 +24,7 @@ logger = logging.getLogger(__name__)
 class SyncWorker(DriverFacing):
     def __init__(self, cfg: Any, train_records: list[PromptRecord], val_records: list[PromptRecord],
                  total_steps: int, num_devices: int, eos_token_ids: list[int], pad_token_id: int,
-                 resume_path: Optional[str] = None, resume_state: Optional[dict] = None,
-                 placement: Optional[Any] = None):
+                 resume_path: Optional[str] = None, placement: Optional[Any] = None):
         from fully_async.actor_setup import actor_init, build_tokenizer
         from fully_async.backends.fsdp import free_port, node_ip
         from fully_async.train_group import connect_trainer_group, total_optimizer_steps
@@ -66,13 +65,16 @@ class SyncWorker(DriverFacing):
         self.timeline = Timeline("sync", cfg.trainer.timeline)
         self.last_checkpoint: Optional[str] = None
         if resume_path:
+            import os
+
+            from fully_async.checkpoint import ROLLOUT_STATE, read_pickle
             from fully_async.trainer import load_trainer_state
 
             state = load_trainer_state(resume_path)
             self.backend.load(resume_path)
             self.step, self.version = state["step"], state["version"]
             self.trained_sample_ids = list(state["trained_sample_ids"])
-            self.stream.load_state_dict(resume_state["stream"])
+            self.stream.load_state_dict(read_pickle(os.path.join(resume_path, ROLLOUT_STATE))["stream"])
             self.weight_sync.push(self.version)
             logger.info("resumed from %s: step %d", resume_path, self.step)
 
@@ -82,13 +84,21 @@ class SyncWorker(DriverFacing):
     def progress(self) -> dict:
         return {"step": self.step, "version": self.version, "validations": self._validations}
 
-    def _save(self) -> dict:
-        from fully_async.trainer import save_checkpoint
+    def save_part(self, folder: str) -> None:
+        """This worker's part of the checkpoint run() is waiting for (called by the driver): the trainer's files
+        and the data position."""
+        import os
 
+        from fully_async.checkpoint import ROLLOUT_STATE, write_pickle
+        from fully_async.trainer import save_trainer_part
+
+        write_pickle(os.path.join(folder, ROLLOUT_STATE), {"stream": self.stream.state_dict()})
+        save_trainer_part(self.backend, self.cfg, folder, self.step, self.version, self.trained_sample_ids)
+
+    def _save(self) -> dict:
         start = time.perf_counter()
         with self.timeline.span("save"):
-            self.last_checkpoint = save_checkpoint(self.backend, self.cfg, self.step, self.version,
-                                                   self.trained_sample_ids, {"stream": self.stream.state_dict()})
+            self.last_checkpoint = self._await_checkpoint(self.version)
         return {"timing_s/save_checkpoint": time.perf_counter() - start}
 
     def _memory(self, phase: str) -> dict:
@@ -213,7 +223,7 @@ def run_sync(cfg: Any) -> dict:
     from fully_async.launcher import launch
     from fully_async.placement import in_bundle, make_placement_group
 
-    def create(prep: Any, device: Any, resume_path: Optional[str], resume_state: Optional[dict]) -> dict:
+    def create(prep: Any, device: Any, resume_path: Optional[str]) -> dict:
         n_dev = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
         pg = make_placement_group(device, n_dev, 1, f"{n_dev} trainer rank(s)") if n_dev > 1 else None
         # rank 0 (engine + trainer shard) takes one device, the trainer group spawns the others;
@@ -221,7 +231,7 @@ def run_sync(cfg: Any) -> dict:
         opts = device.ray_actor_options(1, num_cpus=1 if device.is_accelerator or n_dev > 1 else 2)
         worker = ray.remote(SyncWorker).options(max_concurrency=2, **opts, **in_bundle(pg, 0)).remote(
             prep.cfg_dict, prep.train, prep.val, prep.total_steps, n_dev, prep.eos_token_ids, prep.pad_token_id,
-            resume_path, resume_state, pg)
+            resume_path, pg)
         return {"sync": worker}
 
     return launch(cfg, create, main_actor="sync")

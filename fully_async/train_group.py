@@ -10,18 +10,42 @@ micro-batches to run so that FSDP's collectives line up (a rank with fewer rows 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import random
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 import torch
 
+from fully_async.backends import ShardedTrainBackend
 from fully_async.batch import TrainBatch, micro_batches
 from fully_async.engines.replica import EngineHost
+from fully_async.ray_utils import ray_get
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# backend calls rank 0 answers alone (its own parameters' names and shapes; its own engine's weights in sync mode)
+RANK0_ONLY = ("param_shapes", "iter_full_parameters")
 
 
-def _ray_get(refs: Any) -> Any:
-    import ray
-    return ray.get(refs)
+def forwards_to_backend(fn: F) -> F:
+    """Marks a TrainWorker method that runs the backend method of the same name.  Checked when the class is
+    defined: the method must be declared by the backend Protocol, with the Protocol's parameters, so the
+    Protocol stays the one list of what crosses into a backend."""
+    declared = getattr(ShardedTrainBackend, fn.__name__, None)
+    if declared is None or not callable(declared):
+        raise TypeError(f"TrainWorker.{fn.__name__} forwards a method the TrainBackend Protocol does not declare "
+                        "(fully_async/backends/__init__.py)")
+    ours, theirs = list(inspect.signature(fn).parameters), list(inspect.signature(declared).parameters)
+    if ours != theirs:
+        raise TypeError(f"TrainWorker.{fn.__name__}{ours} does not match the Protocol's {theirs}")
+    fn.forwards_to_backend = True  # type: ignore[attr-defined]
+    return fn
+
+
+def forwarded_methods(cls: type) -> list[str]:
+    """Names of the methods of `cls` marked with @forwards_to_backend."""
+    return sorted(name for name, fn in inspect.getmembers(cls, inspect.isfunction)
+                  if getattr(fn, "forwards_to_backend", False))
 
 
 def total_optimizer_steps(cfg: Any, total_steps: int, mini_batches_per_step: int) -> int:
@@ -41,7 +65,8 @@ def build_local_backend(cfg: Any, device: Any, optimizer_steps: int, rank: int, 
 
 
 class TrainWorker(EngineHost):
-    """Ray actor for data-parallel ranks >= 1: a backend that rank 0 calls method by method.
+    """Ray actor for data-parallel ranks >= 1: a backend that rank 0 calls method by method (one remote
+    method per backend method the group forwards, each checked against the Protocol).
 
     In sync mode it also hosts this rank's rollout engine (EngineHost: submit / poll / engine_call), so
     sync mode generates on every trainer device; the engine loads this rank's own gathered parameters
@@ -64,8 +89,47 @@ class TrainWorker(EngineHost):
     def ready(self) -> bool:
         return True
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.backend, method)(*args, **kwargs)
+    # ------------------------------------------------------------------ the backend, as rank 0 drives it
+    @forwards_to_backend
+    def compute_log_probs(self, batch: TrainBatch, which: str = "actor",
+                          num_micro: Optional[int] = None) -> torch.Tensor:
+        if num_micro is None:  # a replicated (megatron) rank runs the whole batch its own way
+            return self.backend.compute_log_probs(batch, which)
+        return self.backend.compute_log_probs(batch, which, num_micro=num_micro)
+
+    @forwards_to_backend
+    def train_mini_batch(self, mini: TrainBatch, denom: float, loss_scale: float = 1.0,
+                         num_micro: Optional[int] = None, rows_total: Optional[int] = None) -> dict[str, float]:
+        return self.backend.train_mini_batch(mini, denom, loss_scale=loss_scale, num_micro=num_micro,
+                                             rows_total=rows_total)
+
+    @forwards_to_backend
+    def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
+        return self.backend.train_step(batch, num_mini_batches)
+
+    @forwards_to_backend
+    def named_parameters_for_sync(self) -> dict[str, torch.Tensor]:
+        return self.backend.named_parameters_for_sync()
+
+    @forwards_to_backend
+    def stream_full_parameters(self, consumer: Optional[Callable[[Any], Any]]) -> Any:
+        return self.backend.stream_full_parameters(consumer)
+
+    @forwards_to_backend
+    def save(self, path: str) -> None:
+        self.backend.save(path)
+
+    @forwards_to_backend
+    def load(self, path: str) -> None:
+        self.backend.load(path)
+
+    @forwards_to_backend
+    def offload(self) -> None:
+        self.backend.offload()
+
+    @forwards_to_backend
+    def onload(self) -> None:
+        self.backend.onload()
 
 
 def load_trainer_weights(backend: Any, engine: Any, version: int) -> None:
@@ -109,10 +173,11 @@ class GroupBackend:
         """Identical on every rank (the skip decision uses the global grad norm); rank 0's count."""
         return self.local.consecutive_bad_steps
 
-    def _all(self, method: str, local_args: tuple, worker_args: list[tuple], **kwargs: Any) -> list[Any]:
-        refs = [w.call.remote(method, *args, **kwargs) for w, args in zip(self.workers, worker_args)]
-        mine = getattr(self.local, method)(*local_args, **kwargs)
-        return [mine] + _ray_get(refs)
+    def _with_workers(self, refs: list, local: Callable[[], Any]) -> list[Any]:
+        """Rank 0 runs `local()` while the workers run the calls already sent (`refs`, ranks 1..W-1, in
+        order); the results in rank order.  Sending first matters: collectives need every rank inside."""
+        mine = local()
+        return [mine] + ray_get(refs)
 
     def _micro_count(self, shards: list[TrainBatch], micro: Optional[int], dynamic: bool, budget: int) -> int:
         packed = self.cfg.actor_rollout_ref.model.use_remove_padding
@@ -123,7 +188,8 @@ class GroupBackend:
         rows, shards = shard_batch(batch, self.world)
         k = self._micro_count(shards, sub.log_prob_micro_batch_size_per_gpu, sub.log_prob_use_dynamic_bsz,
                               sub.log_prob_max_token_len_per_gpu)
-        parts = self._all("compute_log_probs", (shards[0], which), [(s, which) for s in shards[1:]], num_micro=k)
+        parts = self._with_workers([w.compute_log_probs.remote(s, which, k) for w, s in zip(self.workers, shards[1:])],
+                                   lambda: self.local.compute_log_probs(shards[0], which, num_micro=k))
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         for idx, part in zip(rows, parts):
             if idx:
@@ -140,7 +206,9 @@ class GroupBackend:
             k = self._micro_count(shards, a.ppo_micro_batch_size_per_gpu, a.use_dynamic_bsz,
                                   a.ppo_max_token_len_per_gpu)
             kwargs = dict(loss_scale=float(self.world), num_micro=k, rows_total=len(mini))
-            results = self._all("train_mini_batch", (shards[0], denom), [(s, denom) for s in shards[1:]], **kwargs)
+            results = self._with_workers([w.train_mini_batch.remote(s, denom, **kwargs)
+                                          for w, s in zip(self.workers, shards[1:])],
+                                         lambda: self.local.train_mini_batch(shards[0], denom, **kwargs))
             merged = {key: sum(r.get(key, 0.0) for r in results) for key in results[0] if key.startswith("actor/")}
             merged["bad"] = results[0]["bad"]                    # identical on every rank (global norm)
             if "grad_norm" in results[0]:
@@ -150,28 +218,27 @@ class GroupBackend:
         return ppo_update(batch, num_mini_batches, a, self.rng, run_mini, self.local.scheduler)
 
     def named_parameters_for_sync(self) -> dict[str, torch.Tensor]:
-        return self._all("named_parameters_for_sync", (), [()] * len(self.workers))[0]
+        return self._with_workers([w.named_parameters_for_sync.remote() for w in self.workers],
+                                  self.local.named_parameters_for_sync)[0]
 
     def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         return self.local.param_shapes()
 
-    def stream_full_parameters(self, consumer: Any) -> Any:
-        refs = [w.call.remote("stream_full_parameters", None) for w in self.workers]
-        out = self.local.stream_full_parameters(consumer)
-        _ray_get(refs)
-        return out
+    def stream_full_parameters(self, consumer: Optional[Callable[[Any], Any]]) -> Any:
+        return self._with_workers([w.stream_full_parameters.remote(None) for w in self.workers],
+                                  lambda: self.local.stream_full_parameters(consumer))[0]
 
     def save(self, path: str) -> None:
-        self._all("save", (path,), [(path,)] * len(self.workers))
+        self._with_workers([w.save.remote(path) for w in self.workers], lambda: self.local.save(path))
 
     def load(self, path: str) -> None:
-        self._all("load", (path,), [(path,)] * len(self.workers))
+        self._with_workers([w.load.remote(path) for w in self.workers], lambda: self.local.load(path))
 
     def offload(self) -> None:
-        self._all("offload", (), [()] * len(self.workers))
+        self._with_workers([w.offload.remote() for w in self.workers], self.local.offload)
 
     def onload(self) -> None:
-        self._all("onload", (), [()] * len(self.workers))
+        self._with_workers([w.onload.remote() for w in self.workers], self.local.onload)
 
 
 class ReplicatedGroupBackend(GroupBackend):
@@ -179,10 +246,12 @@ class ReplicatedGroupBackend(GroupBackend):
     see the same rows; the megatron backend takes its own data-parallel rows)."""
 
     def compute_log_probs(self, batch: TrainBatch, which: str = "actor") -> torch.Tensor:
-        return self._all("compute_log_probs", (batch, which), [(batch, which)] * len(self.workers))[0]
+        return self._with_workers([w.compute_log_probs.remote(batch, which) for w in self.workers],
+                                  lambda: self.local.compute_log_probs(batch, which))[0]
 
     def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
-        return self._all("train_step", (batch, num_mini_batches), [(batch, num_mini_batches)] * len(self.workers))[0]
+        return self._with_workers([w.train_step.remote(batch, num_mini_batches) for w in self.workers],
+                                  lambda: self.local.train_step(batch, num_mini_batches))[0]
 
 
 def connect_trainer_group(cfg: Any, device: Any, optimizer_steps: int, master: tuple[str, int],

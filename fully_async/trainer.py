@@ -3,7 +3,8 @@
 Per step: wait for `required_samples` groups (that wait is the trainer's idle time), then the step
 both modes share (train_step.py: batch, old/ref log-probs, advantages, mini-batch updates).  Every
 `trigger_parameter_sync_step` steps the weights go to the rollouter and the param version
-increments.  Metrics accumulate in a list the driver drains (`pop_metrics`).
+increments.  Metrics, with the rollouter's own metrics of the step (asked for right after the take),
+accumulate in a list the driver drains (`pop_metrics`).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 from typing import Any, Optional
 
 from fully_async.actor_setup import DriverFacing
-from fully_async.metrics import engine_metrics
+from fully_async.ray_utils import ray_get
 from fully_async.staleness import required_samples
 from fully_async.train_step import train_step
 from fully_async.types import SampleGroup
@@ -20,29 +21,24 @@ from fully_async.types import SampleGroup
 logger = logging.getLogger(__name__)
 
 
-def save_checkpoint(backend: Any, cfg: Any, step: int, version: int, trained_ids: list[str],
-                    rollout_state: dict) -> str:
-    """Atomic global_step_<version> folder with everything needed to resume (see checkpoint.py)."""
+def save_trainer_part(backend: Any, cfg: Any, folder: str, step: int, version: int, trained_ids: list[str]) -> None:
+    """The trainer's part of a checkpoint (see checkpoint.py): the backend's model and optimizer files, and
+    trainer_state.json (written last: the part is complete when it exists)."""
     import os
 
-    from fully_async.checkpoint import atomic_save, write_json, write_pickle
+    from fully_async.checkpoint import TRAINER_STATE, write_json
 
-    def write(tmp: str) -> None:
-        backend.save(tmp)
-        write_json(os.path.join(tmp, "trainer_state.json"),
-                   {"step": step, "version": version, "trained_sample_ids": trained_ids,
-                    "model_path": cfg.actor_rollout_ref.model.path, "mode": cfg.mode})
-        write_pickle(os.path.join(tmp, "rollout_state.pkl"), rollout_state)
-
-    t = cfg.trainer
-    return atomic_save(t.default_local_dir, version, write, keep=t.max_ckpt_to_keep)
+    backend.save(folder)
+    write_json(os.path.join(folder, TRAINER_STATE),
+               {"step": step, "version": version, "trained_sample_ids": trained_ids,
+                "model_path": cfg.actor_rollout_ref.model.path, "mode": cfg.mode})
 
 
 def load_trainer_state(path: str) -> dict:
     import os
 
-    from fully_async.checkpoint import read_json
-    return read_json(os.path.join(path, "trainer_state.json"))
+    from fully_async.checkpoint import TRAINER_STATE, read_json
+    return read_json(os.path.join(path, TRAINER_STATE))
 
 
 class Trainer(DriverFacing):
@@ -80,7 +76,6 @@ class Trainer(DriverFacing):
             self.trained_sample_ids = list(state["trained_sample_ids"])
             logger.info("resumed from %s: step %d, param version %d", resume_path, self.step, self.version)
         self._init_driver_facing()
-        self._last_rollouter: dict = {}
         self.last_checkpoint: Optional[str] = None
 
     def sync_initial_weights(self) -> dict:
@@ -98,16 +93,15 @@ class Trainer(DriverFacing):
         while self.step < self.total_steps and not self._stop_requested:
             wait_start = time.perf_counter()
             with self.timeline.span("queue_wait"):
-                res = _ray_get(self.queue.get_batch.remote(self.required, 5.0))
+                res = ray_get(self.queue.get_batch.remote(self.required, 5.0))
                 while not res["groups"] and not res["closed"] and not self._stop_requested:
-                    self._emit_val(res["val"])
-                    res = _ray_get(self.queue.get_batch.remote(self.required, 5.0))
+                    res = ray_get(self.queue.get_batch.remote(self.required, 5.0))
             wait_s = time.perf_counter() - wait_start
-            self._emit_val(res["val"])
             if not res["groups"]:
                 if res["closed"]:
                     logger.info("queue closed and empty after %d steps: training ends", self.step)
                 break
+            rollouter_metrics = self.rollouter.pop_step_metrics.remote()  # its window ends at this take
             metrics = self._train(res["groups"])
             self.step += 1
             if self.step % self.trigger == 0 or self.step == self.total_steps:
@@ -117,7 +111,8 @@ class Trainer(DriverFacing):
             now = time.perf_counter()
             step_s = now - last_end
             last_end = now
-            metrics.update(self._pipeline_metrics(res["stats"], wait_s, step_s, metrics["perf/total_num_tokens"]))
+            metrics.update(self._pipeline_metrics(wait_s, step_s, metrics["perf/total_num_tokens"]))
+            metrics.update(ray_get(rollouter_metrics))
             self._emit(self.step, metrics)
         if self.step % self.trigger != 0 and self.step != self.total_steps:
             self._emit(self.step, self._sync_weights())  # the last weights reach the engine for validation
@@ -127,23 +122,23 @@ class Trainer(DriverFacing):
         return {"steps": self.step, "version": self.version, "trained_sample_ids": self.trained_sample_ids,
                 "checkpoint": self.last_checkpoint, "stopped": self._stop_requested}
 
+    def save_part(self, folder: str) -> None:
+        """The trainer's part of the checkpoint run() is waiting for (called by the driver)."""
+        save_trainer_part(self.backend, self.cfg, folder, self.step, self.version, self.trained_sample_ids)
+
     def _save(self) -> dict:
+        """A checkpoint of this step: the driver has the rollouter, the queue and this trainer (`save_part`)
+        each write their part, then makes the folder visible; nothing is trained meanwhile."""
         from fully_async.checkpoint import dir_size_bytes
 
         start = time.perf_counter()
         with self.timeline.span("save"):
-            self.weight_sync.flush()  # the snapshot must see the pushed version applied
-            snapshot = _ray_get(self.rollouter.snapshot.remote())
-            self.last_checkpoint = save_checkpoint(self.backend, self.cfg, self.step, self.version,
-                                                   self.trained_sample_ids, snapshot)
+            self.weight_sync.flush()  # the rollouter's part must see the pushed version applied
+            self.last_checkpoint = self._await_checkpoint(self.version)
         elapsed = time.perf_counter() - start
         size = dir_size_bytes(self.last_checkpoint)
         logger.info("checkpoint %s: %.1f MB in %.2fs", self.last_checkpoint, size / 1e6, elapsed)
         return {"timing_s/save_checkpoint": elapsed, "checkpoint/size_mb": size / 1e6}
-
-    def _emit_val(self, val: list) -> None:
-        for version, metrics in val:
-            self._emit(version * self.trigger, dict(metrics))
 
     def _train(self, groups: list[SampleGroup]) -> dict:
         metrics, samples = train_step(self.backend, self.cfg, groups, self.pad_token_id, self.step + 1, self.version,
@@ -156,24 +151,7 @@ class Trainer(DriverFacing):
         with self.timeline.span("param_sync"):
             return self.weight_sync.push(self.version)
 
-    def _pipeline_metrics(self, stats: dict, wait_s: float, step_s: float, tokens: float) -> dict:
-        prev = self._last_rollouter
-        m = {"timing_s/gen": wait_s, "timing_s/step": step_s, "perf/time_per_step": step_s,
-             "perf/throughput": tokens / step_s / self.num_devices,
-             "fully_async/trainer/idle_ratio": min(1.0, wait_s / step_s)}
-        if stats:
-            m["fully_async/count/total_generated_samples"] = stats["generated_samples"]
-            m["fully_async/count/staleness_samples"] = stats["staleness_samples"]
-            m["fully_async/rollouter/bound_pauses"] = stats["bound_pauses"]
-            wall = stats["wall_s"] - prev.get("wall_s", 0.0)
-            if prev and wall > 0:
-                m["fully_async/rollouter/idle_ratio"] = min(1.0, (stats["idle_s"] - prev["idle_s"]) / wall)
-            if "engines" in stats:
-                m.update(engine_metrics(stats["engines"], prev.get("engines"), wall))
-            self._last_rollouter = stats
-        return m
-
-
-def _ray_get(ref: Any) -> Any:
-    import ray
-    return ray.get(ref)
+    def _pipeline_metrics(self, wait_s: float, step_s: float, tokens: float) -> dict:
+        return {"timing_s/gen": wait_s, "timing_s/step": step_s, "perf/time_per_step": step_s,
+                "perf/throughput": tokens / step_s / self.num_devices,
+                "fully_async/trainer/idle_ratio": min(1.0, wait_s / step_s)}

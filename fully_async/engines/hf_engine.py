@@ -198,7 +198,6 @@ class HFEngine:
         self._state: Optional[dict[str, torch.Tensor]] = None  # per-slot device tensors, see _buffers()
         self._sleep_level = 0
         self.free_cache_engine = free_cache_engine
-        self.num_generated_tokens = 0
         # device graphs of the decode step, keyed by (batch bucket, span bucket)
         self._graph_api = None if enforce_eager else device.graphs()
         self.graph_batch_sizes = sorted(b for b in (graph_batch_sizes or default_graph_batch_sizes(max_num_seqs))
@@ -367,7 +366,6 @@ class HFEngine:
         self._tok[rows, at] = step_tokens
         self._lp[rows, at] = host[1, rows]
         self._gen[rows] += 1
-        self.num_generated_tokens += len(rows)
         eos = np.isin(step_tokens, self._eos)
         done = eos | (self._gen[rows] >= self._max[rows])
         finished = [self._output(i, "stop" if hit else "length") for i, hit in zip(rows[done], eos[done])]

@@ -65,10 +65,6 @@ class EnginePool:
 
     # ------------------------------------------------------------------ contract
     @property
-    def num_engines(self) -> int:
-        return len(self.replicas)
-
-    @property
     def capacity(self) -> int:
         """Sequences the pool decodes at once (K x max_num_seqs)."""
         return self.max_num_seqs * len(self.replicas)

@@ -207,7 +207,7 @@ class VLLMEngine:
         self.device, self.eos_token_ids = device, list(eos_token_ids or [])
         self.pause_mode, self.free_cache_engine = pause_mode, free_cache_engine
         self.bucket_bytes = update_weights_bucket_megabytes << 20
-        self.version, self.num_generated_tokens, self._sleep_level = 0, 0, 0
+        self.version, self._sleep_level = 0, 0
         self.last_update_timings: dict[str, float] = {}
         self._in_weight_group = False  # the workers joined the trainer's broadcast group
         self._pending: set[str] = set()       # submitted, not yet returned (caller's thread only)
@@ -448,7 +448,6 @@ class VLLMEngine:
             if isinstance(item, _Failure):
                 exc = item.exc
                 raise RuntimeError(f"vLLM request {item.request_id} failed: {type(exc).__name__}: {exc}") from exc
-            self.num_generated_tokens += len(item.token_ids)
             outs.append(item)
         return outs
 

@@ -76,6 +76,7 @@ def test_trainer_killed_then_resume_loses_and_repeats_nothing(tmp_path, replicas
     assert saved and saved[-1] < 8
     resumed_from = saved[-1]
     snap = read_pickle(str(tmp_path / "ckpt" / f"global_step_{resumed_from}" / "rollout_state.pkl"))
+    queued = read_pickle(str(tmp_path / "ckpt" / f"global_step_{resumed_from}" / "queue_state.pkl"))
 
     second = Run(tmp_path, *args)
     assert second.wait(300) == 0, second.output[-4000:]
@@ -84,7 +85,7 @@ def test_trainer_killed_then_resume_loses_and_repeats_nothing(tmp_path, replicas
     ids = state["trained_sample_ids"]
     assert len(ids) == len(set(ids)) == 8 * 16 * 8          # nothing trained twice, nothing lost
     assert len({i.rsplit("-s", 1)[0] for i in ids}) == 8 * 16  # each prompt once: data position continued
-    carried = {p.sample_id for p in snap["pending"]} | {s.sample_id for g in snap["queue"] for s in g.samples}
+    carried = {p.sample_id for p in snap["pending"]} | {s.sample_id for g in queued for s in g.samples}
     assert carried <= set(ids)                               # queued and partial responses were trained
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     acc = EventAccumulator(str(tmp_path / "tb"))

@@ -85,9 +85,10 @@ class FakeQueue:
         return _Remote(getattr(self.q, name))
 
 
-def test_rollouter_snapshot_restores_partial_responses(monkeypatch):
+def test_rollouter_and_queue_parts_restore_partial_responses(monkeypatch, tmp_path):
     import fully_async.rollouter as ro
     from fully_async.prepare import prepare
+    from fully_async.queue import GroupQueue
 
     monkeypatch.setattr(ro, "ray_get", lambda x: x)
     cfg = load_config(["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
@@ -97,14 +98,21 @@ def test_rollouter_snapshot_restores_partial_responses(monkeypatch):
     r1 = ro.Rollouter(prep.cfg_dict, q1, prep.train, [], prep.eos_token_ids, prep.pad_token_id)
     r1.scheduler.admit()
     r1.scheduler.step()  # one engine step: every response holds exactly one token
-    snap = r1._snapshot()
+    folder = str(tmp_path)
+    r1.save_part(folder)
+    assert r1.held and not r1.scheduler.in_flight()  # parked, and holding until release()
+    q1.q.save_part(folder)
+    snap = ck.read_pickle(os.path.join(folder, ck.ROLLOUT_STATE))
     partial = {p.sample_id: list(p.token_ids) for p in snap["pending"]}
     admitted = r1.scheduler.staleness.state.admitted
     assert len(partial) == 2 * admitted and all(len(t) == 1 for t in partial.values())
     assert snap["stream"]["emitted"] == r1.scheduler.stream.num_emitted == admitted
+    assert ck.read_pickle(os.path.join(folder, ck.QUEUE_STATE)) == []
+    r1.release()
+    assert not r1.held and r1.scheduler.in_flight() == len(partial)
 
     q2 = FakeQueue()
-    r2 = ro.Rollouter(prep.cfg_dict, q2, prep.train, [], prep.eos_token_ids, prep.pad_token_id, resume_state=snap)
+    r2 = ro.Rollouter(prep.cfg_dict, q2, prep.train, [], prep.eos_token_ids, prep.pad_token_id, resume_path=folder)
     assert r2.scheduler.stream.num_emitted == admitted and r2.scheduler.staleness.state == r1.scheduler.staleness.state
     r2.scheduler.resume()
     while r2.scheduler.pending:
@@ -117,6 +125,18 @@ def test_rollouter_snapshot_restores_partial_responses(monkeypatch):
         assert s.response_ids[:1] == first          # continued after the restored token
         assert len(s.versions) == len(s.response_ids) == len(s.rollout_log_probs)
         assert s.num_interruptions == 1
+    # the queue's part: its groups come back in order in the queue that loads it
+    q2.q.save_part(folder)
+    assert [g.uid for g in GroupQueue(folder).snapshot()] == [g.uid for g in groups]
+
+
+def test_queue_reads_checkpoints_that_kept_its_groups_in_the_rollout_part(tmp_path):
+    from fully_async.queue import GroupQueue
+    from fully_async.types import SampleGroup
+
+    old = [SampleGroup(uid="g0", prompt_index=0, epoch=0, samples=[], admitted_version=0)]
+    ck.write_pickle(os.path.join(tmp_path, ck.ROLLOUT_STATE), {"stream": {}, "queue": old})
+    assert [g.uid for g in GroupQueue(str(tmp_path)).snapshot()] == ["g0"]
 
 
 def test_export_hf_round_trip(tmp_path):
@@ -125,11 +145,11 @@ def test_export_hf_round_trip(tmp_path):
 
     from fully_async.backends.torch_backend import TorchBackend
     from fully_async.device import CPU
-    from fully_async.trainer import save_checkpoint
+    from fully_async.trainer import save_trainer_part
 
     cfg = load_config([f"trainer.default_local_dir={tmp_path}/ck"])
     backend = TorchBackend(cfg, CPU, 10)
-    path = save_checkpoint(backend, cfg, 3, 3, ["a"], {"stream": {}})
+    path = ck.atomic_save(str(tmp_path / "ck"), 3, lambda d: save_trainer_part(backend, cfg, d, 3, 3, ["a"]))
     out = tmp_path / "hf"
     r = subprocess.run([sys.executable, "scripts/export_hf.py", path, str(out)], capture_output=True, text=True,
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
@@ -140,3 +160,92 @@ def test_export_hf_round_trip(tmp_path):
         AutoTokenizer.from_pretrained(OmegaConf.select(cfg, "actor_rollout_ref.model.path")).decode([5])
     for (n, p), (_, q) in zip(model.named_parameters(), backend.model.named_parameters()):
         assert torch.equal(p, q), n
+
+
+class FakeActor:
+    """A handle whose `.method.remote(...)` runs `obj.method` at once, recording 'name.method' in `log`."""
+
+    def __init__(self, name, obj, log):
+        self._name, self._obj, self._log = name, obj, log
+
+    def __getattr__(self, method):
+        def run(*args):
+            self._log.append(f"{self._name}.{method}")
+            return getattr(self._obj, method)(*args)
+        return _Remote(run)
+
+
+class Part:
+    def __init__(self, filename, root, fail=False):
+        self.filename, self.root, self.fail = filename, root, fail
+
+    def save_part(self, folder):
+        assert ck.list_checkpoints(self.root) in ([], [4])  # nothing of the one being written is visible
+        if self.fail:
+            ck.write_json(os.path.join(folder, "half.json"), {})
+            raise OSError("disk full")
+        ck.write_json(os.path.join(folder, self.filename), {"version": 4})
+
+    def release(self):
+        pass
+
+
+def test_driver_checkpoint_every_part_in_one_folder_that_appears_at_once(tmp_path):
+    from fully_async.launcher import take_checkpoint
+
+    root = str(tmp_path)
+    log = []
+    actors = {"trainer": FakeActor("trainer", Part(ck.TRAINER_STATE, root), log),
+              "rollouter": FakeActor("rollouter", Part(ck.ROLLOUT_STATE, root), log),
+              "queue": FakeActor("queue", Part(ck.QUEUE_STATE, root), log)}
+    cfg = _T(default_local_dir=root, max_ckpt_to_keep=None)
+    path = take_checkpoint(cfg, actors, "trainer", 4, get=lambda x: x)
+    # the rollouter holds from its part until the queue's is written (one cut), then the trainer writes
+    assert log == ["rollouter.save_part", "queue.save_part", "rollouter.release", "trainer.save_part"]
+    assert path == ck.step_dir(root, 4) and ck.list_checkpoints(root) == [4]
+    assert sorted(os.listdir(path)) == sorted([ck.TRAINER_STATE, ck.ROLLOUT_STATE, ck.QUEUE_STATE])
+    assert not [n for n in os.listdir(root) if n.startswith(".tmp")]
+    assert open(os.path.join(root, ck.LATEST)).read() == "4"
+
+    # a part that fails: the rollouter is released all the same, and checkpoint 6 never appears
+    log.clear()
+    actors["queue"] = FakeActor("queue", Part(ck.QUEUE_STATE, root, fail=True), log)
+    with pytest.raises(OSError, match="disk full"):
+        take_checkpoint(cfg, actors, "trainer", 6, get=lambda x: x)
+    assert log == ["rollouter.save_part", "queue.save_part", "rollouter.release"]
+    assert ck.list_checkpoints(root) == [4] and ck.find_resume_path(_T(resume_mode="auto", default_local_dir=root)) \
+        == ck.step_dir(root, 4)
+    # sync mode: the main actor is the only part
+    log.clear()
+    take_checkpoint(cfg, {"sync": FakeActor("sync", Part(ck.TRAINER_STATE, root), log)}, "sync", 8, get=lambda x: x)
+    assert log == ["sync.save_part"] and ck.list_checkpoints(root) == [4, 8]
+
+
+def test_a_folder_without_the_trainer_part_is_never_committed(tmp_path):
+    root = str(tmp_path)
+    tmp = ck.begin_checkpoint(root, 2)
+    ck.write_pickle(os.path.join(tmp, ck.QUEUE_STATE), [])
+    with pytest.raises(RuntimeError, match="not committed"):
+        ck.commit_checkpoint(root, 2, tmp)
+    assert ck.list_checkpoints(root) == [] and not os.path.exists(ck.step_dir(root, 2))
+
+
+def test_main_actor_waits_for_the_driver_checkpoint():
+    import threading
+
+    from fully_async.actor_setup import DriverFacing
+
+    actor = DriverFacing()
+    actor._init_driver_facing()
+    assert actor.checkpoint_wanted() is None
+    got = {}
+    waiter = threading.Thread(target=lambda: got.setdefault("path", actor._await_checkpoint(3)))
+    waiter.start()
+    for _ in range(200):
+        if actor.checkpoint_wanted() == 3:
+            break
+        threading.Event().wait(0.01)
+    assert actor.checkpoint_wanted() == 3 and "path" not in got   # run() waits until the driver is done
+    actor.checkpoint_done("/ck/global_step_3")
+    waiter.join(5)
+    assert got["path"] == "/ck/global_step_3" and actor.checkpoint_wanted() is None

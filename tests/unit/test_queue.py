@@ -14,10 +14,10 @@ def group(i: int) -> SampleGroup:
 
 def test_fifo_order_and_batch_size():
     q = GroupQueue()
-    q.put_many([group(i) for i in range(5)], {"x": 1})
+    q.put_many([group(i) for i in range(5)])
     res = q.get_batch(3, timeout_s=0.1)
     assert [g.uid for g in res["groups"]] == ["g0", "g1", "g2"]
-    assert res["stats"] == {"x": 1} and not res["closed"]
+    assert not res["closed"]
     assert q.size() == 2
 
 
@@ -58,8 +58,12 @@ def test_close_returns_remainder_then_closed_empty():
         q.put_many([group(1)])
 
 
-def test_val_metrics_delivered_once():
+def test_queue_carries_groups_only():
+    """Validation results go from the rollouter to the driver and the rollouter's metrics to the trainer:
+    the queue holds sample groups and nothing else."""
     q = GroupQueue()
-    q.put_val_metrics(0, {"val-core/a/reward/mean@1": 0.5})
-    assert q.get_batch(1, timeout_s=0.01)["val"] == [(0, {"val-core/a/reward/mean@1": 0.5})]
-    assert q.get_batch(1, timeout_s=0.01)["val"] == []
+    assert not hasattr(q, "put_val_metrics")
+    with pytest.raises(TypeError):
+        q.put_many([group(0)], {"generated_samples": 2})
+    q.put_many([group(0)])
+    assert set(q.get_batch(1, timeout_s=0.01)) == {"groups", "closed"}
