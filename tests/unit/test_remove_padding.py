@@ -53,9 +53,9 @@ def test_packed_update_matches_padded_update(random_model_dir):
                                  "data.max_response_length=8", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20")
     for name in padded:
         # Adam divides by sqrt(v): float32 reduction-order rounding in near-zero gradients shows up as up to
-        # ~1e-5; 1e-4 is 1% of one lr=0.01 step
-        assert torch.allclose(padded[name], packed[name], atol=1e-4), (name, (padded[name] - packed[name]).abs().max())
-        assert torch.allclose(padded[name], dyn[name], atol=1e-4), (name, (padded[name] - dyn[name]).abs().max())
+        # ~1e-4 on single elements; 2e-4 is 2% of one lr=0.01 step (a wrong normalisation is off by ~1e-2)
+        assert torch.allclose(padded[name], packed[name], atol=2e-4), (name, (padded[name] - packed[name]).abs().max())
+        assert torch.allclose(padded[name], dyn[name], atol=2e-4), (name, (padded[name] - dyn[name]).abs().max())
     for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
         assert m_packed[key] == pytest.approx(m_padded[key], rel=1e-4, abs=1e-6), key
         assert m_dyn[key] == pytest.approx(m_padded[key], rel=1e-4, abs=1e-6), key
