@@ -31,11 +31,11 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import torch  # noqa: E402
 
-from fully_async.config import asset_path  # noqa: E402
-from fully_async.device import describe_hardware, get_device, parse_dtype  # noqa: E402
-from fully_async.engines.base import run_requests  # noqa: E402
-from fully_async.partial import PendingResponse  # noqa: E402
-from fully_async.types import GenRequest, SamplingParams  # noqa: E402
+from fully_async.core.config import asset_path  # noqa: E402
+from fully_async.core.device import describe_hardware, get_device, parse_dtype  # noqa: E402
+from fully_async.rollout.engines.base import run_requests  # noqa: E402
+from fully_async.core.partial import PendingResponse  # noqa: E402
+from fully_async.core.types import GenRequest, SamplingParams  # noqa: E402
 
 ENGINES = ("hf", "hf_eager", "vllm")
 BASELINES = ("generate", "generate_static")
@@ -49,10 +49,10 @@ def make_prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[list[in
 
 def build_engine(name: str, model_dir: str, device: Any, dtype: str, max_num_seqs: int, max_len: int) -> Any:
     if name in ("hf", "hf_eager"):   # hf: decode replayed from device graphs where the device has them
-        from fully_async.engines.hf_engine import HFEngine
+        from fully_async.rollout.engines.hf_engine import HFEngine
         return HFEngine(model_dir, device, dtype=dtype, max_num_seqs=max_num_seqs, eos_token_ids=[], pad_token_id=0,
                         max_model_len=max_len, enforce_eager=name == "hf_eager")
-    from fully_async.engines.vllm_engine import VLLMEngine
+    from fully_async.rollout.engines.vllm_engine import VLLMEngine
     return VLLMEngine(model_dir, device, dtype=dtype, max_num_seqs=max_num_seqs, eos_token_ids=[],
                       max_model_len=max_len)
 

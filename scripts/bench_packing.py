@@ -52,7 +52,7 @@ def rollout_like_samples(rows: int, n: int, vocab: int, max_prompt: int, max_res
     """`rows` responses in groups of n; prompts U[max_prompt/8, max_prompt], responses log-normal."""
     import torch
 
-    from fully_async.types import Sample
+    from fully_async.core.types import Sample
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -79,12 +79,12 @@ def plain_token_stats(logits: Any, targets: Any, temperature: float = 1.0, with_
 
 
 def run_variant(name: str, model_dir: str, device: Any, samples: list, args: argparse.Namespace) -> tuple[dict, Any]:
-    from fully_async.backends.torch_backend import TorchBackend
-    from fully_async.batch import build_batch, micro_batches
-    from fully_async.hydra_setup import load_config
-    from fully_async.train_step import prepare_batch
+    from fully_async.train.backends.torch_backend import TorchBackend
+    from fully_async.core.batch import build_batch, micro_batches
+    from fully_async.run.hydra_setup import load_config
+    from fully_async.train.train_step import prepare_batch
 
-    from fully_async.backends import torch_backend
+    from fully_async.train.backends import torch_backend
 
     packed = name.startswith("packed")
     plain = name.endswith("/plain")
@@ -164,11 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     global TOKEN_STATS
-    from fully_async.backends.token_stats import token_stats as TOKEN_STATS
+    from fully_async.train.backends.token_stats import token_stats as TOKEN_STATS
 
     import torch
 
-    from fully_async.device import describe_hardware, get_device
+    from fully_async.core.device import describe_hardware, get_device
 
     device = get_device(args.device)
     args.dtype = args.dtype or ("bfloat16" if device.is_accelerator else "float32")
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 gc.collect()
                 device.empty_cache()
             results.append(res)
-    from fully_async.batch import build_batch
+    from fully_async.core.batch import build_batch
 
     mask = build_batch(samples).response_mask.bool()
     base = next((r["variant"] for r in results if "error" not in r), variants[0])

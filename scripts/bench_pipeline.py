@@ -11,7 +11,7 @@ process group), and on CPU one thread (a CPU "device" is one core; `torch.set_nu
   train-only:   the configured backend runs `prepare_batch` + `train_step` on exactly the samples
                 recorded in the rollout phase; no generation.
 
-A `benchmark.response_length` workload (fully_async/workload.py) applies here as in the runs, so the
+A `benchmark.response_length` workload (fully_async/core/workload.py) applies here as in the runs, so the
 ceilings are measured on the same response lengths.  Tokens are counted as in
 `perf/total_num_tokens`: prompt + response tokens of the samples.  A first warm-up batch (not
 timed) absorbs one-off costs (kernel selection, allocator growth).
@@ -63,11 +63,11 @@ def _stage(tokens: int, samples: int, seconds: float) -> dict:
 def _rollout_phase(cfg: Any, prep: Any, device: Any, batches: int, warmup: int,
                    lengths: Any = None) -> tuple[list[list], dict]:
     """Generate and score `warmup + batches` step batches; returns the groups of each batch and the timing."""
-    from fully_async.actor_setup import build_tokenizer
-    from fully_async.engines import build_engine
-    from fully_async.generation import group_pendings, run_to_completion, score_samples
-    from fully_async.rewards import build_reward_manager
-    from fully_async.types import SamplingParams
+    from fully_async.actors.actor_setup import build_tokenizer
+    from fully_async.rollout.engines import build_engine
+    from fully_async.rollout.generation import group_pendings, run_to_completion, score_samples
+    from fully_async.core.rewards import build_reward_manager
+    from fully_async.core.types import SamplingParams
 
     tokenizer = build_tokenizer(cfg)
     reward = build_reward_manager(cfg)
@@ -101,9 +101,9 @@ def _rollout_phase(cfg: Any, prep: Any, device: Any, batches: int, warmup: int,
 
 def _train_phase(cfg: Any, prep: Any, device: Any, recorded: list[list], warmup: int) -> dict:
     """prepare_batch + train_step on each recorded batch (the first `warmup` untimed)."""
-    from fully_async.backends import build_backend
-    from fully_async.batch import build_batch
-    from fully_async.train_step import prepare_batch
+    from fully_async.train.backends import build_backend
+    from fully_async.core.batch import build_batch
+    from fully_async.train.train_step import prepare_batch
 
     actor = cfg.actor_rollout_ref.actor
     mini = actor.ppo_mini_batch_size
@@ -145,9 +145,9 @@ def measure_config(cfg: Any, batches: int = 3, warmup: int = 1) -> dict:
     load_config returns; its placement is ignored)."""
     import torch
 
-    from fully_async.device import check_available, describe_hardware, get_device
-    from fully_async.prepare import prepare
-    from fully_async.workload import LengthProfile, workload_report
+    from fully_async.core.device import check_available, describe_hardware, get_device
+    from fully_async.run.prepare import prepare
+    from fully_async.core.workload import LengthProfile, workload_report
 
     if batches < 1:
         raise ValueError(f"--batches {batches} must be >= 1")
@@ -266,8 +266,8 @@ def format_split(split: dict) -> list[str]:
 
 
 def measure(overrides: list[str], batches: int = 3, warmup: int = 1) -> dict:
-    """Same Hydra overrides as `python -m fully_async.main`; see the module docstring."""
-    from fully_async.hydra_setup import load_config
+    """Same Hydra overrides as `python -m fully_async.run.main`; see the module docstring."""
+    from fully_async.run.hydra_setup import load_config
 
     return measure_config(load_config(list(overrides)), batches, warmup)
 
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--devices", type=int, help="also print the predicted ceilings of every async split of N devices")
     ap.add_argument("--dp-efficiency", type=float, default=1.0,
                     help="data-parallel scaling efficiency of a trainer on several devices, in (0, 1] (default 1.0)")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m fully_async.main")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m fully_async.run.main")
     args = ap.parse_intermixed_args(argv)
     import logging
     logging.basicConfig(level=logging.INFO, format="%(message)s")

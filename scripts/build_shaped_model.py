@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from fully_async.config import asset_path
+    from fully_async.core.config import asset_path
 
     tiny = asset_path("tiny_arithmetic/model")
     tok = AutoTokenizer.from_pretrained(tiny)

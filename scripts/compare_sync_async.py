@@ -104,7 +104,7 @@ def run_mode(mode: str, overrides: list[str], out_dir: str) -> str:
     """One training run as a subprocess; returns its TensorBoard dir (output also in DIR/logs/<mode>.log)."""
     tb_dir = os.path.join(out_dir, "runs", mode)
     shutil.rmtree(tb_dir, ignore_errors=True)  # stale event files would mix into this run's curves
-    cmd = [sys.executable, "-m", "fully_async.main", f"mode={mode}", *DEFAULT_OVERRIDES, *overrides,
+    cmd = [sys.executable, "-m", "fully_async.run.main", f"mode={mode}", *DEFAULT_OVERRIDES, *overrides,
            f"hydra.run.dir={os.path.join(out_dir, 'hydra', mode)}"]
     _stream(mode, cmd, out_dir, dict(os.environ, TENSORBOARD_DIR=tb_dir))
     return tb_dir
@@ -138,7 +138,7 @@ def load_run_config(config: dict):
     """An OmegaConf config (schema-checked) from a run's resolved config.json."""
     from omegaconf import OmegaConf
 
-    from fully_async.hydra_setup import load_config
+    from fully_async.run.hydra_setup import load_config
 
     return OmegaConf.merge(load_config([]), OmegaConf.create(config))
 
@@ -300,7 +300,7 @@ def run_both(args: argparse.Namespace, out_dir: str) -> int:
 
 def default_repeats(overrides: list[str]) -> int:
     """3 on CPU (a shared machine's noise is large next to the differences measured), else 1."""
-    from fully_async.device import get_device
+    from fully_async.core.device import get_device
 
     try:
         return 3 if get_device(_value(overrides, "trainer.device") or "auto").name == "cpu" else 1

@@ -3,7 +3,7 @@
     python3 scripts/gpu_megatron_check.py [--out DIR] [--dtypes bfloat16 float32] [--batch 8] [--seq 512]
     torchrun --nproc_per_node 2 scripts/gpu_megatron_check.py --tp 2 --dtypes float32     # tp / pp / dp
 
-No Ray and no Hydra: the config is `fully_async.config.FullyAsyncConfig` through OmegaConf.structured,
+No Ray and no Hydra: the config is `fully_async.core.config.FullyAsyncConfig` through OmegaConf.structured,
 and torch.distributed is initialised here (world size 1 on 127.0.0.1, or torchrun's RANK/WORLD_SIZE;
 the device's comm backend).  With several ranks every rank also runs the HF reference on its device.
 A randomly initialised Qwen2 of the Qwen2.5-0.5B shape (hidden 896, 24 layers, 14 heads, 2 kv heads,
@@ -31,8 +31,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from fully_async.batch import TrainBatch  # noqa: E402
-from fully_async.device import get_device  # noqa: E402
+from fully_async.core.batch import TrainBatch  # noqa: E402
+from fully_async.core.device import get_device  # noqa: E402
 
 SHAPE_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                  intermediate_size=4864, vocab_size=151936, max_position_embeddings=4096, tie_word_embeddings=True)
@@ -41,7 +41,7 @@ SHAPE_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, 
 def make_config(model_dir: str, dtype: str, device_name: str, extra: dict | None = None, tp: int = 1, pp: int = 1):
     from omegaconf import OmegaConf
 
-    from fully_async.config import FullyAsyncConfig
+    from fully_async.core.config import FullyAsyncConfig
 
     cfg = OmegaConf.structured(FullyAsyncConfig)
     if "megatron" not in cfg.actor_rollout_ref.actor:    # until config.py carries actor.megatron: untyped copy
@@ -101,7 +101,7 @@ def fp32_reference_log_probs(model_dir: str, batch: TrainBatch, device) -> torch
     """(B, L) log-probs of the HF model in float32 (the same weights): the yardstick for bf16 errors."""
     from transformers import AutoModelForCausalLM
 
-    from fully_async.backends.torch_backend import token_log_probs
+    from fully_async.train.backends.torch_backend import token_log_probs
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device.torch_device())
     with torch.no_grad():
@@ -127,9 +127,9 @@ def timed(device, fn):
 def check_dtype(dtype_name: str, args, device, workdir: str) -> dict:
     import torch.distributed as dist
 
-    from fully_async.backends.megatron_backend import MegatronBackend
-    from fully_async.backends.torch_backend import TorchBackend
-    from fully_async.device import parse_dtype
+    from fully_async.train.backends.megatron_backend import MegatronBackend
+    from fully_async.train.backends.torch_backend import TorchBackend
+    from fully_async.core.device import parse_dtype
 
     rank0 = dist.get_rank() == 0
     dtype = parse_dtype(dtype_name)
@@ -244,8 +244,8 @@ def main() -> None:
     dist.init_process_group(device.comm_backend, rank=rank, world_size=world)
     from importlib.metadata import version
 
-    from fully_async.backends.megatron_backend import _import_megatron
-    from fully_async.device import describe_hardware
+    from fully_async.train.backends.megatron_backend import _import_megatron
+    from fully_async.core.device import describe_hardware
 
     _import_megatron(device)   # MindSpeed first on npu
     header = {"hardware": describe_hardware(device), "torch": torch.__version__,

@@ -13,8 +13,8 @@ import hashlib
 from collections import deque
 from typing import Any, Callable, Optional
 
-from fully_async.engines.replica import EngineDriver, engine_command
-from fully_async.types import GenOutput, GenRequest, PromptRecord
+from fully_async.rollout.engines.replica import EngineDriver, engine_command
+from fully_async.core.types import GenOutput, GenRequest, PromptRecord
 
 PROMPT_LEN = 3
 EOS = 1

@@ -1,7 +1,7 @@
 """Test doubles importable by Ray workers (tests/ is put on PYTHONPATH by the tests that use them)."""
 import time
 
-from fully_async.engines.hf_engine import HFEngine
+from fully_async.rollout.engines.hf_engine import HFEngine
 
 
 class HangingEngine(HFEngine):

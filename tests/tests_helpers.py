@@ -1,7 +1,7 @@
 """Small builders shared by tests."""
 import torch
 
-from fully_async.types import Sample
+from fully_async.core.types import Sample
 
 
 def tiny_samples(seed: int = 0, groups: int = 2, n: int = 2, vocab: int = 21):

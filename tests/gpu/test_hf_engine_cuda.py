@@ -8,16 +8,16 @@ import sys
 import pytest
 import torch
 
-from fully_async.device import get_device
+from fully_async.core.device import get_device
 
 pytestmark = pytest.mark.gpu
 DEVICE = get_device("auto")
 if DEVICE.name != "cuda":
     pytest.skip("needs CUDA: the 0.5B-shaped bf16 engine check", allow_module_level=True)
 
-from fully_async.engines.base import run_requests  # noqa: E402
-from fully_async.engines.hf_engine import HFEngine  # noqa: E402
-from fully_async.types import GenRequest, SamplingParams  # noqa: E402
+from fully_async.rollout.engines.base import run_requests  # noqa: E402
+from fully_async.rollout.engines.hf_engine import HFEngine  # noqa: E402
+from fully_async.core.types import GenRequest, SamplingParams  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 
@@ -57,7 +57,7 @@ def test_greedy_equals_plain_forward_allowing_bf16_ties(shaped, eager):
 def test_update_mid_generation_with_graphs(shaped):
     """Interrupt, load new weights (in place: the graphs stay), resume prompt + partial: the versions switch at
     the cut, and the continuation is greedy under the new weights."""
-    from fully_async.partial import PendingResponse
+    from fully_async.core.partial import PendingResponse
 
     path, model = shaped
     eng = HFEngine(path, DEVICE, dtype="bfloat16", max_num_seqs=8, eos_token_ids=[], pad_token_id=0,

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from fully_async.device import get_device
+from fully_async.core.device import get_device
 
 pytestmark = pytest.mark.gpu
 DEVICE = get_device("auto")
@@ -43,9 +43,9 @@ def world_of_one():
 
 @pytest.fixture(scope="module", params=[("float32", False), ("bfloat16", True)], ids=["fp32-untied", "bf16-tied"])
 def pair(request, tmp_path_factory):
-    from fully_async.backends.megatron_backend import MegatronBackend
-    from fully_async.backends.torch_backend import TorchBackend
-    from fully_async.device import parse_dtype
+    from fully_async.train.backends.megatron_backend import MegatronBackend
+    from fully_async.train.backends.torch_backend import TorchBackend
+    from fully_async.core.device import parse_dtype
 
     dtype, tied = request.param
     path = str(tmp_path_factory.mktemp(f"qwen2_{dtype}"))
@@ -139,8 +139,8 @@ def test_offload_onload_and_checkpoint_round_trip(pair, tmp_path):
 def test_kl_entropy_and_recompute_match_torch_backend(tmp_path):
     """use_kl_loss (reference model), entropy_coeff != 0 (grad through the vocab-parallel entropy) and
     full activation recompute, in float32 against the torch backend."""
-    from fully_async.backends.megatron_backend import MegatronBackend
-    from fully_async.backends.torch_backend import TorchBackend
+    from fully_async.train.backends.megatron_backend import MegatronBackend
+    from fully_async.train.backends.torch_backend import TorchBackend
 
     check.build_model(str(tmp_path), {**SHAPE, "tie_word_embeddings": False}, torch.float32)
     cfg = check.make_config(str(tmp_path), "float32", DEVICE.name, extra={

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from fully_async.device import get_device
+from fully_async.core.device import get_device
 
 pytestmark = pytest.mark.gpu
 DEVICE = get_device("auto")
@@ -13,11 +13,11 @@ if DEVICE.name != "cuda":
     pytest.skip("needs CUDA: the varlen flash kernel and the compiled token_stats path are CUDA-only",
                 allow_module_level=True)
 
-from fully_async.backends import varlen_attention  # noqa: E402
-from fully_async.backends.token_stats import token_stats  # noqa: E402
-from fully_async.backends.torch_backend import token_log_probs  # noqa: E402
-from fully_async.batch import build_batch  # noqa: E402
-from fully_async.types import Sample  # noqa: E402
+from fully_async.train.backends import varlen_attention  # noqa: E402
+from fully_async.train.backends.token_stats import token_stats  # noqa: E402
+from fully_async.train.backends.torch_backend import token_log_probs  # noqa: E402
+from fully_async.core.batch import build_batch  # noqa: E402
+from fully_async.core.types import Sample  # noqa: E402
 
 
 def reference(logits, targets, temperature):

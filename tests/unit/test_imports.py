@@ -1,14 +1,19 @@
-"""Import hygiene, read from the source: vendor stacks stay lazy and in their own files, pure modules stay
-free of Ray and torch, and only fully_async/device.py touches torch.cuda / torch.npu."""
+"""Import hygiene, read from the source: the layers import downwards only (core <- cluster <- weight_sync <-
+rollout / train <- actors <- run), core never imports Ray, vendor stacks stay lazy and in their own files, pure modules
+stay free of Ray and torch, and only fully_async/core/device.py touches torch.cuda / torch.npu."""
 import ast
 import os
 
 import pytest
 
 PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "fully_async")
-VENDORS = {"vllm": {"engines/vllm_engine.py"}, "torch_npu": {"device.py"},
-           "megatron": {"backends/megatron_backend.py", "backends/hf_megatron.py"}, "mindspeed": {"backends/megatron_backend.py"}}
-PURE = ["scheduler.py", "staleness.py", "workload.py", "partial.py", "types.py", "queue.py", "flops.py"]
+VENDORS = {"vllm": {"rollout/engines/vllm_engine.py"}, "torch_npu": {"core/device.py"},
+           "megatron": {"train/backends/megatron_backend.py", "train/backends/hf_megatron.py"},
+           "mindspeed": {"train/backends/megatron_backend.py"}}
+PURE = ["rollout/scheduler.py", "core/staleness.py", "core/workload.py", "core/partial.py", "core/types.py",
+        "actors/queue.py", "core/flops.py"]
+# a layer may import only from layers of a lower rank (and from itself); the entry shims sit above everything
+LAYERS = {"core": 0, "cluster": 1, "weight_sync": 2, "rollout": 3, "train": 3, "actors": 4, "run": 5}
 
 
 def sources():
@@ -50,15 +55,45 @@ def test_vendor_stacks_are_imported_lazily_and_only_in_their_own_files(vendor):
 
 def test_only_device_py_touches_torch_cuda_or_npu():
     for rel, tree in sources():
-        if rel == "device.py":
+        if rel == "core/device.py":
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and node.attr in ("cuda", "npu") and \
                     isinstance(node.value, ast.Name) and node.value.id == "torch":
-                pytest.fail(f"{rel}:{node.lineno} uses torch.{node.attr}; go through fully_async.device")
+                pytest.fail(f"{rel}:{node.lineno} uses torch.{node.attr}; go through fully_async.core.device")
 
 
 @pytest.mark.parametrize("rel", PURE)
 def test_pure_modules_import_neither_ray_nor_torch_at_module_level(rel):
     tree = ast.parse(open(os.path.join(PKG, rel)).read())
     assert not {"ray", "torch"} & set(top_level_imports(tree)), rel
+
+
+def layer_of(rel):
+    top = rel.split(os.sep)[0]
+    return LAYERS.get(top), top
+
+
+def test_every_module_sits_in_a_layer():
+    stray = [rel for rel, _ in sources() if os.sep not in rel and rel not in ("__init__.py", "main.py", "doctor.py")]
+    assert stray == [], "modules at the package root other than the entry shims"
+
+
+def test_layers_import_downwards_only_and_core_never_imports_ray():
+    bad = []
+    for rel, tree in sources():
+        rank, layer = layer_of(rel)
+        if rank is None:
+            continue
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            for name in names:
+                parts = name.split(".")
+                if layer == "core" and parts[0] == "ray":
+                    bad.append(f"{rel} imports ray")
+                if parts[0] == "fully_async" and len(parts) > 1 and parts[1] in LAYERS:
+                    other = LAYERS[parts[1]]
+                    if other > rank or (other == rank and parts[1] != layer):
+                        bad.append(f"{rel} ({layer}) imports {name}")
+    assert bad == []

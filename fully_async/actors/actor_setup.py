@@ -1,0 +1,110 @@
+"""What every actor does first (layer 4): logging, config object, device, threads, tokenizer."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Optional
+
+
+def actor_init(cfg: Any, role: str, uses_device: bool = True) -> tuple[Any, Any]:
+    """Rebuild the config from the plain dict Ray shipped, pick the device, pin CPU threads.
+
+    `uses_device=False`: an actor that drives others and holds no accelerator itself."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from fully_async.core.device import get_device
+
+    logging.basicConfig(level=logging.INFO, format=f"[{role}] %(message)s", force=True)
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+    cfg = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
+    device = get_device(cfg.trainer.device)
+    if device.is_accelerator:
+        if uses_device:
+            device.set_device(0)  # Ray exposes exactly this actor's devices, renumbered from 0
+    else:
+        # as many threads as Ray gave this actor cores: rollouter and trainer run side by side
+        torch.set_num_threads(assigned_cpus())
+    torch.manual_seed(cfg.trainer.seed)
+    return cfg, device
+
+
+def assigned_cpus() -> int:
+    """CPU cores Ray assigned to the calling actor (1 outside Ray)."""
+    try:
+        import ray
+        if ray.is_initialized():
+            return max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+    except Exception:  # noqa: BLE001 - not in a Ray worker
+        pass
+    return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
+
+
+def build_tokenizer(cfg: Any) -> Any:
+    from transformers import AutoTokenizer
+
+    model = cfg.actor_rollout_ref.model
+    return AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+
+
+class MetricsOutbox:
+    """(step, metrics) an actor reports straight to the driver, which drains every running actor's outbox
+    (`pop_metrics`) and logs them at those steps.  Subclasses call `_init_outbox()`."""
+
+    def _init_outbox(self) -> None:
+        import threading
+
+        self._metrics: list[tuple[int, dict]] = []
+        self._lock = threading.Lock()
+
+    def pop_metrics(self) -> list[tuple[int, dict]]:
+        with self._lock:
+            out, self._metrics = self._metrics, []
+        return out
+
+    def _emit(self, step: int, metrics: dict) -> None:
+        with self._lock:
+            self._metrics.append((step, metrics))
+
+
+class DriverFacing(MetricsOutbox):
+    """What the driver calls on the main actor of a run (Trainer, SyncWorker): metrics outbox,
+    stop request, checkpoint requests, timeline.  Subclasses set `self.timeline`, implement
+    `save_part(folder)` and call `_init_driver_facing()`."""
+
+    def _init_driver_facing(self) -> None:
+        import threading
+
+        self._init_outbox()
+        self._stop_requested = False
+        self._checkpoint = threading.Condition()
+        self._checkpoint_wanted: Optional[int] = None
+        self._checkpoint_path: Optional[str] = None
+
+    def checkpoint_wanted(self) -> Optional[int]:
+        """The param version run() waits to have checkpointed (the driver then has every actor save its part
+        and answers `checkpoint_done`), or None."""
+        return self._checkpoint_wanted
+
+    def checkpoint_done(self, path: str) -> None:
+        with self._checkpoint:
+            self._checkpoint_wanted, self._checkpoint_path = None, path
+            self._checkpoint.notify_all()
+
+    def _await_checkpoint(self, version: int) -> str:
+        """Ask the driver for checkpoint `version` and wait until it is complete; returns its folder."""
+        with self._checkpoint:
+            self._checkpoint_wanted, self._checkpoint_path = version, None
+            self._checkpoint.wait_for(lambda: self._checkpoint_path is not None)
+            return self._checkpoint_path
+
+    def ready(self) -> bool:
+        return True
+
+    def request_stop(self) -> None:
+        """Finish the current step, checkpoint, and return from run() (SIGTERM/SIGINT)."""
+        self._stop_requested = True
+
+    def get_timeline(self) -> list[dict]:
+        return self.timeline.drain()

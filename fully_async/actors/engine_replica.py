@@ -1,0 +1,55 @@
+"""Engine replica actors (layer 4): async mode's K rollout engines, each a Ray actor on its own device(s).
+
+The engine side (EngineHost: driver thread, submit/poll/engine_call) lives in rollout/engines/replica.py;
+this is the thin actor around it, and the function that builds async mode's pool from them."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from fully_async.rollout.engines.replica import EngineHost
+
+logger = logging.getLogger(__name__)
+
+
+class EngineReplica(EngineHost):
+    """Ray actor: one rollout engine on its own device(s) (async mode, more than one replica)."""
+
+    def __init__(self, cfg: Any, index: int, eos_token_ids: list[int], pad_token_id: int):
+        from fully_async.actors.actor_setup import actor_init
+        from fully_async.rollout.engines import build_engine
+
+        cfg, device = actor_init(cfg, f"engine{index}")
+        self._host_engine(build_engine(cfg, device, eos_token_ids, pad_token_id, replica=index), device,
+                          f"engine{index}")
+
+    def ready(self) -> bool:
+        return True
+
+
+def build_async_pool(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: int,
+                     placement: Optional[Any] = None) -> Any:
+    """Async mode's rollout: one inline engine, or K EngineReplica actors in the rollout placement group."""
+    from fully_async.rollout.engines import build_engine
+    from fully_async.rollout.engines.pool import EnginePool
+    from fully_async.rollout.engines.replica import InlineReplica, RemoteReplica
+    from fully_async.cluster.placement import in_bundle, rollout_layout
+
+    k, tp = rollout_layout(cfg)
+    r = cfg.actor_rollout_ref.rollout
+    if k == 1:
+        replicas: list[Any] = [InlineReplica(build_engine(cfg, device, eos_token_ids, pad_token_id), device)]
+    else:
+        import ray
+        from omegaconf import OmegaConf
+
+        from fully_async.cluster.ray_utils import wait_ready
+
+        plain = OmegaConf.to_container(cfg, resolve=True)
+        actors = {f"engine{i}": ray.remote(EngineReplica).options(
+            **device.ray_actor_options(tp), **in_bundle(placement, i)).remote(plain, i, eos_token_ids, pad_token_id)
+            for i in range(k)}
+        wait_ready(actors)
+        replicas = [RemoteReplica(actor, name) for name, actor in actors.items()]
+        logger.info("rollout: %d engine replicas x %d device(s) each", k, tp)
+    return EnginePool(replicas, r.max_num_seqs, timeline=cfg.trainer.timeline)

@@ -1,0 +1,282 @@
+"""Rollouter actor (layer 4): a thin Ray shell around the rollout scheduler and the engine pool.
+
+One thread owns the engines.  `run()` is that thread's loop: let the scheduler (scheduler.py: admission
+under the staleness bound, partial responses, grouping) admit prompts and advance the engine pool
+(engines/pool.py: one inline engine or K replicas on their own devices), score the groups it completes
+and push them to the queue.  Its own metrics go out on the shortest path: per trainer step to the trainer
+(`pop_step_metrics`, idle ratio and engine metrics computed here), validation results to the driver (the
+metrics outbox, `pop_metrics`).  Other callers (the trainer's weight push, the driver's validation,
+checkpoint part and stop) never touch the engines: they enqueue a command that the loop executes
+between two engine steps and wait for its result.  That keeps weight updates, interrupts and
+validation strictly ordered with generation.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import logging
+import os
+import queue as queue_mod
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from fully_async.actors.actor_setup import MetricsOutbox
+from fully_async.rollout.generation import make_group, score_samples, validate
+from fully_async.core.metrics import rollouter_window_metrics
+from fully_async.cluster.ray_utils import ray_get
+from fully_async.rollout.scheduler import CompletedGroup, RolloutScheduler
+from fully_async.core.types import PromptRecord, SampleGroup, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class Rollouter(MetricsOutbox):
+    def __init__(self, cfg: Any, queue: Any, train_records: list[PromptRecord], val_records: list[PromptRecord],
+                 eos_token_ids: list[int], pad_token_id: int, resume_path: Optional[str] = None,
+                 placement: Optional[Any] = None):
+        from fully_async.actors.actor_setup import actor_init, build_tokenizer
+        from fully_async.core.data import PromptStream
+        from fully_async.actors.engine_replica import build_async_pool
+        from fully_async.cluster.placement import rollout_layout
+        from fully_async.core.rewards import build_reward_manager
+        from fully_async.core.staleness import StalenessManager
+        from fully_async.core.timeline import Timeline
+        from fully_async.core.workload import LengthProfile
+
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
+        # with several replicas the engines live in their own actors and this shell holds no device
+        self.cfg, self.device = actor_init(cfg, "rollouter", uses_device=rollout_layout(cfg)[0] == 1)
+        cfg = self.cfg
+        self.queue = queue
+        self.tokenizer = build_tokenizer(cfg)
+        self.pool = build_async_pool(cfg, self.device, eos_token_ids, pad_token_id, placement)
+        self.reward = build_reward_manager(cfg)
+        stream = PromptStream(train_records, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
+                              total_epochs=cfg.trainer.total_epochs, total_prompts=cfg.rollout.total_rollout_steps)
+        r = cfg.actor_rollout_ref.rollout
+        self.lengths = LengthProfile.from_config(cfg)
+        if self.lengths is not None:
+            logger.info("benchmark workload: %s", self.lengths.describe())
+        self.scheduler = RolloutScheduler(
+            self.pool, stream, StalenessManager.from_config(cfg), r.n,
+            SamplingParams(r.temperature, r.top_p, r.top_k, cfg.data.max_response_length),
+            max_in_flight=self.pool.capacity, partial_rollout=cfg.async_training.partial_rollout,
+            on_complete=self._push, lengths=self.lengths)
+        self.val_records = val_records
+        test_freq = cfg.rollout.test_freq if cfg.rollout.test_freq is not None else cfg.trainer.test_freq
+        self.test_freq = test_freq
+        self.trigger = cfg.async_training.trigger_parameter_sync_step  # trainer steps per param version
+        self._init_outbox()
+        self.commands: queue_mod.Queue = queue_mod.Queue()
+        self.stopped = False
+        self.closed = False
+        self.held = False  # a checkpoint is being taken: nothing is generated or pushed until release()
+        self.loop_running = False
+        self._loop_lock = threading.Lock()
+        self.stats = {"idle_s": 0.0, "wall_s": 0.0, "version": 0, "validations": 0}
+        self._pushed: dict = {}        # the counters as of the last push (the end of the current step window)
+        self._window_start: dict = {}  # the counters that ended the previous trainer step's window
+        self._start = time.perf_counter()
+        self.timeline = Timeline("rollouter", cfg.trainer.timeline)
+        self.resumed = resume_path is not None
+        if resume_path is not None:
+            from fully_async.core.checkpoint import ROLLOUT_STATE, read_pickle
+
+            self.scheduler.load_state_dict(read_pickle(os.path.join(resume_path, ROLLOUT_STATE)))
+            logger.info("rollouter resumed: %d prompts already emitted, %d groups in flight (%d partial responses)",
+                        stream.num_emitted, len(self.scheduler.groups), len(self.scheduler.pending))
+
+    # ------------------------------------------------------------------ called by others
+    def update_weights(self, named_tensors: Any, version: int) -> dict:
+        """Object-store path: `named_tensors` is a dict, or [ObjectRef] (passed on unresolved, so every
+        engine replica reads the one object-store copy)."""
+        if isinstance(named_tensors, list) and len(named_tensors) == 1:
+            named_tensors = named_tensors[0]
+        load = functools.partial(self.pool.update_weights, named_tensors, version)
+        return self._call(lambda: self._apply_weights(load, version))
+
+    # Collective path (fully_async.weight_sync.collective): the pool is one DirectWeightReceiver whose
+    # ranks are those of every replica (an engine that receives in its own workers, vLLM, or one rank
+    # per replica process that streams the buckets into its engine).
+    def weight_receivers(self) -> int:
+        """Ranks the rollout side adds to the trainer's weight-broadcast group."""
+        return self._call(self.pool.weight_receivers)
+
+    def init_weight_group(self, addr: str, port: int, rank: int, world: int) -> None:
+        """Join the trainer's weight-broadcast group as ranks rank .. rank + weight_receivers() - 1."""
+        return self._call(lambda: self.pool.init_weight_group(addr, port, rank, world))
+
+    def receive_weights(self, metas: list, buckets: list, dtype: str, version: int) -> dict:
+        """Pause, then load buckets as they arrive from trainer rank 0."""
+        load = functools.partial(self.pool.receive_weights, metas, buckets, dtype, version)
+        return self._call(lambda: self._apply_weights(load, version))
+
+    def validate(self) -> dict:
+        """Validation on the current weights, for the caller (the driver's final one; not put in the outbox)."""
+        return self._call(lambda: self._validate(self.pool.version, publish=False))
+
+    def pop_step_metrics(self) -> dict:
+        """The rollouter's metrics over the trainer step whose batch was just taken (the trainer calls this once
+        per step, right after the take, and forwards them).  The window runs from the counters of the last push
+        before the previous take to those of the last push before this one (metrics.rollouter_window_metrics);
+        no push in between: an empty window."""
+        current = self._pushed
+        metrics = rollouter_window_metrics(current, self._window_start)
+        if current:
+            self._window_start = current
+        return metrics
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.commands.put(None)
+
+    def save_part(self, folder: str) -> None:
+        """This rollouter's part of a checkpoint (between two engine steps): park the in-flight work, write
+        everything not yet handed to the queue, and hold -- generate and push nothing -- until `release()`,
+        so that the queue's part, written meanwhile, is the same cut."""
+        return self._call(lambda: self._save_part(folder))
+
+    def release(self) -> None:
+        """The checkpoint's other parts are written: resume the parked work and generate again."""
+        return self._call(self._release)
+
+    def get_stats(self) -> dict:
+        return dict(self._stats(), in_flight_requests=len(self.scheduler.pending),
+                    in_flight_groups=len(self.scheduler.groups), prompts_emitted=self.scheduler.stream.num_emitted,
+                    loop_running=self.loop_running)
+
+    def progress(self) -> dict:
+        """Counters the driver's watchdog compares between polls."""
+        stats = self._stats()
+        keys = ("engine_steps", "validations", "generated_samples", "staleness_samples", "bound_pauses", "version")
+        return dict({k: stats.get(k, 0) for k in keys}, in_flight_requests=len(self.scheduler.pending),
+                    prompts_emitted=self.scheduler.stream.num_emitted, loop_running=self.loop_running,
+                    paused_at_bound=self.scheduler.at_bound())
+
+    def get_timeline(self) -> list[dict]:
+        return self.timeline.drain() + self.pool.drain_timeline()
+
+    def ready(self) -> bool:
+        return True
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._loop_lock:
+            if not self.loop_running:  # before run() (initial weights) or after it: nobody else drives the engine
+                return fn()
+            self.commands.put((fn, fut))
+        return fut.result()
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> dict:
+        self._start = time.perf_counter()
+        self.loop_running = True
+        try:
+            return self._loop()
+        finally:
+            with self._loop_lock:
+                self.loop_running = False
+                while not self.commands.empty():
+                    item = self.commands.get_nowait()
+                    if item is not None:
+                        item[1].set_exception(RuntimeError("the rollouter's loop has ended"))
+
+    def _loop(self) -> dict:
+        sched = self.scheduler
+        if sched.parked:  # partial responses restored from a checkpoint
+            sched.resume()
+        elif self.cfg.trainer.val_before_train and self.val_records and not self.resumed:
+            self._validate(self.pool.version)
+        while not self.stopped:
+            self._run_commands(block=False)
+            if self.stopped:
+                break
+            if self.held:
+                self._run_commands(block=True, timeout=0.5)
+                continue
+            sched.admit()
+            if sched.in_flight() == 0:
+                if sched.exhausted and not self.closed:
+                    ray_get(self.queue.close.remote())
+                    self.closed = True
+                    logger.info("rollouter: all %d prompts generated; serving weight updates and validation",
+                                sched.stream.num_emitted)
+                idle_from = time.perf_counter()
+                self._run_commands(block=True, timeout=0.5)
+                self.stats["idle_s"] += time.perf_counter() - idle_from
+                continue
+            with self.timeline.span("generate"):
+                sched.step()
+        return self.get_stats()
+
+    def _run_commands(self, block: bool, timeout: float = 0.0) -> None:
+        while True:
+            try:
+                item = self.commands.get(block=block, timeout=timeout if block else None)
+            except queue_mod.Empty:
+                return
+            block = False
+            if item is None:
+                return
+            fn, fut = item
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:
+                fut.set_exception(exc)
+                raise
+
+    def _push(self, complete: list[CompletedGroup]) -> None:
+        """The scheduler completed these groups: score them and hand them to the trainer's queue."""
+        with self.timeline.span("reward"):
+            groups: list[SampleGroup] = []
+            for g in complete:
+                score_samples(self.tokenizer, self.reward, g.record, g.samples)
+                groups.append(make_group(g.uid, g.record, g.epoch, g.admitted_version, g.samples))
+        self._pushed = self._stats()
+        ray_get(self.queue.put_many.remote(groups))
+
+    def _stats(self) -> dict:
+        """Cumulative counters (step windows are differences of two of them)."""
+        self.stats["wall_s"] = time.perf_counter() - self._start
+        self.stats["version"] = self.pool.version
+        return dict(self.stats, **self.scheduler.stats, engines=self.pool.engine_stats())
+
+    # ------------------------------------------------------------------ commands
+    def _apply_weights(self, load: Callable[[], None], version: int) -> dict:
+        """Pause the engines' work as the config says, run `load` (every replica's update), resume."""
+        validate_now = self.test_freq > 0 and version % self.test_freq == 0 and bool(self.val_records)
+        with self.timeline.span("param_sync", version=version):
+            return self.scheduler.apply_weights(load, version, queued=lambda: ray_get(self.queue.size.remote()),
+                                                before_resume=(lambda: self._validate(version, resume=False))
+                                                if validate_now else None)
+
+    def _validate(self, version: int, resume: bool = True, publish: bool = True) -> dict:
+        """Validation on the weights of `version`; in-flight work is parked and resumed after (resume=False:
+        inside a weight update, which resumes the parked work itself).  publish: into the outbox the driver
+        drains, at the trainer step that pushed `version` (version x trigger_parameter_sync_step)."""
+        self.scheduler.park()
+        with self.timeline.span("validate", version=version):
+            metrics = validate(self.pool, self.tokenizer, self.reward, self.val_records, self.cfg, version)
+        self.stats["validations"] += 1
+        if publish:
+            self._emit(version * self.trigger, dict(metrics))
+        logger.info("validation at param version %d: %s", version,
+                    ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
+        if resume:
+            self.scheduler.resume()
+        return metrics
+
+    # ------------------------------------------------------------------ checkpoint
+    def _save_part(self, folder: str) -> None:
+        from fully_async.core.checkpoint import ROLLOUT_STATE, write_pickle
+
+        self.scheduler.park()  # in-flight requests' partial state goes into the checkpoint
+        write_pickle(os.path.join(folder, ROLLOUT_STATE), self.scheduler.state_dict())
+        self.held = True
+
+    def _release(self) -> None:
+        self.held = False
+        self.scheduler.resume()

@@ -1,0 +1,1 @@
+"""Layer 1, Ray plumbing: placement groups, waiting for actors, root causes of actor failures, group addresses."""

@@ -1,0 +1,143 @@
+"""Ray plumbing for the entry points (layer 1): start/join, resource checks, failure supervision."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Callable, Optional
+
+logger = logging.getLogger(__name__)
+
+
+class RunFailed(RuntimeError):
+    """An actor failed; the message names the actor and its root cause."""
+
+
+def ray_get(refs: Any, timeout: Optional[float] = None) -> Any:
+    """`ray.get`, imported lazily (modules that call actors stay importable without Ray)."""
+    import ray
+
+    return ray.get(refs, timeout=timeout)
+
+
+def start_ray(num_cpus_needed: int) -> bool:
+    """Join `RAY_ADDRESS` when set, else start a local Ray; returns True when we started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = os.environ.get("RAY_ADDRESS")
+    env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}}
+    if address:
+        ray.init(address=address, runtime_env=env, log_to_driver=True)
+        return False
+    ray.init(num_cpus=max(num_cpus_needed, os.cpu_count() or 1), include_dashboard=False, runtime_env=env,
+             log_to_driver=True)
+    return True
+
+
+def check_resources(device: Any, needs: dict[str, int]) -> None:
+    """Fail before creating actors when Ray lacks the devices the config asks for."""
+    import ray
+
+    if not device.is_accelerator:
+        return
+    have = int(ray.cluster_resources().get(device.ray_resource, 0))
+    want = sum(needs.values())
+    if want > have:
+        detail = ", ".join(f"{k}={v}" for k, v in needs.items())
+        raise RunFailed(f"the config asks for {want} {device.name} devices ({detail}) but the Ray cluster has "
+                        f"{have} {device.ray_resource}; lower trainer.n_gpus_per_node / rollout.n_gpus_per_node "
+                        "or add nodes")
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The user's exception inside a RayTaskError (or the Ray error itself)."""
+    for _ in range(8):  # ActorDiedError -> RayTaskError -> the constructor's exception
+        cause = getattr(exc, "cause", None)
+        if not isinstance(cause, BaseException) or cause is exc:
+            break
+        exc = cause
+    return exc
+
+
+def is_secondary(exc: BaseException) -> bool:
+    """Errors that only say 'the other actor died' (the root cause is elsewhere)."""
+    import ray.exceptions as rex
+
+    return isinstance(root_cause(exc), (rex.RayActorError, rex.ActorDiedError))
+
+
+def supervise(runs: dict[Any, str], until: str, on_tick: Callable[[], None], tick_s: float = 0.5) -> Any:
+    """Wait for the run named `until` to finish while ticking (returns its result); raise RunFailed
+    on any failure, including one raised by `on_tick` (the watchdog).
+
+    When several actors fail together, report the one whose error is not just "actor died".
+    """
+    import ray
+
+    pending = dict(runs)
+    while True:
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=tick_s)
+        for ref in ready:
+            name = pending.pop(ref)
+            try:
+                result = ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - anything from an actor ends the run
+                raise RunFailed(_failure_message(name, exc, pending)) from None
+            if name == until:
+                return result
+            logger.warning("%s finished before %s", name, until)
+        try:
+            on_tick()
+        except RunFailed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - polling hit a dead actor: its run() has the root cause
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=10)
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except Exception as run_exc:  # noqa: BLE001
+                    name = pending.pop(ref)
+                    raise RunFailed(_failure_message(name, run_exc, pending)) from None
+            raise RunFailed(f"lost contact with an actor: {type(exc).__name__}: {exc}") from None
+
+
+def _failure_message(name: str, exc: BaseException, others: dict[Any, str]) -> str:
+    import ray
+
+    failures = [(name, exc)]
+    if is_secondary(exc):  # give the other side a moment to report its own error
+        ready, _ = ray.wait(list(others), num_returns=len(others), timeout=5.0)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception as other:  # noqa: BLE001
+                failures.append((others[ref], other))
+    name, exc = next(((n, e) for n, e in failures if not is_secondary(e)), failures[0])
+    cause = root_cause(exc)
+    return f"{name} failed: {type(cause).__name__}: {cause}"
+
+
+def kill_all(handles: list[Any]) -> None:
+    import ray
+
+    for handle in handles:
+        try:
+            ray.kill(handle, no_restart=True)
+        except Exception:  # noqa: BLE001 - already dead is fine
+            pass
+
+
+def wait_ready(handles: dict[str, Any], timeout_s: Optional[float] = None) -> float:
+    """Block until every actor's constructor finished (errors surface here, named)."""
+    import ray
+
+    start = time.perf_counter()
+    for name, handle in handles.items():
+        try:
+            ray.get(handle.ready.remote(), timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001
+            cause = root_cause(exc)
+            raise RunFailed(f"{name} failed to start: {type(cause).__name__}: {cause}") from None
+    return time.perf_counter() - start

@@ -1,0 +1,105 @@
+"""Padded tensor batches built from samples, and how to cut them into micro-batches (layer 0).
+
+Alignment convention: every per-token tensor is (B, L) aligned with `input_ids`; entry t of a
+log-prob tensor is log p(input_ids[t] | input_ids[:t]), so it is defined for t >= 1 and
+`response_mask[t]` is 1 exactly where input_ids[t] is a response token.  Rows are right-padded.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Optional, Sequence
+
+import torch
+
+from fully_async.core.types import Sample
+
+
+@dataclass
+class TrainBatch:
+    input_ids: torch.Tensor          # (B, L) prompt + response, right-padded
+    attention_mask: torch.Tensor     # (B, L)
+    response_mask: torch.Tensor      # (B, L) 1 on response tokens
+    rollout_log_probs: torch.Tensor  # (B, L) behaviour log-probs on response tokens
+    scores: torch.Tensor             # (B,) outcome reward per response
+    group_ids: list[str]             # (B,) uid of each response's prompt group
+    old_log_probs: Optional[torch.Tensor] = None   # (B, L) PPO old/proximal policy
+    ref_log_probs: Optional[torch.Tensor] = None   # (B, L)
+    advantages: Optional[torch.Tensor] = None      # (B, L)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def seq_lengths(self) -> list[int]:
+        return self.attention_mask.sum(-1).tolist()
+
+    def select(self, idx: Sequence[int]) -> "TrainBatch":
+        """Rows `idx`, trimmed to their longest sequence."""
+        index = torch.as_tensor(list(idx), dtype=torch.long)
+        length = int(self.attention_mask.index_select(0, index).sum(-1).max())
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                value = value.index_select(0, index.to(value.device))
+                out[f.name] = value[:, :length] if value.dim() == 2 else value
+            elif isinstance(value, list):
+                out[f.name] = [value[i] for i in idx]
+            else:
+                out[f.name] = value
+        return replace(self, **out)
+
+    def to(self, device: torch.device) -> "TrainBatch":
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
+
+
+def build_batch(samples: Sequence[Sample], pad_token_id: int = 0) -> TrainBatch:
+    length = max(s.num_tokens for s in samples)
+    bsz = len(samples)
+    ids = torch.full((bsz, length), pad_token_id, dtype=torch.long)
+    attn = torch.zeros((bsz, length), dtype=torch.long)
+    resp = torch.zeros((bsz, length), dtype=torch.float32)
+    logp = torch.zeros((bsz, length), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        ids[i, :p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
+        attn[i, :p + r] = 1
+        resp[i, p:p + r] = 1.0
+        logp[i, p:p + r] = torch.tensor(s.rollout_log_probs, dtype=torch.float32)
+    scores = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+    return TrainBatch(ids, attn, resp, logp, scores, [s.uid for s in samples])
+
+
+def split_fixed(n: int, size: int) -> list[list[int]]:
+    return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+
+
+def split_by_tokens(lengths: Sequence[int], max_tokens: int, packed: bool = False) -> list[list[int]]:
+    """Dynamic batch size: group rows so that each micro-batch costs <= max_tokens.
+
+    The cost is rows x longest row for padded micro-batches, the sum of the rows' lengths for packed
+    ones (model.use_remove_padding).  Longest-first greedy: rows sorted by length descending fill a
+    micro-batch until the next would exceed the budget.  Every row fits alone (validated).
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for i in order:
+        cost = used + lengths[i] if packed else (len(current) + 1) * (lengths[current[0]] if current else lengths[i])
+        if current and cost > max_tokens:
+            groups.append(sorted(current))
+            current, used = [], 0
+        current.append(i)
+        used += lengths[i]
+    if current:
+        groups.append(sorted(current))
+    return groups
+
+
+def micro_batches(batch: TrainBatch, micro_size: Optional[int], dynamic: bool, max_tokens: int,
+                  packed: bool = False) -> list[list[int]]:
+    if dynamic:
+        return split_by_tokens(batch.seq_lengths, max_tokens, packed)
+    return split_fixed(len(batch), micro_size or len(batch))

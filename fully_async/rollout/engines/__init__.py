@@ -1,0 +1,35 @@
+"""Rollout engines (layer 3); each implementation lives in its own file and is imported lazily."""
+from __future__ import annotations
+
+from typing import Any
+
+from fully_async.rollout.engines.base import RolloutEngine
+
+
+def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: int,
+                 replica: int = 0) -> RolloutEngine:
+    """Engine named by actor_rollout_ref.rollout.name; replica i of a pool samples with seed + i."""
+    rollout = cfg.actor_rollout_ref.rollout
+    seed = cfg.trainer.seed + replica
+    hf_kwargs = dict(device=device, dtype=rollout.dtype, max_num_seqs=rollout.max_num_seqs,
+                     eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, seed=seed,
+                     trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
+                     max_model_len=rollout.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length,
+                     enforce_eager=rollout.enforce_eager, graph_batch_sizes=rollout.cudagraph_capture_sizes,
+                     free_cache_engine=rollout.free_cache_engine)
+    if ":" in rollout.name:  # a user engine "package.module:Class" with HFEngine's constructor
+        import importlib
+
+        module, _, cls_name = rollout.name.partition(":")
+        return getattr(importlib.import_module(module), cls_name)(cfg.actor_rollout_ref.model.path, **hf_kwargs)
+    if rollout.name == "hf":
+        from fully_async.rollout.engines.hf_engine import HFEngine
+        return HFEngine(cfg.actor_rollout_ref.model.path, **hf_kwargs)
+    if rollout.name == "vllm":
+        from fully_async.rollout.engines.vllm_engine import VLLMEngine
+        return VLLMEngine.from_config(cfg, device, eos_token_ids, seed=seed)
+    raise ValueError(f"actor_rollout_ref.rollout.name={rollout.name!r} is not one of ['hf', 'vllm'] "
+                     "or 'package.module:Class'")
+
+
+__all__ = ["RolloutEngine", "build_engine"]

@@ -1,0 +1,446 @@
+"""Embedded rollout engine: pure torch + transformers, continuous batching over a slot KV cache, decode
+replayed from device graphs.
+
+Why our own loop instead of `model.generate`: the async pipeline needs requests to join the
+running batch as others finish, to be cut off mid-generation at a weight update with their
+partial tokens and log-probs, and to stamp each token with the weights' version.  `generate`
+does none of that.
+
+Mechanics.  The KV cache is preallocated once: per layer keys and values of shape (S, H, T, D),
+S = max_num_seqs slots, T = the longest sequence the engine serves (max_model_len; it grows by
+doubling if a request needs more).  A running sequence owns one slot and its length; nothing is
+ever concatenated, padded or index-selected: every write goes in place.  Each `collect()` is one
+engine iteration:
+  1. admit waiting requests into free slots (lowest first): one prefill forward over the joining
+     prompts only (right-padded, causal mask), writing their keys/values into their slots; running
+     sequences are not touched.  While sequences run, admission waits until `admit_batch` slots
+     (max_num_seqs / 8) are free, so the prefill forward is paid once per batch of joiners;
+  2. sample one token for every slot below hi (hi = highest occupied slot + 1) from its pending logits,
+     on the device; one host transfer per step brings back the tokens and their behaviour log-probs,
+     which land in per-slot host arrays (numpy, vectorised: no per-sequence Python work per step);
+  3. retire the sequences that hit EOS or max_tokens (their slot is simply freed);
+  4. one decode forward over slots [0, B) (B >= hi): each slot's new key/value is written at its own
+     position and attention reads its slot up to its own length (an additive mask over the cache's first
+     `span` columns, a view).  Slots that are free decode garbage into their own, unused, slot.
+The decode forward reads and writes only persistent device buffers (last tokens, lengths, logits, the
+cache), so on CUDA (and NPU where torch_npu has graphs) it is captured once per (batch bucket, span
+bucket) at start-up and replayed: one launch per step instead of hundreds.  Weight updates copy into the
+parameters' own storage, so the graphs stay valid; a cache that has to grow, or a sleep/wake that moves the
+weights (rollout.free_cache_engine=true), drops them, and each bucket is captured again at its next use.
+`enforce_eager=True` (actor_rollout_ref.rollout.enforce_eager) skips graphs.
+The transformers model sees a duck-typed cache (`_SlotCache.update`) and a prepared 4D mask, which
+transformers passes through untouched, so any causal LM whose attention calls
+`past_key_values.update(key, value, layer_idx)` works; sliding-window layers are refused.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from functools import partial
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from fully_async.core.algorithms.sampling import sample_tokens
+from fully_async.core.device import Device, parse_dtype
+from fully_async.rollout.engines.base import NamedTensors
+from fully_async.core.types import GenOutput, GenRequest
+
+logger = logging.getLogger(__name__)
+
+
+class _SlotCache:
+    """What the model's attention layers call as `past_key_values`: writes in place into the slot buffers.
+
+    prefill(slots, P): the joining prompts' keys/values go to positions [0, P) of their slots and the
+    attention reads exactly those (nothing else exists for them yet).
+    decode(hi, positions, span): slot i < hi writes its one new key/value at positions[i] and the attention
+    reads slots [0, hi) over columns [0, span)."""
+
+    def __init__(self, slots: int, capacity: int):
+        self.slots, self.capacity = slots, capacity
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._mode: tuple = ()
+
+    def prefill(self, slots: torch.Tensor, length: int) -> "_SlotCache":
+        self._mode = ("prefill", slots, length)
+        return self
+
+    def decode(self, hi: int, positions: torch.Tensor, span: int) -> "_SlotCache":
+        self._mode = ("decode", hi, positions, span)
+        return self
+
+    def grow(self, capacity: int) -> None:
+        """Make room for `capacity` positions per slot, keeping what is cached."""
+        for buffers in (self.keys, self.values):
+            for i, old in enumerate(buffers):
+                new = old.new_zeros(old.shape[0], old.shape[1], capacity, old.shape[3])
+                new[:, :, :old.shape[2]] = old
+                buffers[i] = new
+        self.capacity = capacity
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+        if layer_idx == len(self.keys):  # first use: shapes come from the model's own projections
+            shape = (self.slots, key.shape[1], self.capacity, key.shape[3])
+            self.keys.append(key.new_zeros(shape))
+            self.values.append(value.new_zeros(shape))
+        k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
+        if self._mode[0] == "prefill":
+            _, slots, length = self._mode
+            k_buf[slots, :, :length] = key                                   # key (B, H, P, D)
+            v_buf[slots, :, :length] = value
+            return key, value
+        _, hi, positions, span = self._mode
+        rows = torch.arange(hi, device=key.device)
+        k_buf[rows, :, positions] = key[:, :, 0]                             # key (hi, H, 1, D)
+        v_buf[rows, :, positions] = value[:, :, 0]
+        return k_buf[:hi, :, :span], v_buf[:hi, :, :span]
+
+
+SLOT_ATTENTION = "fa_slot_attention"
+
+
+def slot_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
+                           scaling: Optional[float] = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """The engine's attention (registered with transformers as "fa_slot_attention").
+
+    Decode has one query token per row, so the query heads that share a KV head become SDPA's query length:
+    query (B, H, 1, D) -> (B, H_kv, H / H_kv, D) against keys/values (B, H_kv, span, D), the (B, 1, 1, span)
+    mask broadcast.  Each cached key/value is read once; transformers' sdpa repeats them per query head
+    whenever a mask is given (for a 7:1 GQA model that is 7x the cache traffic of every decode step).
+    Prefill (several query tokens) goes to transformers' sdpa."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    batch, heads, q_len, dim = query.shape
+    kv_heads = key.shape[1]
+    if q_len != 1 or heads == kv_heads or dropout:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    if attention_mask is not None and query.device.type == "npu" and attention_mask.dtype != torch.bool:
+        attention_mask = attention_mask == 0     # NPU's fused kernel takes a boolean "may attend" mask
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.view(batch, kv_heads, heads // kv_heads, dim), key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(batch, 1, heads, dim), None
+
+
+def _register_slot_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(SLOT_ATTENTION, slot_attention_forward)
+
+
+def default_graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    """Batch buckets with at most ~1/3 padding: 1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, ..., max_num_seqs."""
+    sizes, b = [], 1
+    while b < max_num_seqs:
+        sizes.append(b)
+        b = b * 2 if b < 32 else b + (16 if b < 64 else 32)
+    return sorted(set(sizes + [max_num_seqs]))
+
+
+def span_buckets(capacity: int, smallest: int = 128) -> list[int]:
+    """Attention spans captured per batch bucket: powers of two from `smallest`, and the capacity itself."""
+    spans, s = [], smallest
+    while s < capacity:
+        spans.append(s)
+        s *= 2
+    return spans + [capacity]
+
+
+def _bucket(value: int, buckets: list[int]) -> Optional[int]:
+    return next((b for b in buckets if b >= value), None)
+
+
+class HFEngine:
+    def __init__(self, model_path: str, device: Device, dtype: str = "float32", max_num_seqs: int = 256,
+                 eos_token_ids: Optional[list[int]] = None, pad_token_id: int = 0, seed: int = 1,
+                 trust_remote_code: bool = False, max_model_len: Optional[int] = None, enforce_eager: bool = True,
+                 graph_batch_sizes: Optional[list[int]] = None, free_cache_engine: bool = True):
+        from transformers import AutoModelForCausalLM
+
+        start = time.perf_counter()
+        self.device = device
+        self.torch_device = device.torch_device()
+        _register_slot_attention()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=parse_dtype(dtype), trust_remote_code=trust_remote_code,
+            attn_implementation=SLOT_ATTENTION).to(self.torch_device).eval()
+        sliding = [t for t in getattr(self.model.config, "layer_types", None) or [] if t != "full_attention"]
+        if sliding:
+            raise ValueError(f"{model_path}: layer types {sorted(set(sliding))} are not supported by the embedded "
+                             "engine's slot cache (full attention only); use actor_rollout_ref.rollout.name=vllm")
+        self.base = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.base_model
+        self.lm_head = self.model.get_output_embeddings()
+        self.max_num_seqs = max_num_seqs
+        self.admit_batch = max(1, max_num_seqs // 8)  # free slots that trigger an admission mid-run
+        self.eos = set(eos_token_ids or [])
+        self._eos = np.array(sorted(self.eos), dtype=np.int64)
+        self.pad_token_id = pad_token_id
+        self.version = 0
+        self.generator = torch.Generator(device=self.torch_device).manual_seed(seed)
+        self.waiting: deque[GenRequest] = deque()
+        self.slots: list[Optional[GenRequest]] = [None] * max_num_seqs
+        # host bookkeeping per slot (numpy, vectorised per step): occupied, tokens cached, tokens generated
+        # and allowed, and the generated tokens / behaviour log-probs so far
+        self._occ = np.zeros(max_num_seqs, dtype=bool)
+        self._len = np.zeros(max_num_seqs, dtype=np.int64)
+        self._gen = np.zeros(max_num_seqs, dtype=np.int64)
+        self._max = np.zeros(max_num_seqs, dtype=np.int64)
+        self._truncates = np.zeros(max_num_seqs, dtype=bool)   # samples with top-k or top-p < 1
+        self._tok = np.zeros((max_num_seqs, 0), dtype=np.int64)
+        self._lp = np.zeros((max_num_seqs, 0), dtype=np.float64)
+        self.max_model_len = max_model_len or 256
+        self._cache: Optional[_SlotCache] = None
+        self._state: Optional[dict[str, torch.Tensor]] = None  # per-slot device tensors, see _buffers()
+        self._sleep_level = 0
+        self.free_cache_engine = free_cache_engine
+        # device graphs of the decode step, keyed by (batch bucket, span bucket)
+        self._graph_api = None if enforce_eager else device.graphs()
+        self.graph_batch_sizes = sorted(b for b in (graph_batch_sizes or default_graph_batch_sizes(max_num_seqs))
+                                        if b <= max_num_seqs)
+        if self._graph_api is not None and max_num_seqs not in self.graph_batch_sizes:
+            self.graph_batch_sizes.append(max_num_seqs)
+        self._graphs: dict[tuple[int, int], Callable[[], None]] = {}
+        self.graph_capture_s = 0.0
+        if not enforce_eager and self._graph_api is None and device.is_accelerator:
+            logger.warning("%s: this torch has no device graphs; the embedded engine decodes eagerly", device.name)
+        if self._graph_api is not None:
+            self._capture_graphs()
+        self.startup_s = time.perf_counter() - start
+        logger.info("embedded engine on %s ready in %.1fs (%s)", device.name, self.startup_s,
+                    f"{len(self._graphs)} decode graphs captured in {self.graph_capture_s:.1f}s"
+                    if self._graph_api is not None else "eager decode")
+
+    # ------------------------------------------------------------------ contract
+    def submit(self, requests: list[GenRequest]) -> None:
+        if self._sleep_level:
+            raise RuntimeError("HFEngine.submit() while asleep: call wake_up() first")
+        for req in requests:
+            if not req.prompt_ids:
+                raise ValueError(f"request {req.request_id} has an empty prompt")
+            self.waiting.append(req)
+
+    def num_in_flight(self) -> int:
+        return len(self.waiting) + int(self._occ.sum())
+
+    def collect(self, timeout_s: float = 0.05) -> list[GenOutput]:
+        """One engine iteration (admit, sample, retire, decode); `timeout_s` is not needed here."""
+        if not self.waiting and not self._occ.any():
+            return []
+        with torch.inference_mode():
+            self._admit()
+            finished = self._sample_and_retire()
+            if self._occ.any():
+                self._decode()
+        return finished
+
+    def interrupt(self) -> list[GenOutput]:
+        out = [self._output(i, "abort") for i in np.flatnonzero(self._occ)]
+        out += [GenOutput(r.request_id, [], [], [], "abort") for r in self.waiting]
+        self.slots = [None] * self.max_num_seqs
+        self._occ[:] = False
+        self.waiting = deque()
+        return out
+
+    def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
+        if self.num_in_flight():
+            raise RuntimeError("HFEngine.update_weights() with requests in flight: interrupt() or drain first")
+        load_named_tensors(self.model, named_tensors)   # in place: the captured graphs read the same storage
+        self.version = version
+
+    def sleep(self, level: int = 1) -> None:
+        """Free device memory for the colocated trainer (rollout.free_cache_engine=true): drop the KV cache and
+        the decode graphs and move the weights (and buffers such as RoPE's inv_freq, which are not in the state
+        dict) to host memory; with free_cache_engine=false everything stays resident (and the graphs valid).
+        Level 2 is treated as level 1: this engine has no way to rebuild non-persistent buffers from nothing."""
+        if self.num_in_flight():
+            raise RuntimeError("HFEngine.sleep() with requests in flight")
+        if self.free_cache_engine:
+            self._cache = self._state = None
+            self._graphs = {}
+            if self.device.is_accelerator:
+                self.model.to("cpu")
+                self.device.empty_cache()
+        self._sleep_level = level
+
+    def wake_up(self) -> None:
+        if self._sleep_level and self.free_cache_engine:
+            if self.device.is_accelerator:
+                self.model.to(self.torch_device)
+            self._invalidate_graphs()   # the weights have new addresses
+        self._sleep_level = 0
+
+    # ------------------------------------------------------------------ internals
+    def _buffers(self, need: int) -> tuple[_SlotCache, dict[str, torch.Tensor]]:
+        """The slot cache (room for `need` positions per slot) and the per-slot device state."""
+        if self._cache is None:
+            self._cache = _SlotCache(self.max_num_seqs, max(self.max_model_len, need))
+        elif need > self._cache.capacity:
+            logger.warning("a request needs %d positions, the slot cache has %d: growing it (raise "
+                           "actor_rollout_ref.rollout.max_model_len to avoid this)", need, self._cache.capacity)
+            self._cache.grow(max(need, 2 * self._cache.capacity))
+            self._invalidate_graphs()   # the cache buffers moved
+        capacity = self._cache.capacity
+        if self._tok.shape[1] < capacity:   # host history: a slot generates at most `capacity` tokens
+            grow = capacity - self._tok.shape[1]
+            self._tok = np.pad(self._tok, ((0, 0), (0, grow)))
+            self._lp = np.pad(self._lp, ((0, 0), (0, grow)))
+        if self._state is None:
+            dev, s = self.torch_device, self.max_num_seqs
+            vocab = self.lm_head.weight.shape[0]
+            self._state = {"logits": torch.zeros(s, vocab, device=dev),
+                           "tokens": torch.zeros(s, dtype=torch.long, device=dev),
+                           "lengths": torch.zeros(s, dtype=torch.long, device=dev),
+                           "temperature": torch.ones(s, device=dev), "top_p": torch.ones(s, device=dev),
+                           "top_k": torch.full((s,), -1, dtype=torch.long, device=dev)}
+        return self._cache, self._state
+
+    def _mask(self, query_pos: torch.Tensor, span: int, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Additive (B, 1, q, span) mask: key j visible to a query at position p when j <= p (and j < valid)."""
+        keys = torch.arange(span, device=query_pos.device)
+        allowed = keys.view(1, 1, -1) <= query_pos.unsqueeze(-1)                        # (B, q, span)
+        if valid is not None:
+            allowed &= keys.view(1, 1, -1) < valid.view(-1, 1, 1)
+        dtype = self.lm_head.weight.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+        return mask.masked_fill_(~allowed, torch.finfo(dtype).min).unsqueeze(1)
+
+    def _admit(self) -> None:
+        free = np.flatnonzero(~self._occ)
+        running = self.max_num_seqs - len(free)
+        if not len(free) or not self.waiting or (running and len(free) < self.admit_batch):
+            return
+        joining = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
+        slot_ids = free[:len(joining)]
+        lens = [len(r.prompt_ids) for r in joining]
+        cache, state = self._buffers(max(n + r.params.max_tokens for n, r in zip(lens, joining)))
+        dev, width = self.torch_device, max(lens)
+        ids = torch.full((len(joining), width), self.pad_token_id, dtype=torch.long)
+        for i, r in enumerate(joining):
+            ids[i, :lens[i]] = torch.tensor(r.prompt_ids, dtype=torch.long)
+        ids = ids.to(dev)
+        lengths = torch.tensor(lens, dtype=torch.long, device=dev)
+        slots = torch.tensor(slot_ids, dtype=torch.long, device=dev)
+        positions = torch.arange(width, device=dev).expand(len(joining), width)
+        hidden = self.base(input_ids=ids, position_ids=positions, attention_mask=self._mask(positions, width, lengths),
+                           past_key_values=cache.prefill(slots, width), use_cache=True).last_hidden_state
+        last = hidden[torch.arange(len(joining), device=dev), lengths - 1]                 # (B, H)
+        state["logits"][slots] = self.lm_head(last).float()
+        state["lengths"][slots] = lengths
+        params = [r.params for r in joining]
+        state["temperature"][slots] = torch.tensor([p.temperature for p in params], device=dev)
+        state["top_p"][slots] = torch.tensor([p.top_p for p in params], device=dev)
+        state["top_k"][slots] = torch.tensor([p.top_k for p in params], dtype=torch.long, device=dev)
+        for i, r in zip(slot_ids, joining):
+            self.slots[i] = r
+        self._occ[slot_ids] = True
+        self._len[slot_ids] = lens
+        self._gen[slot_ids] = 0
+        self._max[slot_ids] = [p.max_tokens for p in params]
+        self._truncates[slot_ids] = [p.top_k > 0 or p.top_p < 1.0 for p in params]
+
+    def _hi(self) -> int:
+        occupied = np.flatnonzero(self._occ)
+        return int(occupied[-1]) + 1 if len(occupied) else 0
+
+    def _output(self, i: int, reason: str) -> GenOutput:
+        n = int(self._gen[i])
+        return GenOutput(self.slots[i].request_id, self._tok[i, :n].tolist(), self._lp[i, :n].tolist(),
+                         [self.version] * n, reason)
+
+    def _sample_and_retire(self) -> list[GenOutput]:
+        hi = self._hi()
+        state = self._state
+        truncate = bool((self._truncates[:hi] & self._occ[:hi]).any())
+        tokens, logps = sample_tokens(state["logits"][:hi], state["temperature"][:hi], state["top_k"][:hi],
+                                      state["top_p"][:hi], self.generator, truncate=truncate)
+        state["tokens"][:hi] = tokens
+        host = torch.stack([tokens.double(), logps.double()]).cpu().numpy()              # the one sync per step
+        rows = np.flatnonzero(self._occ[:hi])
+        step_tokens = host[0, rows].astype(np.int64)
+        at = self._gen[rows]
+        self._tok[rows, at] = step_tokens
+        self._lp[rows, at] = host[1, rows]
+        self._gen[rows] += 1
+        eos = np.isin(step_tokens, self._eos)
+        done = eos | (self._gen[rows] >= self._max[rows])
+        finished = [self._output(i, "stop" if hit else "length") for i, hit in zip(rows[done], eos[done])]
+        for i in rows[done]:
+            self.slots[i] = None
+        self._occ[rows[done]] = False
+        return finished
+
+    def _decode(self) -> None:
+        hi = self._hi()
+        rows = np.flatnonzero(self._occ[:hi])
+        span = int(self._len[rows].max()) + 1          # the longest running sequence, its new token included
+        self._len[rows] += 1
+        if self._graph_api is None:
+            self._decode_step(hi, span)
+            return
+        key = (_bucket(hi, self.graph_batch_sizes), _bucket(span, span_buckets(self._cache.capacity)))
+        replay = self._graphs.get(key)
+        if replay is not None:
+            replay()
+            return
+        # a bucket not captured since the graphs were invalidated: this step runs eagerly at the bucket's shape,
+        # then is captured (capturing records kernels, it runs nothing)
+        self._decode_step(*key)
+        start = time.perf_counter()
+        self._graphs[key] = self._graph_api.capture(partial(self._decode_step, *key), warmup=0)
+        self.graph_capture_s += time.perf_counter() - start
+
+    def _invalidate_graphs(self) -> None:
+        """The buffers a graph reads moved: drop every graph; buckets are captured again at their next use, into
+        a fresh memory pool."""
+        if self._graph_api is not None:
+            self._graphs = {}
+            self._graph_api = self.device.graphs()
+
+    def _decode_step(self, batch: int, span: int) -> None:
+        """The decode forward over slots [0, batch), attending over cache columns [0, span).  Reads and writes
+        only persistent device buffers, so it can be captured as a device graph."""
+        state, cache = self._state, self._cache
+        positions = state["lengths"][:batch].clamp(max=cache.capacity - 1)                # where each new token goes
+        ids = state["tokens"][:batch].unsqueeze(1)                                          # (batch, 1)
+        hidden = self.base(input_ids=ids, position_ids=positions.unsqueeze(1),
+                           attention_mask=self._mask(positions.unsqueeze(1), span),
+                           past_key_values=cache.decode(batch, positions, span), use_cache=True).last_hidden_state
+        state["logits"][:batch] = self.lm_head(hidden[:, -1]).float()
+        state["lengths"][:batch] = positions + 1
+
+    def _capture_graphs(self) -> None:
+        """At start-up: capture the decode step for every (batch bucket, span bucket), largest first (they share
+        one memory pool).  A one-token prefill into slot 0 allocates the cache and device state first; the
+        warm-up runs write only unused slots' junk (nothing runs yet)."""
+        start = time.perf_counter()
+        with torch.inference_mode():
+            cache, state = self._buffers(self.max_model_len)
+            one = torch.zeros(1, 1, dtype=torch.long, device=self.torch_device)
+            self.base(input_ids=one, position_ids=one, attention_mask=self._mask(one, 1),
+                      past_key_values=cache.prefill(one[0], 1), use_cache=True)
+            for batch in sorted(self.graph_batch_sizes, reverse=True):
+                for span in sorted(span_buckets(cache.capacity), reverse=True):
+                    self._graphs[(batch, span)] = self._graph_api.capture(partial(self._decode_step, batch, span))
+            state["lengths"].zero_()
+        self.device.synchronize()
+        self.graph_capture_s += time.perf_counter() - start
+
+
+def load_named_tensors(model: torch.nn.Module, named_tensors: NamedTensors) -> int:
+    """Copy (name, tensor) pairs into the model's parameters/buffers in place; returns bytes loaded."""
+    items = named_tensors.items() if hasattr(named_tensors, "items") else named_tensors
+    params = dict(model.named_parameters())
+    params.update(dict(model.named_buffers()))
+    loaded = 0
+    with torch.no_grad():
+        for name, tensor in items:
+            if name not in params:
+                raise KeyError(f"weight {name!r} does not exist in the rollout model")
+            params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+            loaded += tensor.numel() * tensor.element_size()
+    return loaded

@@ -1,0 +1,64 @@
+"""Generation helpers shared by the rollouter and the sync loop (layer 3).
+
+Both modes turn prompts into scored groups the same way: n pending responses per prompt, run
+on an engine, decoded, scored by the reward manager.  Validation is the same in both modes too,
+so its numbers are comparable across modes.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Sequence
+
+from fully_async.rollout.engines.base import run_requests
+from fully_async.core.partial import PendingResponse
+from fully_async.core.types import PromptRecord, Sample, SampleGroup, SamplingParams
+
+
+def run_to_completion(engine: Any, pendings: Sequence[PendingResponse]) -> None:
+    """Generate every pending response to the end (engine must hold nothing else)."""
+    by_id = {p.sample_id: p for p in pendings}
+    for request_id, out in run_requests(engine, [p.request() for p in pendings]).items():
+        by_id[request_id].extend(out)
+
+
+def score_samples(tokenizer: Any, reward: Any, record: PromptRecord, samples: Sequence[Sample]) -> None:
+    for s in samples:
+        text = tokenizer.decode(s.response_ids, skip_special_tokens=True)
+        s.reward, s.reward_extra = reward.score(record.data_source, text, record.ground_truth, record.extra_info,
+                                                len(s.response_ids))
+        s.data_source = record.data_source
+
+
+def make_group(uid: str, record: PromptRecord, epoch: int, version: int, samples: list[Sample]) -> SampleGroup:
+    return SampleGroup(uid, record.index, epoch, sorted(samples, key=lambda s: s.sample_id), version)
+
+
+def group_pendings(uid: str, record: PromptRecord, n: int, params: SamplingParams,
+                   lengths: Optional[Any] = None) -> list[PendingResponse]:
+    """The n responses of one prompt; `lengths` (fully_async.core.workload.LengthProfile, benchmarks only)
+    gives each response a synthetic target length."""
+    ids = [f"{uid}-s{j}" for j in range(n)]
+    return [PendingResponse(uid, sid, record.prompt_ids, params,
+                            target_len=lengths.target(sid) if lengths is not None else None) for sid in ids]
+
+
+def validate(engine: Any, tokenizer: Any, reward: Any, records: Sequence[PromptRecord], cfg: Any,
+             version: int) -> dict[str, float]:
+    """`val-core/<data_source>/reward/mean@<n>` with val_kwargs sampling (greedy by default)."""
+    start = time.perf_counter()
+    vk = cfg.actor_rollout_ref.rollout.val_kwargs
+    params = SamplingParams(vk.temperature if vk.do_sample else 0.0, vk.top_p, vk.top_k,
+                            cfg.data.max_response_length)
+    pendings = [(rec, group_pendings(f"val-v{version}-{rec.index}", rec, vk.n, params)) for rec in records]
+    run_to_completion(engine, [p for _, ps in pendings for p in ps])
+    scores: dict[str, list[float]] = {}
+    lengths = []
+    for rec, ps in pendings:
+        samples = [p.to_sample() for p in ps]
+        score_samples(tokenizer, reward, rec, samples)
+        scores.setdefault(rec.data_source, []).extend(s.reward for s in samples)
+        lengths.extend(len(s.response_ids) for s in samples)
+    metrics = {f"val-core/{ds}/reward/mean@{vk.n}": sum(v) / len(v) for ds, v in scores.items()}
+    metrics["val-aux/response_length/mean"] = sum(lengths) / max(len(lengths), 1)
+    metrics["timing_s/testing"] = time.perf_counter() - start
+    return metrics

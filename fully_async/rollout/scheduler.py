@@ -1,0 +1,217 @@
+"""Rollout scheduler (layer 3: pure Python, no Ray, no torch): what to generate, when, and what is done.
+
+The rollouter actor used to mix this logic with its Ray plumbing; here it stands alone so it can be
+tested with a scripted fake engine.  It talks to an engine only through the `RolloutEngine` contract
+(engines/base.py: submit / collect / num_in_flight / interrupt / update_weights, plus the optional
+`keeps_in_flight`), so one engine, an engine pool of K replicas and a test fake are driven alike.
+
+What it owns:
+  * admission: a new prompt group (its `n` responses) is admitted while the engine has room
+    (`max_in_flight` sequences) and the staleness bound allows (staleness.py);
+  * bookkeeping: groups in flight (`groups`), responses in flight (`pending`), responses parked by
+    an interrupt (`parked`), and the grouping of finished responses into complete prompt groups,
+    which go to `on_complete` (the rollouter scores them and puts them in the queue);
+  * weight updates (`apply_weights`): how in-flight work stops depends on the mode --
+      keep   (partial_rollout and an engine that keeps requests, vLLM pause_mode=keep): the engine
+             loads with requests in flight and continues them on the new weights;
+      abort  (partial_rollout): interrupt, keep each response's tokens/log-probs/versions, resubmit
+             prompt + partial after the load (partial.py);
+      drain  (no partial rollout): finish everything on the old weights first --
+    then the staleness bound moves to the new version, counting the groups still in flight or queued
+    as carried over;
+  * snapshot / restore of everything not yet handed to `on_complete`, for checkpoints.
+Nothing is dropped and nothing is generated twice: every admitted response is, at any time, in exactly
+one of `pending` (in the engine or parked) or a completed group.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from fully_async.rollout.generation import group_pendings
+from fully_async.core.partial import PendingResponse
+from fully_async.core.types import GenOutput, PromptRecord, Sample, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GroupState:
+    """A prompt group in flight: its finished responses so far."""
+
+    record: PromptRecord
+    epoch: int
+    admitted_version: int
+    done: list[Sample] = field(default_factory=list)
+
+
+@dataclass
+class CompletedGroup:
+    """All `n` responses of a prompt, unscored (the rollouter scores them)."""
+
+    uid: str
+    record: PromptRecord
+    epoch: int
+    admitted_version: int
+    samples: list[Sample]
+
+
+class RolloutScheduler:
+    def __init__(self, engine: Any, stream: Any, staleness: Any, n: int, params: SamplingParams,
+                 max_in_flight: int, partial_rollout: bool, on_complete: Callable[[list[CompletedGroup]], None],
+                 lengths: Optional[Any] = None):
+        self.engine = engine
+        self.stream = stream              # data.PromptStream: next() -> (epoch, record), exhausted
+        self.staleness = staleness        # staleness.StalenessManager
+        self.n = n
+        self.params = params
+        self.max_in_flight = max_in_flight
+        self.partial_rollout = partial_rollout
+        self.on_complete = on_complete
+        self.lengths = lengths            # workload.LengthProfile (benchmarks) or None
+        self.groups: dict[str, GroupState] = {}
+        self.pending: dict[str, PendingResponse] = {}
+        self.parked: list[PendingResponse] = []
+        self.stats = {"generated_samples": 0, "interrupted_samples": 0, "bound_pauses": 0,
+                      "staleness_samples": 0, "engine_steps": 0}
+
+    # ------------------------------------------------------------------ state
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    @property
+    def exhausted(self) -> bool:
+        """Every prompt was admitted and every group completed."""
+        return self.stream.exhausted and not self.groups
+
+    def in_flight(self) -> int:
+        """Responses inside the engine (parked ones excluded)."""
+        return self.engine.num_in_flight()
+
+    def at_bound(self) -> bool:
+        return not self.staleness.can_admit_peek()
+
+    # ------------------------------------------------------------------ generation
+    def admit(self) -> int:
+        """Admit prompt groups while the engine has room and the staleness bound allows; returns how many."""
+        admitted = 0
+        while self.engine.num_in_flight() + self.n <= max(self.max_in_flight, self.n) and not self.stream.exhausted:
+            if not self.staleness.can_admit():
+                if self.staleness.state.pauses != self.stats["bound_pauses"]:
+                    self.stats["bound_pauses"] = self.staleness.state.pauses
+                    logger.info("rollouter paused: %s", self.staleness.pause_reason())
+                break
+            item = self.stream.next()
+            if item is None:
+                break
+            epoch, record = item
+            uid = f"e{epoch}-p{record.index}"
+            self.groups[uid] = GroupState(record, epoch, self.engine.version)
+            pends = group_pendings(uid, record, self.n, self.params, self.lengths)
+            self.pending.update((p.sample_id, p) for p in pends)
+            self.engine.submit([p.request() for p in pends])
+            self.staleness.on_admit()
+            admitted += 1
+        self.stats["staleness_samples"] = self.staleness.state.admitted
+        return admitted
+
+    def step(self, timeout_s: float = 0.05) -> int:
+        """One engine collect; finished groups go to on_complete.  Returns the outputs handled."""
+        outputs = self.engine.collect(timeout_s)
+        self.stats["engine_steps"] += 1
+        self.handle(outputs)
+        return len(outputs)
+
+    def handle(self, outputs: list[GenOutput]) -> None:
+        """Fold engine outputs into their responses; aborted ones are parked, complete groups emitted."""
+        complete: list[CompletedGroup] = []
+        for out in outputs:
+            pend = self.pending.get(out.request_id)
+            if pend is None:
+                raise RuntimeError(f"the engine returned request {out.request_id!r}, which is not in flight")
+            if not pend.extend(out):
+                self.parked.append(pend)
+                continue
+            del self.pending[out.request_id]
+            group = self.groups[pend.uid]
+            group.done.append(pend.to_sample())
+            if len(group.done) == self.n:
+                del self.groups[pend.uid]
+                complete.append(CompletedGroup(pend.uid, group.record, group.epoch, group.admitted_version,
+                                               group.done))
+        if complete:
+            self.stats["generated_samples"] += self.n * len(complete)
+            self.on_complete(complete)
+
+    # ------------------------------------------------------------------ interrupt / resume
+    def park(self) -> int:
+        """Interrupt everything in the engine; partial responses wait in `parked`.  Returns how many."""
+        if not self.engine.num_in_flight():
+            return 0
+        outputs = self.engine.interrupt()
+        before = len(self.parked)
+        self.handle(outputs)
+        return len(self.parked) - before
+
+    def resume(self) -> int:
+        """Resubmit parked responses (prompt + partial response as the prefix)."""
+        parked, self.parked = self.parked, []
+        if parked:
+            self.engine.submit([p.request() for p in parked])
+        return len(parked)
+
+    def drain(self) -> None:
+        """Generate until the engine holds nothing (finishes in-flight work on the current weights)."""
+        while self.engine.num_in_flight():
+            self.step()
+
+    def apply_weights(self, load: Callable[[], Any], version: int, queued: Callable[[], int],
+                      before_resume: Optional[Callable[[], Any]] = None) -> dict[str, float]:
+        """Stop in-flight work as the mode says, `load()` the new weights, move the bound, resume.
+
+        `queued()` counts groups waiting in the trainer's queue (carried over to the new version);
+        `before_resume()` runs on the new weights while the partial responses are still parked (the
+        rollouter validates there).  Returns the timings of the phases (pause / load / resume)."""
+        t0 = time.perf_counter()
+        keep = self.partial_rollout and getattr(self.engine, "keeps_in_flight", False)
+        if keep:
+            pass  # the engine continues its requests on the new weights inside load()
+        elif self.partial_rollout:
+            self.stats["interrupted_samples"] += self.park()
+        else:
+            self.drain()
+        t1 = time.perf_counter()
+        load()
+        t2 = time.perf_counter()
+        self.staleness.on_version(version, in_flight=len(self.groups), queued=queued())
+        timings = {"pause": t1 - t0, "load": t2 - t1}
+        if keep:
+            timings.update(getattr(self.engine, "last_update_timings", {}) or {})
+        if before_resume is not None:
+            before_resume()
+        t3 = time.perf_counter()
+        self.resume()
+        timings["resume"] = time.perf_counter() - t3
+        return timings
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict:
+        """Everything not yet completed (call after park(): partial responses are then complete records)."""
+        return {
+            "stream": self.stream.state_dict(),
+            "staleness": self.staleness.state_dict(),
+            "groups": {uid: (g.record, g.epoch, g.admitted_version, list(g.done)) for uid, g in self.groups.items()},
+            "pending": list(self.pending.values()),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue exactly where a snapshot left off; every pending response is parked until resume()."""
+        self.stream.load_state_dict(state["stream"])
+        self.staleness.load_state_dict(state["staleness"])
+        self.groups = {uid: GroupState(rec, epoch, version, list(done))
+                       for uid, (rec, epoch, version, done) in state["groups"].items()}
+        self.pending = {p.sample_id: p for p in state["pending"]}
+        self.parked = list(self.pending.values())

@@ -1,0 +1,105 @@
+"""`python -m fully_async.run.main key=value ...`: fully asynchronous GRPO/PPO on Ray (or `mode=sync`).
+
+The story: validate and load data (before Ray), start Ray, create the queue, the rollouter and
+the trainer, run both until the trainer reaches its last step, validate the final weights,
+shut down.  If any actor fails, the others are stopped and the run exits non-zero with that
+actor's root-cause error.  `mode=sync` (or `--config-name=ppo_trainer`) runs the colocated
+synchronous loop of `fully_async.actors.sync_loop` through the same launcher.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Optional
+
+import hydra
+from omegaconf import DictConfig
+
+from fully_async.run.hydra_setup import CONFIG_DIR, register
+
+logger = logging.getLogger("fully_async")
+register()
+
+
+def create_async_actors(cfg: Any, prep: Any, device: Any, resume_path: Optional[str]) -> dict:
+    """Queue, rollouter and trainer; resuming, each loads its own part of the checkpoint at `resume_path`."""
+    import ray
+
+    from fully_async.cluster.placement import in_bundle, make_placement_group, rollout_layout
+    from fully_async.actors.queue import GroupQueue
+    from fully_async.actors.rollouter import Rollouter
+    from fully_async.actors.trainer import Trainer
+
+    n_train = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    n_roll = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+    replicas, tp = rollout_layout(cfg)
+    # one bundle per engine replica and one per trainer rank, reserved up front (or a named error)
+    roll_pg = make_placement_group(device, replicas, tp, f"{replicas} rollout engine replica(s)")
+    train_pg = make_placement_group(device, n_train, 1, f"{n_train} trainer rank(s)")
+    # resuming: the groups generated but not trained at the checkpoint are the first the trainer gets
+    queue = ray.remote(GroupQueue).options(num_cpus=0, max_concurrency=8).remote(resume_path)
+    # one replica: the engine lives in the rollouter (on bundle 0's devices); several: the rollouter is a
+    # device-less shell and each replica actor takes its own bundle
+    roll_opts = (dict(device.ray_actor_options(tp), **in_bundle(roll_pg, 0)) if replicas == 1
+                 else {"num_cpus": 0})
+    # threads: its loop, the trainer's weight push and per-step metrics, the driver's calls (and spare)
+    rollouter = ray.remote(Rollouter).options(max_concurrency=6, **roll_opts).remote(
+        prep.cfg_dict, queue, prep.train, prep.val, prep.eos_token_ids, prep.pad_token_id, resume_path,
+        roll_pg if replicas > 1 else None)
+    # the trainer actor is data-parallel rank 0 (bundle 0); it spawns ranks 1..n_train-1 into bundles 1..
+    trainer = ray.remote(Trainer).options(max_concurrency=3, **device.ray_actor_options(1),
+                                          **in_bundle(train_pg, 0)).remote(
+        prep.cfg_dict, queue, rollouter, prep.total_steps, n_train + n_roll, prep.pad_token_id, resume_path,
+        train_pg)
+    return {"trainer": trainer, "rollouter": rollouter, "queue": queue}
+
+
+def run_async(cfg: Any) -> dict:
+    from fully_async.run.launcher import launch
+
+    return launch(cfg, lambda *args: create_async_actors(cfg, *args), main_actor="trainer")
+
+
+def run_sync(cfg: Any) -> dict:
+    """Driver of mode=sync: one colocated worker (rank 0) that spawns the other trainer ranks."""
+    import ray
+
+    from fully_async.actors.sync_loop import SyncWorker
+    from fully_async.cluster.placement import in_bundle, make_placement_group
+    from fully_async.run.launcher import launch
+
+    def create(prep: Any, device: Any, resume_path: Optional[str]) -> dict:
+        n_dev = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+        pg = make_placement_group(device, n_dev, 1, f"{n_dev} trainer rank(s)") if n_dev > 1 else None
+        # rank 0 (engine + trainer shard) takes one device, the trainer group spawns the others;
+        # on CPU a lone colocated worker gets the cores async mode splits between its two actors
+        opts = device.ray_actor_options(1, num_cpus=1 if device.is_accelerator or n_dev > 1 else 2)
+        worker = ray.remote(SyncWorker).options(max_concurrency=2, **opts, **in_bundle(pg, 0)).remote(
+            prep.cfg_dict, prep.train, prep.val, prep.total_steps, n_dev, prep.eos_token_ids, prep.pad_token_id,
+            resume_path, pg)
+        return {"sync": worker}
+
+    return launch(cfg, create, main_actor="sync")
+
+
+def run(cfg: Any) -> dict:
+    return run_sync(cfg) if cfg.mode == "sync" else run_async(cfg)
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="fully_async_ppo_trainer", version_base=None)
+def main(cfg: DictConfig) -> None:
+    from fully_async.run.hydra_setup import USER_ERRORS
+    from fully_async.run.launcher import RunInterrupted
+
+    try:
+        run(cfg)
+    except RunInterrupted as exc:
+        logger.error("%s", exc)
+        sys.exit(128 + exc.signum)
+    except USER_ERRORS as exc:
+        logger.error("%s", exc)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

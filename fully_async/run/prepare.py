@@ -1,0 +1,204 @@
+"""Everything the driver checks and loads before Ray starts (layer 5 helper).
+
+Fail fast and cheaply: config rules, files, tokenizer, dataset (tokenised once here, then
+shipped to the rollouter), derived step counts.  Nothing here touches a device.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from fully_async.core.config import ConfigError, as_file_list, validate, validate_with_data
+from fully_async.core.types import PromptRecord
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Prepared:
+    cfg_dict: dict                 # resolved plain config shipped to the actors
+    train: list[PromptRecord]
+    val: list[PromptRecord]
+    total_prompts: int             # prompts the rollouter generates
+    total_steps: int               # trainer steps
+    eos_token_ids: list[int]
+    pad_token_id: int
+
+
+def eos_ids(tokenizer: Any, model_path: str, vocab_size: Optional[int] = None) -> list[int]:
+    """EOS ids from the tokenizer and generation_config; each must exist in the model's vocabulary."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    try:
+        from transformers import GenerationConfig
+        gen_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+        ids.update([gen_eos] if isinstance(gen_eos, int) else (gen_eos or []))
+    except (OSError, ValueError):
+        pass
+    if vocab_size is not None:
+        outside = sorted(i for i in ids if i >= vocab_size)
+        if outside:
+            raise ConfigError("actor_rollout_ref.model.path",
+                              f"the tokenizer at {model_path} has eos_token id(s) {outside} outside the model's "
+                              f"vocabulary of {vocab_size} (a tokenizer without a real eos_token?): responses "
+                              "could never stop")
+    if not ids:
+        raise ConfigError("actor_rollout_ref.model.path",
+                          f"the tokenizer at {model_path} defines no eos_token: responses could never stop")
+    return sorted(ids)
+
+
+def check_model_folder(cfg: Any) -> Any:
+    """A model path must hold a loadable config and weight files; errors name the key and the path."""
+    import glob
+    import os
+
+    from transformers import AutoConfig
+
+    model = cfg.actor_rollout_ref.model
+    try:
+        conf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - any parse/arch error means "not a model"
+        raise ConfigError("actor_rollout_ref.model.path",
+                          f"{model.path}: config.json is not a loadable Hugging Face config ({exc})") from None
+    weights = [f for pat in ("*.safetensors", "*.bin", "*.pt") for f in glob.glob(os.path.join(model.path, pat))]
+    if not weights:
+        raise ConfigError("actor_rollout_ref.model.path",
+                          f"{model.path} has a config.json but no weight files (*.safetensors or *.bin)")
+    return conf
+
+
+def check_parallel_layout(cfg: Any, model_conf: Any) -> None:
+    """strategy=megatron: the model's sizes must split over tensor/pipeline ranks (else megatron asserts)."""
+    actor = cfg.actor_rollout_ref.actor
+    if actor.strategy != "megatron":
+        return
+    tp, pp = actor.megatron.tensor_model_parallel_size, actor.megatron.pipeline_model_parallel_size
+    sizes = {"vocab_size": (model_conf.vocab_size, tp),
+             "num_key_value_heads": (getattr(model_conf, "num_key_value_heads", None) or
+                                     model_conf.num_attention_heads, tp),
+             "num_attention_heads": (model_conf.num_attention_heads, tp),
+             "intermediate_size": (model_conf.intermediate_size, tp),
+             "num_hidden_layers": (model_conf.num_hidden_layers, pp)}
+    for name, (value, parts) in sizes.items():
+        if value % parts:
+            key = "tensor_model_parallel_size" if parts == tp else "pipeline_model_parallel_size"
+            raise ConfigError(f"actor_rollout_ref.actor.megatron.{key}",
+                              f"the model's {name}={value} does not split into {parts} parts")
+
+
+def check_attention(cfg: Any, model_conf: Any) -> None:
+    """override_config names real HF config fields; the attention kernel exists and can train on this device."""
+    import importlib.util
+
+    from fully_async.train.backends.torch_backend import model_overrides
+    from fully_async.core.device import get_device
+
+    model = cfg.actor_rollout_ref.model
+    if cfg.actor_rollout_ref.actor.strategy == "megatron":
+        return
+    unknown = [k for k in (model.override_config or {}) if k != "attn_implementation" and not hasattr(model_conf, k)]
+    if unknown:
+        raise ConfigError("actor_rollout_ref.model.override_config",
+                          f"{unknown} are not fields of {model.path}/config.json ({type(model_conf).__name__})")
+    device = get_device(cfg.trainer.device)
+    impl = model_overrides(model, device)["attn_implementation"]
+    key = "actor_rollout_ref.model.override_config.attn_implementation"
+    if device.name == "cpu" and impl not in ("sdpa", "eager", "varlen"):
+        raise ConfigError(key, f"{impl} cannot train on the CPU (no backward there); use varlen, sdpa or eager")
+    if impl.startswith("flash_attention") and device.name == "cuda":
+        package = "flash_attn" if impl == "flash_attention_2" else "flash_attn_interface"
+        if importlib.util.find_spec(package) is None:
+            raise ConfigError(key, f"{impl} needs the {package} package, which is not installed; use "
+                              "varlen (torch's own varlen kernel) or sdpa")
+
+
+def probe_rewards(cfg: Any, records: list[PromptRecord]) -> None:
+    """Call the reward function once per data_source (ground truth as the response) before Ray.
+
+    Catches a missing function, an unknown data_source and a non-number result in the driver,
+    instead of in the rollouter after the engines started.
+    """
+    from fully_async.core.rewards import RewardError, build_reward_manager
+
+    manager = build_reward_manager(cfg)
+    firsts: dict[str, PromptRecord] = {}
+    for rec in records:
+        firsts.setdefault(rec.data_source, rec)
+    key = "custom_reward_function.path" if cfg.custom_reward_function.path else f"data.{cfg.data.reward_fn_key}"
+    for source, rec in firsts.items():
+        try:
+            manager.score(source, str(rec.ground_truth), rec.ground_truth, rec.extra_info, 1)
+        except RewardError:
+            raise
+        except NotImplementedError as exc:
+            raise ConfigError(key, str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - the user's function crashed on a plain input
+            raise ConfigError(key, f"the reward function raised {type(exc).__name__}: {exc} when probed with "
+                              f"data_source={source!r} and the ground truth of row {rec.index} as the response")
+
+
+def load_tokenizer(cfg: Any) -> Any:
+    from fully_async.actors.actor_setup import build_tokenizer
+    try:
+        return build_tokenizer(cfg)
+    except Exception as exc:  # noqa: BLE001
+        raise ConfigError("actor_rollout_ref.model.path",
+                          f"{cfg.actor_rollout_ref.model.path}: the tokenizer does not load ({exc})") from None
+
+
+def load_datasets(cfg: Any, tokenizer: Any) -> tuple[list[PromptRecord], list[PromptRecord]]:
+    """Train and validation prompts, every row checked (data.load_prompts); the run and the doctor both call this."""
+    from fully_async.core.data import load_prompts
+
+    data = cfg.data
+    kwargs = dict(prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
+                  truncation=data.truncation, filter_overlong_prompts=data.filter_overlong_prompts,
+                  reward_fn_key=data.reward_fn_key, skip_invalid_rows=data.skip_invalid_rows,
+                  require_ground_truth=not cfg.custom_reward_function.path)  # rule rewards score against it
+    train = load_prompts(as_file_list(data.train_files), tokenizer, **kwargs)
+    val = load_prompts(as_file_list(data.val_files), tokenizer, **kwargs) if data.val_files else []
+    return train, val
+
+
+def prepare(cfg: Any) -> Prepared:
+    from omegaconf import OmegaConf
+
+    validate(cfg)
+    model_conf = check_model_folder(cfg)
+    check_parallel_layout(cfg, model_conf)
+    check_attention(cfg, model_conf)
+    tokenizer = load_tokenizer(cfg)
+    train, val = load_datasets(cfg, tokenizer)
+    validate_with_data(cfg, len(train))
+    probe_rewards(cfg, train)
+
+    at = cfg.async_training
+    required = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * at.require_batches
+    if cfg.mode == "sync":
+        required = cfg.data.train_batch_size  # prompts per step
+    total_prompts = cfg.rollout.total_rollout_steps or cfg.trainer.total_epochs * len(train)
+    if cfg.trainer.total_training_steps is not None:
+        total_steps = cfg.trainer.total_training_steps
+        if not cfg.rollout.total_rollout_steps:  # generate no more than the trainer will consume
+            total_prompts = min(total_prompts, total_steps * required)
+    else:
+        total_steps = max(1, math.ceil(total_prompts / required))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    cfg_dict = OmegaConf.to_container(cfg, resolve=True)
+    cfg_dict["rollout"]["total_rollout_steps"] = total_prompts
+    cfg_dict["trainer"]["total_training_steps"] = total_steps
+    if cfg_dict["benchmark"]["response_length"].endswith(".json"):  # actors may run in another directory
+        cfg_dict["benchmark"]["response_length"] = os.path.abspath(cfg_dict["benchmark"]["response_length"])
+    logger.info("data: %d train prompts, %d val prompts; %d prompts to generate, %d trainer steps of %d groups",
+                len(train), len(val), total_prompts, total_steps, required)
+    eos = eos_ids(tokenizer, cfg.actor_rollout_ref.model.path, getattr(model_conf, "vocab_size", None))
+    if cfg.benchmark.ignore_eos:
+        logger.warning("benchmark.ignore_eos=true: the engines ignore EOS %s (a benchmark setting, not for training)",
+                       eos)
+        eos = []
+    return Prepared(cfg_dict, train, val, total_prompts, total_steps, eos, int(pad))

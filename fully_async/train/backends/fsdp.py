@@ -1,0 +1,77 @@
+"""FSDP2 helpers for the torch backend (layer 3): process group, sharding, gathering, checkpoints.
+
+`fully_shard` is applied to every decoder layer and then to the root, so parameters live sharded
+across the data-parallel ranks and are all-gathered layer by layer during forward/backward.  With
+`actor.dtype=bfloat16` the master weights stay float32 and compute runs in bf16
+(MixedPrecisionPolicy); `fsdp_config.param_offload` keeps shards in host memory (CPUOffloadPolicy).
+Works on every comm backend the device layer names: gloo (CPU, what CI runs), nccl, hccl.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+
+def init_process_group(device: Any, rank: int, world: int, addr: str, port: int) -> None:
+    """The trainer's data-parallel world (one process per device) on the device's comm backend."""
+    if dist.is_initialized():
+        return
+    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port))
+    kwargs = {"device_id": device.torch_device()} if device.is_accelerator else {}
+    dist.init_process_group(device.comm_backend, rank=rank, world_size=world, **kwargs)
+
+
+def shard_model(model: torch.nn.Module, compute_dtype: torch.dtype, offload: bool) -> torch.nn.Module:
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    kwargs: dict[str, Any] = {}
+    if compute_dtype != torch.float32:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    if offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated transformer blocks of a Hugging Face causal LM (`model.model.layers` and kin)."""
+    for path in ("model.layers", "model.decoder.layers", "transformer.h", "gpt_neox.layers"):
+        obj: Any = model
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if isinstance(obj, torch.nn.ModuleList):
+            return list(obj)
+    raise ValueError(f"cannot find the decoder layers of {type(model).__name__} to shard with FSDP2")
+
+
+def full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) for every parameter; every rank must iterate (all-gather per parameter)."""
+    for name, param in model.named_parameters():
+        full = param.full_tensor() if hasattr(param, "full_tensor") else param
+        yield name, full.detach()
+
+
+def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
+    """Model + optimizer with torch.distributed.checkpoint: each rank writes its own shards."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, optimizer)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(path, "fsdp"))
+
+
+def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    msd, osd = get_state_dict(model, optimizer)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=os.path.join(path, "fsdp"))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -1,0 +1,447 @@
+"""Megatron-core training backend (layer 3): GPTModel with tensor, pipeline and data parallelism.
+
+Every trainer rank builds one backend and is called with the *same* full batch; each rank takes its
+data-parallel shard (rows r::dp; an empty shard runs one zero-weighted row to stay in step).  Each
+micro-batch loss is divided by its whole mini-batch's token/sequence count (as in TorchBackend);
+megatron's schedule divides by the micro-batch count and DDP averages over dp, so the loss given to
+the schedule is multiplied back by both.  Log-probs use megatron's vocab-parallel cross-entropy
+(exact under TP).  Weights enter and leave in Hugging Face names (`hf_megatron`).  Layers use the
+local spec (torch fallbacks, no Transformer Engine/Apex).  On Ascend NPU, MindSpeed patches megatron:
+`import mindspeed.megatron_adaptor` must run before megatron is first imported, which
+`_import_megatron` does when device.name == "npu".  Context parallelism is not implemented.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import socket
+from functools import partial
+from typing import Any, Callable, Iterator, Mapping, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from fully_async.core.algorithms.actor_loss import actor_loss, actor_metric_names
+from fully_async.core.algorithms.lr_schedule import lr_lambda, warmup_steps
+from fully_async.train.backends import hf_megatron
+from fully_async.core.batch import TrainBatch, micro_batches
+from fully_async.core.device import Device, parse_dtype
+
+logger = logging.getLogger(__name__)
+
+
+def _import_megatron(device: Device) -> None:
+    if device.name == "npu":
+        import mindspeed.megatron_adaptor  # noqa: F401  (must precede the first megatron import)
+    import megatron.core  # noqa: F401
+
+
+def init_parallel(device: Device, mcfg: Any, seed: int) -> None:
+    """megatron's parallel_state over the default process group (a world of one is created if none)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    if not dist.is_initialized():
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            os.environ.setdefault("MASTER_PORT", str(sock.getsockname()[1]))
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        dist.init_process_group(device.comm_backend, rank=0, world_size=1)
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=mcfg.tensor_model_parallel_size,
+                                     pipeline_model_parallel_size=mcfg.pipeline_model_parallel_size,
+                                     context_parallel_size=mcfg.context_parallel_size)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)  # megatron's RNG tracker (MindSpeed maps it on npu)
+
+
+def vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """(..., V/tp) logits sharded over the vocab -> (...) entropy of the full softmax."""
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    m = logits.detach().amax(-1, keepdim=True)
+    if ps.get_tensor_model_parallel_world_size() > 1:
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=ps.get_tensor_model_parallel_group())
+    shifted = logits - m
+    e = shifted.exp()
+    z = tensor_parallel.reduce_from_tensor_model_parallel_region(e.sum(-1))
+    ez = tensor_parallel.reduce_from_tensor_model_parallel_region((e * shifted).sum(-1))
+    return z.log() - ez / z                                                   # log Z - E_p[shifted]
+
+
+def vocab_parallel_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float,
+                             with_entropy: bool = False, entropy_grad: bool = False
+                             ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(B, L, V/tp) logits, (B, L) ids -> (B, L) log p(ids[t] | <t) at logits / temperature (0 at t = 0)."""
+    from megatron.core import tensor_parallel
+
+    scaled = logits[:, :-1].float() / (temperature if temperature > 0 else 1.0)  # (B, L-1, V/tp), fresh
+    ent = None
+    if with_entropy:  # before the cross-entropy, which works in place on its input
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = F.pad(vocab_parallel_entropy(scaled), (1, 0))
+    target = scaled.clone() if ent is not None and ent.requires_grad else scaled
+    logp = -tensor_parallel.vocab_parallel_cross_entropy(target, input_ids[:, 1:].contiguous())  # (B, L-1)
+    return F.pad(logp, (1, 0)), ent
+
+
+class MegatronBackend:
+    def __init__(self, cfg: Any, device: Device, total_optimizer_steps: int):
+        arr = cfg.actor_rollout_ref
+        self.cfg, self.actor_cfg, self.device, self.mcfg = cfg, arr.actor, device, arr.actor.megatron
+        self.dtype = parse_dtype(arr.actor.dtype)   # config.validate rejects float16 and context parallelism
+        if not device.is_accelerator:
+            raise RuntimeError("actor_rollout_ref.actor.strategy=megatron needs trainer.device=cuda or npu: "
+                               "megatron-core's forward does not run on CPU (use strategy=torch there)")
+        _import_megatron(device)
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        device.set_device(local_rank)
+        self.torch_device = device.torch_device(local_rank)
+        torch.manual_seed(cfg.trainer.seed)
+        init_parallel(device, self.mcfg, cfg.trainer.seed)
+        from megatron.core import parallel_state as ps
+        from transformers import AutoConfig
+
+        self.ps = ps
+        self.tp, self.tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+        self.pp, self.pp_rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
+        self.dp, self.dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+        self.hf_config = AutoConfig.from_pretrained(arr.model.path, trust_remote_code=arr.model.trust_remote_code)
+        self.tcfg = self._transformer_config()
+        hf_state = hf_megatron.SafetensorsFolder(arr.model.path)
+        self.model = self._build_model(hf_state, train=True)            # DDP(GPTModel)
+        need_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        self.ref_model = self._build_model(hf_state, train=False) if need_ref else None
+        self.optimizer = self._build_optimizer()
+        optim = arr.actor.optim
+        self.warmup_steps = warmup_steps(optim, total_optimizer_steps)
+        self.lr_multiplier = lr_lambda(optim, total_optimizer_steps)    # step -> multiplier of optim.lr
+        self.temperature = arr.rollout.temperature
+        self.rng = random.Random(cfg.trainer.seed)      # same seed on every rank: same shuffles
+        self.optim_steps = self.num_bad_steps = 0        # good optimizer steps / skipped ones (non-finite)
+        self.consecutive_bad_steps = 0                   # reset by every good optimizer step
+        self._host: list[tuple[Any, Optional[torch.Tensor], int]] = []   # offloaded device storages
+
+    # ------------------------------------------------------------------ construction
+    def _transformer_config(self) -> Any:
+        from megatron.core.transformer import TransformerConfig
+        from omegaconf import OmegaConf
+
+        m = self.mcfg
+        kwargs = hf_megatron.transformer_config_kwargs(self.hf_config, self.dtype)
+        kwargs.update(tensor_model_parallel_size=m.tensor_model_parallel_size,
+                      pipeline_model_parallel_size=m.pipeline_model_parallel_size,
+                      context_parallel_size=m.context_parallel_size,
+                      sequence_parallel=bool(m.sequence_parallel and m.tensor_model_parallel_size > 1),
+                      use_cpu_initialization=True, perform_initialization=False,  # weights come from HF
+                      # pipeline p2p of micro-batches of any length; megatron accepts that only with this
+                      # (MoE-only) dispatcher set, even for a dense model
+                      variable_seq_lengths=True, moe_token_dispatcher_type="alltoall")
+        if self.cfg.actor_rollout_ref.model.enable_gradient_checkpointing:
+            kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        override = m.override_transformer_config
+        kwargs.update(OmegaConf.to_container(override) if OmegaConf.is_config(override) else (override or {}))
+        return TransformerConfig(**kwargs)
+
+    def _build_model(self, hf_state: Mapping[str, torch.Tensor], train: bool) -> torch.nn.Module:
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        model = GPTModel(self.tcfg, get_gpt_layer_local_spec(normalization="RMSNorm"),
+                         pre_process=self.ps.is_pipeline_first_stage(), post_process=self.ps.is_pipeline_last_stage(),
+                         parallel_output=True, **hf_megatron.gpt_model_kwargs(self.hf_config))
+        self._load_local(model, hf_state)
+        model.to(self.torch_device)
+        if not train:
+            return model.eval().requires_grad_(False)
+        from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+                                               finalize_model_grads)
+
+        ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                use_distributed_optimizer=self.mcfg.use_distributed_optimizer)
+        self.tcfg.finalize_model_grads_func = finalize_model_grads  # dp all-reduce (+ tied-embedding grads)
+        return DistributedDataParallel(config=self.tcfg, ddp_config=ddp_cfg, module=model)
+
+    def _load_local(self, model: torch.nn.Module, hf_state: Mapping[str, torch.Tensor]) -> None:
+        """Copy this rank's slice of a full HF state dict into `model` (in place: DDP views survive)."""
+        state = hf_megatron.hf_to_megatron(hf_state, self.hf_config, self.tp_rank, self.tp, self.pp_rank, self.pp)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state")]
+        if missing or unexpected:
+            raise RuntimeError(f"HF -> megatron conversion does not match GPTModel: missing {missing}, "
+                               f"unexpected {unexpected}")
+
+    def _build_optimizer(self) -> Any:
+        """fp32 master weights, TP/PP-aware clipping; states sharded over dp with use_distributed_optimizer.
+        Without Apex/TE the inner optimizer is torch.optim.AdamW (no weight decay on norms/biases)."""
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        a = self.actor_cfg
+        return get_megatron_optimizer(OptimizerConfig(
+            optimizer="adam", lr=a.optim.lr, weight_decay=a.optim.weight_decay, adam_beta1=a.optim.betas[0],
+            adam_beta2=a.optim.betas[1], clip_grad=a.grad_clip, bf16=self.dtype == torch.bfloat16,
+            params_dtype=self.dtype, use_distributed_optimizer=self.mcfg.use_distributed_optimizer), [self.model])
+
+    # ------------------------------------------------------------------ forward plumbing
+    def _dp_rows(self, n: int) -> tuple[list[int], float]:
+        rows = list(range(self.dp_rank, n, self.dp))
+        return (rows, 1.0) if rows else ([0], 0.0)
+
+    def _forward_step(self, loss_fn: Callable, data_iterator: Iterator[TrainBatch], model: Any) -> tuple:
+        mb = next(data_iterator)
+        ids = mb.input_ids                                                       # (B, L), right-padded
+        if self.tcfg.sequence_parallel:
+            ids = F.pad(ids, (0, (-ids.shape[1]) % self.tp))
+        positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
+        out = model(ids, positions, None)   # causal mask built inside; (B, L, V/tp) on the last stage
+        return out, partial(loss_fn, mb)
+
+    def _schedule(self, model: Any, mbs: list[TrainBatch], loss_fn: Callable, forward_only: bool) -> list:
+        """Megatron's (pipelined) schedule over micro-batches; loss_fn outputs, on the last stage only."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        seq = max(mb.input_ids.shape[1] for mb in mbs)
+        return get_forward_backward_func()(
+            forward_step_func=partial(self._forward_step, loss_fn), data_iterator=iter(mbs), model=[model],
+            num_microbatches=len(mbs), seq_length=seq + (-seq) % self.tp, micro_batch_size=max(map(len, mbs)),
+            forward_only=forward_only)
+
+    def _sum_replicas(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum over data-parallel shards and pipeline stages (only the last stage holds outputs)."""
+        if self.dp > 1:
+            dist.all_reduce(t, group=self.ps.get_data_parallel_group())
+        if self.pp > 1:
+            dist.all_reduce(t, group=self.ps.get_pipeline_model_parallel_group())
+        return t
+
+    # ------------------------------------------------------------------ log-probs
+    def _logp_only(self, mb: TrainBatch, logits: torch.Tensor) -> tuple:
+        logp, _ = vocab_parallel_log_probs(logits[:, :mb.input_ids.shape[1]], mb.input_ids, self.temperature)
+        return logp.new_zeros(()), logp
+
+    @torch.no_grad()
+    def compute_log_probs(self, batch: TrainBatch, which: str = "actor") -> torch.Tensor:
+        """(B, L) log-probs of `batch` under the actor or the frozen reference, on every rank."""
+        arr = self.cfg.actor_rollout_ref
+        sub = arr.rollout if which == "actor" else arr.ref
+        model = self.model if which == "actor" else self.ref_model
+        if model is None:
+            raise RuntimeError("reference log-probs requested but no reference model was built")
+        rows, weight = self._dp_rows(len(batch))
+        shard = batch.select(rows)
+        splits = micro_batches(shard, sub.log_prob_micro_batch_size_per_gpu, sub.log_prob_use_dynamic_bsz,
+                               sub.log_prob_max_token_len_per_gpu)
+        was_training = model.training
+        model.eval()
+        outs = self._schedule(model, [shard.select(i).to(self.torch_device) for i in splits], self._logp_only, True)
+        model.train(was_training)
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.torch_device)
+        for idx, logp in zip(splits, outs if weight else []):      # outs is empty except on the last stage
+            out[[rows[i] for i in idx], :logp.shape[1]] = logp.float()
+        return self._sum_replicas(out).cpu()
+
+    # ------------------------------------------------------------------ update
+    def _ppo_loss(self, mb: TrainBatch, logits: torch.Tensor, *, denom: float, rows_total: int,
+                  scale: float) -> tuple:
+        a = self.actor_cfg
+        logp, ent = vocab_parallel_log_probs(logits[:, :mb.input_ids.shape[1]], mb.input_ids, self.temperature,
+                                             with_entropy=True, entropy_grad=a.entropy_coeff != 0)
+        res = actor_loss(logp, ent, old_logp=mb.old_log_probs, advantages=mb.advantages, mask=mb.response_mask,
+                         denom=denom, rows_total=rows_total, actor=a, async_training=self.cfg.async_training,
+                         ref_logp=mb.ref_log_probs, rollout_logp=mb.rollout_log_probs)
+        # the schedule divides by the micro-batch count and DDP averages over dp: `scale` undoes both
+        return res.loss * scale, res.metric_tensor()          # metrics in actor_metric_names order
+
+    def _lr(self, step: int) -> float:
+        return self.actor_cfg.optim.lr * self.lr_multiplier(step)
+
+    def _train_mini_batch(self, mini: TrainBatch, num_stats: int) -> tuple[torch.Tensor, Optional[float]]:
+        """One optimizer step; (metric sums over the mini-batch, grad norm or None when skipped)."""
+        a = self.actor_cfg
+        mask = mini.response_mask
+        denom = float(mask.sum()) if a.loss_agg_mode == "token-mean" else float((mask.sum(-1) > 0).sum())
+        rows, weight = self._dp_rows(len(mini))
+        shard = mini.select(rows)
+        mbs = [shard.select(idx).to(self.torch_device) for idx in
+               micro_batches(shard, a.ppo_micro_batch_size_per_gpu, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu)]
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        loss_fn = partial(self._ppo_loss, denom=denom, rows_total=len(mini), scale=len(mbs) * self.dp * weight)
+        stats = torch.zeros(num_stats, dtype=torch.float32, device=self.torch_device)
+        for s in self._schedule(self.model, mbs, loss_fn, forward_only=False):
+            stats += s * weight
+        stats = self._sum_replicas(stats).cpu()          # identical on every rank from here on
+        grad_norm = None
+        if torch.isfinite(stats).all():
+            self.optimizer.prepare_grads()
+            grad_norm = float(self.optimizer.get_grad_norm())   # global over tp/pp(/dp), before clipping
+        if grad_norm is None or not math.isfinite(grad_norm):
+            self.optimizer.zero_grad()
+            self.model.zero_grad_buffer()
+            self.num_bad_steps += 1
+            self.consecutive_bad_steps += 1
+            logger.warning("non-finite loss or grad norm: optimizer step skipped (%d so far)", self.num_bad_steps)
+            return stats, None
+        for group in self.optimizer.param_groups:
+            group["lr"] = self._lr(self.optim_steps)
+        self.optimizer.step()                            # clips to grad_clip, steps, copies into the params
+        self.optim_steps += 1
+        self.consecutive_bad_steps = 0
+        return stats, grad_norm
+
+    def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
+        """PPO update over `batch` split into `num_mini_batches` optimizer steps, `ppo_epochs` times."""
+        a = self.actor_cfg
+        keys = actor_metric_names(a, self.cfg.async_training)
+        mini_size = math.ceil(len(batch) / num_mini_batches)
+        sums, norms, steps = torch.zeros(len(keys), dtype=torch.float64), [], 0
+        self.model.train()
+        for _ in range(a.ppo_epochs):
+            order = list(range(len(batch)))
+            if a.shuffle:
+                self.rng.shuffle(order)
+            for start in range(0, len(batch), mini_size):
+                stats, norm = self._train_mini_batch(batch.select(order[start:start + mini_size]), len(keys))
+                sums, steps = sums + stats.double(), steps + 1
+                norms.append(norm)
+        # micro-batch terms are already scaled to their mini-batch: sums / steps are per-mini-batch means
+        metrics = {k: float(v) / steps for k, v in zip(keys, sums)}
+        good = [n for n in norms if n is not None]
+        if good:
+            metrics["actor/grad_norm"] = sum(good) / len(good)
+        metrics["actor/bad_steps"] = float(len(norms) - len(good))
+        metrics["actor/lr"] = self._lr(self.optim_steps)
+        return metrics
+
+    # ------------------------------------------------------------------ weights
+    @torch.no_grad()
+    def named_parameters_for_sync(self) -> dict[str, torch.Tensor]:
+        """Full HF-named CPU tensors on global rank 0 (tp 0, dp 0, first stage); {} on other ranks.
+
+        Collective: every rank calls it (TP shards are all-gathered, later stages sent to stage 0)."""
+        local = {k: v for k, v in self.model.module.state_dict().items() if not k.endswith("_extra_state")}
+        root = self.tp_rank == 0 and self.dp_rank == 0
+        shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.tp)]
+        for name in sorted(local):
+            parts = [local[name].contiguous()]
+            if self.tp > 1:
+                parts = [torch.empty_like(parts[0]) for _ in range(self.tp)]
+                dist.all_gather(parts, local[name].contiguous(), group=self.ps.get_tensor_model_parallel_group())
+            for r, p in enumerate(parts if root else []):
+                shards[r][name] = p.to("cpu", copy=True)
+        if not root:
+            return {}
+        hf = hf_megatron.megatron_to_hf(shards, self.hf_config, self.pp_rank, self.pp)
+        return self._gather_stages(hf) if self.pp > 1 else hf
+
+    def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """HF names and full shapes in the HF model's named_parameters order (what the engines hold)."""
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(self.hf_config)
+        return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+
+    def stream_full_parameters(self, consumer: Optional[Callable[[Any], Any]]) -> Any:
+        """Global rank 0 hands (name, full device tensor) in param_shapes order to `consumer`; every rank
+        must call (the gather is collective)."""
+        full = self.named_parameters_for_sync()
+        if dist.get_rank() != 0 or consumer is None:
+            return 0
+        return consumer((name, full[name].to(self.torch_device)) for name, _ in self.param_shapes())
+
+    def _gather_stages(self, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Pipeline stages 1.. broadcast their HF tensors over the (tp 0, dp 0) pipeline group to stage 0."""
+        group = self.ps.get_pipeline_model_parallel_group()
+        out = dict(hf)
+        for stage in range(1, self.pp):
+            src = dist.get_global_rank(group, stage)
+            meta = [[(k, v.shape, v.dtype) for k, v in hf.items()] if self.pp_rank == stage else None]
+            dist.broadcast_object_list(meta, src=src, group=group)
+            for name, shape, dtype in meta[0]:
+                t = (hf[name].to(self.torch_device) if self.pp_rank == stage
+                     else torch.empty(shape, dtype=dtype, device=self.torch_device))
+                dist.broadcast(t, src=src, group=group)
+                if self.pp_rank == 0:
+                    out[name] = t.cpu()
+        return out if self.pp_rank == 0 else {}
+
+    # ------------------------------------------------------------------ checkpoint
+    def _ckpt_file(self, path: str) -> str:
+        return os.path.join(path, "actor_megatron_optim", f"rank_{dist.get_rank():05d}.pt")
+
+    def _inner_optimizers(self) -> list[torch.optim.Optimizer]:
+        """The torch optimizers over this rank's fp32 master params (shards, with the distributed one)."""
+        return [o.optimizer for o in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
+
+    def save(self, path: str) -> None:
+        """actor/ as a Hugging Face folder (rank 0) + per-rank optimizer/RNG files (resume: same sizes)."""
+        from safetensors.torch import save_file
+
+        state = self.named_parameters_for_sync()
+        os.makedirs(os.path.join(path, "actor_megatron_optim"), exist_ok=True)
+        if dist.get_rank() == 0:
+            os.makedirs(os.path.join(path, "actor"), exist_ok=True)
+            save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(path, "actor", "model.safetensors"),
+                      metadata={"format": "pt"})
+            self.hf_config.save_pretrained(os.path.join(path, "actor"))
+        # the inner torch optimizers' states and master params as they are on this rank (megatron's own
+        # dp-zero parameter-state files do not round-trip torch's AdamW "step" state)
+        optim = [{"state": o.state_dict(), "main": [p.detach().cpu() for g in o.param_groups for p in g["params"]]}
+                 for o in self._inner_optimizers()]
+        torch.save({"optim_steps": self.optim_steps, "num_bad_steps": self.num_bad_steps, "py_rng": self.rng.getstate(),
+                    "torch_rng": torch.get_rng_state(), "layout": (self.tp, self.pp, self.dp), "optimizer": optim},
+                   self._ckpt_file(path))
+        dist.barrier()
+
+    @torch.no_grad()
+    def load(self, path: str) -> None:
+        extra = torch.load(self._ckpt_file(path), weights_only=False)
+        if tuple(extra["layout"]) != (self.tp, self.pp, self.dp):
+            raise RuntimeError(f"checkpoint {path} was written with (tp, pp, dp)={tuple(extra['layout'])} but this "
+                               f"run has {(self.tp, self.pp, self.dp)}: resume with the same actor.megatron sizes")
+        self._load_local(self.model.module, hf_megatron.SafetensorsFolder(os.path.join(path, "actor")))
+        for inner, saved in zip(self._inner_optimizers(), extra["optimizer"]):
+            inner.load_state_dict(saved["state"])
+            for p, value in zip((p for g in inner.param_groups for p in g["params"]), saved["main"]):
+                p.copy_(value)                           # fp32 masters (the bf16 params are their rounding)
+        self.optim_steps, self.num_bad_steps = extra["optim_steps"], extra["num_bad_steps"]
+        self.rng.setstate(extra["py_rng"])
+        torch.set_rng_state(extra["torch_rng"])
+
+    # ------------------------------------------------------------------ offload
+    def offload(self) -> None:
+        """Free the device storage of params, grad buffers, optimizer masters/states and the reference
+        model, keeping host copies (grad buffers are re-zeroed instead).  Every view keeps its storage."""
+        if not self.device.is_accelerator or self._host:
+            return
+        tensors = [(p, True) for p in self.model.parameters()]
+        for buf in self.model.buffers:                           # DDP's contiguous param/grad buffers
+            tensors += [(buf.grad_data, False), (getattr(buf, "param_data", None), True)]
+        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            tensors += [(p, True) for group in opt.optimizer.param_groups for p in group["params"]]
+            tensors += [(v, True) for st in opt.optimizer.state.values() for v in st.values()
+                        if isinstance(v, torch.Tensor)]
+        tensors += [(p, True) for p in (self.ref_model.parameters() if self.ref_model is not None else [])]
+        seen: dict[int, tuple[Any, Optional[torch.Tensor], int]] = {}
+        for t, keep in tensors:
+            if t is None or t.device.type == "cpu" or t.untyped_storage().nbytes() == 0:
+                continue
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:
+                data = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
+                seen[storage.data_ptr()] = (storage, data.to("cpu") if keep else None, storage.nbytes())
+        for storage, _, _ in seen.values():
+            storage.resize_(0)
+        self._host = list(seen.values())
+        self.device.empty_cache()
+
+    def onload(self) -> None:
+        for storage, host, nbytes in self._host:
+            storage.resize_(nbytes)
+            data = torch.empty(0, dtype=torch.uint8, device=self.torch_device).set_(storage)
+            data.copy_(host) if host is not None else data.zero_()
+        self._host = []

@@ -1,0 +1,353 @@
+"""Single-device torch training backend: log-probs, the PPO update, weights for sync (layer 3).
+
+The update is written so that micro-batching never changes the numbers: each micro-batch's
+loss is divided by the token (or sequence) count of its whole mini-batch, gradients accumulate,
+and the optimizer steps once per mini-batch.  A non-finite loss or gradient norm skips that
+optimizer step (the grads are dropped) and is reported in `actor/bad_steps`.
+"""
+from __future__ import annotations
+
+import copy
+import glob
+import logging
+import math
+import os
+import random
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from fully_async.core.algorithms.actor_loss import actor_loss
+from fully_async.core.algorithms.lr_schedule import lr_lambda, warmup_steps
+from fully_async.train.backends import fsdp, varlen_attention
+from fully_async.train.backends.token_stats import enable_fused_head, token_stats
+from fully_async.core.batch import TrainBatch, micro_batches
+from fully_async.core.device import Device, parse_dtype
+
+logger = logging.getLogger(__name__)
+varlen_attention.register()
+
+
+def token_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: float,
+                    with_entropy: bool = False, packed: bool = False, fused: bool = False
+                    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(B, L) log p(input_ids[t] | <t) at logits / temperature (0 at t = 0), and optionally entropy.
+
+    packed (model.use_remove_padding): the rows' real tokens go back to back in one (1, T) row with
+    position_ids restarting at 0 per sequence and no attention mask; transformers then keeps the
+    sequences apart: the sequence boundaries go along as FlashAttentionKwargs (used by "varlen" and
+    flash_attention_2), and sdpa/eager build a block-diagonal mask from the positions.  No pad
+    token is computed.  Results are scattered back to the padded (B, L) layout.
+    fused (model.use_fused_kernels, a model prepared by token_stats.enable_fused_head): the model returns
+    the per-token values from its hidden states and lm_head weight; no logits tensor exists whole."""
+    mask = batch.attention_mask
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    if packed:
+        keep = mask.bool()
+        ids, pos = batch.input_ids[keep][None], positions[keep][None]                  # (1, T)
+        inputs = dict(input_ids=ids, position_ids=pos, use_cache=False, **varlen_attention.packed_kwargs(pos))
+    else:
+        ids = batch.input_ids
+        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+    # row t of the logits predicts token t + 1; the last row's (wrapped) target is dropped below
+    targets = torch.roll(ids, -1, dims=1)
+    temperature = temperature if temperature > 0 else 1.0
+    if fused:
+        logp, ent = model(**inputs, fa_targets=targets, fa_temperature=temperature, fa_with_entropy=with_entropy)
+    else:
+        logits = model(**inputs).logits
+        logp, ent = token_stats(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), temperature, with_entropy)
+
+    def shift(values: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(values.view(ids.shape)[:, :-1], (1, 0))
+
+    logp = shift(logp)
+    ent = shift(ent) if with_entropy else None
+    if not packed:
+        return logp, ent
+
+    def unpack(packed_values: torch.Tensor) -> torch.Tensor:
+        # a sequence's first token was "predicted" from the previous sequence's last: not a real value
+        values = packed_values[0].masked_fill(pos[0] == 0, 0.0)
+        return values.new_zeros(mask.shape).masked_scatter(keep, values)
+
+    return unpack(logp), (unpack(ent) if ent is not None else None)
+
+
+def model_overrides(model_cfg: Any, device: Device) -> dict[str, Any]:
+    """from_pretrained keyword arguments: actor_rollout_ref.model.override_config (HF config fields) and
+    the attention kernel (override_config.attn_implementation, else the device's choice, see device.py)."""
+    overrides = dict(model_cfg.override_config or {})
+    overrides.setdefault("attn_implementation", device.attn_implementation(model_cfg.use_remove_padding))
+    return overrides
+
+
+def pad_micro_batches(splits: list[list[int]], num_micro: Optional[int]) -> list[tuple[list[int], bool]]:
+    """Micro-batches flagged (idx, is_dummy), padded with dummies to `num_micro` passes."""
+    out = [(idx, False) for idx in splits]
+    if num_micro is not None:
+        if len(out) > num_micro:
+            raise ValueError(f"{len(out)} micro-batches but the ranks agreed on {num_micro}")
+        out += [(splits[0][:1], True)] * (num_micro - len(out))
+    return out
+
+
+def ppo_update(batch: TrainBatch, num_mini_batches: int, actor_cfg: Any, rng: random.Random,
+               run_mini: Callable[[TrainBatch, float], dict], scheduler: Any) -> dict[str, float]:
+    """`ppo_epochs` passes over `num_mini_batches` mini-batches; one `run_mini` (optimizer step) each.
+
+    Shared by the single-device backend and the data-parallel group, so both split, shuffle and
+    normalise identically."""
+    mini_size = math.ceil(len(batch) / num_mini_batches)
+    sums: dict[str, float] = {}
+    norms: list[float] = []
+    steps = 0
+    for _ in range(actor_cfg.ppo_epochs):
+        order = list(range(len(batch)))
+        if actor_cfg.shuffle:
+            rng.shuffle(order)
+        for start in range(0, len(batch), mini_size):
+            mini = batch.select(order[start:start + mini_size])
+            mask = mini.response_mask
+            denom = float(mask.sum()) if actor_cfg.loss_agg_mode == "token-mean" else float((mask.sum(-1) > 0).sum())
+            res = run_mini(mini, denom)
+            steps += 1
+            if "grad_norm" in res:
+                norms.append(res["grad_norm"])
+            for key, value in res.items():
+                if key.startswith("actor/"):
+                    sums[key] = sums.get(key, 0.0) + value
+            sums["actor/bad_steps"] = sums.get("actor/bad_steps", 0.0) + res["bad"]
+    metrics = {k: v / steps for k, v in sums.items() if k != "actor/bad_steps"}
+    if norms:
+        metrics["actor/grad_norm"] = sum(norms) / len(norms)
+    metrics["actor/bad_steps"] = sums["actor/bad_steps"]
+    metrics["actor/lr"] = scheduler.get_last_lr()[0]
+    return metrics
+
+
+class TorchBackend:
+    def __init__(self, cfg: Any, device: Device, total_optimizer_steps: int):
+        from transformers import AutoModelForCausalLM
+
+        arr = cfg.actor_rollout_ref
+        self.cfg = cfg
+        self.actor_cfg = arr.actor
+        self.device = device
+        self.torch_device = device.torch_device()
+        torch.manual_seed(cfg.trainer.seed)
+        self.fsdp = arr.actor.strategy == "fsdp2"
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        compute_dtype = parse_dtype(arr.actor.dtype)
+        # FSDP2 keeps float32 master weights and computes in actor.dtype; plain torch trains in actor.dtype
+        self.packed = arr.model.use_remove_padding
+        self.model = AutoModelForCausalLM.from_pretrained(
+            arr.model.path, dtype=torch.float32 if self.fsdp else compute_dtype,
+            trust_remote_code=arr.model.trust_remote_code, **model_overrides(arr.model, device)).to(self.torch_device)
+        if arr.model.enable_gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.model.train()
+        need_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if need_ref else None
+        # lm_head folded into the chunked log-prob/entropy (no logits tensor), where the model allows it
+        self.fused = arr.model.use_fused_kernels and all(
+            enable_fused_head(m) for m in (self.model, self.ref_model) if m is not None)
+        if arr.model.use_fused_kernels and not self.fused:
+            logger.warning("actor_rollout_ref.model.use_fused_kernels: %s's logits are not a plain lm_head projection "
+                           "(bias, soft-capping or scaling); computing full logits", arr.model.path)
+        if self.fsdp:
+            if not dist.is_initialized():
+                raise RuntimeError("strategy=fsdp2 needs the trainer's process group (fully_async.actors.train_group)")
+            offload = arr.actor.fsdp_config.param_offload and device.is_accelerator  # on CPU it is already there
+            fsdp.shard_model(self.model, compute_dtype, offload)
+            if self.ref_model is not None:
+                fsdp.shard_model(self.ref_model, compute_dtype, offload)
+        optim = arr.actor.optim
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
+                                           weight_decay=optim.weight_decay)
+        self.warmup_steps = warmup_steps(optim, total_optimizer_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim, total_optimizer_steps))
+        self.temperature = arr.rollout.temperature
+        self.rng = random.Random(cfg.trainer.seed)
+        self.num_bad_steps = 0          # total optimizer steps skipped for a non-finite loss/grad
+        self.consecutive_bad_steps = 0  # reset by every good optimizer step
+
+    # ------------------------------------------------------------------ log-probs
+    @torch.no_grad()
+    def compute_log_probs(self, batch: TrainBatch, which: str = "actor", num_micro: Optional[int] = None
+                          ) -> torch.Tensor:
+        """(B, L) log-probs of `batch` under the actor or the frozen reference, micro-batched.
+
+        `num_micro` forces that many forward passes (sharded ranks must run the same number)."""
+        arr = self.cfg.actor_rollout_ref
+        sub = arr.rollout if which == "actor" else arr.ref
+        model = self.model if which == "actor" else self.ref_model
+        if model is None:
+            raise RuntimeError("reference log-probs requested but no reference model was built")
+        was_training = model.training
+        model.eval()
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        splits = micro_batches(batch, sub.log_prob_micro_batch_size_per_gpu, sub.log_prob_use_dynamic_bsz,
+                               sub.log_prob_max_token_len_per_gpu, self.packed)
+        for idx, dummy in pad_micro_batches(splits, num_micro):
+            mb = batch.select(idx).to(self.torch_device)
+            logp, _ = token_log_probs(model, mb, self.temperature, packed=self.packed, fused=self.fused)
+            if not dummy:
+                out[idx, :logp.shape[1]] = logp.float().cpu()
+        model.train(was_training)
+        return out
+
+    # ------------------------------------------------------------------ update
+    def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
+        """PPO update over `batch` split into `num_mini_batches` optimizer steps, `ppo_epochs` times."""
+        return ppo_update(batch, num_mini_batches, self.actor_cfg, self.rng,
+                          lambda mini, denom: self.train_mini_batch(mini, denom), self.scheduler)
+
+    def train_mini_batch(self, mini: TrainBatch, denom: float, loss_scale: float = 1.0,
+                         num_micro: Optional[int] = None, rows_total: Optional[int] = None) -> dict[str, float]:
+        """One optimizer step on a mini-batch (or this rank's shard of it).
+
+        Losses are divided by `denom`, the token/sequence count of the whole mini-batch, so the sum
+        over micro-batches (and over ranks) is the mini-batch loss; `loss_scale` undoes the
+        data-parallel gradient averaging.  Returns additive metrics (sum them over ranks) plus
+        grad_norm and bad (identical on every rank)."""
+        a = self.actor_cfg
+        rows_total = rows_total or len(mini)
+        out: dict[str, float] = {}
+
+        def add(key: str, value: float) -> None:
+            out[key] = out.get(key, 0.0) + float(value)
+
+        self.optimizer.zero_grad(set_to_none=True)
+        splits = micro_batches(mini, a.ppo_micro_batch_size_per_gpu, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu,
+                               self.packed)
+        for idx, dummy in pad_micro_batches(splits, num_micro):
+            mb = mini.select(idx).to(self.torch_device)
+            mask = mb.response_mask * (0.0 if dummy else 1.0)   # a dummy pass only keeps collectives in step
+            logp, ent = token_log_probs(self.model, mb, self.temperature, with_entropy=True, packed=self.packed,
+                                        fused=self.fused)
+            res = actor_loss(logp, ent, old_logp=mb.old_log_probs, advantages=mb.advantages, mask=mask, denom=denom,
+                             rows_total=rows_total, actor=a, async_training=self.cfg.async_training,
+                             ref_logp=mb.ref_log_probs, rollout_logp=mb.rollout_log_probs)
+            # backward even for a non-finite loss: every rank must run the same collectives; the
+            # (then non-finite) global grad norm makes all ranks skip this step together
+            (res.loss * loss_scale).backward()
+            if dummy:   # its mask is zero: every metric of it is 0
+                continue
+            for key, value in res.metric_floats().items():
+                add(key, value)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.grad_clip)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor holding the global norm
+            grad_norm = grad_norm.full_tensor()
+        if not torch.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.num_bad_steps += 1
+            self.consecutive_bad_steps += 1
+            logger.warning("non-finite loss or grad norm: optimizer step skipped (%d so far)", self.num_bad_steps)
+            return dict(out, bad=1.0)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.consecutive_bad_steps = 0
+        return dict(out, grad_norm=float(grad_norm), bad=0.0)
+
+    # ------------------------------------------------------------------ weights
+    @torch.no_grad()
+    def named_parameters_for_sync(self) -> dict[str, torch.Tensor]:
+        """CPU copies of every parameter (tied weights once), as the rollout engine names them.
+
+        Under FSDP2 every rank must call (parameters are all-gathered); only rank 0 gets the dict."""
+        return {name: t.to("cpu", copy=True) for name, t in self.iter_full_parameters() if self.rank == 0}
+
+    def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Names and full (unsharded) shapes, in the order iter_full_parameters yields them."""
+        return [(name, tuple(p.shape)) for name, p in self.model.named_parameters()]
+
+    def stream_full_parameters(self, consumer: Optional[Callable[[Any], Any]]) -> Any:
+        """Rank 0 hands the full-parameter iterator to `consumer`; other ranks only join the gathers."""
+        params = self.iter_full_parameters()
+        if self.rank == 0 and consumer is not None:
+            return consumer(params)
+        for _ in params:
+            pass
+        return 0
+
+    def iter_full_parameters(self):
+        """(name, full tensor on the device) per parameter; all ranks iterate under FSDP2."""
+        if self.fsdp:
+            return fsdp.full_parameters(self.model)
+        return ((name, p.detach()) for name, p in self.model.named_parameters())
+
+    # ------------------------------------------------------------------ checkpoint
+    def _extra_state(self, with_optimizer: bool) -> dict:
+        extra = {"scheduler": self.scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
+                 "py_rng": self.rng.getstate(), "num_bad_steps": self.num_bad_steps}
+        if with_optimizer:
+            extra["optimizer"] = self.optimizer.state_dict()
+        return extra
+
+    def save(self, path: str) -> None:
+        """actor/ as a Hugging Face folder (directly exportable) + optimizer/scheduler/RNG states.
+
+        FSDP2: every rank writes its shards (torch.distributed.checkpoint) and its own RNG file;
+        rank 0 also writes the gathered Hugging Face folder."""
+        if not self.fsdp:
+            self.model.save_pretrained(os.path.join(path, "actor"), safe_serialization=True)
+            torch.save(self._extra_state(True), os.path.join(path, "actor_optim.pt"))
+            return
+        from safetensors.torch import save_file
+
+        full = self.named_parameters_for_sync()
+        fsdp.save_sharded(self.model, self.optimizer, path)
+        torch.save(self._extra_state(False), os.path.join(path, f"actor_extra_rank{self.rank}.pt"))
+        if self.rank == 0:
+            actor = os.path.join(path, "actor")
+            os.makedirs(actor, exist_ok=True)
+            self.model.config.save_pretrained(actor)
+            save_file({k: v.contiguous() for k, v in full.items()}, os.path.join(actor, "model.safetensors"))
+
+    def _load_extra(self, extra: dict) -> None:
+        if "optimizer" in extra:
+            self.optimizer.load_state_dict(extra["optimizer"])
+        self.scheduler.load_state_dict(extra["scheduler"])
+        torch.set_rng_state(extra["torch_rng"])
+        self.rng.setstate(extra["py_rng"])
+        self.num_bad_steps = extra["num_bad_steps"]
+
+    def load(self, path: str) -> None:
+        if self.fsdp:
+            fsdp.load_sharded(self.model, self.optimizer, path)
+            self._load_extra(torch.load(os.path.join(path, f"actor_extra_rank{self.rank}.pt"), weights_only=False))
+            return
+        from safetensors.torch import load_file
+
+        files = sorted(glob.glob(os.path.join(path, "actor", "*.safetensors")))
+        if not files:
+            raise FileNotFoundError(f"checkpoint {path} has no actor/*.safetensors")
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(f))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        tied = set(getattr(self.model, "_tied_weights_keys", None) or [])
+        if unexpected or set(missing) - tied:
+            raise RuntimeError(f"checkpoint {path} does not match the model: missing {sorted(set(missing) - tied)}, "
+                               f"unexpected {sorted(unexpected)}")
+        self._load_extra(torch.load(os.path.join(path, "actor_optim.pt"), weights_only=False))
+
+    def offload(self) -> None:
+        """Move params (and grads/optimizer state) to host memory; no-op on cpu."""
+        if self.device.is_accelerator:
+            self.model.to("cpu")
+            for state in self.optimizer.state.values():
+                for k, v in state.items():
+                    if isinstance(v, torch.Tensor):
+                        state[k] = v.to("cpu")
+            self.device.empty_cache()
+
+    def onload(self) -> None:
+        if self.device.is_accelerator:
+            self.model.to(self.torch_device)
+            for state in self.optimizer.state.values():
+                for k, v in state.items():
+                    if isinstance(v, torch.Tensor) and k != "step":
+                        state[k] = v.to(self.torch_device)

@@ -1,0 +1,162 @@
+"""The one training step both modes run (layer 3): the async Trainer and the sync loop call `train_step`.
+
+Per step: build the padded batch of the groups' samples, compute the PPO "old" policy (the behaviour
+log-probs, or recomputed), reference log-probs when a KL term needs them, GRPO advantages, then the
+mini-batch updates, the bad-step check and the batch metrics.  One function, so the built-in sync-vs-async
+comparison compares the same step, and one place decides how many mini-batches a step has.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import math
+import os
+import time
+from typing import Any, Optional, Sequence
+
+from fully_async.core.algorithms import grpo_advantages, kl_penalty
+from fully_async.core.batch import TrainBatch, build_batch
+from fully_async.core.flops import estimate_flops, match_device, mfu, peak_tflops, unsupported_reason
+from fully_async.core.metrics import batch_metrics
+from fully_async.core.types import Sample, SampleGroup
+
+logger = logging.getLogger(__name__)
+
+
+def num_mini_batches(num_groups: int, ppo_mini_batch_size: int) -> int:
+    """Optimizer steps per ppo epoch: ppo_mini_batch_size groups each, a smaller last one counts too."""
+    return max(1, math.ceil(num_groups / ppo_mini_batch_size))
+
+
+def train_step(backend: Any, cfg: Any, groups: Sequence[SampleGroup], pad_token_id: int, step: int, version: int,
+               timeline: Optional[Any] = None) -> tuple[dict[str, float], list[Sample]]:
+    """Train on `groups` (step number `step`, generated for param `version`); returns (metrics, samples)."""
+    span = timeline.span if timeline is not None else (lambda name: contextlib.nullcontext())
+    samples = [s for g in groups for s in g.samples]
+    timing: dict[str, float] = {}
+    batch = build_batch(samples, pad_token_id)
+    metrics = prepare_batch(backend, cfg, batch, timing, timeline)
+    t = time.perf_counter()
+    with span("update_actor"):
+        metrics.update(backend.train_step(batch, num_mini_batches=num_mini_batches(
+            len(groups), cfg.actor_rollout_ref.actor.ppo_mini_batch_size)))
+    timing["timing_s/update_actor"] = time.perf_counter() - t
+    metrics.update(actor_perf_metrics(cfg, batch.seq_lengths, timing["timing_s/update_actor"]))
+    check_bad_steps(backend, cfg, step, samples)
+    metrics.update(timing)
+    metrics.update(batch_metrics(samples, version, cfg.data.max_response_length))
+    metrics["fully_async/count/current_param_version"] = version
+    return metrics, samples
+
+
+def prepare_batch(backend: Any, cfg: Any, batch: TrainBatch, timing: dict,
+                  timeline: Optional[Any] = None) -> dict[str, float]:
+    """Fill old/ref log-probs and advantages in place; returns metrics of this preparation."""
+    at, actor, alg = cfg.async_training, cfg.actor_rollout_ref.actor, cfg.algorithm
+    span = timeline.span if timeline is not None else (lambda name: contextlib.nullcontext())
+    metrics: dict[str, float] = {}
+    t = time.perf_counter()
+    if at.use_rollout_log_probs and not at.decoupled_ppo:
+        batch.old_log_probs = batch.rollout_log_probs
+    else:
+        with span("old_log_prob"):
+            batch.old_log_probs = backend.compute_log_probs(batch, "actor")
+        diff = (batch.old_log_probs - batch.rollout_log_probs).abs() * batch.response_mask
+        metrics["training/rollout_probs_diff_mean"] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
+    timing["timing_s/old_log_prob"] = time.perf_counter() - t
+    scores = batch.scores
+    if actor.use_kl_loss or alg.use_kl_in_reward:
+        t = time.perf_counter()
+        with span("ref"):
+            batch.ref_log_probs = backend.compute_log_probs(batch, "ref")
+        timing["timing_s/ref"] = time.perf_counter() - t
+        if alg.use_kl_in_reward:
+            kl = kl_penalty(batch.old_log_probs, batch.ref_log_probs, alg.kl_penalty) * batch.response_mask
+            scores = scores - alg.kl_ctrl.kl_coef * kl.sum(-1)
+            metrics["actor/reward_kl_penalty"] = float(kl.sum() / batch.response_mask.sum().clamp(min=1))
+            metrics["actor/reward_kl_penalty_coeff"] = alg.kl_ctrl.kl_coef
+    t = time.perf_counter()
+    with span("adv"):
+        batch.advantages = grpo_advantages(scores, batch.group_ids, batch.response_mask, alg.norm_adv_by_std_in_grpo)
+    timing["timing_s/adv"] = time.perf_counter() - t
+    return metrics
+
+
+def actor_perf_metrics(cfg: Any, seq_lens: Sequence[int], update_s: float) -> dict[str, float]:
+    """`perf/mfu/actor` and `perf/max_memory_allocated_gb`, as verl's update_actor reports them.
+
+    MFU: the model FLOPs of ppo_epochs forward + backward passes over the step's sequences (prompt + response
+    tokens each, flops.py) per second of update_actor, over the peak of the trainer's devices
+    (trainer.nnodes x trainer.n_gpus_per_node, each trainer.device_peak_tflops or its table entry).  Not
+    reported when the device's peak or the architecture's FLOPs are unknown.  Memory: rank 0's peak
+    allocation so far (GiB), accelerators only."""
+    t = cfg.trainer
+    out: dict[str, float] = {}
+    device = _resolve_device(t.device)
+    if device.is_accelerator:
+        out["perf/max_memory_allocated_gb"] = device.memory_stats()["max_allocated_gib"]
+    model = cfg.actor_rollout_ref.model
+    model_config, peak = _mfu_inputs(model.path, bool(model.trust_remote_code), t.device, t.device_peak_tflops)
+    if model_config is None or peak is None or update_s <= 0 or not seq_lens:
+        return out
+    flops = estimate_flops(model_config, seq_lens, count_embedding=True)   # as verl counts: comparable curves
+    if flops:
+        passes = cfg.actor_rollout_ref.actor.ppo_epochs
+        out["perf/mfu/actor"] = mfu(flops * passes, update_s, t.nnodes * t.n_gpus_per_node, peak)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _resolve_device(name: str) -> Any:
+    from fully_async.core.device import get_device
+    return get_device(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _mfu_inputs(model_path: str, trust_remote_code: bool, device: str,
+                override: Optional[float]) -> tuple[Optional[Any], Optional[float]]:
+    """(HF config of the actor, peak TFLOP/s per device), each None when MFU cannot be computed; logged once."""
+    name = _resolve_device(device).device_name()
+    peak = peak_tflops(name, override)
+    if peak is None:
+        logger.info("perf/mfu/actor not reported: no bf16 peak known for device %r; set trainer.device_peak_tflops "
+                    "(TFLOP/s per device) to report it", name or "cpu")
+        return None, None
+    try:
+        from transformers import AutoConfig
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - the metric is optional, training is not
+        logger.warning("perf/mfu/actor not reported: cannot read the model config of %s (%s)", model_path, exc)
+        return None, peak
+    reason = unsupported_reason(config)
+    if reason is not None:
+        logger.warning("perf/mfu/actor not reported: %s", reason)
+        return None, peak
+    source = "trainer.device_peak_tflops" if override is not None else f"{match_device(name)} ({name})"
+    logger.info("perf/mfu/actor: %s, peak %.1f TFLOP/s per device from %s",
+                getattr(config, "model_type", "?"), peak, source)
+    return config, peak
+
+
+class BadStepsError(RuntimeError):
+    pass
+
+
+def check_bad_steps(backend: Any, cfg: Any, step: int, samples: list) -> None:
+    """Log the batch of a skipped update; fail after trainer.max_bad_steps in a row."""
+    if backend.consecutive_bad_steps == 0:
+        return
+    folder = os.path.join(cfg.trainer.default_local_dir, "bad_batches")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"step_{step}.json")
+    with open(path, "w") as fh:
+        json.dump([{"sample_id": s.sample_id, "reward": s.reward, "response_len": len(s.response_ids),
+                    "versions": [s.param_version_start, s.param_version_end]} for s in samples], fh)
+    logger.warning("step %d: non-finite loss or gradient, update skipped; batch logged to %s", step, path)
+    if backend.consecutive_bad_steps >= cfg.trainer.max_bad_steps:
+        raise BadStepsError(f"{backend.consecutive_bad_steps} consecutive optimizer steps had a NaN/inf loss or "
+                            f"gradient (trainer.max_bad_steps={cfg.trainer.max_bad_steps}); last batch: {path}")
+
+

@@ -1,0 +1,126 @@
+"""The rollouter's own metrics: its idle ratio per trainer step, computed where the counters live, and its
+validation results, which go into its outbox for the driver (not through the queue)."""
+import pytest
+
+from fully_async.run.hydra_setup import load_config
+from fully_async.core.metrics import rollouter_window_metrics
+
+
+def counters(wall_s, idle_s, samples=0, tokens=0, busy_s=0.0):
+    return {"wall_s": wall_s, "idle_s": idle_s, "generated_samples": samples, "staleness_samples": samples,
+            "bound_pauses": 0, "engines": [{"tokens": tokens, "busy_s": busy_s, "iterations": 0, "engine_s": 0.0}]}
+
+
+def test_window_metrics_idle_ratio_per_step():
+    assert rollouter_window_metrics({}, {}) == {}          # nothing pushed yet: no metrics
+    first = rollouter_window_metrics(counters(10.0, 2.0, samples=8, tokens=100, busy_s=5.0), {})
+    assert "fully_async/actors/rollouter/idle_ratio" not in first  # the first window has no idle ratio (as before)
+    assert first["fully_async/count/total_generated_samples"] == 8
+    assert first["fully_async/actors/rollouter/engine_0/tokens"] == 100
+    assert first["fully_async/actors/rollouter/engine_0/busy_ratio"] == pytest.approx(0.5)
+    assert first["fully_async/actors/rollouter/num_engines"] == 1
+    second = rollouter_window_metrics(counters(14.0, 3.0, samples=16, tokens=180, busy_s=8.0),
+                                      counters(10.0, 2.0, samples=8, tokens=100, busy_s=5.0))
+    assert second["fully_async/actors/rollouter/idle_ratio"] == pytest.approx(0.25)   # 1 s idle of 4 s
+    assert second["fully_async/actors/rollouter/engine_0/tokens"] == 80
+    assert second["fully_async/actors/rollouter/engine_0/busy_ratio"] == pytest.approx(0.75)
+    same = rollouter_window_metrics(counters(14.0, 3.0), counters(14.0, 3.0))
+    assert "fully_async/actors/rollouter/idle_ratio" not in same   # no push in between: an empty window
+
+
+class _Remote:
+    def __init__(self, fn):
+        self.remote = fn
+
+
+class FakeQueue:
+    """The GroupQueue class behind `.method.remote(...)` calls, without Ray."""
+
+    def __init__(self):
+        from fully_async.actors.queue import GroupQueue
+        self.q = GroupQueue()
+
+    def __getattr__(self, name):
+        return _Remote(getattr(self.q, name))
+
+
+@pytest.fixture(scope="module")
+def rollouter():
+    import fully_async.actors.rollouter as ro
+    from fully_async.run.prepare import prepare
+
+    cfg = load_config(["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                       "trainer.total_training_steps=2", "async_training.trigger_parameter_sync_step=2",
+                       "data.max_response_length=4"])
+    prep = prepare(cfg)
+    original, ro.ray_get = ro.ray_get, (lambda x: x)
+    try:
+        yield ro.Rollouter(prep.cfg_dict, FakeQueue(), prep.train, prep.val[:2], prep.eos_token_ids,
+                           prep.pad_token_id)
+    finally:
+        ro.ray_get = original
+
+
+def test_validation_goes_to_the_outbox_at_the_step_of_its_version(rollouter):
+    metrics = rollouter._validate(3)
+    assert any(k.startswith("val-core/") for k in metrics)
+    assert rollouter.pop_metrics() == [(6, metrics)]       # version 3 x trigger_parameter_sync_step 2
+    assert rollouter.pop_metrics() == []
+    assert any(k.startswith("val-core/") for k in rollouter.validate())
+    assert rollouter.pop_metrics() == []                   # the driver's own validation comes back to it
+    assert set(rollouter.queue.q.get_batch(1, timeout_s=0.01)) == {"groups", "closed"}
+
+
+def test_rollouter_computes_its_idle_ratio_per_trainer_step(rollouter):
+    sched = rollouter.scheduler
+    assert rollouter.pop_step_metrics() == {}                # nothing pushed yet
+    sched.admit()
+    while sched.pending:
+        sched.step()
+    assert rollouter.queue.q.size() > 0
+    first = rollouter.pop_step_metrics()
+    assert first["fully_async/count/total_generated_samples"] == sched.stats["generated_samples"] > 0
+    assert "fully_async/actors/rollouter/idle_ratio" not in first and first["fully_async/actors/rollouter/num_engines"] == 1
+    rollouter.stats["idle_s"] += 1e6                          # idle far longer than any window: ratio capped
+    rollouter._push([])                                       # the next push closes the window
+    second = rollouter.pop_step_metrics()
+    assert second["fully_async/actors/rollouter/idle_ratio"] == 1.0
+    assert "fully_async/actors/rollouter/idle_ratio" not in rollouter.pop_step_metrics()  # no push since: empty window
+
+
+def test_checkpoint_hold_stops_generation_until_release(monkeypatch, tmp_path):
+    """While the driver writes the queue's part, the rollouter's loop generates and pushes nothing."""
+    import threading
+    import time
+
+    import fully_async.actors.rollouter as ro
+    from fully_async.core.checkpoint import ROLLOUT_STATE
+    from fully_async.run.prepare import prepare
+
+    monkeypatch.setattr(ro, "ray_get", lambda x: x)
+    cfg = load_config(["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                       "trainer.total_training_steps=50", "data.val_files=null", "data.max_response_length=64",
+                       "async_training.staleness_threshold=100"])
+    prep = prepare(cfg)
+    r = ro.Rollouter(prep.cfg_dict, FakeQueue(), prep.train, [], prep.eos_token_ids, prep.pad_token_id)
+    loop = threading.Thread(target=r.run, daemon=True)
+    loop.start()
+    try:
+        deadline = time.monotonic() + 30
+        while r.scheduler.stats["engine_steps"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        r.save_part(str(tmp_path))                     # a command: runs between two engine steps
+        assert r.held and (tmp_path / ROLLOUT_STATE).exists()
+        steps, queued = r.scheduler.stats["engine_steps"], r.queue.q.size()
+        time.sleep(0.5)
+        assert (r.scheduler.stats["engine_steps"], r.queue.q.size()) == (steps, queued)
+        r.release()
+        assert not r.held
+        deadline = time.monotonic() + 30
+        while r.scheduler.stats["engine_steps"] == steps and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert r.scheduler.stats["engine_steps"] > steps   # generating again
+    finally:
+        r.stop()
+        loop.join(30)
+    assert not loop.is_alive()

@@ -1,0 +1,269 @@
+"""Checkpoint folders, retention, backend state round trip, rollouter snapshot/restore."""
+import os
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from fully_async.core import checkpoint as ck
+from fully_async.run.hydra_setup import load_config
+
+
+class _T:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def test_atomic_save_marker_and_retention(tmp_path):
+    root = str(tmp_path)
+    for v in (2, 4, 6):
+        ck.atomic_save(root, v, lambda d: ck.write_json(os.path.join(d, "trainer_state.json"), {"version": v}),
+                       keep=2)
+    assert ck.list_checkpoints(root) == [4, 6]
+    assert open(os.path.join(root, ck.LATEST)).read() == "6"
+    # an interrupted save leaves only a .tmp folder, which is never picked for resume
+    os.makedirs(os.path.join(root, ".tmp_global_step_8"))
+    os.makedirs(os.path.join(root, "global_step_10"))  # no trainer_state.json: incomplete
+    cfg = _T(resume_mode="auto", default_local_dir=root, resume_from_path=None)
+    assert ck.find_resume_path(cfg) == os.path.join(root, "global_step_6")
+    assert ck.find_resume_path(_T(resume_mode="disable", default_local_dir=root)) is None
+    assert ck.find_resume_path(_T(resume_mode="auto", default_local_dir=str(tmp_path / "none"))) is None
+
+
+def test_failed_write_leaves_previous_checkpoint(tmp_path):
+    root = str(tmp_path)
+    ck.atomic_save(root, 1, lambda d: ck.write_json(os.path.join(d, "trainer_state.json"), {}))
+
+    def broken(d):
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        ck.atomic_save(root, 2, broken)
+    assert ck.list_checkpoints(root) == [1]
+
+
+def test_backend_state_round_trip(tmp_path):
+    from fully_async.train.backends.torch_backend import TorchBackend
+    from fully_async.core.batch import build_batch
+    from fully_async.core.device import CPU
+    from fully_async.train.train_step import prepare_batch
+    from tests_helpers import tiny_samples
+
+    cfg = load_config(["actor_rollout_ref.actor.optim.lr=0.01", "actor_rollout_ref.rollout.n=2",
+                       "actor_rollout_ref.actor.ppo_mini_batch_size=2"])
+    a = TorchBackend(cfg, CPU, 10)
+    batch = build_batch(tiny_samples())
+    prepare_batch(a, cfg, batch, {})
+    a.train_step(batch, 1)
+    a.save(str(tmp_path))
+    b = TorchBackend(cfg, CPU, 10)
+    b.load(str(tmp_path))
+    for (name, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters()):
+        assert torch.equal(pa, pb), name
+    # the next update is identical too (optimizer moments and scheduler restored)
+    batch2 = build_batch(tiny_samples(seed=1))
+    prepare_batch(a, cfg, batch2, {})
+    ma = a.train_step(batch2, 1)
+    mb = b.train_step(batch2, 1)
+    assert ma["actor/grad_norm"] == pytest.approx(mb["actor/grad_norm"])
+    assert all(torch.equal(pa, pb) for pa, pb in zip(a.model.parameters(), b.model.parameters()))
+
+
+class _Remote:
+    def __init__(self, fn):
+        self.remote = fn
+
+
+class FakeQueue:
+    """The GroupQueue class behind `.method.remote(...)` calls, without Ray."""
+
+    def __init__(self):
+        from fully_async.actors.queue import GroupQueue
+        self.q = GroupQueue()
+
+    def __getattr__(self, name):
+        return _Remote(getattr(self.q, name))
+
+
+def test_rollouter_and_queue_parts_restore_partial_responses(monkeypatch, tmp_path):
+    import fully_async.actors.rollouter as ro
+    from fully_async.run.prepare import prepare
+    from fully_async.actors.queue import GroupQueue
+
+    monkeypatch.setattr(ro, "ray_get", lambda x: x)
+    cfg = load_config(["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                       "trainer.total_training_steps=2", "data.val_files=null"])
+    prep = prepare(cfg)
+    q1 = FakeQueue()
+    r1 = ro.Rollouter(prep.cfg_dict, q1, prep.train, [], prep.eos_token_ids, prep.pad_token_id)
+    r1.scheduler.admit()
+    r1.scheduler.step()  # one engine step: every response holds exactly one token
+    folder = str(tmp_path)
+    r1.save_part(folder)
+    assert r1.held and not r1.scheduler.in_flight()  # parked, and holding until release()
+    q1.q.save_part(folder)
+    snap = ck.read_pickle(os.path.join(folder, ck.ROLLOUT_STATE))
+    partial = {p.sample_id: list(p.token_ids) for p in snap["pending"]}
+    admitted = r1.scheduler.staleness.state.admitted
+    assert len(partial) == 2 * admitted and all(len(t) == 1 for t in partial.values())
+    assert snap["stream"]["emitted"] == r1.scheduler.stream.num_emitted == admitted
+    assert ck.read_pickle(os.path.join(folder, ck.QUEUE_STATE)) == []
+    r1.release()
+    assert not r1.held and r1.scheduler.in_flight() == len(partial)
+
+    q2 = FakeQueue()
+    r2 = ro.Rollouter(prep.cfg_dict, q2, prep.train, [], prep.eos_token_ids, prep.pad_token_id, resume_path=folder)
+    assert r2.scheduler.stream.num_emitted == admitted and r2.scheduler.staleness.state == r1.scheduler.staleness.state
+    r2.scheduler.resume()
+    while r2.scheduler.pending:
+        r2.scheduler.step()
+    groups = q2.q.snapshot()
+    samples = {s.sample_id: s for g in groups for s in g.samples}
+    assert set(samples) == set(partial)
+    for sid, first in partial.items():
+        s = samples[sid]
+        assert s.response_ids[:1] == first          # continued after the restored token
+        assert len(s.versions) == len(s.response_ids) == len(s.rollout_log_probs)
+        assert s.num_interruptions == 1
+    # the queue's part: its groups come back in order in the queue that loads it
+    q2.q.save_part(folder)
+    assert [g.uid for g in GroupQueue(folder).snapshot()] == [g.uid for g in groups]
+
+
+def test_queue_reads_checkpoints_that_kept_its_groups_in_the_rollout_part(tmp_path):
+    from fully_async.actors.queue import GroupQueue
+    from fully_async.core.types import SampleGroup
+
+    old = [SampleGroup(uid="g0", prompt_index=0, epoch=0, samples=[], admitted_version=0)]
+    ck.write_pickle(os.path.join(tmp_path, ck.ROLLOUT_STATE), {"stream": {}, "queue": old})
+    assert [g.uid for g in GroupQueue(str(tmp_path)).snapshot()] == ["g0"]
+
+
+def test_export_hf_round_trip(tmp_path):
+    import subprocess
+    import sys
+
+    from fully_async.train.backends.torch_backend import TorchBackend
+    from fully_async.core.device import CPU
+    from fully_async.actors.trainer import save_trainer_part
+
+    cfg = load_config([f"trainer.default_local_dir={tmp_path}/ck"])
+    backend = TorchBackend(cfg, CPU, 10)
+    path = ck.atomic_save(str(tmp_path / "ck"), 3, lambda d: save_trainer_part(backend, cfg, d, 3, 3, ["a"]))
+    out = tmp_path / "hf"
+    r = subprocess.run([sys.executable, "scripts/export_hf.py", path, str(out)], capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+    assert r.returncode == 0, r.stderr
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained(str(out))
+    assert AutoTokenizer.from_pretrained(str(out)).decode([5]) == \
+        AutoTokenizer.from_pretrained(OmegaConf.select(cfg, "actor_rollout_ref.model.path")).decode([5])
+    for (n, p), (_, q) in zip(model.named_parameters(), backend.model.named_parameters()):
+        assert torch.equal(p, q), n
+
+
+class FakeActor:
+    """A handle whose `.method.remote(...)` runs `obj.method` at once, recording 'name.method' in `log`."""
+
+    def __init__(self, name, obj, log):
+        self._name, self._obj, self._log = name, obj, log
+
+    def __getattr__(self, method):
+        def run(*args):
+            self._log.append(f"{self._name}.{method}")
+            return getattr(self._obj, method)(*args)
+        return _Remote(run)
+
+
+class Part:
+    def __init__(self, filename, root, fail=False):
+        self.filename, self.root, self.fail = filename, root, fail
+
+    def save_part(self, folder):
+        assert ck.list_checkpoints(self.root) in ([], [4])  # nothing of the one being written is visible
+        if self.fail:
+            ck.write_json(os.path.join(folder, "half.json"), {})
+            raise OSError("disk full")
+        ck.write_json(os.path.join(folder, self.filename), {"version": 4})
+
+    def release(self):
+        pass
+
+
+def test_driver_checkpoint_every_part_in_one_folder_that_appears_at_once(tmp_path):
+    from fully_async.run.launcher import take_checkpoint
+
+    root = str(tmp_path)
+    log = []
+    actors = {"trainer": FakeActor("trainer", Part(ck.TRAINER_STATE, root), log),
+              "rollouter": FakeActor("rollouter", Part(ck.ROLLOUT_STATE, root), log),
+              "queue": FakeActor("queue", Part(ck.QUEUE_STATE, root), log)}
+    cfg = _T(default_local_dir=root, max_ckpt_to_keep=None)
+    path = take_checkpoint(cfg, actors, "trainer", 4, get=lambda x: x)
+    # the rollouter holds from its part until the queue's is written (one cut), then the trainer writes
+    assert log == ["rollouter.save_part", "queue.save_part", "rollouter.release", "trainer.save_part"]
+    assert path == ck.step_dir(root, 4) and ck.list_checkpoints(root) == [4]
+    assert sorted(os.listdir(path)) == sorted([ck.TRAINER_STATE, ck.ROLLOUT_STATE, ck.QUEUE_STATE])
+    assert not [n for n in os.listdir(root) if n.startswith(".tmp")]
+    assert open(os.path.join(root, ck.LATEST)).read() == "4"
+
+    # a part that fails: the rollouter is released all the same, and checkpoint 6 never appears
+    log.clear()
+    actors["queue"] = FakeActor("queue", Part(ck.QUEUE_STATE, root, fail=True), log)
+    with pytest.raises(OSError, match="disk full"):
+        take_checkpoint(cfg, actors, "trainer", 6, get=lambda x: x)
+    assert log == ["rollouter.save_part", "queue.save_part", "rollouter.release"]
+    assert ck.list_checkpoints(root) == [4] and ck.find_resume_path(_T(resume_mode="auto", default_local_dir=root)) \
+        == ck.step_dir(root, 4)
+    # sync mode: the main actor is the only part
+    log.clear()
+    take_checkpoint(cfg, {"sync": FakeActor("sync", Part(ck.TRAINER_STATE, root), log)}, "sync", 8, get=lambda x: x)
+    assert log == ["sync.save_part"] and ck.list_checkpoints(root) == [4, 8]
+
+
+def test_a_folder_without_the_trainer_part_is_never_committed(tmp_path):
+    root = str(tmp_path)
+    tmp = ck.begin_checkpoint(root, 2)
+    ck.write_pickle(os.path.join(tmp, ck.QUEUE_STATE), [])
+    with pytest.raises(RuntimeError, match="not committed"):
+        ck.commit_checkpoint(root, 2, tmp)
+    assert ck.list_checkpoints(root) == [] and not os.path.exists(ck.step_dir(root, 2))
+
+
+def test_main_actor_waits_for_the_driver_checkpoint():
+    import threading
+
+    from fully_async.actors.actor_setup import DriverFacing
+
+    actor = DriverFacing()
+    actor._init_driver_facing()
+    assert actor.checkpoint_wanted() is None
+    got = {}
+    waiter = threading.Thread(target=lambda: got.setdefault("path", actor._await_checkpoint(3)))
+    waiter.start()
+    for _ in range(200):
+        if actor.checkpoint_wanted() == 3:
+            break
+        threading.Event().wait(0.01)
+    assert actor.checkpoint_wanted() == 3 and "path" not in got   # run() waits until the driver is done
+    actor.checkpoint_done("/ck/global_step_3")
+    waiter.join(5)
+    assert got["path"] == "/ck/global_step_3" and actor.checkpoint_wanted() is None
+
+
+def test_checkpoints_pickled_before_the_layer_split_still_load(tmp_path):
+    """A rollout_state.pkl written when PendingResponse lived in fully_async.partial loads after the move."""
+    import pickle
+
+    from fully_async.core.checkpoint import read_pickle
+    from fully_async.core.partial import PendingResponse
+    from fully_async.core.types import SamplingParams
+
+    # protocol 0 names each class as a text line, so the old module path can be written in
+    data = pickle.dumps({"p": PendingResponse("u", "s", [1, 2], SamplingParams(1.0, 1.0, -1, 4))}, protocol=0)
+    data = data.replace(b"fully_async.core.partial", b"fully_async.partial").replace(
+        b"fully_async.core.types", b"fully_async.types")
+    assert b"fully_async.core" not in data
+    path = tmp_path / "old.pkl"
+    path.write_bytes(data)
+    assert read_pickle(str(path))["p"].prompt_ids == [1, 2]

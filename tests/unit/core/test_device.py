@@ -1,0 +1,65 @@
+"""Device layer: selection, Ray resources, and the rule that only device.py touches torch.cuda."""
+import pathlib
+import re
+
+import pytest
+
+from fully_async.core import device as dev
+
+PKG = pathlib.Path(dev.__file__).parent.parent   # the whole package
+
+
+def test_torch_cuda_only_in_device_py():
+    offenders = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
+                 if p.name != "device.py" and re.search(r"torch\.cuda", p.read_text())]
+    assert offenders == []
+
+
+def test_vendor_imports_are_lazy():
+    """torch_npu / vllm / megatron are never imported at module top level outside their own file."""
+    pattern = re.compile(r"^(import|from) (torch_npu|vllm|megatron)", re.M)
+    offenders = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if pattern.search(p.read_text())]
+    assert offenders == []
+
+
+def test_platform_names():
+    assert (dev.NPU.comm_backend, dev.NPU.visible_devices_env, dev.NPU.ray_resource) == \
+        ("hccl", "ASCEND_RT_VISIBLE_DEVICES", "NPU")
+    assert (dev.CUDA.comm_backend, dev.CUDA.visible_devices_env, dev.CUDA.ray_resource) == \
+        ("nccl", "CUDA_VISIBLE_DEVICES", "GPU")
+    assert dev.CPU.comm_backend == "gloo" and not dev.CPU.is_accelerator
+
+
+def test_ray_actor_options():
+    assert dev.CUDA.ray_actor_options(2) == {"num_cpus": 1, "num_gpus": 2}
+    assert dev.NPU.ray_actor_options(4) == {"num_cpus": 1, "resources": {"NPU": 4}}
+    assert dev.CPU.ray_actor_options(1) == {"num_cpus": 1}
+
+
+def test_auto_on_this_machine_and_explicit_cpu(monkeypatch):
+    monkeypatch.setattr(dev, "npu_available", lambda: False)
+    monkeypatch.setattr(dev, "cuda_available", lambda: False)
+    assert dev.get_device("auto") is dev.CPU
+    assert dev.get_device("cpu") is dev.CPU
+    with pytest.raises(dev.DeviceError, match="trainer.device='tpu'"):
+        dev.get_device("tpu")
+
+
+def test_npu_without_torch_npu_names_the_fix(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def fake_import(name, *a, **k):
+        if name == "torch_npu":
+            raise ImportError("No module named 'torch_npu'")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    with pytest.raises(dev.DeviceError, match=r"fully_async\[npu\].*set_env.sh"):
+        dev.check_available(dev.NPU)
+
+
+def test_cpu_memory_stats_report_rss():
+    stats = dev.CPU.memory_stats()
+    assert set(stats) == {"host_rss_gib"} and 0 < stats["host_rss_gib"] < 64

@@ -1,0 +1,189 @@
+"""Embedded engine: continuous batching is exact, interrupt/resume is exact, weights update."""
+import pytest
+import torch
+
+from fully_async.core.device import CPU
+from fully_async.rollout.engines.base import run_requests
+from fully_async.rollout.engines.hf_engine import HFEngine
+from fully_async.core.partial import PendingResponse
+from fully_async.core.types import GenRequest, SamplingParams
+
+PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14], [3], [20, 21, 22, 23]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10)
+
+
+def run_all(engine, requests):
+    return run_requests(engine, requests, timeout_s=120.0)
+
+
+@pytest.fixture(scope="module")
+def hf_model(random_model_dir):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(random_model_dir).eval()
+
+
+def test_continuous_batching_matches_generate_and_forward(random_model_dir, hf_model):
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=2, eos_token_ids=[1], pad_token_id=0)
+    outs = run_all(eng, [GenRequest(f"r{i}", p, GREEDY) for i, p in enumerate(PROMPTS)])
+    for i, p in enumerate(PROMPTS):
+        got = outs[f"r{i}"]
+        ref = hf_model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=1,
+                                pad_token_id=0)[0, len(p):].tolist()
+        assert got.token_ids == ref[:len(got.token_ids)]
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([p + got.token_ids])).logits[0, len(p) - 1:-1]
+        lp = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(got.token_ids)[:, None]).squeeze(1)
+        assert torch.allclose(lp, torch.tensor(got.log_probs), atol=1e-4)
+        assert got.versions == [0] * len(got.token_ids)
+
+
+def test_interrupt_then_resume_equals_uninterrupted(random_model_dir):
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=8, eos_token_ids=[], pad_token_id=0)
+    full = run_all(eng, [GenRequest("a", PROMPTS[0], GREEDY)])["a"]
+    pend = PendingResponse("u", "a", PROMPTS[0], GREEDY)
+    eng.submit([pend.request()])
+    for _ in range(4):
+        assert eng.collect() == []
+    partial = eng.interrupt()
+    assert eng.num_in_flight() == 0 and len(partial) == 1 and partial[0].finish_reason == "abort"
+    assert 0 < len(partial[0].token_ids) < 10
+    assert not pend.extend(partial[0])
+    eng.version = 3  # as after a weight update with identical weights
+    rest = run_all(eng, [pend.request()])["a"]
+    assert pend.extend(rest)
+    s = pend.to_sample()
+    assert s.response_ids == full.token_ids
+    assert s.rollout_log_probs == pytest.approx(full.log_probs, abs=1e-4)
+    k = len(partial[0].token_ids)
+    assert s.versions == [0] * k + [3] * (10 - k)
+
+
+def test_update_weights_changes_outputs_and_version(random_model_dir):
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=8, eos_token_ids=[], pad_token_id=0)
+    before = run_all(eng, [GenRequest("x", PROMPTS[2], GREEDY)])["x"]
+    new = {k: torch.randn_like(v) * 0.3 for k, v in eng.model.named_parameters()}
+    eng.update_weights(new, version=7)
+    after = run_all(eng, [GenRequest("x", PROMPTS[2], GREEDY)])["x"]
+    assert after.versions == [7] * len(after.token_ids)
+    assert after.token_ids != before.token_ids
+    with pytest.raises(KeyError, match="does not exist"):
+        eng.update_weights({"nope.weight": torch.zeros(1)}, 8)
+    eng.submit([GenRequest("y", PROMPTS[0], GREEDY)])
+    with pytest.raises(RuntimeError, match="in flight"):
+        eng.update_weights(new, 8)
+
+
+def test_sampling_respects_max_tokens_and_eos(random_model_dir):
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=4, eos_token_ids=list(range(48)), pad_token_id=0)
+    out = run_all(eng, [GenRequest("e", PROMPTS[0], SamplingParams(1.0, 1.0, -1, 5))])["e"]
+    assert out.finish_reason == "stop" and len(out.token_ids) == 1   # every token is an EOS here
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=4, eos_token_ids=[], pad_token_id=0)
+    outs = run_all(eng, [GenRequest(f"s{i}", PROMPTS[1], SamplingParams(1.0, 0.9, 5, 6)) for i in range(4)])
+    assert all(o.finish_reason == "length" and len(o.token_ids) == 6 for o in outs.values())
+
+
+def test_sleep_and_wake_up_on_cpu(random_model_dir):
+    eng = HFEngine(random_model_dir, CPU, eos_token_ids=[], pad_token_id=0)
+    eng.sleep(1)
+    with pytest.raises(RuntimeError, match="asleep"):
+        eng.submit([GenRequest("z", PROMPTS[0], GREEDY)])
+    eng.wake_up()
+    assert len(run_all(eng, [GenRequest("z", PROMPTS[0], GREEDY)])["z"].token_ids) == 10
+
+
+def test_slot_reuse_and_cache_growth_are_exact(random_model_dir, hf_model):
+    """More requests than slots (slots are freed and refilled mid-run, admissions in batches), a cache that
+    starts too short for them (it grows by doubling): every greedy output still equals a plain forward."""
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=3, eos_token_ids=[], pad_token_id=0, max_model_len=4)
+    reqs = [GenRequest(f"q{i}", PROMPTS[i % len(PROMPTS)] + [i + 2], SamplingParams(0.0, max_tokens=3 + 2 * i))
+            for i in range(8)]
+    outs = run_all(eng, reqs)
+    assert eng._cache.capacity >= max(len(r.prompt_ids) + r.params.max_tokens for r in reqs)
+    for r in reqs:
+        got = outs[r.request_id]
+        assert len(got.token_ids) == r.params.max_tokens and got.finish_reason == "length"
+        ids = list(r.prompt_ids)
+        with torch.no_grad():
+            for _ in range(r.params.max_tokens):
+                ids.append(int(hf_model(torch.tensor([ids])).logits[0, -1].argmax()))
+        assert got.token_ids == ids[len(r.prompt_ids):], r.request_id
+
+
+def test_sliding_window_models_are_refused(tmp_path):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=48, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, use_sliding_window=True,
+                      sliding_window=8, max_window_layers=0)
+    Qwen2ForCausalLM(cfg).save_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match="sliding_attention.*rollout.name=vllm"):
+        HFEngine(str(tmp_path), CPU)
+
+
+class RecordingGraphs:
+    """A stand-in for DeviceGraphs on CPU: 'capture' runs the warm-ups and records the function (a real
+    capture runs nothing), 'replay' calls it.  A real graph replays exactly what the function did at capture
+    time, so this checks the engine's side of the contract: buckets, padding rows, spans, buffers that outlive
+    the graphs, recapture."""
+
+    def __init__(self):
+        self.captured: list = []
+        self.replays = 0
+
+    def capture(self, fn, warmup: int = 1):
+        for _ in range(warmup):
+            fn()
+        self.captured.append(fn)
+
+        def replay():
+            self.replays += 1
+            fn()
+        return replay
+
+
+def test_graph_buckets_decode_exactly_like_eager(random_model_dir, hf_model, monkeypatch):
+    """Decode through captured buckets (batch padded to a bucket, attention over a wider span bucket) gives the
+    eager engine's greedy tokens and log-probs; a cache that grows recaptures; a weight update keeps the graphs
+    (copies into the same storage); sleep/wake recaptures."""
+    graphs = RecordingGraphs()
+    monkeypatch.setattr(CPU.__class__, "graphs", lambda self: graphs)
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=6, eos_token_ids=[], pad_token_id=0, max_model_len=8,
+                   enforce_eager=False, graph_batch_sizes=[2, 4])
+    assert eng.graph_batch_sizes == [2, 4, 6]
+    first = len(graphs.captured)
+    assert first == 3 * 1 and eng.graph_capture_s > 0     # capacity 8 -> one span bucket per batch bucket
+    eager = HFEngine(random_model_dir, CPU, max_num_seqs=6, eos_token_ids=[], pad_token_id=0, max_model_len=8)
+    reqs = [GenRequest(f"q{i}", PROMPTS[i % len(PROMPTS)] + [i + 2], SamplingParams(0.0, max_tokens=3 + 2 * i))
+            for i in range(9)]
+    got, want = run_all(eng, reqs), run_all(eager, reqs)
+    assert graphs.replays > 0
+    assert len(graphs.captured) > first                    # the cache grew past 8: captured again at first use
+    for r in reqs:
+        assert got[r.request_id].token_ids == want[r.request_id].token_ids, r.request_id
+        assert got[r.request_id].log_probs == pytest.approx(want[r.request_id].log_probs, abs=1e-4)
+    eng.update_weights({k: v * 1.5 for k, v in eng.model.named_parameters()}, version=2)
+    eager.update_weights({k: v * 1.5 for k, v in eager.model.named_parameters()}, version=2)
+    n = len(graphs.captured)
+    got, want = run_all(eng, reqs[:4]), run_all(eager, reqs[:4])
+    assert len(graphs.captured) == n                       # the same graphs serve the new weights
+    assert all(got[k].token_ids == want[k].token_ids and got[k].versions == [2] * len(want[k].token_ids)
+               for k in want)
+    eng.sleep(1)                                           # free_cache_engine: weights moved, graphs dropped
+    eng.wake_up()
+    assert eng._graphs == {}
+    assert run_all(eng, reqs[:1])["q0"].token_ids == want["q0"].token_ids
+    assert len(graphs.captured) > n                        # captured again at first use
+    kept = HFEngine(random_model_dir, CPU, max_num_seqs=6, eos_token_ids=[], pad_token_id=0, max_model_len=32,
+                    enforce_eager=False, graph_batch_sizes=[2, 4], free_cache_engine=False)
+    before = dict(kept._graphs)
+    kept.sleep(1)
+    kept.wake_up()
+    assert kept._graphs == before                          # nothing moved: the graphs stay
+
+
+def test_default_graph_buckets():
+    from fully_async.rollout.engines.hf_engine import default_graph_batch_sizes, span_buckets
+
+    assert default_graph_batch_sizes(256) == [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256]
+    assert default_graph_batch_sizes(5) == [1, 2, 4, 5]
+    assert span_buckets(272) == [128, 256, 272] and span_buckets(100) == [100]

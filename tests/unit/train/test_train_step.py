@@ -1,0 +1,55 @@
+"""The one training step both modes run: mini-batch count, metrics, and the same numbers from the same batch."""
+import pytest
+
+from fully_async.train.train_step import num_mini_batches, train_step
+from fully_async.core.types import SampleGroup
+from test_torch_backend import backend_for, make_samples
+
+
+@pytest.mark.parametrize("groups,mini,expected", [(16, 16, 1), (17, 16, 2), (3, 16, 1), (32, 16, 2), (1, 1, 1)])
+def test_mini_batch_count_is_one_rule(groups, mini, expected):
+    assert num_mini_batches(groups, mini) == expected
+
+
+def as_groups(samples, n=3):
+    return [SampleGroup(samples[i].uid, i // n, 0, samples[i:i + n], 0) for i in range(0, len(samples), n)]
+
+
+def test_same_batch_same_weights_same_step(random_model_dir, tmp_path):
+    """The step is deterministic: the same batch on the same weights gives identical losses, grad norm and updated
+    weights.  The async trainer and the sync loop both call train_step, so on one batch they agree."""
+    results = []
+    for _ in range(2):
+        cfg, backend = backend_for(random_model_dir, f"trainer.default_local_dir={tmp_path}",
+                                   "async_training.use_rollout_log_probs=false")
+        metrics, samples = train_step(backend, cfg, as_groups(make_samples()), 0, step=1, version=0)
+        results.append((metrics, {k: v.detach().clone() for k, v in backend.model.named_parameters()}))
+    (m1, w1), (m2, w2) = results
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean", "perf/total_num_tokens"):
+        assert m1[key] == m2[key], key
+    assert all((w1[k] == w2[k]).all() for k in w1)
+    assert len(samples) == 6 and m1["fully_async/count/current_param_version"] == 0
+    assert {"timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor"} <= set(m1)
+
+
+def test_mfu_reported_with_a_peak_override_and_absent_without(random_model_dir, tmp_path):
+    """On cpu no peak is known: no perf/mfu/actor unless trainer.device_peak_tflops gives one; then it is the
+    model FLOPs of ppo_epochs passes over the step's prompt + response tokens per update second per peak."""
+    from transformers import AutoConfig
+
+    from fully_async.core.flops import estimate_flops
+
+    common = ["trainer.device=cpu", f"trainer.default_local_dir={tmp_path}"]
+    cfg, backend = backend_for(random_model_dir, *common)
+    metrics, _ = train_step(backend, cfg, as_groups(make_samples()), 0, step=1, version=0)
+    assert "perf/mfu/actor" not in metrics and "perf/max_memory_allocated_gb" not in metrics
+
+    cfg, backend = backend_for(random_model_dir, *common, "trainer.device_peak_tflops=2e-6",
+                               "actor_rollout_ref.actor.ppo_epochs=2")
+    samples = make_samples()
+    metrics, _ = train_step(backend, cfg, as_groups(samples), 0, step=1, version=0)
+    lens = [len(s.prompt_ids) + len(s.response_ids) for s in samples]
+    flops = estimate_flops(AutoConfig.from_pretrained(random_model_dir), lens, count_embedding=True)
+    assert flops > 0
+    expected = 2 * flops / metrics["timing_s/update_actor"] / (2e-6 * 1e12)
+    assert metrics["perf/mfu/actor"] == pytest.approx(expected, rel=1e-9)
