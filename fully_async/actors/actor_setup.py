@@ -5,20 +5,21 @@ import logging
 import os
 from typing import Any, Optional
 
+from fully_async.core.config import FullyAsyncConfig, typed_config
 
-def actor_init(cfg: Any, role: str, uses_device: bool = True) -> tuple[Any, Any]:
-    """Rebuild the config from the plain dict Ray shipped, pick the device, pin CPU threads.
+
+def actor_init(cfg: FullyAsyncConfig, role: str, uses_device: bool = True) -> tuple[FullyAsyncConfig, Any]:
+    """The typed config (as shipped, or from a plain dict), the device, CPU threads pinned.
 
     `uses_device=False`: an actor that drives others and holds no accelerator itself."""
     import torch
-    from omegaconf import OmegaConf
 
     from fully_async.core.device import get_device
 
     logging.basicConfig(level=logging.INFO, format=f"[{role}] %(message)s", force=True)
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
-    cfg = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
+    cfg = typed_config(cfg)
     device = get_device(cfg.trainer.device)
     if device.is_accelerator:
         if uses_device:
@@ -41,7 +42,7 @@ def assigned_cpus() -> int:
     return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
 
 
-def build_tokenizer(cfg: Any) -> Any:
+def build_tokenizer(cfg: FullyAsyncConfig) -> Any:
     from transformers import AutoTokenizer
 
     model = cfg.actor_rollout_ref.model

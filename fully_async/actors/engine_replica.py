@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
+from fully_async.core.config import FullyAsyncConfig, typed_config
 from fully_async.rollout.engines.replica import EngineHost
 
 logger = logging.getLogger(__name__)
@@ -15,7 +16,7 @@ logger = logging.getLogger(__name__)
 class EngineReplica(EngineHost):
     """Ray actor: one rollout engine on its own device(s) (async mode, more than one replica)."""
 
-    def __init__(self, cfg: Any, index: int, eos_token_ids: list[int], pad_token_id: int):
+    def __init__(self, cfg: FullyAsyncConfig, index: int, eos_token_ids: list[int], pad_token_id: int):
         from fully_async.actors.actor_setup import actor_init
         from fully_async.rollout.engines import build_engine
 
@@ -27,7 +28,7 @@ class EngineReplica(EngineHost):
         return True
 
 
-def build_async_pool(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: int,
+def build_async_pool(cfg: FullyAsyncConfig, device: Any, eos_token_ids: list[int], pad_token_id: int,
                      placement: Optional[Any] = None) -> Any:
     """Async mode's rollout: one inline engine, or K EngineReplica actors in the rollout placement group."""
     from fully_async.rollout.engines import build_engine
@@ -41,13 +42,12 @@ def build_async_pool(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_
         replicas: list[Any] = [InlineReplica(build_engine(cfg, device, eos_token_ids, pad_token_id), device)]
     else:
         import ray
-        from omegaconf import OmegaConf
 
         from fully_async.cluster.ray_utils import wait_ready
 
-        plain = OmegaConf.to_container(cfg, resolve=True)
+        typed = typed_config(cfg)
         actors = {f"engine{i}": ray.remote(EngineReplica).options(
-            **device.ray_actor_options(tp), **in_bundle(placement, i)).remote(plain, i, eos_token_ids, pad_token_id)
+            **device.ray_actor_options(tp), **in_bundle(placement, i)).remote(typed, i, eos_token_ids, pad_token_id)
             for i in range(k)}
         wait_ready(actors)
         replicas = [RemoteReplica(actor, name) for name, actor in actors.items()]

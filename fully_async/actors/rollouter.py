@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from fully_async.core.config import FullyAsyncConfig, typed_config
 from fully_async.actors.actor_setup import MetricsOutbox
 from fully_async.rollout.generation import make_group, score_samples, validate
 from fully_async.core.metrics import rollouter_window_metrics
@@ -32,7 +33,8 @@ logger = logging.getLogger(__name__)
 
 
 class Rollouter(MetricsOutbox):
-    def __init__(self, cfg: Any, queue: Any, train_records: list[PromptRecord], val_records: list[PromptRecord],
+    def __init__(self, cfg: FullyAsyncConfig, queue: Any, train_records: list[PromptRecord],
+                 val_records: list[PromptRecord],
                  eos_token_ids: list[int], pad_token_id: int, resume_path: Optional[str] = None,
                  placement: Optional[Any] = None):
         from fully_async.actors.actor_setup import actor_init, build_tokenizer
@@ -44,9 +46,7 @@ class Rollouter(MetricsOutbox):
         from fully_async.core.timeline import Timeline
         from fully_async.core.workload import LengthProfile
 
-        from omegaconf import OmegaConf
-
-        cfg = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
+        cfg = typed_config(cfg)
         # with several replicas the engines live in their own actors and this shell holds no device
         self.cfg, self.device = actor_init(cfg, "rollouter", uses_device=rollout_layout(cfg)[0] == 1)
         cfg = self.cfg

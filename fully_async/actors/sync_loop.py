@@ -14,6 +14,7 @@ import logging
 import time
 from typing import Any, Optional
 
+from fully_async.core.config import FullyAsyncConfig
 from fully_async.actors.actor_setup import DriverFacing
 from fully_async.rollout.generation import group_pendings, make_group, run_to_completion, score_samples, validate
 from fully_async.core.types import PromptRecord, SamplingParams
@@ -22,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 
 class SyncWorker(DriverFacing):
-    def __init__(self, cfg: Any, train_records: list[PromptRecord], val_records: list[PromptRecord],
+    def __init__(self, cfg: FullyAsyncConfig, train_records: list[PromptRecord], val_records: list[PromptRecord],
                  total_steps: int, num_devices: int, eos_token_ids: list[int], pad_token_id: int,
                  resume_path: Optional[str] = None, placement: Optional[Any] = None):
         from fully_async.actors.actor_setup import actor_init, build_tokenizer
@@ -199,7 +200,8 @@ class SyncWorker(DriverFacing):
                 "checkpoint": self.last_checkpoint}
 
 
-def build_sync_pool(cfg: Any, device: Any, backend: Any, eos_token_ids: list[int], pad_token_id: int) -> tuple:
+def build_sync_pool(cfg: FullyAsyncConfig, device: Any, backend: Any, eos_token_ids: list[int],
+                    pad_token_id: int) -> tuple:
     """One engine per trainer rank: rank 0's here (inline), the others in their TrainWorkers.  Returns the
     pool and whether each rank's engine loads its own rank's weights (torch/fsdp2) or rank 0's (megatron)."""
     from fully_async.rollout.engines import build_engine

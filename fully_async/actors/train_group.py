@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 import torch
 
+from fully_async.core.config import FullyAsyncConfig, typed_config
 from fully_async.train.backends import ShardedTrainBackend
 from fully_async.core.batch import TrainBatch, micro_batches
 from fully_async.rollout.engines.replica import EngineHost
@@ -48,11 +49,11 @@ def forwarded_methods(cls: type) -> list[str]:
                   if getattr(fn, "forwards_to_backend", False))
 
 
-def total_optimizer_steps(cfg: Any, total_steps: int, mini_batches_per_step: int) -> int:
+def total_optimizer_steps(cfg: FullyAsyncConfig, total_steps: int, mini_batches_per_step: int) -> int:
     return total_steps * mini_batches_per_step * cfg.actor_rollout_ref.actor.ppo_epochs
 
 
-def build_local_backend(cfg: Any, device: Any, optimizer_steps: int, rank: int, world: int,
+def build_local_backend(cfg: FullyAsyncConfig, device: Any, optimizer_steps: int, rank: int, world: int,
                         master: Optional[tuple[str, int]]) -> Any:
     """This process's backend; joins the trainer's process group first when the strategy shards."""
     from fully_async.train.backends import build_backend
@@ -73,7 +74,7 @@ class TrainWorker(EngineHost):
     sync mode generates on every trainer device; the engine loads this rank's own gathered parameters
     (`load_trainer_weights`), so no weight crosses processes."""
 
-    def __init__(self, cfg: Any, rank: int, world: int, master: tuple[str, int], optimizer_steps: int,
+    def __init__(self, cfg: FullyAsyncConfig, rank: int, world: int, master: tuple[str, int], optimizer_steps: int,
                  engine_args: Optional[tuple[list[int], int]] = None):
         from fully_async.actors.actor_setup import actor_init
 
@@ -161,7 +162,7 @@ def shard_batch(batch: TrainBatch, world: int) -> tuple[list[list[int]], list[Tr
 class GroupBackend:
     """`TrainBackend` over rank 0's local backend and the workers of ranks 1..W-1."""
 
-    def __init__(self, local: Any, workers: list[Any], cfg: Any):
+    def __init__(self, local: Any, workers: list[Any], cfg: FullyAsyncConfig):
         self.local = local
         self.workers = workers
         self.world = len(workers) + 1
@@ -255,7 +256,7 @@ class ReplicatedGroupBackend(GroupBackend):
                                   lambda: self.local.train_step(batch, num_mini_batches))[0]
 
 
-def connect_trainer_group(cfg: Any, device: Any, optimizer_steps: int, master: tuple[str, int],
+def connect_trainer_group(cfg: FullyAsyncConfig, device: Any, optimizer_steps: int, master: tuple[str, int],
                           worker_options: dict, placement: Optional[Any] = None,
                           engine_args: Optional[tuple[list[int], int]] = None) -> Any:
     """Rank 0's backend: spawns W-1 TrainWorkers (rank r in bundle r of `placement`), joins the process
@@ -267,11 +268,9 @@ def connect_trainer_group(cfg: Any, device: Any, optimizer_steps: int, master: t
     world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     if world == 1:
         return build_local_backend(cfg, device, optimizer_steps, 0, 1, None)
-    from omegaconf import OmegaConf
-
-    plain = OmegaConf.to_container(cfg, resolve=True)
+    typed = typed_config(cfg)
     workers = [ray.remote(TrainWorker).options(**worker_options, **in_bundle(placement, r)).remote(
-        plain, r, world, master, optimizer_steps, engine_args) for r in range(1, world)]
+        typed, r, world, master, optimizer_steps, engine_args) for r in range(1, world)]
     local = build_local_backend(cfg, device, optimizer_steps, 0, world, master)  # rendezvous with the workers
     ray.get([w.ready.remote() for w in workers])
     cls = ReplicatedGroupBackend if cfg.actor_rollout_ref.actor.strategy == "megatron" else GroupBackend

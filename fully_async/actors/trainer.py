@@ -12,6 +12,7 @@ import logging
 import time
 from typing import Any, Optional
 
+from fully_async.core.config import FullyAsyncConfig
 from fully_async.actors.actor_setup import DriverFacing
 from fully_async.cluster.ray_utils import ray_get
 from fully_async.core.staleness import required_samples
@@ -21,7 +22,8 @@ from fully_async.core.types import SampleGroup
 logger = logging.getLogger(__name__)
 
 
-def save_trainer_part(backend: Any, cfg: Any, folder: str, step: int, version: int, trained_ids: list[str]) -> None:
+def save_trainer_part(backend: Any, cfg: FullyAsyncConfig, folder: str, step: int, version: int,
+                      trained_ids: list[str]) -> None:
     """The trainer's part of a checkpoint (see checkpoint.py): the backend's model and optimizer files, and
     trainer_state.json (written last: the part is complete when it exists)."""
     import os
@@ -42,8 +44,8 @@ def load_trainer_state(path: str) -> dict:
 
 
 class Trainer(DriverFacing):
-    def __init__(self, cfg: Any, queue: Any, rollouter: Any, total_steps: int, num_devices: int, pad_token_id: int,
-                 resume_path: Optional[str] = None, placement: Optional[Any] = None):
+    def __init__(self, cfg: FullyAsyncConfig, queue: Any, rollouter: Any, total_steps: int, num_devices: int,
+                 pad_token_id: int, resume_path: Optional[str] = None, placement: Optional[Any] = None):
         from fully_async.actors.actor_setup import actor_init
         from fully_async.cluster.network import free_port, node_ip
         from fully_async.core.timeline import Timeline

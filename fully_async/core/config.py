@@ -629,3 +629,14 @@ SECTION_CHECKS = (_check_mode, _check_trainer, _check_rollout_placement, _check_
 CROSS_SECTION_CHECKS = (_check_grpo_group, _check_sequence_budgets, _check_sync_batch, _check_trainer_world,
                         _validate_attention, _validate_rollout_layout,
                         _check_overlong_buffer)
+
+
+def typed_config(cfg: Any) -> FullyAsyncConfig:
+    """The run's config as the schema's dataclasses, which is what the actors receive: from a DictConfig, a plain
+    dict of the same keys (resolved), or a FullyAsyncConfig (returned as it is).  Attribute access is the same
+    as on the DictConfig; unknown keys and wrong types fail here, naming the key."""
+    if isinstance(cfg, FullyAsyncConfig):
+        return cfg
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(FullyAsyncConfig), cfg))

@@ -44,12 +44,12 @@ def create_async_actors(cfg: Any, prep: Any, device: Any, resume_path: Optional[
                  else {"num_cpus": 0})
     # threads: its loop, the trainer's weight push and per-step metrics, the driver's calls (and spare)
     rollouter = ray.remote(Rollouter).options(max_concurrency=6, **roll_opts).remote(
-        prep.cfg_dict, queue, prep.train, prep.val, prep.eos_token_ids, prep.pad_token_id, resume_path,
+        prep.cfg, queue, prep.train, prep.val, prep.eos_token_ids, prep.pad_token_id, resume_path,
         roll_pg if replicas > 1 else None)
     # the trainer actor is data-parallel rank 0 (bundle 0); it spawns ranks 1..n_train-1 into bundles 1..
     trainer = ray.remote(Trainer).options(max_concurrency=3, **device.ray_actor_options(1),
                                           **in_bundle(train_pg, 0)).remote(
-        prep.cfg_dict, queue, rollouter, prep.total_steps, n_train + n_roll, prep.pad_token_id, resume_path,
+        prep.cfg, queue, rollouter, prep.total_steps, n_train + n_roll, prep.pad_token_id, resume_path,
         train_pg)
     return {"trainer": trainer, "rollouter": rollouter, "queue": queue}
 
@@ -75,7 +75,7 @@ def run_sync(cfg: Any) -> dict:
         # on CPU a lone colocated worker gets the cores async mode splits between its two actors
         opts = device.ray_actor_options(1, num_cpus=1 if device.is_accelerator or n_dev > 1 else 2)
         worker = ray.remote(SyncWorker).options(max_concurrency=2, **opts, **in_bundle(pg, 0)).remote(
-            prep.cfg_dict, prep.train, prep.val, prep.total_steps, n_dev, prep.eos_token_ids, prep.pad_token_id,
+            prep.cfg, prep.train, prep.val, prep.total_steps, n_dev, prep.eos_token_ids, prep.pad_token_id,
             resume_path, pg)
         return {"sync": worker}
 

@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from fully_async.core.config import ConfigError, as_file_list, validate, validate_with_data
+from fully_async.core.config import (ConfigError, FullyAsyncConfig, as_file_list, typed_config, validate,
+                                     validate_with_data)
 from fully_async.core.types import PromptRecord
 
 logger = logging.getLogger(__name__)
@@ -19,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Prepared:
-    cfg_dict: dict                 # resolved plain config shipped to the actors
+    cfg: FullyAsyncConfig          # resolved, typed config (with the derived totals) shipped to the actors
     train: list[PromptRecord]
     val: list[PromptRecord]
     total_prompts: int             # prompts the rollouter generates
@@ -201,4 +202,4 @@ def prepare(cfg: Any) -> Prepared:
         logger.warning("benchmark.ignore_eos=true: the engines ignore EOS %s (a benchmark setting, not for training)",
                        eos)
         eos = []
-    return Prepared(cfg_dict, train, val, total_prompts, total_steps, eos, int(pad))
+    return Prepared(typed_config(cfg_dict), train, val, total_prompts, total_steps, eos, int(pad))

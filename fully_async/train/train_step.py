@@ -16,6 +16,7 @@ import os
 import time
 from typing import Any, Optional, Sequence
 
+from fully_async.core.config import FullyAsyncConfig
 from fully_async.core.algorithms import grpo_advantages, kl_penalty
 from fully_async.core.batch import TrainBatch, build_batch
 from fully_async.core.flops import estimate_flops, match_device, mfu, peak_tflops, unsupported_reason
@@ -30,8 +31,8 @@ def num_mini_batches(num_groups: int, ppo_mini_batch_size: int) -> int:
     return max(1, math.ceil(num_groups / ppo_mini_batch_size))
 
 
-def train_step(backend: Any, cfg: Any, groups: Sequence[SampleGroup], pad_token_id: int, step: int, version: int,
-               timeline: Optional[Any] = None) -> tuple[dict[str, float], list[Sample]]:
+def train_step(backend: Any, cfg: FullyAsyncConfig, groups: Sequence[SampleGroup], pad_token_id: int, step: int,
+               version: int, timeline: Optional[Any] = None) -> tuple[dict[str, float], list[Sample]]:
     """Train on `groups` (step number `step`, generated for param `version`); returns (metrics, samples)."""
     span = timeline.span if timeline is not None else (lambda name: contextlib.nullcontext())
     samples = [s for g in groups for s in g.samples]
@@ -51,7 +52,7 @@ def train_step(backend: Any, cfg: Any, groups: Sequence[SampleGroup], pad_token_
     return metrics, samples
 
 
-def prepare_batch(backend: Any, cfg: Any, batch: TrainBatch, timing: dict,
+def prepare_batch(backend: Any, cfg: FullyAsyncConfig, batch: TrainBatch, timing: dict,
                   timeline: Optional[Any] = None) -> dict[str, float]:
     """Fill old/ref log-probs and advantages in place; returns metrics of this preparation."""
     at, actor, alg = cfg.async_training, cfg.actor_rollout_ref.actor, cfg.algorithm
@@ -84,7 +85,7 @@ def prepare_batch(backend: Any, cfg: Any, batch: TrainBatch, timing: dict,
     return metrics
 
 
-def actor_perf_metrics(cfg: Any, seq_lens: Sequence[int], update_s: float) -> dict[str, float]:
+def actor_perf_metrics(cfg: FullyAsyncConfig, seq_lens: Sequence[int], update_s: float) -> dict[str, float]:
     """`perf/mfu/actor` and `perf/max_memory_allocated_gb`, as verl's update_actor reports them.
 
     MFU: the model FLOPs of ppo_epochs forward + backward passes over the step's sequences (prompt + response
@@ -144,7 +145,7 @@ class BadStepsError(RuntimeError):
     pass
 
 
-def check_bad_steps(backend: Any, cfg: Any, step: int, samples: list) -> None:
+def check_bad_steps(backend: Any, cfg: FullyAsyncConfig, step: int, samples: list) -> None:
     """Log the batch of a skipped update; fail after trainer.max_bad_steps in a row."""
     if backend.consecutive_bad_steps == 0:
         return

@@ -5,6 +5,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol
 
 import torch
 
+from fully_async.core.config import FullyAsyncConfig
 from fully_async.core.batch import TrainBatch
 
 
@@ -50,7 +51,7 @@ class ShardedTrainBackend(TrainBackend, Protocol):
     def iter_full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]: ...
 
 
-def build_backend(cfg: Any, device: Any, total_optimizer_steps: int) -> TrainBackend:
+def build_backend(cfg: FullyAsyncConfig, device: Any, total_optimizer_steps: int) -> TrainBackend:
     strategy = cfg.actor_rollout_ref.actor.strategy
     if strategy in ("torch", "fsdp2"):  # fsdp2: the same backend, sharded over the trainer's process group
         from fully_async.train.backends.torch_backend import TorchBackend

@@ -43,47 +43,50 @@ _LAYER_MAP = {  # megatron suffix -> HF suffix, for the tensors that map one to 
 _TP_DIM = {"self_attention.linear_proj.weight": 1, "mlp.linear_fc2.weight": 1}  # row-parallel: split inputs
 
 
-def _heads(cfg: Any) -> tuple[int, int, int]:
+def _heads(hf_config: Any) -> tuple[int, int, int]:
     """(num_heads, num_query_groups, head_dim)."""
-    nh = cfg.num_attention_heads
-    ng = getattr(cfg, "num_key_value_heads", None) or nh
-    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // nh
+    nh = hf_config.num_attention_heads
+    ng = getattr(hf_config, "num_key_value_heads", None) or nh
+    hd = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // nh
     return nh, ng, hd
 
 
-def _rope(cfg: Any) -> tuple[float, dict]:
+def _rope(hf_config: Any) -> tuple[float, dict]:
     """(rope_theta, scaling dict or {}) for transformers 4.x (rope_theta/rope_scaling) and 5.x (rope_parameters)."""
-    params = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
-    theta = params.get("rope_theta", getattr(cfg, "rope_theta", None)) or 10000.0
+    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None)) or 10000.0
     kind = params.get("rope_type", params.get("type", "default"))
     return float(theta), ({} if kind == "default" else params)
 
 
-def check_supported(cfg: Any) -> None:
+def check_supported(hf_config: Any) -> None:
     """Raise NotImplementedError for HF configs this conversion does not cover."""
-    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
-        raise NotImplementedError(f"model_type {cfg.model_type!r} is not one of {list(SUPPORTED_MODEL_TYPES)}")
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        raise NotImplementedError(f"hidden_act {cfg.hidden_act!r}: only silu (SwiGLU) is mapped")
-    if cfg.model_type == "llama" and (getattr(cfg, "attention_bias", False) or getattr(cfg, "mlp_bias", False)):
+    if hf_config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise NotImplementedError(f"model_type {hf_config.model_type!r} is not one of {list(SUPPORTED_MODEL_TYPES)}")
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        raise NotImplementedError(f"hidden_act {hf_config.hidden_act!r}: only silu (SwiGLU) is mapped")
+    if hf_config.model_type == "llama" and (getattr(hf_config, "attention_bias", False)
+                                            or getattr(hf_config, "mlp_bias", False)):
         raise NotImplementedError("llama with attention_bias/mlp_bias (o_proj / MLP biases) is not mapped")
-    if getattr(cfg, "use_sliding_window", False):
+    if getattr(hf_config, "use_sliding_window", False):
         raise NotImplementedError("sliding-window attention is not mapped")
-    _, scaling = _rope(cfg)
+    _, scaling = _rope(hf_config)
     if scaling and scaling.get("rope_type", scaling.get("type")) != "llama3":
         raise NotImplementedError(f"rope scaling {scaling} is not mapped (only llama3)")
 
 
-def transformer_config_kwargs(cfg: Any, dtype: torch.dtype = torch.bfloat16) -> dict:
+def transformer_config_kwargs(hf_config: Any, dtype: torch.dtype = torch.bfloat16) -> dict:
     """Megatron TransformerConfig arguments for the HF config (no parallel sizes, no fusions)."""
-    check_supported(cfg)
-    nh, ng, hd = _heads(cfg)
+    check_supported(hf_config)
+    nh, ng, hd = _heads(hf_config)
     return dict(
-        num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, ffn_hidden_size=cfg.intermediate_size,
+        num_layers=hf_config.num_hidden_layers, hidden_size=hf_config.hidden_size,
+        ffn_hidden_size=hf_config.intermediate_size,
         num_attention_heads=nh, num_query_groups=ng, kv_channels=hd,
-        layernorm_epsilon=cfg.rms_norm_eps, normalization="RMSNorm",
+        layernorm_epsilon=hf_config.rms_norm_eps, normalization="RMSNorm",
         gated_linear_unit=True, activation_func=torch.nn.functional.silu,
-        add_bias_linear=False, add_qkv_bias=(cfg.model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False))),
+        add_bias_linear=False,
+        add_qkv_bias=hf_config.model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
         hidden_dropout=0.0, attention_dropout=0.0,
         bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype, pipeline_dtype=dtype,
         attention_softmax_in_fp32=True,
@@ -93,29 +96,29 @@ def transformer_config_kwargs(cfg: Any, dtype: torch.dtype = torch.bfloat16) -> 
     )
 
 
-def gpt_model_kwargs(cfg: Any) -> dict:
+def gpt_model_kwargs(hf_config: Any) -> dict:
     """GPTModel constructor arguments (besides config and layer spec) for the HF config."""
-    theta, scaling = _rope(cfg)
-    kwargs = dict(vocab_size=cfg.vocab_size, max_sequence_length=cfg.max_position_embeddings,
+    theta, scaling = _rope(hf_config)
+    kwargs = dict(vocab_size=hf_config.vocab_size, max_sequence_length=hf_config.max_position_embeddings,
                   position_embedding_type="rope", rotary_base=theta,
-                  share_embeddings_and_output_weights=bool(getattr(cfg, "tie_word_embeddings", False)))
+                  share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)))
     if scaling:
         kwargs.update(rope_scaling=True, rope_scaling_factor=float(scaling.get("factor", 8.0)))
     return kwargs
 
 
-def _stage_layers(cfg: Any, pp_rank: int, pp_size: int) -> range:
-    n = cfg.num_hidden_layers
+def _stage_layers(hf_config: Any, pp_rank: int, pp_size: int) -> range:
+    n = hf_config.num_hidden_layers
     if n % pp_size:
         raise ValueError(f"num_hidden_layers={n} is not divisible by pipeline_model_parallel_size={pp_size}")
     per = n // pp_size
     return range(pp_rank * per, (pp_rank + 1) * per)
 
 
-def _check_tp(cfg: Any, tp_size: int) -> None:
-    nh, ng, _ = _heads(cfg)
-    for what, value in (("num_key_value_heads", ng), ("num_attention_heads", nh), ("vocab_size", cfg.vocab_size),
-                        ("intermediate_size", cfg.intermediate_size)):
+def _check_tp(hf_config: Any, tp_size: int) -> None:
+    nh, ng, _ = _heads(hf_config)
+    for what, value in (("num_key_value_heads", ng), ("num_attention_heads", nh), ("vocab_size", hf_config.vocab_size),
+                        ("intermediate_size", hf_config.intermediate_size)):
         if value % tp_size:
             raise ValueError(f"{what}={value} is not divisible by tensor_model_parallel_size={tp_size}")
 

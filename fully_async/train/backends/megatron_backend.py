@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from fully_async.core.config import FullyAsyncConfig
 from fully_async.core.algorithms.actor_loss import actor_loss, actor_metric_names
 from fully_async.core.algorithms.lr_schedule import lr_lambda, warmup_steps
 from fully_async.train.backends import hf_megatron
@@ -89,7 +90,7 @@ def vocab_parallel_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, temp
 
 
 class MegatronBackend:
-    def __init__(self, cfg: Any, device: Device, total_optimizer_steps: int):
+    def __init__(self, cfg: FullyAsyncConfig, device: Device, total_optimizer_steps: int):
         arr = cfg.actor_rollout_ref
         self.cfg, self.actor_cfg, self.device, self.mcfg = cfg, arr.actor, device, arr.actor.megatron
         self.dtype = parse_dtype(arr.actor.dtype)   # config.validate rejects float16 and context parallelism

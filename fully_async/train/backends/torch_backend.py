@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from fully_async.core.config import FullyAsyncConfig
 from fully_async.core.algorithms.actor_loss import actor_loss
 from fully_async.core.algorithms.lr_schedule import lr_lambda, warmup_steps
 from fully_async.train.backends import fsdp, varlen_attention
@@ -128,7 +129,7 @@ def ppo_update(batch: TrainBatch, num_mini_batches: int, actor_cfg: Any, rng: ra
 
 
 class TorchBackend:
-    def __init__(self, cfg: Any, device: Device, total_optimizer_steps: int):
+    def __init__(self, cfg: FullyAsyncConfig, device: Device, total_optimizer_steps: int):
         from transformers import AutoModelForCausalLM
 
         arr = cfg.actor_rollout_ref

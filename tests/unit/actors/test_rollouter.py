@@ -55,7 +55,7 @@ def rollouter():
     prep = prepare(cfg)
     original, ro.ray_get = ro.ray_get, (lambda x: x)
     try:
-        yield ro.Rollouter(prep.cfg_dict, FakeQueue(), prep.train, prep.val[:2], prep.eos_token_ids,
+        yield ro.Rollouter(prep.cfg, FakeQueue(), prep.train, prep.val[:2], prep.eos_token_ids,
                            prep.pad_token_id)
     finally:
         ro.ray_get = original
@@ -102,7 +102,7 @@ def test_checkpoint_hold_stops_generation_until_release(monkeypatch, tmp_path):
                        "trainer.total_training_steps=50", "data.val_files=null", "data.max_response_length=64",
                        "async_training.staleness_threshold=100"])
     prep = prepare(cfg)
-    r = ro.Rollouter(prep.cfg_dict, FakeQueue(), prep.train, [], prep.eos_token_ids, prep.pad_token_id)
+    r = ro.Rollouter(prep.cfg, FakeQueue(), prep.train, [], prep.eos_token_ids, prep.pad_token_id)
     loop = threading.Thread(target=r.run, daemon=True)
     loop.start()
     try:

@@ -95,7 +95,7 @@ def test_rollouter_and_queue_parts_restore_partial_responses(monkeypatch, tmp_pa
                        "trainer.total_training_steps=2", "data.val_files=null"])
     prep = prepare(cfg)
     q1 = FakeQueue()
-    r1 = ro.Rollouter(prep.cfg_dict, q1, prep.train, [], prep.eos_token_ids, prep.pad_token_id)
+    r1 = ro.Rollouter(prep.cfg, q1, prep.train, [], prep.eos_token_ids, prep.pad_token_id)
     r1.scheduler.admit()
     r1.scheduler.step()  # one engine step: every response holds exactly one token
     folder = str(tmp_path)
@@ -112,7 +112,7 @@ def test_rollouter_and_queue_parts_restore_partial_responses(monkeypatch, tmp_pa
     assert not r1.held and r1.scheduler.in_flight() == len(partial)
 
     q2 = FakeQueue()
-    r2 = ro.Rollouter(prep.cfg_dict, q2, prep.train, [], prep.eos_token_ids, prep.pad_token_id, resume_path=folder)
+    r2 = ro.Rollouter(prep.cfg, q2, prep.train, [], prep.eos_token_ids, prep.pad_token_id, resume_path=folder)
     assert r2.scheduler.stream.num_emitted == admitted and r2.scheduler.staleness.state == r1.scheduler.staleness.state
     r2.scheduler.resume()
     while r2.scheduler.pending:
