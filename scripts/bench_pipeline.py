@@ -44,10 +44,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _prompts_per_batch(cfg: Any) -> int:
-    """Prompt groups one trainer step consumes (sync: data.train_batch_size)."""
-    if cfg.mode == "sync":
-        return cfg.data.train_batch_size
-    return cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.async_training.require_batches
+    """Prompt groups one trainer step consumes (sync: data.train_batch_size; the run's plan)."""
+    from fully_async.core.plan import RunPlan
+    return RunPlan.of(cfg).groups_per_step
 
 
 def _num_tokens(samples: list) -> int:

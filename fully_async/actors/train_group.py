@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 import torch
 
+from fully_async.core.plan import RunPlan
 from fully_async.core.config import FullyAsyncConfig, typed_config
 from fully_async.train.backends import ShardedTrainBackend
 from fully_async.core.batch import TrainBatch, micro_batches
@@ -265,7 +266,7 @@ def connect_trainer_group(cfg: FullyAsyncConfig, device: Any, optimizer_steps: i
 
     from fully_async.cluster.placement import in_bundle
 
-    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    world = RunPlan.of(cfg).trainer_devices
     if world == 1:
         return build_local_backend(cfg, device, optimizer_steps, 0, 1, None)
     typed = typed_config(cfg)

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 def rollout_layout(cfg: Any) -> tuple[int, int]:
     """(replicas, devices per replica) of async mode's rollout devices (config.validate checked the split)."""
-    devices = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+    devices = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node   # also in sync mode (RunPlan says 0 there)
     tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
     return max(1, devices // tp), tp
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Optional
 
+from fully_async.core.plan import RunPlan
+
 logger = logging.getLogger(__name__)
 
 ASSET_ROOT = "fully_async.assets"
@@ -519,7 +521,7 @@ def _check_sync_batch(cfg: Any) -> None:
 def _check_trainer_world(cfg: Any) -> None:
     """The strategy fits the trainer's device count, and every data-parallel rank gets a response."""
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
-    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    world = RunPlan.of(cfg).trainer_devices
     if world > 1 and actor.strategy == "torch":
         raise ConfigError("actor_rollout_ref.actor.strategy",
                           f"strategy=torch trains on one device but the trainer has {world} "
@@ -553,7 +555,7 @@ def _validate_rollout_layout(cfg: Any) -> None:
         if tp > 1:
             raise ConfigError(key, f"{tp}: mode=sync runs one engine per trainer rank on that rank's device; use 1")
         return
-    devices = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+    devices = RunPlan.of(cfg).rollout_devices
     if devices % tp:
         raise ConfigError(key, f"{tp} does not divide the {devices} rollout devices "
                           "(rollout.nnodes x rollout.n_gpus_per_node)")
@@ -603,7 +605,6 @@ def _validate_attention(cfg: Any) -> None:
 
 def validate_with_data(cfg: Any, num_train_prompts: int) -> None:
     """Checks that need the (filtered) dataset size."""
-    actor = cfg.actor_rollout_ref.actor
     if num_train_prompts == 0:
         raise ConfigError("data.train_files", "the training data has no prompts left after filtering")
     if cfg.mode == "sync":
@@ -611,7 +612,7 @@ def validate_with_data(cfg: Any, num_train_prompts: int) -> None:
             raise ConfigError("data.train_batch_size", f"{cfg.data.train_batch_size} prompts per step but the "
                               f"training data has only {num_train_prompts}")
         return
-    required = actor.ppo_mini_batch_size * cfg.async_training.require_batches
+    required = RunPlan.of(cfg).groups_per_step
     if required > num_train_prompts:
         raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size",
                           f"a trainer step needs ppo_mini_batch_size x require_batches = {required} prompts "

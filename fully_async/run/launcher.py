@@ -20,6 +20,8 @@ import signal
 import time
 from typing import Any, Callable, Optional
 
+from fully_async.core.plan import RunPlan
+
 logger = logging.getLogger("fully_async")
 
 
@@ -137,17 +139,16 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
     resume_path = find_resume_path(cfg.trainer)
     if resume_path:
         logger.info("resuming from %s", resume_path)
-    n_train = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    n_roll = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node if cfg.mode == "async" else 0
-    started_ray = start_ray(num_cpus_needed=max(2, n_train + n_roll))  # one core per actor on CPU
+    plan = RunPlan.of(cfg)
+    started_ray = start_ray(num_cpus_needed=max(2, plan.total_devices))  # one core per actor on CPU
     actors: dict = {}
     signals: list[int] = []
     old_handlers = {s: signal.signal(s, lambda signum, _f: signals.append(signum))
                     for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        needs = {"trainer": cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node}
-        if cfg.mode == "async":
-            needs["rollout"] = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+        needs = {"trainer": plan.trainer_devices}
+        if plan.rollout_devices:
+            needs["rollout"] = plan.rollout_devices
         check_resources(device, needs)
         actors = create(prep, device, resume_path)
         runners = {name: a for name, a in actors.items() if name != "queue"}

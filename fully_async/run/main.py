@@ -15,6 +15,7 @@ from typing import Any, Optional
 import hydra
 from omegaconf import DictConfig
 
+from fully_async.core.plan import RunPlan
 from fully_async.run.hydra_setup import CONFIG_DIR, register
 
 logger = logging.getLogger("fully_async")
@@ -30,8 +31,8 @@ def create_async_actors(cfg: Any, prep: Any, device: Any, resume_path: Optional[
     from fully_async.actors.rollouter import Rollouter
     from fully_async.actors.trainer import Trainer
 
-    n_train = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    n_roll = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+    plan = RunPlan.of(cfg)
+    n_train, n_roll = plan.trainer_devices, plan.rollout_devices
     replicas, tp = rollout_layout(cfg)
     # one bundle per engine replica and one per trainer rank, reserved up front (or a named error)
     roll_pg = make_placement_group(device, replicas, tp, f"{replicas} rollout engine replica(s)")
@@ -69,7 +70,7 @@ def run_sync(cfg: Any) -> dict:
     from fully_async.run.launcher import launch
 
     def create(prep: Any, device: Any, resume_path: Optional[str]) -> dict:
-        n_dev = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+        n_dev = RunPlan.of(cfg).trainer_devices
         pg = make_placement_group(device, n_dev, 1, f"{n_dev} trainer rank(s)") if n_dev > 1 else None
         # rank 0 (engine + trainer shard) takes one device, the trainer group spawns the others;
         # on CPU a lone colocated worker gets the cores async mode splits between its two actors

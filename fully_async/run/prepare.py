@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import logging
 import os
-import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from fully_async.core.config import (ConfigError, FullyAsyncConfig, as_file_list, typed_config, validate,
                                      validate_with_data)
+from fully_async.core.plan import RunPlan
 from fully_async.core.types import PromptRecord
 
 logger = logging.getLogger(__name__)
@@ -178,17 +178,8 @@ def prepare(cfg: Any) -> Prepared:
     validate_with_data(cfg, len(train))
     probe_rewards(cfg, train)
 
-    at = cfg.async_training
-    required = cfg.actor_rollout_ref.actor.ppo_mini_batch_size * at.require_batches
-    if cfg.mode == "sync":
-        required = cfg.data.train_batch_size  # prompts per step
-    total_prompts = cfg.rollout.total_rollout_steps or cfg.trainer.total_epochs * len(train)
-    if cfg.trainer.total_training_steps is not None:
-        total_steps = cfg.trainer.total_training_steps
-        if not cfg.rollout.total_rollout_steps:  # generate no more than the trainer will consume
-            total_prompts = min(total_prompts, total_steps * required)
-    else:
-        total_steps = max(1, math.ceil(total_prompts / required))
+    plan = RunPlan.of(cfg).with_data(cfg, len(train))
+    total_prompts, total_steps, required = plan.total_prompts, plan.total_steps, plan.groups_per_step
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     cfg_dict["rollout"]["total_rollout_steps"] = total_prompts

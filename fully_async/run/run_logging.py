@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from fully_async.core.plan import RunPlan
 from fully_async.core.metrics import MetricLogger
 
 logger = logging.getLogger("fully_async")
@@ -26,10 +27,9 @@ class RunLogger:
                                  config=OmegaConf.to_container(cfg, resolve=True), write_line=self.bar.write)
         self.mode = cfg.mode
         self.hardware = hardware
-        n_train = t.nnodes * t.n_gpus_per_node
-        n_roll = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
-        self.devices = {"trainer": n_train, "rollout": n_roll if cfg.mode == "async" else 0,
-                        "total": n_train + (n_roll if cfg.mode == "async" else 0), "device": t.device}
+        plan = RunPlan.of(cfg)
+        self.devices = {"trainer": plan.trainer_devices, "rollout": plan.rollout_devices, "total": plan.total_devices,
+                        "device": t.device}
         self.val_history: list[tuple[int, dict]] = []
         self.history: list[tuple[int, dict]] = []
 

@@ -16,6 +16,7 @@ import os
 import time
 from typing import Any, Optional, Sequence
 
+from fully_async.core.plan import RunPlan
 from fully_async.core.config import FullyAsyncConfig
 from fully_async.core.algorithms import grpo_advantages, kl_penalty
 from fully_async.core.batch import TrainBatch, build_batch
@@ -105,7 +106,7 @@ def actor_perf_metrics(cfg: FullyAsyncConfig, seq_lens: Sequence[int], update_s:
     flops = estimate_flops(model_config, seq_lens, count_embedding=True)   # as verl counts: comparable curves
     if flops:
         passes = cfg.actor_rollout_ref.actor.ppo_epochs
-        out["perf/mfu/actor"] = mfu(flops * passes, update_s, t.nnodes * t.n_gpus_per_node, peak)
+        out["perf/mfu/actor"] = mfu(flops * passes, update_s, RunPlan.of(cfg).trainer_devices, peak)
     return out
 
 

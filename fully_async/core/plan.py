@@ -1,0 +1,47 @@
+"""What a config implies, computed in one place (layer 0, pure): devices per role, prompt groups per trainer
+step, and the run's totals.  Every module that needs one of these asks `RunPlan.of(cfg)` instead of multiplying
+config keys itself."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    mode: str
+    trainer_devices: int            # trainer.nnodes x trainer.n_gpus_per_node (data-parallel ranks)
+    rollout_devices: int            # async: rollout.nnodes x rollout.n_gpus_per_node; sync: 0 (trainers generate)
+    groups_per_step: int            # prompt groups one trainer step consumes (sync: data.train_batch_size;
+    #                                 async: ppo_mini_batch_size x require_batches)
+    total_prompts: Optional[int] = None   # prompts the rollouter generates (known once the data is read)
+    total_steps: Optional[int] = None     # trainer steps
+
+    @property
+    def total_devices(self) -> int:
+        return self.trainer_devices + self.rollout_devices
+
+    @classmethod
+    def of(cls, cfg: Any) -> "RunPlan":
+        """The plan of `cfg` (totals as the config states them: prepare fills them in before the actors start)."""
+        sync = cfg.mode == "sync"
+        groups = cfg.data.train_batch_size if sync else \
+            cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.async_training.require_batches
+        return cls(mode=cfg.mode, trainer_devices=cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node,
+                   rollout_devices=0 if sync else cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node,
+                   groups_per_step=groups, total_prompts=cfg.rollout.total_rollout_steps,
+                   total_steps=cfg.trainer.total_training_steps)
+
+    def with_data(self, cfg: Any, num_train_prompts: int) -> "RunPlan":
+        """Totals for `num_train_prompts` training prompts: rollout.total_rollout_steps wins, else total_epochs
+        passes; trainer.total_training_steps caps what is generated (no prompt is generated that no step uses),
+        else the steps are what the prompts fill."""
+        total_prompts = cfg.rollout.total_rollout_steps or cfg.trainer.total_epochs * num_train_prompts
+        if cfg.trainer.total_training_steps is not None:
+            total_steps = cfg.trainer.total_training_steps
+            if not cfg.rollout.total_rollout_steps:
+                total_prompts = min(total_prompts, total_steps * self.groups_per_step)
+        else:
+            total_steps = max(1, math.ceil(total_prompts / self.groups_per_step))
+        return replace(self, total_prompts=total_prompts, total_steps=total_steps)
