@@ -7,7 +7,7 @@ same overrides (strategy fsdp2 when K > 1 unless the overrides set one), so ever
 batches with the same workload; sync mode runs one engine per trainer rank (engines/pool.py).  From each
 run's TensorBoard scalars:
 
-  generation tokens/s  = sum over steps of the tokens all engines generated (fully_async/actors/rollouter/engine_<i>/tokens)
+  generation tokens/s  = sum over steps of the tokens all engines generated (fully_async/rollouter/engine_<i>/tokens)
                          / sum of timing_s/gen, the first --skip-steps steps left out (warm-up: first runs are
                          3-4x slower on GPUs)
   engine share         = each engine's fraction of those tokens
@@ -50,17 +50,17 @@ def generation_stats(log_dir: str, skip_steps: int) -> dict:
     run = read_run(log_dir)
     gen = {step: v for step, _, v in run.series("timing_s/gen")}
     engines = sorted(int(t.split("/")[2].split("_")[1]) for t in run.scalars
-                     if t.startswith("fully_async/actors/rollouter/engine_") and t.endswith("/tokens"))
+                     if t.startswith("fully_async/rollouter/engine_") and t.endswith("/tokens"))
     if not engines:
-        raise SystemExit(f"{log_dir}: no fully_async/actors/rollouter/engine_<i>/tokens scalars (not a pool-era run)")
+        raise SystemExit(f"{log_dir}: no fully_async/rollouter/engine_<i>/tokens scalars (not a pool-era run)")
     steps = sorted(s for s in gen if s > skip_steps)
     if not steps:
         raise SystemExit(f"{log_dir}: only {len(gen)} steps, none left after --skip-steps {skip_steps}")
     per_engine = []
     for i in engines:
-        tokens = {s: v for s, _, v in run.series(f"fully_async/actors/rollouter/engine_{i}/tokens")}
-        busy = {s: v for s, _, v in run.series(f"fully_async/actors/rollouter/engine_{i}/busy_ratio")}
-        ms = [v for s, _, v in run.series(f"fully_async/actors/rollouter/engine_{i}/ms_per_step") if s in steps]
+        tokens = {s: v for s, _, v in run.series(f"fully_async/rollouter/engine_{i}/tokens")}
+        busy = {s: v for s, _, v in run.series(f"fully_async/rollouter/engine_{i}/busy_ratio")}
+        ms = [v for s, _, v in run.series(f"fully_async/rollouter/engine_{i}/ms_per_step") if s in steps]
         per_engine.append({"tokens": sum(tokens.get(s, 0.0) for s in steps),
                            "busy_ratio": sum(busy.get(s, 0.0) for s in steps) / len(steps),
                            "ms_per_step": sum(ms) / len(ms) if ms else None})

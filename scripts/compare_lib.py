@@ -212,10 +212,10 @@ def run_stats(run: Run, threshold: float, ceiling: Optional[float] = None) -> di
         "val_first": vals[0][2] if vals else None, "val_final": vals[-1][2] if vals else None,
         "val_best": max(p[2] for p in vals) if vals else None,
         "time_to_threshold_s": reached[1] - run.first_wall if reached else None,
-        "trainer_idle_ratio": _mean(run.values("fully_async/actors/trainer/idle_ratio")),
-        "rollouter_idle_ratio": _mean(run.values("fully_async/actors/rollouter/idle_ratio")),
-        "staleness_mean": _mean(run.values("fully_async/core/staleness/mean")),
-        "staleness_max": max(run.values("fully_async/core/staleness/max"), default=None),
+        "trainer_idle_ratio": _mean(run.values("fully_async/trainer/idle_ratio")),
+        "rollouter_idle_ratio": _mean(run.values("fully_async/rollouter/idle_ratio")),
+        "staleness_mean": _mean(run.values("fully_async/staleness/mean")),
+        "staleness_max": max(run.values("fully_async/staleness/max"), default=None),
         "ceiling_tokens_per_s": ceiling, "pipeline_efficiency": tps / ceiling if ceiling else None,
     }
     return stats
@@ -403,12 +403,12 @@ def make_plots(runs: dict[str, Run], out_dir: str, threshold: float) -> dict[str
                               [("trained samples (responses)", "critic/score/mean", each(_samples_axis))], None),
         "time_per_step": ("Time per step", [("step", "timing_s/step (s)", each(_by_step, "timing_s/step"))], None),
         "idle_ratios": ("Idle ratios", [("step", "trainer idle ratio",
-                                         each(_by_step, "fully_async/actors/trainer/idle_ratio")),
+                                         each(_by_step, "fully_async/trainer/idle_ratio")),
                                         ("step", "rollouter idle ratio",
-                                         each(_by_step, "fully_async/actors/rollouter/idle_ratio"))], None),
+                                         each(_by_step, "fully_async/rollouter/idle_ratio"))], None),
         "staleness": ("Staleness of trained samples (param versions)",
-                      [("step", "staleness mean", each(_by_step, "fully_async/core/staleness/mean")),
-                       ("step", "staleness max", each(_by_step, "fully_async/core/staleness/max"))], None),
+                      [("step", "staleness mean", each(_by_step, "fully_async/staleness/mean")),
+                       ("step", "staleness max", each(_by_step, "fully_async/staleness/max"))], None),
     }
     files = {}
     for name, (title, panels, hline) in specs.items():

@@ -189,8 +189,8 @@ class SyncWorker(DriverFacing):
                 "timing_s/step": step_s, "perf/time_per_step": step_s,
                 "perf/throughput": metrics["perf/total_num_tokens"] / step_s / self.num_devices,
                 # colocated: the trainer waits while the engine generates and vice versa
-                "fully_async/actors/trainer/idle_ratio": min(1.0, gen_s / step_s),
-                "fully_async/actors/rollouter/idle_ratio": min(1.0, 1.0 - gen_s / step_s),
+                "fully_async/trainer/idle_ratio": min(1.0, gen_s / step_s),
+                "fully_async/rollouter/idle_ratio": min(1.0, 1.0 - gen_s / step_s),
                 "fully_async/count/total_generated_samples": len(self.trained_sample_ids),
             })
             self._emit(self.step, metrics)

@@ -156,4 +156,4 @@ class Trainer(DriverFacing):
     def _pipeline_metrics(self, wait_s: float, step_s: float, tokens: float) -> dict:
         return {"timing_s/gen": wait_s, "timing_s/step": step_s, "perf/time_per_step": step_s,
                 "perf/throughput": tokens / step_s / self.num_devices,
-                "fully_async/actors/trainer/idle_ratio": min(1.0, wait_s / step_s)}
+                "fully_async/trainer/idle_ratio": min(1.0, wait_s / step_s)}

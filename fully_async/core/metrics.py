@@ -29,12 +29,12 @@ def batch_metrics(samples: Sequence[Sample], trainer_version: int, max_response_
         "response_length/min": min(resp),
         "response_length/clip_ratio": sum(r >= max_response_length for r in resp) / n,
         "prompt_length/mean": sum(prompt) / n,
-        "fully_async/core/partial/total_partial_num": len(partial),
-        "fully_async/core/partial/partial_ratio": len(partial) / n,
-        "fully_async/core/partial/max_partial_span": max((s.param_version_end - s.param_version_start for s in samples),
+        "fully_async/partial/total_partial_num": len(partial),
+        "fully_async/partial/partial_ratio": len(partial) / n,
+        "fully_async/partial/max_partial_span": max((s.param_version_end - s.param_version_start for s in samples),
                                                    default=0),
-        "fully_async/core/staleness/mean": sum(stale) / n,
-        "fully_async/core/staleness/max": max(stale),
+        "fully_async/staleness/mean": sum(stale) / n,
+        "fully_async/staleness/max": max(stale),
         "perf/total_num_tokens": sum(prompt) + sum(resp),
     }
     extra_keys = {k for s in samples for k, v in s.reward_extra.items() if isinstance(v, (int, float))}
@@ -46,26 +46,26 @@ def batch_metrics(samples: Sequence[Sample], trainer_version: int, max_response_
 
 CONSOLE_KEYS = (("critic/score/mean", "reward"), ("val-core", "val"), ("actor/pg_loss", "pg_loss"),
                 ("actor/grad_norm", "gnorm"), ("response_length/mean", "resp_len"),
-                ("fully_async/core/staleness/mean", "stale"), ("perf/throughput", "tok/s/dev"),
-                ("fully_async/actors/trainer/idle_ratio", "t_idle"), ("fully_async/actors/rollouter/idle_ratio", "r_idle"),
+                ("fully_async/staleness/mean", "stale"), ("perf/throughput", "tok/s/dev"),
+                ("fully_async/trainer/idle_ratio", "t_idle"), ("fully_async/rollouter/idle_ratio", "r_idle"),
                 ("timing_s/step", "step_s"))
 
 
 def engine_metrics(current: Sequence[dict], previous: Optional[Sequence[dict]], window_s: float) -> dict[str, float]:
-    """`fully_async/actors/rollouter/num_engines` and, per rollout engine i, the tokens it generated and the
+    """`fully_async/rollouter/num_engines` and, per rollout engine i, the tokens it generated and the
     fraction of the window it had work (`engine_<i>/{tokens,busy_ratio}`), and the engine's own milliseconds
     per iteration (`engine_<i>/ms_per_step`; from it, the pool's and Ray's overhead), from the pool's cumulative
     `engine_stats()` now and at the start of the window (None: since the start)."""
-    m: dict[str, float] = {"fully_async/actors/rollouter/num_engines": float(len(current))}
+    m: dict[str, float] = {"fully_async/rollouter/num_engines": float(len(current))}
     for i, cur in enumerate(current):
         prev = previous[i] if previous and i < len(previous) else {"tokens": 0, "busy_s": 0.0}
-        m[f"fully_async/actors/rollouter/engine_{i}/tokens"] = float(cur["tokens"] - prev["tokens"])
+        m[f"fully_async/rollouter/engine_{i}/tokens"] = float(cur["tokens"] - prev["tokens"])
         if window_s > 0:
-            m[f"fully_async/actors/rollouter/engine_{i}/busy_ratio"] = min(1.0, max(0.0, (cur["busy_s"] - prev["busy_s"])
+            m[f"fully_async/rollouter/engine_{i}/busy_ratio"] = min(1.0, max(0.0, (cur["busy_s"] - prev["busy_s"])
                                                                             / window_s))
         iterations = cur.get("iterations", 0) - prev.get("iterations", 0)
         if iterations > 0:   # the engine's own time per iteration (one decode step), without pool/Ray overhead
-            m[f"fully_async/actors/rollouter/engine_{i}/ms_per_step"] = \
+            m[f"fully_async/rollouter/engine_{i}/ms_per_step"] = \
                 1e3 * (cur.get("engine_s", 0.0) - prev.get("engine_s", 0.0)) / iterations
     return m
 
@@ -73,16 +73,16 @@ def engine_metrics(current: Sequence[dict], previous: Optional[Sequence[dict]], 
 def rollouter_window_metrics(current: dict, previous: dict) -> dict[str, float]:
     """The rollouter's metrics over one trainer step, from its cumulative counters at the end of the window
     (`current`) and at its start (`previous`; {} for the first window, which has no idle ratio): the sample
-    counts, the fraction of the window it had nothing to generate (`fully_async/actors/rollouter/idle_ratio`), and
+    counts, the fraction of the window it had nothing to generate (`fully_async/rollouter/idle_ratio`), and
     the per-engine metrics of `engine_metrics`.  No counters yet ({}): no metrics."""
     if not current:
         return {}
     m = {"fully_async/count/total_generated_samples": current["generated_samples"],
          "fully_async/count/staleness_samples": current["staleness_samples"],
-         "fully_async/actors/rollouter/bound_pauses": current["bound_pauses"]}
+         "fully_async/rollouter/bound_pauses": current["bound_pauses"]}
     wall = current["wall_s"] - previous.get("wall_s", 0.0)
     if previous and wall > 0:
-        m["fully_async/actors/rollouter/idle_ratio"] = min(1.0, (current["idle_s"] - previous["idle_s"]) / wall)
+        m["fully_async/rollouter/idle_ratio"] = min(1.0, (current["idle_s"] - previous["idle_s"]) / wall)
     if "engines" in current:
         m.update(engine_metrics(current["engines"], previous.get("engines"), wall))
     return m

@@ -67,7 +67,7 @@ class RunLogger:
             self.val_history.sort(key=lambda item: item[0])  # several sources: in step order
             summary["val_before"] = self._val_mean(self.val_history[0][1])
             summary["val_after"] = self._val_mean(self.val_history[-1][1])
-        for key in ("perf/throughput", "fully_async/actors/trainer/idle_ratio", "fully_async/actors/rollouter/idle_ratio"):
+        for key in ("perf/throughput", "fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio"):
             vals = [m[key] for _, m in self.history if key in m]
             if vals:
                 summary[key] = sum(vals) / len(vals)

@@ -15,9 +15,9 @@ REQUIRED_METRICS = [
     "perf/throughput", "perf/time_per_step", "perf/total_num_tokens",
     "timing_s/gen", "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor", "timing_s/param_sync",
     "timing_s/step", "fully_async/count/staleness_samples", "fully_async/count/total_generated_samples",
-    "fully_async/count/current_param_version", "fully_async/actors/trainer/idle_ratio", "fully_async/actors/rollouter/idle_ratio",
-    "fully_async/core/partial/total_partial_num", "fully_async/core/partial/partial_ratio",
-    "fully_async/core/partial/max_partial_span", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy",
+    "fully_async/count/current_param_version", "fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio",
+    "fully_async/partial/total_partial_num", "fully_async/partial/partial_ratio",
+    "fully_async/partial/max_partial_span", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy",
     "actor/grad_norm", "actor/lr", "critic/score/mean", "response_length/mean", "response_length/max",
     "response_length/clip_ratio", "val-core/arithmetic/reward/mean@1",
 ]
@@ -45,7 +45,7 @@ def test_async_run_completes_and_writes_metrics(ray_session, tmp_path, monkeypat
     val_steps = [s for s, _ in scalars["val-core/arithmetic/reward/mean@1"]]
     assert 0 in val_steps and 2 in val_steps and 4 in val_steps
     assert [v for _, v in scalars["fully_async/count/current_param_version"]] == [0, 1, 2, 3]
-    assert all(0.0 <= v <= 1.0 for _, v in scalars["fully_async/actors/trainer/idle_ratio"])
+    assert all(0.0 <= v <= 1.0 for _, v in scalars["fully_async/trainer/idle_ratio"])
 
 
 def test_collective_weight_sync_and_fsdp2_trainer_on_gloo(ray_session, tmp_path, monkeypatch):
@@ -76,8 +76,8 @@ def test_strict_on_policy_samples_are_fresh(ray_session, tmp_path, monkeypatch):
                        "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4"])
     run_async(cfg)
     scalars = read_scalars(str(tmp_path / "tb"))
-    assert [v for _, v in scalars["fully_async/core/staleness/max"]] == [0, 0, 0]
-    assert [v for _, v in scalars["fully_async/core/partial/total_partial_num"]] == [0, 0, 0]
+    assert [v for _, v in scalars["fully_async/staleness/max"]] == [0, 0, 0]
+    assert [v for _, v in scalars["fully_async/partial/total_partial_num"]] == [0, 0, 0]
 
 
 def test_failing_rollouter_exits_nonzero_with_its_error(tmp_path):

@@ -22,11 +22,11 @@ def ray_session():
 
 
 def check_two_engines_learned(scalars: dict, steps: int) -> None:
-    assert [v for _, v in scalars["fully_async/actors/rollouter/num_engines"]] == [2] * steps
+    assert [v for _, v in scalars["fully_async/rollouter/num_engines"]] == [2] * steps
     for i in (0, 1):
-        tokens = [v for _, v in scalars[f"fully_async/actors/rollouter/engine_{i}/tokens"]]
+        tokens = [v for _, v in scalars[f"fully_async/rollouter/engine_{i}/tokens"]]
         assert sum(tokens) > 0, f"engine {i} never generated"
-        busy = [v for _, v in scalars[f"fully_async/actors/rollouter/engine_{i}/busy_ratio"]]
+        busy = [v for _, v in scalars[f"fully_async/rollouter/engine_{i}/busy_ratio"]]
         assert all(0.0 <= b <= 1.0 for b in busy) and max(busy) > 0
     val = [v for _, v in sorted(scalars["val-core/arithmetic/reward/mean@1"])]
     assert val[0] < 0.2 and val[-1] > 0.6, val   # greedy validation reward before -> after
@@ -44,7 +44,7 @@ def test_sync_mode_generates_on_every_trainer_device(ray_session, tmp_path, monk
     check_two_engines_learned(scalars, 24)
     # every step, both engines generated their share of the batch (16 prompts x n=8 over 2 engines)
     for i in (0, 1):
-        assert all(v > 0 for _, v in scalars[f"fully_async/actors/rollouter/engine_{i}/tokens"])
+        assert all(v > 0 for _, v in scalars[f"fully_async/rollouter/engine_{i}/tokens"])
 
 
 def test_async_mode_runs_one_replica_per_rollout_device(ray_session, tmp_path, monkeypatch):

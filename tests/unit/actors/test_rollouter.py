@@ -14,18 +14,18 @@ def counters(wall_s, idle_s, samples=0, tokens=0, busy_s=0.0):
 def test_window_metrics_idle_ratio_per_step():
     assert rollouter_window_metrics({}, {}) == {}          # nothing pushed yet: no metrics
     first = rollouter_window_metrics(counters(10.0, 2.0, samples=8, tokens=100, busy_s=5.0), {})
-    assert "fully_async/actors/rollouter/idle_ratio" not in first  # the first window has no idle ratio (as before)
+    assert "fully_async/rollouter/idle_ratio" not in first  # the first window has no idle ratio (as before)
     assert first["fully_async/count/total_generated_samples"] == 8
-    assert first["fully_async/actors/rollouter/engine_0/tokens"] == 100
-    assert first["fully_async/actors/rollouter/engine_0/busy_ratio"] == pytest.approx(0.5)
-    assert first["fully_async/actors/rollouter/num_engines"] == 1
+    assert first["fully_async/rollouter/engine_0/tokens"] == 100
+    assert first["fully_async/rollouter/engine_0/busy_ratio"] == pytest.approx(0.5)
+    assert first["fully_async/rollouter/num_engines"] == 1
     second = rollouter_window_metrics(counters(14.0, 3.0, samples=16, tokens=180, busy_s=8.0),
                                       counters(10.0, 2.0, samples=8, tokens=100, busy_s=5.0))
-    assert second["fully_async/actors/rollouter/idle_ratio"] == pytest.approx(0.25)   # 1 s idle of 4 s
-    assert second["fully_async/actors/rollouter/engine_0/tokens"] == 80
-    assert second["fully_async/actors/rollouter/engine_0/busy_ratio"] == pytest.approx(0.75)
+    assert second["fully_async/rollouter/idle_ratio"] == pytest.approx(0.25)   # 1 s idle of 4 s
+    assert second["fully_async/rollouter/engine_0/tokens"] == 80
+    assert second["fully_async/rollouter/engine_0/busy_ratio"] == pytest.approx(0.75)
     same = rollouter_window_metrics(counters(14.0, 3.0), counters(14.0, 3.0))
-    assert "fully_async/actors/rollouter/idle_ratio" not in same   # no push in between: an empty window
+    assert "fully_async/rollouter/idle_ratio" not in same   # no push in between: an empty window
 
 
 class _Remote:
@@ -80,12 +80,12 @@ def test_rollouter_computes_its_idle_ratio_per_trainer_step(rollouter):
     assert rollouter.queue.q.size() > 0
     first = rollouter.pop_step_metrics()
     assert first["fully_async/count/total_generated_samples"] == sched.stats["generated_samples"] > 0
-    assert "fully_async/actors/rollouter/idle_ratio" not in first and first["fully_async/actors/rollouter/num_engines"] == 1
+    assert "fully_async/rollouter/idle_ratio" not in first and first["fully_async/rollouter/num_engines"] == 1
     rollouter.stats["idle_s"] += 1e6                          # idle far longer than any window: ratio capped
     rollouter._push([])                                       # the next push closes the window
     second = rollouter.pop_step_metrics()
-    assert second["fully_async/actors/rollouter/idle_ratio"] == 1.0
-    assert "fully_async/actors/rollouter/idle_ratio" not in rollouter.pop_step_metrics()  # no push since: empty window
+    assert second["fully_async/rollouter/idle_ratio"] == 1.0
+    assert "fully_async/rollouter/idle_ratio" not in rollouter.pop_step_metrics()  # no push since: empty window
 
 
 def test_checkpoint_hold_stops_generation_until_release(monkeypatch, tmp_path):
