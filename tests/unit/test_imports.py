@@ -97,3 +97,19 @@ def test_layers_import_downwards_only_and_core_never_imports_ray():
                     if other > rank or (other == rank and parts[1] != layer):
                         bad.append(f"{rel} ({layer}) imports {name}")
     assert bad == []
+
+
+def test_metric_names_do_not_carry_the_package_layout():
+    """Metric names such as fully_async/rollouter/idle_ratio are verl-style names, not file paths: a string that
+    looks like fully_async/<layer>/<x>/ must name a real folder of the package."""
+    import re
+
+    pattern = re.compile(r"fully_async/(" + "|".join(LAYERS) + r")/([a-z_]+)/")
+    bad = []
+    for rel, tree in sources():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for layer, name in pattern.findall(node.value):
+                    if not os.path.isdir(os.path.join(PKG, layer, name)):
+                        bad.append(f"{rel}: {node.value!r}")
+    assert bad == []
