@@ -265,7 +265,7 @@ def format_split(split: dict) -> list[str]:
 
 
 def measure(overrides: list[str], batches: int = 3, warmup: int = 1) -> dict:
-    """Same Hydra overrides as `python -m fully_async.run.main`; see the module docstring."""
+    """Same Hydra overrides as `python -m fully_async.main`; see the module docstring."""
     from fully_async.run.hydra_setup import load_config
 
     return measure_config(load_config(list(overrides)), batches, warmup)
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--devices", type=int, help="also print the predicted ceilings of every async split of N devices")
     ap.add_argument("--dp-efficiency", type=float, default=1.0,
                     help="data-parallel scaling efficiency of a trainer on several devices, in (0, 1] (default 1.0)")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m fully_async.run.main")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m fully_async.main")
     args = ap.parse_intermixed_args(argv)
     import logging
     logging.basicConfig(level=logging.INFO, format="%(message)s")

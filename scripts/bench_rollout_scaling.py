@@ -2,7 +2,7 @@
 
   python scripts/bench_rollout_scaling.py [--devices 1 2] [--skip-steps 1] [--out DIR] [overrides...]
 
-For each device count K it runs `python -m fully_async.run.main mode=sync trainer.n_gpus_per_node=K` with the
+For each device count K it runs `python -m fully_async.main mode=sync trainer.n_gpus_per_node=K` with the
 same overrides (strategy fsdp2 when K > 1 unless the overrides set one), so every run generates the same
 batches with the same workload; sync mode runs one engine per trainer rank (engines/pool.py).  From each
 run's TensorBoard scalars:
@@ -39,7 +39,7 @@ def run_sync(devices: int, overrides: list[str], out_dir: str) -> str:
     placement = [f"trainer.n_gpus_per_node={devices}"]
     if devices > 1 and _value(overrides, STRATEGY) is None:
         placement.append(f"{STRATEGY}=fsdp2")
-    cmd = [sys.executable, "-m", "fully_async.run.main", "mode=sync", "trainer.resume_mode=disable", *overrides,
+    cmd = [sys.executable, "-m", "fully_async.main", "mode=sync", "trainer.resume_mode=disable", *overrides,
            *placement, f"hydra.run.dir={os.path.join(out_dir, 'hydra', f'sync_{devices}')}"]
     _stream(f"sync_{devices}", cmd, out_dir, dict(os.environ, TENSORBOARD_DIR=tb_dir))
     return tb_dir

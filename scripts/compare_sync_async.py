@@ -104,7 +104,7 @@ def run_mode(mode: str, overrides: list[str], out_dir: str) -> str:
     """One training run as a subprocess; returns its TensorBoard dir (output also in DIR/logs/<mode>.log)."""
     tb_dir = os.path.join(out_dir, "runs", mode)
     shutil.rmtree(tb_dir, ignore_errors=True)  # stale event files would mix into this run's curves
-    cmd = [sys.executable, "-m", "fully_async.run.main", f"mode={mode}", *DEFAULT_OVERRIDES, *overrides,
+    cmd = [sys.executable, "-m", "fully_async.main", f"mode={mode}", *DEFAULT_OVERRIDES, *overrides,
            f"hydra.run.dir={os.path.join(out_dir, 'hydra', mode)}"]
     _stream(mode, cmd, out_dir, dict(os.environ, TENSORBOARD_DIR=tb_dir))
     return tb_dir

@@ -74,9 +74,9 @@ runs)
           actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32 actor_rollout_ref.actor.ppo_mini_batch_size=16
           data.train_batch_size=16 trainer.total_training_steps=${STEPS:-15} trainer.resume_mode=disable
           trainer.progress_bar=false trainer.timeline=true "trainer.default_local_dir=/tmp/ckpt")
-  TENSORBOARD_DIR=$OUT/runs/async timeout 240 python3 -m fully_async.run.main mode=async "${COMMON[@]}" \
+  TENSORBOARD_DIR=$OUT/runs/async timeout 240 python3 -m fully_async.main mode=async "${COMMON[@]}" \
       hydra.run.dir=/tmp/h_async 2>&1 | grep -v "it/s\]" | tail -25
-  TENSORBOARD_DIR=$OUT/runs/sync timeout 240 python3 -m fully_async.run.main mode=sync trainer.n_gpus_per_node=2 \
+  TENSORBOARD_DIR=$OUT/runs/sync timeout 240 python3 -m fully_async.main mode=sync trainer.n_gpus_per_node=2 \
       "${COMMON[@]}" hydra.run.dir=/tmp/h_sync 2>&1 | grep -v "it/s\]" | tail -25
   timeout 150 python3 scripts/bench_weight_sync.py --shapes 0.5b 3b --device cuda --out "$OUT/weight_sync.json" 2>&1 | tail -8
   tar czf "$OUT/runs.tgz" -C "$OUT" runs
@@ -88,9 +88,9 @@ megatron)
      actor_rollout_ref.rollout.dtype=bfloat16 actor_rollout_ref.actor.optim.lr=1e-6
      actor_rollout_ref.actor.ppo_mini_batch_size=16 data.train_batch_size=16 trainer.total_training_steps=${STEPS:-6}
      trainer.resume_mode=disable trainer.progress_bar=false "trainer.default_local_dir=/tmp/ckpt")
-  [ "${SKIP_ASYNC:-0}" = 1 ] || TENSORBOARD_DIR=$OUT/megatron_async timeout 200 python3 -m fully_async.run.main --config-name=fully_async_ppo_megatron_trainer mode=async "${M[@]}" \
+  [ "${SKIP_ASYNC:-0}" = 1 ] || TENSORBOARD_DIR=$OUT/megatron_async timeout 200 python3 -m fully_async.main --config-name=fully_async_ppo_megatron_trainer mode=async "${M[@]}" \
       hydra.run.dir=/tmp/h_ma 2>&1 | grep -v "it/s\]" | tail -12
-  TENSORBOARD_DIR=$OUT/megatron_sync_tp2 timeout 200 python3 -m fully_async.run.main --config-name=fully_async_ppo_megatron_trainer mode=sync \
+  TENSORBOARD_DIR=$OUT/megatron_sync_tp2 timeout 200 python3 -m fully_async.main --config-name=fully_async_ppo_megatron_trainer mode=sync \
       trainer.n_gpus_per_node=2 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 "${M[@]}" hydra.run.dir=/tmp/h_ms 2>&1 \
       | grep -v "it/s\]" | tail -12
   ;;
@@ -112,7 +112,7 @@ packing)
      actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192 actor_rollout_ref.actor.ppo_mini_batch_size=16
      data.train_batch_size=16 trainer.total_training_steps=${STEPS:-5} trainer.resume_mode=disable
      trainer.progress_bar=false "trainer.default_local_dir=/tmp/ckpt")
-  TENSORBOARD_DIR=$OUT/packed_sync timeout 200 python3 -m fully_async.run.main mode=sync trainer.n_gpus_per_node=2 "${P[@]}" \
+  TENSORBOARD_DIR=$OUT/packed_sync timeout 200 python3 -m fully_async.main mode=sync trainer.n_gpus_per_node=2 "${P[@]}" \
       hydra.run.dir=/tmp/h_ps 2>&1 | grep -v "it/s\]" | tail -10
   ;;
 esac

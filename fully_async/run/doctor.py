@@ -1,4 +1,4 @@
-"""`python -m fully_async.run.doctor [key=value ...]`: check an environment in seconds, before a real run.
+"""`python -m fully_async.doctor [key=value ...]`: check an environment in seconds, before a real run.
 
 Each check prints PASS / WARN / FAIL / SKIP with what it saw and, when something is wrong, the
 fix.  Optional stacks (vLLM, megatron-core, torch_npu) are WARN when absent: only the configured
@@ -183,7 +183,7 @@ def run_check(fn: Callable[[], Any], name: str) -> Any:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for fully_async.run.main")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for fully_async.main")
     parser.add_argument("--no-ray", action="store_true", help="skip starting Ray")
     args = parser.parse_args(argv)
     from fully_async.run.hydra_setup import register

@@ -1,4 +1,4 @@
-"""`python -m fully_async.run.main key=value ...`: fully asynchronous GRPO/PPO on Ray (or `mode=sync`).
+"""`python -m fully_async.main key=value ...`: fully asynchronous GRPO/PPO on Ray (or `mode=sync`).
 
 The story: validate and load data (before Ray), start Ray, create the queue, the rollouter and
 the trainer, run both until the trainer reaches its last step, validate the final weights,

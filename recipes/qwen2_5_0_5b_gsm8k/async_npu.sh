@@ -15,7 +15,7 @@ MODEL_PATH="${MODEL_PATH:-$HOME/models/Qwen2.5-0.5B-Instruct}"
 DATA_DIR="${DATA_DIR:-$HOME/data/gsm8k}"
 export TENSORBOARD_DIR="${TENSORBOARD_DIR:-tensorboard_log/qwen2_5_0_5b_gsm8k/async_npu}"
 
-python -m fully_async.run.main \
+python -m fully_async.main \
   mode=async \
   trainer.device=npu \
   trainer.nnodes=1 trainer.n_gpus_per_node=1 \

@@ -15,7 +15,7 @@ MODEL_PATH="${MODEL_PATH:-$HOME/models/Qwen2.5-0.5B-Instruct}"
 DATA_DIR="${DATA_DIR:-$HOME/data/gsm8k}"
 export TENSORBOARD_DIR="${TENSORBOARD_DIR:-tensorboard_log/qwen2_5_0_5b_gsm8k/sync_npu}"
 
-python -m fully_async.run.main \
+python -m fully_async.main \
   mode=sync \
   actor_rollout_ref.actor.strategy=fsdp2 \
   trainer.device=npu \

@@ -9,4 +9,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export TENSORBOARD_DIR="${TENSORBOARD_DIR:-tensorboard_log/tiny_arithmetic/async}"
-python -m fully_async.run.main mode=async trainer.device=cpu "$@"
+python -m fully_async.main mode=async trainer.device=cpu "$@"

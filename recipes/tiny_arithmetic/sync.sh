@@ -9,4 +9,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export TENSORBOARD_DIR="${TENSORBOARD_DIR:-tensorboard_log/tiny_arithmetic/sync}"
-python -m fully_async.run.main mode=sync trainer.device=cpu "$@"
+python -m fully_async.main mode=sync trainer.device=cpu "$@"

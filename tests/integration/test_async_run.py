@@ -88,7 +88,7 @@ def test_failing_rollouter_exits_nonzero_with_its_error(tmp_path):
                    "        raise ValueError('reward exploded on purpose')\n"
                    "    return 1.0\n")
     env = dict(os.environ, TENSORBOARD_DIR=str(tmp_path / "tb"))
-    r = subprocess.run([sys.executable, "-m", "fully_async.run.main", f"custom_reward_function.path={bad}",
+    r = subprocess.run([sys.executable, "-m", "fully_async.main", f"custom_reward_function.path={bad}",
                         "trainer.total_training_steps=3", "trainer.val_before_train=false", "trainer.progress_bar=false",
                         f"trainer.default_local_dir={tmp_path}/ckpt",
                         f"hydra.run.dir={tmp_path}/hydra"],

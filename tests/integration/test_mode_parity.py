@@ -18,7 +18,7 @@ COMMON = ["trainer.total_training_steps=2", "trainer.resume_mode=disable", "trai
 
 def run(tmp_path, mode):
     env = dict(os.environ, TENSORBOARD_DIR=str(tmp_path / mode))
-    r = subprocess.run([sys.executable, "-m", "fully_async.run.main", f"mode={mode}", *COMMON,
+    r = subprocess.run([sys.executable, "-m", "fully_async.main", f"mode={mode}", *COMMON,
                         f"trainer.default_local_dir={tmp_path}/ckpt_{mode}", f"hydra.run.dir={tmp_path}/h_{mode}"],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

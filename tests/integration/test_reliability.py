@@ -17,12 +17,12 @@ TESTS = os.path.join(REPO, "tests")
 
 
 class Run:
-    """`python -m fully_async.run.main` in a subprocess whose output is watched line by line."""
+    """`python -m fully_async.main` in a subprocess whose output is watched line by line."""
 
     def __init__(self, tmp_path, *overrides, env=None):
         self.lines: list[str] = []
         self.pids: dict[str, int] = {}
-        cmd = [sys.executable, "-u", "-m", "fully_async.run.main", "trainer.progress_bar=false",
+        cmd = [sys.executable, "-u", "-m", "fully_async.main", "trainer.progress_bar=false",
                f"hydra.run.dir={tmp_path}/hydra", *overrides]
         full_env = dict(os.environ, TENSORBOARD_DIR=str(tmp_path / "tb"), PYTHONUNBUFFERED="1", **(env or {}))
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,

@@ -57,7 +57,7 @@ def test_mini_batch_larger_than_dataset():
 
 
 def run_main(*args):
-    return subprocess.run([sys.executable, "-m", "fully_async.run.main", *args, "hydra.run.dir=/tmp/fa_cfg_test"],
+    return subprocess.run([sys.executable, "-m", "fully_async.main", *args, "hydra.run.dir=/tmp/fa_cfg_test"],
                           capture_output=True, text=True, timeout=120)
 
 

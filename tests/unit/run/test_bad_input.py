@@ -126,7 +126,7 @@ def test_unknown_data_source_without_custom_reward(tmp_path):
 
 
 def test_npu_without_torch_npu_names_the_fix():
-    r = subprocess.run([sys.executable, "-m", "fully_async.run.main", "trainer.device=npu", "hydra.run.dir=/tmp/fa_npu"],
+    r = subprocess.run([sys.executable, "-m", "fully_async.main", "trainer.device=npu", "hydra.run.dir=/tmp/fa_npu"],
                        capture_output=True, text=True, timeout=120, env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0"))
     out = r.stdout + r.stderr
     assert r.returncode == 1

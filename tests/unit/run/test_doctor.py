@@ -1,10 +1,10 @@
-"""python -m fully_async.run.doctor: a pass/fail table with fixes, exit code 1 on any failure."""
+"""python -m fully_async.doctor: a pass/fail table with fixes, exit code 1 on any failure."""
 import subprocess
 import sys
 
 
 def doctor(*args):
-    return subprocess.run([sys.executable, "-m", "fully_async.run.doctor", "--no-ray", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "fully_async.doctor", "--no-ray", *args], capture_output=True,
                           text=True, timeout=180)
 
 
