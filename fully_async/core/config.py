@@ -116,7 +116,9 @@ class ActorConfig:
     clip_ratio_low: Optional[float] = None
     clip_ratio_high: Optional[float] = None
     clip_ratio_c: float = 3.0             # dual-clip bound for negative advantages (> 1)
-    loss_agg_mode: str = "token-mean"     # token-mean | seq-mean-token-sum | seq-mean-token-mean
+    loss_agg_mode: str = "token-mean"     # token-mean | seq-mean-token-sum | seq-mean-token-mean |
+    #                                       seq-mean-token-sum-norm (Dr. GRPO)
+    loss_scale_factor: Optional[int] = None  # seq-mean-token-sum-norm's constant; null: data.max_response_length
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"      # kl(k1) | abs | mse(k2) | low_var_kl(k3)
@@ -295,8 +297,9 @@ class FullyAsyncConfig:
 
 
 # ----------------------------------------------------------------------------------- validation
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+",
+            "k3+")
 DEVICES = ("auto", "npu", "cuda", "cpu")
 TRUNCATIONS = ("error", "left", "right", "middle")
 ROLLOUT_NAMES = ("hf", "vllm")
@@ -416,6 +419,8 @@ def _check_actor(cfg: Any) -> None:
         value = getattr(actor, key)
         if value is not None:
             _at_least(f"actor_rollout_ref.actor.{key}", value, 0.0, strict=True)
+    if actor.loss_scale_factor is not None:
+        _at_least("actor_rollout_ref.actor.loss_scale_factor", actor.loss_scale_factor, 0, strict=True)
     if actor.ppo_micro_batch_size_per_gpu is not None:  # larger than a mini-batch just means one micro-batch
         _at_least("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu, 1)
 

@@ -184,6 +184,9 @@ def prepare(cfg: Any) -> Prepared:
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     cfg_dict["rollout"]["total_rollout_steps"] = total_prompts
     cfg_dict["trainer"]["total_training_steps"] = total_steps
+    actor = cfg_dict["actor_rollout_ref"]["actor"]
+    if actor["loss_scale_factor"] is None:   # seq-mean-token-sum-norm's constant, as verl: the response length
+        actor["loss_scale_factor"] = cfg.data.max_response_length
     if cfg_dict["benchmark"]["response_length"].endswith(".json"):  # actors may run in another directory
         cfg_dict["benchmark"]["response_length"] = os.path.abspath(cfg_dict["benchmark"]["response_length"])
     logger.info("data: %d train prompts, %d val prompts; %d prompts to generate, %d trainer steps of %d groups",

@@ -21,8 +21,13 @@ from typing import Any, Optional
 
 import torch
 
-from fully_async.core.algorithms.losses import PolicyLossInput, agg_loss, kl_penalty, policy_loss
+from fully_async.core.algorithms.losses import PolicyLossInput, agg_denominator, agg_loss, kl_penalty, policy_loss
 from fully_async.core.config import clip_bounds
+
+
+def mini_batch_denominator(mask: torch.Tensor, actor: Any) -> float:
+    """The `denom` every micro-batch of a mini-batch (response mask `mask`) passes to actor_loss."""
+    return agg_denominator(mask, actor.loss_agg_mode, actor.loss_scale_factor)
 
 
 def actor_metric_names(actor: Any, async_training: Any, with_entropy: bool = True) -> list[str]:

@@ -22,29 +22,60 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
+def agg_denominator(mask: torch.Tensor, mode: str, scale_factor: Optional[float] = None) -> float:
+    """The denominator of a whole mini-batch (passed as `denom` to each micro-batch's agg_loss): its tokens
+    (token-mean), its sequences with at least one token (seq-mean-*), or the constant `scale_factor`
+    (seq-mean-token-sum-norm: actor.loss_scale_factor, by default data.max_response_length)."""
+    if mode == "token-mean":
+        return float(mask.sum())
+    if mode == "seq-mean-token-sum-norm":
+        return float(scale_factor if scale_factor else mask.shape[-1])
+    return float((mask.sum(-1) > 0).sum())
+
+
 def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, denom: Optional[float] = None) -> torch.Tensor:
     """Aggregate per-token losses (B, T).
 
-    token-mean:          sum over all tokens / number of tokens
-    seq-mean-token-sum:  sum over tokens of each sequence, mean over sequences
-    seq-mean-token-mean: mean over tokens of each sequence, mean over sequences
-    `denom` overrides the count (tokens for token-mean, sequences otherwise) for micro-batching.
+    token-mean:              sum over all tokens / number of tokens
+    seq-mean-token-sum:      sum over tokens of each sequence, mean over sequences
+    seq-mean-token-mean:     mean over tokens of each sequence, mean over sequences
+    seq-mean-token-sum-norm: sum over all tokens / a constant (Dr. GRPO; verl's loss_scale_factor, default the
+                             response length): verl's value for one micro-batch per mini-batch (verl further
+                             divides by the number of micro-batches; here the mini-batch loss does not
+                             depend on how it is split)
+    `denom` overrides the count (tokens for token-mean, sequences for seq-mean-*, the constant for -norm) for
+    micro-batching (agg_denominator).
     """
     mask = mask.to(loss_mat.dtype)
     if mode == "token-mean":
         return (loss_mat * mask).sum() / (denom if denom is not None else mask.sum().clamp(min=1))
+    if mode == "seq-mean-token-sum-norm":
+        return (loss_mat * mask).sum() / (denom if denom is not None else mask.shape[-1])
     if mode == "seq-mean-token-sum":
         per_seq = (loss_mat * mask).sum(-1)
     elif mode == "seq-mean-token-mean":
         per_seq = (loss_mat * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     else:
-        raise ValueError(f"loss_agg_mode {mode!r} is not one of token-mean, seq-mean-token-sum, seq-mean-token-mean")
+        raise ValueError(f"loss_agg_mode {mode!r} is not one of token-mean, seq-mean-token-sum, seq-mean-token-mean, "
+                         "seq-mean-token-sum-norm")
     has_tokens = (mask.sum(-1) > 0).to(loss_mat.dtype)
     return (per_seq * has_tokens).sum() / (denom if denom is not None else has_tokens.sum().clamp(min=1))
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-token KL(pi || ref) estimators (Schulman's k1/k2/k3)."""
+    """Per-token KL(pi || ref) estimators (Schulman's k1/k2/k3).  A trailing "+" (k1+, k3+, low_var_kl+, ...,
+    verl's straight-through variants) keeps the estimator's value but takes the gradient of k2, whose expected
+    gradient is the true KL gradient (k1's and k3's are not)."""
+    if kind.endswith("+"):
+        value = _kl_value(logp, ref_logp, kind[:-1])
+        if kind in ("mse+", "k2+"):
+            return value
+        k2 = 0.5 * (logp - ref_logp).square()
+        return k2 - k2.detach() + value.detach()
+    return _kl_value(logp, ref_logp, kind)
+
+
+def _kl_value(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
     diff = logp - ref_logp
     if kind in ("kl", "k1"):
         return diff
@@ -55,7 +86,8 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.T
     if kind in ("low_var_kl", "k3"):
         kl = (ref_logp - logp).clamp(-20, 20)
         return (kl.exp() - kl - 1).clamp(-10, 10)
-    raise ValueError(f"kl type {kind!r} is not one of kl/k1, abs, mse/k2, low_var_kl/k3")
+    raise ValueError(f"kl type {kind!r} is not one of kl/k1, abs, mse/k2, low_var_kl/k3 (each also with a "
+                     "trailing '+': straight-through k2 gradient)")
 
 
 @dataclass

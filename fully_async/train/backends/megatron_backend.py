@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from fully_async.core.config import FullyAsyncConfig
-from fully_async.core.algorithms.actor_loss import actor_loss, actor_metric_names
+from fully_async.core.algorithms.actor_loss import actor_loss, actor_metric_names, mini_batch_denominator
 from fully_async.core.algorithms.lr_schedule import lr_lambda, warmup_steps
 from fully_async.train.backends import hf_megatron
 from fully_async.core.batch import TrainBatch, micro_batches
@@ -263,7 +263,7 @@ class MegatronBackend:
         """One optimizer step; (metric sums over the mini-batch, grad norm or None when skipped)."""
         a = self.actor_cfg
         mask = mini.response_mask
-        denom = float(mask.sum()) if a.loss_agg_mode == "token-mean" else float((mask.sum(-1) > 0).sum())
+        denom = mini_batch_denominator(mask, a)
         rows, weight = self._dp_rows(len(mini))
         shard = mini.select(rows)
         mbs = [shard.select(idx).to(self.torch_device) for idx in

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from fully_async.core.config import FullyAsyncConfig
-from fully_async.core.algorithms.actor_loss import actor_loss
+from fully_async.core.algorithms.actor_loss import actor_loss, mini_batch_denominator
 from fully_async.core.algorithms.lr_schedule import lr_lambda, warmup_steps
 from fully_async.train.backends import fsdp, varlen_attention
 from fully_async.train.backends.token_stats import enable_fused_head, token_stats
@@ -111,7 +111,7 @@ def ppo_update(batch: TrainBatch, num_mini_batches: int, actor_cfg: Any, rng: ra
         for start in range(0, len(batch), mini_size):
             mini = batch.select(order[start:start + mini_size])
             mask = mini.response_mask
-            denom = float(mask.sum()) if actor_cfg.loss_agg_mode == "token-mean" else float((mask.sum(-1) > 0).sum())
+            denom = mini_batch_denominator(mask, actor_cfg)
             res = run_mini(mini, denom)
             steps += 1
             if "grad_norm" in res:

@@ -112,3 +112,40 @@ def test_sampling_without_truncation_equals_the_filter_that_keeps_everything():
     a = sample_tokens(logits, temps, off_k, off_p, torch.Generator().manual_seed(5))
     b = sample_tokens(logits, temps, off_k, off_p, torch.Generator().manual_seed(5), truncate=False)
     assert torch.equal(a[0], b[0]) and torch.allclose(a[1], b[1])
+
+
+def test_seq_mean_token_sum_norm_is_a_constant_normalised_token_sum_and_splits_exactly():
+    """Dr. GRPO's aggregation (verl's seq-mean-token-sum-norm): sum over every token / a constant, so
+    micro-batches summed with the mini-batch's denominator give the mini-batch loss."""
+    import torch
+
+    from fully_async.core.algorithms.losses import agg_denominator, agg_loss
+
+    torch.manual_seed(0)
+    x = torch.randn(6, 5)
+    mask = (torch.rand(6, 5) > 0.3).float()
+    mode = "seq-mean-token-sum-norm"
+    denom = agg_denominator(mask, mode, scale_factor=8)
+    assert denom == 8.0 and agg_denominator(mask, mode) == 5.0      # default: the padded response length
+    whole = agg_loss(x, mask, mode, denom)
+    assert torch.allclose(whole, (x * mask).sum() / 8)
+    parts = agg_loss(x[:2], mask[:2], mode, denom) + agg_loss(x[2:], mask[2:], mode, denom)
+    assert torch.allclose(parts, whole)
+    assert agg_denominator(mask, "token-mean") == float(mask.sum())
+    assert agg_denominator(mask, "seq-mean-token-mean") == float((mask.sum(-1) > 0).sum())
+
+
+@pytest.mark.parametrize("kind", ["k1", "k3", "low_var_kl", "abs", "k2"])
+def test_straight_through_kl_keeps_the_value_and_takes_k2_gradient(kind):
+    """verl's '+' variants: the forward value of the estimator, the gradient of k2 = 0.5 (logp - ref)^2."""
+    import torch
+
+    from fully_async.core.algorithms.losses import kl_penalty
+
+    torch.manual_seed(1)
+    ref = torch.randn(4, 3)
+    logp = (ref + 0.3 * torch.randn(4, 3)).requires_grad_()
+    plus = kl_penalty(logp, ref, kind + "+")
+    assert torch.allclose(plus, kl_penalty(logp, ref, kind))
+    plus.sum().backward()
+    assert torch.allclose(logp.grad, (logp - ref).detach())          # d/dlogp of 0.5 (logp - ref)^2
