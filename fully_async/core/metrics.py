@@ -11,7 +11,8 @@ from fully_async.core.types import Sample
 logger = logging.getLogger(__name__)
 
 
-def batch_metrics(samples: Sequence[Sample], trainer_version: int, max_response_length: int) -> dict[str, float]:
+def batch_metrics(samples: Sequence[Sample], trainer_version: int, max_response_length: int,
+                  max_prompt_length: Optional[int] = None) -> dict[str, float]:
     """Reward, length, partial-rollout and staleness statistics of one training batch."""
     n = len(samples)
     rewards = [s.reward for s in samples]
@@ -29,6 +30,8 @@ def batch_metrics(samples: Sequence[Sample], trainer_version: int, max_response_
         "response_length/min": min(resp),
         "response_length/clip_ratio": sum(r >= max_response_length for r in resp) / n,
         "prompt_length/mean": sum(prompt) / n,
+        "prompt_length/max": max(prompt),
+        "prompt_length/min": min(prompt),
         "fully_async/partial/total_partial_num": len(partial),
         "fully_async/partial/partial_ratio": len(partial) / n,
         "fully_async/partial/max_partial_span": max((s.param_version_end - s.param_version_start for s in samples),
@@ -37,6 +40,8 @@ def batch_metrics(samples: Sequence[Sample], trainer_version: int, max_response_
         "fully_async/staleness/max": max(stale),
         "perf/total_num_tokens": sum(prompt) + sum(resp),
     }
+    if max_prompt_length:
+        m["prompt_length/clip_ratio"] = sum(p >= max_prompt_length for p in prompt) / n
     extra_keys = {k for s in samples for k, v in s.reward_extra.items() if isinstance(v, (int, float))}
     for key in sorted(extra_keys):
         vals = [float(s.reward_extra[key]) for s in samples if key in s.reward_extra]

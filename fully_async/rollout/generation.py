@@ -52,13 +52,18 @@ def validate(engine: Any, tokenizer: Any, reward: Any, records: Sequence[PromptR
     pendings = [(rec, group_pendings(f"val-v{version}-{rec.index}", rec, vk.n, params)) for rec in records]
     run_to_completion(engine, [p for _, ps in pendings for p in ps])
     scores: dict[str, list[float]] = {}
+    accs: dict[str, list[float]] = {}
     lengths = []
     for rec, ps in pendings:
         samples = [p.to_sample() for p in ps]
         score_samples(tokenizer, reward, rec, samples)
         scores.setdefault(rec.data_source, []).extend(s.reward for s in samples)
+        # verl logs val-core/<ds>/acc/mean@N when the scorer returns an `acc` (DAPO, aime...)
+        accs.setdefault(rec.data_source, []).extend(float(s.reward_extra["acc"]) for s in samples
+                                                    if isinstance(s.reward_extra.get("acc"), (bool, int, float)))
         lengths.extend(len(s.response_ids) for s in samples)
     metrics = {f"val-core/{ds}/reward/mean@{vk.n}": sum(v) / len(v) for ds, v in scores.items()}
+    metrics.update({f"val-core/{ds}/acc/mean@{vk.n}": sum(v) / len(v) for ds, v in accs.items() if v})
     metrics["val-aux/response_length/mean"] = sum(lengths) / max(len(lengths), 1)
     metrics["timing_s/testing"] = time.perf_counter() - start
     return metrics

@@ -48,8 +48,10 @@ def train_step(backend: Any, cfg: FullyAsyncConfig, groups: Sequence[SampleGroup
     metrics.update(actor_perf_metrics(cfg, batch.seq_lengths, timing["timing_s/update_actor"]))
     check_bad_steps(backend, cfg, step, samples)
     metrics.update(timing)
-    metrics.update(batch_metrics(samples, version, cfg.data.max_response_length))
+    metrics.update(batch_metrics(samples, version, cfg.data.max_response_length, cfg.data.max_prompt_length))
     metrics["fully_async/count/current_param_version"] = version
+    metrics["training/global_step"] = step
+    metrics["training/epoch"] = max(g.epoch for g in groups)
     return metrics, samples
 
 
@@ -83,7 +85,20 @@ def prepare_batch(backend: Any, cfg: FullyAsyncConfig, batch: TrainBatch, timing
     with span("adv"):
         batch.advantages = grpo_advantages(scores, batch.group_ids, batch.response_mask, alg.norm_adv_by_std_in_grpo)
     timing["timing_s/adv"] = time.perf_counter() - t
+    metrics.update(reward_advantage_metrics(scores, batch.advantages, batch.response_mask))
     return metrics
+
+
+def reward_advantage_metrics(rewards: Any, advantages: Any, mask: Any) -> dict[str, float]:
+    """verl's `critic/rewards/*` (the scores the advantages are computed from: minus the in-reward KL penalty
+    when algorithm.use_kl_in_reward) and `critic/advantages/*` (over response tokens)."""
+    valid = advantages[mask.bool()]
+    out = {"critic/rewards/mean": float(rewards.mean()), "critic/rewards/max": float(rewards.max()),
+           "critic/rewards/min": float(rewards.min())}
+    if valid.numel():
+        out.update({"critic/advantages/mean": float(valid.mean()), "critic/advantages/max": float(valid.max()),
+                    "critic/advantages/min": float(valid.min())})
+    return out
 
 
 def actor_perf_metrics(cfg: FullyAsyncConfig, seq_lens: Sequence[int], update_s: float) -> dict[str, float]:

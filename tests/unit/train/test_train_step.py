@@ -53,3 +53,21 @@ def test_mfu_reported_with_a_peak_override_and_absent_without(random_model_dir, 
     assert flops > 0
     expected = 2 * flops / metrics["timing_s/update_actor"] / (2e-6 * 1e12)
     assert metrics["perf/mfu/actor"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_verl_batch_metric_families_are_logged(random_model_dir):
+    """verl's critic/rewards/*, critic/advantages/*, prompt_length/*, training/{global_step,epoch}."""
+    import torch
+
+    cfg, backend = backend_for(random_model_dir)
+    samples = make_samples()
+    groups = as_groups(samples)
+    metrics, _ = train_step(backend, cfg, groups, 0, step=7, version=3)
+    rewards = torch.tensor([s.reward for s in samples])
+    assert metrics["critic/rewards/mean"] == pytest.approx(float(rewards.mean()))
+    assert metrics["critic/rewards/max"] == pytest.approx(float(rewards.max()))
+    assert metrics["critic/advantages/min"] <= metrics["critic/advantages/mean"] <= metrics["critic/advantages/max"]
+    prompts = [len(s.prompt_ids) for s in samples]
+    assert metrics["prompt_length/max"] == max(prompts) and metrics["prompt_length/min"] == min(prompts)
+    assert metrics["prompt_length/clip_ratio"] == 0.0
+    assert metrics["training/global_step"] == 7 and metrics["training/epoch"] == max(g.epoch for g in groups)
