@@ -20,14 +20,15 @@ def ray_get(refs: Any, timeout: Optional[float] = None) -> Any:
     return ray.get(refs, timeout=timeout)
 
 
-def start_ray(num_cpus_needed: int) -> bool:
-    """Join `RAY_ADDRESS` when set, else start a local Ray; returns True when we started it."""
+def start_ray(num_cpus_needed: int, env_vars: Optional[dict] = None) -> bool:
+    """Join `RAY_ADDRESS` when set, else start a local Ray; returns True when we started it.  `env_vars` reach
+    every actor (the device's runtime variables, core/device.py)."""
     import ray
 
     if ray.is_initialized():
         return False
     address = os.environ.get("RAY_ADDRESS")
-    env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}}
+    env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", **(env_vars or {})}}
     if address:
         ray.init(address=address, runtime_env=env, log_to_driver=True)
         return False

@@ -117,6 +117,17 @@ class Device:
         mod = self.module()
         return mod.get_device_name(index) if mod.device_count() > index else None
 
+    def runtime_env_vars(self) -> dict[str, str]:
+        """Environment every actor of a run gets on this platform (values the user already exported win).
+
+        NPU: HCCL picks its socket ports from a fixed range unless told `auto`, so several processes on one
+        NPU (sync mode's colocated trainer rank + engine, a rank's weight-receiving group) collide; verl sets
+        the same two variables."""
+        if self.name != "npu":
+            return {}
+        wanted = {"HCCL_HOST_SOCKET_PORT_RANGE": "auto", "HCCL_NPU_SOCKET_PORT_RANGE": "auto"}
+        return {k: os.environ.get(k, v) for k, v in wanted.items()}
+
     def memory_stats(self) -> dict[str, float]:
         """Allocated/reserved device memory (GiB) and host RSS (GiB); cpu reports RSS only."""
         stats = {"host_rss_gib": host_rss_gib()}

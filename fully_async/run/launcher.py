@@ -140,7 +140,8 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
     if resume_path:
         logger.info("resuming from %s", resume_path)
     plan = RunPlan.of(cfg)
-    started_ray = start_ray(num_cpus_needed=max(2, plan.total_devices))  # one core per actor on CPU
+    started_ray = start_ray(num_cpus_needed=max(2, plan.total_devices),  # one core per actor on CPU
+                            env_vars=device.runtime_env_vars())
     actors: dict = {}
     signals: list[int] = []
     old_handlers = {s: signal.signal(s, lambda signum, _f: signals.append(signum))

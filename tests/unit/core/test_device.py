@@ -63,3 +63,11 @@ def test_npu_without_torch_npu_names_the_fix(monkeypatch):
 def test_cpu_memory_stats_report_rss():
     stats = dev.CPU.memory_stats()
     assert set(stats) == {"host_rss_gib"} and 0 < stats["host_rss_gib"] < 64
+
+
+def test_npu_actors_get_hccl_port_ranges_unless_the_user_set_them(monkeypatch):
+    monkeypatch.delenv("HCCL_HOST_SOCKET_PORT_RANGE", raising=False)
+    monkeypatch.setenv("HCCL_NPU_SOCKET_PORT_RANGE", "60000-60050")
+    assert dev.NPU.runtime_env_vars() == {"HCCL_HOST_SOCKET_PORT_RANGE": "auto",
+                                          "HCCL_NPU_SOCKET_PORT_RANGE": "60000-60050"}
+    assert dev.CUDA.runtime_env_vars() == {} and dev.CPU.runtime_env_vars() == {}
