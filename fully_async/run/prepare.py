@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from fully_async.core.config import (ConfigError, FullyAsyncConfig, as_file_list, typed_config, validate,
+from fully_async.core.config import (ConfigError, FullyAsyncConfig, as_file_list, asset_path, typed_config, validate,
                                      validate_with_data)
 from fully_async.core.plan import RunPlan
 from fully_async.core.types import PromptRecord
@@ -152,6 +152,21 @@ def load_tokenizer(cfg: Any) -> Any:
                           f"{cfg.actor_rollout_ref.model.path}: the tokenizer does not load ({exc})") from None
 
 
+BUNDLED_TASK_STEPS = 40   # the embedded default run: the tiny arithmetic task learns in these, in about 15 s on CPU
+
+
+def apply_bundled_task_preset(cfg: Any) -> None:
+    """`python -m fully_async.main` with no arguments trains the bundled tiny task for 40 steps.  The preset
+    applies only to that task's own data and only when no length is set, so a ported verl script that leaves
+    trainer.total_training_steps unset gets verl's meaning (total_epochs passes over its data)."""
+    bundled = asset_path("tiny_arithmetic/data/train.parquet")
+    if (cfg.trainer.total_training_steps is None and not cfg.rollout.total_rollout_steps
+            and [os.path.abspath(f) for f in as_file_list(cfg.data.train_files)] == [os.path.abspath(bundled)]):
+        cfg.trainer.total_training_steps = BUNDLED_TASK_STEPS
+        logger.info("the bundled tiny task: trainer.total_training_steps=%d (its preset; set it to change)",
+                    BUNDLED_TASK_STEPS)
+
+
 def load_datasets(cfg: Any, tokenizer: Any) -> tuple[list[PromptRecord], list[PromptRecord]]:
     """Train and validation prompts, every row checked (data.load_prompts); the run and the doctor both call this."""
     from fully_async.core.data import load_prompts
@@ -178,6 +193,7 @@ def prepare(cfg: Any) -> Prepared:
     validate_with_data(cfg, len(train))
     probe_rewards(cfg, train)
 
+    apply_bundled_task_preset(cfg)
     plan = RunPlan.of(cfg).with_data(cfg, len(train))
     total_prompts, total_steps, required = plan.total_prompts, plan.total_steps, plan.groups_per_step
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
