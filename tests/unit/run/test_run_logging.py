@@ -117,3 +117,22 @@ def test_short_real_run_output_to_a_pipe(tmp_path):
     for step in (1, 2, 3):
         assert f"step {step} | reward" in log
     assert "step 0 | val" in log and "run finished" in log
+
+
+def test_sync_and_async_default_run_folders_differ(monkeypatch):
+    from fully_async.core.metrics import tensorboard_dir
+
+    monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
+
+    def tb(*overrides, config_name="fully_async_ppo_trainer"):
+        t = load_config(list(overrides), config_name=config_name).trainer
+        return tensorboard_dir(t.project_name, t.experiment_name), t.default_local_dir
+
+    async_dirs, sync_dirs = tb(), tb("mode=sync")
+    assert async_dirs[0] != sync_dirs[0] and async_dirs[1] != sync_dirs[1]
+    assert async_dirs[0].endswith("tiny_arithmetic_async") and sync_dirs[0].endswith("tiny_arithmetic_sync")
+    assert tb(config_name="ppo_trainer") == sync_dirs
+    megatron = "fully_async_ppo_megatron_trainer"
+    assert tb(config_name=megatron)[0] != tb("mode=sync", config_name=megatron)[0]
+    # an explicit experiment_name is the user's choice: both modes use it as given
+    assert tb("trainer.experiment_name=mine")[0] == tb("mode=sync", "trainer.experiment_name=mine")[0]
