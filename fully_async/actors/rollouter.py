@@ -210,6 +210,7 @@ class Rollouter(MetricsOutbox):
                 continue
             with self.timeline.span("generate"):
                 sched.step()
+        sched.log_pauses()  # the last version's pauses
         return self.get_stats()
 
     def _run_commands(self, block: bool, timeout: float = 0.0) -> None:

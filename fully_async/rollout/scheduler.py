@@ -76,6 +76,8 @@ class RolloutScheduler:
         self.parked: list[PendingResponse] = []
         self.stats = {"generated_samples": 0, "interrupted_samples": 0, "bound_pauses": 0,
                       "staleness_samples": 0, "engine_steps": 0}
+        # pauses at the staleness bound, summed over the current param version (one log line per version)
+        self._pauses = {"count": 0, "seconds": 0.0, "since": None, "reason": ""}
 
     # ------------------------------------------------------------------ state
     @property
@@ -102,8 +104,11 @@ class RolloutScheduler:
             if not self.staleness.can_admit():
                 if self.staleness.state.pauses != self.stats["bound_pauses"]:
                     self.stats["bound_pauses"] = self.staleness.state.pauses
-                    logger.info("rollouter paused: %s", self.staleness.pause_reason())
+                    self._pauses["count"] += 1
+                    self._pauses["since"] = time.perf_counter()
+                    self._pauses["reason"] = self.staleness.pause_reason()
                 break
+            self._pause_ended()
             item = self.stream.next()
             if item is None:
                 break
@@ -117,6 +122,22 @@ class RolloutScheduler:
             admitted += 1
         self.stats["staleness_samples"] = self.staleness.state.admitted
         return admitted
+
+    def _pause_ended(self) -> None:
+        since = self._pauses["since"]
+        if since is not None:
+            self._pauses["seconds"] += time.perf_counter() - since
+            self._pauses["since"] = None
+
+    def log_pauses(self) -> None:
+        """One line for the param version ending now, if the staleness bound paused admission in it: how many
+        pauses, how long in all, and why (the last reason).  Called at every weight update and at the end."""
+        self._pause_ended()
+        p = self._pauses
+        if p["count"]:
+            logger.info("rollouter paused %d time(s), %.1fs in all, at param version %d: %s", p["count"],
+                        p["seconds"], self.staleness.state.version, p["reason"])
+        self._pauses = {"count": 0, "seconds": 0.0, "since": None, "reason": ""}
 
     def step(self, timeout_s: float = 0.05) -> int:
         """One engine collect; finished groups go to on_complete.  Returns the outputs handled."""
@@ -186,6 +207,7 @@ class RolloutScheduler:
         t1 = time.perf_counter()
         load()
         t2 = time.perf_counter()
+        self.log_pauses()  # the version that ends now
         self.staleness.on_version(version, in_flight=len(self.groups), queued=queued())
         timings = {"pause": t1 - t0, "load": t2 - t1}
         if keep:

@@ -134,8 +134,12 @@ def probe_rewards(cfg: Any, records: list[PromptRecord]) -> None:
     for source, rec in firsts.items():
         try:
             manager.score(source, str(rec.ground_truth), rec.ground_truth, rec.extra_info, 1)
-        except RewardError:
-            raise
+        except RewardError as exc:
+            if not hasattr(exc, "user_exception"):
+                raise
+            # the function crashed (its traceback is in the message): say it was the pre-run probe
+            raise RewardError(f"{exc}\n(probed before the run with data_source={source!r} and the ground truth of "
+                              f"row {rec.index} as the response; {key})") from None
         except NotImplementedError as exc:
             raise ConfigError(key, str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - the user's function crashed on a plain input

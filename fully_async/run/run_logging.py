@@ -3,11 +3,16 @@
 Actors only produce metric dicts; the driver drains them from every running actor (the trainer's or sync
 worker's steps, the rollouter's validations) and writes every sink, so TensorBoard files land on the
 machine the user launched from.
+
+Output a person can read: the tqdm bar only on a terminal (and `trainer.progress_bar=true`); written to a
+file or a pipe, the step lines are plain lines.  Every step line also goes to the log files of the
+`fully_async` logger (Hydra's `main.log`), bar or not.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any
+import sys
+from typing import Any, Optional, TextIO
 
 from fully_async.core.plan import RunPlan
 from fully_async.core.metrics import MetricLogger
@@ -15,16 +20,51 @@ from fully_async.core.metrics import MetricLogger
 logger = logging.getLogger("fully_async")
 
 
+def is_tty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+def _file_handlers(log: logging.Logger) -> list[logging.Handler]:
+    """The file handlers a record of `log` reaches (Hydra's main.log sits on the root logger)."""
+    handlers: list[logging.Handler] = []
+    current: Optional[logging.Logger] = log
+    while current is not None:
+        handlers += [h for h in current.handlers if isinstance(h, logging.FileHandler)]
+        if not current.propagate:
+            break
+        current = current.parent
+    return handlers
+
+
+def log_to_files(line: str, log: logging.Logger = logger) -> None:
+    """`line` into the log files only: the console got it already (from the bar or as a plain line)."""
+    if not log.isEnabledFor(logging.INFO):
+        return
+    record = log.makeRecord(log.name, logging.INFO, __file__, 0, line, None, None)
+    for handler in _file_handlers(log):
+        if record.levelno >= handler.level:
+            handler.handle(record)
+
+
 class RunLogger:
-    def __init__(self, cfg: Any, total_steps: int, sources: list[Any], hardware: str = ""):
+    def __init__(self, cfg: Any, total_steps: int, sources: list[Any], hardware: str = "",
+                 stream: Optional[TextIO] = None):
         from omegaconf import OmegaConf
         from tqdm import tqdm
 
         t = cfg.trainer
         self.sources = sources  # actor handles with pop_metrics() -> [(step, metrics)]
-        self.bar = tqdm(total=total_steps, desc="steps", dynamic_ncols=True, disable=not t.progress_bar)
+        self.stream = stream if stream is not None else sys.stdout
+        self.total_steps = total_steps
+        # a bar redraws itself with \r: only where a person watches a terminal
+        self.interactive = bool(t.progress_bar) and is_tty(self.stream)
+        self.bar = tqdm(total=total_steps, desc="steps", dynamic_ncols=True, disable=not self.interactive,
+                        file=self.stream)
         self.sink = MetricLogger(list(t.logger), t.project_name, t.experiment_name,
-                                 config=OmegaConf.to_container(cfg, resolve=True), write_line=self.bar.write)
+                                 config=OmegaConf.to_container(cfg, resolve=True), write_line=self.write_line)
         self.mode = cfg.mode
         self.hardware = hardware
         plan = RunPlan.of(cfg)
@@ -32,6 +72,14 @@ class RunLogger:
                         "device": t.device}
         self.val_history: list[tuple[int, dict]] = []
         self.history: list[tuple[int, dict]] = []
+
+    def write_line(self, line: str) -> None:
+        """A step line: above the bar on a terminal, a plain line otherwise; and into main.log."""
+        if self.interactive:
+            self.bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
+        log_to_files(line)
 
     def drain(self) -> None:
         import ray
@@ -60,20 +108,42 @@ class RunLogger:
         return sum(vals) / len(vals)
 
     def finish(self, wall_s: float) -> dict:
+        """The summary (logged and summary.json).  A resumed run (its first step is not 1) says "resumed at step
+        N", a stopped one (Ctrl-C / SIGTERM: its last step is short of the total) "stopped at step N"; only a
+        run that went from step 0 to the end compares the validation reward before and after."""
         self.bar.close()
-        summary: dict[str, Any] = {"wall_s": wall_s, "steps": self.history[-1][0] if self.history else 0,
-                                   "mode": self.mode, "hardware": self.hardware, "devices": self.devices}
+        steps = [s for s, _ in self.history]
+        last = max(steps) if steps else 0
+        resumed_at = min(steps) - 1 if steps and min(steps) > 1 else None
+        stopped_at = last if last < self.total_steps else None
+        summary: dict[str, Any] = {"wall_s": wall_s, "steps": last, "mode": self.mode, "hardware": self.hardware,
+                                   "devices": self.devices}
+        if resumed_at is not None:
+            summary["resumed_at_step"] = resumed_at
+        if stopped_at is not None:
+            summary["stopped_at_step"] = stopped_at
         if self.val_history:
             self.val_history.sort(key=lambda item: item[0])  # several sources: in step order
-            summary["val_before"] = self._val_mean(self.val_history[0][1])
-            summary["val_after"] = self._val_mean(self.val_history[-1][1])
+            first_step, first = self.val_history[0]
+            if resumed_at is None and first_step == 0 and stopped_at is None and len(self.val_history) > 1:
+                summary["val_before"] = self._val_mean(first)
+                summary["val_after"] = self._val_mean(self.val_history[-1][1])
+            summary["val_last_step"] = self.val_history[-1][0]
+            summary["val_last"] = self._val_mean(self.val_history[-1][1])
         for key in ("perf/throughput", "fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio"):
             vals = [m[key] for _, m in self.history if key in m]
             if vals:
                 summary[key] = sum(vals) / len(vals)
-        lines = [f"run finished in {wall_s:.1f}s after {summary['steps']} steps"]
+        if stopped_at is not None:
+            lines = [f"run stopped at step {stopped_at} (of {self.total_steps}) after {wall_s:.1f}s"]
+        else:
+            lines = [f"run finished in {wall_s:.1f}s after {last} steps"]
+        if resumed_at is not None:
+            lines.append(f"resumed at step {resumed_at}: {last - resumed_at} steps in this run")
         if "val_before" in summary:
             lines.append(f"validation reward: before {summary['val_before']:.3f} -> after {summary['val_after']:.3f}")
+        elif "val_last" in summary:
+            lines.append(f"validation reward at step {summary['val_last_step']}: {summary['val_last']:.3f}")
         lines += [f"mean {k}: {summary[k]:.4g}" for k in summary if "/" in k]
         if self.sink.log_dir:
             lines.append(f"TensorBoard: {self.sink.log_dir}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import traceback
 from typing import Any, Callable, Optional
 
 from fully_async.core.config import REWARD_MANAGERS, OverlongBufferConfig
@@ -23,6 +24,29 @@ def _fn_name(fn: Callable[..., Any]) -> str:
     module = getattr(fn, "__module__", None)
     name = getattr(fn, "__qualname__", None) or repr(fn)
     return f"{module}.{name}" if module else name
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def describe_crash(fn: Callable[..., Any], exc: BaseException, tb: Any, inputs: str) -> str:
+    """What a reward function's exception says to its author: the function, its file, the file and line
+    where it raised, the inputs, and the traceback of the function's own frames (`tb` starts at the
+    function's frame: ours are trimmed)."""
+    code = getattr(fn, "__code__", None)
+    fn_file = code.co_filename if code is not None else None
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    frames = traceback.extract_tb(tb)
+    # where it raised: the deepest frame in the function's own file (else the deepest frame at all)
+    own = [f for f in frames if fn_file and f.filename == fn_file] or frames
+    where = f" at {own[-1].filename}:{own[-1].lineno} (in {own[-1].name})" if own else ""
+    head = (f"reward function {name}" + (f" ({fn_file})" if fn_file else "") +
+            f" raised {type(exc).__name__}: {exc}{where}; inputs: {inputs}")
+    body = "".join(traceback.format_list(frames)).rstrip()
+    tail = "".join(traceback.format_exception_only(type(exc), exc)).rstrip()
+    return f"{head}\nTraceback of the reward function (most recent call last):\n{body}\n{tail}"
 
 
 class RewardManager:
@@ -44,6 +68,17 @@ class RewardManager:
         if reward_manager == "naive" and ob.enable:
             logger.warning("reward_model.overlong_buffer.enable=true has no effect with "
                            "reward_model.reward_manager=naive; use reward_manager=dapo")
+
+    def _crash(self, data_source: str, response_str: str, ground_truth: Any) -> RewardError:
+        import sys
+
+        _, exc, tb = sys.exc_info()
+        assert exc is not None and tb is not None
+        inputs = (f"data_source={data_source!r}, solution_str={_short(response_str)}, "
+                  f"ground_truth={_short(ground_truth)}")
+        err = RewardError(describe_crash(self.compute_score, exc, tb.tb_next, inputs))  # tb_next: from the function
+        err.user_exception = f"{type(exc).__name__}: {exc}"  # type: ignore[attr-defined]
+        return err
 
     def _check(self, value: Any, what: str) -> float:
         if isinstance(value, (bool, int, float)):
@@ -81,9 +116,21 @@ class RewardManager:
 
     def score(self, data_source: str, response_str: str, ground_truth: Any, extra_info: Optional[dict],
               response_length: int) -> tuple[float, dict]:
-        """(reward, extras) for one response; `response_length` is in tokens."""
-        result = self.compute_score(data_source=data_source, solution_str=response_str,
-                                    ground_truth=ground_truth, extra_info=extra_info)
+        """(reward, extras) for one response; `response_length` is in tokens.
+
+        A custom function that raises becomes a RewardError naming the function, the file and line where it
+        raised and the inputs, with the function's own traceback (describe_crash)."""
+        try:
+            result = self.compute_score(data_source=data_source, solution_str=response_str,
+                                        ground_truth=ground_truth, extra_info=extra_info)
+        except RewardError:
+            raise
+        except NotImplementedError:
+            if self.compute_score is default_compute_score:
+                raise  # no built-in rule for this data_source: the caller names the fix
+            raise self._crash(data_source, response_str, ground_truth) from None
+        except Exception:  # noqa: BLE001 - the user's function crashed: say where, with its traceback
+            raise self._crash(data_source, response_str, ground_truth) from None
         score, extra = self._parse(result)
         if self.reward_manager == "dapo" and self.overlong_buffer.enable:
             penalty = self.overlong_penalty(response_length)

@@ -41,12 +41,35 @@ def test_admission_stops_at_the_bound_and_says_why(caplog):
     assert sched.admit() == 3
     assert engine.num_in_flight() == 6 and sched.at_bound()
     assert sched.admit() == 0 and sched.stats["bound_pauses"] == 1
-    assert "max_required_samples=3" in caplog.text
     sched.drain()
     assert len(done) == 3 and sched.admit() == 0          # still version 0: the bound holds
     sched.apply_weights(lambda: engine.update_weights({}, 1), 1, queued=lambda: 1)
+    assert "paused 1 time(s)" in caplog.text and "max_required_samples=3" in caplog.text  # said at the update
     assert sched.staleness.state.admitted == 1            # one group still queued is carried over
     assert sched.admit() == 2
+
+
+def test_bound_pauses_are_one_line_per_param_version_with_counts(caplog, monkeypatch):
+    """Many pauses in a version (the bound lifts and falls again as a test forces it here) make one line, at
+    the weight update that ends the version, with the count, the seconds paused and the reason."""
+    caplog.set_level(logging.INFO, logger="fully_async.rollout.scheduler")
+    sched, engine, done = make(prompts=40, threshold=0.5, mini=2, max_in_flight=100)
+    for version in (1, 2, 3):
+        for _ in range(4):                                 # 4 separate pauses in this version
+            sched.admit()
+            sched.admit()                                  # still at the bound: the same pause, not a new one
+            sched.staleness.state.admitted -= 1            # one slot frees up (as if a group were dropped)
+            sched.staleness._paused = False
+        sched.drain()
+        sched.apply_weights(lambda v=version: engine.update_weights({}, v), version, queued=lambda: 0)
+    lines = [r.getMessage() for r in caplog.records if "paused" in r.getMessage()]
+    assert len(lines) == 3, lines
+    for version, line in enumerate(lines):
+        assert line.startswith(f"rollouter paused 4 time(s), ") and f"at param version {version}:" in line
+        assert "s in all" in line and "staleness bound" in line
+    sched.admit()
+    sched.log_pauses()                                     # the end of the run: the last version's line
+    assert sum("paused 1 time(s)" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_admission_respects_engine_capacity():
