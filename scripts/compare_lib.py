@@ -111,8 +111,13 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def config_diff(a: dict, b: dict, ignore: tuple[str, ...] = ("mode",)) -> list[tuple[str, Any, Any]]:
-    """(key, value in a, value in b) for every dotted key whose values differ, except `ignore`."""
+# where a run writes, not what it trains: the default experiment name carries the mode (tiny_arithmetic_${mode})
+OUTPUT_KEYS = ("trainer.experiment_name", "trainer.default_local_dir")
+
+
+def config_diff(a: dict, b: dict, ignore: tuple[str, ...] = ("mode",) + OUTPUT_KEYS) -> list[tuple[str, Any, Any]]:
+    """(key, value in a, value in b) for every dotted key whose values differ, except `ignore` (the mode and the
+    output locations)."""
     fa, fb = flatten(a), flatten(b)
     missing = object()
     diff = []

@@ -50,5 +50,5 @@ python -m fully_async.main \
   trainer.total_epochs=1 \
   trainer.test_freq=5 \
   trainer.logger='[console,tensorboard]' \
-  trainer.project_name=fully_async_gsm8k trainer.experiment_name=qwen2_5_0_5b_gsm8k \
+  trainer.project_name=fully_async_gsm8k trainer.experiment_name=qwen2_5_0_5b_gsm8k_async \
   "$@"

@@ -52,5 +52,5 @@ python -m fully_async.main \
   trainer.total_epochs=1 \
   trainer.test_freq=20 \
   trainer.logger='[console,tensorboard]' \
-  trainer.project_name=fully_async_gsm8k trainer.experiment_name=qwen2_5_0_5b_gsm8k \
+  trainer.project_name=fully_async_gsm8k trainer.experiment_name=qwen2_5_0_5b_gsm8k_sync \
   "$@"

@@ -83,8 +83,9 @@ def test_runs_differ_only_in_mode_and_placement(compared):
     cfg = {m: json.loads((out / "runs" / m / "config.json").read_text()) for m in ("async", "sync")}
     assert cfg["async"]["mode"] == "async" and cfg["sync"]["mode"] == "sync"
     assert {m: placement_of(c) for m, c in cfg.items()} == PLACEMENT
-    for c in cfg.values():   # the rest is identical
+    for c in cfg.values():   # the rest is identical, except where each mode writes (its default experiment name)
         c["mode"], c["trainer"]["n_gpus_per_node"], c["actor_rollout_ref"]["actor"]["strategy"] = "x", 0, "x"
+        c["trainer"]["experiment_name"] = c["trainer"]["default_local_dir"] = "x"
     cfg["async"]["rollout"]["n_gpus_per_node"] = cfg["sync"]["rollout"]["n_gpus_per_node"]
     assert cfg["async"] == cfg["sync"]
     assert "tokens/s (total)" in stdout and "speedup async/sync" in stdout
