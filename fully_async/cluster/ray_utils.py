@@ -130,14 +130,22 @@ def kill_all(handles: list[Any]) -> None:
             pass
 
 
-def wait_ready(handles: dict[str, Any], timeout_s: Optional[float] = None) -> float:
-    """Block until every actor's constructor finished (errors surface here, named)."""
+def wait_ready(handles: dict[str, Any], timeout_s: Optional[float] = None,
+               on_tick: Optional[Callable[[], None]] = None) -> float:
+    """Block until every actor's constructor finished (errors surface here, named); `on_tick` is called about
+    twice a second meanwhile (the launcher stops here when a signal came)."""
     import ray
 
     start = time.perf_counter()
-    for name, handle in handles.items():
+    refs = {name: handle.ready.remote() for name, handle in handles.items()}
+    for name, ref in refs.items():
+        while not ray.wait([ref], timeout=0.5)[0]:
+            if on_tick is not None:
+                on_tick()
+            if timeout_s is not None and time.perf_counter() - start > timeout_s:
+                break
         try:
-            ray.get(handle.ready.remote(), timeout=timeout_s)
+            ray.get(ref, timeout=0 if timeout_s is not None else None)
         except Exception as exc:  # noqa: BLE001
             cause = root_cause(exc)
             raise RunFailed(f"{name} failed to start: {type(cause).__name__}: {cause}") from None

@@ -12,20 +12,36 @@ The driver orchestrates it (launcher.take_checkpoint): every part goes into `.tm
 (`begin_checkpoint`), which is renamed when all are in (`commit_checkpoint`), so a crash mid-save never
 leaves a folder that looks finished; `latest_checkpointed_iteration.txt` (verl's name) names the
 newest complete one.
+
+Integrity: the driver writes `config.json` (the run's resolved config) and then `manifest.json` (every
+file's relative path, size and sha256) as the last files before the rename.  Resume verifies the manifest
+of the checkpoint it picks (`find_resume_path`): a checkpoint that fails (a truncated or missing file) is
+set aside as `global_step_<v>.broken` and the newest intact older one is used; none intact: CheckpointError
+before Ray starts.  A checkpoint without a manifest (written before manifests existed) is accepted with a
+warning.  `check_resume_config` refuses changes, between the saved config and the new one, of the keys that
+give the saved state its meaning (config.RESUME_STATE_KEYS) unless trainer.resume_allow_config_change
+names them.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import pickle
 import re
 import shutil
 from typing import Any, Callable, Optional
 
+logger = logging.getLogger("fully_async")
+
 LATEST = "latest_checkpointed_iteration.txt"
 TRAINER_STATE = "trainer_state.json"
 ROLLOUT_STATE = "rollout_state.pkl"
 QUEUE_STATE = "queue_state.pkl"
+CONFIG = "config.json"
+MANIFEST = "manifest.json"
+HASH_CHUNK = 8 << 20  # bytes read at a time: files are hashed streaming, never loaded whole
 _STEP_RE = re.compile(r"^global_step_(\d+)$")
 
 
@@ -49,11 +65,17 @@ def atomic_save(root: str, version: int, write: Callable[[str], None], keep: Opt
     return commit_checkpoint(root, version, tmp, keep)
 
 
-def commit_checkpoint(root: str, version: int, tmp: str, keep: Optional[int] = None) -> str:
-    """Every part is in `tmp`: rename it to global_step_<version> (one step: the folder appears complete or
-    not at all), point the latest marker at it, and drop all but the newest `keep` checkpoints."""
+def commit_checkpoint(root: str, version: int, tmp: str, keep: Optional[int] = None,
+                      config: Optional[dict] = None) -> str:
+    """Every part is in `tmp`: write `config` (the run's resolved config, if given) and the manifest (last),
+    rename it to global_step_<version> (one step: the folder appears complete or not at all), point the
+    latest marker at it, and drop all but the newest `keep` checkpoints."""
     if not os.path.isfile(os.path.join(tmp, TRAINER_STATE)):
         raise RuntimeError(f"checkpoint folder {tmp} has no {TRAINER_STATE}: not committed")
+    if config is not None:
+        with open(os.path.join(tmp, CONFIG), "w") as fh:
+            json.dump(config, fh, indent=1, default=str)
+    write_manifest(tmp)
     final = step_dir(root, version)
     if os.path.exists(final):
         shutil.rmtree(final)
@@ -80,15 +102,165 @@ def list_checkpoints(root: str) -> list[int]:
     return sorted(found)
 
 
+class CheckpointError(RuntimeError):
+    """No checkpoint can be resumed from as asked (broken files, a config change that breaks saved state)."""
+
+
+def _files(folder: str) -> list[str]:
+    out = []
+    for d, _, names in os.walk(folder):
+        out += [os.path.relpath(os.path.join(d, n), folder) for n in names]
+    return sorted(out)
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while True:
+            chunk = fh.read(HASH_CHUNK)
+            if not chunk:
+                return h.hexdigest()
+            h.update(chunk)
+
+
+def _hash_all(folder: str, rels: list[str]) -> list[str]:
+    """sha256 of each file, a few files at a time (hashlib releases the GIL on large buffers)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    paths = [os.path.join(folder, r) for r in rels]
+    if len(paths) <= 1:
+        return [sha256_file(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(4, len(paths))) as pool:
+        return list(pool.map(sha256_file, paths))
+
+
+def write_manifest(folder: str) -> dict:
+    """manifest.json: {"files": {relative path: {"size", "sha256"}}} of every other file in `folder`; written
+    last (through a temporary name), so its presence says every file it lists was complete."""
+    rels = [r for r in _files(folder) if r not in (MANIFEST, MANIFEST + ".tmp")]
+    files = {r: {"size": os.path.getsize(os.path.join(folder, r)), "sha256": h}
+             for r, h in zip(rels, _hash_all(folder, rels))}
+    manifest = {"format": 1, "files": files}
+    tmp = os.path.join(folder, MANIFEST + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(manifest, fh, indent=1)
+    os.replace(tmp, os.path.join(folder, MANIFEST))
+    return manifest
+
+
+def verify_checkpoint(folder: str) -> Optional[list[str]]:
+    """Problems of the files of `folder` against its manifest ([]: intact); None when it has no manifest.
+    Sizes are compared first (a truncated file costs no hashing), then every checksum."""
+    path = os.path.join(folder, MANIFEST)
+    if not os.path.isfile(path):
+        return None
+    try:
+        files = read_json(path)["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [f"{MANIFEST} unreadable ({exc})"]
+    problems, to_hash = [], []
+    for rel, meta in sorted(files.items()):
+        full = os.path.join(folder, rel)
+        if not os.path.isfile(full):
+            problems.append(f"{rel}: missing")
+        elif os.path.getsize(full) != meta["size"]:
+            problems.append(f"{rel}: {os.path.getsize(full)} bytes, the manifest says {meta['size']}")
+        else:
+            to_hash.append(rel)
+    for rel, digest in zip(to_hash, _hash_all(folder, to_hash)):
+        if digest != files[rel]["sha256"]:
+            problems.append(f"{rel}: sha256 differs from the manifest")
+    return problems
+
+
+def _set_aside(folder: str) -> str:
+    target, i = folder + ".broken", 1
+    while os.path.exists(target):
+        i += 1
+        target = f"{folder}.broken{i}"
+    os.replace(folder, target)
+    return target
+
+
 def find_resume_path(trainer_cfg: Any) -> Optional[str]:
-    """The checkpoint to resume from according to trainer.resume_mode (None: start fresh)."""
+    """The checkpoint to resume from according to trainer.resume_mode (None: start fresh), its manifest
+    verified.  auto: a broken newest checkpoint is set aside (renamed global_step_<v>.broken, never deleted)
+    with a warning naming the bad files, and the newest intact older one is used; none intact, or a broken
+    resume_from_path: CheckpointError naming the files."""
     mode = trainer_cfg.resume_mode
     if mode == "disable":
         return None
     if mode == "resume_path":
-        return trainer_cfg.resume_from_path
-    versions = list_checkpoints(trainer_cfg.default_local_dir)
-    return step_dir(trainer_cfg.default_local_dir, versions[-1]) if versions else None
+        path = trainer_cfg.resume_from_path
+        problems = verify_checkpoint(path)
+        if problems:
+            raise CheckpointError(f"checkpoint {path} (trainer.resume_from_path) is damaged: "
+                                  f"{'; '.join(problems)}")
+        if problems is None:
+            logger.warning("checkpoint %s has no %s (written by an older version): resuming without verifying "
+                           "its files", path, MANIFEST)
+        return path
+    root = trainer_cfg.default_local_dir
+    broken: list[str] = []
+    for version in reversed(list_checkpoints(root)):
+        path = step_dir(root, version)
+        problems = verify_checkpoint(path)
+        if problems is None:
+            logger.warning("checkpoint %s has no %s (written by an older version): resuming without verifying "
+                           "its files", path, MANIFEST)
+            return path
+        if not problems:
+            return path
+        aside = _set_aside(path)
+        broken.append(f"{path}: {'; '.join(problems)}")
+        logger.warning("checkpoint %s is damaged (%s); set aside as %s, trying the previous one", path,
+                       "; ".join(problems), aside)
+    if broken:
+        raise CheckpointError(f"no intact checkpoint in {root} to resume from (trainer.resume_mode=auto): "
+                              f"{' | '.join(broken)}; the damaged folders were renamed *.broken; start fresh "
+                              "with trainer.resume_mode=disable or another trainer.default_local_dir")
+    return None
+
+
+def flatten(tree: Any, prefix: str = "") -> dict:
+    """{'a': {'b': 1}} -> {'a.b': 1} (lists are values)."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict = {}
+    for key, value in tree.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def check_resume_config(path: str, new_config: dict, allow: Any = ()) -> None:
+    """Refuse to resume from `path` when a key of config.RESUME_STATE_KEYS differs between the config saved
+    there and `new_config` (both resolved, nested dicts) and is not named in `allow`
+    (trainer.resume_allow_config_change); other keys may change freely."""
+    from fully_async.core.config import RESUME_STATE_KEYS, as_file_list
+
+    saved_path = os.path.join(path, CONFIG)
+    if not os.path.isfile(saved_path):
+        logger.warning("checkpoint %s has no %s (written by an older version): config changes since it was "
+                       "saved cannot be checked", path, CONFIG)
+        return
+    old, new = flatten(read_json(saved_path)), flatten(json.loads(json.dumps(new_config, default=str)))
+    changed, accepted = [], []
+    for key in RESUME_STATE_KEYS:
+        a, b = old.get(key), new.get(key)
+        if key.endswith("_files"):
+            a, b = (as_file_list(v) if v else v for v in (a, b))
+        if a != b:
+            (accepted if key in set(allow or ()) else changed).append(f"{key}: {a!r} -> {b!r}")
+    if accepted:
+        logger.warning("resuming from %s with changed keys accepted by trainer.resume_allow_config_change: %s",
+                       path, "; ".join(accepted))
+    if changed:
+        keys = [c.split(":", 1)[0] for c in changed]
+        raise CheckpointError(
+            f"cannot resume from {path}: these keys changed since the checkpoint was saved and would change the "
+            f"meaning of its saved state: {'; '.join(changed)}.  Restore the old values, start fresh "
+            "(trainer.resume_mode=disable or another trainer.default_local_dir), or accept the change with "
+            f"trainer.resume_allow_config_change=[{','.join(keys)}]")
 
 
 def write_json(path: str, data: Any) -> None:

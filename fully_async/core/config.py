@@ -220,6 +220,8 @@ class TrainerConfig:
     resume_mode: str = "auto"             # auto (latest in default_local_dir) | disable | resume_path
     resume_from_path: Optional[str] = None  # a global_step_<v> folder, with resume_mode=resume_path
     max_ckpt_to_keep: Optional[int] = None  # keep the newest N checkpoints (null: all)
+    resume_allow_config_change: list[str] = field(default_factory=list)  # RESUME_STATE_KEYS that may differ
+    #                                             from the checkpoint's config when resuming (else refused)
     progress_timeout_s: float = 1800.0    # fail when neither trainer nor rollouter progressed this long
     max_bad_steps: int = 3                # consecutive steps with NaN/inf loss before the run fails
     timeline: bool = False                # write a Chrome/Perfetto trace of each actor's phases
@@ -323,6 +325,26 @@ def _at_least(key: str, value: Any, low: float, strict: bool = False) -> None:
         raise ConfigError(key, f"{value!r} must be {'>' if strict else '>='} {low}")
 
 
+# keys that give a checkpoint's saved state its meaning: resuming with another value is refused unless
+# trainer.resume_allow_config_change names the key (checkpoint.check_resume_config); others change freely
+RESUME_STATE_KEYS = (
+    "mode",
+    "actor_rollout_ref.model.path",
+    "actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.actor.strategy",
+    "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "algorithm.adv_estimator",
+    "data.train_files",
+    "data.max_prompt_length",
+    "data.max_response_length",
+    "data.shuffle",
+    "data.seed",
+    "trainer.nnodes",
+    "trainer.n_gpus_per_node",
+    "async_training.require_batches",
+)
+
+
 def as_file_list(value: Any) -> list[str]:
     """verl accepts one path or a list of paths for data.*_files."""
     if value is None:
@@ -355,6 +377,10 @@ def _check_trainer(cfg: Any) -> None:
         if not path or not os.path.isfile(os.path.join(path, "trainer_state.json")):
             raise ConfigError("trainer.resume_from_path", f"{path!r} is not a checkpoint folder (global_step_<v> "
                               "with trainer_state.json) as trainer.resume_mode=resume_path requires")
+    unknown = [k for k in t.resume_allow_config_change if k not in RESUME_STATE_KEYS]
+    if unknown:
+        raise ConfigError("trainer.resume_allow_config_change", f"{unknown} are not keys checked on resume; those "
+                          f"are {list(RESUME_STATE_KEYS)} (other keys may change freely)")
     if t.max_ckpt_to_keep is not None:
         _at_least("trainer.max_ckpt_to_keep", t.max_ckpt_to_keep, 1)
     _at_least("trainer.progress_timeout_s", t.progress_timeout_s, 0.0, strict=True)

@@ -23,9 +23,11 @@ def _user_errors() -> tuple:
     from fully_async.core.data import DataError
     from fully_async.core.device import DeviceError
     from fully_async.cluster.ray_utils import RunFailed
+    from fully_async.core.checkpoint import CheckpointError
     from fully_async.core.rewards import RewardError
+    from fully_async.run.run_lock import RunLocked
 
-    return (ConfigError, DataError, DeviceError, RewardError, RunFailed)
+    return (ConfigError, DataError, DeviceError, RewardError, RunFailed, RunLocked, CheckpointError)
 
 
 USER_ERRORS = _user_errors()

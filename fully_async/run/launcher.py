@@ -5,10 +5,14 @@ Supervision is where "no hangs, no silent failures" lives:
     non-zero naming the actor and its root cause (ray_utils.supervise);
   * a watchdog fails the run, with the queue/counter/in-flight state, when neither side made
     progress for trainer.progress_timeout_s;
-  * SIGTERM/SIGINT ask the trainer to finish its step and checkpoint, then the run exits 128+signal;
+  * SIGTERM/SIGINT ask the trainer to finish its step and checkpoint, then the run exits 128+signal; during
+    start-up (checks, Ray, actor creation) they stop it at once: one line, Ray shut down, exit 128+signal;
+  * one run per folder: a lock in trainer.default_local_dir (and the TensorBoard run dir) is taken before
+    anything else and released at exit (run_lock.py);
   * checkpoints: when the main actor asks for one (its run() waits), the driver has every actor write its
     own part into one temporary folder and renames it when all are in (`take_checkpoint`);
-  * resume: the newest checkpoint (trainer.resume_mode) is handed to every actor, which loads its own
+  * resume: the newest intact checkpoint (trainer.resume_mode; its manifest verified, its saved config
+    compared with this run's) is handed to every actor, which loads its own
     part -- trainer, data position, queue, in-flight partial responses -- and the engine receives the
     restored weights before generating.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import time
 from typing import Any, Callable, Optional
 
@@ -26,9 +31,98 @@ logger = logging.getLogger("fully_async")
 
 
 class RunInterrupted(RuntimeError):
-    def __init__(self, signum: int, checkpoint: Optional[str]):
-        super().__init__(f"interrupted by {signal.Signals(signum).name}; checkpoint: {checkpoint or 'none'}")
+    def __init__(self, signum: int, checkpoint: Optional[str], starting: bool = False):
+        if starting:
+            super().__init__(f"interrupted by {signal.Signals(signum).name} during start-up; nothing was trained")
+        else:
+            super().__init__(f"interrupted by {signal.Signals(signum).name}; checkpoint: {checkpoint or 'none'}")
         self.signum = signum
+
+
+class StartInterrupted(BaseException):
+    """Raised by the signal handler during start-up; a BaseException so that no library's `except Exception`
+    catches or rewraps it on its way out; launch turns it into RunInterrupted."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Signals:
+    """SIGTERM/SIGINT while starting stop the run: during the driver's own checks (lock, data, checkpoint
+    verification) the handler raises StartInterrupted where the driver is; from ray.init until the actors are
+    ready it only records the signal and `check()` raises at the next stage or wait tick.  Either way it
+    unwinds through launch's cleanup (Ray shut down, locks released).  Once running, signals are recorded for
+    the supervision loop, which asks for a graceful stop.  A second signal during the unwinding is only
+    recorded."""
+
+    def __init__(self):
+        self.received: list[int] = []
+        self.starting = True
+        self.defer = False  # record only, from ray.init to the actors being ready (check() stops there):
+        #                     an exception raised inside Ray (its at-fork hooks, a blocking call in C) would be
+        #                     swallowed or turned into another error
+        self.start_signal: Optional[int] = None
+        self.old = {s: signal.signal(s, self.handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.old_unraisable = sys.unraisablehook
+        sys.unraisablehook = self.unraisable
+
+    def unraisable(self, info: Any) -> None:
+        """Our exception, raised where Python can only print it (e.g. in an at-fork hook of ray.init's
+        subprocesses): not printed; check() raises it at the next stage."""
+        if not isinstance(info.exc_value, StartInterrupted):
+            self.old_unraisable(info)
+
+    def reinstall(self) -> None:
+        """ray.init installs its own SIGTERM handler (sys.exit(signum)): put ours back."""
+        for s in self.old:
+            signal.signal(s, self.handle)
+
+    def handle(self, signum: int, _frame: Any) -> None:
+        first = not self.received
+        self.received.append(signum)
+        if self.starting and first:
+            self.start_signal = signum
+        if self.starting and first and not self.defer:
+            raise StartInterrupted(signum)
+
+    def check(self) -> None:
+        """Between start-up stages: a signal whose exception was swallowed (it landed in a callback whose
+        exceptions Python ignores, e.g. an at-fork hook) stops the run here."""
+        if self.starting and self.received:
+            raise StartInterrupted(self.received[0])
+
+    def running(self) -> None:
+        self.check()
+        self.starting = False
+
+    def restore(self) -> None:
+        for s, handler in self.old.items():
+            signal.signal(s, handler)
+        sys.unraisablehook = self.old_unraisable
+
+
+def run_locks(cfg: Any) -> list:
+    """The locks of the folders this run writes: its checkpoints and, when written, its TensorBoard dir."""
+    from fully_async.core.metrics import tensorboard_dir
+    from fully_async.run.run_lock import acquire
+
+    locks = [acquire(cfg.trainer.default_local_dir)]
+    if "tensorboard" in cfg.trainer.logger or cfg.trainer.timeline:
+        tb = tensorboard_dir(cfg.trainer.project_name, cfg.trainer.experiment_name)
+        try:
+            locks.append(acquire(tb, "TensorBoard run dir (TENSORBOARD_DIR or trainer.project_name/experiment_name)"))
+        except BaseException:
+            locks[0].release()
+            raise
+    return locks
+
+
+def config_dict(typed_cfg: Any) -> dict:
+    """The resolved config as plain data (what a checkpoint stores as config.json)."""
+    import dataclasses
+
+    return dataclasses.asdict(typed_cfg)
 
 
 class Watchdog:
@@ -76,11 +170,12 @@ class Watchdog:
 
 
 def take_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, version: int,
-                    get: Callable[[Any], Any]) -> str:
+                    get: Callable[[Any], Any], config: Optional[dict] = None) -> str:
     """The driver's side of the checkpoint the main actor asked for (its run() waits meanwhile): every actor
     writes its own part into one temporary folder, which becomes global_step_<version> by a rename once all
-    parts are in (checkpoint.py).  The rollouter holds from its part until the queue's is written, so the
-    two are one cut; it generates again while the trainer writes its (larger) part.  `get`: ray.get."""
+    parts are in (checkpoint.py), with `config` (the run's resolved config) and the manifest.  The rollouter
+    holds from its part until the queue's is written, so the two are one cut; it generates again while the
+    trainer writes its (larger) part.  `get`: ray.get."""
     from fully_async.core.checkpoint import begin_checkpoint, commit_checkpoint
 
     tmp = begin_checkpoint(trainer_cfg.default_local_dir, version)
@@ -93,10 +188,14 @@ def take_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, version: in
         finally:
             get(rollouter.release.remote())
     get(actors[main_actor].save_part.remote(tmp))
-    return commit_checkpoint(trainer_cfg.default_local_dir, version, tmp, keep=trainer_cfg.max_ckpt_to_keep)
+    t0 = time.perf_counter()
+    path = commit_checkpoint(trainer_cfg.default_local_dir, version, tmp, keep=trainer_cfg.max_ckpt_to_keep,
+                             config=config)
+    logger.debug("checkpoint manifest and commit of %s took %.2fs", path, time.perf_counter() - t0)
+    return path
 
 
-def serve_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str) -> bool:
+def serve_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, config: Optional[dict] = None) -> bool:
     """Take the checkpoint the main actor waits for, if any; True when one was taken."""
     import ray
 
@@ -107,7 +206,7 @@ def serve_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str) -> bool:
     if version is None:
         return False
     try:
-        path = take_checkpoint(trainer_cfg, actors, main_actor, version, ray.get)
+        path = take_checkpoint(trainer_cfg, actors, main_actor, version, ray.get, config)
     except Exception as exc:  # noqa: BLE001
         if is_secondary(exc):
             raise  # an actor died: supervise() reports its own error
@@ -124,7 +223,7 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
     checkpoint has save_part(folder)."""
     import ray
 
-    from fully_async.core.checkpoint import find_resume_path
+    from fully_async.core.checkpoint import check_resume_config, find_resume_path
     from fully_async.core.device import check_available, describe_hardware, get_device
     from fully_async.core.metrics import tensorboard_dir
     from fully_async.cluster.placement import release_placement_groups
@@ -133,27 +232,45 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
     from fully_async.run.run_logging import RunLogger
 
     t_start = time.perf_counter()
-    prep = prepare(cfg)
-    device = get_device(cfg.trainer.device)
-    check_available(device)
-    resume_path = find_resume_path(cfg.trainer)
-    if resume_path:
-        logger.info("resuming from %s", resume_path)
-    plan = RunPlan.of(cfg)
-    started_ray = start_ray(num_cpus_needed=max(2, plan.total_devices),  # one core per actor on CPU
-                            env_vars=device.runtime_env_vars())
+    sig = _Signals()  # from here a signal ends the run cleanly (start-up) or gracefully (running)
+    signals = sig.received
+    locks: list = []
     actors: dict = {}
-    signals: list[int] = []
-    old_handlers = {s: signal.signal(s, lambda signum, _f: signals.append(signum))
-                    for s in (signal.SIGTERM, signal.SIGINT)}
+    ray_was_up = ray.is_initialized()
+    started_ray = ray_attempted = False
     try:
+        locks = run_locks(cfg)
+        prep = prepare(cfg)
+        sig.check()
+        device = get_device(cfg.trainer.device)
+        check_available(device)
+        resume_path = find_resume_path(cfg.trainer)
+        saved_config = config_dict(prep.cfg)
+        if resume_path:
+            check_resume_config(resume_path, saved_config, cfg.trainer.resume_allow_config_change)
+            logger.info("resuming from %s", resume_path)
+        plan = RunPlan.of(cfg)
+        sig.check()
+        ray_attempted = sig.defer = True
+        try:
+            started_ray = start_ray(num_cpus_needed=max(2, plan.total_devices),  # one core per actor on CPU
+                                    env_vars=device.runtime_env_vars())
+        except SystemExit as exc:  # ray.init's own SIGTERM handler fired while it was starting
+            if exc.code == signal.SIGTERM:
+                raise StartInterrupted(signal.SIGTERM) from None
+            raise
+        sig.reinstall()
+        sig.check()
         needs = {"trainer": plan.trainer_devices}
         if plan.rollout_devices:
             needs["rollout"] = plan.rollout_devices
         check_resources(device, needs)
         actors = create(prep, device, resume_path)
+        sig.check()
         runners = {name: a for name, a in actors.items() if name != "queue"}
-        logger.info("actors ready in %.1fs on %s", wait_ready(runners), device.name)
+        logger.info("actors ready in %.1fs on %s", wait_ready(runners, on_tick=sig.check), device.name)
+        sig.defer = False
+        sig.running()  # a signal from now on: finish the step, checkpoint, exit
         main = actors[main_actor]
         if cfg.mode == "async" and (resume_path or cfg.actor_rollout_ref.rollout.load_format == "dummy"):
             ray.get(main.sync_initial_weights.remote())  # the engine must generate with these weights
@@ -164,7 +281,7 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
 
         def tick() -> None:
             run_log.drain()
-            if serve_checkpoint(cfg.trainer, actors, main_actor):
+            if serve_checkpoint(cfg.trainer, actors, main_actor, saved_config):
                 watchdog.touch()  # the driver was busy with it: the counters had no chance to move
             if signals and not stop_sent:
                 logger.warning("%s received: finishing the current step and saving a checkpoint",
@@ -192,18 +309,26 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
         if signals:
             raise RunInterrupted(signals[0], result.get("checkpoint") if isinstance(result, dict) else None)
         return summary
-    except RunFailed:
-        kill_all(list(actors.values()))
+    except BaseException as exc:
+        if isinstance(exc, RunFailed):
+            kill_all(list(actors.values()))
+        signum = exc.signum if isinstance(exc, StartInterrupted) else sig.start_signal
+        if signum is not None:  # whatever the signal interrupted during start-up, it is the story
+            raise RunInterrupted(signum, None, starting=True) from None
         raise
     finally:
-        for s, handler in old_handlers.items():
-            signal.signal(s, handler)
-        if cfg.trainer.timeline and actors:
-            write_timeline(actors, tensorboard_dir(cfg.trainer.project_name, cfg.trainer.experiment_name))
-        kill_all(list(actors.values()))  # a Ray session shared with the caller gets its resources back
-        release_placement_groups()
-        if started_ray:
-            ray.shutdown()
+        sig.starting = False  # a signal during the cleanup is only recorded
+        try:
+            if cfg.trainer.timeline and actors:
+                write_timeline(actors, tensorboard_dir(cfg.trainer.project_name, cfg.trainer.experiment_name))
+            kill_all(list(actors.values()))  # a Ray session shared with the caller gets its resources back
+            release_placement_groups()
+            if started_ray or (ray_attempted and not ray_was_up):  # (also when ray.init was interrupted)
+                ray.shutdown()
+        finally:
+            sig.restore()
+            for lock in locks:
+                lock.release()
 
 
 def write_timeline(actors: dict, run_dir: str) -> None:

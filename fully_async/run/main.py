@@ -97,6 +97,9 @@ def main(cfg: DictConfig) -> None:
     except RunInterrupted as exc:
         logger.error("%s", exc)
         sys.exit(128 + exc.signum)
+    except KeyboardInterrupt:  # Ctrl-C before the launcher's handlers were in place
+        logger.error("interrupted by SIGINT during start-up; nothing was trained")
+        sys.exit(130)
     except USER_ERRORS as exc:
         logger.error("%s", exc)
         sys.exit(1)

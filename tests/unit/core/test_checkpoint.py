@@ -203,7 +203,7 @@ def test_driver_checkpoint_every_part_in_one_folder_that_appears_at_once(tmp_pat
     # the rollouter holds from its part until the queue's is written (one cut), then the trainer writes
     assert log == ["rollouter.save_part", "queue.save_part", "rollouter.release", "trainer.save_part"]
     assert path == ck.step_dir(root, 4) and ck.list_checkpoints(root) == [4]
-    assert sorted(os.listdir(path)) == sorted([ck.TRAINER_STATE, ck.ROLLOUT_STATE, ck.QUEUE_STATE])
+    assert sorted(os.listdir(path)) == sorted([ck.TRAINER_STATE, ck.ROLLOUT_STATE, ck.QUEUE_STATE, ck.MANIFEST])
     assert not [n for n in os.listdir(root) if n.startswith(".tmp")]
     assert open(os.path.join(root, ck.LATEST)).read() == "4"
 
@@ -267,3 +267,108 @@ def test_checkpoints_pickled_before_the_layer_split_still_load(tmp_path):
     path = tmp_path / "old.pkl"
     path.write_bytes(data)
     assert read_pickle(str(path))["p"].prompt_ids == [1, 2]
+
+
+def _write_ckpt(root, v, config=None):
+    def write(d):
+        os.makedirs(os.path.join(d, "actor"))
+        with open(os.path.join(d, "actor", "model.safetensors"), "wb") as fh:
+            fh.write(os.urandom(4096))
+        ck.write_pickle(os.path.join(d, ck.ROLLOUT_STATE), {"pos": v, "pad": list(range(500))})
+        ck.write_json(os.path.join(d, ck.TRAINER_STATE), {"version": v})
+    tmp = ck.begin_checkpoint(root, v)
+    write(tmp)
+    return ck.commit_checkpoint(root, v, tmp, config=config)
+
+
+def _truncate(path):
+    with open(path, "r+b") as fh:
+        fh.truncate(os.path.getsize(path) // 2)
+
+
+def test_manifest_lists_every_file_and_is_verified(tmp_path):
+    root = str(tmp_path)
+    path = _write_ckpt(root, 2, config={"a": 1})
+    manifest = ck.read_json(os.path.join(path, ck.MANIFEST))["files"]
+    assert sorted(manifest) == sorted(["actor/model.safetensors", ck.ROLLOUT_STATE, ck.TRAINER_STATE, ck.CONFIG])
+    assert manifest[ck.TRAINER_STATE]["size"] == os.path.getsize(os.path.join(path, ck.TRAINER_STATE))
+    assert ck.verify_checkpoint(path) == []
+    with open(os.path.join(path, "actor", "model.safetensors"), "r+b") as fh:  # same size, other bytes
+        fh.write(b"\0" * 16)
+    assert ck.verify_checkpoint(path) == ["actor/model.safetensors: sha256 differs from the manifest"]
+    os.remove(os.path.join(path, ck.ROLLOUT_STATE))
+    assert f"{ck.ROLLOUT_STATE}: missing" in ck.verify_checkpoint(path)
+
+
+@pytest.mark.parametrize("bad", ["actor/model.safetensors", ck.ROLLOUT_STATE])
+def test_truncated_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog, bad):
+    root = str(tmp_path)
+    for v in (2, 4, 6):
+        _write_ckpt(root, v)
+    _truncate(os.path.join(root, "global_step_6", bad))
+    cfg = _T(resume_mode="auto", default_local_dir=root, resume_from_path=None)
+    with caplog.at_level("WARNING", logger="fully_async"):
+        assert ck.find_resume_path(cfg) == ck.step_dir(root, 4)
+    assert "global_step_6" in caplog.text and bad in caplog.text
+    assert ck.list_checkpoints(root) == [2, 4] and os.path.isdir(os.path.join(root, "global_step_6.broken"))
+    assert ck.find_resume_path(cfg) == ck.step_dir(root, 4)  # set aside: not checked again
+
+
+def test_no_intact_checkpoint_fails_naming_the_files(tmp_path):
+    root = str(tmp_path)
+    for v in (2, 4):
+        _write_ckpt(root, v)
+    _truncate(os.path.join(root, "global_step_4", "actor", "model.safetensors"))
+    _truncate(os.path.join(root, "global_step_2", ck.ROLLOUT_STATE))
+    with pytest.raises(ck.CheckpointError) as err:
+        ck.find_resume_path(_T(resume_mode="auto", default_local_dir=root, resume_from_path=None))
+    msg = str(err.value)
+    assert "global_step_4" in msg and "actor/model.safetensors" in msg
+    assert "global_step_2" in msg and ck.ROLLOUT_STATE in msg
+    # an explicit resume_from_path that is damaged fails too (no fallback: the user named it)
+    _write_ckpt(root, 8)
+    _truncate(os.path.join(root, "global_step_8", ck.TRAINER_STATE))
+    with pytest.raises(ck.CheckpointError, match="trainer_state.json"):
+        ck.find_resume_path(_T(resume_mode="resume_path", default_local_dir=root,
+                               resume_from_path=ck.step_dir(root, 8)))
+
+
+def test_checkpoint_without_manifest_is_accepted_with_a_warning(tmp_path, caplog):
+    root = str(tmp_path)
+    path = _write_ckpt(root, 2)
+    os.remove(os.path.join(path, ck.MANIFEST))
+    with caplog.at_level("WARNING", logger="fully_async"):
+        assert ck.find_resume_path(_T(resume_mode="auto", default_local_dir=root, resume_from_path=None)) == path
+    assert ck.MANIFEST in caplog.text and "without verifying" in caplog.text
+
+
+def test_resume_refuses_state_changing_config_keys_unless_allowed(tmp_path, caplog):
+    from fully_async.core.config import typed_config
+    from fully_async.run.launcher import config_dict
+
+    old = config_dict(typed_config(load_config(["actor_rollout_ref.rollout.n=8"])))
+    path = _write_ckpt(str(tmp_path), 2, config=old)
+    same = config_dict(typed_config(load_config(["actor_rollout_ref.rollout.n=8", "trainer.total_training_steps=99",
+                                                 "trainer.save_freq=3", "trainer.logger=[console,tensorboard]"])))
+    ck.check_resume_config(path, same)  # keys that do not alter saved state change freely
+    new = config_dict(typed_config(load_config(["actor_rollout_ref.rollout.n=4", "data.max_response_length=64"])))
+    with pytest.raises(ck.CheckpointError) as err:
+        ck.check_resume_config(path, new)
+    msg = str(err.value)
+    assert "actor_rollout_ref.rollout.n: 8 -> 4" in msg
+    assert f"data.max_response_length: {old['data']['max_response_length']} -> 64" in msg
+    assert "trainer.resume_allow_config_change=[actor_rollout_ref.rollout.n,data.max_response_length]" in msg
+    with pytest.raises(ck.CheckpointError, match="max_response_length") as err:
+        ck.check_resume_config(path, new, ["actor_rollout_ref.rollout.n"])
+    assert "rollout.n" not in str(err.value)
+    with caplog.at_level("WARNING", logger="fully_async"):
+        ck.check_resume_config(path, new, ["actor_rollout_ref.rollout.n", "data.max_response_length"])
+    assert "actor_rollout_ref.rollout.n: 8 -> 4" in caplog.text
+
+
+def test_resume_allow_config_change_names_checked_keys():
+    from fully_async.core.config import ConfigError, validate
+
+    validate(load_config(["trainer.resume_allow_config_change=[actor_rollout_ref.rollout.n]"]))
+    with pytest.raises(ConfigError, match="trainer.resume_allow_config_change.*trainer.save_freq"):
+        validate(load_config(["trainer.resume_allow_config_change=[trainer.save_freq]"]))
