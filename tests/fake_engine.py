@@ -156,3 +156,19 @@ def make_lengths(target: Callable[[str], Optional[int]]) -> Any:
         def target(self, sid: str) -> Optional[int]:
             return target(sid)
     return _L()
+
+
+class Remote:
+    def __init__(self, fn):
+        self.remote = fn
+
+
+class FakeQueue:
+    """The GroupQueue class behind `.method.remote(...)` calls, without Ray."""
+
+    def __init__(self):
+        from fully_async.actors.queue import GroupQueue
+        self.q = GroupQueue()
+
+    def __getattr__(self, name):
+        return Remote(getattr(self.q, name))

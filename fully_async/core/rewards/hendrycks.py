@@ -31,6 +31,11 @@ def last_boxed_only_string(string: str) -> Optional[str]:
         idx = string.rfind("\\fbox")
         if idx < 0:
             return None
+    return balanced_from(string, idx)
+
+
+def balanced_from(string: str, idx: int) -> Optional[str]:
+    """string[idx:] up to the brace that closes the first `{` at or after idx (None when it never closes)."""
     depth = 0
     for i in range(idx, len(string)):
         if string[i] == "{":

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
+from fully_async.core.rewards.hendrycks import balanced_from
+
 # (before, after) replacements, then removed substrings, in verl's order.
 SUBSTITUTIONS = [
     ("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), (r"\ ", ""), (" ", ""), ("mbox", "text"),
@@ -30,17 +32,7 @@ ANSWER_PATTERN = r"(?i)Answer\s*:\s*([^\n]+)"
 def last_boxed_only_string(string: str) -> Optional[str]:
     """The last `\\boxed{...}` with balanced braces (no `\\boxed ` or `\\fbox` forms here)."""
     idx = string.rfind("\\boxed{")
-    if idx < 0:
-        return None
-    depth = 0
-    for i in range(idx, len(string)):
-        if string[i] == "{":
-            depth += 1
-        elif string[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return string[idx:i + 1]
-    return None
+    return None if idx < 0 else balanced_from(string, idx)
 
 
 def remove_boxed(s: str) -> str:

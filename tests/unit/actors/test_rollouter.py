@@ -4,6 +4,7 @@ import pytest
 
 from fully_async.run.hydra_setup import load_config
 from fully_async.core.metrics import rollouter_window_metrics
+from fake_engine import FakeQueue
 
 
 def counters(wall_s, idle_s, samples=0, tokens=0, busy_s=0.0):
@@ -26,22 +27,6 @@ def test_window_metrics_idle_ratio_per_step():
     assert second["fully_async/rollouter/engine_0/busy_ratio"] == pytest.approx(0.75)
     same = rollouter_window_metrics(counters(14.0, 3.0), counters(14.0, 3.0))
     assert "fully_async/rollouter/idle_ratio" not in same   # no push in between: an empty window
-
-
-class _Remote:
-    def __init__(self, fn):
-        self.remote = fn
-
-
-class FakeQueue:
-    """The GroupQueue class behind `.method.remote(...)` calls, without Ray."""
-
-    def __init__(self):
-        from fully_async.actors.queue import GroupQueue
-        self.q = GroupQueue()
-
-    def __getattr__(self, name):
-        return _Remote(getattr(self.q, name))
 
 
 @pytest.fixture(scope="module")

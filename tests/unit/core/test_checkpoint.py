@@ -7,6 +7,7 @@ from omegaconf import OmegaConf
 
 from fully_async.core import checkpoint as ck
 from fully_async.run.hydra_setup import load_config
+from fake_engine import FakeQueue, Remote
 
 
 class _T:
@@ -67,22 +68,6 @@ def test_backend_state_round_trip(tmp_path):
     mb = b.train_step(batch2, 1)
     assert ma["actor/grad_norm"] == pytest.approx(mb["actor/grad_norm"])
     assert all(torch.equal(pa, pb) for pa, pb in zip(a.model.parameters(), b.model.parameters()))
-
-
-class _Remote:
-    def __init__(self, fn):
-        self.remote = fn
-
-
-class FakeQueue:
-    """The GroupQueue class behind `.method.remote(...)` calls, without Ray."""
-
-    def __init__(self):
-        from fully_async.actors.queue import GroupQueue
-        self.q = GroupQueue()
-
-    def __getattr__(self, name):
-        return _Remote(getattr(self.q, name))
 
 
 def test_rollouter_and_queue_parts_restore_partial_responses(monkeypatch, tmp_path):
@@ -172,7 +157,7 @@ class FakeActor:
         def run(*args):
             self._log.append(f"{self._name}.{method}")
             return getattr(self._obj, method)(*args)
-        return _Remote(run)
+        return Remote(run)
 
 
 class Part:
