@@ -65,7 +65,7 @@ def test_bound_pauses_are_one_line_per_param_version_with_counts(caplog, monkeyp
     lines = [r.getMessage() for r in caplog.records if "paused" in r.getMessage()]
     assert len(lines) == 3, lines
     for version, line in enumerate(lines):
-        assert line.startswith(f"rollouter paused 4 time(s), ") and f"at param version {version}:" in line
+        assert line.startswith("rollouter paused 4 time(s), ") and f"at param version {version}:" in line
         assert "s in all" in line and "staleness bound" in line
     sched.admit()
     sched.log_pauses()                                     # the end of the run: the last version's line
