@@ -95,4 +95,6 @@ def test_failing_rollouter_exits_nonzero_with_its_error(tmp_path):
                        capture_output=True, text=True, timeout=300, env=env)
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-3000:]
-    assert "rollouter failed: ValueError: reward exploded on purpose" in out
+    # the user's error, where it was raised (file and line), reaches the driver
+    assert "rollouter failed: RewardError: reward function compute_score" in out
+    assert "raised ValueError: reward exploded on purpose" in out and f"{bad}:3 (in compute_score)" in out
