@@ -32,7 +32,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 import torch  # noqa: E402
 
 from fully_async.core.config import asset_path  # noqa: E402
-from fully_async.core.device import describe_hardware, get_device, parse_dtype  # noqa: E402
+from fully_async.device import describe_hardware, get_device, parse_dtype  # noqa: E402
 from fully_async.rollout.engines.base import run_requests  # noqa: E402
 from fully_async.core.partial import PendingResponse  # noqa: E402
 from fully_async.core.types import GenRequest, SamplingParams  # noqa: E402

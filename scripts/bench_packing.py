@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from fully_async.core.device import describe_hardware, get_device
+    from fully_async.device import describe_hardware, get_device
 
     device = get_device(args.device)
     args.dtype = args.dtype or ("bfloat16" if device.is_accelerator else "float32")

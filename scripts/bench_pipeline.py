@@ -144,7 +144,7 @@ def measure_config(cfg: Any, batches: int = 3, warmup: int = 1) -> dict:
     load_config returns; its placement is ignored)."""
     import torch
 
-    from fully_async.core.device import check_available, describe_hardware, get_device
+    from fully_async.device import check_available, describe_hardware, get_device
     from fully_async.run.prepare import prepare
     from fully_async.core.workload import LengthProfile, workload_report
 

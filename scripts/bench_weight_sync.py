@@ -59,7 +59,7 @@ class Sender:
     """Looks like a trainer backend to the weight-sync classes."""
 
     def __init__(self, shape: str, device_name: str, model_path: str = ""):
-        from fully_async.core.device import get_device, parse_dtype
+        from fully_async.device import get_device, parse_dtype
 
         self.device = get_device(device_name)
         self.device.set_device(0)
@@ -104,7 +104,7 @@ class Receiver:
     """Looks like the rollouter to the weight-sync classes; loads into a real model."""
 
     def __init__(self, shape: str, device_name: str):
-        from fully_async.core.device import get_device, parse_dtype
+        from fully_async.device import get_device, parse_dtype
 
         self.device = get_device(device_name)
         self.device.set_device(0)
@@ -143,7 +143,7 @@ class VLLMReceiver:
     hands the stream to `update_weights`, which ships it to the workers as safetensors blobs."""
 
     def __init__(self, model_path: str, device_name: str, bucket_mb: int):
-        from fully_async.core.device import get_device
+        from fully_async.device import get_device
         from fully_async.rollout.engines.vllm_engine import VLLMEngine
 
         self.device = get_device(device_name)
@@ -199,7 +199,7 @@ def _row(label: str, transport: str, nbytes: int, runs: list[dict], repeats: int
 def measure_vllm(models: list[str], device_name: str, repeats: int, bucket_mb: int) -> list[dict]:
     import ray
 
-    from fully_async.core.device import get_device
+    from fully_async.device import get_device
 
     device = get_device(device_name)
     opts = device.ray_actor_options(1)
@@ -224,7 +224,7 @@ def measure_vllm(models: list[str], device_name: str, repeats: int, bucket_mb: i
 def measure(shapes: list[str], device_name: str, repeats: int, bucket_mb: int) -> list[dict]:
     import ray
 
-    from fully_async.core.device import get_device
+    from fully_async.device import get_device
 
     device = get_device(device_name)
     opts = device.ray_actor_options(1)
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--engine vllm needs --models DIR [DIR ...]")
     import ray
 
-    from fully_async.core.device import describe_hardware, get_device
+    from fully_async.device import describe_hardware, get_device
 
     ray.init(include_dashboard=False, log_to_driver=False, num_cpus=max(2, os.cpu_count() or 2))
     try:

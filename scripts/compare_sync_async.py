@@ -300,7 +300,7 @@ def run_both(args: argparse.Namespace, out_dir: str) -> int:
 
 def default_repeats(overrides: list[str]) -> int:
     """3 on CPU (a shared machine's noise is large next to the differences measured), else 1."""
-    from fully_async.core.device import get_device
+    from fully_async.device import get_device
 
     try:
         return 3 if get_device(_value(overrides, "trainer.device") or "auto").name == "cpu" else 1

@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from fully_async.core.batch import TrainBatch  # noqa: E402
-from fully_async.core.device import get_device  # noqa: E402
+from fully_async.device import get_device  # noqa: E402
 
 SHAPE_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                  intermediate_size=4864, vocab_size=151936, max_position_embeddings=4096, tie_word_embeddings=True)
@@ -129,7 +129,7 @@ def check_dtype(dtype_name: str, args, device, workdir: str) -> dict:
 
     from fully_async.train.backends.megatron_backend import MegatronBackend
     from fully_async.train.backends.torch_backend import TorchBackend
-    from fully_async.core.device import parse_dtype
+    from fully_async.device import parse_dtype
 
     rank0 = dist.get_rank() == 0
     dtype = parse_dtype(dtype_name)
@@ -245,7 +245,7 @@ def main() -> None:
     from importlib.metadata import version
 
     from fully_async.train.backends.megatron_backend import _import_megatron
-    from fully_async.core.device import describe_hardware
+    from fully_async.device import describe_hardware
 
     _import_megatron(device)   # MindSpeed first on npu
     header = {"hardware": describe_hardware(device), "torch": torch.__version__,

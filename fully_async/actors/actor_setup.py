@@ -14,7 +14,7 @@ def actor_init(cfg: FullyAsyncConfig, role: str, uses_device: bool = True) -> tu
     `uses_device=False`: an actor that drives others and holds no accelerator itself."""
     import torch
 
-    from fully_async.core.device import get_device
+    from fully_async.device import get_device
 
     logging.basicConfig(level=logging.INFO, format=f"[{role}] %(message)s", force=True)
     from transformers.utils import logging as hf_logging

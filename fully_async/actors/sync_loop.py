@@ -30,7 +30,7 @@ class SyncWorker(DriverFacing):
         from fully_async.cluster.network import free_port, node_ip
         from fully_async.actors.train_group import connect_trainer_group, total_optimizer_steps
         from fully_async.core.data import PromptStream
-        from fully_async.core.device import parse_dtype
+        from fully_async.device import parse_dtype
         from fully_async.core.rewards import build_reward_manager
         from fully_async.core.timeline import Timeline
         from fully_async.weight_sync import LocalWeightSync

@@ -22,7 +22,7 @@ def ray_get(refs: Any, timeout: Optional[float] = None) -> Any:
 
 def start_ray(num_cpus_needed: int, env_vars: Optional[dict] = None) -> bool:
     """Join `RAY_ADDRESS` when set, else start a local Ray; returns True when we started it.  `env_vars` reach
-    every actor (the device's runtime variables, core/device.py)."""
+    every actor (the device's runtime variables, device.py)."""
     import ray
 
     if ray.is_initialized():

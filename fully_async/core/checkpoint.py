@@ -280,7 +280,7 @@ def write_pickle(path: str, data: Any) -> None:
 
 # where pickled classes lived before the package was split into layers (checkpoints written then still resume)
 LEGACY_MODULES = {f"fully_async.{name}": f"fully_async.{layer}.{name}" for layer, names in {
-    "core": ("config", "types", "device", "staleness", "data", "batch", "metrics", "timeline", "workload", "flops",
+    "core": ("config", "types", "staleness", "data", "batch", "metrics", "timeline", "workload", "flops",
              "partial", "checkpoint", "algorithms", "rewards"),
     "cluster": ("placement", "ray_utils"), "rollout": ("scheduler", "generation", "engines"),
     "train": ("train_step", "backends"),

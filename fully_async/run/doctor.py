@@ -34,7 +34,7 @@ def _version(dist: str) -> Optional[str]:
 def check_torch() -> Check:
     import torch
 
-    from fully_async.core.device import get_device
+    from fully_async.device import get_device
     dev = get_device("auto")
     return Check("torch + device", "PASS", f"torch {torch.__version__}; trainer.device=auto -> {dev.name}")
 
@@ -46,7 +46,7 @@ def check_npu(cfg: Any) -> Check:
                      "pip install 'fully_async[npu]' (torch_npu matching torch) and source CANN's set_env.sh"
                      if wanted else "")
     cann = os.environ.get("ASCEND_TOOLKIT_HOME") or os.environ.get("ASCEND_HOME_PATH")
-    from fully_async.core.device import NPU, DeviceError
+    from fully_async.device import NPU, DeviceError
     try:
         count = NPU.device_count()
     except DeviceError as exc:
@@ -58,7 +58,7 @@ def check_npu(cfg: Any) -> Check:
 
 
 def check_cuda() -> Check:
-    from fully_async.core.device import CUDA, cuda_available
+    from fully_async.device import CUDA, cuda_available
     if not cuda_available():
         return Check("CUDA", "SKIP", "no CUDA device visible")
     return Check("CUDA", "PASS", f"{CUDA.device_count()} device(s): {CUDA.module().get_device_name(0)}")
@@ -98,7 +98,7 @@ def check_config(overrides: list[str]) -> tuple[Check, Any]:
 
 def check_device(cfg: Any) -> Check:
     """The device trainer.device asks for exists here (the run checks the same before Ray starts)."""
-    from fully_async.core.device import check_available, get_device
+    from fully_async.device import check_available, get_device
 
     device = get_device(cfg.trainer.device)
     check_available(device)
@@ -133,7 +133,7 @@ def check_attention(cfg: Any) -> Check:
 
     from fully_async.train.backends.torch_backend import model_overrides
     from fully_async.train.backends.varlen_attention import flash_varlen_available
-    from fully_async.core.device import get_device
+    from fully_async.device import get_device
     from fully_async.run.prepare import check_attention as validate_attention
 
     model = cfg.actor_rollout_ref.model
@@ -152,7 +152,7 @@ def check_attention(cfg: Any) -> Check:
 
 def check_placement(cfg: Any) -> Check:
     """Rollout replicas and trainer ranks the config asks for, against the devices this host sees."""
-    from fully_async.core.device import get_device
+    from fully_async.device import get_device
     from fully_async.cluster.placement import rollout_layout
 
     device = get_device(cfg.trainer.device)

@@ -21,7 +21,7 @@ def register() -> None:
 
 def _user_errors() -> tuple:
     from fully_async.core.data import DataError
-    from fully_async.core.device import DeviceError
+    from fully_async.device import DeviceError
     from fully_async.cluster.ray_utils import RunFailed
     from fully_async.core.checkpoint import CheckpointError
     from fully_async.core.rewards import RewardError

@@ -224,7 +224,7 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
     import ray
 
     from fully_async.core.checkpoint import check_resume_config, find_resume_path
-    from fully_async.core.device import check_available, describe_hardware, get_device
+    from fully_async.device import check_available, describe_hardware, get_device
     from fully_async.core.metrics import tensorboard_dir
     from fully_async.cluster.placement import release_placement_groups
     from fully_async.run.prepare import prepare

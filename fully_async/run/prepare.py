@@ -97,7 +97,7 @@ def check_attention(cfg: Any, model_conf: Any) -> None:
     import importlib.util
 
     from fully_async.train.backends.torch_backend import model_overrides
-    from fully_async.core.device import get_device
+    from fully_async.device import get_device
 
     model = cfg.actor_rollout_ref.model
     if cfg.actor_rollout_ref.actor.strategy == "megatron":

@@ -127,7 +127,7 @@ def actor_perf_metrics(cfg: FullyAsyncConfig, seq_lens: Sequence[int], update_s:
 
 @functools.lru_cache(maxsize=None)
 def _resolve_device(name: str) -> Any:
-    from fully_async.core.device import get_device
+    from fully_async.device import get_device
     return get_device(name)
 
 

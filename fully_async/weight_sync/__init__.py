@@ -12,7 +12,7 @@ def build_weight_sync(cfg: Any, backend: Any, rollouter: Any, device: Any) -> An
     if kind == "auto":
         kind = "collective" if device.is_accelerator else "object_store"
     if kind == "collective":
-        from fully_async.core.device import parse_dtype
+        from fully_async.device import parse_dtype
         from fully_async.weight_sync.collective import CollectiveWeightSync
         return CollectiveWeightSync(backend, rollouter, device, rollout.update_weights_bucket_megabytes,
                                     parse_dtype(rollout.dtype))

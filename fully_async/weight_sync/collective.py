@@ -3,7 +3,7 @@
 Why: the object-store path copies every weight through host memory and Ray's object store twice;
 a broadcast moves device memory to device memory (NCCL on CUDA, HCCL on NPU, gloo on CPU) and
 never materialises the full model on the host.  The group is stateless (its own TCP store,
-fully_async.core.device.Device.new_group) because the trainer's FSDP world and the engines are
+fully_async.device.Device.new_group) because the trainer's FSDP world and the engines are
 different processes and worlds.
 
 Who receives: the trainer asks the rollouter how many ranks it contributes.  An engine that

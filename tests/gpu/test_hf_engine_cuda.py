@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from fully_async.core.device import get_device
+from fully_async.device import get_device
 
 pytestmark = pytest.mark.gpu
 DEVICE = get_device("auto")

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from fully_async.core.device import get_device
+from fully_async.device import get_device
 
 pytestmark = pytest.mark.gpu
 DEVICE = get_device("auto")
@@ -45,7 +45,7 @@ def world_of_one():
 def pair(request, tmp_path_factory):
     from fully_async.train.backends.megatron_backend import MegatronBackend
     from fully_async.train.backends.torch_backend import TorchBackend
-    from fully_async.core.device import parse_dtype
+    from fully_async.device import parse_dtype
 
     dtype, tied = request.param
     path = str(tmp_path_factory.mktemp(f"qwen2_{dtype}"))

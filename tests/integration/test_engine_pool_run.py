@@ -66,7 +66,7 @@ def test_async_mode_runs_one_replica_per_rollout_device(ray_session, tmp_path, m
 def test_placement_that_cannot_fit_fails_at_once_naming_the_need(ray_session):
     import time
 
-    from fully_async.core.device import CPU
+    from fully_async.device import CPU
     from fully_async.cluster.placement import make_placement_group
     from fully_async.cluster.ray_utils import RunFailed
 

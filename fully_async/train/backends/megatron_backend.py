@@ -29,7 +29,7 @@ from fully_async.core.algorithms.actor_loss import actor_loss, actor_metric_name
 from fully_async.core.algorithms.lr_schedule import lr_lambda, warmup_steps
 from fully_async.train.backends import hf_megatron
 from fully_async.core.batch import TrainBatch, micro_batches
-from fully_async.core.device import Device, parse_dtype
+from fully_async.device import Device, parse_dtype
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from fully_async.core.algorithms.lr_schedule import lr_lambda, warmup_steps
 from fully_async.train.backends import fsdp, varlen_attention
 from fully_async.train.backends.token_stats import enable_fused_head, token_stats
 from fully_async.core.batch import TrainBatch, micro_batches
-from fully_async.core.device import Device, parse_dtype
+from fully_async.device import Device, parse_dtype
 
 logger = logging.getLogger(__name__)
 varlen_attention.register()

@@ -6,7 +6,7 @@ import torch.distributed as dist
 from fully_async.cluster.network import free_port
 from fully_async.train.backends.torch_backend import TorchBackend
 from fully_async.core.batch import build_batch
-from fully_async.core.device import CPU
+from fully_async.device import CPU
 from fully_async.run.hydra_setup import load_config
 from fully_async.train.train_step import prepare_batch
 from fully_async.actors.train_group import GroupBackend, connect_trainer_group, shard_rows

@@ -46,7 +46,7 @@ def test_failed_write_leaves_previous_checkpoint(tmp_path):
 def test_backend_state_round_trip(tmp_path):
     from fully_async.train.backends.torch_backend import TorchBackend
     from fully_async.core.batch import build_batch
-    from fully_async.core.device import CPU
+    from fully_async.device import CPU
     from fully_async.train.train_step import prepare_batch
     from tests_helpers import tiny_samples
 
@@ -129,7 +129,7 @@ def test_export_hf_round_trip(tmp_path):
     import sys
 
     from fully_async.train.backends.torch_backend import TorchBackend
-    from fully_async.core.device import CPU
+    from fully_async.device import CPU
     from fully_async.actors.trainer import save_trainer_part
 
     cfg = load_config([f"trainer.default_local_dir={tmp_path}/ck"])

@@ -1,7 +1,7 @@
 """perf/mfu/actor inputs: the FLOPs estimate against hand counts and verl's formula, and the device peak table."""
 import pytest
 
-from fully_async.core.device import CPU
+from fully_async.device import CPU
 from fully_async.core.flops import PEAK_TFLOPS, estimate_flops, match_device, mfu, peak_tflops, unsupported_reason
 
 # the shape of tests/conftest.py's random model (a Qwen2)

@@ -133,7 +133,7 @@ def test_megatron_lr_is_the_shared_schedule():
 def test_torch_backend_follows_the_cosine_schedule(random_model_dir):
     from fully_async.train.backends.torch_backend import TorchBackend
     from fully_async.core.batch import build_batch
-    from fully_async.core.device import CPU
+    from fully_async.device import CPU
     from fully_async.train.train_step import prepare_batch
     from tests_helpers import tiny_samples
 

@@ -66,7 +66,7 @@ def test_real_eos_before_target_stays_stop():
 def test_engine_interrupt_resume_honours_target_len(random_model_dir):
     """End to end on the embedded engine (a random model, no EOS): interrupted mid-way and resumed on
     a new version, each response ends at exactly its synthetic length, or at max_tokens as 'length'."""
-    from fully_async.core.device import CPU
+    from fully_async.device import CPU
     from fully_async.rollout.engines.base import run_requests
     from fully_async.rollout.engines.hf_engine import HFEngine
 

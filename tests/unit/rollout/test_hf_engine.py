@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from fully_async.core.device import CPU
+from fully_async.device import CPU
 from fully_async.rollout.engines.base import run_requests
 from fully_async.rollout.engines.hf_engine import HFEngine
 from fully_async.core.partial import PendingResponse

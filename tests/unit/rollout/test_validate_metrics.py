@@ -1,7 +1,7 @@
 """Validation metrics carry verl's families: val-core/<ds>/reward/mean@N, and acc/mean@N when the scorer
 returns an `acc` (DAPO-style sources)."""
 from fully_async.actors.actor_setup import build_tokenizer
-from fully_async.core.device import CPU
+from fully_async.device import CPU
 from fully_async.core.rewards import build_reward_manager
 from fully_async.core.types import PromptRecord
 from fully_async.rollout.engines import build_engine

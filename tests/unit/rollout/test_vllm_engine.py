@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fully_async.core.config import asset_path
-from fully_async.core.device import CPU
+from fully_async.device import CPU
 from fully_async.rollout.engines.base import receives_weights_directly, run_requests
 from fully_async.rollout.engines.hf_engine import HFEngine
 from fully_async.rollout.engines.vllm_engine import ASYNC_LLM_API, VLLMApiError, VLLMEngine, check_api, serialize_buckets

@@ -137,7 +137,7 @@ def test_npu_without_torch_npu_names_the_fix():
 def test_more_devices_than_ray_has():
     import ray
 
-    from fully_async.core.device import CUDA
+    from fully_async.device import CUDA
     from fully_async.cluster.ray_utils import RunFailed, check_resources
 
     ray.init(num_cpus=1, num_gpus=0, include_dashboard=False, log_to_driver=False)
@@ -151,7 +151,7 @@ def test_more_devices_than_ray_has():
 def test_nan_loss_skips_update_logs_batch_and_fails_after_max_bad_steps(tmp_path):
     from fully_async.train.backends.torch_backend import TorchBackend
     from fully_async.core.batch import build_batch
-    from fully_async.core.device import CPU
+    from fully_async.device import CPU
     from fully_async.train.train_step import BadStepsError, check_bad_steps, prepare_batch
     from tests_helpers import tiny_samples
 

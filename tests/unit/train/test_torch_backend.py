@@ -6,7 +6,7 @@ import torch
 
 from fully_async.train.backends.torch_backend import TorchBackend, token_log_probs
 from fully_async.core.batch import build_batch, split_by_tokens
-from fully_async.core.device import CPU
+from fully_async.device import CPU
 from fully_async.run.hydra_setup import load_config
 from fully_async.train.train_step import prepare_batch
 from fully_async.core.types import Sample

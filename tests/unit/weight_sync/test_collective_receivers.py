@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from fully_async.core.device import CPU
+from fully_async.device import CPU
 from fully_async.rollout.engines.base import receives_weights_directly
 from fully_async.rollout.engines.hf_engine import HFEngine
 from fully_async.weight_sync.collective import CollectiveWeightSync, receive

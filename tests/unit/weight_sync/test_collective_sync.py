@@ -4,7 +4,7 @@ import threading
 import torch
 
 from fully_async.cluster.network import free_port
-from fully_async.core.device import CPU
+from fully_async.device import CPU
 from fully_async.weight_sync.collective import ParamMeta, plan_buckets, receive, send
 
 

@@ -4,9 +4,9 @@ import re
 
 import pytest
 
-from fully_async.core import device as dev
+from fully_async import device as dev
 
-PKG = pathlib.Path(dev.__file__).parent.parent   # the whole package
+PKG = pathlib.Path(dev.__file__).parent   # the whole package
 
 
 def test_torch_cuda_only_in_device_py():
