@@ -108,7 +108,8 @@ class Device:
         cls = getattr(mod, "CUDAGraph" if self.name == "cuda" else "NPUGraph", None)
         if cls is None or not all(hasattr(mod, n) for n in ("graph", "graph_pool_handle", "Stream", "stream")):
             return None
-        return DeviceGraphs(mod, cls)
+        # thread_local on CUDA: CUDA calls of other threads of this process (a Ray actor has several) may go on
+        return DeviceGraphs(mod, cls, {"capture_error_mode": "thread_local"} if self.name == "cuda" else {})
 
     def device_name(self, index: int = 0) -> Optional[str]:
         """The accelerator's product name ("NVIDIA H100 80GB HBM3", "Ascend910B2"); None on cpu or none visible."""
@@ -146,8 +147,8 @@ class DeviceGraphs:
     inputs and outputs are such buffers, updated in place); every graph of one `DeviceGraphs` shares one
     memory pool, so capture the largest first and replay one at a time."""
 
-    def __init__(self, module: Any, graph_cls: Any):
-        self.module, self.graph_cls = module, graph_cls
+    def __init__(self, module: Any, graph_cls: Any, capture_kwargs: Optional[dict] = None):
+        self.module, self.graph_cls, self.capture_kwargs = module, graph_cls, capture_kwargs or {}
         self.pool = module.graph_pool_handle()
 
     def capture(self, fn: Callable[[], None], warmup: int = 1) -> Callable[[], None]:
@@ -160,9 +161,7 @@ class DeviceGraphs:
                 fn()
         mod.current_stream().wait_stream(side)
         graph = self.graph_cls()
-        # thread_local: CUDA calls of other threads of this process (a Ray actor has several) may go on
-        kwargs = {"capture_error_mode": "thread_local"} if self.graph_cls.__name__ == "CUDAGraph" else {}
-        with mod.graph(graph, pool=self.pool, **kwargs):
+        with mod.graph(graph, pool=self.pool, **self.capture_kwargs):
             fn()
         return graph.replay
 

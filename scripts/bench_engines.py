@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in engines:
         start = time.perf_counter()
         engine = build_engine(name, args.model, device, args.dtype, max(args.concurrency), max_len)
-        res: dict = {"startup_s": time.perf_counter() - start}
+        res: dict = {"startup_s": time.perf_counter() - start,
+                     "graph_capture_s": getattr(engine, "graph_capture_s", None)}   # part of start-up
         res.update(measure(engine_runner(engine, args.new_tokens), prompts_by_c, device, args.repeats,
                            args.new_tokens))
         if not args.no_updates:

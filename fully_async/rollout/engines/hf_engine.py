@@ -61,6 +61,7 @@ class _SlotCache:
 
     def __init__(self, slots: int, capacity: int):
         self.slots, self.capacity = slots, capacity
+        self.spans = span_buckets(capacity)          # attention-span buckets of the decode graphs
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self._mode: tuple = ()
@@ -81,6 +82,7 @@ class _SlotCache:
                 new[:, :, :old.shape[2]] = old
                 buffers[i] = new
         self.capacity = capacity
+        self.spans = span_buckets(capacity)
 
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
         if layer_idx == len(self.keys):  # first use: shapes come from the model's own projections
@@ -382,7 +384,7 @@ class HFEngine:
         if self._graph_api is None:
             self._decode_step(hi, span)
             return
-        key = (_bucket(hi, self.graph_batch_sizes), _bucket(span, span_buckets(self._cache.capacity)))
+        key = (_bucket(hi, self.graph_batch_sizes), _bucket(span, self._cache.spans))
         replay = self._graphs.get(key)
         if replay is not None:
             replay()
@@ -424,7 +426,7 @@ class HFEngine:
             self.base(input_ids=one, position_ids=one, attention_mask=self._mask(one, 1),
                       past_key_values=cache.prefill(one[0], 1), use_cache=True)
             for batch in sorted(self.graph_batch_sizes, reverse=True):
-                for span in sorted(span_buckets(cache.capacity), reverse=True):
+                for span in sorted(cache.spans, reverse=True):
                     self._graphs[(batch, span)] = self._graph_api.capture(partial(self._decode_step, batch, span))
             state["lengths"].zero_()
         self.device.synchronize()
