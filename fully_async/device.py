@@ -111,6 +111,17 @@ class Device:
         # thread_local on CUDA: CUDA calls of other threads of this process (a Ray actor has several) may go on
         return DeviceGraphs(mod, cls, {"capture_error_mode": "thread_local"} if self.name == "cuda" else {})
 
+    def compile_backend(self) -> Optional[str]:
+        """The torch.compile backend that fuses a captured decode step's small kernels on this device, or None
+        where we have not measured one that works (inductor needs Triton, which CUDA has; NPU and CPU: None)."""
+        if self.name != "cuda":
+            return None
+        try:
+            import triton  # noqa: F401  (inductor's GPU code generator)
+        except ImportError:
+            return None
+        return "inductor"
+
     def device_name(self, index: int = 0) -> Optional[str]:
         """The accelerator's product name ("NVIDIA H100 80GB HBM3", "Ascend910B2"); None on cpu or none visible."""
         if not self.is_accelerator:

@@ -1,7 +1,8 @@
 """Benchmark the rollout engines and transformers' own generate on the same workload, in one invocation.
 
-For each engine (`hf`: the embedded engine with decode graphs on CUDA/NPU, `hf_eager`: the same engine
-without graphs, `vllm`) and each baseline (`generate`: model.generate with its
+For each engine (`hf`: the embedded engine as configured by default: llama-family decode as fused per-layer
+functions, compiled on CUDA, replayed from device graphs on CUDA/NPU; `hf_modules`: the same with transformers'
+own modules in the graphs; `hf_eager`: no graphs, `vllm`) and each baseline (`generate`: model.generate with its
 default cache, `generate_static`: model.generate(cache_implementation="static"), which transformers compiles
 on CUDA), at each concurrency c: c sequences of --prompt-len random prompt tokens, --new-tokens sampled
 tokens each (EOS ignored, so every contender generates exactly c x new-tokens tokens), temperature 1.
@@ -37,7 +38,7 @@ from fully_async.rollout.engines.base import run_requests  # noqa: E402
 from fully_async.core.partial import PendingResponse  # noqa: E402
 from fully_async.core.types import GenRequest, SamplingParams  # noqa: E402
 
-ENGINES = ("hf", "hf_eager", "vllm")
+ENGINES = ("hf", "hf_modules", "hf_eager", "vllm")
 BASELINES = ("generate", "generate_static")
 
 
@@ -48,10 +49,10 @@ def make_prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[list[in
 
 
 def build_engine(name: str, model_dir: str, device: Any, dtype: str, max_num_seqs: int, max_len: int) -> Any:
-    if name in ("hf", "hf_eager"):   # hf: decode replayed from device graphs where the device has them
+    if name.startswith("hf"):   # hf: fused (compiled) decode replayed from device graphs where the device has them
         from fully_async.rollout.engines.hf_engine import HFEngine
         return HFEngine(model_dir, device, dtype=dtype, max_num_seqs=max_num_seqs, eos_token_ids=[], pad_token_id=0,
-                        max_model_len=max_len, enforce_eager=name == "hf_eager")
+                        max_model_len=max_len, enforce_eager=name == "hf_eager", fused_decode=name != "hf_modules")
     from fully_async.rollout.engines.vllm_engine import VLLMEngine
     return VLLMEngine(model_dir, device, dtype=dtype, max_num_seqs=max_num_seqs, eos_token_ids=[],
                       max_model_len=max_len)

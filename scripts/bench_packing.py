@@ -86,6 +86,8 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
 
     from fully_async.train.backends import torch_backend
 
+    compiled = name.endswith("/compiled")   # actor.use_torch_compile: each decoder layer compiled (CUDA)
+    name = name.removesuffix("/compiled")
     packed = name.startswith("packed")
     plain = name.endswith("/plain")
     torch_backend.token_stats = plain_token_stats if plain else TOKEN_STATS
@@ -99,11 +101,14 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
                  f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={args.max_tokens}",
                  f"actor_rollout_ref.model.use_remove_padding={str(packed).lower()}",
                  f"actor_rollout_ref.model.use_fused_kernels={str(not unfused).lower()}",
+                 f"actor_rollout_ref.actor.use_torch_compile={str(compiled).lower()}",
                  f"actor_rollout_ref.model.enable_gradient_checkpointing={str(args.grad_ckpt).lower()}"]
     kernel = name_kernel.split(":", 1)[1] if ":" in name_kernel else "sdpa"
     overrides.append(f"+actor_rollout_ref.model.override_config.attn_implementation={kernel}")
     cfg = load_config(overrides)
     backend = TorchBackend(cfg, device, total_optimizer_steps=100)
+    if compiled:
+        name += "/compiled"
     batch = build_batch(samples)
     real_tokens = int(batch.attention_mask.sum())
     splits = micro_batches(batch, None, True, args.max_tokens, packed)
@@ -135,9 +140,42 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
     res["log_prob_tokens_per_s"] = real_tokens / res["log_prob_s"]
     if device.is_accelerator:
         res["peak_memory_gib"] = device.memory_stats()["max_allocated_gib"]
+    res.update(update_mfu(model_dir, batch.seq_lengths, res["update_s"], device))
+    if args.profile:
+        print_profile(name, lambda: backend.train_step(batch, num_mini_batches=1), device)
     del backend
     device.empty_cache()
     return res, first_logp
+
+
+def print_profile(name: str, step: Any, device: Any, rows: int = 14) -> None:
+    """One more update under torch.profiler: the kernels that take the device's time, biggest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.name == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+        device.synchronize()
+    key = "cuda_time_total" if device.name == "cuda" else "cpu_time_total"
+    print(f"--- {name}: one update, top {rows} by {key}")
+    print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
+
+
+def update_mfu(model_dir: str, seq_lens: Any, seconds: float, device: Any) -> dict:
+    """The PPO update's FLOPs (verl's count: forward + backward over every real token) and MFU on this device, as
+    the trainer reports `perf/mfu/actor`; no MFU where the device's peak is unknown (cpu)."""
+    from transformers import AutoConfig
+
+    from fully_async.core import flops
+
+    total = flops.estimate_flops(AutoConfig.from_pretrained(model_dir), [int(n) for n in seq_lens])
+    peak = flops.peak_tflops(device.device_name())
+    if total is None:
+        return {}
+    out = {"update_tflops": total / seconds / 1e12}
+    if peak is not None:
+        out["mfu"] = flops.mfu(total, seconds, 1, peak)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,9 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", nargs="+", default=None,
                    help="padded, packed:<attn_implementation> (varlen, sdpa, eager, flex_attention, "
                         "flash_attention_2), each optionally with /unfused (full logits, then backends/token_stats.py) or "
-                        "/plain (full logits, then plain autograd log-probs and entropy); default: padded "
+                        "/plain (full logits, then plain autograd log-probs and entropy), then optionally /compiled "
+                        "(actor.use_torch_compile=true: every decoder layer compiled; without it, false); default: padded "
                         "packed:varlen packed:sdpa")
     p.add_argument("--grad-ckpt", action="store_true")
+    p.add_argument("--chunk-elems", type=int, default=None,
+                   help="elements per chunk of the chunked log-prob/entropy (default: the device's, token_stats.py)")
+    p.add_argument("--profile", action="store_true", help="print each variant's top kernels of one more update")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
@@ -164,7 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     global TOKEN_STATS
+    from fully_async.train.backends import token_stats as token_stats_module
     from fully_async.train.backends.token_stats import token_stats as TOKEN_STATS
+
+    if args.chunk_elems:
+        token_stats_module.CHUNK_ELEMS = args.chunk_elems
 
     import torch
 
@@ -212,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     cols = [("variant", "variant", "{}"), ("micro", "micro_batches", "{}"), ("real tok", "real_tokens", "{}"),
             ("computed tok", "computed_tokens", "{}"), ("logp s", "log_prob_s", "{:.3f}"),
             ("update s", "update_s", "{:.3f}"), ("update tok/s", "update_tokens_per_s", "{:.0f}"),
+            ("TFLOP/s", "update_tflops", "{:.0f}"), ("MFU", "mfu", "{:.1%}"),
             ("1st iter s", "first_iteration_s", "{:.1f}"), ("peak GiB", "peak_memory_gib", "{:.1f}"),
             (f"|dlogp| max vs {base}", f"logp_vs_{base}_max_abs", "{:.2e}")]
     print(f"{report['hardware']} | torch {report['torch']} | {report['shape']} {args.dtype} | {args.rows} rows, "

@@ -5,6 +5,7 @@
 #   bash scripts/gpu_verify.sh scaling|compare2|compare4  (engine pool, #10: on a 4-GPU machine)
 #   bash scripts/gpu_verify.sh engine                     (embedded engine vs generate(static), #11: 1 GPU)
 #   bash scripts/gpu_verify.sh tests                      (the embedded engine's GPU tests only)
+#   bash scripts/gpu_verify.sh mfu                        (#12: megatron vs torch parity, packed update MFU: 1 GPU)
 #
 # Expects the offline bundle in .gpubundle/ (../shared/tools/offline_bundle.sh) plus the tiny task
 # as jsonl in .gpubundle/data/.  Model: a Qwen2.5-0.5B-shaped Qwen2 with random weights and the
@@ -43,7 +44,7 @@ engine)
   export CUDA_VISIBLE_DEVICES=0
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -8
   timeout 300 python3 scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 \
-      --engines ${ENGINES:-hf,hf_eager} --baselines generate_static --concurrency 64 256 --new-tokens 256 --repeats 2 \
+      --engines ${ENGINES:-hf,hf_modules} --baselines generate_static --concurrency 64 256 --new-tokens 256 --repeats 2 \
       --out "$OUT/bench_engines.json" 2>&1 | grep -v "it/s\]" | tail -12
   timeout 200 python3 scripts/bench_pipeline.py --batches 2 --out "$OUT/bench_pipeline.json" "${POOL[@]}" \
       2>&1 | grep -v "it/s\]" | tail -8
@@ -93,6 +94,14 @@ megatron)
   TENSORBOARD_DIR=$OUT/megatron_sync_tp2 timeout 200 python3 -m fully_async.main --config-name=fully_async_ppo_megatron_trainer mode=sync \
       trainer.n_gpus_per_node=2 actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2 "${M[@]}" hydra.run.dir=/tmp/h_ms 2>&1 \
       | grep -v "it/s\]" | tail -12
+  ;;
+mfu)
+  # #12: megatron and torch give the same loss on one batch; the packed PPO update's MFU with the fused lm_head
+  # (default) against the unfused head and the padded baseline, same batch, same process
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_megatron_parity.py 2>&1 | tail -6
+  timeout 300 python3 scripts/bench_packing.py --shape 0.5b --device cuda \
+      --variants ${VARIANTS:-packed:varlen packed:varlen/unfused packed:varlen/compiled packed:varlen/unfused/compiled padded} --out "$OUT/packing_mfu.json" 2>&1 | tail -8
   ;;
 packing)
   # remove-padding: parity (float32, then bfloat16) and trainer throughput on one GPU, then end to end on two

@@ -125,6 +125,8 @@ class ActorConfig:
     entropy_coeff: float = 0.0
     grad_clip: float = 1.0                # max global grad norm
     dtype: str = "float32"                # float32 | bfloat16 (params and compute)
+    use_torch_compile: bool = True        # torch/fsdp2 on CUDA: compile each decoder layer (fuses its pointwise
+    #                                       kernels) and the chunked log-prob/entropy; no effect on cpu/npu
     fsdp_config: OffloadConfig = field(default_factory=OffloadConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
@@ -158,6 +160,8 @@ class RolloutConfig:
     max_num_batched_tokens: int = 8192
     enable_chunked_prefill: bool = True
     enforce_eager: bool = False           # true: no device graphs (CUDA/NPU graph capture costs start-up time)
+    fused_decode: bool = True             # embedded engine, llama-family models: decode as fused per-layer functions
+    #                                       (torch.compile on CUDA); false: transformers' own modules
     cudagraph_capture_sizes: Optional[list[int]] = None  # decode batch sizes captured as graphs; null: engine's
     free_cache_engine: bool = True        # sync mode: the engine frees its KV cache and weights while the trainer
     #                                       runs; false keeps them resident (and the decode graphs valid)

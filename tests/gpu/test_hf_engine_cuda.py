@@ -40,12 +40,16 @@ def assert_greedy(model, prompt, got):
     assert bool(((top - chosen) <= 0.05 * top.abs().clamp(min=1)).all()), (top - chosen).max().item()
 
 
-@pytest.mark.parametrize("eager", [True, False], ids=["eager", "graphs"])
-def test_greedy_equals_plain_forward_allowing_bf16_ties(shaped, eager):
+MODES = {"eager": dict(enforce_eager=True), "graphs": dict(enforce_eager=False, fused_decode=False),
+         "compiled": dict(enforce_eager=False)}   # the default: fused per-layer decode, compiled, in graphs
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_greedy_equals_plain_forward_allowing_bf16_ties(shaped, mode):
     path, model = shaped
     eng = HFEngine(path, DEVICE, dtype="bfloat16", max_num_seqs=8, eos_token_ids=[], pad_token_id=0,
-                   max_model_len=64, enforce_eager=eager)
-    assert bool(eng._graphs) != eager
+                   max_model_len=64, **MODES[mode])
+    assert bool(eng._graphs) != (mode == "eager") and eng.compiled == (mode == "compiled")
     prompts = [[3 + (i * 7 + j) % 17 for j in range(4 + i)] for i in range(12)]   # more prompts than slots
     outs = run_requests(eng, [GenRequest(f"g{i}", p, SamplingParams(0.0, max_tokens=32 + i * 4))
                               for i, p in enumerate(prompts)])                  # the last ones grow the cache
@@ -54,14 +58,15 @@ def test_greedy_equals_plain_forward_allowing_bf16_ties(shaped, eager):
         assert_greedy(model, p, outs[f"g{i}"].token_ids)
 
 
-def test_update_mid_generation_with_graphs(shaped):
+@pytest.mark.parametrize("mode", ["graphs", "compiled"])
+def test_update_mid_generation_with_graphs(shaped, mode):
     """Interrupt, load new weights (in place: the graphs stay), resume prompt + partial: the versions switch at
     the cut, and the continuation is greedy under the new weights."""
     from fully_async.core.partial import PendingResponse
 
     path, model = shaped
     eng = HFEngine(path, DEVICE, dtype="bfloat16", max_num_seqs=8, eos_token_ids=[], pad_token_id=0,
-                   max_model_len=64, enforce_eager=False)
+                   max_model_len=64, **MODES[mode])
     graphs = dict(eng._graphs)
     params = SamplingParams(0.0, max_tokens=40)
     pend = [PendingResponse(f"u{i}", f"u{i}", [4 + i, 9, 11, 2 + i], params) for i in range(6)]
@@ -96,11 +101,11 @@ def check_continuations(model, pend, partial, rest):
         assert_greedy(model, p.prompt_ids + s.response_ids[:k], s.response_ids[k:])
 
 
-@pytest.mark.parametrize("eager", [True, False], ids=["eager", "graphs"])
-def test_sampled_log_probs_equal_a_recomputed_forward(shaped, eager):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_sampled_log_probs_equal_a_recomputed_forward(shaped, mode):
     path, model = shaped
     eng = HFEngine(path, DEVICE, dtype="bfloat16", max_num_seqs=16, eos_token_ids=[], pad_token_id=0, seed=3,
-                   enforce_eager=eager)
+                   **MODES[mode])
     prompts = [[5 + i, 6, 7, 8 + i] for i in range(16)]
     outs = run_requests(eng, [GenRequest(f"s{i}", p, SamplingParams(1.0, 1.0, -1, 24)) for i, p in enumerate(prompts)])
     for i, p in enumerate(prompts):

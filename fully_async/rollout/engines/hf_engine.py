@@ -161,7 +161,8 @@ class HFEngine:
     def __init__(self, model_path: str, device: Device, dtype: str = "float32", max_num_seqs: int = 256,
                  eos_token_ids: Optional[list[int]] = None, pad_token_id: int = 0, seed: int = 1,
                  trust_remote_code: bool = False, max_model_len: Optional[int] = None, enforce_eager: bool = True,
-                 graph_batch_sizes: Optional[list[int]] = None, free_cache_engine: bool = True):
+                 graph_batch_sizes: Optional[list[int]] = None, free_cache_engine: bool = True,
+                 fused_decode: bool = True):
         from transformers import AutoModelForCausalLM
 
         start = time.perf_counter()
@@ -210,12 +211,24 @@ class HFEngine:
         self.graph_capture_s = 0.0
         if not enforce_eager and self._graph_api is None and device.is_accelerator:
             logger.warning("%s: this torch has no device graphs; the embedded engine decodes eagerly", device.name)
+        # the decode forward: llama-family models take fused_decode.py's per-layer functions, compiled where the
+        # device has a backend and graphs capture them; any other model (or fused_decode=False) transformers' modules
+        self._fused = None
+        if fused_decode:
+            from fully_async.rollout.engines.fused_decode import FusedDecoder, unsupported_reason
+
+            reason = unsupported_reason(self.model)
+            if reason is None:
+                self._fused = FusedDecoder(self.model, device.compile_backend() if self._graph_api else None)
+            else:
+                logger.info("embedded engine: transformers' decode forward (%s)", reason)
+        self.compiled = self._fused is not None and self._fused.compiled
         if self._graph_api is not None:
             self._capture_graphs()
         self.startup_s = time.perf_counter() - start
         logger.info("embedded engine on %s ready in %.1fs (%s)", device.name, self.startup_s,
-                    f"{len(self._graphs)} decode graphs captured in {self.graph_capture_s:.1f}s"
-                    if self._graph_api is not None else "eager decode")
+                    f"{len(self._graphs)} {'compiled ' if self.compiled else ''}decode graphs captured in "
+                    f"{self.graph_capture_s:.1f}s" if self._graph_api is not None else "eager decode")
 
     # ------------------------------------------------------------------ contract
     def submit(self, requests: list[GenRequest]) -> None:
@@ -409,10 +422,13 @@ class HFEngine:
         state, cache = self._state, self._cache
         positions = state["lengths"][:batch].clamp(max=cache.capacity - 1)                # where each new token goes
         ids = state["tokens"][:batch].unsqueeze(1)                                          # (batch, 1)
-        hidden = self.base(input_ids=ids, position_ids=positions.unsqueeze(1),
-                           attention_mask=self._mask(positions.unsqueeze(1), span),
-                           past_key_values=cache.decode(batch, positions, span), use_cache=True).last_hidden_state
-        state["logits"][:batch] = self.lm_head(hidden[:, -1]).float()
+        mask = self._mask(positions.unsqueeze(1), span)
+        if self._fused is not None:
+            last = self._fused(ids, positions, mask, cache.keys, cache.values, span)
+        else:
+            last = self.base(input_ids=ids, position_ids=positions.unsqueeze(1), attention_mask=mask,
+                             past_key_values=cache.decode(batch, positions, span), use_cache=True).last_hidden_state[:, -1]
+        state["logits"][:batch] = self.lm_head(last).float()
         state["lengths"][:batch] = positions + 1
 
     def _capture_graphs(self) -> None:

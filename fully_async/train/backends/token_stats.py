@@ -30,7 +30,16 @@ from typing import Callable, Optional
 
 import torch
 
-CHUNK_ELEMS = 2 ** 26   # 64M elements: 256 MB per float32 temporary
+CHUNK_ELEMS: Optional[int] = None   # elements per chunk; None: the device's default below
+# CUDA: 256M elements (the compiled chunk kernels never hold the float32 temporaries whole; measured on one H100,
+# 0.5B shape, packed update with the fused head: 29.0% MFU against 20.5% at 64M, peak 22.9 GiB against 21.2);
+# eager devices (cpu, npu): 64M elements, 256 MB per float32 temporary
+DEVICE_CHUNK_ELEMS = {"cuda": 2 ** 28}
+EAGER_CHUNK_ELEMS = 2 ** 26
+
+
+def _chunk_elems(chunk_elems: Optional[int], device_type: str) -> int:
+    return chunk_elems or CHUNK_ELEMS or DEVICE_CHUNK_ELEMS.get(device_type, EAGER_CHUNK_ELEMS)
 
 
 def _shifted(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -68,8 +77,12 @@ def _backward_chunk(logits: torch.Tensor, targets: torch.Tensor, g_logp: torch.T
 
 @functools.lru_cache(maxsize=None)
 def _kernels(device_type: str) -> tuple[Callable, Callable]:
+    """On CUDA, compiled with automatic dynamic shapes: the row count becomes symbolic once a second one is seen,
+    the vocabulary size never changes and stays a constant, so the reductions over it get a static loop
+    (measured on one H100, 0.5B shape: with `dynamic=True` each chunk's kernel ran ~9x slower than its memory
+    traffic needs)."""
     if device_type == "cuda":
-        return (torch.compile(_forward_chunk, dynamic=True), torch.compile(_backward_chunk, dynamic=True))
+        return (torch.compile(_forward_chunk, dynamic=None), torch.compile(_backward_chunk, dynamic=None))
     return _forward_chunk, _backward_chunk
 
 
@@ -156,11 +169,12 @@ class _HiddenStats(torch.autograd.Function):
 
 
 def hidden_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                 with_entropy: bool = False, chunk_elems: int = CHUNK_ELEMS
+                 with_entropy: bool = False, chunk_elems: Optional[int] = None
                  ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """hidden (N, H), lm_head weight (V, H), targets (N,) -> what token_stats(hidden @ weight.T, ...) returns,
     without the (N, V) logits ever existing whole (see the module docstring)."""
-    logp, ent = _HiddenStats.apply(hidden, weight, targets, float(temperature), with_entropy, chunk_elems)
+    logp, ent = _HiddenStats.apply(hidden, weight, targets, float(temperature), with_entropy,
+                                   _chunk_elems(chunk_elems, hidden.device.type))
     return logp, (ent if with_entropy else None)
 
 
@@ -196,7 +210,8 @@ def enable_fused_head(model: torch.nn.Module) -> bool:
 
 
 def token_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,
-                chunk_elems: int = CHUNK_ELEMS) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                chunk_elems: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """logits (N, V), targets (N,) -> log p(target) (N,) and, if asked, the entropy (N,), at logits / T."""
-    logp, ent = _TokenStats.apply(logits, targets, float(temperature), with_entropy, chunk_elems)
+    logp, ent = _TokenStats.apply(logits, targets, float(temperature), with_entropy,
+                                  _chunk_elems(chunk_elems, logits.device.type))
     return logp, (ent if with_entropy else None)

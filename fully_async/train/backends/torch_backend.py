@@ -128,6 +128,20 @@ def ppo_update(batch: TrainBatch, num_mini_batches: int, actor_cfg: Any, rng: ra
     return metrics
 
 
+def compile_decoder_layers(model: torch.nn.Module, device: Device) -> bool:
+    """actor.use_torch_compile: torch.compile each decoder layer in place (one program shared by all layers; the
+    token count becomes dynamic after the second size seen).  Measured on one H100, 0.5B shape, packed update:
+    1.3-1.6x tokens/s and less peak memory (scripts/bench_packing.py `/compiled`).  False, changing nothing,
+    where the device has no compile backend or the model no `.layers` list."""
+    backend = device.compile_backend()
+    layers = getattr(model.get_decoder(), "layers", None) if hasattr(model, "get_decoder") else None
+    if backend is None or not isinstance(layers, torch.nn.ModuleList):
+        return False
+    for layer in layers:
+        layer.compile(backend=backend, dynamic=None)
+    return True
+
+
 class TorchBackend:
     def __init__(self, cfg: FullyAsyncConfig, device: Device, total_optimizer_steps: int):
         from transformers import AutoModelForCausalLM
@@ -164,6 +178,8 @@ class TorchBackend:
             fsdp.shard_model(self.model, compute_dtype, offload)
             if self.ref_model is not None:
                 fsdp.shard_model(self.ref_model, compute_dtype, offload)
+        self.compiled = arr.actor.use_torch_compile and not arr.model.enable_gradient_checkpointing and all(
+            compile_decoder_layers(m, device) for m in (self.model, self.ref_model) if m is not None)
         optim = arr.actor.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
                                            weight_decay=optim.weight_decay)
