@@ -160,8 +160,8 @@ class TorchBackend:
         self.model = AutoModelForCausalLM.from_pretrained(
             arr.model.path, dtype=torch.float32 if self.fsdp else compute_dtype,
             trust_remote_code=arr.model.trust_remote_code, **model_overrides(arr.model, device)).to(self.torch_device)
-        if arr.model.enable_gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+        if arr.model.enable_gradient_checkpointing:   # non-reentrant, as verl: torch.compile traces through it
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
         need_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if need_ref else None
@@ -178,7 +178,7 @@ class TorchBackend:
             fsdp.shard_model(self.model, compute_dtype, offload)
             if self.ref_model is not None:
                 fsdp.shard_model(self.ref_model, compute_dtype, offload)
-        self.compiled = arr.actor.use_torch_compile and not arr.model.enable_gradient_checkpointing and all(
+        self.compiled = arr.actor.use_torch_compile and all(
             compile_decoder_layers(m, device) for m in (self.model, self.ref_model) if m is not None)
         optim = arr.actor.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
