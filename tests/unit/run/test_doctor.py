@@ -39,7 +39,7 @@ def test_doctor_runs_the_runs_checks_on_device_rows_and_reward(tmp_path):
     rows[2]["prompt"] = [{"role": "user", "content": " "}]
     data = tmp_path / "bad.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    r = doctor(f"data.train_files={data}", "data.val_files=null")
+    r = doctor(f"data.train_files={data}", "data.val_files=null", "actor_rollout_ref.rollout.n=2")
     assert r.returncode == 1 and "FAIL  data + reward" in r.stdout and "bad.jsonl row 2 (0-based)" in r.stdout
     reward = tmp_path / "nan_reward.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
