@@ -11,7 +11,7 @@ the config, so `--cfg job`, `fully_async.doctor` and the run see the same config
 
 A rule may accept only some values (`ulysses_sequence_parallel_size=1` is warned, 2 is refused), and a key
 that neither the schema nor verl knows (`+trainer.typo=3`) is refused with the nearest valid names.
-Rules are matched in order; `*` matches one key segment and `**` any number of them.
+Rules are matched in order; `*` matches one key segment (`tau_*` the rest of one) and `**` any number of them.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ MAPPED, WARNED, REFUSED = "mapped", "warned", "refused"
 
 @dataclass(frozen=True)
 class Rule:
-    pattern: str                      # verl key; '*' one segment, '**' any segments
+    pattern: str                      # verl key; '*' one segment (or the rest of one), '**' any segments
     status: str                       # mapped | warned | refused
     note: str                         # why (warned/refused) or what it maps to
     target: Optional[str] = None      # mapped: our key; '{0}', '{1}' are the wildcards' matches
@@ -39,11 +39,15 @@ class Rule:
     allowed_doc: str = ""             # the accepted values, for the docs ("1", "null", "false")
     refusal: str = ""                 # what to use instead when the value is not allowed
     convert: Optional[Callable[[Any], Any]] = None   # mapped: value conversion
+    null_unset: bool = False          # mapped: null means "not set" (warned, our key keeps its value)
 
     def regex(self) -> "re.Pattern[str]":
         parts = []
         for seg in self.pattern.split("."):
-            parts.append({"*": r"([^.]+)", "**": r"(.+)"}.get(seg, re.escape(seg)))
+            if seg == "**":
+                parts.append(r"(.+)")
+            else:  # '*' alone is a whole segment, 'tau_*' the rest of one
+                parts.append(r"([^.]*)".join(re.escape(p) for p in seg.split("*")))
         return re.compile(r"\.".join(parts) + r"\Z")
 
 
@@ -108,7 +112,7 @@ RULES: list[Rule] = [
          refusal="only constant and cosine decay are implemented (actor_rollout_ref.actor.optim.lr_scheduler_type)"),
     _map("actor_rollout_ref.actor.optim.warmup_style", "actor_rollout_ref.actor.optim.lr_scheduler_type",
          "verl's deprecated name of lr_scheduler_type (null: unset)", allowed=_is(None, "constant", "cosine"),
-         allowed_doc="null|constant|cosine", refusal="only constant and cosine are implemented"),
+         allowed_doc="null|constant|cosine", refusal="only constant and cosine are implemented", null_unset=True),
     _map("actor_rollout_ref.actor.optim.clip_grad", "actor_rollout_ref.actor.grad_clip",
          "verl's optimizer-level name of actor.grad_clip"),
     _warn("actor_rollout_ref.actor.optim.lr_decay_steps", "the decay runs over the run's optimizer steps "
@@ -497,6 +501,9 @@ def translate(overrides: list[str]) -> Translation:
             continue
         open_dict = any(key.startswith(d + ".") for d in OPEN_DICTS)
         found = find_rule(key) if open_dict or not in_schema(key) else None
+        if found is None and open_dict:  # verl has some entries (no '+' needed there): add or override
+            out.append("++" + line.lstrip("+"))
+            continue
         if found is None and in_schema(key):
             out.append(line)
             continue
@@ -511,7 +518,7 @@ def translate(overrides: list[str]) -> Translation:
             raise ConfigError(key, f"{rule.note}")
         if rule.allowed is not None and not rule.allowed(value):
             raise ConfigError(key, f"{raw} is not supported here ({rule.note}): {rule.refusal}")
-        if rule.status == WARNED:
+        if rule.status == WARNED or (value is None and rule.null_unset):
             msg = f"{key}={raw} is accepted but has no effect here: {rule.note}"
             logger.warning("%s", msg)
             warnings.append(msg)
@@ -522,3 +529,84 @@ def translate(overrides: list[str]) -> Translation:
         mapped.append((key, target))
         logger.info("verl key %s -> %s", key, target)
     return Translation(out, warnings, mapped)
+
+
+HONOURED = "honoured"
+
+# Keys of our schema whose default is not verl's, each with the reason.  tests/unit/core/test_verl_compat.py
+# fails for a difference missing here, so a default never drifts from verl's silently.
+DEFAULT_DIFFERENCES: dict[str, str] = {
+    "actor_rollout_ref.actor.clip_ratio_low": "null: falls back to actor.clip_ratio (0.2), the same bound",
+    "actor_rollout_ref.actor.clip_ratio_high": "null: falls back to actor.clip_ratio (0.2), the same bound",
+    "actor_rollout_ref.actor.megatron.sequence_parallel": "sequence parallelism needs tensor_model_parallel_size > 1 "
+    "and a fused norm (Apex / TE / MindSpeed); verl's true is a no-op at tp=1, ours is refused there, so it is opt-in",
+    "actor_rollout_ref.model.path": "the bundled tiny model, so the no-argument run works offline",
+    "actor_rollout_ref.model.use_fused_kernels": "the same float32 math as the plain path with far less memory "
+    "(the logits never exist whole); models with a biased/soft-capped head fall back by themselves",
+    "actor_rollout_ref.model.use_remove_padding": "packing needs a varlen attention kernel on the device and is "
+    "refused with strategy=megatron; padded rows compute the same loss, so it is opt-in",
+    "actor_rollout_ref.rollout.calculate_log_probs": "the engines always return behaviour log-probs (partial "
+    "rollouts and async_training.use_rollout_log_probs need them); false is accepted with a warning",
+    "actor_rollout_ref.rollout.load_format": "auto loads real weights, so validation before the first weight push "
+    "scores the real model; dummy is accepted (random init until the first push)",
+    "actor_rollout_ref.rollout.name": "verl requires it (???); ours defaults to the embedded engine, hf",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "the embedded engine has no tensor parallelism (> 1 "
+    "is refused with rollout.name=hf); set it with rollout.name=vllm",
+    "algorithm.adv_estimator": "gae needs a critic, which is not implemented; grpo is the estimator here",
+    "data.seed": "a fixed seed makes the prompt order reproducible and resumable; verl's null draws a fresh order",
+    "data.train_files": "the bundled tiny task, so the no-argument run works offline",
+    "data.val_files": "the bundled tiny task, so the no-argument run works offline",
+    "rollout.n_gpus_per_node": "one device: the CPU-first default (verl's 8 assumes a GPU node)",
+    "rollout.test_freq": "null: the rollouter validates every trainer.test_freq param versions (verl's fully-async "
+    "1 validates after every version)",
+    "rollout.total_rollout_steps": "null: total_epochs passes over the data (verl's fully-async 100 is a demo "
+    "value)",
+    "trainer.device": "auto picks npu > cuda > cpu",
+    "trainer.experiment_name": "our own name",
+    "trainer.logger": "wandb is not wired here; the YAML logs to console and TensorBoard",
+    "trainer.n_gpus_per_node": "one device: the CPU-first default (verl's 8 assumes a GPU node)",
+    "trainer.project_name": "our own name",
+}
+
+
+def classify(key: str) -> tuple[str, str]:
+    """(status, note) of a verl key for the docs: honoured (our schema, same name), mapped (honoured under our
+    name), warned, warned with some values refused, or refused."""
+    open_dict = any(key.startswith(d + ".") for d in OPEN_DICTS)
+    found = find_rule(key) if open_dict or not in_schema(key) else None
+    if found is None:
+        if any(key.startswith(d + ".") for d in OPEN_DICTS):
+            return HONOURED, "an entry of an open dict of our schema, passed on as given"
+        if in_schema(key):
+            return HONOURED, DEFAULT_DIFFERENCES.get(key, "")
+        return "unknown", ""
+    rule, groups = found
+    if rule.status == MAPPED:
+        note = f"honoured as `{rule.target.format(*groups)}`" + (f": {rule.note}" if rule.note and not  # type: ignore
+                                                                 rule.note.startswith("honoured as") else "")
+        if rule.allowed is not None:
+            note += f"; other values than {rule.allowed_doc} are refused ({rule.refusal})"
+        return MAPPED, note
+    if rule.status == WARNED and rule.allowed is not None:
+        return WARNED, f"{rule.note}; values other than {rule.allowed_doc} are refused: {rule.refusal}"
+    return rule.status, rule.note
+
+
+def read_tsv(path: str) -> list[tuple[str, str]]:
+    """(key, default as JSON text) of every row of verl_config_keys.tsv."""
+    rows = []
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#") or line.startswith("key\t") or not line.strip():
+                continue
+            key, default = line.rstrip("\n").split("\t")[:2]
+            rows.append((key, default))
+    return rows
+
+
+def schema_default(key: str) -> Any:
+    """Our schema's default of `key` (a leaf), interpolations left as written."""
+    node: Any = FullyAsyncConfig()
+    for part in key.split("."):
+        node = getattr(node, part)
+    return dataclasses.asdict(node) if dataclasses.is_dataclass(node) else node
