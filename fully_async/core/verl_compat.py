@@ -93,7 +93,10 @@ REF_FOLLOWS = "the reference model lives in the trainer next to the actor and us
 SP = "sequence parallelism (Ulysses) is not implemented"
 ONE = (_is(1, None), "1")
 MOE = "mixture-of-experts parallelism is not implemented (the megatron backend trains dense Qwen2/Llama)"
-MEGATRON_LAYOUT = "actor_rollout_ref.actor.megatron.{tensor,pipeline}_model_parallel_size"
+DENSE_ONLY = ("the megatron backend trains dense Qwen2/Llama models (an MoE model is refused when it loads), which "
+              "have no expert layers for expert parallelism to split")
+# our list-valued keys that verl also takes as one string (`trainer.logger=console`)
+SCALAR_AS_LIST = ("trainer.logger",)
 
 
 RULES: list[Rule] = [
@@ -165,8 +168,8 @@ RULES: list[Rule] = [
           "(actor_rollout_ref.actor.megatron.param_offload)"),
     _warn_if("actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size", _is(None, 1), "null",
              "no interleaved pipeline", "the interleaved (virtual) pipeline schedule is not implemented; use null"),
-    _warn_if("actor_rollout_ref.actor.megatron.expert_model_parallel_size", *ONE, MOE, "use 1"),
-    _warn_if("actor_rollout_ref.actor.megatron.expert_tensor_parallel_size", *ONE, MOE, "use null or 1"),
+    _warn("actor_rollout_ref.actor.megatron.expert_model_parallel_size", DENSE_ONLY),
+    _warn("actor_rollout_ref.actor.megatron.expert_tensor_parallel_size", DENSE_ONLY),
     _map("actor_rollout_ref.actor.megatron.dtype", "actor_rollout_ref.actor.dtype",
          "verl's megatron compute dtype is our actor.dtype"),
     _warn("actor_rollout_ref.actor.megatron.seed", "trainer.seed seeds every backend"),
@@ -505,6 +508,8 @@ def translate(overrides: list[str]) -> Translation:
             out.append("++" + line.lstrip("+"))
             continue
         if found is None and in_schema(key):
+            if key in SCALAR_AS_LIST and isinstance(ov.value(), str):
+                line = f"{line.split('=', 1)[0]}=[{line.split('=', 1)[1]}]"
             out.append(line)
             continue
         if found is None:
