@@ -78,8 +78,8 @@ def test_every_verl_key_is_honoured_warned_or_refused(status, caplog):
 @pytest.mark.parametrize("line,key,alternative", [
     ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
      "use 1"),
-    ("actor_rollout_ref.actor.megatron.expert_model_parallel_size=8",
-     "actor_rollout_ref.actor.megatron.expert_model_parallel_size", "mixture-of-experts"),
+    ("actor_rollout_ref.actor.fsdp_config.fsdp_size=4", "actor_rollout_ref.actor.fsdp_config.fsdp_size",
+     "hybrid sharding groups are not implemented"),
     ("actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2",
      "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size", "use null"),
     ("actor_rollout_ref.actor.optim.lr_decay_style=wsd", "actor_rollout_ref.actor.optim.lr_decay_style",
