@@ -167,3 +167,24 @@ def test_the_bundled_preset_applies_only_without_data_files():
     assert (ported.actor_rollout_ref.rollout.n, ported.data.max_response_length,
             ported.actor_rollout_ref.actor.optim.lr, ported.async_training.trigger_parameter_sync_step) \
         == (1, 512, 1e-6, 4)
+
+
+# a value outside each rule's accepted ones (by its allowed_doc); an unknown allowed_doc fails the test below
+OUTSIDE = {"-1": 5, "0": 5, "0.0": 0.5, "1": 2, "1.0": 0.9, "AdamW": "sgd", "constant": "linear",
+           "constant|cosine": "wsd", "false": True, "null": 2, "null|constant|cosine": "wsd", "null|false": True,
+           "torch.optim": "apex.optimizers", "true": False, "vanilla": "clip_cov", "{}": {"enable_thinking": True}}
+
+
+def test_every_value_a_verl_key_cannot_honour_is_refused_naming_the_key_and_the_alternative():
+    guarded = 0
+    for key, _ in ROWS:
+        rule, _groups = find_rule(key) or (None, ())
+        if rule is None or rule.allowed is None:
+            continue
+        guarded += 1
+        bad = OUTSIDE[rule.allowed_doc]
+        assert not rule.allowed(bad), (key, bad)
+        with pytest.raises(ConfigError) as err:
+            translate([f"{key}={render(bad)}"])
+        assert err.value.key == key and rule.refusal in str(err.value), str(err.value)
+    assert guarded > 60
