@@ -15,8 +15,9 @@ import tests_helpers
 pytestmark = pytest.mark.integration
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
-TINY = {"MODEL_PATH": asset_path("tiny_arithmetic/model"), "TRAIN_FILE": asset_path("tiny_arithmetic/data/train.parquet"),
-        "TEST_FILE": asset_path("tiny_arithmetic/data/val.parquet"), "HOME": "/nonexistent-home"}
+TINY = {"MODEL_PATH": asset_path("tiny_arithmetic/model"),
+        "TRAIN_FILE": asset_path("tiny_arithmetic/data/train.parquet"),
+        "TEST_FILE": asset_path("tiny_arithmetic/data/val.parquet")}
 
 
 def script_argv(tmp_path, script, env=None):

@@ -76,8 +76,8 @@ def test_every_verl_key_is_honoured_warned_or_refused(status, caplog):
 
 
 @pytest.mark.parametrize("line,key,alternative", [
-    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-     "use 1"),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+     "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "use 1"),
     ("actor_rollout_ref.actor.fsdp_config.fsdp_size=4", "actor_rollout_ref.actor.fsdp_config.fsdp_size",
      "hybrid sharding groups are not implemented"),
     ("actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2",
