@@ -153,6 +153,8 @@ RULES: list[Rule] = [
           "(actor_rollout_ref.actor.megatron.param_offload)"),
     _warn_if("actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size", _is(None, 1), "null",
              "no interleaved pipeline", "the interleaved (virtual) pipeline schedule is not implemented; use null"),
+    _warn("actor_rollout_ref.actor.megatron.override_transformer_config.moe_*", DENSE_ONLY + " (our backend "
+          "keeps megatron's alltoall dispatcher, which its variable-length pipeline needs)"),
     _warn("actor_rollout_ref.actor.megatron.expert_model_parallel_size", DENSE_ONLY),
     _warn("actor_rollout_ref.actor.megatron.expert_tensor_parallel_size", DENSE_ONLY),
     _map("actor_rollout_ref.actor.megatron.dtype", "actor_rollout_ref.actor.dtype",

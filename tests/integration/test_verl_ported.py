@@ -62,6 +62,8 @@ def test_fully_async_megatron_script_composes_as_verl_means_it(tmp_path):
     assert arr["actor"]["optim"]["lr_scheduler_type"] == "constant" and arr["actor"]["fsdp_config"]["param_offload"]
     assert cfg["async_training"]["trigger_parameter_sync_step"] == 4 and cfg["rollout"]["nnodes"] == 12
     assert arr["model"]["override_config"] == {"max_position_embeddings": 10240}
+    transformer = arr["actor"]["megatron"]["override_transformer_config"]
+    assert transformer["apply_rope_fusion"] is True and not any(k.startswith("moe_") for k in transformer)
     assert "actor_rollout_ref.hybrid_engine=False is accepted but has no effect here" in err
 
 
