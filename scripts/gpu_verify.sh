@@ -17,6 +17,9 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpubundle/*.w
 export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
 nvidia-smi -L
+# these runs use the bundled task's settings (its preset, run/prepare.py BUNDLED_TASK_OVERRIDES, which the entry point
+# applies only when no data.train_files is given) on their own copy of its data; their own overrides follow and win
+mapfile -t PRESET < <(python3 -c "from fully_async.run.prepare import BUNDLED_TASK_OVERRIDES as o; print(*o, sep='\n')")
 python3 -c "import ray, hydra, torch, transformers, tensorboard, tqdm; print('ray', ray.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 # the engine-pool benchmarks (#10): 0.5B-shaped model, bf16.  scaling: responses run to the max (random
 # weights with the 21-token vocabulary stop at EOS only by chance: IGNORE_EOS=true makes them run to the max),
@@ -24,7 +27,7 @@ python3 -c "import ray, hydra, torch, transformers, tensorboard, tqdm; print('ra
 # them; compare: the long-tail lognormal workload (benchmark.response_length).  free_cache_engine=false: memory is
 # plentiful here, so sync's engines stay resident between generate phases (their decode graphs stay valid)
 BATCH=${BATCH:-16}
-POOL=(trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
+POOL=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
       data.val_files=null data.max_prompt_length=16 data.max_response_length=${MAXLEN:-256}
       actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16
       actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32
@@ -68,7 +71,7 @@ compare2|compare4)
   ;;
 runs)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
-  COMMON=(trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
+  COMMON=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
           data.val_files=null data.max_prompt_length=16 data.max_response_length=256
           actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.actor.dtype=bfloat16
           actor_rollout_ref.rollout.dtype=bfloat16 actor_rollout_ref.actor.optim.lr=1e-6
@@ -84,7 +87,7 @@ runs)
   ;;
 megatron)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
-  M=(trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
+  M=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
      data.val_files=null data.max_prompt_length=16 data.max_response_length=128
      actor_rollout_ref.rollout.dtype=bfloat16 actor_rollout_ref.actor.optim.lr=1e-6
      actor_rollout_ref.actor.ppo_mini_batch_size=16 data.train_batch_size=16 trainer.total_training_steps=${STEPS:-6}
@@ -113,7 +116,7 @@ packing)
   CUDA_VISIBLE_DEVICES=0 timeout 200 python3 scripts/bench_packing.py --shape 0.5b --device cuda --grad-ckpt \
       --rows 128 --max-tokens 32768 --variants padded packed:varlen --out "$OUT/packing_0.5b_ckpt.json" 2>&1 | tail -4
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
-  P=(trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
+  P=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
      data.val_files=null data.max_prompt_length=16 data.max_response_length=256
      actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.actor.dtype=bfloat16
      actor_rollout_ref.rollout.dtype=bfloat16 actor_rollout_ref.actor.optim.lr=1e-6

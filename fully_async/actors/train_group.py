@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, TypeVar
 import torch
 
 from fully_async.core.plan import RunPlan
-from fully_async.core.config import FullyAsyncConfig, typed_config
+from fully_async.core.config import FullyAsyncConfig, actor_strategy, typed_config
 from fully_async.train.backends import ShardedTrainBackend
 from fully_async.core.batch import TrainBatch, micro_batches
 from fully_async.rollout.engines.replica import EngineHost
@@ -61,7 +61,7 @@ def build_local_backend(cfg: FullyAsyncConfig, device: Any, optimizer_steps: int
     from fully_async.cluster.network import free_port
     from fully_async.train.backends.fsdp import init_process_group
 
-    if cfg.actor_rollout_ref.actor.strategy in ("fsdp2", "megatron"):
+    if actor_strategy(cfg) in ("fsdp2", "megatron"):
         addr, port = master or ("127.0.0.1", free_port())
         init_process_group(device, rank, world, addr, port)
     return build_backend(cfg, device, optimizer_steps)

@@ -232,6 +232,15 @@ def flatten(tree: Any, prefix: str = "") -> dict:
     return out
 
 
+def _backend_of(flat: dict, strategy: Any) -> Any:
+    """strategy=fsdp is torch on one trainer device and fsdp2 on several, so a checkpoint written under `torch`
+    resumes under verl's default `fsdp` on one device."""
+    if strategy != "fsdp":
+        return strategy
+    world = int(flat.get("trainer.nnodes") or 1) * int(flat.get("trainer.n_gpus_per_node") or 1)
+    return "fsdp2" if world > 1 else "torch"
+
+
 def check_resume_config(path: str, new_config: dict, allow: Any = ()) -> None:
     """Refuse to resume from `path` when a key of config.RESUME_STATE_KEYS differs between the config saved
     there and `new_config` (both resolved, nested dicts) and is not named in `allow`
@@ -249,6 +258,8 @@ def check_resume_config(path: str, new_config: dict, allow: Any = ()) -> None:
         a, b = old.get(key), new.get(key)
         if key.endswith("_files"):
             a, b = (as_file_list(v) if v else v for v in (a, b))
+        if key == "actor_rollout_ref.actor.strategy":  # verl's fsdp is the backend it selects (config.actor_strategy)
+            a, b = _backend_of(old, a), _backend_of(new, b)
         if a != b:
             (accepted if key in set(allow or ()) else changed).append(f"{key}: {a!r} -> {b!r}")
     if accepted:

@@ -48,7 +48,7 @@ class DataConfig:
     filter_overlong_prompts: bool = False  # drop prompts over max_prompt_length instead of truncating
     shuffle: bool = True                  # reshuffle prompts every epoch
     seed: int = 1                         # shuffle and sampling seed
-    train_batch_size: int = 256           # prompts per step in sync mode (async uses ppo_mini_batch_size)
+    train_batch_size: int = 1024          # prompts per step in sync mode (async uses ppo_mini_batch_size)
     skip_invalid_rows: bool = False       # drop rows with an empty prompt/data_source or (rule rewards) no ground
     #                                       truth, with a count; false: such a row is an error naming file and row
 
@@ -58,7 +58,7 @@ class DataConfig:
 class ModelConfig:
     path: str = "${asset:tiny_arithmetic/model}"  # local HF folder (config.json, weights, tokenizer)
     trust_remote_code: bool = False
-    enable_gradient_checkpointing: bool = False
+    enable_gradient_checkpointing: bool = True  # recompute activations in backward (verl's default)
     # pack each micro-batch's sequences into one row (no pad tokens computed; attention stays per sequence)
     use_remove_padding: bool = False
     # Hugging Face config fields to override for the actor/ref (verl's key); `attn_implementation` picks the
@@ -97,13 +97,15 @@ class MegatronConfig:
     pipeline_model_parallel_size: int = 1  # pipeline stages (divides num_hidden_layers)
     context_parallel_size: int = 1        # must be 1: context parallelism is not implemented
     sequence_parallel: bool = False       # split activations along the sequence in the tp group (needs tp > 1)
-    use_distributed_optimizer: bool = False  # shard fp32 master weights and Adam states over data-parallel ranks
+    use_distributed_optimizer: bool = True   # shard fp32 master weights and Adam states over data-parallel ranks
     override_transformer_config: dict[str, Any] = field(default_factory=dict)  # extra TransformerConfig fields
 
 
 @dataclass
 class ActorConfig:
-    strategy: str = "torch"               # torch (one device) | fsdp2 (data parallel, sharded) | megatron
+    # fsdp (verl's default: torch on one trainer device, fsdp2 on several) | torch (one device) |
+    # fsdp2 (data parallel, sharded) | megatron
+    strategy: str = "fsdp"
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = 256        # prompts (groups of n responses) per optimizer step
     ppo_micro_batch_size_per_gpu: Optional[int] = None  # responses per forward/backward; null: whole mini-batch
@@ -149,10 +151,10 @@ class RolloutConfig:
     top_k: int = -1
     calculate_log_probs: bool = True      # always on: the engines return behaviour log-probs (false: a warning)
     max_num_seqs: int = 256               # sequences decoded together by the engine
-    dtype: str = "float32"
+    dtype: str = "bfloat16"               # the engine's weights and compute
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
-    log_prob_use_dynamic_bsz: bool = False
-    log_prob_max_token_len_per_gpu: int = 16384
+    log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
+    log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
     # vLLM engine (rollout.name=vllm); ignored by the embedded engine
     tensor_model_parallel_size: int = 1
@@ -176,8 +178,8 @@ class RolloutConfig:
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
-    log_prob_use_dynamic_bsz: bool = False
-    log_prob_max_token_len_per_gpu: int = 16384
+    log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
+    log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore
 
 
 @dataclass
@@ -191,8 +193,12 @@ class ActorRolloutRefConfig:
 # ----------------------------------------------------------------------------------- algorithm
 @dataclass
 class KLCtrlConfig:
-    type: str = "fixed"
-    kl_coef: float = 0.001
+    """The in-reward KL coefficient (algorithm.use_kl_in_reward): fixed, or verl's adaptive controller
+    (core/algorithms/kl_control.py: moves kl_coef towards target_kl over `horizon` responses)."""
+    type: str = "fixed"                   # fixed | adaptive
+    kl_coef: float = 0.001                # the coefficient (adaptive: its initial value)
+    horizon: int = 10000                  # adaptive: responses over which the coefficient adapts
+    target_kl: float = 0.1                # adaptive: the per-token KL it steers towards
 
 
 @dataclass
@@ -210,7 +216,7 @@ class TrainerConfig:
     device: str = "auto"                  # auto | npu | cuda | cpu (auto: npu > cuda > cpu)
     nnodes: int = 1
     n_gpus_per_node: int = 1              # trainer devices per node
-    total_epochs: int = 1
+    total_epochs: int = 30
     total_training_steps: Optional[int] = None  # null: derived from the data and total_epochs
     logger: list[str] = field(default_factory=lambda: ["console"])  # console, tensorboard
     project_name: str = "fully_async"
@@ -244,7 +250,7 @@ class RolloutPlacementConfig:
 @dataclass
 class AsyncTrainingConfig:
     staleness_threshold: float = 0.1      # extra fraction of samples admitted per param version
-    trigger_parameter_sync_step: int = 1  # trainer steps per weight push (one param version)
+    trigger_parameter_sync_step: int = 4  # trainer steps per weight push (one param version)
     require_batches: int = 1              # mini-batches per trainer step
     partial_rollout: bool = True          # interrupt in-flight requests at a weight update and resume
     use_rollout_log_probs: bool = True    # behaviour log-probs are the PPO old policy
@@ -257,8 +263,10 @@ class AsyncTrainingConfig:
 class OverlongBufferConfig:
     enable: bool = False
     len: int = 0                          # tokens before max_response_length where the penalty starts
-    penalty_factor: float = 1.0           # penalty at max_response_length
+    penalty_factor: float = 1.0           # penalty at max_resp_len
     log: bool = False
+    # reference length of the penalty (verl's reward_kwargs.max_resp_len); null: data.max_response_length
+    max_resp_len: Optional[int] = None
 
 
 @dataclass
@@ -271,6 +279,9 @@ class RewardModelConfig:
 class CustomRewardConfig:
     path: Optional[str] = None            # python file defining the function
     name: str = "compute_score"
+    # extra keyword arguments for the function (verl's `+custom_reward_function.reward_kwargs.<name>=...`),
+    # taking precedence over the call's own, as verl merges them
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -309,7 +320,7 @@ KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "a
 DEVICES = ("auto", "npu", "cuda", "cpu")
 TRUNCATIONS = ("error", "left", "right", "middle")
 ROLLOUT_NAMES = ("hf", "vllm")
-STRATEGIES = ("torch", "fsdp2", "megatron")
+STRATEGIES = ("fsdp", "torch", "fsdp2", "megatron")
 ADV_ESTIMATORS = ("grpo",)
 REWARD_MANAGERS = ("naive", "dapo")
 LOGGERS = ("console", "tensorboard")
@@ -491,10 +502,11 @@ def _check_rollout(cfg: Any) -> None:
 def _check_algorithm(cfg: Any) -> None:
     _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS)
     _choice("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_TYPES)
-    if cfg.algorithm.kl_ctrl.type != "fixed":
-        raise ConfigError("algorithm.kl_ctrl.type", f"{cfg.algorithm.kl_ctrl.type!r}: only 'fixed' is implemented "
-                          "(algorithm.kl_ctrl.kl_coef is the in-reward KL coefficient); verl's 'adaptive' "
-                          "controller is not, and running it as fixed would change your experiment silently")
+    ctrl = cfg.algorithm.kl_ctrl
+    _choice("algorithm.kl_ctrl.type", ctrl.type, ("fixed", "adaptive"))
+    if ctrl.type == "adaptive":
+        _at_least("algorithm.kl_ctrl.horizon", ctrl.horizon, 0, strict=True)
+        _at_least("algorithm.kl_ctrl.target_kl", ctrl.target_kl, 0.0, strict=True)
 
 
 def _check_async_training(cfg: Any) -> None:
@@ -571,9 +583,27 @@ def _check_trainer_world(cfg: Any) -> None:
 
 def _check_overlong_buffer(cfg: Any) -> None:
     ob = cfg.reward_model.overlong_buffer
-    if ob.enable and not 0 < ob.len <= cfg.data.max_response_length:
+    ref_len = overlong_reference_length(cfg)
+    if ob.enable and not 0 < ob.len <= ref_len:
         raise ConfigError("reward_model.overlong_buffer.len",
-                          f"{ob.len} must be in (0, data.max_response_length={cfg.data.max_response_length}]")
+                          f"{ob.len} must be in (0, {ref_len}] (reward_model.overlong_buffer.max_resp_len, "
+                          "else data.max_response_length)")
+
+
+def overlong_reference_length(cfg: Any) -> int:
+    """DAPO's overlong penalty counts from max_resp_len (verl's reward_kwargs.max_resp_len), else the
+    response limit."""
+    ob = cfg.reward_model.overlong_buffer
+    return int(ob.max_resp_len) if ob.max_resp_len is not None else int(cfg.data.max_response_length)
+
+
+def actor_strategy(cfg: Any) -> str:
+    """The backend the actor's strategy selects: verl's `fsdp` is torch on one trainer device, fsdp2 on
+    several (FSDP over one rank is plain training); the others as named."""
+    strategy = cfg.actor_rollout_ref.actor.strategy
+    if strategy == "fsdp":
+        return "fsdp2" if RunPlan.of(cfg).trainer_devices > 1 else "torch"
+    return strategy
 
 
 def _validate_rollout_layout(cfg: Any) -> None:

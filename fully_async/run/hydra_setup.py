@@ -33,10 +33,39 @@ def _user_errors() -> tuple:
 USER_ERRORS = _user_errors()
 
 
+def compose_overrides(overrides: list[str], bundled_preset: bool = True) -> list[str]:
+    """What Hydra composes for these command-line overrides: the bundled task's preset first (when no
+    data.train_files is given), then the overrides with verl's keys mapped, warned or refused
+    (core/verl_compat.py; a refused or unknown key raises ConfigError).  The entry point, the doctor and
+    load_config all go through here."""
+    from fully_async.core.verl_compat import translate
+    from fully_async.run.prepare import bundled_task_overrides
+
+    preset = bundled_task_overrides(overrides) if bundled_preset else []
+    return translate(preset + list(overrides)).overrides
+
+
+def rewrite_argv(argv: list[str]) -> list[str]:
+    """sys.argv for @hydra.main with its overrides passed through compose_overrides (flags kept as they are).
+    A --config-path config is the user's own: no bundled preset."""
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(argv[1:])
+    overrides = list(args.overrides)
+    rest, pending = [], list(overrides)
+    for item in argv[1:]:
+        if pending and item == pending[0]:
+            pending.pop(0)
+        else:
+            rest.append(item)
+    own_config = args.config_path is not None
+    return [argv[0], *rest, *compose_overrides(overrides, bundled_preset=not own_config)]
+
+
 def load_config(overrides: list[str] | None = None, config_name: str = "fully_async_ppo_trainer"):
-    """Compose a config outside `@hydra.main` (tests, scripts): same schema, same YAML."""
+    """Compose a config outside `@hydra.main` (tests, scripts): same schema, same YAML, same override handling."""
     from hydra import compose, initialize_config_dir
 
     register()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(config_name=config_name, overrides=list(overrides or []))
+        return compose(config_name=config_name, overrides=compose_overrides(list(overrides or [])))

@@ -87,8 +87,23 @@ def run(cfg: Any) -> dict:
     return run_sync(cfg) if cfg.mode == "sync" else run_async(cfg)
 
 
+def main() -> None:
+    """verl's keys are mapped, warned or refused on the command line first (hydra_setup.rewrite_argv), so
+    `--cfg job` prints what the run gets."""
+    from fully_async.core.config import ConfigError
+    from fully_async.run.hydra_setup import rewrite_argv
+
+    try:
+        sys.argv = rewrite_argv(sys.argv)
+    except ConfigError as exc:
+        logging.basicConfig(format="%(message)s")
+        logger.error("%s", exc)
+        sys.exit(1)
+    hydra_main()
+
+
 @hydra.main(config_path=CONFIG_DIR, config_name="fully_async_ppo_trainer", version_base=None)
-def main(cfg: DictConfig) -> None:
+def hydra_main(cfg: DictConfig) -> None:
     from fully_async.run.hydra_setup import USER_ERRORS
     from fully_async.run.launcher import RunInterrupted
 

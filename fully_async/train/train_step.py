@@ -19,6 +19,7 @@ from typing import Any, Optional, Sequence
 from fully_async.core.plan import RunPlan
 from fully_async.core.config import FullyAsyncConfig
 from fully_async.core.algorithms import grpo_advantages, kl_penalty
+from fully_async.core.algorithms.kl_control import build_kl_controller
 from fully_async.core.batch import TrainBatch, build_batch
 from fully_async.core.flops import estimate_flops, match_device, mfu, peak_tflops, unsupported_reason
 from fully_async.core.metrics import batch_metrics
@@ -78,15 +79,30 @@ def prepare_batch(backend: Any, cfg: FullyAsyncConfig, batch: TrainBatch, timing
         timing["timing_s/ref"] = time.perf_counter() - t
         if alg.use_kl_in_reward:
             kl = kl_penalty(batch.old_log_probs, batch.ref_log_probs, alg.kl_penalty) * batch.response_mask
-            scores = scores - alg.kl_ctrl.kl_coef * kl.sum(-1)
-            metrics["actor/reward_kl_penalty"] = float(kl.sum() / batch.response_mask.sum().clamp(min=1))
-            metrics["actor/reward_kl_penalty_coeff"] = alg.kl_ctrl.kl_coef
+            ctrl = kl_controller(backend, alg)
+            beta = ctrl.value  # this step's coefficient; the controller then moves it (verl's apply_kl_penalty)
+            scores = scores - beta * kl.sum(-1)
+            per_response = kl.sum(-1) / batch.response_mask.sum(-1).clamp(min=1)  # (B,)
+            current_kl = float(per_response.mean())
+            ctrl.update(current_kl, n_steps=int(kl.shape[0]))
+            metrics["actor/reward_kl_penalty"] = current_kl
+            metrics["actor/reward_kl_penalty_coeff"] = beta
     t = time.perf_counter()
     with span("adv"):
         batch.advantages = grpo_advantages(scores, batch.group_ids, batch.response_mask, alg.norm_adv_by_std_in_grpo)
     timing["timing_s/adv"] = time.perf_counter() - t
     metrics.update(reward_advantage_metrics(scores, batch.advantages, batch.response_mask))
     return metrics
+
+
+def kl_controller(backend: Any, alg: Any) -> Any:
+    """The in-reward KL controller of this trainer; it lives on the backend, which persists across steps
+    (the adaptive coefficient starts again from algorithm.kl_ctrl.kl_coef when a run resumes)."""
+    ctrl = getattr(backend, "kl_ctrl", None)
+    if ctrl is None:
+        ctrl = build_kl_controller(alg.kl_ctrl)
+        backend.kl_ctrl = ctrl
+    return ctrl
 
 
 def reward_advantage_metrics(rewards: Any, advantages: Any, mask: Any) -> dict[str, float]:

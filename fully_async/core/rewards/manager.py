@@ -9,6 +9,8 @@ a linear ramp from 0 at `max_response_length - len` tokens down to `-penalty_fac
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import math
 import traceback
@@ -35,7 +37,7 @@ def describe_crash(fn: Callable[..., Any], exc: BaseException, tb: Any, inputs: 
     """What a reward function's exception says to its author: the function, its file, the file and line
     where it raised, the inputs, and the traceback of the function's own frames (`tb` starts at the
     function's frame: ours are trimmed)."""
-    code = getattr(fn, "__code__", None)
+    code = getattr(inspect.unwrap(fn), "__code__", None)   # unwrap: reward_kwargs wrap the user's function
     fn_file = code.co_filename if code is not None else None
     name = getattr(fn, "__qualname__", None) or repr(fn)
     frames = traceback.extract_tb(tb)
@@ -59,12 +61,13 @@ class RewardManager:
                              f"{'|'.join(REWARD_MANAGERS)}")
         self.compute_score = compute_score
         self.reward_manager = reward_manager
-        self.max_response_length = int(max_response_length)
         self.overlong_buffer = overlong_buffer or OverlongBufferConfig()
         ob = self.overlong_buffer
+        # verl's DAPO counts the penalty from reward_kwargs.max_resp_len (our overlong_buffer.max_resp_len)
+        self.max_response_length = int(ob.max_resp_len if ob.max_resp_len is not None else max_response_length)
         if reward_manager == "dapo" and ob.enable and not 0 < ob.len <= self.max_response_length:
             raise ValueError(f"reward_model.overlong_buffer.len={ob.len} must be in "
-                             f"(0, data.max_response_length={self.max_response_length}]")
+                             f"(0, max_resp_len={self.max_response_length}]")
         if reward_manager == "naive" and ob.enable:
             logger.warning("reward_model.overlong_buffer.enable=true has no effect with "
                            "reward_model.reward_manager=naive; use reward_manager=dapo")
@@ -141,11 +144,21 @@ class RewardManager:
         return score, extra
 
 
+def with_kwargs(fn: Callable[..., Any], extra: dict) -> Callable[..., Any]:
+    """`fn` called with `extra` merged over the call's keyword arguments (verl's _call_with_kwargs)."""
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **{**kwargs, **extra})
+    return call
+
+
 def build_reward_manager(cfg: Any) -> RewardManager:
     """The reward manager described by the full config (custom function or the built-in rules)."""
     custom = cfg.custom_reward_function
     if custom.path:
         compute_score = load_custom_score(custom.path, custom.name)
+        if custom.reward_kwargs:  # verl merges them over the call's own keyword arguments
+            compute_score = with_kwargs(compute_score, dict(custom.reward_kwargs))
         logger.info("reward: %s from %s", custom.name, custom.path)
     else:
         compute_score = default_compute_score

@@ -79,7 +79,8 @@ def check_api(version: str, async_llm: Any, engine_args: Any, pause_mode: str) -
     if pause is not None and "mode" not in inspect.signature(pause).parameters:
         missing.append("AsyncLLM.pause_generation(mode=...)")
     if pause_mode == "keep" and not hasattr(async_llm, "update_weight_version"):
-        missing.append("AsyncLLM.update_weight_version (needed by actor_rollout_ref.rollout.pause_mode=keep)")
+        missing.append("AsyncLLM.update_weight_version (needed by actor_rollout_ref.rollout.pause_mode=keep; "
+                       "pause_mode=abort works without it, e.g. on vLLM 0.18 under vllm-ascend 0.18)")
     if missing:
         raise VLLMApiError(f"vLLM {version} lacks {', '.join(missing)}; actor_rollout_ref.rollout.name=vllm needs "
                            f"vLLM's V1 AsyncLLM API (tested with {TESTED_WITH})")

@@ -52,11 +52,13 @@ class ShardedTrainBackend(TrainBackend, Protocol):
 
 
 def build_backend(cfg: FullyAsyncConfig, device: Any, total_optimizer_steps: int) -> TrainBackend:
-    strategy = cfg.actor_rollout_ref.actor.strategy
+    from fully_async.core.config import actor_strategy
+
+    strategy = actor_strategy(cfg)
     if strategy in ("torch", "fsdp2"):  # fsdp2: the same backend, sharded over the trainer's process group
         from fully_async.train.backends.torch_backend import TorchBackend
         return TorchBackend(cfg, device, total_optimizer_steps)
     if strategy == "megatron":
         from fully_async.train.backends.megatron_backend import MegatronBackend
         return MegatronBackend(cfg, device, total_optimizer_steps)
-    raise ValueError(f"actor_rollout_ref.actor.strategy={strategy!r} is not one of ['torch', 'fsdp2', 'megatron']")
+    raise ValueError(f"actor_rollout_ref.actor.strategy={strategy!r} is not one of ['fsdp', 'torch', 'fsdp2', 'megatron']")

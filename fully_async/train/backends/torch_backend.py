@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from fully_async.core.config import FullyAsyncConfig
+from fully_async.core.config import FullyAsyncConfig, actor_strategy
 from fully_async.core.algorithms.actor_loss import actor_loss, mini_batch_denominator
 from fully_async.core.algorithms.lr_schedule import lr_lambda, warmup_steps
 from fully_async.train.backends import fsdp, varlen_attention
@@ -152,7 +152,7 @@ class TorchBackend:
         self.device = device
         self.torch_device = device.torch_device()
         torch.manual_seed(cfg.trainer.seed)
-        self.fsdp = arr.actor.strategy == "fsdp2"
+        self.fsdp = actor_strategy(cfg) == "fsdp2"
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         compute_dtype = parse_dtype(arr.actor.dtype)
         # FSDP2 keeps float32 master weights and computes in actor.dtype; plain torch trains in actor.dtype

@@ -351,6 +351,19 @@ def test_resume_refuses_state_changing_config_keys_unless_allowed(tmp_path, capl
     assert "actor_rollout_ref.rollout.n: 8 -> 4" in caplog.text
 
 
+def test_resume_compares_the_backend_fsdp_selects(tmp_path):
+    """A checkpoint written under strategy=torch resumes under verl's default fsdp on one device, not on two."""
+    from fully_async.core.config import typed_config
+    from fully_async.run.launcher import config_dict
+
+    old = config_dict(typed_config(load_config(["actor_rollout_ref.actor.strategy=torch"])))
+    path = _write_ckpt(str(tmp_path), 2, config=old)
+    ck.check_resume_config(path, config_dict(typed_config(load_config(["actor_rollout_ref.actor.strategy=fsdp"]))))
+    two = config_dict(typed_config(load_config(["actor_rollout_ref.actor.strategy=fsdp", "trainer.n_gpus_per_node=2"])))
+    with pytest.raises(ck.CheckpointError, match="actor_rollout_ref.actor.strategy: 'torch' -> 'fsdp2'"):
+        ck.check_resume_config(path, two, ["trainer.n_gpus_per_node"])
+
+
 def test_resume_allow_config_change_names_checked_keys():
     from fully_async.core.config import ConfigError, validate
 

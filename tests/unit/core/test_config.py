@@ -134,8 +134,10 @@ def test_every_schema_key_is_read_somewhere():
 def test_unimplemented_values_are_refused_or_warned(caplog):
     import logging
 
-    with pytest.raises(ConfigError, match="algorithm.kl_ctrl.type.*'adaptive'.*only 'fixed'"):
-        validate(load_config(["algorithm.kl_ctrl.type=adaptive"]))
+    with pytest.raises(ConfigError, match="algorithm.kl_ctrl.type.*'pid' is not one of.*'adaptive'"):
+        validate(load_config(["algorithm.kl_ctrl.type=pid"]))
+    with pytest.raises(ConfigError, match="algorithm.kl_ctrl.target_kl"):
+        validate(load_config(["algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.target_kl=0"]))
     with caplog.at_level(logging.WARNING):
         validate(load_config(["actor_rollout_ref.rollout.calculate_log_probs=false"]))
     assert "calculate_log_probs=false has no effect" in caplog.text

@@ -177,3 +177,26 @@ def test_build_default_and_custom(tmp_path):
 def test_build_unknown_reward_manager():
     with pytest.raises(ValueError, match="reward_model.reward_manager"):
         build_reward_manager(cfg(reward_manager="batch"))
+
+
+def test_dapo_max_resp_len_is_the_penalty_reference_as_in_verl():
+    """verl's DAPO: expected_len = max_resp_len - len (reward_kwargs.max_resp_len), not the response limit."""
+    buf = OverlongBufferConfig(enable=True, len=4, penalty_factor=1.0, log=True, max_resp_len=12)
+    rm = build_reward_manager(cfg(reward_manager="dapo", buf=buf, path=None))
+    assert rm.overlong_penalty(8) == 0.0 and rm.overlong_penalty(10) == pytest.approx(-0.5)  # (10 - 8) / 4
+    assert rm.overlong_penalty(12) == pytest.approx(-1.0)
+
+
+def test_custom_reward_kwargs_reach_the_function_over_the_calls_own(tmp_path):
+    """verl's +custom_reward_function.reward_kwargs.<name>: merged over the call's keyword arguments."""
+    path = write(tmp_path, "def mine(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):\n"
+                           "    return scale * (solution_str == ground_truth)\n")
+    config = cfg(path=path, name="mine")
+    config.custom_reward_function.reward_kwargs = {"scale": 3.0}
+    rm = build_reward_manager(config)
+    assert rm.score("x", "7", "7", None, 1) == (3.0, {})
+    config.custom_reward_function.reward_kwargs = {"extra_info": {"from": "kwargs"}}
+    seen = write(tmp_path, "def f(data_source, solution_str, ground_truth, extra_info=None):\n"
+                           "    return float(extra_info == {'from': 'kwargs'})\n", name="seen.py")
+    config.custom_reward_function.path, config.custom_reward_function.name = seen, "f"
+    assert build_reward_manager(config).score("x", "1", "1", {"from": "call"}, 1) == (1.0, {})

@@ -13,14 +13,15 @@ import torch
 from fully_async.core.config import ConfigError, asset_path
 from fully_async.core.data import DataError
 from fully_async.run.hydra_setup import load_config
-from fully_async.run.prepare import prepare
+from fully_async.run.prepare import BUNDLED_TASK_OVERRIDES, prepare
 from fully_async.core.rewards import RewardError
 
 MODEL = asset_path("tiny_arithmetic/model")
 
 
 def prep(*overrides):
-    return prepare(load_config(list(overrides)))
+    """The bundled task's settings on other data files (naming data.train_files drops the preset)."""
+    return prepare(load_config([*BUNDLED_TASK_OVERRIDES, *overrides]))
 
 
 def write_parquet(path, rows):

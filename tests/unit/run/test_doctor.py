@@ -39,7 +39,7 @@ def test_doctor_runs_the_runs_checks_on_device_rows_and_reward(tmp_path):
     rows[2]["prompt"] = [{"role": "user", "content": " "}]
     data = tmp_path / "bad.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    r = doctor(f"data.train_files={data}", "data.val_files=null")
+    r = doctor(f"data.train_files={data}", "data.val_files=null", "actor_rollout_ref.rollout.n=2")
     assert r.returncode == 1 and "FAIL  data + reward" in r.stdout and "bad.jsonl row 2 (0-based)" in r.stdout
     reward = tmp_path / "nan_reward.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
@@ -61,3 +61,12 @@ def test_doctor_shows_the_rollout_placement():
     assert "PASS  placement" in r.stdout and "async: 2 rollout replica(s) x 1 device(s) + 1 trainer rank(s)" in r.stdout
     r = doctor("mode=sync", "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=fsdp2", "trainer.device=cpu")
     assert "sync: 2 trainer rank(s), each generating with its own engine" in r.stdout, r.stdout
+
+
+def test_doctor_reads_verl_keys_as_the_run_does():
+    """The same override handling as the entry point: a warned verl key passes with its warning, a typo fails."""
+    r = doctor("actor_rollout_ref.hybrid_engine=False", "actor_rollout_ref.actor.optim.lr_decay_style=cosine")
+    assert r.returncode == 0 and "PASS  Hydra config" in r.stdout, r.stdout + r.stderr
+    assert "actor_rollout_ref.hybrid_engine=False is accepted but has no effect here" in r.stderr
+    r = doctor("+trainer.typo=3")
+    assert r.returncode == 1 and "FAIL  Hydra config" in r.stdout and "'trainer.typo'" in r.stdout

@@ -1,0 +1,190 @@
+"""Every key of verl's trainer configs is honoured, warned or refused (core/verl_compat.py), and our defaults are
+verl's except where DEFAULT_DIFFERENCES says why."""
+import json
+import logging
+import os
+import re
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from fully_async.core.config import ConfigError, FullyAsyncConfig, typed_config
+from fully_async.core.verl_compat import (DEFAULT_DIFFERENCES, HONOURED, MAPPED, REFUSED, WARNED, classify,
+                                          find_rule, read_tsv, render, translate)
+from fully_async.run.hydra_setup import load_config
+
+TSV = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, "docs", "verl_config_keys.tsv")
+ROWS = read_tsv(TSV)
+# keys whose verl default is an interpolation without a fallback, "???", or a value our type cannot hold
+SENSIBLE = {"actor_rollout_ref.rollout.name": "hf", "data.seed": 1, "trainer.default_local_dir": "checkpoints/x",
+            "actor_rollout_ref.ref.strategy": "fsdp", "actor_rollout_ref.actor.checkpoint.load_contents": ["model"],
+            "critic.checkpoint.load_contents": ["model"],
+            "actor_rollout_ref.actor.optim.warmup_style": "cosine"}  # null there means unset (a warning)
+
+
+def sensible_value(key, default_json):
+    """verl's default, or for an interpolation its oc.select fallback (what verl resolves to when unset)."""
+    if key in SENSIBLE:
+        return SENSIBLE[key]
+    value = json.loads(default_json)
+    if isinstance(value, str) and "${" in value:
+        m = re.fullmatch(r"\$\{oc\.select:[^,]+,(.*)\}", value.strip())
+        return yaml.safe_load(m.group(1).strip()) if m else None
+    return value
+
+
+def test_the_reference_table_is_verls():
+    assert len(ROWS) == 733 and len({k for k, _ in ROWS}) == 733
+
+
+@pytest.mark.parametrize("status", [HONOURED, WARNED])
+def test_every_verl_key_is_honoured_warned_or_refused(status, caplog):
+    """Each key set to its verl default: honoured keys land in the typed config with that value; warned keys
+    give one warning naming the key and why and leave nothing behind; no key is unknown."""
+    seen = 0
+    for key, default in ROWS:
+        got, note = classify(key)
+        assert got in (HONOURED, MAPPED, WARNED, REFUSED), f"{key}: no rule ({got})"
+        if (got == MAPPED and HONOURED or got) != status:
+            continue
+        seen += 1
+        value = sensible_value(key, default)
+        line = f"{key}={render(value)}"
+        if status == HONOURED:
+            found = find_rule(key)
+            target = key
+            expected = value
+            if got == MAPPED:
+                rule, groups = found
+                target = rule.target.format(*groups)
+                expected = rule.convert(value) if rule.convert else value
+            plain = OmegaConf.to_container(OmegaConf.structured(typed_config(load_config([line]))), resolve=True)
+            actual = plain
+            for part in target.split("."):
+                actual = actual[part]
+            assert actual == expected or (isinstance(expected, dict) and not expected and not actual), \
+                f"{line}: {target} is {actual!r}"
+        else:
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="fully_async.core.verl_compat"):
+                out = translate([line])
+            assert out.overrides == [] and len(out.warnings) == 1, line
+            assert key in out.warnings[0] and "has no effect here: " + note.split(";")[0] in out.warnings[0]
+            assert len(caplog.records) == 1
+    assert seen > 100
+
+
+@pytest.mark.parametrize("line,key,alternative", [
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+     "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "use 1"),
+    ("actor_rollout_ref.actor.fsdp_config.fsdp_size=4", "actor_rollout_ref.actor.fsdp_config.fsdp_size",
+     "hybrid sharding groups are not implemented"),
+    ("actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2",
+     "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size", "use null"),
+    ("actor_rollout_ref.actor.optim.lr_decay_style=wsd", "actor_rollout_ref.actor.optim.lr_decay_style",
+     "lr_scheduler_type"),
+    ("critic.enable=true", "critic.enable", "adv_estimator=grpo"),
+    ("reward_model.enable=true", "reward_model.enable", "custom_reward_function.path"),
+    ("trainer.critic_warmup=5", "trainer.critic_warmup", "use 0"),
+    ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_rank", "LoRA"),
+    ("actor_rollout_ref.rollout.do_sample=false", "actor_rollout_ref.rollout.do_sample", "temperature=0"),
+    ("+reward_model.reward_kwargs.foo=1", "reward_model.reward_kwargs.foo", "custom_reward_function.reward_kwargs"),
+    ("+trainer.typo=3", "trainer.typo", "not a key of fully_async's schema"),
+    ("trainer.totl_epochs=3", "trainer.totl_epochs", "did you mean trainer.total_epochs"),
+])
+def test_refused_values_name_the_key_and_the_alternative(line, key, alternative):
+    with pytest.raises(ConfigError) as err:
+        load_config([line])
+    assert err.value.key == key and alternative in str(err.value)
+
+
+def test_ported_spellings_are_mapped_onto_our_keys():
+    cfg = typed_config(load_config([
+        "actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.optim.lr_decay_style=cosine",
+        "actor_rollout_ref.actor.megatron.param_offload=True", "actor_rollout_ref.actor.optim.clip_grad=0.5",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4", "+reward_model.reward_kwargs.max_resp_len=6",
+        "+actor_rollout_ref.model.override_config.model_config.max_position_embeddings=64",
+        "+custom_reward_function.reward_kwargs.alpha=0.5", "trainer.max_actor_ckpt_to_keep=2",
+        "actor_rollout_ref.hybrid_engine=False", "data.return_raw_chat=True"]))
+    arr = cfg.actor_rollout_ref
+    assert arr.actor.strategy == "fsdp" and arr.actor.optim.lr_scheduler_type == "cosine"
+    assert arr.actor.fsdp_config.param_offload is True and arr.actor.grad_clip == 0.5
+    ob = cfg.reward_model.overlong_buffer
+    assert (ob.enable, ob.len, ob.max_resp_len) == (True, 4, 6)
+    assert arr.model.override_config == {"max_position_embeddings": 64}
+    assert cfg.custom_reward_function.reward_kwargs == {"alpha": 0.5}
+    assert cfg.trainer.max_ckpt_to_keep == 2
+
+
+def test_fsdp_is_torch_on_one_device_and_fsdp2_on_several():
+    from fully_async.core.config import actor_strategy, validate
+    one = load_config(["actor_rollout_ref.actor.strategy=fsdp"])
+    two = load_config(["actor_rollout_ref.actor.strategy=fsdp", "trainer.n_gpus_per_node=2"])
+    validate(one)
+    validate(two)
+    assert (actor_strategy(one), actor_strategy(two)) == ("torch", "fsdp2")
+
+
+def _resolved_defaults():
+    return OmegaConf.to_container(OmegaConf.structured(FullyAsyncConfig), resolve=False)
+
+
+def test_defaults_are_verls_except_the_documented_differences():
+    ours = _resolved_defaults()
+    differ = set()
+    for key, default in ROWS:
+        node = ours
+        try:
+            for part in key.split("."):
+                node = node[part]
+        except (KeyError, TypeError):
+            continue
+        verl = json.loads(default)
+        if isinstance(verl, str) and "${oc.select" in verl:  # verl follows another key; so do we (or a constant)
+            continue
+        if node != verl and not (isinstance(node, float) and node == verl):
+            differ.add(key)
+    assert differ == set(DEFAULT_DIFFERENCES), (sorted(differ - set(DEFAULT_DIFFERENCES)),
+                                                sorted(set(DEFAULT_DIFFERENCES) - differ))
+
+
+def test_log_prob_budgets_follow_the_actors_as_in_verl():
+    cfg = typed_config(load_config(["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+                                    "actor_rollout_ref.actor.use_dynamic_bsz=true"]))
+    for section in (cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref):
+        assert section.log_prob_max_token_len_per_gpu == 4096 and section.log_prob_use_dynamic_bsz is True
+
+
+def test_the_bundled_preset_applies_only_without_data_files():
+    from fully_async.core.config import asset_path
+    tiny = load_config([])
+    assert (tiny.actor_rollout_ref.rollout.n, tiny.data.max_response_length, tiny.actor_rollout_ref.actor.optim.lr) \
+        == (8, 8, 1e-4)
+    assert load_config(["actor_rollout_ref.rollout.n=4"]).actor_rollout_ref.rollout.n == 4  # the user's wins
+    ported = load_config([f"data.train_files={asset_path('tiny_arithmetic/data/train.parquet')}"])
+    assert (ported.actor_rollout_ref.rollout.n, ported.data.max_response_length,
+            ported.actor_rollout_ref.actor.optim.lr, ported.async_training.trigger_parameter_sync_step) \
+        == (1, 512, 1e-6, 4)
+
+
+# a value outside each rule's accepted ones (by its allowed_doc); an unknown allowed_doc fails the test below
+OUTSIDE = {"-1": 5, "0": 5, "0.0": 0.5, "1": 2, "1.0": 0.9, "AdamW": "sgd", "constant": "linear",
+           "constant|cosine": "wsd", "false": True, "null": 2, "null|constant|cosine": "wsd", "null|false": True,
+           "torch.optim": "apex.optimizers", "true": False, "vanilla": "clip_cov", "{}": {"enable_thinking": True}}
+
+
+def test_every_value_a_verl_key_cannot_honour_is_refused_naming_the_key_and_the_alternative():
+    guarded = 0
+    for key, _ in ROWS:
+        rule, _groups = find_rule(key) or (None, ())
+        if rule is None or rule.allowed is None:
+            continue
+        guarded += 1
+        bad = OUTSIDE[rule.allowed_doc]
+        assert not rule.allowed(bad), (key, bad)
+        with pytest.raises(ConfigError) as err:
+            translate([f"{key}={render(bad)}"])
+        assert err.value.key == key and rule.refusal in str(err.value), str(err.value)
+    assert guarded > 60
