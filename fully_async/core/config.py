@@ -208,7 +208,7 @@ class TrainerConfig:
     n_gpus_per_node: int = 1              # trainer devices per node
     total_epochs: int = 1
     total_training_steps: Optional[int] = None  # null: derived from the data and total_epochs
-    logger: list[str] = field(default_factory=lambda: ["console"])  # console, tensorboard
+    logger: list[str] = field(default_factory=lambda: ["console"])  # console, tensorboard, wandb, swanlab, mlflow
     project_name: str = "fully_async"
     experiment_name: str = "default"
     test_freq: int = -1                   # validate every N param versions; -1: only before and after
@@ -308,7 +308,7 @@ ROLLOUT_NAMES = ("hf", "vllm")
 STRATEGIES = ("torch", "fsdp2", "megatron")
 ADV_ESTIMATORS = ("grpo",)
 REWARD_MANAGERS = ("naive", "dapo")
-LOGGERS = ("console", "tensorboard")
+LOGGERS = ("console", "tensorboard", "wandb", "swanlab", "mlflow")
 DTYPES = ("float32", "bfloat16", "float16")
 MODES = ("async", "sync")
 LR_SCHEDULER_TYPES = ("constant", "cosine")

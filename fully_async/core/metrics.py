@@ -1,4 +1,5 @@
-"""Metric computation and sinks (layer 0): console line, TensorBoard.  Names follow verl."""
+"""Metric computation and sinks (layer 0): console line, TensorBoard, and the trackers of tracking.py (W&B, SwanLab,
+MLflow).  Names follow verl."""
 from __future__ import annotations
 
 import json
@@ -110,14 +111,19 @@ def tensorboard_dir(project: str, experiment: str) -> str:
 
 
 class MetricLogger:
-    """Fans step metrics out to the configured sinks (trainer.logger)."""
+    """Fans step metrics out to the configured sinks (trainer.logger): the console line, TensorBoard, and the
+    experiment trackers of tracking.py (wandb, swanlab, mlflow), each receiving the same names at the same steps."""
 
     def __init__(self, backends: Sequence[str], project: str, experiment: str, config: Optional[dict] = None,
                  write_line: Any = None):
+        from fully_async.core.tracking import TRACKER_MODULES, open_tracker
+
         self.console = "console" in backends
         self.write_line = write_line or (lambda line: logger.info(line))
         self.writer = None
         self.log_dir = ""
+        self.trackers: list[Any] = []
+        self.closed = False
         if "tensorboard" in backends:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -126,12 +132,21 @@ class MetricLogger:
             if config is not None:  # the resolved config travels with the curves (compare_sync_async diffs it)
                 self.write_json("config.json", config)
                 self.writer.add_text("config", "```\n" + json.dumps(config, indent=1, default=str) + "\n```")
+        try:
+            for name in backends:
+                if name in TRACKER_MODULES:
+                    self.trackers.append(open_tracker(name, project, experiment, config))
+        except BaseException:
+            self.close(failed=True)  # the trackers already started end as failed runs
+            raise
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.writer is not None:
             for key, value in metrics.items():
                 self.writer.add_scalar(key, value, step)
             self.writer.flush()
+        for tracker in self.trackers:
+            tracker.log(metrics, step)
         if self.console:
             self.write_line(console_line(step, metrics))
 
@@ -142,6 +157,15 @@ class MetricLogger:
             with open(os.path.join(self.log_dir, name), "w") as fh:
                 json.dump(data, fh, indent=1, default=str)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Flush and close every sink (once; `failed`: the trackers mark the run failed/crashed)."""
+        if self.closed:
+            return
+        self.closed = True
         if self.writer is not None:
             self.writer.close()
+        for tracker in self.trackers:
+            try:
+                tracker.close(failed=failed)
+            except Exception as exc:  # noqa: BLE001 - one tracker failing to close must not hide the others
+                logger.warning("closing the %s logger failed: %s", type(tracker).__name__, exc)

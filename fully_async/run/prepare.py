@@ -13,6 +13,7 @@ from typing import Any, Optional
 from fully_async.core.config import (ConfigError, FullyAsyncConfig, as_file_list, asset_path, typed_config, validate,
                                      validate_with_data)
 from fully_async.core.plan import RunPlan
+from fully_async.core.tracking import check_installed as check_trackers_installed
 from fully_async.core.types import PromptRecord
 
 logger = logging.getLogger(__name__)
@@ -189,6 +190,7 @@ def prepare(cfg: Any) -> Prepared:
     from omegaconf import OmegaConf
 
     validate(cfg)
+    check_trackers_installed(cfg.trainer.logger)
     model_conf = check_model_folder(cfg)
     check_parallel_layout(cfg, model_conf)
     check_attention(cfg, model_conf)
