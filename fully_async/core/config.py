@@ -260,6 +260,8 @@ class OverlongBufferConfig:
 @dataclass
 class RewardModelConfig:
     reward_manager: str = "naive"         # naive | dapo
+    timeout_s: Optional[float] = 300.0    # seconds one call of a custom reward function may take (it runs in a
+    #                                       worker process); over it the run fails naming it. null/0: no limit
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
@@ -507,6 +509,8 @@ def _check_async_training(cfg: Any) -> None:
 
 def _check_reward(cfg: Any) -> None:
     _choice("reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS)
+    if cfg.reward_model.timeout_s is not None:
+        _at_least("reward_model.timeout_s", cfg.reward_model.timeout_s, 0.0)
     path = cfg.custom_reward_function.path
     if path is not None and not os.path.isfile(path):
         raise ConfigError("custom_reward_function.path", f"file not found: {path}")
