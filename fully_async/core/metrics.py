@@ -7,7 +7,7 @@ import logging
 import os
 from typing import Any, Optional, Sequence
 
-from fully_async.core.types import Sample
+from fully_async.core.types import Sample, SampleGroup
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +50,40 @@ def batch_metrics(samples: Sequence[Sample], trainer_version: int, max_response_
     return m
 
 
+class StaleCounter:
+    """verl's cumulative `fully_async/count/stale_samples_processed` (prompt groups) and
+    `fully_async/count/stale_trajectory_processed` (responses) trained so far by this process: a response is stale
+    when the trainer's param version is ahead of the one that finished it (`param_version_end`), a group when
+    it is ahead of the one that finished its last response (verl stamps a group at its completion)."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self.trajectories = 0
+
+    def add(self, groups: Sequence[SampleGroup], trainer_version: int) -> dict[str, float]:
+        for group in groups:
+            ends = [s.param_version_end for s in group.samples]
+            self.samples += int(bool(ends) and trainer_version - max(ends) >= 1)
+            self.trajectories += sum(trainer_version - end >= 1 for end in ends)
+        return {"fully_async/count/stale_samples_processed": self.samples,
+                "fully_async/count/stale_trajectory_processed": self.trajectories}
+
+
+def rollouter_version_metrics(version_s: float, idle_s: float) -> dict[str, float]:
+    """verl's rollouter metrics of one param version: `rollouter/version_time` (seconds the version lasted on the
+    rollouter), `rollouter/active_time` (seconds of it the rollouter had something to generate) and
+    `rollouter/idle_ratio` (1 - active/version)."""
+    if version_s <= 0:
+        return {}
+    active = min(version_s, max(0.0, version_s - idle_s))
+    return {"rollouter/version_time": version_s, "rollouter/active_time": active,
+            "rollouter/idle_ratio": 1.0 - active / version_s}
+
+
 CONSOLE_KEYS = (("critic/score/mean", "reward"), ("val-core", "val"), ("actor/pg_loss", "pg_loss"),
                 ("actor/grad_norm", "gnorm"), ("response_length/mean", "resp_len"),
                 ("fully_async/staleness/mean", "stale"), ("perf/throughput", "tok/s/dev"),
-                ("fully_async/trainer/idle_ratio", "t_idle"), ("fully_async/rollouter/idle_ratio", "r_idle"),
+                ("trainer/idle_ratio", "t_idle"), ("fully_async/rollouter/idle_ratio", "r_idle"),
                 ("timing_s/step", "step_s"))
 
 

@@ -139,7 +139,7 @@ class RunLogger:
                 summary["val_after"] = self._val_mean(self.val_history[-1][1])
             summary["val_last_step"] = self.val_history[-1][0]
             summary["val_last"] = self._val_mean(self.val_history[-1][1])
-        for key in ("perf/throughput", "fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio"):
+        for key in ("perf/throughput", "trainer/idle_ratio", "fully_async/rollouter/idle_ratio"):
             vals = [m[key] for _, m in self.history if key in m]
             if vals:
                 summary[key] = sum(vals) / len(vals)
