@@ -32,10 +32,10 @@ MODES = ("async", "sync")
 PLACEMENT_KEYS = ("trainer.n_gpus_per_node", "rollout.n_gpus_per_node", "actor_rollout_ref.actor.strategy")
 
 
-@dataclass
 OLD_TAGS = {"trainer/idle_ratio": "fully_async/trainer/idle_ratio"}  # verl's name -> ours before we took verl's
 
 
+@dataclass
 class Run:
     log_dir: str
     scalars: dict[str, list[tuple[int, float, float]]]   # tag -> [(step, wall_time, value)] in write order
