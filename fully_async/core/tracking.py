@@ -48,14 +48,28 @@ def check_installed(backends: Sequence[str]) -> None:
         raise ConfigError("trainer.logger", f"{fixes} (or drop {', '.join(missing)} from trainer.logger)")
 
 
+class TrackerStartError(RuntimeError):
+    """A configured tracker could not start (credentials, mode, tracking URI)."""
+
+
+START_HINTS = {
+    "wandb": "set WANDB_API_KEY (or run `wandb login`), or WANDB_MODE=offline to write the run locally",
+    "swanlab": "set SWANLAB_API_KEY, or SWANLAB_MODE=local / offline to write the run locally",
+    "mlflow": "check MLFLOW_TRACKING_URI (a server, a database such as sqlite:////tmp/mlruns.db, or a file: store "
+              "with MLFLOW_ALLOW_FILE_STORE=true)",
+}
+
+
 def open_tracker(name: str, project: str, experiment: str, config: Optional[dict]) -> Tracker:
-    if name == "wandb":
-        return WandbTracker(project, experiment, config)
-    if name == "swanlab":
-        return SwanlabTracker(project, experiment, config)
-    if name == "mlflow":
-        return MlflowTracker(project, experiment, config)
-    raise ValueError(f"trainer.logger={name!r} is not a tracker; trackers: {sorted(TRACKER_MODULES)}")
+    """Start the tracker `name`; a failure is a TrackerStartError naming the logger and what to set."""
+    trackers = {"wandb": WandbTracker, "swanlab": SwanlabTracker, "mlflow": MlflowTracker}
+    if name not in trackers:
+        raise ValueError(f"trainer.logger={name!r} is not a tracker; trackers: {sorted(trackers)}")
+    try:
+        return trackers[name](project, experiment, config)
+    except Exception as exc:  # noqa: BLE001 - each service raises its own types
+        raise TrackerStartError(f"trainer.logger={name}: {name} did not start ({type(exc).__name__}: "
+                                f"{str(exc).strip()[:500]}); {START_HINTS[name]}") from exc
 
 
 class WandbTracker:

@@ -8,7 +8,7 @@ import pytest
 
 from fully_async.core.config import ConfigError
 from fully_async.core.metrics import MetricLogger
-from fully_async.core.tracking import check_installed, flat_params, mlflow_key
+from fully_async.core.tracking import TrackerStartError, check_installed, flat_params, mlflow_key
 from fully_async.device import get_device
 from fully_async.run.hydra_setup import load_config
 from fully_async.run.prepare import prepare
@@ -102,6 +102,16 @@ def test_a_missing_tracker_package_names_the_logger_and_the_extra(monkeypatch):
     with pytest.raises(ConfigError) as err:
         check_installed(["console", "swanlab"])
     assert err.value.key == "trainer.logger"
-    assert "swanlab needs the swanlab package" in str(err.value) and "pip install 'fully_async[swanlab]'" in str(err.value)
+    msg = str(err.value)
+    assert "swanlab needs the swanlab package" in msg and "pip install 'fully_async[swanlab]'" in msg
     with pytest.raises(ConfigError, match=r"fully_async\[swanlab\]"):  # the run stops in prepare, before Ray
         prepare(load_config(["trainer.logger=[console,swanlab]"]))
+
+
+def test_a_tracker_that_cannot_start_names_the_logger_and_what_to_set(dirs, monkeypatch):
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "nosuchscheme://nowhere")
+    with pytest.raises(TrackerStartError) as err:
+        MetricLogger(["console", "tensorboard", "mlflow"], "p", "e", config=CONFIG)
+    assert "trainer.logger=mlflow: mlflow did not start" in str(err.value)
+    assert "check MLFLOW_TRACKING_URI" in str(err.value)
