@@ -48,7 +48,13 @@ def _short(value: Any, limit: int = 120) -> str:
 
 
 class ScoringTimeout(Exception):
-    """A call overran its limit; its worker was killed (the next call starts a fresh one)."""
+    """A call (stage "call") or a fresh worker's warm-up (stage "start") overran its limit; the worker was killed
+    (the next call starts a fresh one)."""
+
+    def __init__(self, limit: float, stage: str = "call"):
+        super().__init__(limit, stage)
+        self.limit = limit
+        self.stage = stage
 
 
 class ScoringWorkerDied(Exception):
@@ -94,19 +100,28 @@ class ScoringPool:
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
 
-    def run(self, fn: Callable[..., Any], *args: Any, timeout: float) -> Any:
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float,
+            warmup: Optional[tuple[Callable[..., Any], tuple, float]] = None) -> Any:
         """fn(*args) in a worker, or raise ScoringTimeout (after `timeout` seconds; the worker is killed) or
         ScoringWorkerDied (the worker crashed).  `fn` must be importable by name (a module-level function);
-        exceptions raised by fn come back."""
+        exceptions raised by fn come back.  `warmup` = (fn, args, limit): run first on each fresh pool with its
+        own limit, so that starting the worker (a spawned interpreter re-imports its parent's main module: Ray's
+        in an actor, seconds on a busy host) and importing what fn needs do not count against `timeout`."""
         for attempt in range(2):
             executor, slots = self._get()
             with slots:  # at most `workers` calls in flight, so the limit times the call, not a queue
+                stage, limit = "call", timeout
                 try:
+                    if warmup is not None and not getattr(executor, "_fa_warm", False):
+                        stage, limit = "start", warmup[2]
+                        executor.submit(warmup[0], *warmup[1]).result(timeout=limit)
+                        executor._fa_warm = True  # type: ignore[attr-defined]
+                        stage, limit = "call", timeout
                     future = executor.submit(fn, *args)
                     return future.result(timeout=timeout)
                 except concurrent.futures.TimeoutError:
                     self._kill(executor)
-                    raise ScoringTimeout(timeout) from None
+                    raise ScoringTimeout(limit, stage) from None
                 except BrokenProcessPool:
                     if getattr(executor, "_fa_killed", False) and attempt == 0:
                         continue  # another call's timeout killed the pool under us: run again on a fresh one

@@ -65,13 +65,26 @@ def _inputs(data_source: str, response_str: str, ground_truth: Any) -> str:
 _WORKER_FUNCTIONS: dict[tuple[str, str], Callable[..., Any]] = {}
 
 
-def score_in_worker(path: str, name: str, kwargs: dict) -> tuple:
-    """In the scoring worker: the custom function `name` of `path` (imported once per worker) on `kwargs`.
-    ("ok", result), or ("raised", describe_crash's report, "Type: message") built here, where the traceback is,
-    or ("error", message) for a RewardError the function raised itself."""
+WORKER_START_S = 120.0  # a fresh worker's start and import of the user's file; not part of reward_model.timeout_s
+
+
+def load_in_worker(path: str, name: str) -> Callable[..., Any]:
+    """In the scoring worker: the custom function `name` of `path`, imported once per worker."""
     fn = _WORKER_FUNCTIONS.get((path, name))
     if fn is None:
         fn = _WORKER_FUNCTIONS[(path, name)] = load_custom_score(path, name)
+    return fn
+
+
+def warm_worker(path: str, name: str) -> None:
+    load_in_worker(path, name)
+
+
+def score_in_worker(path: str, name: str, kwargs: dict) -> tuple:
+    """In the scoring worker: the custom function `name` of `path` on `kwargs`.  ("ok", result), or ("raised",
+    describe_crash's report, "Type: message") built here, where the traceback is, or ("error", message) for a
+    RewardError the function raised itself."""
+    fn = load_in_worker(path, name)
     try:
         return ("ok", fn(**kwargs))
     except RewardError as exc:
@@ -136,8 +149,12 @@ class RewardManager:
         where = (f"{sample}, " if sample else "") + _inputs(kwargs["data_source"], kwargs["solution_str"],
                                                             kwargs["ground_truth"])
         try:
-            outcome = self.pool.run(score_in_worker, path, name, kwargs, timeout=self.timeout_s)
-        except ScoringTimeout:
+            outcome = self.pool.run(score_in_worker, path, name, kwargs, timeout=self.timeout_s,
+                                    warmup=(warm_worker, (path, name), WORKER_START_S))
+        except ScoringTimeout as exc:
+            if exc.stage == "start":
+                raise RewardError(f"{what}: its scoring process did not start and import {path} within "
+                                  f"{exc.limit:g}s (before scoring {where}); its process was killed") from None
             raise RewardError(f"{what} did not return within reward_model.timeout_s={self.timeout_s:g}s on "
                               f"{where}; its process was killed. Fix the function, or raise reward_model.timeout_s "
                               "(null: no limit, in the calling process)") from None

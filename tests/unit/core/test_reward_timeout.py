@@ -97,3 +97,25 @@ def test_a_reward_that_hangs_on_the_probe_fails_before_ray(tmp_path):
     assert f"{path}:compute_score did not return within reward_model.timeout_s=1s" in msg
     assert "the pre-run probe (row " in msg
     assert time.perf_counter() - start < 60
+
+
+def test_starting_the_worker_does_not_count_against_the_call_limit(tmp_path, monkeypatch):
+    import fully_async.core.rewards.manager as manager_mod
+
+    path = tmp_path / "slow_import.py"
+    path.write_text("import time\n\ntime.sleep(2)  # a heavy import\n\n\n"
+                    "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                    "    return 1.0\n")
+    manager = pooled(str(path), 1.0)
+    try:
+        assert manager.score("arithmetic", "3", "3", None, 1) == (1.0, {})  # 2 s to start, then well within 1 s
+    finally:
+        manager.close()
+    monkeypatch.setattr(manager_mod, "WORKER_START_S", 0.5)
+    manager = pooled(str(path), 1.0)
+    try:
+        with pytest.raises(RewardError, match=r"its scoring process did not start and import .*slow_import.py "
+                                              r"within 0.5s \(before scoring sample s1"):
+            manager.score("arithmetic", "3", "3", None, 1, sample="sample s1")
+    finally:
+        manager.close()
