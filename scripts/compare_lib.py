@@ -32,6 +32,9 @@ MODES = ("async", "sync")
 PLACEMENT_KEYS = ("trainer.n_gpus_per_node", "rollout.n_gpus_per_node", "actor_rollout_ref.actor.strategy")
 
 
+OLD_TAGS = {"trainer/idle_ratio": "fully_async/trainer/idle_ratio"}  # verl's name -> ours before we took verl's
+
+
 @dataclass
 class Run:
     log_dir: str
@@ -45,6 +48,8 @@ class Run:
         return str(self.config.get("mode", self.summary.get("mode", "?")))
 
     def series(self, tag: str) -> list[tuple[int, float, float]]:
+        if tag not in self.scalars and tag in OLD_TAGS:  # a run logged before the tag took verl's name
+            return self.scalars.get(OLD_TAGS[tag], [])
         return self.scalars.get(tag, [])
 
     def values(self, tag: str) -> list[float]:
@@ -217,7 +222,7 @@ def run_stats(run: Run, threshold: float, ceiling: Optional[float] = None) -> di
         "val_first": vals[0][2] if vals else None, "val_final": vals[-1][2] if vals else None,
         "val_best": max(p[2] for p in vals) if vals else None,
         "time_to_threshold_s": reached[1] - run.first_wall if reached else None,
-        "trainer_idle_ratio": _mean(run.values("fully_async/trainer/idle_ratio")),
+        "trainer_idle_ratio": _mean(run.values("trainer/idle_ratio")),
         "rollouter_idle_ratio": _mean(run.values("fully_async/rollouter/idle_ratio")),
         "staleness_mean": _mean(run.values("fully_async/staleness/mean")),
         "staleness_max": max(run.values("fully_async/staleness/max"), default=None),
@@ -408,7 +413,7 @@ def make_plots(runs: dict[str, Run], out_dir: str, threshold: float) -> dict[str
                               [("trained samples (responses)", "critic/score/mean", each(_samples_axis))], None),
         "time_per_step": ("Time per step", [("step", "timing_s/step (s)", each(_by_step, "timing_s/step"))], None),
         "idle_ratios": ("Idle ratios", [("step", "trainer idle ratio",
-                                         each(_by_step, "fully_async/trainer/idle_ratio")),
+                                         each(_by_step, "trainer/idle_ratio")),
                                         ("step", "rollouter idle ratio",
                                          each(_by_step, "fully_async/rollouter/idle_ratio"))], None),
         "staleness": ("Staleness of trained samples (param versions)",

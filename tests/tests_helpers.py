@@ -1,4 +1,6 @@
 """Small builders shared by tests."""
+import os
+
 import torch
 
 from fully_async.core.types import Sample
@@ -33,3 +35,87 @@ def ray_session(num_cpus: int, **env: str):
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **env}})
     yield
     ray.shutdown()
+
+
+def _leveldb_records(path, ident):
+    """The records of a LevelDB-log-format file (W&B's run-<id>.wandb, SwanLab's run-<id>.swanlab): a 7-byte file
+    header, then 32 KiB blocks of records, each with a 7-byte header (crc32, length, type: full/first/middle/last)."""
+    import struct
+
+    with open(path, "rb") as fh:
+        data = fh.read()
+    assert data[:len(ident)] == ident, f"{path} does not start with {ident!r}"
+    pos, pending = 7, b""
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        if left < 7:  # a block's tail too short for a header is padding
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if length == 0 and kind == 0:  # zero fill to the end of the block
+            pos += left
+            continue
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # full, last
+            yield pending
+            pending = b""
+
+
+def read_wandb_offline(wandb_dir):
+    """{key: [(step, value), ...]} of the one offline W&B run under `wandb_dir` (read from its run-<id>.wandb file),
+    the step being the `training/global_step` each row was logged with."""
+    import glob
+    import json
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    files = glob.glob(os.path.join(wandb_dir, "**", "offline-run-*", "run-*.wandb"), recursive=True)
+    assert len(files) == 1, files
+    out = {}
+    for raw in _leveldb_records(files[0], b":W&B"):
+        record = pb.Record()
+        record.ParseFromString(raw)
+        if record.WhichOneof("record_type") != "history":
+            continue
+        row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+        step = int(row["training/global_step"])
+        for key, value in row.items():
+            if not key.startswith("_"):
+                out.setdefault(key, []).append((step, value))
+    return out
+
+
+def read_swanlab(log_dir):
+    """{key: [(step, value), ...]} of the one SwanLab run under `log_dir` (local/offline mode), from its
+    run-<id>.swanlab record file."""
+    import glob
+
+    from swanlab.proto.swanlab.record.v1.record_pb2 import Record
+
+    files = glob.glob(os.path.join(log_dir, "run-*", "run-*.swanlab"))
+    assert len(files) == 1, files
+    out = {}
+    for raw in _leveldb_records(files[0], b":SWL"):
+        record = Record()
+        record.ParseFromString(raw)
+        if record.HasField("scalar"):
+            out.setdefault(record.scalar.key, []).append((record.scalar.step, record.scalar.value.number))
+    return out
+
+
+def read_mlflow_file_store(root):
+    """{key: [(step, value), ...]} of the one MLflow run in the file store at `root`: its metrics folder holds one
+    file per key (the key's `/` as folders), a line `timestamp value step` per logged value."""
+    import glob
+
+    runs = [d for d in glob.glob(os.path.join(root, "*", "*", "metrics")) if os.path.isdir(d)]
+    assert len(runs) == 1, runs
+    out = {}
+    for dirpath, _, files in os.walk(runs[0]):
+        for name in files:
+            key = os.path.relpath(os.path.join(dirpath, name), runs[0]).replace(os.sep, "/")
+            with open(os.path.join(dirpath, name)) as fh:
+                rows = [line.split() for line in fh if line.strip()]
+            out[key] = [(int(step), float(value)) for _, value, step in rows]
+    return out

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 from fully_async.core.config import FullyAsyncConfig, typed_config
 from fully_async.actors.actor_setup import MetricsOutbox
 from fully_async.rollout.generation import make_group, score_samples, validate
-from fully_async.core.metrics import rollouter_window_metrics
+from fully_async.core.metrics import rollouter_version_metrics, rollouter_window_metrics
 from fully_async.cluster.ray_utils import ray_get
 from fully_async.rollout.scheduler import CompletedGroup, RolloutScheduler
 from fully_async.core.types import PromptRecord, SampleGroup, SamplingParams
@@ -79,6 +79,7 @@ class Rollouter(MetricsOutbox):
         self.stats = {"idle_s": 0.0, "wall_s": 0.0, "version": 0, "validations": 0}
         self._pushed: dict = {}        # the counters as of the last push (the end of the current step window)
         self._window_start: dict = {}  # the counters that ended the previous trainer step's window
+        self._version_mark: Optional[tuple[float, float]] = None  # (time, idle_s) the current param version began
         self._start = time.perf_counter()
         self.timeline = Timeline("rollouter", cfg.trainer.timeline)
         self.resumed = resume_path is not None
@@ -173,6 +174,7 @@ class Rollouter(MetricsOutbox):
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict:
         self._start = time.perf_counter()
+        self._version_mark = (self._start, self.stats["idle_s"])
         self.loop_running = True
         try:
             return self._loop()
@@ -249,10 +251,25 @@ class Rollouter(MetricsOutbox):
     def _apply_weights(self, load: Callable[[], None], version: int) -> dict:
         """Pause the engines' work as the config says, run `load` (every replica's update), resume."""
         validate_now = self.test_freq > 0 and version % self.test_freq == 0 and bool(self.val_records)
+        self._end_version(version)
         with self.timeline.span("param_sync", version=version):
-            return self.scheduler.apply_weights(load, version, queued=lambda: ray_get(self.queue.size.remote()),
-                                                before_resume=(lambda: self._validate(version, resume=False))
-                                                if validate_now else None)
+            out = self.scheduler.apply_weights(load, version, queued=lambda: ray_get(self.queue.size.remote()),
+                                               before_resume=(lambda: self._validate(version, resume=False))
+                                               if validate_now else None)
+        if self._version_mark is not None:  # the new version begins once it is loaded (and validated), as verl's
+            self._version_mark = (time.perf_counter(), self.stats["idle_s"])
+        return out
+
+    def _end_version(self, version: int) -> None:
+        """verl's per-version rollouter metrics (metrics.rollouter_version_metrics) of the version that `version`
+        replaces, to the driver at the trainer step that pushed `version` (nothing before run(): the initial
+        weights)."""
+        if self._version_mark is None:
+            return
+        start, idle_at_start = self._version_mark
+        metrics = rollouter_version_metrics(time.perf_counter() - start, self.stats["idle_s"] - idle_at_start)
+        if metrics:
+            self._emit(version * self.trigger, metrics)
 
     def _validate(self, version: int, resume: bool = True, publish: bool = True) -> dict:
         """Validation on the weights of `version`; in-flight work is parked and resumed after (resume=False:
@@ -261,6 +278,7 @@ class Rollouter(MetricsOutbox):
         self.scheduler.park()
         with self.timeline.span("validate", version=version):
             metrics = validate(self.pool, self.tokenizer, self.reward, self.val_records, self.cfg, version)
+        metrics["rollouter/validate_time"] = metrics["timing_s/testing"]  # verl's name for the rollouter's validation
         self.stats["validations"] += 1
         if publish:
             self._emit(version * self.trigger, dict(metrics))

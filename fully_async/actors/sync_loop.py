@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from fully_async.core.config import FullyAsyncConfig
 from fully_async.actors.actor_setup import DriverFacing
+from fully_async.core.metrics import StaleCounter
 from fully_async.rollout.generation import group_pendings, make_group, run_to_completion, score_samples, validate
 from fully_async.core.types import PromptRecord, SamplingParams
 
@@ -64,6 +65,7 @@ class SyncWorker(DriverFacing):
         off = cfg.actor_rollout_ref.actor.fsdp_config
         self.offload_trainer = off.param_offload or off.optimizer_offload
         self.timeline = Timeline("sync", cfg.trainer.timeline)
+        self.stale = StaleCounter()
         self.last_checkpoint: Optional[str] = None
         if resume_path:
             import os
@@ -112,7 +114,7 @@ class SyncWorker(DriverFacing):
         return metrics
 
     def run(self) -> dict:
-        from fully_async.core.metrics import engine_metrics
+        from fully_async.core.metrics import engine_metrics, rollouter_version_metrics
         from fully_async.train.train_step import train_step
 
         cfg = self.cfg
@@ -163,6 +165,7 @@ class SyncWorker(DriverFacing):
                                                self.version, self.timeline)
             self.trained_sample_ids.extend(s.sample_id for s in samples)
             metrics.update(step_metrics)
+            metrics.update(self.stale.add(groups, self.version))  # on-policy: 0
             metrics.update(self._memory("update_actor"))
             # ---- switch back: engine wakes, receives the new weights, then the trainer offloads
             self.step += 1
@@ -188,11 +191,12 @@ class SyncWorker(DriverFacing):
             metrics.update({
                 "timing_s/step": step_s, "perf/time_per_step": step_s,
                 "perf/throughput": metrics["perf/total_num_tokens"] / step_s / self.num_devices,
-                # colocated: the trainer waits while the engine generates and vice versa
-                "fully_async/trainer/idle_ratio": min(1.0, gen_s / step_s),
+                # colocated: the trainer waits while the engine generates and vice versa; a version is one step
+                "trainer/idle_ratio": min(1.0, gen_s / step_s),
                 "fully_async/rollouter/idle_ratio": min(1.0, 1.0 - gen_s / step_s),
                 "fully_async/count/total_generated_samples": len(self.trained_sample_ids),
             })
+            metrics.update(rollouter_version_metrics(step_s, max(0.0, step_s - gen_s)))
             self._emit(self.step, metrics)
         if self._stop_requested:
             self._emit(self.step, self._save())

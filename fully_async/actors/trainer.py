@@ -15,6 +15,7 @@ from typing import Any, Optional
 from fully_async.core.config import FullyAsyncConfig
 from fully_async.actors.actor_setup import DriverFacing
 from fully_async.cluster.ray_utils import ray_get
+from fully_async.core.metrics import StaleCounter
 from fully_async.core.staleness import required_samples
 from fully_async.train.train_step import train_step
 from fully_async.core.types import SampleGroup
@@ -68,6 +69,7 @@ class Trainer(DriverFacing):
                                              self.device.ray_actor_options(1), placement)
         self.weight_sync = build_weight_sync(cfg, self.backend, rollouter, self.device)
         self.timeline = Timeline("trainer", cfg.trainer.timeline)
+        self.stale = StaleCounter()
         self.step = 0
         self.version = 0
         self.trained_sample_ids: list[str] = []
@@ -146,6 +148,7 @@ class Trainer(DriverFacing):
         metrics, samples = train_step(self.backend, self.cfg, groups, self.pad_token_id, self.step + 1, self.version,
                                       self.timeline)
         self.trained_sample_ids.extend(s.sample_id for s in samples)
+        metrics.update(self.stale.add(groups, self.version))
         return metrics
 
     def _sync_weights(self) -> dict:
@@ -154,6 +157,8 @@ class Trainer(DriverFacing):
             return self.weight_sync.push(self.version)
 
     def _pipeline_metrics(self, wait_s: float, step_s: float, tokens: float) -> dict:
-        return {"timing_s/gen": wait_s, "timing_s/step": step_s, "perf/time_per_step": step_s,
-                "perf/throughput": tokens / step_s / self.num_devices,
-                "fully_async/trainer/idle_ratio": min(1.0, wait_s / step_s)}
+        """verl's: the wait for the step's samples (`timing_s/gen`, `fully_async/total_wait_time`) over the step
+        (`trainer/idle_ratio`)."""
+        return {"timing_s/gen": wait_s, "fully_async/total_wait_time": wait_s, "timing_s/step": step_s,
+                "perf/time_per_step": step_s, "perf/throughput": tokens / step_s / self.num_devices,
+                "trainer/idle_ratio": min(1.0, wait_s / step_s)}

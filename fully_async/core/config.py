@@ -218,7 +218,7 @@ class TrainerConfig:
     n_gpus_per_node: int = 1              # trainer devices per node
     total_epochs: int = 30
     total_training_steps: Optional[int] = None  # null: derived from the data and total_epochs
-    logger: list[str] = field(default_factory=lambda: ["console"])  # console, tensorboard
+    logger: list[str] = field(default_factory=lambda: ["console"])  # console, tensorboard, wandb, swanlab, mlflow
     project_name: str = "fully_async"
     experiment_name: str = "default"
     test_freq: int = -1                   # validate every N param versions; -1: only before and after
@@ -272,6 +272,8 @@ class OverlongBufferConfig:
 @dataclass
 class RewardModelConfig:
     reward_manager: str = "naive"         # naive | dapo
+    timeout_s: Optional[float] = 300.0    # seconds one call of a custom reward function may take (it runs in a
+    #                                       worker process); over it the run fails naming it. null/0: no limit
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
@@ -323,7 +325,7 @@ ROLLOUT_NAMES = ("hf", "vllm")
 STRATEGIES = ("fsdp", "torch", "fsdp2", "megatron")
 ADV_ESTIMATORS = ("grpo",)
 REWARD_MANAGERS = ("naive", "dapo")
-LOGGERS = ("console", "tensorboard")
+LOGGERS = ("console", "tensorboard", "wandb", "swanlab", "mlflow")
 DTYPES = ("float32", "bfloat16", "float16")
 MODES = ("async", "sync")
 LR_SCHEDULER_TYPES = ("constant", "cosine")
@@ -523,6 +525,8 @@ def _check_async_training(cfg: Any) -> None:
 
 def _check_reward(cfg: Any) -> None:
     _choice("reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS)
+    if cfg.reward_model.timeout_s is not None:
+        _at_least("reward_model.timeout_s", cfg.reward_model.timeout_s, 0.0)
     path = cfg.custom_reward_function.path
     if path is not None and not os.path.isfile(path):
         raise ConfigError("custom_reward_function.path", f"file not found: {path}")

@@ -1,4 +1,5 @@
-"""Metric computation and sinks (layer 0): console line, TensorBoard.  Names follow verl."""
+"""Metric computation and sinks (layer 0): console line, TensorBoard, and the trackers of tracking.py (W&B, SwanLab,
+MLflow).  Names follow verl."""
 from __future__ import annotations
 
 import json
@@ -6,7 +7,7 @@ import logging
 import os
 from typing import Any, Optional, Sequence
 
-from fully_async.core.types import Sample
+from fully_async.core.types import Sample, SampleGroup
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +50,40 @@ def batch_metrics(samples: Sequence[Sample], trainer_version: int, max_response_
     return m
 
 
+class StaleCounter:
+    """verl's cumulative `fully_async/count/stale_samples_processed` (prompt groups) and
+    `fully_async/count/stale_trajectory_processed` (responses) trained so far by this process: a response is stale
+    when the trainer's param version is ahead of the one that finished it (`param_version_end`), a group when
+    it is ahead of the one that finished its last response (verl stamps a group at its completion)."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self.trajectories = 0
+
+    def add(self, groups: Sequence[SampleGroup], trainer_version: int) -> dict[str, float]:
+        for group in groups:
+            ends = [s.param_version_end for s in group.samples]
+            self.samples += int(bool(ends) and trainer_version - max(ends) >= 1)
+            self.trajectories += sum(trainer_version - end >= 1 for end in ends)
+        return {"fully_async/count/stale_samples_processed": self.samples,
+                "fully_async/count/stale_trajectory_processed": self.trajectories}
+
+
+def rollouter_version_metrics(version_s: float, idle_s: float) -> dict[str, float]:
+    """verl's rollouter metrics of one param version: `rollouter/version_time` (seconds the version lasted on the
+    rollouter), `rollouter/active_time` (seconds of it the rollouter had something to generate) and
+    `rollouter/idle_ratio` (1 - active/version)."""
+    if version_s <= 0:
+        return {}
+    active = min(version_s, max(0.0, version_s - idle_s))
+    return {"rollouter/version_time": version_s, "rollouter/active_time": active,
+            "rollouter/idle_ratio": 1.0 - active / version_s}
+
+
 CONSOLE_KEYS = (("critic/score/mean", "reward"), ("val-core", "val"), ("actor/pg_loss", "pg_loss"),
                 ("actor/grad_norm", "gnorm"), ("response_length/mean", "resp_len"),
                 ("fully_async/staleness/mean", "stale"), ("perf/throughput", "tok/s/dev"),
-                ("fully_async/trainer/idle_ratio", "t_idle"), ("fully_async/rollouter/idle_ratio", "r_idle"),
+                ("trainer/idle_ratio", "t_idle"), ("fully_async/rollouter/idle_ratio", "r_idle"),
                 ("timing_s/step", "step_s"))
 
 
@@ -110,14 +141,19 @@ def tensorboard_dir(project: str, experiment: str) -> str:
 
 
 class MetricLogger:
-    """Fans step metrics out to the configured sinks (trainer.logger)."""
+    """Fans step metrics out to the configured sinks (trainer.logger): the console line, TensorBoard, and the
+    experiment trackers of tracking.py (wandb, swanlab, mlflow), each receiving the same names at the same steps."""
 
     def __init__(self, backends: Sequence[str], project: str, experiment: str, config: Optional[dict] = None,
                  write_line: Any = None):
+        from fully_async.core.tracking import TRACKER_MODULES, open_tracker
+
         self.console = "console" in backends
         self.write_line = write_line or (lambda line: logger.info(line))
         self.writer = None
         self.log_dir = ""
+        self.trackers: list[Any] = []
+        self.closed = False
         if "tensorboard" in backends:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -126,12 +162,21 @@ class MetricLogger:
             if config is not None:  # the resolved config travels with the curves (compare_sync_async diffs it)
                 self.write_json("config.json", config)
                 self.writer.add_text("config", "```\n" + json.dumps(config, indent=1, default=str) + "\n```")
+        try:
+            for name in backends:
+                if name in TRACKER_MODULES:
+                    self.trackers.append(open_tracker(name, project, experiment, config))
+        except BaseException:
+            self.close(failed=True)  # the trackers already started end as failed runs
+            raise
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.writer is not None:
             for key, value in metrics.items():
                 self.writer.add_scalar(key, value, step)
             self.writer.flush()
+        for tracker in self.trackers:
+            tracker.log(metrics, step)
         if self.console:
             self.write_line(console_line(step, metrics))
 
@@ -142,6 +187,15 @@ class MetricLogger:
             with open(os.path.join(self.log_dir, name), "w") as fh:
                 json.dump(data, fh, indent=1, default=str)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Flush and close every sink (once; `failed`: the trackers mark the run failed/crashed)."""
+        if self.closed:
+            return
+        self.closed = True
         if self.writer is not None:
             self.writer.close()
+        for tracker in self.trackers:
+            try:
+                tracker.close(failed=failed)
+            except Exception as exc:  # noqa: BLE001 - one tracker failing to close must not hide the others
+                logger.warning("closing the %s logger failed: %s", type(tracker).__name__, exc)

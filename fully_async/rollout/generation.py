@@ -25,7 +25,8 @@ def score_samples(tokenizer: Any, reward: Any, record: PromptRecord, samples: Se
     for s in samples:
         text = tokenizer.decode(s.response_ids, skip_special_tokens=True)
         s.reward, s.reward_extra = reward.score(record.data_source, text, record.ground_truth, record.extra_info,
-                                                len(s.response_ids))
+                                                len(s.response_ids),
+                                                sample=f"sample {s.sample_id} (prompt index {record.index})")
         s.data_source = record.data_source
 
 

@@ -71,6 +71,9 @@ def check_optional(dist_names: tuple[str, ...], label: str, needed: bool, fix: s
     return Check(label, "PASS", ", ".join(f"{d} {v}" for d, v in found))
 
 
+TRACKER_DISTS = {"wandb": ("wandb",), "swanlab": ("swanlab",), "mlflow": ("mlflow", "mlflow-skinny")}
+
+
 def check_ray() -> Check:
     import ray
 
@@ -203,6 +206,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                                "pip install 'fully_async[vllm]'; Ascend: 'fully_async[ascend]' after vLLM from "
                                "source (README)"))
     rows.append(check_optional(("megatron-core",), "megatron-core", False, "pip install 'fully_async[megatron]'"))
+    loggers = list(cfg.trainer.logger) if cfg is not None else []
+    for name in (n for n in loggers if n in TRACKER_DISTS):  # the configured trackers: FAIL when absent
+        rows.append(check_optional(TRACKER_DISTS[name], f"logger {name}", True, f"pip install 'fully_async[{name}]'"))
     rows.append(Check("Ray", "SKIP", "--no-ray") if args.no_ray else run_check(check_ray, "Ray"))
     if cfg is not None:
         rows.append(run_check(lambda: check_device(cfg), "requested device"))

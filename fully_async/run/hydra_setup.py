@@ -25,9 +25,10 @@ def _user_errors() -> tuple:
     from fully_async.cluster.ray_utils import RunFailed
     from fully_async.core.checkpoint import CheckpointError
     from fully_async.core.rewards import RewardError
+    from fully_async.core.tracking import TrackerStartError
     from fully_async.run.run_lock import RunLocked
 
-    return (ConfigError, DataError, DeviceError, RewardError, RunFailed, RunLocked, CheckpointError)
+    return (ConfigError, DataError, DeviceError, RewardError, RunFailed, RunLocked, CheckpointError, TrackerStartError)
 
 
 USER_ERRORS = _user_errors()

@@ -229,13 +229,14 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
     from fully_async.cluster.placement import release_placement_groups
     from fully_async.run.prepare import prepare
     from fully_async.cluster.ray_utils import RunFailed, check_resources, kill_all, start_ray, supervise, wait_ready
-    from fully_async.run.run_logging import RunLogger
+    from fully_async.run.run_logging import RunLogger, open_metric_logger
 
     t_start = time.perf_counter()
     sig = _Signals()  # from here a signal ends the run cleanly (start-up) or gracefully (running)
     signals = sig.received
     locks: list = []
     actors: dict = {}
+    sink = None
     ray_was_up = ray.is_initialized()
     started_ray = ray_attempted = False
     try:
@@ -250,6 +251,7 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
             check_resume_config(resume_path, saved_config, cfg.trainer.resume_allow_config_change)
             logger.info("resuming from %s", resume_path)
         plan = RunPlan.of(cfg)
+        sink = open_metric_logger(cfg)  # trackers (wandb, ...) that cannot start fail here, before Ray
         sig.check()
         ray_attempted = sig.defer = True
         try:
@@ -275,7 +277,8 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
         if cfg.mode == "async" and (resume_path or cfg.actor_rollout_ref.rollout.load_format == "dummy"):
             ray.get(main.sync_initial_weights.remote())  # the engine must generate with these weights
         # every running actor reports its own metrics (async: the trainer its steps, the rollouter its validations)
-        run_log = RunLogger(cfg, prep.total_steps, list(runners.values()), hardware=describe_hardware(device))
+        run_log = RunLogger(cfg, prep.total_steps, list(runners.values()), hardware=describe_hardware(device),
+                            sink=sink)
         watchdog = Watchdog(runners, cfg.trainer.progress_timeout_s)
         stop_sent = []
 
@@ -310,6 +313,8 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
             raise RunInterrupted(signals[0], result.get("checkpoint") if isinstance(result, dict) else None)
         return summary
     except BaseException as exc:
+        if sink is not None:
+            sink.close(failed=not isinstance(exc, (RunInterrupted, StartInterrupted)))  # stopped: not failed
         if isinstance(exc, RunFailed):
             kill_all(list(actors.values()))
         signum = exc.signum if isinstance(exc, StartInterrupted) else sig.start_signal

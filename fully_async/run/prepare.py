@@ -13,6 +13,7 @@ from typing import Any, Optional
 from fully_async.core.config import (ConfigError, FullyAsyncConfig, as_file_list, asset_path, typed_config, validate,
                                      validate_with_data)
 from fully_async.core.plan import RunPlan
+from fully_async.core.tracking import check_installed as check_trackers_installed
 from fully_async.core.types import PromptRecord
 
 logger = logging.getLogger(__name__)
@@ -124,27 +125,38 @@ def probe_rewards(cfg: Any, records: list[PromptRecord]) -> None:
     Catches a missing function, an unknown data_source and a non-number result in the driver,
     instead of in the rollouter after the engines started.
     """
-    from fully_async.core.rewards import RewardError, build_reward_manager
+    from fully_async.core.rewards import build_reward_manager
 
     manager = build_reward_manager(cfg)
     firsts: dict[str, PromptRecord] = {}
     for rec in records:
         firsts.setdefault(rec.data_source, rec)
     key = "custom_reward_function.path" if cfg.custom_reward_function.path else f"data.{cfg.data.reward_fn_key}"
-    for source, rec in firsts.items():
-        try:
-            manager.score(source, str(rec.ground_truth), rec.ground_truth, rec.extra_info, 1)
-        except RewardError as exc:
-            if not hasattr(exc, "user_exception"):
-                raise
-            # the function crashed (its traceback is in the message): say it was the pre-run probe
-            raise RewardError(f"{exc}\n(probed before the run with data_source={source!r} and the ground truth of "
-                              f"row {rec.index} as the response; {key})") from None
-        except NotImplementedError as exc:
-            raise ConfigError(key, str(exc)) from None
-        except Exception as exc:  # noqa: BLE001 - the user's function crashed on a plain input
-            raise ConfigError(key, f"the reward function raised {type(exc).__name__}: {exc} when probed with "
-                              f"data_source={source!r} and the ground truth of row {rec.index} as the response")
+    try:
+        for source, rec in firsts.items():
+            _probe(manager, key, source, rec)
+    finally:
+        manager.close()
+
+
+def _probe(manager: Any, key: str, source: str, rec: PromptRecord) -> None:
+    """Score row `rec` with its own ground truth as the response; a failure says it was the pre-run probe."""
+    from fully_async.core.rewards import RewardError
+
+    try:
+        manager.score(source, str(rec.ground_truth), rec.ground_truth, rec.extra_info, 1,
+                      sample=f"the pre-run probe (row {rec.index}, its ground truth as the response)")
+    except RewardError as exc:
+        if not hasattr(exc, "user_exception"):
+            raise
+        # the function crashed (its traceback is in the message): say it was the pre-run probe
+        raise RewardError(f"{exc}\n(probed before the run with data_source={source!r} and the ground truth of "
+                          f"row {rec.index} as the response; {key})") from None
+    except NotImplementedError as exc:
+        raise ConfigError(key, str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - the user's function crashed on a plain input
+        raise ConfigError(key, f"the reward function raised {type(exc).__name__}: {exc} when probed with "
+                          f"data_source={source!r} and the ground truth of row {rec.index} as the response")
 
 
 def load_tokenizer(cfg: Any) -> Any:
@@ -215,6 +227,7 @@ def prepare(cfg: Any) -> Prepared:
     from omegaconf import OmegaConf
 
     validate(cfg)
+    check_trackers_installed(cfg.trainer.logger)
     model_conf = check_model_folder(cfg)
     check_parallel_layout(cfg, model_conf)
     check_attention(cfg, model_conf)

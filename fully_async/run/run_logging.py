@@ -1,4 +1,4 @@
-"""Driver-side view of a run (layer 5 helper): progress bar, console, TensorBoard, summary.
+"""Driver-side view of a run (layer 5 helper): progress bar, console, TensorBoard and trackers, summary.
 
 Actors only produce metric dicts; the driver drains them from every running actor (the trainer's or sync
 worker's steps, the rollouter's validations) and writes every sink, so TensorBoard files land on the
@@ -49,10 +49,19 @@ def log_to_files(line: str, log: logging.Logger = logger) -> None:
             handler.handle(record)
 
 
+def open_metric_logger(cfg: Any) -> MetricLogger:
+    """The sinks of `trainer.logger`, started before Ray so that a tracker that cannot start (credentials, tracking
+    URI, mode) fails the run before any actor exists."""
+    from omegaconf import OmegaConf
+
+    t = cfg.trainer
+    return MetricLogger(list(t.logger), t.project_name, t.experiment_name,
+                        config=OmegaConf.to_container(cfg, resolve=True))
+
+
 class RunLogger:
     def __init__(self, cfg: Any, total_steps: int, sources: list[Any], hardware: str = "",
-                 stream: Optional[TextIO] = None):
-        from omegaconf import OmegaConf
+                 stream: Optional[TextIO] = None, sink: Optional[MetricLogger] = None):
         from tqdm import tqdm
 
         t = cfg.trainer
@@ -63,8 +72,8 @@ class RunLogger:
         self.interactive = bool(t.progress_bar) and is_tty(self.stream)
         self.bar = tqdm(total=total_steps, desc="steps", dynamic_ncols=True, disable=not self.interactive,
                         file=self.stream)
-        self.sink = MetricLogger(list(t.logger), t.project_name, t.experiment_name,
-                                 config=OmegaConf.to_container(cfg, resolve=True), write_line=self.write_line)
+        self.sink = sink if sink is not None else open_metric_logger(cfg)
+        self.sink.write_line = self.write_line
         self.mode = cfg.mode
         self.hardware = hardware
         plan = RunPlan.of(cfg)
@@ -130,7 +139,7 @@ class RunLogger:
                 summary["val_after"] = self._val_mean(self.val_history[-1][1])
             summary["val_last_step"] = self.val_history[-1][0]
             summary["val_last"] = self._val_mean(self.val_history[-1][1])
-        for key in ("perf/throughput", "fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio"):
+        for key in ("perf/throughput", "trainer/idle_ratio", "fully_async/rollouter/idle_ratio"):
             vals = [m[key] for _, m in self.history if key in m]
             if vals:
                 summary[key] = sum(vals) / len(vals)

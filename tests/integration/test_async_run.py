@@ -7,7 +7,7 @@ import pytest
 
 from fully_async.run.hydra_setup import load_config
 import tests_helpers
-from tests_helpers import read_scalars
+from tests_helpers import read_scalars, read_wandb_offline
 
 pytestmark = pytest.mark.integration
 
@@ -15,7 +15,10 @@ REQUIRED_METRICS = [
     "perf/throughput", "perf/time_per_step", "perf/total_num_tokens",
     "timing_s/gen", "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor", "timing_s/param_sync",
     "timing_s/step", "fully_async/count/staleness_samples", "fully_async/count/total_generated_samples",
-    "fully_async/count/current_param_version", "fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio",
+    "fully_async/count/current_param_version", "trainer/idle_ratio", "fully_async/rollouter/idle_ratio",
+    "fully_async/total_wait_time", "fully_async/count/stale_samples_processed",
+    "fully_async/count/stale_trajectory_processed", "rollouter/idle_ratio", "rollouter/active_time",
+    "rollouter/version_time", "rollouter/validate_time",
     "fully_async/partial/total_partial_num", "fully_async/partial/partial_ratio",
     "fully_async/partial/max_partial_span", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy",
     "actor/grad_norm", "actor/lr", "critic/score/mean", "response_length/mean", "response_length/max",
@@ -45,7 +48,39 @@ def test_async_run_completes_and_writes_metrics(ray_session, tmp_path, monkeypat
     val_steps = [s for s, _ in scalars["val-core/arithmetic/reward/mean@1"]]
     assert 0 in val_steps and 2 in val_steps and 4 in val_steps
     assert [v for _, v in scalars["fully_async/count/current_param_version"]] == [0, 1, 2, 3]
-    assert all(0.0 <= v <= 1.0 for _, v in scalars["fully_async/trainer/idle_ratio"])
+    assert all(0.0 <= v <= 1.0 for _, v in scalars["trainer/idle_ratio"] + scalars["rollouter/idle_ratio"])
+    assert scalars["fully_async/total_wait_time"] == scalars["timing_s/gen"]
+    # one per param version, logged at the trainer step that pushed the next one
+    assert [s for s, _ in scalars["rollouter/version_time"]] == [1, 2, 3, 4]
+    assert all(a <= v for (_, a), (_, v) in zip(scalars["rollouter/active_time"], scalars["rollouter/version_time"]))
+    stale = [v for _, v in scalars["fully_async/count/stale_trajectory_processed"]]
+    assert stale == sorted(stale) and stale[-1] <= 4 * 8 * 4  # cumulative, at most every trained response
+
+
+def test_wandb_offline_gets_the_tensorboard_scalars(ray_session, tmp_path, monkeypatch):
+    """trainer.logger=[console,tensorboard,wandb] with WANDB_MODE=offline: the W&B run file holds every scalar
+    name TensorBoard got, at the same steps, with the same values."""
+    pytest.importorskip("wandb")
+    from fully_async.run.main import run_async
+
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
+    (tmp_path / "wandb").mkdir()
+    cfg = load_config([f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.total_training_steps=3",
+                       "trainer.logger=[console,tensorboard,wandb]", "trainer.progress_bar=false",
+                       "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8"])
+    assert run_async(cfg)["steps"] == 3
+    tb = read_scalars(str(tmp_path / "tb"))
+    wb = read_wandb_offline(str(tmp_path / "wandb"))
+    assert {"trainer/idle_ratio", "rollouter/idle_ratio", "val-core/arithmetic/reward/mean@1"} <= set(tb)
+    assert set(wb) == set(tb)
+    for key, points in tb.items():
+        if key == "training/global_step":  # W&B's step axis: on every row it got, validation rows too
+            assert {s for s, _ in points} <= {s for s, _ in wb[key]} and all(s == v for s, v in wb[key])
+            continue
+        assert [s for s, _ in sorted(wb[key])] == [s for s, _ in sorted(points)], key
+        assert [v for _, v in sorted(wb[key])] == pytest.approx([v for _, v in sorted(points)], rel=1e-6), key
 
 
 def test_collective_weight_sync_and_fsdp2_trainer_on_gloo(ray_session, tmp_path, monkeypatch):
@@ -98,3 +133,24 @@ def test_failing_rollouter_exits_nonzero_with_its_error(tmp_path):
     # the user's error, where it was raised (file and line), reaches the driver
     assert "rollouter failed: RewardError: reward function compute_score" in out
     assert "raised ValueError: reward exploded on purpose" in out and f"{bad}:3 (in compute_score)" in out
+
+
+def test_hanging_reward_fails_the_run_within_its_timeout(tmp_path):
+    slow = tmp_path / "slow_reward.py"
+    # correct answers score at once (so the driver's probe passes); the first wrong answer hangs in the rollouter
+    slow.write_text("import time\n\n\n"
+                    "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                    "    if solution_str.strip() != str(ground_truth):\n"
+                    "        time.sleep(600)\n"
+                    "    return 1.0\n")
+    env = dict(os.environ, TENSORBOARD_DIR=str(tmp_path / "tb"))
+    r = subprocess.run([sys.executable, "-m", "fully_async.main", f"custom_reward_function.path={slow}",
+                        "reward_model.timeout_s=3", "trainer.total_training_steps=3", "trainer.val_before_train=false",
+                        "trainer.progress_bar=false", f"trainer.default_local_dir={tmp_path}/ckpt",
+                        f"hydra.run.dir={tmp_path}/hydra"],
+                       capture_output=True, text=True, timeout=200, env=env)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    assert f"rollouter failed: RewardError: reward function {slow}:compute_score did not return within " \
+           "reward_model.timeout_s=3s on sample e0-p" in out, out[-3000:]
+    assert "(prompt index " in out

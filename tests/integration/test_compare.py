@@ -169,7 +169,7 @@ def test_from_logs_report_plots_and_numbers(compared, tmp_path):
             assert got["time_to_threshold_s"] is None
         else:
             assert got["time_to_threshold_s"] == pytest.approx(hit - first, abs=1e-3)
-        for key, tag in (("trainer_idle_ratio", "fully_async/trainer/idle_ratio"),
+        for key, tag in (("trainer_idle_ratio", "trainer/idle_ratio"),
                          ("rollouter_idle_ratio", "fully_async/rollouter/idle_ratio"),
                          ("staleness_mean", "fully_async/staleness/mean")):
             vs = [v for _, _, v in scalars[tag]]
@@ -368,8 +368,10 @@ def test_report_of_synthetic_runs_states_split_ceilings_and_workload(tmp_path):
 CORE_METRICS = ["perf/throughput", "perf/time_per_step", "perf/total_num_tokens", "timing_s/gen",
                 "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor", "timing_s/param_sync",
                 "timing_s/step", "fully_async/count/total_generated_samples", "fully_async/count/current_param_version",
-                "fully_async/trainer/idle_ratio", "fully_async/rollouter/idle_ratio",
-                "fully_async/partial/total_partial_num", "fully_async/partial/partial_ratio",
+                "trainer/idle_ratio", "fully_async/rollouter/idle_ratio", "rollouter/idle_ratio",
+                "rollouter/active_time", "rollouter/version_time", "fully_async/count/stale_samples_processed",
+                "fully_async/count/stale_trajectory_processed", "fully_async/partial/total_partial_num",
+                "fully_async/partial/partial_ratio",
                 "fully_async/partial/max_partial_span", "fully_async/staleness/mean", "actor/pg_loss",
                 "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/lr",
                 "critic/score/mean", "response_length/mean", "response_length/max", "response_length/clip_ratio",
@@ -386,3 +388,5 @@ def test_sync_logs_the_same_metric_set_as_async(compared):
             "timing_s/onload"} <= tags["sync"]
     sync_versions = read_events(str(out / "runs" / "sync"))[0]["fully_async/staleness/max"]
     assert [v for _, _, v in sync_versions] == [0.0, 0.0, 0.0]   # every sync sample is on-policy
+    sync_stale = read_events(str(out / "runs" / "sync"))[0]["fully_async/count/stale_trajectory_processed"]
+    assert [v for _, _, v in sync_stale] == [0.0, 0.0, 0.0]

@@ -49,6 +49,7 @@ def rollouter():
 def test_validation_goes_to_the_outbox_at_the_step_of_its_version(rollouter):
     metrics = rollouter._validate(3)
     assert any(k.startswith("val-core/") for k in metrics)
+    assert metrics["rollouter/validate_time"] == metrics["timing_s/testing"] > 0
     assert rollouter.pop_metrics() == [(6, metrics)]       # version 3 x trigger_parameter_sync_step 2
     assert rollouter.pop_metrics() == []
     assert any(k.startswith("val-core/") for k in rollouter.validate())
@@ -109,3 +110,20 @@ def test_checkpoint_hold_stops_generation_until_release(monkeypatch, tmp_path):
         r.stop()
         loop.join(30)
     assert not loop.is_alive()
+
+
+def test_param_version_metrics_go_to_the_outbox_at_the_step_that_pushed_the_next_version(rollouter):
+    import time
+
+    rollouter.pop_metrics()
+    rollouter._end_version(1)
+    assert rollouter.pop_metrics() == []                     # before run(): the initial weights end no version
+    rollouter._version_mark = (time.perf_counter() - 4.0, rollouter.stats["idle_s"])
+    rollouter.stats["idle_s"] += 1.0                          # 1 s of the 4 s version with nothing to generate
+    rollouter._end_version(2)
+    [(step, m)] = rollouter.pop_metrics()
+    assert step == 4                                          # version 2 x trigger_parameter_sync_step 2
+    assert m["rollouter/version_time"] == pytest.approx(4.0, abs=0.5)
+    assert m["rollouter/active_time"] == pytest.approx(m["rollouter/version_time"] - 1.0)
+    assert m["rollouter/idle_ratio"] == pytest.approx(1.0 / m["rollouter/version_time"])
+    rollouter._version_mark = None

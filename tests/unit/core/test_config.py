@@ -32,7 +32,7 @@ def test_default_config_is_valid():
     ("actor_rollout_ref.actor.clip_ratio_c=1.0", "actor_rollout_ref.actor.clip_ratio_c"),
     ("data.train_files=/nonexistent/train.parquet", "data.train_files"),
     ("actor_rollout_ref.model.path=/nonexistent/model", "actor_rollout_ref.model.path"),
-    ("trainer.logger=[console,wandb]", "trainer.logger"),
+    ("trainer.logger=[console,clearml]", "trainer.logger"),
     ("reward_model.reward_manager=prime", "reward_model.reward_manager"),
     ("trainer.device_peak_tflops=0", "trainer.device_peak_tflops"),
     ("trainer.device_peak_tflops=-989", "trainer.device_peak_tflops"),

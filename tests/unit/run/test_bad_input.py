@@ -135,6 +135,18 @@ def test_npu_without_torch_npu_names_the_fix():
     assert "Started a local Ray instance" not in out
 
 
+def test_a_tracker_that_cannot_start_stops_the_run_before_ray(tmp_path):
+    pytest.importorskip("mlflow")
+    env = dict(os.environ, MLFLOW_TRACKING_URI="nosuchscheme://nowhere", TENSORBOARD_DIR=str(tmp_path / "tb"))
+    r = subprocess.run([sys.executable, "-m", "fully_async.main", "trainer.logger=[console,mlflow]",
+                        f"trainer.default_local_dir={tmp_path}/ckpt", f"hydra.run.dir={tmp_path}/hydra"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    assert "trainer.logger=mlflow: mlflow did not start" in out and "check MLFLOW_TRACKING_URI" in out
+    assert "Started a local Ray instance" not in out and "Traceback" not in out
+
+
 def test_more_devices_than_ray_has():
     import ray
 
