@@ -90,8 +90,9 @@ RULES: list[Rule] = [
     _warn("**.profiler.**", PROFILER),
     _warn("global_profiler.**", PROFILER),
     _warn_if("**.ulysses_sequence_parallel_size", *ONE, SP, "use 1"),
-    _warn("**.use_torch_compile", "training runs eagerly (the embedded engine captures decode graphs instead: "
-          "actor_rollout_ref.rollout.enforce_eager)"),
+    _warn("**.use_torch_compile", "compilation is set once, by actor_rollout_ref.actor.use_torch_compile (each "
+          "decoder layer of the actor and of the reference model, torch/fsdp2 on CUDA); the embedded engine's "
+          "decode follows actor_rollout_ref.rollout.fused_decode / enforce_eager"),
     _warn("**.nccl_timeout", "collectives use the backend's default timeout; trainer.progress_timeout_s bounds a "
           "stalled run"),
     # ---------------------------------------------------------------- actor
