@@ -259,9 +259,12 @@ class ReplicatedGroupBackend(GroupBackend):
 
 def connect_trainer_group(cfg: FullyAsyncConfig, device: Any, optimizer_steps: int, master: tuple[str, int],
                           worker_options: dict, placement: Optional[Any] = None,
-                          engine_args: Optional[tuple[list[int], int]] = None) -> Any:
+                          engine_args: Optional[tuple[list[int], int]] = None,
+                          rank_options: Optional[Callable[[int], dict]] = None) -> Any:
     """Rank 0's backend: spawns W-1 TrainWorkers (rank r in bundle r of `placement`), joins the process
-    group with them, wraps them.  `engine_args` (eos ids, pad id): each worker also hosts an engine."""
+    group with them, wraps them.  `engine_args` (eos ids, pad id): each worker also hosts an engine.
+    `rank_options(r)`: rank r's Ray options instead of `worker_options` (a shared device pool pins each rank
+    to its own pool device)."""
     import ray
 
     from fully_async.cluster.placement import in_bundle
@@ -270,7 +273,8 @@ def connect_trainer_group(cfg: FullyAsyncConfig, device: Any, optimizer_steps: i
     if world == 1:
         return build_local_backend(cfg, device, optimizer_steps, 0, 1, None)
     typed = typed_config(cfg)
-    workers = [ray.remote(TrainWorker).options(**worker_options, **in_bundle(placement, r)).remote(
+    workers = [ray.remote(TrainWorker).options(**(rank_options(r) if rank_options else worker_options),
+                                               **in_bundle(placement, r)).remote(
         typed, r, world, master, optimizer_steps, engine_args) for r in range(1, world)]
     local = build_local_backend(cfg, device, optimizer_steps, 0, world, master)  # rendezvous with the workers
     ray.get([w.ready.remote() for w in workers])

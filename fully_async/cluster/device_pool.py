@@ -271,3 +271,30 @@ def job_name(cfg: Any) -> str:
 
 def pool_timeline_path(cfg: Any) -> str:
     return os.path.abspath(os.path.join(cfg.multi_job.pool_dir, cfg.multi_job.pool, "timeline.json"))
+
+
+def pinned_actor_options(device: Any, cfg: Any, rank: int, num_cpus: float = 1) -> dict:
+    """Ray options of trainer rank `rank` of a job on a shared pool.  On accelerators: no device resource (the
+    jobs share the devices; the leases keep them apart in time) and the rank's pool device pinned; on CPU the
+    device's own options (pool devices are logical there)."""
+    if not device.is_accelerator:
+        return device.ray_actor_options(1, num_cpus=num_cpus)
+    return dict(device.ray_actor_options(0, num_cpus=num_cpus),
+                runtime_env={"env_vars": device.pinned_env([job_devices(cfg)[rank]])})
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast (before data is loaded) when the shared Ray cluster's address does not answer."""
+    import socket
+
+    from fully_async.cluster.ray_utils import RunFailed
+
+    if address == "auto" or "://" in address:
+        return  # ray.init resolves these itself
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as exc:
+        raise RunFailed(f"multi_job.pool: no Ray cluster answers at {address} (multi_job.ray_address or "
+                        f"RAY_ADDRESS): {exc}.  Start one first: `ray start --head --port=<port>`") from None
