@@ -86,11 +86,11 @@ class SharedSyncWorker(SyncWorker):
         if self.lease.current is not None:
             return super().validate()
         with self.lease.phase("validate") as ph:
-            self._engine_on(ph, "validate")
+            switch = self._engine_on(ph, "validate")
             with ph.span("validate"):
                 metrics = super().validate()
-            self._event(ph, "validate", "offload", lambda: self.pool.sleep(1))
-        return metrics
+            switch.update(self._event(ph, "validate", "offload", lambda: self.pool.sleep(1)))
+        return dict(metrics, **switch)
 
     def _save(self) -> dict:
         if self.lease.current is not None:
