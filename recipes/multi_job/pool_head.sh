@@ -6,7 +6,7 @@ start_head() {  # $1: logical CPUs of the head (each CPU job's worker takes 2)
   export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}  # a private head; a token in ~/.ray would otherwise switch auth on
   local port; port=$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   HEAD_TMP=$(mktemp -d /tmp/mjray.XXXXXX)  # short: Ray's socket paths must stay under 107 bytes
-  setsid ray start --head --block --port="$port" --num-cpus="$1" --temp-dir="$HEAD_TMP" --include-dashboard=false \
+  setsid python -m ray.scripts.scripts start --head --block --port="$port" --num-cpus="$1" --temp-dir="$HEAD_TMP" --include-dashboard=false \
       --disable-usage-stats > "$OUT/ray_head.log" 2>&1 &
   HEAD_PID=$!
   disown "$HEAD_PID"

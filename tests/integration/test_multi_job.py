@@ -19,7 +19,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+RAY = [sys.executable, "-m", "ray.scripts.scripts"]   # the ray CLI
 # this machine may hold a default Ray token (~/.ray/auth_token) that `ray start` would switch on; the jobs of
 # these tests run on a private head without it
 ENV = {"RAY_AUTH_MODE": "disabled", "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
@@ -36,7 +36,7 @@ def ray_head(tmp_path):
     """A private Ray head (its own temp dir and port), stopped by killing the process group it started in."""
     port = free_port()
     temp = tempfile.mkdtemp(prefix="mjray", dir="/tmp")   # short: Ray's socket paths must stay under 107 bytes
-    proc = subprocess.Popen([RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=8",
+    proc = subprocess.Popen([*RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=8",
                              f"--temp-dir={temp}", "--include-dashboard=false", "--disable-usage-stats"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=dict(os.environ, **ENV),
                             start_new_session=True)
