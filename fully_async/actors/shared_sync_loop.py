@@ -45,6 +45,11 @@ class SharedSyncWorker(SyncWorker):
 
         return lambda rank: pinned_actor_options(device, cfg, rank)
 
+    def progress(self) -> dict:
+        """The driver's watchdog also sees the lease polls: waiting for the devices is not being stuck (a phase that
+        hangs holding them shows no polls, and its lease is revoked after multi_job.max_lease_s)."""
+        return dict(super().progress(), lease_polls=self.lease.polls)
+
     # ------------------------------------------------------------------ phases
     def _park(self) -> None:
         self.pool.sleep(1)

@@ -231,6 +231,7 @@ class LeaseClient:
         self.poll_s = poll_s
         self.pool = get_pool(pool)
         self.current: Optional[Phase] = None
+        self.polls = 0   # acquire calls: a job waiting its turn is not stuck (the driver's watchdog reads this)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[Phase]:
@@ -240,6 +241,7 @@ class LeaseClient:
         try:
             while True:
                 got = ray.get(self.pool.acquire.remote(self.job, self.holder, name, self.devices, self.poll_s))
+                self.polls += 1
                 if got is not None:
                     break
         except Exception as exc:  # noqa: BLE001

@@ -155,7 +155,7 @@ class Watchdog:
             return
         self.last_poll = now
         state = self.state()
-        signature = {n: {k: v for k, v in s.items() if k in ("step", "engine_steps", "validations")}
+        signature = {n: {k: v for k, v in s.items() if k in ("step", "engine_steps", "validations", "lease_polls")}
                      if isinstance(s, dict) else s for n, s in state.items()}
         if signature != self.signature:
             self.signature, self.last_change = signature, now
