@@ -50,9 +50,9 @@ class DevicePoolService:
         self._ticker.start()
 
     # ------------------------------------------------------------------ membership
-    def register(self, job: str, num_devices: int) -> dict:
+    def register(self, job: str, num_devices: int, max_hold_s: Optional[float] = None) -> dict:
         with self.cond:
-            self.book.register(job, num_devices, self.clock())
+            self.book.register(job, num_devices, self.clock(), max_hold_s)
             logger.info("pool %s: job %s joined (%d jobs)", self.name, job, len(self.book.jobs))
             return {"pool": self.name, "num_devices": self.book.num_devices, "timeline": self.timeline_path,
                     "max_hold_s": self.book.max_hold_s, "heartbeat_timeout_s": self.book.heartbeat_timeout_s}
@@ -135,7 +135,10 @@ class DevicePoolService:
                     self._dirty = True
                 if self._dirty:
                     self.cond.notify_all()
-                due = self._dirty and time.monotonic() - self._written >= self._write_every_s
+                # the whole trace is rewritten: the longer it is, the less often (1 s per 2,000 spans, at least
+                # write_every_s); a job ending and write_timeline() write it at once
+                every = max(self._write_every_s, len(self.spans) / 2000)
+                due = self._dirty and time.monotonic() - self._written >= every
             if due and self.timeline_path:
                 try:
                     self.write_timeline()
@@ -167,15 +170,20 @@ def _unwrap(exc: BaseException) -> BaseException:
 class PoolMembership:
     """The driver's registration and heartbeat thread (see the module docstring)."""
 
-    def __init__(self, pool_handle: Any, job: str, num_devices: int, heartbeat_timeout_s: float):
+    def __init__(self, pool_handle: Any, job: str, num_devices: int, heartbeat_timeout_s: float,
+                 max_hold_s: Optional[float] = None):
         import ray
 
         self.pool, self.job = pool_handle, job
         try:
-            self.info = ray.get(pool_handle.register.remote(job, num_devices), timeout=60)
+            self.info = ray.get(pool_handle.register.remote(job, num_devices, max_hold_s), timeout=60)
         except Exception as exc:  # noqa: BLE001 - LeaseError: wrong device count, a live job of this name
             raise _unwrap(exc) from None
-        self.interval_s = max(0.1, heartbeat_timeout_s / 5)
+        if self.info["heartbeat_timeout_s"] != heartbeat_timeout_s:
+            logger.warning("device pool %s: its heartbeat timeout is %gs (set by the job that created it), not this "
+                           "job's multi_job.heartbeat_timeout_s=%g", self.info["pool"], self.info["heartbeat_timeout_s"],
+                           heartbeat_timeout_s)
+        self.interval_s = max(0.1, min(heartbeat_timeout_s, self.info["heartbeat_timeout_s"]) / 5)
         self.lost: Optional[str] = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True, name="pool-heartbeat")

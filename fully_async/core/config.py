@@ -297,8 +297,10 @@ class MultiJobConfig:
     job_devices: Optional[list[int]] = None  # the pool devices this job leases; null: all of them
     job_name: Optional[str] = None        # the job's name in the pool and its Ray namespace; null: experiment_name
     ray_address: Optional[str] = None     # the shared Ray cluster (host:port); null: $RAY_ADDRESS
-    max_lease_s: float = 1800.0           # a lease held longer is revoked and the job fails, naming this key
-    heartbeat_timeout_s: float = 5.0      # a job whose driver is silent this long loses its leases (seconds)
+    max_lease_s: float = 1800.0           # this job's lease time limit (s): a lease held longer is revoked and the
+    #                                       job fails, naming this key
+    heartbeat_timeout_s: float = 5.0      # a job whose driver is silent this long loses its leases (s; the pool's
+    #                                       creator sets it for the pool, a different value is warned about)
     pool_dir: str = "multi_job_pool"      # the pool writes <pool_dir>/<pool>/timeline.json (absolute-ised by
     #                                       the job that creates the pool; on the pool actor's node)
 

@@ -14,8 +14,8 @@ Why nobody starves.  Requests wait in one FIFO queue.  A request is granted only
 is held *and* none is wanted by an earlier waiting request (no overtaking on a shared device; requests
 on disjoint devices go ahead, so a 1-device job need not wait for an unrelated 2-device one).  So a request
 waits at most for the requests ahead of it that share a device, each of which waits for the same, and
-every lease ends within `max_hold_s` (it is revoked then) or when its owner stops heartbeating: the wait is
-bounded by (requests ahead + 1) x max_hold_s.
+every lease ends within its job's `max_hold_s` (it is revoked then) or when its owner stops heartbeating: the wait is
+bounded by the sum of the time limits of the requests ahead of it (and of the current holders).
 
 Overstaying.  A lease past `max_hold_s` is revoked at the next `tick()`: its devices go to the next
 request, and the holder's next call (`release`, `request`, `heartbeat`) raises `LeaseExpired` with the
@@ -46,6 +46,7 @@ class Lease:
     phase: str                  # rollout | train | setup | validate ...
     devices: frozenset
     requested_at: float
+    max_hold_s: float = 0.0     # the job's own limit (multi_job.max_lease_s of that job)
     granted_at: Optional[float] = None
     expires_at: Optional[float] = None
 
@@ -69,6 +70,7 @@ class LeaseBook:
         self.max_hold_s = max_hold_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.jobs: dict[str, float] = {}            # job -> last heartbeat
+        self.max_hold: dict[str, float] = {}        # job -> its lease time limit (default: the pool's)
         self.waiting: deque[Lease] = deque()        # FIFO
         self.held: dict[str, Lease] = {}            # holder -> lease
         self.owner: dict[int, str] = {}             # device -> holder
@@ -78,9 +80,10 @@ class LeaseBook:
         self.log: list[str] = []                    # what the pool did on its own (revocations, dead jobs)
 
     # ------------------------------------------------------------------ membership
-    def register(self, job: str, num_devices: int, now: float) -> None:
-        """A job joins; refused when the pool's device count differs from the one it was configured with, or
-        when a live job already has this name (two jobs would share each other's leases and run folders)."""
+    def register(self, job: str, num_devices: int, now: float, max_hold_s: Optional[float] = None) -> None:
+        """A job joins (with its own lease time limit, default the pool's); refused when the pool's device count
+        differs from the one it was configured with, or when a live job already has this name (two jobs would
+        share each other's leases and run folders)."""
         if num_devices != self.num_devices:
             raise LeaseError(f"this pool has {self.num_devices} device(s) but the job was configured for "
                              f"{num_devices} (multi_job.devices): use the pool's device count or another multi_job.pool")
@@ -88,6 +91,7 @@ class LeaseBook:
             raise LeaseError(f"a live job named {job!r} is already in this pool: give each job its own "
                              "multi_job.job_name (default: trainer.experiment_name)")
         self.jobs[job] = now
+        self.max_hold[job] = self.max_hold_s if max_hold_s is None else max_hold_s
         self.dropped.pop(job, None)
         self.revoked = {h: why for h, why in self.revoked.items() if not h.startswith(f"{job}/")}
 
@@ -112,7 +116,7 @@ class LeaseBook:
             raise LeaseError(f"{holder} asked for a second lease while holding or awaiting one (one lease per "
                              "holder at a time is what keeps the pool free of deadlock)")
         self.jobs[job] = now
-        self.waiting.append(Lease(holder, job, phase, devs, now))
+        self.waiting.append(Lease(holder, job, phase, devs, now, self.max_hold.get(job, self.max_hold_s)))
         self.grant(now)
 
     def granted(self, job: str, holder: str) -> Optional[Lease]:
@@ -140,7 +144,7 @@ class LeaseBook:
                 blocked |= lease.devices
                 continue
             self.waiting.remove(lease)
-            lease.granted_at, lease.expires_at = now, now + self.max_hold_s
+            lease.granted_at, lease.expires_at = now, now + lease.max_hold_s
             self.held[lease.holder] = lease
             for d in lease.devices:
                 self.owner[d] = lease.holder
@@ -154,7 +158,7 @@ class LeaseBook:
         done: list[str] = []
         for lease in [h for h in self.held.values() if h.expires_at is not None and now > h.expires_at]:
             why = (f"lease of {sorted(lease.devices)} for phase {lease.phase!r} revoked after "
-                   f"{now - lease.granted_at:.1f}s > multi_job.max_lease_s={self.max_hold_s:g}: the phase "
+                   f"{now - lease.granted_at:.1f}s > multi_job.max_lease_s={lease.max_hold_s:g}: the phase "
                    "overstayed (raise multi_job.max_lease_s, or make the phase shorter)")
             self.revoked[lease.holder] = why
             self._end(lease, now, "revoked")
@@ -208,4 +212,5 @@ class LeaseBook:
             self.dropped[job] = reason
         self.waiting = deque(w for w in self.waiting if w.job != job)
         self.jobs.pop(job, None)
+        self.max_hold.pop(job, None)
         self.grant(now)

@@ -368,7 +368,7 @@ def join_pool(cfg: Any, device: Any) -> Any:
         if mj.devices > have:
             raise RunFailed(f"multi_job.devices={mj.devices} but the Ray cluster has {have} {device.ray_resource}")
     pool = get_or_create_pool(mj.pool, mj.devices, mj.max_lease_s, mj.heartbeat_timeout_s, pool_timeline_path(cfg))
-    membership = PoolMembership(pool, job_name(cfg), mj.devices, mj.heartbeat_timeout_s)
+    membership = PoolMembership(pool, job_name(cfg), mj.devices, mj.heartbeat_timeout_s, mj.max_lease_s)
     logger.info("device pool %s: job %s leases devices %s of %d (timeline: %s)", mj.pool, job_name(cfg),
                 list(mj.job_devices) if mj.job_devices is not None else list(range(mj.devices)),
                 membership.info["num_devices"], membership.info["timeline"])

@@ -164,3 +164,15 @@ def test_randomized_many_jobs_no_deadlock_no_starvation(seed):
                 assert name not in b.jobs and not any(h.startswith(f"{name}/") for h in b.holders())
     assert max_wait <= bound, (max_wait, bound)
     assert revoked > 0  # the overstays were exercised
+
+
+def test_each_job_has_its_own_time_limit():
+    b = LeaseBook(2, 100.0, 1000.0)
+    b.register("short", 2, 0.0, max_hold_s=1.0)
+    b.register("long", 2, 0.0)
+    b.request("short", "short/x", "train", [0], 0.0)
+    b.request("long", "long/x", "train", [1], 0.0)
+    assert len(b.tick(1.5)) == 1 and b.holders() == {"long/x": [1]}
+    with pytest.raises(LeaseExpired, match="multi_job.max_lease_s=1:"):
+        b.release("short", "short/x", 2.0)
+    assert b.tick(99.0) == [] and b.tick(100.5) != []
