@@ -35,7 +35,8 @@ def start_head(num_cpus: Optional[int], env: dict) -> tuple[subprocess.Popen, st
     temp = tempfile.mkdtemp(prefix="mjray", dir="/tmp")   # short: Ray's socket paths must stay under 107 bytes
     # the ray CLI as a module: works where Ray sits on PYTHONPATH without its console script (offline bundles)
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
-           f"--temp-dir={temp}", "--include-dashboard=false", "--disable-usage-stats"] + ([f"--num-cpus={num_cpus}"] if num_cpus else [])
+           f"--temp-dir={temp}", "--include-dashboard=false", "--disable-usage-stats"]
+    cmd += [f"--num-cpus={num_cpus}"] if num_cpus else []
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -181,8 +181,8 @@ class PoolMembership:
             raise _unwrap(exc) from None
         if self.info["heartbeat_timeout_s"] != heartbeat_timeout_s:
             logger.warning("device pool %s: its heartbeat timeout is %gs (set by the job that created it), not this "
-                           "job's multi_job.heartbeat_timeout_s=%g", self.info["pool"], self.info["heartbeat_timeout_s"],
-                           heartbeat_timeout_s)
+                           "job's multi_job.heartbeat_timeout_s=%g", self.info["pool"],
+                           self.info["heartbeat_timeout_s"], heartbeat_timeout_s)
         self.interval_s = max(0.1, min(heartbeat_timeout_s, self.info["heartbeat_timeout_s"]) / 5)
         self.lost: Optional[str] = None
         self._stop = threading.Event()

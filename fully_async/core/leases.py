@@ -86,7 +86,8 @@ class LeaseBook:
         share each other's leases and run folders)."""
         if num_devices != self.num_devices:
             raise LeaseError(f"this pool has {self.num_devices} device(s) but the job was configured for "
-                             f"{num_devices} (multi_job.devices): use the pool's device count or another multi_job.pool")
+                             f"{num_devices} (multi_job.devices): use the pool's device count or another "
+                             "multi_job.pool")
         if job in self.jobs and now - self.jobs[job] <= self.heartbeat_timeout_s:
             raise LeaseError(f"a live job named {job!r} is already in this pool: give each job its own "
                              "multi_job.job_name (default: trainer.experiment_name)")
