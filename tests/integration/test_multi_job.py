@@ -70,7 +70,7 @@ class Job:
         self.tb = tmp_path / f"tb_{name}"
         cmd = [sys.executable, "-u", "-m", "fully_async.main", "mode=sync", "trainer.device=cpu",
                "trainer.progress_bar=false", f"trainer.experiment_name={name}", "multi_job.pool=cpu_pool",
-               "multi_job.devices=2", "multi_job.heartbeat_timeout_s=2", f"multi_job.pool_dir={tmp_path}/pool",
+               "multi_job.devices=2", "multi_job.heartbeat_timeout_s=3", f"multi_job.pool_dir={tmp_path}/pool",
                f"trainer.default_local_dir={tmp_path}/ckpt_{name}", f"hydra.run.dir={tmp_path}/hydra_{name}",
                *overrides]
         env = dict(os.environ, **ENV, RAY_ADDRESS=address, TENSORBOARD_DIR=str(self.tb), PYTHONUNBUFFERED="1")
@@ -189,17 +189,18 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head):
             assert time.time() - killed_at < 10, state
             time.sleep(0.2)
         freed_after = time.time() - killed_at
-        assert freed_after < 2 + 3, freed_after                 # heartbeat timeout 2 s, ticks of 0.1 s
+        assert freed_after < 3 + 4, freed_after   # heartbeat timeout 3 s (slack for a loaded CI machine)
         assert not any(h.startswith("c/") for h in state["held"]) and not any(h.startswith("c/") for h in
                                                                                state["waiting"])
         assert any("job c sent no heartbeat" in line for line in state["log"])
         for job in (a, b):
             assert job.wait(300) == 0, job.output[-4000:]
-            assert job.summary()["steps"] == 5
+            s = job.summary()
+            assert s["steps"] == 5 and s["val_after"] > s["val_before"] + 0.1, s   # they learn, as alone
         trace = json.loads((tmp_path / "pool" / "cpu_pool" / "timeline.json").read_text())["traceEvents"]
         lost = [s for s in leases(trace) if s[0] == "job c" and s[4] == "job lost"]
         for s in lost:  # whatever c held at its death ended on the heartbeat timeout
-            assert s[3] - killed_at < 5, s
+            assert s[3] - killed_at < 3 + 4, s
         ours = [s for s in leases(trace) if s[0] in ("job a", "job b")]
         assert {s[1] for s in ours if s[0] == "job a"} == {"device 0"}
         assert {s[1] for s in ours if s[0] == "job b"} == {"device 1"}
