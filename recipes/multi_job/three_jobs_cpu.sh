@@ -18,9 +18,11 @@ trap stop_head EXIT
 COMMON=(mode=sync trainer.device=cpu trainer.total_training_steps=20 trainer.test_freq=10 trainer.progress_bar=false
         multi_job.pool=tiny_pool multi_job.devices=2 "multi_job.pool_dir=$OUT/pool")
 declare -A DEVICES=([job_a]="[0]" [job_b]="[1]" [job_c]="[0,1]")
-pids=()
+pids=(); seed=0
 for job in job_a job_b job_c; do
+  seed=$((seed + 1))   # different jobs: each its own data order and sampling seed
   TENSORBOARD_DIR="$OUT/$job/tensorboard" python -m fully_async.main "${COMMON[@]}" trainer.experiment_name=$job \
+      data.seed=$seed trainer.seed=$seed \
       "multi_job.job_devices=${DEVICES[$job]}" "trainer.default_local_dir=$OUT/$job/checkpoints" \
       "hydra.run.dir=$OUT/$job/hydra" "$@" > "$OUT/$job.log" 2>&1 &
   pids+=($!)

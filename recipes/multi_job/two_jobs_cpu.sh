@@ -20,9 +20,11 @@ trap stop_head EXIT
 
 COMMON=(mode=sync trainer.device=cpu trainer.total_training_steps=20 trainer.test_freq=10 trainer.progress_bar=false
         multi_job.pool=tiny_pool multi_job.devices=2 "multi_job.pool_dir=$OUT/pool")
-pids=()
+pids=(); seed=0
 for job in job_a job_b; do
+  seed=$((seed + 1))   # different jobs: each its own data order and sampling seed
   TENSORBOARD_DIR="$OUT/$job/tensorboard" python -m fully_async.main "${COMMON[@]}" trainer.experiment_name=$job \
+      data.seed=$seed trainer.seed=$seed \
       "trainer.default_local_dir=$OUT/$job/checkpoints" "hydra.run.dir=$OUT/$job/hydra" "$@" > "$OUT/$job.log" 2>&1 &
   pids+=($!)
 done
