@@ -175,10 +175,18 @@ class PoolMembership:
         import ray
 
         self.pool, self.job = pool_handle, job
-        try:
-            self.info = ray.get(pool_handle.register.remote(job, num_devices, max_hold_s), timeout=60)
-        except Exception as exc:  # noqa: BLE001 - LeaseError: wrong device count, a live job of this name
-            raise _unwrap(exc) from None
+        deadline = time.monotonic() + heartbeat_timeout_s + 2
+        while True:
+            try:
+                self.info = ray.get(pool_handle.register.remote(job, num_devices, max_hold_s), timeout=60)
+                break
+            except Exception as exc:  # noqa: BLE001 - LeaseError: wrong device count, a live job of this name
+                cause = _unwrap(exc)
+                # the same job restarted right after its driver died: its old entry expires within the timeout
+                if isinstance(cause, LeaseError) and "live job named" in str(cause) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    continue
+                raise cause from None
         if self.info["heartbeat_timeout_s"] != heartbeat_timeout_s:
             logger.warning("device pool %s: its heartbeat timeout is %gs (set by the job that created it), not this "
                            "job's multi_job.heartbeat_timeout_s=%g", self.info["pool"],

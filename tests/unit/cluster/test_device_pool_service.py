@@ -82,3 +82,35 @@ def test_silent_holder_is_dropped_within_the_heartbeat_timeout():
     except LeaseExpired as exc:
         assert "no heartbeat" in str(exc)
     svc.stop()
+
+
+class _Remote:
+    """A DevicePoolService behind the `.method.remote()` call shape of an actor handle (ray.get passes it on)."""
+
+    def __init__(self, svc):
+        self.svc = svc
+
+    def __getattr__(self, name):
+        fn = getattr(self.svc, name)
+        return type("M", (), {"remote": staticmethod(lambda *a: fn(*a))})()
+
+
+def test_a_restarted_job_waits_for_its_old_entry_then_joins(monkeypatch):
+    import ray
+
+    from fully_async.cluster.device_pool import PoolMembership
+    from fully_async.core.leases import LeaseError
+
+    monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
+    svc = DevicePoolService("restart", 1, max_hold_s=60.0, heartbeat_timeout_s=0.5, tick_s=0.02)
+    svc.register("job", 1)                      # the old driver, now silent
+    t0 = time.monotonic()
+    member = PoolMembership(_Remote(svc), "job", 1, heartbeat_timeout_s=0.5)
+    assert 0.4 < time.monotonic() - t0 < 3 and member.info["num_devices"] == 1
+    try:
+        PoolMembership(_Remote(svc), "job", 1, heartbeat_timeout_s=0.5)   # a second live one: refused
+        raise AssertionError("two live jobs of one name must be refused")
+    except LeaseError as exc:
+        assert "live job named 'job'" in str(exc)
+    member.close()
+    svc.stop()
