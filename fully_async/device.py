@@ -140,6 +140,15 @@ class Device:
         wanted = {"HCCL_HOST_SOCKET_PORT_RANGE": "auto", "HCCL_NPU_SOCKET_PORT_RANGE": "auto"}
         return {k: os.environ.get(k, v) for k, v in wanted.items()}
 
+    def pinned_env(self, indices: list[int]) -> dict[str, str]:
+        """Environment that shows a process exactly these devices of its node (by the node's numbering), with
+        Ray told not to overwrite it: for actors that share devices with other jobs' actors and so request no
+        device resource from Ray (a shared device pool, cluster/device_pool.py).  Empty on cpu."""
+        if not self.is_accelerator:
+            return {}
+        return {self.visible_devices_env: ",".join(str(i) for i in indices),
+                f"RAY_EXPERIMENTAL_NOSET_{self.visible_devices_env}": "1"}
+
     def memory_stats(self) -> dict[str, float]:
         """Allocated/reserved device memory (GiB) and host RSS (GiB); cpu reports RSS only."""
         stats = {"host_rss_gib": host_rss_gib()}

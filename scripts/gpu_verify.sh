@@ -6,6 +6,7 @@
 #   bash scripts/gpu_verify.sh engine                     (embedded engine vs generate(static), #11: 1 GPU)
 #   bash scripts/gpu_verify.sh tests                      (the embedded engine's GPU tests only)
 #   bash scripts/gpu_verify.sh mfu                        (#12: megatron vs torch parity, packed update MFU: 1 GPU)
+#   bash scripts/gpu_verify.sh multijob                   (#15: two jobs share one GPU under the pool's leases; 1 GPU)
 #
 # Expects the offline bundle in .gpubundle/ (../shared/tools/offline_bundle.sh) plus the tiny task
 # as jsonl in .gpubundle/data/.  Model: a Qwen2.5-0.5B-shaped Qwen2 with random weights and the
@@ -105,6 +106,29 @@ mfu)
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_megatron_parity.py 2>&1 | tail -6
   timeout 300 python3 scripts/bench_packing.py --shape 0.5b --device cuda \
       --variants ${VARIANTS:-packed:varlen packed:varlen/unfused packed:varlen/compiled packed:varlen/unfused/compiled padded} --out "$OUT/packing_mfu.json" 2>&1 | tail -8
+  ;;
+multijob)
+  # several jobs on one device pool (#15): JOBS (default 2) sync-mode jobs with the 0.5B-shaped model share the
+  # first DEVICES GPUs (default 1: both on GPU 0) under the pool's leases -- each job's engine and trainer are on
+  # the GPU only while it holds the lease -- then the same jobs one after another, each alone.  Prints per job the
+  # end-to-end time both ways and, per phase, what an offload frees and an onload brings back (allocated and
+  # reserved GiB before -> after, seconds); writes $OUT/multi_job.json and the pool's Perfetto timeline.
+  # 2 GPUs: DEVICES=2 JOBS=3 JOB_DEVICES='0;1;0' (a job per GPU, the third shares GPU 0 with the first), or
+  # DEVICES=2 EXTRA="trainer.n_gpus_per_node=2 actor_rollout_ref.actor.strategy=fsdp2" (each job on both GPUs)
+  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  MJ=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
+      data.val_files=null data.max_prompt_length=16 data.max_response_length=${MAXLEN:-256}
+      actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16
+      actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32
+      actor_rollout_ref.actor.ppo_mini_batch_size=$BATCH data.train_batch_size=$BATCH actor_rollout_ref.rollout.n=8
+      actor_rollout_ref.rollout.max_num_seqs=${NSEQS:-128} benchmark.response_length=${LENGTHS:-lognormal}
+      trainer.total_training_steps=${STEPS:-8} trainer.logger=[console,tensorboard])
+  rm -rf /tmp/multijob
+  timeout 580 python3 scripts/multi_job_compare.py --jobs ${JOBS:-2} --devices ${DEVICES:-1} --out /tmp/multijob \
+      ${JOB_DEVICES:+--job-devices "$JOB_DEVICES"} "${MJ[@]}" ${EXTRA:-} 2>&1 | grep -v "it/s\]" | tail -40
+  cp /tmp/multijob/multi_job.json "$OUT/" 2>/dev/null
+  cp /tmp/multijob/shared/pool/compare_pool/timeline.json "$OUT/multi_job_timeline.json" 2>/dev/null
+  grep -h -E "Error|error|Traceback" /tmp/multijob/*/job*.log | head -20
   ;;
 packing)
   # remove-padding: parity (float32, then bfloat16) and trainer throughput on one GPU, then end to end on two

@@ -44,7 +44,8 @@ class SyncWorker(DriverFacing):
         minis = cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size
         self.backend = connect_trainer_group(cfg, self.device, total_optimizer_steps(cfg, total_steps, minis),
                                              (node_ip(), free_port()), self.device.ray_actor_options(1), placement,
-                                             engine_args=(eos_token_ids, pad_token_id))
+                                             engine_args=(eos_token_ids, pad_token_id),
+                                             rank_options=self._rank_options(cfg, self.device))
         self.pool, per_rank = build_sync_pool(cfg, self.device, self.backend, eos_token_ids, pad_token_id)
         self.weight_sync = LocalWeightSync(self.backend, self.pool, per_rank,
                                            parse_dtype(cfg.actor_rollout_ref.rollout.dtype).itemsize)
@@ -84,6 +85,10 @@ class SyncWorker(DriverFacing):
     def get_timeline(self) -> list[dict]:
         return self.timeline.drain() + self.pool.drain_timeline()
 
+    def _rank_options(self, cfg: FullyAsyncConfig, device: Any) -> Optional[Any]:
+        """Ray options of trainer rank r >= 1 (None: the device's own, one device each)."""
+        return None
+
     def progress(self) -> dict:
         return {"step": self.step, "version": self.version, "validations": self._validations}
 
@@ -104,6 +109,44 @@ class SyncWorker(DriverFacing):
             self.last_checkpoint = self._await_checkpoint(self.version)
         return {"timing_s/save_checkpoint": time.perf_counter() - start}
 
+    def _draw_groups(self) -> list[tuple]:
+        """The next batch's prompts as (uid, record, epoch, pending responses)."""
+        groups_in = []
+        for _ in range(self.cfg.data.train_batch_size):
+            item = self.stream.next()
+            if item is None:
+                break
+            epoch, rec = item
+            uid = f"e{epoch}-p{rec.index}"
+            groups_in.append((uid, rec, epoch, group_pendings(uid, rec, self.cfg.actor_rollout_ref.rollout.n,
+                                                              self.params, self.lengths)))
+        return groups_in
+
+    def _score_groups(self, groups_in: list[tuple]) -> list:
+        groups = []
+        with self.timeline.span("reward"):
+            for uid, rec, epoch, ps in groups_in:
+                samples = [p.to_sample() for p in ps]
+                score_samples(self.tokenizer, self.reward, rec, samples)
+                groups.append(make_group(uid, rec, epoch, self.version, samples))
+        return groups
+
+    def _with_step_metrics(self, metrics: dict, step_s: float) -> dict:
+        """The step's time, throughput and idle ratios (validation excluded, as in async mode)."""
+        gen_s = metrics["timing_s/gen"]
+        metrics.update({
+            "timing_s/step": step_s, "perf/time_per_step": step_s,
+            "perf/throughput": metrics["perf/total_num_tokens"] / step_s / self.num_devices,
+            # colocated: the trainer waits while the engine generates and vice versa; a version is one step
+            "trainer/idle_ratio": min(1.0, gen_s / step_s),
+            "fully_async/rollouter/idle_ratio": min(1.0, 1.0 - gen_s / step_s),
+            "fully_async/count/total_generated_samples": len(self.trained_sample_ids),
+        })
+        from fully_async.core.metrics import rollouter_version_metrics
+
+        metrics.update(rollouter_version_metrics(step_s, max(0.0, step_s - gen_s)))
+        return metrics
+
     def _memory(self, phase: str) -> dict:
         return {f"memory/{phase}/{k}": v for k, v in self.device.memory_stats().items()}
 
@@ -114,7 +157,7 @@ class SyncWorker(DriverFacing):
         return metrics
 
     def run(self) -> dict:
-        from fully_async.core.metrics import engine_metrics, rollouter_version_metrics
+        from fully_async.core.metrics import engine_metrics
         from fully_async.train.train_step import train_step
 
         cfg = self.cfg
@@ -128,15 +171,7 @@ class SyncWorker(DriverFacing):
             timing: dict[str, float] = {}
             # ---- generate (engine awake, trainer offloaded)
             t = time.perf_counter()
-            groups_in = []
-            for _ in range(cfg.data.train_batch_size):
-                item = self.stream.next()
-                if item is None:
-                    break
-                epoch, rec = item
-                uid = f"e{epoch}-p{rec.index}"
-                groups_in.append((uid, rec, epoch, group_pendings(uid, rec, cfg.actor_rollout_ref.rollout.n,
-                                                                  self.params, self.lengths)))
+            groups_in = self._draw_groups()
             engines_before = self.pool.engine_stats()
             with self.timeline.span("generate"):
                 run_to_completion(self.pool, [p for *_, ps in groups_in for p in ps])
@@ -145,12 +180,7 @@ class SyncWorker(DriverFacing):
             metrics.update(engine_metrics(self.pool.engine_stats(), engines_before, timing["timing_s/gen"]))
             # ---- reward
             t = time.perf_counter()
-            groups = []
-            with self.timeline.span("reward"):
-                for uid, rec, epoch, ps in groups_in:
-                    samples = [p.to_sample() for p in ps]
-                    score_samples(self.tokenizer, self.reward, rec, samples)
-                    groups.append(make_group(uid, rec, epoch, self.version, samples))
+            groups = self._score_groups(groups_in)
             timing["timing_s/reward"] = time.perf_counter() - t
             # ---- switch: engine sleeps, trainer comes back
             t = time.perf_counter()
@@ -186,18 +216,8 @@ class SyncWorker(DriverFacing):
             step_s = time.perf_counter() - t_step  # validation excluded, as in async mode
             if test_freq > 0 and self.version % test_freq == 0 and self.val_records:
                 self._emit(self.step, self.validate())
-            gen_s = timing["timing_s/gen"]
             metrics.update(timing)
-            metrics.update({
-                "timing_s/step": step_s, "perf/time_per_step": step_s,
-                "perf/throughput": metrics["perf/total_num_tokens"] / step_s / self.num_devices,
-                # colocated: the trainer waits while the engine generates and vice versa; a version is one step
-                "trainer/idle_ratio": min(1.0, gen_s / step_s),
-                "fully_async/rollouter/idle_ratio": min(1.0, 1.0 - gen_s / step_s),
-                "fully_async/count/total_generated_samples": len(self.trained_sample_ids),
-            })
-            metrics.update(rollouter_version_metrics(step_s, max(0.0, step_s - gen_s)))
-            self._emit(self.step, metrics)
+            self._emit(self.step, self._with_step_metrics(metrics, step_s))
         if self._stop_requested:
             self._emit(self.step, self._save())
         return {"steps": self.step, "version": self.version, "trained_sample_ids": self.trained_sample_ids,

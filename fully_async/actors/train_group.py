@@ -54,16 +54,24 @@ def total_optimizer_steps(cfg: FullyAsyncConfig, total_steps: int, mini_batches_
     return total_steps * mini_batches_per_step * cfg.actor_rollout_ref.actor.ppo_epochs
 
 
-def build_local_backend(cfg: FullyAsyncConfig, device: Any, optimizer_steps: int, rank: int, world: int,
-                        master: Optional[tuple[str, int]]) -> Any:
-    """This process's backend; joins the trainer's process group first when the strategy shards."""
-    from fully_async.train.backends import build_backend
-    from fully_async.cluster.network import free_port
-    from fully_async.train.backends.fsdp import init_process_group
+def shards(cfg: FullyAsyncConfig) -> bool:
+    """The strategy runs a process group over the trainer ranks (verl's `fsdp` resolves by world size)."""
+    return actor_strategy(cfg) in ("fsdp2", "megatron")
 
-    if actor_strategy(cfg) in ("fsdp2", "megatron"):
-        addr, port = master or ("127.0.0.1", free_port())
-        init_process_group(device, rank, world, addr, port)
+
+
+def build_local_backend(cfg: FullyAsyncConfig, device: Any, optimizer_steps: int, rank: int, world: int,
+                        master: Optional[tuple[str, int]], store: Optional[Any] = None) -> Any:
+    """This process's backend; joins the trainer's process group first when the strategy shards (rank 0 with
+    its own rendezvous `store`, fsdp.master_store)."""
+    from fully_async.train.backends import build_backend
+    from fully_async.train.backends.fsdp import init_process_group, master_store
+
+    if shards(cfg):
+        if master is None:   # a lone rank (world 1) of a sharding strategy: a private store
+            store = master_store("127.0.0.1", world)
+            master = ("127.0.0.1", store.port)
+        init_process_group(device, rank, world, *master, store=store)
     return build_backend(cfg, device, optimizer_steps)
 
 
@@ -259,9 +267,12 @@ class ReplicatedGroupBackend(GroupBackend):
 
 def connect_trainer_group(cfg: FullyAsyncConfig, device: Any, optimizer_steps: int, master: tuple[str, int],
                           worker_options: dict, placement: Optional[Any] = None,
-                          engine_args: Optional[tuple[list[int], int]] = None) -> Any:
+                          engine_args: Optional[tuple[list[int], int]] = None,
+                          rank_options: Optional[Callable[[int], dict]] = None) -> Any:
     """Rank 0's backend: spawns W-1 TrainWorkers (rank r in bundle r of `placement`), joins the process
-    group with them, wraps them.  `engine_args` (eos ids, pad id): each worker also hosts an engine."""
+    group with them, wraps them.  `engine_args` (eos ids, pad id): each worker also hosts an engine.
+    `rank_options(r)`: rank r's Ray options instead of `worker_options` (a shared device pool pins each rank
+    to its own pool device)."""
     import ray
 
     from fully_async.cluster.placement import in_bundle
@@ -269,10 +280,17 @@ def connect_trainer_group(cfg: FullyAsyncConfig, device: Any, optimizer_steps: i
     world = RunPlan.of(cfg).trainer_devices
     if world == 1:
         return build_local_backend(cfg, device, optimizer_steps, 0, 1, None)
+    store = None
+    if shards(cfg):  # bind the rendezvous port now (the OS picks it), before any rank is told it
+        from fully_async.train.backends.fsdp import master_store
+
+        store = master_store(master[0], world)
+        master = (master[0], store.port)
     typed = typed_config(cfg)
-    workers = [ray.remote(TrainWorker).options(**worker_options, **in_bundle(placement, r)).remote(
+    workers = [ray.remote(TrainWorker).options(**(rank_options(r) if rank_options else worker_options),
+                                               **in_bundle(placement, r)).remote(
         typed, r, world, master, optimizer_steps, engine_args) for r in range(1, world)]
-    local = build_local_backend(cfg, device, optimizer_steps, 0, world, master)  # rendezvous with the workers
+    local = build_local_backend(cfg, device, optimizer_steps, 0, world, master, store)  # rendezvous with the workers
     ray.get([w.ready.remote() for w in workers])
     cls = ReplicatedGroupBackend if cfg.actor_rollout_ref.actor.strategy == "megatron" else GroupBackend
     return cls(local, workers, cfg)

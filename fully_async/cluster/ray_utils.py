@@ -20,17 +20,22 @@ def ray_get(refs: Any, timeout: Optional[float] = None) -> Any:
     return ray.get(refs, timeout=timeout)
 
 
-def start_ray(num_cpus_needed: int, env_vars: Optional[dict] = None) -> bool:
-    """Join `RAY_ADDRESS` when set, else start a local Ray; returns True when we started it.  `env_vars` reach
-    every actor (the device's runtime variables, device.py)."""
+def start_ray(num_cpus_needed: int, env_vars: Optional[dict] = None, address: Optional[str] = None,
+              namespace: Optional[str] = None) -> bool:
+    """Join `address` (else `RAY_ADDRESS`) when set, else start a local Ray; returns True when we started it.
+    `env_vars` reach every actor (the device's runtime variables, device.py); `namespace`: the job's own Ray
+    namespace (jobs sharing a cluster keep their actor names apart)."""
     import ray
 
     if ray.is_initialized():
         return False
-    address = os.environ.get("RAY_ADDRESS")
+    address = address or os.environ.get("RAY_ADDRESS")
     env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", **(env_vars or {})}}
     if address:
-        ray.init(address=address, runtime_env=env, log_to_driver=True)
+        try:
+            ray.init(address=address, runtime_env=env, log_to_driver=True, namespace=namespace)
+        except ConnectionError as exc:
+            raise RunFailed(f"cannot join the Ray cluster at {address}: {exc}") from None
         return False
     ray.init(num_cpus=max(num_cpus_needed, os.cpu_count() or 1), include_dashboard=False, runtime_env=env,
              log_to_driver=True)

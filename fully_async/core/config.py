@@ -302,6 +302,27 @@ class BenchmarkConfig:
 
 
 @dataclass
+class MultiJobConfig:
+    """Several jobs time-sharing one device pool (README "Several jobs on one device pool"); off by default.
+
+    Each job is started on its own (`python -m fully_async.main multi_job.pool=<name> ...`), joins one Ray
+    cluster and leases the pool's devices per phase (rollout incl. the weight update, then train) from the
+    pool's scheduler, a detached Ray actor the first job creates (core/leases.py: FIFO, all-or-nothing)."""
+    pool: Optional[str] = None            # name of the shared device pool; null: this job does not share (default)
+    devices: int = 1                      # devices of the pool (ids 0..devices-1: on accelerators the node's
+    #                                       visible devices in order; on CPU logical ids); every job says the same
+    job_devices: Optional[list[int]] = None  # the pool devices this job leases; null: all of them
+    job_name: Optional[str] = None        # the job's name in the pool and its Ray namespace; null: experiment_name
+    ray_address: Optional[str] = None     # the shared Ray cluster (host:port); null: $RAY_ADDRESS
+    max_lease_s: float = 1800.0           # this job's lease time limit (s): a lease held longer is revoked and the
+    #                                       job fails, naming this key
+    heartbeat_timeout_s: float = 5.0      # a job whose driver is silent this long loses its leases (s; the pool's
+    #                                       creator sets it for the pool, a different value is warned about)
+    pool_dir: str = "multi_job_pool"      # the pool writes <pool_dir>/<pool>/timeline.json (absolute-ised by
+    #                                       the job that creates the pool; on the pool actor's node)
+
+
+@dataclass
 class FullyAsyncConfig:
     mode: str = "async"                   # async (rollouter + trainer actors) | sync (colocated loop)
     data: DataConfig = field(default_factory=DataConfig)
@@ -313,6 +334,7 @@ class FullyAsyncConfig:
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
     benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
+    multi_job: MultiJobConfig = field(default_factory=MultiJobConfig)
 
 
 # ----------------------------------------------------------------------------------- validation
@@ -538,6 +560,52 @@ def _check_benchmark(cfg: Any) -> None:
         validate_workload(cfg)
 
 
+def _check_multi_job(cfg: Any) -> None:
+    """multi_job.*: only checked when a pool is named (off by default); the Ray address must be known here,
+    so a job without a shared cluster fails before loading anything."""
+    mj = cfg.multi_job
+    if mj.pool is None:
+        return
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", str(mj.pool)):
+        raise ConfigError("multi_job.pool", f"{mj.pool!r}: use letters, digits, '_', '.', '-'")
+    if mj.job_name is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", str(mj.job_name)):
+        raise ConfigError("multi_job.job_name", f"{mj.job_name!r}: use letters, digits, '_', '.', '-'")
+    if cfg.mode != "sync":
+        raise ConfigError("multi_job.pool", "sharing a device pool is implemented for mode=sync (each job alternates "
+                          "a rollout+weight-update phase and a train phase on its devices); async jobs keep their "
+                          "own devices: set mode=sync or unset multi_job.pool")
+    _at_least("multi_job.devices", mj.devices, 1)
+    _at_least("multi_job.max_lease_s", mj.max_lease_s, 0.0, strict=True)
+    _at_least("multi_job.heartbeat_timeout_s", mj.heartbeat_timeout_s, 0.0, strict=True)
+    world = RunPlan.of(cfg).trainer_devices
+    from fully_async.device import get_device
+
+    logical = not get_device(cfg.trainer.device).is_accelerator   # on CPU pool devices are labels only
+    if mj.job_devices is None:
+        if not logical and world != mj.devices:
+            raise ConfigError("multi_job.job_devices", f"null leases all {mj.devices} pool devices but the job has "
+                              f"{world} trainer rank(s): name the pool devices it uses, e.g. "
+                              f"multi_job.job_devices={list(range(world))}")
+    else:
+        devs = list(mj.job_devices)
+        if not devs or len(set(devs)) != len(devs) or any(not 0 <= d < mj.devices for d in devs):
+            raise ConfigError("multi_job.job_devices", f"{devs} must be distinct ids in 0..{mj.devices - 1} "
+                              f"(multi_job.devices={mj.devices})")
+        if not logical and len(devs) != world:
+            raise ConfigError("multi_job.job_devices", f"{devs}: one pool device per trainer rank ({world}, "
+                              "trainer.nnodes x trainer.n_gpus_per_node)")
+    if cfg.trainer.nnodes != 1:
+        raise ConfigError("trainer.nnodes", "a device pool is one node's devices: use trainer.nnodes=1")
+    if not cfg.actor_rollout_ref.rollout.free_cache_engine:
+        raise ConfigError("actor_rollout_ref.rollout.free_cache_engine", "must be true with multi_job.pool: a job's "
+                          "engines free the devices between its rollout phases for the other jobs")
+    if not (mj.ray_address or os.environ.get("RAY_ADDRESS")):
+        raise ConfigError("multi_job.ray_address", "multi_job.pool needs a Ray cluster the jobs share: start one "
+                          "(`ray start --head`) and set RAY_ADDRESS=<host:port> or multi_job.ray_address")
+
+
 # ------------------------------------------------------------------ checks that relate sections
 def _check_grpo_group(cfg: Any) -> None:
     n = cfg.actor_rollout_ref.rollout.n
@@ -695,7 +763,8 @@ def clip_bounds(actor: Any) -> tuple[float, float]:
 
 
 SECTION_CHECKS = (_check_mode, _check_trainer, _check_rollout_placement, _check_data, _check_model, _check_actor,
-                  _check_rollout, _check_algorithm, _check_async_training, _check_reward, _check_benchmark)
+                  _check_rollout, _check_algorithm, _check_async_training, _check_reward, _check_benchmark,
+                  _check_multi_job)
 CROSS_SECTION_CHECKS = (_check_grpo_group, _check_sequence_budgets, _check_sync_batch, _check_trainer_world,
                         _validate_attention, _validate_rollout_layout,
                         _check_overlong_buffer)

@@ -62,3 +62,27 @@ def write_trace(path: str, events: list[dict]) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as fh:
         json.dump({"traceEvents": trace, "displayTimeUnit": "ms"}, fh)
+
+
+def write_pool_trace(path: str, spans: list) -> None:
+    """The device pool's trace (several jobs): one process per job, one track per device of the pool and one
+    for the job's waits.  `spans`: PoolEvent-like records (job, track, name, start, end in seconds, args)."""
+    jobs = sorted({s.job for s in spans})
+    tracks = sorted({s.track for s in spans}, key=lambda t: (t == "wait", t))
+    pid = {j: i + 1 for i, j in enumerate(jobs)}
+    tid = {t: i + 1 for i, t in enumerate(tracks)}
+    trace: list[dict] = []
+    for j in jobs:
+        trace.append({"name": "process_name", "ph": "M", "pid": pid[j], "tid": 0, "args": {"name": f"job {j}"}})
+        for t in tracks:
+            trace.append({"name": "thread_name", "ph": "M", "pid": pid[j], "tid": tid[t], "args": {"name": t}})
+            trace.append({"name": "thread_sort_index", "ph": "M", "pid": pid[j], "tid": tid[t],
+                          "args": {"sort_index": tid[t]}})
+    for s in sorted(spans, key=lambda s: (s.start, -(s.end - s.start))):  # an enclosing lease before its contents
+        trace.append({"name": s.name, "ph": "X", "ts": s.start * 1e6, "dur": max(0.0, s.end - s.start) * 1e6,
+                      "pid": pid[s.job], "tid": tid[s.track], "args": s.args})
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump({"traceEvents": trace, "displayTimeUnit": "ms"}, fh)
+    os.replace(tmp, path)

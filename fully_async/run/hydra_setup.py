@@ -27,8 +27,10 @@ def _user_errors() -> tuple:
     from fully_async.core.rewards import RewardError
     from fully_async.core.tracking import TrackerStartError
     from fully_async.run.run_lock import RunLocked
+    from fully_async.core.leases import LeaseError, LeaseExpired
 
-    return (ConfigError, DataError, DeviceError, RewardError, RunFailed, RunLocked, CheckpointError, TrackerStartError)
+    return (ConfigError, DataError, DeviceError, RewardError, RunFailed, RunLocked, CheckpointError, TrackerStartError,
+            LeaseError, LeaseExpired)
 
 
 USER_ERRORS = _user_errors()

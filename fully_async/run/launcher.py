@@ -155,7 +155,7 @@ class Watchdog:
             return
         self.last_poll = now
         state = self.state()
-        signature = {n: {k: v for k, v in s.items() if k in ("step", "engine_steps", "validations")}
+        signature = {n: {k: v for k, v in s.items() if k in ("step", "engine_steps", "validations", "lease_polls")}
                      if isinstance(s, dict) else s for n, s in state.items()}
         if signature != self.signature:
             self.signature, self.last_change = signature, now
@@ -239,7 +239,16 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
     sink = None
     ray_was_up = ray.is_initialized()
     started_ray = ray_attempted = False
+    membership = None
     try:
+        shared = cfg.multi_job.pool is not None
+        if shared:  # a shared pool: its checks come before the lock and the data (cheap, and the likeliest mistakes)
+            from fully_async.cluster.device_pool import check_reachable
+            from fully_async.core.config import validate
+            from fully_async.run.shared_pool import join_pool, leave_pool, pool_ray_args
+
+            validate(cfg)
+            check_reachable(cfg.multi_job.ray_address or os.environ["RAY_ADDRESS"])
         locks = run_locks(cfg)
         prep = prepare(cfg)
         sig.check()
@@ -256,7 +265,8 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
         ray_attempted = sig.defer = True
         try:
             started_ray = start_ray(num_cpus_needed=max(2, plan.total_devices),  # one core per actor on CPU
-                                    env_vars=device.runtime_env_vars())
+                                    env_vars=device.runtime_env_vars(),
+                                    **(pool_ray_args(cfg) if shared else {}))
         except SystemExit as exc:  # ray.init's own SIGTERM handler fired while it was starting
             if exc.code == signal.SIGTERM:
                 raise StartInterrupted(signal.SIGTERM) from None
@@ -266,7 +276,10 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
         needs = {"trainer": plan.trainer_devices}
         if plan.rollout_devices:
             needs["rollout"] = plan.rollout_devices
-        check_resources(device, needs)
+        if shared:
+            membership = join_pool(cfg, device)
+        else:
+            check_resources(device, needs)
         actors = create(prep, device, resume_path)
         sig.check()
         runners = {name: a for name, a in actors.items() if name != "queue"}
@@ -328,6 +341,8 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
                 write_timeline(actors, tensorboard_dir(cfg.trainer.project_name, cfg.trainer.experiment_name))
             kill_all(list(actors.values()))  # a Ray session shared with the caller gets its resources back
             release_placement_groups()
+            if membership is not None:
+                leave_pool(membership)
             if started_ray or (ray_attempted and not ray_was_up):  # (also when ray.init was interrupted)
                 ray.shutdown()
         finally:

@@ -71,11 +71,21 @@ def run_sync(cfg: Any) -> dict:
 
     def create(prep: Any, device: Any, resume_path: Optional[str]) -> dict:
         n_dev = RunPlan.of(cfg).trainer_devices
-        pg = make_placement_group(device, n_dev, 1, f"{n_dev} trainer rank(s)") if n_dev > 1 else None
+        shared = cfg.multi_job.pool is not None
+        # a shared pool's jobs take no device resource from Ray (the pool's leases share the devices in time)
+        pg = make_placement_group(device, n_dev, 1, f"{n_dev} trainer rank(s)") \
+            if n_dev > 1 and not (shared and device.is_accelerator) else None
         # rank 0 (engine + trainer shard) takes one device, the trainer group spawns the others;
         # on CPU a lone colocated worker gets the cores async mode splits between its two actors
-        opts = device.ray_actor_options(1, num_cpus=1 if device.is_accelerator or n_dev > 1 else 2)
-        worker = ray.remote(SyncWorker).options(max_concurrency=2, **opts, **in_bundle(pg, 0)).remote(
+        cpus = 1 if device.is_accelerator or n_dev > 1 else 2
+        opts = device.ray_actor_options(1, num_cpus=cpus)
+        worker_cls = SyncWorker
+        if shared:
+            from fully_async.actors.shared_sync_loop import SharedSyncWorker
+            from fully_async.cluster.device_pool import pinned_actor_options
+
+            opts, worker_cls = pinned_actor_options(device, prep.cfg, 0, num_cpus=cpus), SharedSyncWorker
+        worker = ray.remote(worker_cls).options(max_concurrency=2, **opts, **in_bundle(pg, 0)).remote(
             prep.cfg, prep.train, prep.val, prep.total_steps, n_dev, prep.eos_token_ids, prep.pad_token_id,
             resume_path, pg)
         return {"sync": worker}

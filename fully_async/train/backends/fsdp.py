@@ -9,19 +9,33 @@ Works on every comm backend the device layer names: gloo (CPU, what CI runs), nc
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from datetime import timedelta
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
 
 
-def init_process_group(device: Any, rank: int, world: int, addr: str, port: int) -> None:
-    """The trainer's data-parallel world (one process per device) on the device's comm backend."""
+STORE_TIMEOUT = timedelta(seconds=900)   # ranks >= 1 may still be loading their model when rank 0 is up
+
+
+def master_store(addr: str, world: int) -> Any:
+    """Rank 0's rendezvous store on a port the OS picks and that stays bound from here on: no other process
+    (another job on the same node) can take it between choosing the port and binding it.  `.port` is the port
+    the other ranks connect to."""
+    return dist.TCPStore(addr, 0, world, is_master=True, wait_for_workers=False, timeout=STORE_TIMEOUT)
+
+
+def init_process_group(device: Any, rank: int, world: int, addr: str, port: int, store: Optional[Any] = None) -> None:
+    """The trainer's data-parallel world (one process per device) on the device's comm backend.  Rank 0 passes
+    its `master_store`; the other ranks connect to it at addr:port."""
     if dist.is_initialized():
         return
     os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port))
+    if store is None:
+        store = dist.TCPStore(addr, port, world, is_master=False, timeout=STORE_TIMEOUT)
     kwargs = {"device_id": device.torch_device()} if device.is_accelerator else {}
-    dist.init_process_group(device.comm_backend, rank=rank, world_size=world, **kwargs)
+    dist.init_process_group(device.comm_backend, store=store, rank=rank, world_size=world, **kwargs)
 
 
 def shard_model(model: torch.nn.Module, compute_dtype: torch.dtype, offload: bool) -> torch.nn.Module:

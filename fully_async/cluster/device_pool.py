@@ -1,0 +1,318 @@
+"""A device pool shared by several jobs (layer 1): the lease book behind a lock, and its two clients.
+
+`DevicePoolService` runs `core.leases.LeaseBook` with the wall clock, a lock and a ticker thread (expiry of
+overstayed leases, jobs that stopped heartbeating), and writes the pool's Perfetto timeline: one process per
+job, one track per device (the leases and what the job did inside them: onload, offload, generate, train)
+plus a track of its waits.  `actors/device_pool.py` makes it a named, detached Ray actor; the stress test
+runs it with plain threads.
+
+`PoolMembership` is the driver's side: it registers the job and heartbeats from a thread, so a job whose
+driver dies (SIGKILL) stops heartbeating and the pool frees its leases `multi_job.heartbeat_timeout_s` later;
+Ray kills that driver's actors at the same time, so nobody still uses the devices.  `LeaseClient` is the
+worker's side: `with client.phase("train") as ph:` blocks until the job holds its devices, and gives them
+back (with the spans recorded in `ph`) when the block ends.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Iterator, Optional
+
+from fully_async.core.leases import LeaseBook, LeaseError, LeaseExpired, PoolEvent
+
+logger = logging.getLogger(__name__)
+
+POOL_NAMESPACE = "fully_async_pools"   # every pool actor lives here, whatever the jobs' own namespaces
+
+
+def pool_actor_name(pool: str) -> str:
+    return f"fully_async_pool:{pool}"
+
+
+class DevicePoolService:
+    def __init__(self, name: str, num_devices: int, max_hold_s: float, heartbeat_timeout_s: float,
+                 timeline_path: Optional[str] = None, tick_s: float = 0.1, write_every_s: float = 1.0,
+                 clock: Callable[[], float] = time.time):
+        self.name = name
+        self.book = LeaseBook(num_devices, max_hold_s, heartbeat_timeout_s)
+        self.timeline_path = timeline_path
+        self.clock = clock
+        self.cond = threading.Condition()
+        self.spans: list[PoolEvent] = []
+        self._dirty = False
+        self._written = 0.0
+        self._write_every_s = write_every_s
+        self._stopped = False
+        self._ticker = threading.Thread(target=self._tick_loop, args=(tick_s,), daemon=True, name="pool-ticker")
+        self._ticker.start()
+
+    # ------------------------------------------------------------------ membership
+    def register(self, job: str, num_devices: int, max_hold_s: Optional[float] = None) -> dict:
+        with self.cond:
+            self.book.register(job, num_devices, self.clock(), max_hold_s)
+            logger.info("pool %s: job %s joined (%d jobs)", self.name, job, len(self.book.jobs))
+            return {"pool": self.name, "num_devices": self.book.num_devices, "timeline": self.timeline_path,
+                    "max_hold_s": self.book.max_hold_s, "heartbeat_timeout_s": self.book.heartbeat_timeout_s}
+
+    def heartbeat(self, job: str) -> None:
+        with self.cond:
+            self.book.heartbeat(job, self.clock())
+
+    def unregister(self, job: str) -> None:
+        with self.cond:
+            if job in self.book.jobs:
+                self.book.unregister(job, self.clock())
+                logger.info("pool %s: job %s left", self.name, job)
+            self._changed()
+
+    # ------------------------------------------------------------------ leases
+    def acquire(self, job: str, holder: str, phase: str, devices: list[int], timeout_s: float) -> Optional[dict]:
+        """Queue the request (first call) and wait up to `timeout_s` for the grant: the lease, or None (call
+        again; the request keeps its place).  Each call also counts as a heartbeat of the job."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            self.book.heartbeat(job, self.clock())
+            if self.book.granted(job, holder) is None and holder not in self.book.waiting_holders():
+                self.book.request(job, holder, phase, devices, self.clock())
+                self._changed()
+            while True:
+                lease = self.book.granted(job, holder)
+                if lease is not None:
+                    return {"devices": sorted(lease.devices), "phase": lease.phase, "granted_at": lease.granted_at,
+                            "waited_s": lease.granted_at - lease.requested_at, "expires_at": lease.expires_at}
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cond.wait(min(left, 0.5))
+
+    def release(self, job: str, holder: str, spans: Optional[list[dict]] = None) -> dict:
+        """Give the lease back with what the job did inside it (spans: name, start, end in wall seconds, args)."""
+        with self.cond:
+            lease = self.book.release(job, holder, self.clock())
+            for s in spans or []:
+                for d in sorted(lease.devices):
+                    self.spans.append(PoolEvent(job, f"device {d}", s["name"], s["start"], s["end"],
+                                                dict(s.get("args", {}))))
+            self._changed()
+            return {"held_s": self.clock() - lease.granted_at}
+
+    # ------------------------------------------------------------------ views
+    def state(self) -> dict:
+        with self.cond:
+            return {"jobs": sorted(self.book.jobs), "held": self.book.holders(), "waiting": self.book.waiting_holders(),
+                    "log": list(self.book.log), "num_devices": self.book.num_devices}
+
+    def write_timeline(self) -> Optional[str]:
+        """The pool's trace so far (also written by the ticker at most once per write_every_s while it changes)."""
+        from fully_async.core.timeline import write_pool_trace
+
+        with self.cond:
+            self.spans += self.book.drain_events()
+            spans = list(self.spans)
+            self._dirty = False
+            self._written = time.monotonic()
+        if self.timeline_path:
+            write_pool_trace(self.timeline_path, spans)
+        return self.timeline_path
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    # ------------------------------------------------------------------ internals
+    def _changed(self) -> None:
+        self._dirty = True
+        self.cond.notify_all()
+
+    def _tick_loop(self, tick_s: float) -> None:
+        while not self._stopped:
+            time.sleep(tick_s)
+            with self.cond:
+                for line in self.book.tick(self.clock()):
+                    logger.warning("pool %s: %s", self.name, line)
+                    self._dirty = True
+                if self._dirty:
+                    self.cond.notify_all()
+                # the whole trace is rewritten: the longer it is, the less often (1 s per 2,000 spans, at least
+                # write_every_s); a job ending and write_timeline() write it at once
+                every = max(self._write_every_s, len(self.spans) / 2000)
+                due = self._dirty and time.monotonic() - self._written >= every
+            if due and self.timeline_path:
+                try:
+                    self.write_timeline()
+                except OSError as exc:
+                    logger.warning("pool %s: cannot write %s: %s", self.name, self.timeline_path, exc)
+
+
+# ---------------------------------------------------------------------------------------------- clients
+def get_pool(pool: str) -> Any:
+    """The running pool actor named `pool` (RunFailed naming the key when there is none)."""
+    import ray
+
+    from fully_async.cluster.ray_utils import RunFailed
+
+    try:
+        return ray.get_actor(pool_actor_name(pool), namespace=POOL_NAMESPACE)
+    except ValueError:
+        raise RunFailed(f"no device pool named {pool!r} runs in this Ray cluster (multi_job.pool); the job's driver "
+                        "creates it, so this worker's driver is gone or joined another cluster") from None
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    from fully_async.cluster.ray_utils import root_cause
+
+    cause = root_cause(exc)
+    return cause if isinstance(cause, (LeaseError, LeaseExpired)) else exc
+
+
+class PoolMembership:
+    """The driver's registration and heartbeat thread (see the module docstring)."""
+
+    def __init__(self, pool_handle: Any, job: str, num_devices: int, heartbeat_timeout_s: float,
+                 max_hold_s: Optional[float] = None):
+        import ray
+
+        self.pool, self.job = pool_handle, job
+        deadline = time.monotonic() + heartbeat_timeout_s + 2
+        while True:
+            try:
+                self.info = ray.get(pool_handle.register.remote(job, num_devices, max_hold_s), timeout=60)
+                break
+            except Exception as exc:  # noqa: BLE001 - LeaseError: wrong device count, a live job of this name
+                cause = _unwrap(exc)
+                # the same job restarted right after its driver died: its old entry expires within the timeout
+                if isinstance(cause, LeaseError) and "live job named" in str(cause) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    continue
+                raise cause from None
+        if self.info["heartbeat_timeout_s"] != heartbeat_timeout_s:
+            logger.warning("device pool %s: its heartbeat timeout is %gs (set by the job that created it), not this "
+                           "job's multi_job.heartbeat_timeout_s=%g", self.info["pool"],
+                           self.info["heartbeat_timeout_s"], heartbeat_timeout_s)
+        self.interval_s = max(0.1, min(heartbeat_timeout_s, self.info["heartbeat_timeout_s"]) / 5)
+        self.lost: Optional[str] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True, name="pool-heartbeat")
+        self._thread.start()
+
+    def _beat(self) -> None:
+        import ray
+
+        while not self._stop.wait(self.interval_s):
+            try:
+                ray.get(self.pool.heartbeat.remote(self.job), timeout=max(5.0, self.interval_s))
+            except Exception as exc:  # noqa: BLE001 - the worker's next lease call fails with the reason
+                cause = _unwrap(exc)
+                if isinstance(cause, LeaseExpired) and self.lost is None:
+                    self.lost = str(cause)
+                    logger.error("device pool: %s", cause)
+
+    def close(self) -> None:
+        import ray
+
+        self._stop.set()
+        self._thread.join(5)
+        try:
+            ray.get(self.pool.unregister.remote(self.job), timeout=10)
+        except Exception as exc:  # noqa: BLE001 - the pool drops us on the missing heartbeat anyway
+            logger.warning("device pool: could not unregister %s: %s", self.job, exc)
+
+
+class Phase:
+    """What a job did while holding one lease: its spans go to the pool's timeline at release."""
+
+    def __init__(self, name: str, waited_s: float, devices: list[int]):
+        self.name, self.waited_s, self.devices = name, waited_s, devices
+        self.spans: list[dict] = []
+
+    @contextlib.contextmanager
+    def span(self, name: str, **args: Any) -> Iterator[dict]:
+        """Record `name` (args may be filled in inside the block: the dict is yielded)."""
+        record = {"name": name, "start": time.time(), "args": dict(args)}
+        try:
+            yield record["args"]
+        finally:
+            record["end"] = time.time()
+            self.spans.append(record)
+
+
+class LeaseClient:
+    """A job side's handle on the pool: `with client.phase("rollout") as ph: ...`."""
+
+    def __init__(self, pool: str, job: str, devices: list[int], side: str = "colocated", poll_s: float = 2.0):
+        self.pool_name, self.job, self.devices = pool, job, list(devices)
+        self.holder = f"{job}/{side}"
+        self.poll_s = poll_s
+        self.pool = get_pool(pool)
+        self.current: Optional[Phase] = None
+        self.polls = 0   # acquire calls: a job waiting its turn is not stuck (the driver's watchdog reads this)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[Phase]:
+        import ray
+
+        start = time.perf_counter()
+        try:
+            while True:
+                got = ray.get(self.pool.acquire.remote(self.job, self.holder, name, self.devices, self.poll_s))
+                self.polls += 1
+                if got is not None:
+                    break
+        except Exception as exc:  # noqa: BLE001
+            raise _unwrap(exc) from None
+        self.current = ph = Phase(name, time.perf_counter() - start, got["devices"])
+        ok = False
+        try:
+            yield ph
+            ok = True
+        finally:
+            self.current = None
+            try:
+                ray.get(self.pool.release.remote(self.job, self.holder, ph.spans))
+            except Exception as exc:  # noqa: BLE001 - an overstayed lease fails the job, unless it is failing already
+                if ok:
+                    raise _unwrap(exc) from None
+                logger.warning("device pool: releasing %s after an error: %s", name, _unwrap(exc))
+
+
+def job_devices(cfg: Any) -> list[int]:
+    """The pool devices this job leases: multi_job.job_devices, or all of the pool's (config.py checked it)."""
+    mj = cfg.multi_job
+    return list(mj.job_devices) if mj.job_devices is not None else list(range(mj.devices))
+
+
+def job_name(cfg: Any) -> str:
+    return cfg.multi_job.job_name or cfg.trainer.experiment_name
+
+
+def pool_timeline_path(cfg: Any) -> str:
+    return os.path.abspath(os.path.join(cfg.multi_job.pool_dir, cfg.multi_job.pool, "timeline.json"))
+
+
+def pinned_actor_options(device: Any, cfg: Any, rank: int, num_cpus: float = 1) -> dict:
+    """Ray options of trainer rank `rank` of a job on a shared pool.  On accelerators: no device resource (the
+    jobs share the devices; the leases keep them apart in time) and the rank's pool device pinned; on CPU the
+    device's own options (pool devices are logical there)."""
+    if not device.is_accelerator:
+        return device.ray_actor_options(1, num_cpus=num_cpus)
+    return dict(device.ray_actor_options(0, num_cpus=num_cpus),
+                runtime_env={"env_vars": device.pinned_env([job_devices(cfg)[rank]])})
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast (before data is loaded) when the shared Ray cluster's address does not answer."""
+    import socket
+
+    from fully_async.cluster.ray_utils import RunFailed
+
+    if address == "auto" or "://" in address:
+        return  # ray.init resolves these itself
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as exc:
+        raise RunFailed(f"multi_job.pool: no Ray cluster answers at {address} (multi_job.ray_address or "
+                        f"RAY_ADDRESS): {exc}.  Start one first: `ray start --head --port=<port>`") from None

@@ -1,0 +1,55 @@
+"""The driver's side of a shared device pool (layer 5 helper; README "Several jobs on one device pool").
+
+A job whose config names `multi_job.pool` joins the shared Ray cluster in a namespace of its own, finds or creates
+the pool's scheduler (the detached actor of actors/device_pool.py), registers and heartbeats from a thread
+(cluster/device_pool.PoolMembership), and at the end unregisters and has the pool write its timeline.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+logger = logging.getLogger("fully_async")
+
+
+def pool_ray_args(cfg: Any) -> dict:
+    """A job on a shared pool joins the shared cluster in a namespace of its own."""
+    from fully_async.cluster.device_pool import job_name
+
+    return {"address": cfg.multi_job.ray_address or os.environ["RAY_ADDRESS"],
+            "namespace": f"fully_async.{job_name(cfg)}"}
+
+
+def join_pool(cfg: Any, device: Any) -> Any:
+    """Find (or create) the pool actor and register this job (refused: another device count, a live job of the
+    same name); its driver heartbeats from now on."""
+    import ray
+
+    from fully_async.actors.device_pool import get_or_create_pool
+    from fully_async.cluster.device_pool import PoolMembership, job_name, pool_timeline_path
+    from fully_async.cluster.ray_utils import RunFailed
+
+    mj = cfg.multi_job
+    if device.is_accelerator:
+        have = int(ray.cluster_resources().get(device.ray_resource, 0))
+        if mj.devices > have:
+            raise RunFailed(f"multi_job.devices={mj.devices} but the Ray cluster has {have} {device.ray_resource}")
+    pool = get_or_create_pool(mj.pool, mj.devices, mj.max_lease_s, mj.heartbeat_timeout_s, pool_timeline_path(cfg))
+    membership = PoolMembership(pool, job_name(cfg), mj.devices, mj.heartbeat_timeout_s, mj.max_lease_s)
+    logger.info("device pool %s: job %s leases devices %s of %d (timeline: %s)", mj.pool, job_name(cfg),
+                list(mj.job_devices) if mj.job_devices is not None else list(range(mj.devices)),
+                membership.info["num_devices"], membership.info["timeline"])
+    return membership
+
+
+def leave_pool(membership: Any) -> None:
+    """Unregister (the leases go back) and have the pool write its timeline as it stands."""
+    import ray
+
+    try:
+        path = ray.get(membership.pool.write_timeline.remote(), timeout=30)
+        logger.info("device pool timeline (all jobs): %s", path)
+    except Exception as exc:  # noqa: BLE001 - the pool writes it again on its next change
+        logger.warning("device pool timeline not written: %s", exc)
+    membership.close()

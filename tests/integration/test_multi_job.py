@@ -1,0 +1,209 @@
+"""Several independent `python -m fully_async.main` jobs share one device pool on one Ray cluster (issue #15):
+they all finish and learn, their outputs stay apart, the pool's timeline shows them taking turns on the
+devices (never two at once), a pool of another size is refused, and a job killed mid-run (SIGKILL of its
+driver) loses its leases within seconds while the others finish."""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RAY = [sys.executable, "-m", "ray.scripts.scripts"]   # the ray CLI
+# this machine may hold a default Ray token (~/.ray/auth_token) that `ray start` would switch on; the jobs of
+# these tests run on a private head without it
+ENV = {"RAY_AUTH_MODE": "disabled", "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_head(tmp_path):
+    """A private Ray head (its own temp dir and port), stopped by killing the process group it started in."""
+    port = free_port()
+    temp = tempfile.mkdtemp(prefix="mjray", dir="/tmp")   # short: Ray's socket paths must stay under 107 bytes
+    proc = subprocess.Popen([*RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=8",
+                             f"--temp-dir={temp}", "--include-dashboard=false", "--disable-usage-stats"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=dict(os.environ, **ENV),
+                            start_new_session=True)
+    address = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert proc.poll() is None, "ray start --head exited"
+            time.sleep(0.5)
+    time.sleep(2)
+    yield address
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(15)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+class Job:
+    def __init__(self, tmp_path, address, name, *overrides):
+        self.name, self.lines = name, []
+        self.tb = tmp_path / f"tb_{name}"
+        cmd = [sys.executable, "-u", "-m", "fully_async.main", "mode=sync", "trainer.device=cpu",
+               "trainer.progress_bar=false", f"trainer.experiment_name={name}", "multi_job.pool=cpu_pool",
+               "multi_job.devices=2", "multi_job.heartbeat_timeout_s=3", f"multi_job.pool_dir={tmp_path}/pool",
+               f"trainer.default_local_dir={tmp_path}/ckpt_{name}", f"hydra.run.dir={tmp_path}/hydra_{name}",
+               *overrides]
+        env = dict(os.environ, **ENV, RAY_ADDRESS=address, TENSORBOARD_DIR=str(self.tb), PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                                     env=env)
+        self._reader = threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stdout.readline, "")),
+                                        daemon=True)
+        self._reader.start()
+
+    @property
+    def output(self):
+        return "".join(self.lines)
+
+    def wait(self, timeout):
+        rc = self.proc.wait(timeout)
+        self._reader.join(10)
+        return rc
+
+    def wait_for(self, pattern, timeout=180):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if re.search(pattern, self.output):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"{self.name}: {pattern!r} never appeared:\n{self.output[-3000:]}")
+
+    def summary(self):
+        return json.loads((self.tb / "summary.json").read_text())
+
+
+def leases(trace):
+    """(job, device track, start, end, how) of every lease span in the pool's trace."""
+    procs = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace if e["name"] == "thread_name"}
+    return [(procs[e["pid"]], tracks[(e["pid"], e["tid"])], e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6,
+             e["args"]["how"]) for e in trace if e["ph"] == "X" and "how" in e["args"]]
+
+
+def scalars(tb_dir, prefix):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tb_dir))
+    acc.Reload()
+    return {tag: [s.value for s in acc.Scalars(tag)] for tag in acc.Tags()["scalars"] if tag.startswith(prefix)}
+
+
+def test_two_jobs_share_the_pool_learn_and_keep_their_outputs_apart(tmp_path, ray_head):
+    steps = ["trainer.total_training_steps=6", "trainer.test_freq=3"]
+    jobs = [Job(tmp_path, ray_head, name, *steps) for name in ("a", "b")]   # both lease the whole pool
+    for job in jobs:
+        assert job.wait(300) == 0, job.output[-4000:]
+    for job in jobs:
+        s = job.summary()
+        assert s["steps"] == 6 and s["val_after"] > s["val_before"] + 0.15, s
+        assert "device pool cpu_pool: job %s leases devices [0, 1] of 2" % job.name in job.output
+        m = scalars(job.tb, "multi_job/")
+        for key in ("multi_job/rollout/onload_s", "multi_job/rollout/offload_s", "multi_job/train/onload_s",
+                    "multi_job/train/offload_s", "multi_job/rollout/lease_wait_s",
+                    "multi_job/rollout/offload/host_rss_gib_before", "multi_job/rollout/offload/host_rss_gib_after"):
+            assert len(m[key]) == 6, (key, sorted(m))
+        # the weight update rides on the phase that next needs the engines: validation after step 3, rollout else
+        assert len(m["multi_job/rollout/param_sync_s"]) == 4 and len(m["multi_job/validate/param_sync_s"]) == 2
+        assert len(m["multi_job/validate/onload_s"]) == 3          # before training, after steps 3 and 6
+    # isolated outputs: a run folder and a TensorBoard run per job, with their own config
+    assert json.loads((tmp_path / "tb_a" / "config.json").read_text())["trainer"]["experiment_name"] == "a"
+    assert json.loads((tmp_path / "tb_b" / "config.json").read_text())["trainer"]["experiment_name"] == "b"
+    assert any(p.name.startswith("events.") for p in (tmp_path / "tb_a").iterdir())
+    assert any(p.name.startswith("events.") for p in (tmp_path / "tb_b").iterdir())
+    # one timeline for the pool: a process per job, a track per device; leases never overlap and alternate
+    trace = json.loads((tmp_path / "pool" / "cpu_pool" / "timeline.json").read_text())["traceEvents"]
+    assert {e["args"]["name"] for e in trace if e["name"] == "process_name"} == {"job a", "job b"}
+    spans = sorted((s for s in leases(trace) if s[1] == "device 0"), key=lambda s: s[2])
+    assert {s[0] for s in spans} == {"job a", "job b"}
+    for prev, nxt in zip(spans, spans[1:]):
+        assert nxt[2] >= prev[3] - 1e-3, f"two leases on device 0 at once: {prev} {nxt}"
+    switches = sum(p[0] != n[0] for p, n in zip(spans, spans[1:]))
+    assert switches >= 4, [(s[0], round(s[2], 2)) for s in spans]   # interleaved, not one after the other
+
+
+def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head):
+    # c leases both devices, a and b one each: c waits for both (all or nothing) and they wait behind c
+    c = Job(tmp_path, ray_head, "c", "trainer.total_training_steps=40", "trainer.test_freq=-1")
+    c.wait_for(r"step 2 \|")
+    a = Job(tmp_path, ray_head, "a", "multi_job.job_devices=[0]", "trainer.total_training_steps=5",
+            "trainer.test_freq=-1")
+    b = Job(tmp_path, ray_head, "b", "multi_job.job_devices=[1]", "trainer.total_training_steps=5",
+            "trainer.test_freq=-1")
+    wrong = Job(tmp_path, ray_head, "d", "multi_job.devices=3", "multi_job.job_devices=[0]")
+    # e's lease limit is shorter than building its engine and trainer takes: revoked, and e fails saying so
+    overstay = Job(tmp_path, ray_head, "e", "multi_job.max_lease_s=0.5", "multi_job.job_devices=[0]")
+    assert wrong.wait(120) == 1, wrong.output[-3000:]
+    assert "this pool has 2 device(s) but the job was configured for 3 (multi_job.devices)" in wrong.output
+    assert "Traceback" not in wrong.output
+    assert overstay.wait(180) == 1, overstay.output[-3000:]
+    assert "sync failed to start" in overstay.output
+    assert re.search(r"LeaseExpired: e/colocated: lease of \[0\] for phase 'setup' revoked after [0-9.]+s > "
+                     r"multi_job.max_lease_s=0.5: the phase overstayed", overstay.output), overstay.output[-3000:]
+    a.wait_for(r"step 1 \|")
+    b.wait_for(r"step 1 \|")
+    killed_at = time.time()
+    c.proc.send_signal(signal.SIGKILL)
+    c.wait(30)
+
+    import ray
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(address=ray_head, namespace="test", log_to_driver=False)
+    try:
+        from fully_async.cluster.device_pool import get_pool
+
+        pool = get_pool("cpu_pool")
+        while True:
+            state = ray.get(pool.state.remote())
+            if "c" not in state["jobs"]:
+                break
+            assert time.time() - killed_at < 10, state
+            time.sleep(0.2)
+        freed_after = time.time() - killed_at
+        assert freed_after < 3 + 4, freed_after   # heartbeat timeout 3 s (slack for a loaded CI machine)
+        assert not any(h.startswith("c/") for h in state["held"]) and not any(h.startswith("c/") for h in
+                                                                               state["waiting"])
+        assert any("job c sent no heartbeat" in line for line in state["log"])
+        for job in (a, b):
+            assert job.wait(300) == 0, job.output[-4000:]
+            s = job.summary()
+            assert s["steps"] == 5 and s["val_after"] > s["val_before"] + 0.1, s   # they learn, as alone
+        trace = json.loads((tmp_path / "pool" / "cpu_pool" / "timeline.json").read_text())["traceEvents"]
+        lost = [s for s in leases(trace) if s[0] == "job c" and s[4] == "job lost"]
+        for s in lost:  # whatever c held at its death ended on the heartbeat timeout
+            assert s[3] - killed_at < 3 + 4, s
+        ours = [s for s in leases(trace) if s[0] in ("job a", "job b")]
+        assert {s[1] for s in ours if s[0] == "job a"} == {"device 0"}
+        assert {s[1] for s in ours if s[0] == "job b"} == {"device 1"}
+        ray.kill(pool)
+    finally:
+        ray.shutdown()

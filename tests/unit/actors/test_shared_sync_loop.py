@@ -1,0 +1,123 @@
+"""A pool job's loop keeps its weights on the devices only inside its leases: every wake/onload comes after the
+acquire and every sleep/offload before the release of the same phase, the weight update rides on the next phase
+that needs the engines, and each phase reports its durations and memory (fakes for the pool, engines, trainer)."""
+import contextlib
+
+import pytest
+
+from fully_async.actors.shared_sync_loop import SharedSyncWorker
+from fully_async.core.config import typed_config
+from fully_async.core.timeline import Timeline
+from fully_async.device import CPU
+from fully_async.run.hydra_setup import load_config
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+
+class FakeLease:
+    def __init__(self, rec):
+        self.rec, self.current, self.polls = rec, None, 0
+
+    @contextlib.contextmanager
+    def phase(self, name):
+        assert self.current is None, "a second lease while holding one"
+        self.rec.events.append(("acquire", name))
+        ph = type("Ph", (), {})()
+        ph.waited_s, ph.spans = 0.25, []
+
+        @contextlib.contextmanager
+        def span(n, **args):
+            yield dict(args)
+        ph.span = span
+        self.current = ph
+        try:
+            yield ph
+        finally:
+            self.current = None
+            self.rec.events.append(("release", name))
+
+
+class Fake:
+    """Records every call as (name,); `returns` gives results by method name."""
+
+    def __init__(self, rec, prefix, returns=None):
+        self._rec, self._prefix, self._returns = rec, prefix, returns or {}
+
+    def __getattr__(self, name):
+        def call(*args, **kwargs):
+            self._rec.events.append((f"{self._prefix}.{name}",))
+            return self._returns.get(name)
+        return call
+
+
+@pytest.fixture
+def worker(monkeypatch):
+    import fully_async.rollout.generation as generation
+    import fully_async.train.train_step as train_step_mod
+
+    rec = Recorder()
+    monkeypatch.setattr(generation, "run_to_completion", lambda pool, ps: rec.events.append(("generate",)))
+    monkeypatch.setattr(train_step_mod, "train_step",
+                        lambda *a, **k: (rec.events.append(("train",)) or {"perf/total_num_tokens": 10.0}, []))
+    w = object.__new__(SharedSyncWorker)
+    w.cfg = typed_config(load_config(["mode=sync", "trainer.device=cpu", "trainer.test_freq=2"]))
+    w.device, w.timeline, w.lease = CPU, Timeline("sync"), FakeLease(rec)
+    w.pool = Fake(rec, "engines", {"engine_stats": []})
+    w.backend = Fake(rec, "trainer")
+    w.weight_sync = Fake(rec, "weights", {"push": {"timing_s/param_sync": 0.0}})
+    w.val_records, w.step, w.version, w.engine_version, w.total_steps = ["v"], 0, 0, 0, 3
+    w.stream = type("S", (), {"exhausted": False})()
+    w.trained_sample_ids, w.num_devices, w.pad_token_id, w.last_checkpoint = [], 1, 0, None
+    w._draw_groups = lambda: []
+    w._score_groups = lambda groups_in: rec.events.append(("reward",)) or []
+    w._init_driver_facing()
+    monkeypatch.setattr("fully_async.actors.sync_loop.SyncWorker.validate",
+                        lambda self: rec.events.append(("validate",)) or {"val-core/x/reward/mean@1": 1.0})
+    return w, rec
+
+
+def test_weights_are_on_the_devices_only_inside_leases(worker):
+    w, rec = worker
+    w.run()
+    held, phases = None, []
+    for ev in rec.events:
+        if ev[0] == "acquire":
+            held = ev
+            phases.append([])
+        elif ev[0] == "release":
+            held = None
+        elif held is None:
+            assert ev == ("reward",), f"{ev} outside any lease: {rec.events}"   # scoring holds nothing
+        else:
+            phases[-1].append(ev[0])
+    names = [e[1] for e in rec.events if e[0] == "acquire"]
+    assert names == ["validate", "rollout", "train", "rollout", "train", "validate", "rollout", "train"]
+    on, off = ("engines.wake_up",), ("engines.sleep",)
+    assert phases[0] == [*on, "validate", *off]                    # version 0: nothing to load
+    assert phases[1] == [*on, "engines.engine_stats", "generate", "engines.engine_stats", *off]
+    assert phases[2] == ["trainer.onload", "train", "trainer.offload"]
+    # step 2's rollout loads version 1 (the trainer comes on the device for the copy and leaves)
+    assert phases[3][:4] == ["engines.wake_up", "trainer.onload", "weights.push", "trainer.offload"]
+    assert phases[3][-1] == "engines.sleep"
+    # after step 2 (test_freq=2) validation loads version 2 itself, so step 3's rollout has nothing to load
+    assert phases[5][:4] == ["engines.wake_up", "trainer.onload", "weights.push", "trainer.offload"]
+    assert "weights.push" not in phases[6]
+    assert rec.events.count(("reward",)) == 3 and w.step == 3
+
+
+def test_each_phase_reports_durations_memory_and_wait(worker):
+    w, _ = worker
+    w.run()
+    steps = [m for step, m in w.pop_metrics() if "perf/time_per_step" in m]
+    assert len(steps) == 3
+    for m in steps:
+        for phase in ("rollout", "train"):
+            for event in ("onload", "offload"):
+                assert m[f"multi_job/{phase}/{event}_s"] >= 0
+                assert m[f"multi_job/{phase}/{event}/host_rss_gib_before"] > 0
+                assert m[f"multi_job/{phase}/{event}/host_rss_gib_after"] > 0
+            assert m[f"multi_job/{phase}/lease_wait_s"] == 0.25
+    assert "multi_job/rollout/param_sync_s" not in steps[0] and "multi_job/rollout/param_sync_s" in steps[1]

@@ -1,0 +1,52 @@
+"""multi_job.*: off by default, and every mistake is named before Ray or the data are touched."""
+import pytest
+
+from fully_async.core.config import ConfigError, validate
+from fully_async.run.hydra_setup import load_config
+
+
+def check(*overrides, env=None, monkeypatch=None):
+    if monkeypatch is not None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+        for k, v in (env or {}).items():
+            monkeypatch.setenv(k, v)
+    validate(load_config(list(overrides)))
+
+
+def test_off_by_default_needs_nothing(monkeypatch):
+    check(monkeypatch=monkeypatch)          # no pool: no Ray address needed, async mode fine
+    assert load_config([]).multi_job.pool is None
+
+
+@pytest.mark.parametrize("overrides, env, key, text", [
+    (["mode=sync", "multi_job.pool=p"], {}, "multi_job.ray_address", "RAY_ADDRESS=<host:port>"),
+    (["multi_job.pool=p"], {"RAY_ADDRESS": "h:1"}, "multi_job.pool", "implemented for mode=sync"),
+    (["mode=sync", "multi_job.pool=a/b"], {"RAY_ADDRESS": "h:1"}, "multi_job.pool", "letters, digits"),
+    (["mode=sync", "multi_job.pool=p", "multi_job.devices=2", "multi_job.job_devices=[2]"], {"RAY_ADDRESS": "h:1"},
+     "multi_job.job_devices", r"\[2\] must be distinct ids in 0..1"),
+    (["mode=sync", "multi_job.pool=p", "multi_job.job_devices=[0,0]"], {"RAY_ADDRESS": "h:1"},
+     "multi_job.job_devices", "distinct"),
+    (["mode=sync", "multi_job.pool=p", "multi_job.max_lease_s=0"], {"RAY_ADDRESS": "h:1"}, "multi_job.max_lease_s",
+     "> 0"),
+    (["mode=sync", "multi_job.pool=p", "actor_rollout_ref.rollout.free_cache_engine=false"], {"RAY_ADDRESS": "h:1"},
+     "actor_rollout_ref.rollout.free_cache_engine", "free the devices"),
+    (["mode=sync", "multi_job.pool=p", "trainer.nnodes=2", "actor_rollout_ref.actor.strategy=fsdp2"],
+     {"RAY_ADDRESS": "h:1"}, "trainer.nnodes", "one node"),
+])
+def test_bad_multi_job_input_names_the_key(monkeypatch, overrides, env, key, text):
+    with pytest.raises(ConfigError, match=text) as info:
+        check(*overrides, "trainer.device=cpu", env=env, monkeypatch=monkeypatch)
+    assert info.value.key == key
+
+
+def test_address_from_the_config_key_is_enough(monkeypatch):
+    check("mode=sync", "multi_job.pool=p", "multi_job.ray_address=127.0.0.1:6379", "trainer.device=cpu",
+          monkeypatch=monkeypatch)
+
+
+def test_unreachable_cluster_fails_fast():
+    from fully_async.cluster.device_pool import check_reachable
+    from fully_async.cluster.ray_utils import RunFailed
+
+    with pytest.raises(RunFailed, match="no Ray cluster answers at 127.0.0.1:1"):
+        check_reachable("127.0.0.1:1", timeout_s=2)
