@@ -177,8 +177,9 @@ class MetricLogger:
             self.writer.flush()
         for tracker in self.trackers:
             tracker.log(metrics, step)
-        if self.console:
-            self.write_line(console_line(step, metrics))
+        line = console_line(step, metrics)
+        if self.console and line != f"step {step}":   # metrics with nothing for the console (per-version ones)
+            self.write_line(line)
 
     def write_json(self, name: str, data: dict) -> None:
         """A side file in the TensorBoard run directory (no-op without TensorBoard)."""

@@ -37,3 +37,15 @@ def test_rollouter_version_metrics():
 def test_console_shows_verls_trainer_idle_ratio():
     line = console_line(3, {"trainer/idle_ratio": 0.25, "fully_async/rollouter/idle_ratio": 0.5})
     assert line == "step 3 | t_idle 0.25 | r_idle 0.5"
+
+
+def test_console_skips_metrics_it_has_nothing_to_show_for():
+    """Per-version metrics (rollouter/*) reach TensorBoard and the trackers, not the console as a bare 'step N'."""
+    from fully_async.core.metrics import MetricLogger
+
+    lines = []
+    sink = MetricLogger(["console"], "p", "e", write_line=lines.append)
+    sink.log({"rollouter/idle_ratio": 0.5, "rollouter/version_time": 1.0}, 4)
+    sink.log({"critic/score/mean": 0.25}, 5)
+    sink.close()
+    assert lines == ["step 5 | reward 0.25"]
