@@ -193,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="padded, packed:<attn_implementation> (varlen, sdpa, eager, flex_attention, "
                         "flash_attention_2), each optionally with /unfused (full logits, then backends/token_stats.py) or "
                         "/plain (full logits, then plain autograd log-probs and entropy), then optionally /compiled "
-                        "(actor.use_torch_compile=true: every decoder layer compiled; without it, false); default: padded "
-                        "packed:varlen packed:sdpa")
+                        "(actor.use_torch_compile=true: every decoder layer compiled; without it, false); default: "
+                        "padded packed:varlen packed:varlen/compiled packed:varlen/unfused/compiled")
     p.add_argument("--grad-ckpt", action="store_true")
     p.add_argument("--chunk-elems", type=int, default=None,
                    help="elements per chunk of the chunked log-prob/entropy (default: the device's, token_stats.py)")
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = get_device(args.device)
     args.dtype = args.dtype or ("bfloat16" if device.is_accelerator else "float32")
-    variants = args.variants or ["padded", "packed:varlen", "packed:sdpa"]
+    variants = args.variants or ["padded", "packed:varlen", "packed:varlen/compiled", "packed:varlen/unfused/compiled"]
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model
         if model_dir is None:
