@@ -115,42 +115,38 @@ def test_strict_on_policy_samples_are_fresh(ray_session, tmp_path, monkeypatch):
     assert [v for _, v in scalars["fully_async/partial/total_partial_num"]] == [0, 0, 0]
 
 
-def test_failing_rollouter_exits_nonzero_with_its_error(tmp_path):
-    bad = tmp_path / "bad_reward.py"
-    # correct answers score (so the driver's probe passes); the first wrong answer blows up in the rollouter
-    bad.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                   "    if solution_str.strip() != str(ground_truth):\n"
-                   "        raise ValueError('reward exploded on purpose')\n"
-                   "    return 1.0\n")
+SCORE_HEADER = ("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                "    if solution_str.strip() != str(ground_truth):\n")
+
+
+def run_with_reward(tmp_path, source: str, *overrides: str, timeout: int = 300) -> tuple[str, str]:
+    """A 3-step default run scoring with the custom reward function `source` (written to a file): (its path,
+    the run's output); the run must exit 1."""
+    path = tmp_path / "reward_fn.py"
+    path.write_text(source)
     env = dict(os.environ, TENSORBOARD_DIR=str(tmp_path / "tb"))
-    r = subprocess.run([sys.executable, "-m", "fully_async.main", f"custom_reward_function.path={bad}",
-                        "trainer.total_training_steps=3", "trainer.val_before_train=false", "trainer.progress_bar=false",
-                        f"trainer.default_local_dir={tmp_path}/ckpt",
-                        f"hydra.run.dir={tmp_path}/hydra"],
-                       capture_output=True, text=True, timeout=300, env=env)
+    r = subprocess.run([sys.executable, "-m", "fully_async.main", f"custom_reward_function.path={path}",
+                        *overrides, "trainer.total_training_steps=3", "trainer.val_before_train=false", "trainer.progress_bar=false",
+                        f"trainer.default_local_dir={tmp_path}/ckpt", f"hydra.run.dir={tmp_path}/hydra"],
+                       capture_output=True, text=True, timeout=timeout, env=env)
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-3000:]
+    return str(path), out
+
+
+def test_failing_rollouter_exits_nonzero_with_its_error(tmp_path):
+    # correct answers score (so the driver's probe passes); the first wrong answer blows up in the rollouter
+    bad, out = run_with_reward(tmp_path, SCORE_HEADER + "        raise ValueError('reward exploded on purpose')\n"
+                                                       "    return 1.0\n")
     # the user's error, where it was raised (file and line), reaches the driver
     assert "rollouter failed: RewardError: reward function compute_score" in out
     assert "raised ValueError: reward exploded on purpose" in out and f"{bad}:3 (in compute_score)" in out
 
 
 def test_hanging_reward_fails_the_run_within_its_timeout(tmp_path):
-    slow = tmp_path / "slow_reward.py"
     # correct answers score at once (so the driver's probe passes); the first wrong answer hangs in the rollouter
-    slow.write_text("import time\n\n\n"
-                    "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                    "    if solution_str.strip() != str(ground_truth):\n"
-                    "        time.sleep(600)\n"
-                    "    return 1.0\n")
-    env = dict(os.environ, TENSORBOARD_DIR=str(tmp_path / "tb"))
-    r = subprocess.run([sys.executable, "-m", "fully_async.main", f"custom_reward_function.path={slow}",
-                        "reward_model.timeout_s=3", "trainer.total_training_steps=3", "trainer.val_before_train=false",
-                        "trainer.progress_bar=false", f"trainer.default_local_dir={tmp_path}/ckpt",
-                        f"hydra.run.dir={tmp_path}/hydra"],
-                       capture_output=True, text=True, timeout=200, env=env)
-    out = r.stdout + r.stderr
-    assert r.returncode == 1, out[-3000:]
+    slow, out = run_with_reward(tmp_path, SCORE_HEADER + "        __import__('time').sleep(600)\n"
+                                                        "    return 1.0\n", "reward_model.timeout_s=3", timeout=200)
     assert f"rollouter failed: RewardError: reward function {slow}:compute_score did not return within " \
            "reward_model.timeout_s=3s on sample e0-p" in out, out[-3000:]
     assert "(prompt index " in out
