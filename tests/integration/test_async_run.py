@@ -126,7 +126,8 @@ def run_with_reward(tmp_path, source: str, *overrides: str, timeout: int = 300) 
     path.write_text(source)
     env = dict(os.environ, TENSORBOARD_DIR=str(tmp_path / "tb"))
     r = subprocess.run([sys.executable, "-m", "fully_async.main", f"custom_reward_function.path={path}",
-                        *overrides, "trainer.total_training_steps=3", "trainer.val_before_train=false", "trainer.progress_bar=false",
+                        *overrides, "trainer.total_training_steps=3", "trainer.val_before_train=false",
+                        "trainer.progress_bar=false",
                         f"trainer.default_local_dir={tmp_path}/ckpt", f"hydra.run.dir={tmp_path}/hydra"],
                        capture_output=True, text=True, timeout=timeout, env=env)
     out = r.stdout + r.stderr
