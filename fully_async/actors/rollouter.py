@@ -69,6 +69,7 @@ class Rollouter(MetricsOutbox):
         test_freq = cfg.rollout.test_freq if cfg.rollout.test_freq is not None else cfg.trainer.test_freq
         self.test_freq = test_freq
         self.trigger = cfg.async_training.trigger_parameter_sync_step  # trainer steps per param version
+        self.total_steps = cfg.trainer.total_training_steps   # filled in by run/prepare.py before the actors start
         self._init_outbox()
         self.commands: queue_mod.Queue = queue_mod.Queue()
         self.stopped = False
@@ -260,6 +261,12 @@ class Rollouter(MetricsOutbox):
             self._version_mark = (time.perf_counter(), self.stats["idle_s"])
         return out
 
+    def _step_of(self, version: int) -> int:
+        """The trainer step that pushed `version`: every trigger_parameter_sync_step steps, and the last step (the
+        final push, however many steps its window had)."""
+        step = version * self.trigger
+        return min(step, self.total_steps) if self.total_steps else step
+
     def _end_version(self, version: int) -> None:
         """verl's per-version rollouter metrics (metrics.rollouter_version_metrics) of the version that `version`
         replaces, to the driver at the trainer step that pushed `version` (nothing before run(): the initial
@@ -269,7 +276,7 @@ class Rollouter(MetricsOutbox):
         start, idle_at_start = self._version_mark
         metrics = rollouter_version_metrics(time.perf_counter() - start, self.stats["idle_s"] - idle_at_start)
         if metrics:
-            self._emit(version * self.trigger, metrics)
+            self._emit(self._step_of(version), metrics)
 
     def _validate(self, version: int, resume: bool = True, publish: bool = True) -> dict:
         """Validation on the weights of `version`; in-flight work is parked and resumed after (resume=False:
@@ -281,7 +288,7 @@ class Rollouter(MetricsOutbox):
         metrics["rollouter/validate_time"] = metrics["timing_s/testing"]  # verl's name for the rollouter's validation
         self.stats["validations"] += 1
         if publish:
-            self._emit(version * self.trigger, dict(metrics))
+            self._emit(self._step_of(version), dict(metrics))
         logger.info("validation at param version %d: %s", version,
                     ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
         if resume:

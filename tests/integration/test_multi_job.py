@@ -64,6 +64,19 @@ def ray_head(tmp_path):
     shutil.rmtree(temp, ignore_errors=True)
 
 
+RUNNING: list = []   # every Job's process, killed after its test whatever the outcome
+
+
+@pytest.fixture(autouse=True)
+def kill_leftover_jobs():
+    yield
+    while RUNNING:
+        proc = RUNNING.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
 class Job:
     def __init__(self, tmp_path, address, name, *overrides):
         self.name, self.lines = name, []
@@ -76,6 +89,7 @@ class Job:
         env = dict(os.environ, **ENV, RAY_ADDRESS=address, TENSORBOARD_DIR=str(self.tb), PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
                                      env=env)
+        RUNNING.append(self.proc)
         self._reader = threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stdout.readline, "")),
                                         daemon=True)
         self._reader.start()
@@ -150,9 +164,10 @@ def test_two_jobs_share_the_pool_learn_and_keep_their_outputs_apart(tmp_path, ra
     assert switches >= 4, [(s[0], round(s[2], 2)) for s in spans]   # interleaved, not one after the other
 
 
-def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head):
+def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, monkeypatch):
     # c leases both devices, a and b one each: c waits for both (all or nothing) and they wait behind c
-    c = Job(tmp_path, ray_head, "c", "trainer.total_training_steps=40", "trainer.test_freq=-1")
+    # c must still be running when it is killed, however slow the machine: far more steps than the test waits for
+    c = Job(tmp_path, ray_head, "c", "trainer.total_training_steps=1000", "trainer.test_freq=-1")
     c.wait_for(r"step 2 \|")
     a = Job(tmp_path, ray_head, "a", "multi_job.job_devices=[0]", "trainer.total_training_steps=5",
             "trainer.test_freq=-1")
@@ -176,7 +191,7 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head):
 
     import ray
 
-    os.environ["RAY_AUTH_MODE"] = "disabled"
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     ray.init(address=ray_head, namespace="test", log_to_driver=False)
     try:
         from fully_async.cluster.device_pool import get_pool
