@@ -292,14 +292,27 @@ def format_text(report: dict) -> str:
     return "\n".join(out)
 
 
+def validate_for_plan(cfg: Any) -> None:
+    """The run's validation (config.validate), except that a model path naming a built-in shape need not exist
+    here: the planner sizes it from the shape table, where the run would need the weights."""
+    from fully_async.core import config as config_mod
+
+    path = str(cfg.actor_rollout_ref.model.path)
+    if os.path.isfile(os.path.join(path, "config.json")) or known_shape(path) is None:
+        config_mod.validate(cfg)
+        return
+    for check in config_mod.SECTION_CHECKS + config_mod.CROSS_SECTION_CHECKS:
+        if check is not config_mod._check_model:
+            check(cfg)
+
+
 def build_report(overrides: list[str]) -> dict:
-    from fully_async.core.config import validate
     from fully_async.run.hydra_setup import load_config
 
     plan_args, hydra_args = split_overrides(overrides)
     opts = parse(plan_args)
     cfg = load_config(hydra_args)
-    validate(cfg)
+    validate_for_plan(cfg)
     shape, source = model_shape(cfg)
     spec = device_spec(cfg, opts)
     return {"mode": cfg.mode, "model": {"source": source, "params": shape.params(), "shape": vars(shape)},
