@@ -108,6 +108,7 @@ class SimResult:
     tokens: int
     seconds: float
     step_ends: list[float] = field(default_factory=list)
+    step_tokens: list[int] = field(default_factory=list)
     trainer_wait_s: float = 0.0     # async: trainer waiting for groups; sync: generation time
     rollout_busy_s: float = 0.0     # replica-seconds with at least one sequence in flight
     rollout_replica_s: float = 0.0  # replicas x seconds
@@ -117,6 +118,12 @@ class SimResult:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    def steady_tokens_per_s(self, skip: int) -> float:
+        """tokens/s of the steps after the first `skip` (the pipeline fill left out; a long run's rate)."""
+        if not 0 < skip < len(self.step_ends):
+            return self.tokens_per_s
+        return sum(self.step_tokens[skip:]) / (self.step_ends[-1] - self.step_ends[skip - 1])
 
     @property
     def time_per_step(self) -> float:
@@ -128,11 +135,14 @@ class SimResult:
 
     @property
     def rollout_idle_ratio(self) -> float:
-        return 1.0 - self.rollout_busy_s / self.rollout_replica_s if self.rollout_replica_s > 0 else float("nan")
+        if self.rollout_replica_s <= 0:
+            return float("nan")
+        return max(0.0, 1.0 - self.rollout_busy_s / self.rollout_replica_s)
 
-    def as_dict(self) -> dict:
+    def as_dict(self, skip: int = 0) -> dict:
+        """skip: steps left out of steady_tokens_per_s (0: the same as tokens_per_s)."""
         return {"mode": self.mode, "steps": self.steps, "tokens": self.tokens, "seconds": self.seconds,
-                "tokens_per_s": self.tokens_per_s, "time_per_step_s": self.time_per_step,
+                "tokens_per_s": self.tokens_per_s, "steady_tokens_per_s": self.steady_tokens_per_s(skip), "time_per_step_s": self.time_per_step,
                 "trainer_idle_ratio": self.trainer_idle_ratio, "rollout_idle_ratio": self.rollout_idle_ratio,
                 "interrupted_responses": self.interrupted, "staleness_bound_pauses": self.bound_pauses}
 
@@ -295,6 +305,7 @@ class _AsyncSim:
             return
         taken, self.queue = self.queue[:self.s.required], self.queue[self.s.required:]
         self.result.tokens += sum(taken)
+        self.result.step_tokens.append(sum(taken))
         self.result.trainer_wait_s += t - self._trainer_free_since
         self.trainer_busy = True
         self._push(t + self.c.train_time(sum(taken), self.s.trainer_devices), "trained")
@@ -410,6 +421,7 @@ def simulate_sync(devices: int, train_batch_size: int, max_num_seqs: int, costs:
         tokens = sum(tok for _, tok in gens)
         step_s = gen_s + costs.train_time(tokens, devices) + costs.sync_step_s
         res.tokens += tokens
+        res.step_tokens.append(tokens)
         res.trainer_wait_s += gen_s
         res.rollout_busy_s += sum(g for g, _ in gens)
         t += step_s

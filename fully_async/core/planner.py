@@ -10,6 +10,9 @@ split's simulated neighbours are adjacent valid splits.
 Batch at another scale (`batch_scaling`).  weak (default): the groups per step grow with the device count
 (groups x N / N_config, never below the config's), as users scale a recipe to more devices; fixed: the
 config's batch at every N (more devices then mostly idle).
+
+Rate.  Candidates are ranked by their steady rate: tokens/s of the steps after the first `warmup_steps` (the
+pipeline fill, when async waits for its first batch's longest response, is left out: it is paid once per run).
 """
 from __future__ import annotations
 
@@ -67,7 +70,7 @@ def _candidates(valid: list[int]) -> list[int]:
 
 
 def plan_devices(devices: int, shape: PipelineShape, costs: StageCosts, length: Callable[[str], int],
-                 prompt_len: int, steps: int, scaling: str = "weak") -> dict:
+                 prompt_len: int, steps: int, scaling: str = "weak", warmup_steps: int = 2) -> dict:
     """Sync on all `devices` and async at every candidate split; the best split and the speedup."""
     valid = valid_splits(devices, shape)
     sync_groups = shape.groups(shape.sync_groups, devices, scaling)
@@ -76,7 +79,7 @@ def plan_devices(devices: int, shape: PipelineShape, costs: StageCosts, length: 
     out: dict[str, Any] = {"devices": devices, "sync_groups_per_step": sync_groups,
                            "async_groups_per_step": async_groups, "candidates": []}
     if devices % shape.trainer_mp == 0:
-        out["sync"] = simulate_sync(devices, sync_groups, shape.max_num_seqs, costs, work).as_dict()
+        out["sync"] = simulate_sync(devices, sync_groups, shape.max_num_seqs, costs, work).as_dict(warmup_steps)
     else:
         out["sync"] = None
     if not valid:
@@ -92,7 +95,7 @@ def plan_devices(devices: int, shape: PipelineShape, costs: StageCosts, length: 
                            max_num_seqs=shape.max_num_seqs, required=async_groups,
                            staleness_threshold=shape.staleness_threshold, trigger_parameter_sync_step=shape.trigger,
                            partial_rollout=shape.partial_rollout)
-        res = simulate_async(setup, costs, work).as_dict()
+        res = simulate_async(setup, costs, work).as_dict(warmup_steps)
         res.update(rollout_devices=r, trainer_devices=devices - r)
         results[r] = res
 
@@ -100,7 +103,7 @@ def plan_devices(devices: int, shape: PipelineShape, costs: StageCosts, length: 
         run(r)
     while True:  # narrow down between the best candidate's simulated neighbours until they are adjacent splits
         done = sorted(results)
-        k = done.index(max(done, key=lambda r: results[r]["tokens_per_s"]))
+        k = done.index(max(done, key=lambda r: results[r]["steady_tokens_per_s"]))
         lo = valid.index(done[k - 1]) if k > 0 else valid.index(done[k])
         hi = valid.index(done[k + 1]) if k + 1 < len(done) else valid.index(done[k])
         todo = [valid[j] for j in range(lo, hi + 1) if valid[j] not in results]
@@ -109,7 +112,7 @@ def plan_devices(devices: int, shape: PipelineShape, costs: StageCosts, length: 
         for r in todo[::max(1, len(todo) // 8)]:
             run(r)
     out["candidates"] = [results[r] for r in sorted(results)]
-    best = max(out["candidates"], key=lambda c: c["tokens_per_s"])
+    best = max(out["candidates"], key=lambda c: c["steady_tokens_per_s"])
     out["best"] = best
-    out["speedup"] = best["tokens_per_s"] / out["sync"]["tokens_per_s"] if out["sync"] else None
+    out["speedup"] = best["steady_tokens_per_s"] / out["sync"]["steady_tokens_per_s"] if out["sync"] else None
     return out

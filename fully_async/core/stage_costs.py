@@ -17,7 +17,9 @@ Estimated (no measurement).  From the model's shape and the device's data-sheet 
   train token     (6 + 2 x forward passes outside the update) x matmul params / (peak x mfu)
                   (+2 with gradient checkpointing; a reference forward with use_kl_loss, an old-policy forward
                   without use_rollout_log_probs), divided by tp x pp for megatron
-  weight sync     bf16 weights / link bandwidth (async), and the local reload (sync) at HBM speed
+  weight sync     bf16 weights / link bandwidth (async); sync's per-step switch: the local reload at HBM speed plus
+                  what crosses to the host and back each step (engine weights with free_cache_engine, the
+                  trainer's offloaded state) at host_gbs
 The efficiencies are assumptions printed with every prediction (ESTIMATE_ASSUMPTIONS) and overridable.
 """
 from __future__ import annotations
@@ -37,6 +39,7 @@ ESTIMATE_ASSUMPTIONS = {
     "launch_s": 0.004,        # per decode step: kernel launches with graphs, sampling, host sync
     "link_eff": 0.5,          # achieved fraction of link bandwidth in the weight broadcast
     "dp_efficiency": 0.9,     # data-parallel scaling of the trainer
+    "host_gbs": 25.0,         # device <-> host copies (engine sleep/wake, trainer offload), GB/s each way
 }
 
 
@@ -107,7 +110,8 @@ def from_bench(bench: dict, decode_seq_fraction: float = 0.0, weight_sync_s: flo
 
 
 def estimate(shape: Shape, spec: DeviceSpec, *, mean_context: float, rollout_tp: int = 1, train_mp: int = 1,
-             checkpointing: bool = False, extra_forwards: int = 0, assumptions: Optional[dict] = None) -> StageCosts:
+             checkpointing: bool = False, extra_forwards: int = 0, host_bytes: float = 0.0,
+             assumptions: Optional[dict] = None) -> StageCosts:
     """StageCosts from FLOPs and bandwidth (module docstring); `assumptions` overrides ESTIMATE_ASSUMPTIONS."""
     a = dict(ESTIMATE_ASSUMPTIONS, **(assumptions or {}))
     peak, bw = spec.tflops * 1e12, spec.hbm_gbs * 1e9
@@ -121,7 +125,7 @@ def estimate(shape: Shape, spec: DeviceSpec, *, mean_context: float, rollout_tp:
         prefill_token_s=2 * mm / (rollout_tp * peak * a["prefill_mfu"]),
         train_token_s=train_flops / (train_mp * peak * a["train_mfu"]),
         weight_sync_s=weights / (spec.link_gbs * 1e9 * a["link_eff"]),
-        sync_step_s=2 * weights / (bw * a["bw_eff"]),
+        sync_step_s=weights / (bw * a["bw_eff"]) + 2 * host_bytes / (a["host_gbs"] * 1e9),
         dp_efficiency=a["dp_efficiency"],
         source=f"estimated from FLOPs and bandwidth of {spec.name}")
 

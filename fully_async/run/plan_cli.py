@@ -28,6 +28,8 @@ from fully_async.run.plan_options import PlanOptions, parse, split_overrides
 
 DEFAULT_DEVICE = {"npu": "ascend910b", "cuda": "h100", "auto": "ascend910b"}
 MAX_PLAN_LINES = 12
+WARMUP_STEPS = 2          # simulated steps left out of the steady rate (the async pipeline fill)
+NEAR_BEST = 6             # splits shown either side of the best one
 
 
 # ----------------------------------------------------------------------------------- inputs
@@ -107,11 +109,16 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
         if actor.strategy == "megatron" else 1
     extra = int(bool(actor.use_kl_loss)) + int(not cfg.async_training.use_rollout_log_probs)
     prompt = opts.prompt_length or max(1, cfg.data.max_prompt_length // 2)
+    rollout = cfg.actor_rollout_ref.rollout
+    off = actor.fsdp_config
+    host = (2.0 * shape.params() / rollout.tensor_model_parallel_size if rollout.free_cache_engine else 0.0) + \
+        (4.0 * shape.params() / mp if off.param_offload else 0.0) + (8.0 * shape.params() / mp if off.optimizer_offload
+                                                                     else 0.0)
     est = estimate(shape, spec, mean_context=prompt + mean_response / 2,
                    rollout_tp=cfg.actor_rollout_ref.rollout.tensor_model_parallel_size, train_mp=mp,
                    checkpointing=bool(cfg.actor_rollout_ref.model.enable_gradient_checkpointing),
-                   extra_forwards=extra, assumptions=opts.estimate_assumptions())
-    derived: dict[str, Any] = {"estimate": est.as_dict()}
+                   extra_forwards=extra, host_bytes=host, assumptions=opts.estimate_assumptions())
+    derived: dict[str, Any] = {"estimate": est.as_dict(), "host_bytes_per_sync_step": host}
     if opts.stage_costs is None:
         costs = est
     else:
@@ -214,7 +221,8 @@ def throughput_section(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSp
     pshape = PipelineShape.of(cfg)
     costs, derived, prompt = stage_costs(cfg, opts, shape, spec, expected_mean(length, pshape.n, 64))
     devices = opts.devices or [pshape.config_devices]
-    results = [plan_devices(n, pshape, costs, length, prompt, opts.sim_steps, opts.batch_scaling) for n in devices]
+    results = [plan_devices(n, pshape, costs, length, prompt, opts.sim_steps, opts.batch_scaling, WARMUP_STEPS)
+               for n in devices]
     assumptions = [
         f"stage costs: {costs.source}",
         f"response lengths: {length_desc}",
@@ -222,14 +230,16 @@ def throughput_section(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSp
         f"decode step = {costs.decode_step_s * 1e3:.3f} ms + {costs.decode_seq_s * 1e6:.3f} us x sequences in flight;"
         f" prefill {costs.prefill_token_s * 1e6:.3f} us/token; train {costs.train_token_s * 1e6:.3f} us/token on one "
         f"device (+{costs.train_step_s:.3f} s/step), data-parallel efficiency {costs.dp_efficiency:g}",
-        f"async weight update {costs.weight_sync_s:.3f} s (both sides stall); sync per-step switch "
-        f"{costs.sync_step_s:.3f} s" + ("" if opts.weight_sync_s is not None else
-                                        " (estimated: bf16 weights over the device link / HBM)"),
+        f"async weight update {costs.weight_sync_s:.3f} s (both sides stall)" + (
+            "" if opts.weight_sync_s is not None else " (estimated: bf16 weights over the device link)"),
+        f"sync per-step switch {costs.sync_step_s:.3f} s" + ("" if opts.sync_step_s is not None else
+                                                            f" (estimated: local reload + {derived['host_bytes_per_sync_step'] / 1e9:.1f} GB to the "
+                                                            "host and back: free_cache_engine / offloads)"),
         f"staleness_threshold={pshape.staleness_threshold:g}, trigger_parameter_sync_step={pshape.trigger}, "
         f"partial_rollout={pshape.partial_rollout}, max_num_seqs={pshape.max_num_seqs} per replica",
         f"batch at other device counts: {opts.batch_scaling} (config: {pshape.async_groups} groups/step async, "
-        f"{pshape.sync_groups} sync, on {pshape.config_devices} devices); {opts.sim_steps} steps simulated, the "
-        "pipeline fill included",
+        f"{pshape.sync_groups} sync, on {pshape.config_devices} devices); {opts.sim_steps} steps simulated, "
+        f"ranked by the steady rate (the first {WARMUP_STEPS} steps, the pipeline fill, left out)",
     ]
     if opts.stage_costs is None:
         assumptions.append("estimate efficiencies: " + ", ".join(f"{k}={v:g}" for k, v in
@@ -255,14 +265,14 @@ def format_text(report: dict) -> str:
         out.append(f"    {role['note']}")
     out += ["", "== device plan"] + ["  " + line for line in report["device_plan"]]
     tp = report["throughput"]
-    out += ["", "== predicted throughput (tokens/s, all devices; discrete-event simulation)"]
+    out += ["", "== predicted throughput (steady tokens/s, all devices; discrete-event simulation)"]
     rows = [("devices", "sync", "best async split (rollout+trainer)", "async", "async/sync", "trainer idle",
              "rollout idle")]
     for res in tp["results"]:
         best, sync = res["best"], res["sync"]
-        rows.append((res["devices"], f"{sync['tokens_per_s']:.0f}" if sync else "-",
+        rows.append((res["devices"], f"{sync['steady_tokens_per_s']:.0f}" if sync else "-",
                      f"{best['rollout_devices']}+{best['trainer_devices']}" if best else "-",
-                     f"{best['tokens_per_s']:.0f}" if best else "-",
+                     f"{best['steady_tokens_per_s']:.0f}" if best else "-",
                      f"{res['speedup']:.2f}x" if res["speedup"] else "-",
                      f"{best['trainer_idle_ratio']:.2f}" if best else "-",
                      f"{best['rollout_idle_ratio']:.2f}" if best else "-"))
@@ -272,11 +282,15 @@ def format_text(report: dict) -> str:
             out.append(f"  {res['devices']} devices: {res['reason']}")
     last = tp["results"][-1]
     if last["candidates"]:
-        out += ["", f"async splits simulated at {last['devices']} devices:"]
+        cands = last["candidates"]
+        i = cands.index(last["best"])
+        shown = cands[max(0, i - NEAR_BEST):i + NEAR_BEST + 1]
+        out += ["", f"async splits at {last['devices']} devices ({len(shown)} of {len(cands)} simulated, around "
+                "the best; all in --json):"]
         rows = [("rollout", "trainer", "tokens/s", "trainer idle", "rollout idle", "interrupted")]
-        rows += [(c["rollout_devices"], c["trainer_devices"], f"{c['tokens_per_s']:.0f}",
+        rows += [(c["rollout_devices"], c["trainer_devices"], f"{c['steady_tokens_per_s']:.0f}",
                   f"{c['trainer_idle_ratio']:.2f}", f"{c['rollout_idle_ratio']:.2f}", c["interrupted_responses"])
-                 for c in last["candidates"]]
+                 for c in shown]
         out += _table(rows)
     out += ["", "== recommendation"]
     for res in tp["results"]:

@@ -121,3 +121,12 @@ def test_bad_setup_is_refused():
         simulate_async(AsyncSetup(0, 1, 8, 1), COSTS, Workload(2, 0, const(4)))
     with pytest.raises(ValueError, match="train_batch_size"):
         simulate_sync(1, 0, 8, COSTS, Workload(2, 0, const(4)))
+
+
+def test_steady_rate_leaves_out_the_fill():
+    setup = AsyncSetup(replicas=1, trainer_devices=1, max_num_seqs=8, required=2, staleness_threshold=0.0,
+                       trigger_parameter_sync_step=1, partial_rollout=False)
+    res = simulate_async(setup, COSTS, Workload(n=2, prompt_len=0, length=const(10), steps=4))
+    assert res.step_tokens == [40, 40, 40, 40]
+    assert res.steady_tokens_per_s(2) == pytest.approx(80 / (0.64 - 0.32))
+    assert res.steady_tokens_per_s(0) == res.tokens_per_s

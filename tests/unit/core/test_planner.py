@@ -23,12 +23,12 @@ def test_best_split_matches_exhaustive_search_and_batch_scaling():
     big = plan_devices(96, shape(), costs, length, 16, 6)   # > 40 valid splits: coarse grid, then narrowed
     assert big["async_groups_per_step"] == 96
     small = plan_devices(8, shape(), costs, length, 16, 6, scaling="fixed")
-    best = max(small["candidates"], key=lambda c: c["tokens_per_s"])
+    best = max(small["candidates"], key=lambda c: c["steady_tokens_per_s"])
     assert len(small["candidates"]) == 7 and small["best"] == best
-    assert small["speedup"] == best["tokens_per_s"] / small["sync"]["tokens_per_s"]
+    assert small["speedup"] == best["steady_tokens_per_s"] / small["sync"]["steady_tokens_per_s"]
     from fully_async.core.planner import AsyncSetup, Workload, simulate_async
     exhaustive = max(range(1, 96), key=lambda r: simulate_async(
-        AsyncSetup(r, 96 - r, 64, 96, 0.5, 1, True), costs, Workload(4, 16, length, 6)).tokens_per_s)
+        AsyncSetup(r, 96 - r, 64, 96, 0.5, 1, True), costs, Workload(4, 16, length, 6)).steady_tokens_per_s(2))
     assert big["best"]["rollout_devices"] == exhaustive
 
 
