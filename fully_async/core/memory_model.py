@@ -2,7 +2,10 @@
 
 What is counted, per device, in bytes (P = parameters of the device's shard, h/I = hidden/intermediate sizes):
 
-  trainer, strategy torch   params, grads and both AdamW moments in actor.dtype: 4 x P x bytes(dtype)
+  trainer, strategy torch   params, grads and both AdamW moments in actor.dtype: 4 x P x bytes(dtype).  The peak is
+                            in a later step's forward/backward (optimizer states exist); grads coexist with a
+                            micro-batch's activations when a mini-batch has several micro-batches, otherwise
+                            only what exceeds the activations counts
                             (+ the reference model's params when use_kl_loss)
   trainer, strategy fsdp2   float32 master params, grads and moments sharded over the data-parallel ranks:
                             16 x P / dp, plus two gathered layers in actor.dtype (the layer computing, the
@@ -12,9 +15,12 @@ What is counted, per device, in bytes (P = parameters of the device's shard, h/I
                             parameters / tensor parallel size (stage 0 holds the embedding)
   activations               one micro-batch (ppo_max_token_len_per_gpu tokens with use_dynamic_bsz, else
                             ppo_micro_batch_size_per_gpu x (max_prompt_length + max_response_length)); per
-                            token and layer the tensors kept for backward: 4h (norm inputs, attention output,
-                            residual) + q + 2 kv + q (attention values) + 4I (gate, up, activation, product)
-                            elements; with gradient checkpointing h per layer plus one layer's full set.
+                            token and layer the tensors autograd keeps for backward, counted with saved-tensor
+                            hooks on the Hugging Face Qwen2 layer (sdpa): 4I + 4h + 2q + 2kv elements in the compute
+                            dtype (MLP gate/up/activation/product; norm outputs, attention input/output, o_proj
+                            input; q, k, v) plus 2h float32 (each RMSNorm keeps its input upcast) -- for the 0.5B shape
+                            57,408 bytes in bfloat16, exactly what the hooks count; with gradient checkpointing
+                            h per layer (the layer input; measured 1,792 bytes) plus one layer's full set.
                             Logits: the fused chunked head (model.use_fused_kernels) keeps ~3 float32 chunks of
                             2^26 elements; without it tokens x vocab x 4 bytes x 2 (logits and their gradient)
   engine, rollout.name=hf   weights in rollout.dtype + a static slot KV cache of max_num_seqs x max_model_len
@@ -71,12 +77,22 @@ def micro_batch_tokens(cfg: Any, dp: int) -> int:
     return int(rows) * seq
 
 
+def accumulates(cfg: Any, dp: int) -> bool:
+    """Whether gradients of earlier micro-batches stay allocated while a later one runs forward (several
+    micro-batches per mini-batch); with dynamic batch sizes assumed so."""
+    actor = cfg.actor_rollout_ref.actor
+    if actor.use_dynamic_bsz or actor.ppo_micro_batch_size_per_gpu is None:
+        return bool(actor.use_dynamic_bsz)
+    rows = actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // dp
+    return actor.ppo_micro_batch_size_per_gpu < rows
+
+
 def activation_bytes(shape: Shape, tokens: int, cbytes: int, checkpointing: bool, fused_head: bool,
                      layers: int | None = None) -> tuple[float, float]:
     """(layer activations, logits) bytes of one micro-batch of `tokens` tokens over `layers` layers."""
     layers = shape.layers if layers is None else layers
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    per_layer = (4 * shape.hidden + 2 * q + 2 * kv + 4 * shape.intermediate) * cbytes * tokens
+    per_layer = ((4 * shape.hidden + 2 * q + 2 * kv + 4 * shape.intermediate) * cbytes + 2 * 4 * shape.hidden) * tokens
     acts = (layers * shape.hidden * cbytes * tokens + per_layer) if checkpointing else layers * per_layer
     if fused_head:
         logits = 3 * 4 * min(FUSED_CHUNK_ELEMS, tokens * shape.vocab)
@@ -120,6 +136,9 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
     acts, logits = activation_bytes(shape, tokens, cbytes, bool(model.enable_gradient_checkpointing),
                                     bool(model.use_fused_kernels), layers)
     mem.parts.update(activations=acts, logits=logits)
+    if not accumulates(cfg, dp):  # one micro-batch per optimizer step: grads appear only as activations are freed
+        mem.parts["grads"] = max(0.0, mem.parts["grads"] - acts - logits)
+        mem.note += "; one micro-batch per optimizer step (grads replace activations)"
     mem.note += f"; micro-batch {tokens} tokens" + (", gradient checkpointing" if model.enable_gradient_checkpointing
                                                      else "")
     return mem

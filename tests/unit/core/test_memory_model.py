@@ -40,7 +40,8 @@ def test_torch_strategy_keeps_params_grads_and_moments_in_the_actor_dtype():
 
 
 def test_fsdp2_shards_float32_state_over_data_parallel_ranks():
-    c = cfg("actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.dtype=bfloat16")
+    c = cfg("actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.dtype=bfloat16",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
     m8 = trainer_memory(c, SHAPE, 8)
     assert m8.parts["params"] + m8.parts["grads"] + m8.parts["optimizer"] == pytest.approx(16 * P / 8)
     assert trainer_memory(c, SHAPE, 16).total < m8.total
@@ -55,6 +56,17 @@ def test_megatron_tensor_parallel_and_distributed_optimizer_divide_the_state():
     dist = trainer_memory(cfg(*base, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
                               "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true"), SHAPE, 2)
     assert dist.parts["optimizer"] == pytest.approx(tp4.parts["optimizer"] / 2)
+
+
+def test_grads_count_fully_only_when_micro_batches_accumulate():
+    one = trainer_memory(cfg("actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                             "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+                             "data.train_batch_size=4"), SHAPE, 1)
+    assert one.parts["grads"] == max(0.0, 2 * P - one.parts["activations"] - one.parts["logits"])
+    many = trainer_memory(cfg("actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                              "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+                              "data.train_batch_size=4"), SHAPE, 1)
+    assert many.parts["grads"] == 2 * P
 
 
 def test_checkpointing_and_the_fused_head_shrink_activations():
@@ -101,3 +113,40 @@ def test_verdict():
     assert verdict(10, 100) == "fits"
     assert verdict(95, 100) == "tight"
     assert verdict(101, 100) == "does not fit"
+
+
+def test_activation_bytes_match_saved_tensor_hooks_on_a_real_layer():
+    """Count what autograd keeps for one and for three Qwen2 layers of the 0.5B shape (bf16, sdpa, CPU):
+    the per-layer difference is the formula's per-layer term, with and without checkpointing."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    def saved(layers, ckpt):
+        cfg = Qwen2Config(vocab_size=64, hidden_size=896, num_hidden_layers=layers, num_attention_heads=14,
+                          num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True,
+                          attn_implementation="sdpa")
+        torch.manual_seed(0)
+        m = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+        if ckpt:
+            m.gradient_checkpointing_enable()
+            m.train()
+        params = {p.untyped_storage().data_ptr() for p in m.parameters()}
+        seen = {}
+
+        def pack(t):
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                seen[st.data_ptr()] = st.nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            m(torch.randint(0, 64, (2, 64)), use_cache=False)
+        return sum(seen.values())
+
+    shape = Shape.of(dict(MODEL_SHAPES["Qwen2.5-0.5B"], vocab_size=64))
+    tokens = 128
+    full, _ = activation_bytes(shape, tokens, 2, checkpointing=False, fused_head=True, layers=1)
+    ckpt_two, _ = activation_bytes(shape, tokens, 2, checkpointing=True, fused_head=True, layers=2)
+    ckpt_one, _ = activation_bytes(shape, tokens, 2, checkpointing=True, fused_head=True, layers=1)
+    per_layer = (saved(3, False) - saved(1, False)) / 2
+    assert full == pytest.approx(per_layer, rel=0.01)
+    assert ckpt_two - ckpt_one == pytest.approx((saved(3, True) - saved(1, True)) / 2, rel=0.01)
