@@ -28,7 +28,8 @@ What is counted, per device, in bytes (P = parameters of the device's shard, h/I
   engine, rollout.name=vllm gpu_memory_utilization x capacity (vLLM takes that fraction at start-up); the check
                             is that weights / tp leave room for the KV cache of max_num_seqs full sequences
   sync (colocated)          the larger of the generate phase (engine + what the trainer keeps resident: params
-                            and grads unless param_offload, optimizer states unless optimizer_offload) and the
+                            and grads unless param_offload, optimizer states unless optimizer_offload; strategy
+                            torch / megatron offload everything when either is set) and the
                             train phase (trainer + the engine's weights and KV unless free_cache_engine)
 Plus `context_gib` per device (the runtime's own context and allocator slack; an assumption, printed).
 """
@@ -177,6 +178,8 @@ def colocated_memory(cfg: Any, trainer: RoleMemory, engine: RoleMemory) -> RoleM
         keep = {k: v for k, v in keep.items() if k == "gathered_layers"}
     if not off.optimizer_offload:
         keep["optimizer"] = trainer.parts.get("optimizer", 0.0)
+    if cfg.actor_rollout_ref.actor.strategy in ("torch", "megatron") and (off.param_offload or off.optimizer_offload):
+        keep = {}   # these backends' offload() moves everything (params, grads, optimizer, reference) at once
     gen = engine.total + sum(keep.values())
     engine_kept = 0.0 if cfg.actor_rollout_ref.rollout.free_cache_engine else engine.total
     train = trainer.total + engine_kept

@@ -161,13 +161,24 @@ def memory_section(cfg: Any, shape: Shape, spec: DeviceSpec, opts: PlanOptions) 
     for role in roles:
         role.parts["context"] = context
         rows.append(dict(role.as_dict(), verdict=verdict(role.total, capacity, opts.warn_fraction)))
+    if cfg.mode == "async":  # what the same devices would need as the sync loop (informational, not a verdict)
+        n = trainer_devices + cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+        sync_trainer = trainer_memory(cfg, shape, max(1, n // mp))
+        sync_engine = engine_memory(cfg, shape, capacity)
+        sync_engine.parts["weights"] *= cfg.actor_rollout_ref.rollout.tensor_model_parallel_size  # sync: rollout tp 1
+        role = colocated_memory(cfg, sync_trainer, sync_engine)
+        role.role = f"if sync on all {n} devices (colocated)"
+        role.parts["context"] = context
+        sync_row = dict(role.as_dict(), verdict=verdict(role.total, capacity, opts.warn_fraction))
+    else:
+        sync_row = None
     kv_needed = getattr(engine, "kv_needed", None)
     if kv_needed is not None and cfg.mode == "async" and kv_needed > engine.parts["kv_cache"]:
         rows[-1]["verdict"] = "tight" if rows[-1]["verdict"] == "fits" else rows[-1]["verdict"]
         rows[-1]["note"] += (f"; only {engine.parts['kv_cache'] / GIB:.2f} GiB left for it: vLLM will run fewer "
                              "sequences at once (raise gpu_memory_utilization or rollout tensor parallelism)")
     return {"device": spec.name, "capacity_gib": spec.memory_gib, "params": shape.params(), "roles": rows,
-            "fits": all(r["verdict"] != "does not fit" for r in rows)}
+            "fits": all(r["verdict"] != "does not fit" for r in rows), "sync_alternative": sync_row}
 
 
 def _ranges(items: list[int]) -> str:
@@ -257,12 +268,15 @@ def _table(rows: list[tuple]) -> list[str]:
 def format_text(report: dict) -> str:
     mem = report["memory"]
     out = [f"model: {report['model']['source']}; {report['model']['params'] / 1e9:.3f}B parameters",
-           f"config: mode={report['mode']}", "",
+           f"config: mode={report['mode']}"] + [f"warning: {w}" for w in report["warnings"]] + ["",
            f"== memory per device ({mem['device']}, {mem['capacity_gib']:g} GiB)"]
     for role in mem["roles"]:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in role["parts_gib"].items())
         out.append(f"  {role['role']}: {role['total_gib']:.2f} GiB -> {role['verdict'].upper()}  ({parts} GiB)")
         out.append(f"    {role['note']}")
+    alt = mem.get("sync_alternative")
+    if alt:
+        out.append(f"  ({alt['role']}: {alt['total_gib']:.2f} GiB -> {alt['verdict']}; {alt['note']})")
     out += ["", "== device plan"] + ["  " + line for line in report["device_plan"]]
     tp = report["throughput"]
     out += ["", "== predicted throughput (steady tokens/s, all devices; discrete-event simulation)"]
@@ -306,30 +320,39 @@ def format_text(report: dict) -> str:
     return "\n".join(out)
 
 
-def validate_for_plan(cfg: Any) -> None:
-    """The run's validation (config.validate), except that a model path naming a built-in shape need not exist
-    here: the planner sizes it from the shape table, where the run would need the weights."""
+def validate_for_plan(cfg: Any) -> list[str]:
+    """The run's validation (config.validate), except for what a plan does not need on this machine: a model
+    path naming a built-in shape (sized from the shape table) and data files not found here (the run will
+    need them; returned as warnings).  Every other ConfigError stops the plan as it would stop the run."""
     from fully_async.core import config as config_mod
 
     path = str(cfg.actor_rollout_ref.model.path)
-    if os.path.isfile(os.path.join(path, "config.json")) or known_shape(path) is None:
-        config_mod.validate(cfg)
-        return
+    builtin = not os.path.isfile(os.path.join(path, "config.json")) and known_shape(path) is not None
+    warnings = []
     for check in config_mod.SECTION_CHECKS + config_mod.CROSS_SECTION_CHECKS:
-        if check is not config_mod._check_model:
+        if builtin and check is config_mod._check_model:
+            continue
+        try:
             check(cfg)
+        except ConfigError as exc:
+            if exc.key in ("data.train_files", "data.val_files") and "file not found" in str(exc):
+                warnings.append(f"{exc} (not needed to plan; the run needs it)")
+                continue
+            raise
+    return warnings
 
 
-def build_report(overrides: list[str]) -> dict:
+def build_report(overrides: list[str], config_name: str = "fully_async_ppo_trainer") -> dict:
     from fully_async.run.hydra_setup import load_config
 
     plan_args, hydra_args = split_overrides(overrides)
     opts = parse(plan_args)
-    cfg = load_config(hydra_args)
-    validate_for_plan(cfg)
+    cfg = load_config(hydra_args, config_name=config_name)
+    warnings = validate_for_plan(cfg)
     shape, source = model_shape(cfg)
     spec = device_spec(cfg, opts)
-    return {"mode": cfg.mode, "model": {"source": source, "params": shape.params(), "shape": vars(shape)},
+    return {"mode": cfg.mode, "warnings": warnings,
+            "model": {"source": source, "params": shape.params(), "shape": vars(shape)},
             "memory": memory_section(cfg, shape, spec, opts), "device_plan": device_plan(cfg),
             "throughput": throughput_section(cfg, opts, shape, spec)}
 
@@ -337,12 +360,14 @@ def build_report(overrides: list[str]) -> dict:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    ap.add_argument("--config-name", default="fully_async_ppo_trainer",
+                    help="Hydra config in hydra_configs/ (as for python -m fully_async.main --config-name=...)")
     ap.add_argument("overrides", nargs="*", help="plan.* keys and Hydra overrides, as for python -m fully_async.main")
     args = ap.parse_args(argv)
     from fully_async.run.hydra_setup import USER_ERRORS
 
     try:
-        report = build_report(args.overrides)
+        report = build_report(args.overrides, args.config_name)
     except USER_ERRORS as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
