@@ -3,9 +3,10 @@
 batch.
 
 Candidates.  Rollout devices r come in whole replicas (multiples of rollout.tensor_model_parallel_size),
-trainer devices N - r in whole model-parallel groups (megatron tp x pp); up to 40 evenly spaced splits are
-simulated, then the interval around the best of them is narrowed (up to 8 more per round) until the best
-split's simulated neighbours are adjacent valid splits.
+trainer devices N - r in whole model-parallel groups (megatron tp x pp); up to 16 evenly spaced splits are
+simulated, then the interval around the best of them is narrowed (up to 4 more per round) until the best
+split's simulated neighbours are adjacent valid splits.  Every simulation draws the same responses (the
+lengths are a function of the sample id), so they are computed once.
 
 Batch at another scale (`batch_scaling`).  weak (default): the groups per step grow with the device count
 (groups x N / N_config, never below the config's), as users scale a recipe to more devices; fixed: the
@@ -21,7 +22,7 @@ from typing import Any, Callable
 
 from fully_async.core.pipeline_sim import AsyncSetup, StageCosts, Workload, simulate_async, simulate_sync
 
-MAX_COARSE = 40
+MAX_COARSE = 16
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,13 @@ def plan_devices(devices: int, shape: PipelineShape, costs: StageCosts, length: 
                  prompt_len: int, steps: int, scaling: str = "weak", warmup_steps: int = 2) -> dict:
     """Sync on all `devices` and async at every candidate split; the best split and the speedup."""
     valid = valid_splits(devices, shape)
+    cache: dict[str, int] = {}
+
+    def length(sample_id: str, draw: Callable[[str], int] = length) -> int:
+        if sample_id not in cache:
+            cache[sample_id] = draw(sample_id)
+        return cache[sample_id]
+
     sync_groups = shape.groups(shape.sync_groups, devices, scaling)
     async_groups = shape.groups(shape.async_groups, devices, scaling)
     work = Workload(shape.n, prompt_len, length, steps)
@@ -109,7 +117,7 @@ def plan_devices(devices: int, shape: PipelineShape, costs: StageCosts, length: 
         todo = [valid[j] for j in range(lo, hi + 1) if valid[j] not in results]
         if not todo:
             break
-        for r in todo[::max(1, len(todo) // 8)]:
+        for r in todo[::max(1, -(-len(todo) // 4))]:
             run(r)
     out["candidates"] = [results[r] for r in sorted(results)]
     best = max(out["candidates"], key=lambda c: c["steady_tokens_per_s"])
