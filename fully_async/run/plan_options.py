@@ -22,7 +22,8 @@ PREFIX = "plan."
 class PlanOptions:
     stage_costs: Optional[str] = None     # bench_pipeline.py JSON of this model and device; null: estimate
     response_lengths: str = "config"      # config (benchmark.response_length, else lognormal) | lognormal | <json>
-    decode_seq_fraction: Optional[float] = None  # share of measured decode time that grows with batch size
+    decode_seq_fraction: Optional[float] = None  # share of a measured decode step that grows with the sequences in
+    #                                              flight; null: 0 on accelerators (per-step bound, measured), 1 on cpu
     weight_sync_s: Optional[float] = None  # seconds of one async weight update; null: estimated
     sync_step_s: Optional[float] = None   # seconds of the sync loop's per-step switch; null: estimated
     devices: list[int] = field(default_factory=list)  # total device counts to plan for; []: the config's
