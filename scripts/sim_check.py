@@ -67,7 +67,8 @@ def stage_costs(run: Any) -> Any:
         return StageCosts(decode_step_s=_decode_step_s(run), train_token_s=busy * devices["trainer"] / tokens,
                           weight_sync_s=_mean(sync_s), source=f"run logs {run.log_dir}")
     switch = [p + a + b + c for p, a, b, c in zip(sync_s, _per_step(run, "timing_s/onload"),
-                                                  _per_step(run, "timing_s/offload"), _per_step(run, "timing_s/reward"))]
+                                                  _per_step(run, "timing_s/offload"),
+                                                  _per_step(run, "timing_s/reward"))]
     busy = sum(s - g - w for s, g, w in zip(steps, gens, switch))
     return StageCosts(decode_step_s=_decode_step_s(run), train_token_s=busy * devices["trainer"] / tokens,
                       sync_step_s=_mean(switch), source=f"run logs {run.log_dir}")

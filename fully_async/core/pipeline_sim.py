@@ -142,7 +142,8 @@ class SimResult:
     def as_dict(self, skip: int = 0) -> dict:
         """skip: steps left out of steady_tokens_per_s (0: the same as tokens_per_s)."""
         return {"mode": self.mode, "steps": self.steps, "tokens": self.tokens, "seconds": self.seconds,
-                "tokens_per_s": self.tokens_per_s, "steady_tokens_per_s": self.steady_tokens_per_s(skip), "time_per_step_s": self.time_per_step,
+                "tokens_per_s": self.tokens_per_s, "steady_tokens_per_s": self.steady_tokens_per_s(skip),
+                "time_per_step_s": self.time_per_step,
                 "trainer_idle_ratio": self.trainer_idle_ratio, "rollout_idle_ratio": self.rollout_idle_ratio,
                 "interrupted_responses": self.interrupted, "staleness_bound_pauses": self.bound_pauses}
 

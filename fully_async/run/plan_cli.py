@@ -243,9 +243,9 @@ def throughput_section(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSp
         f"device (+{costs.train_step_s:.3f} s/step), data-parallel efficiency {costs.dp_efficiency:g}",
         f"async weight update {costs.weight_sync_s:.3f} s (both sides stall)" + (
             "" if opts.weight_sync_s is not None else " (estimated: bf16 weights over the device link)"),
-        f"sync per-step switch {costs.sync_step_s:.3f} s" + ("" if opts.sync_step_s is not None else
-                                                            f" (estimated: local reload + {derived['host_bytes_per_sync_step'] / 1e9:.1f} GB to the "
-                                                            "host and back: free_cache_engine / offloads)"),
+        f"sync per-step switch {costs.sync_step_s:.3f} s" + (
+            "" if opts.sync_step_s is not None else f" (estimated: local reload + "
+            f"{derived['host_bytes_per_sync_step'] / 1e9:.1f} GB to the host and back: free_cache_engine / offloads)"),
         f"staleness_threshold={pshape.staleness_threshold:g}, trigger_parameter_sync_step={pshape.trigger}, "
         f"partial_rollout={pshape.partial_rollout}, max_num_seqs={pshape.max_num_seqs} per replica",
         f"batch at other device counts: {opts.batch_scaling} (config: {pshape.async_groups} groups/step async, "

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
-RECIPES = sorted(os.path.basename(os.path.dirname(p)) for p in glob.glob(os.path.join(ROOT, "recipes", "*", "plan_npu_8.txt")))
+RECIPES = sorted(os.path.basename(os.path.dirname(p))
+                 for p in glob.glob(os.path.join(ROOT, "recipes", "*", "plan_npu_8.txt")))
 SECTIONS = ("== memory per device", "== device plan", "== predicted throughput", "== recommendation", "== assumptions")
 
 
