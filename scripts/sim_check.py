@@ -3,13 +3,8 @@ simulated tokens/s next to the measured one (fully_async/core/pipeline_sim.py).
 
   python scripts/sim_check.py ASYNC_TB_DIR SYNC_TB_DIR [--json]
 
-Stage costs read from a run's TensorBoard scalars (one run, one mode, its own devices):
-  decode_step_s   mean of fully_async/rollouter/engine_<k>/ms_per_step over steps and engines
-  train_token_s   async: sum(timing_s/step - timing_s/gen - timing_s/param_sync) x trainer devices / tokens
-                  (the trainer's busy time outside the weight push; timing_s/gen is its wait for groups);
-                  sync: sum(timing_s/step - timing_s/gen - switch) x devices / tokens
-  weight_sync_s   async: mean timing_s/param_sync (the trainer's push; the engines load meanwhile)
-  sync_step_s     sync: mean(timing_s/param_sync + onload + offload + reward) (the colocated switch)
+Stage costs read from a run's TensorBoard scalars: fully_async/core/stage_costs.py from_run_scalars (engine
+ms per decode step, trainer busy seconds per token, weight-update / sync-switch seconds), and
   lengths         the run's benchmark.response_length profile (a synthetic workload; with the model's own
                   EOS the lengths were not logged and the check refuses)
   prompt length   mean of prompt_length/mean
@@ -41,37 +36,12 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def _decode_step_s(run: Any) -> float:
-    per_step = [v for tag in run.scalars if tag.startswith("fully_async/rollouter/engine_")
-                and tag.endswith("/ms_per_step") for v in run.values(tag) if v > 0]
-    if not per_step:
-        raise ValueError(f"{run.log_dir}: no fully_async/rollouter/engine_<k>/ms_per_step scalars")
-    return _mean(per_step) / 1e3
-
-
-def _per_step(run: Any, tag: str) -> list[float]:
-    values = run.values(tag)
-    return values if values else [0.0] * len(run.values("timing_s/step"))
-
-
 def stage_costs(run: Any) -> Any:
-    """StageCosts of one run from its own logs (module docstring)."""
-    from fully_async.core.pipeline_sim import StageCosts
+    """StageCosts of one run from its own logs (stage_costs.from_run_scalars)."""
+    from fully_async.core.stage_costs import from_run_scalars
 
-    devices = run.devices()
-    steps, gens = run.values("timing_s/step"), run.values("timing_s/gen")
-    tokens = sum(run.values("perf/total_num_tokens"))
-    sync_s = _per_step(run, "timing_s/param_sync")
-    if run.mode == "async":
-        busy = sum(s - g - p for s, g, p in zip(steps, gens, sync_s))
-        return StageCosts(decode_step_s=_decode_step_s(run), train_token_s=busy * devices["trainer"] / tokens,
-                          weight_sync_s=_mean(sync_s), source=f"run logs {run.log_dir}")
-    switch = [p + a + b + c for p, a, b, c in zip(sync_s, _per_step(run, "timing_s/onload"),
-                                                  _per_step(run, "timing_s/offload"),
-                                                  _per_step(run, "timing_s/reward"))]
-    busy = sum(s - g - w for s, g, w in zip(steps, gens, switch))
-    return StageCosts(decode_step_s=_decode_step_s(run), train_token_s=busy * devices["trainer"] / tokens,
-                      sync_step_s=_mean(switch), source=f"run logs {run.log_dir}")
+    scalars = {tag: run.values(tag) for tag in run.scalars}
+    return from_run_scalars(scalars, run.mode, run.devices()["trainer"], source=f"run logs {run.log_dir}")
 
 
 def _workload(run: Any) -> Any:

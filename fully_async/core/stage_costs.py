@@ -10,6 +10,14 @@ the number of sequences in flight):  decode_step_s = (1 - f) W / S,  decode_seq_
 default on accelerators) is what was measured on an H100 for the embedded engine: the same 17.5-18.8 ms per
 step at 64 and at 256 sequences (per-step overhead bound).  train_token_s = train seconds / trained tokens.
 
+Measured from a run's logs (`from_run_scalars`: a TensorBoard dir of one run, either mode, its own devices):
+  decode_step_s   mean of fully_async/rollouter/engine_<k>/ms_per_step over steps and engines
+  train_token_s   async: sum(timing_s/step - timing_s/gen - timing_s/param_sync) x trainer devices / tokens (the
+                  trainer's busy time outside the weight push; timing_s/gen is its wait for groups); sync:
+                  sum(timing_s/step - timing_s/gen - switch) x devices / tokens
+  weight_sync_s   async: mean timing_s/param_sync (the trainer's push; the engines load meanwhile)
+  sync_step_s     sync: mean(timing_s/param_sync + onload + offload + reward) (the colocated switch)
+
 Estimated (no measurement).  From the model's shape and the device's data-sheet numbers:
   decode step     weights / (tp x HBM bandwidth x bw_eff) + launch overhead, plus per sequence the KV cache it
                   reads (mean context) / (tp x HBM bandwidth x bw_eff) and 2 x matmul params / (tp x peak x mfu)
@@ -107,6 +115,34 @@ def from_bench(bench: dict, decode_seq_fraction: float = 0.0, weight_sync_s: flo
                "max_num_seqs": slots, "rollout_seconds": seconds, "train_tokens": train["tokens"],
                "train_seconds": train["seconds"]}
     return costs, derived
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def from_run_scalars(scalars: dict[str, list[float]], mode: str, trainer_devices: int,
+                     source: str = "run logs") -> StageCosts:
+    """StageCosts of one run from its logged scalars (tag -> values in step order; module docstring)."""
+    per_step = [v for tag, values in scalars.items() if tag.startswith("fully_async/rollouter/engine_")
+                and tag.endswith("/ms_per_step") for v in values if v > 0]
+    steps, gens = scalars.get("timing_s/step", []), scalars.get("timing_s/gen", [])
+    tokens = sum(scalars.get("perf/total_num_tokens", []))
+    if not per_step or not steps or not tokens:
+        raise ValueError(f"{source}: needs fully_async/rollouter/engine_<k>/ms_per_step, timing_s/step and "
+                         "perf/total_num_tokens scalars (a fully_async run with trainer.logger including tensorboard)")
+
+    def col(tag: str) -> list[float]:
+        return scalars.get(tag) or [0.0] * len(steps)
+    if mode == "async":
+        busy = sum(s - g - p for s, g, p in zip(steps, gens, col("timing_s/param_sync")))
+        return StageCosts(decode_step_s=_mean(per_step) / 1e3, train_token_s=busy * trainer_devices / tokens,
+                          weight_sync_s=_mean(col("timing_s/param_sync")), source=source)
+    switch = [p + a + b + c for p, a, b, c in zip(col("timing_s/param_sync"), col("timing_s/onload"),
+                                                  col("timing_s/offload"), col("timing_s/reward"))]
+    busy = sum(s - g - w for s, g, w in zip(steps, gens, switch))
+    return StageCosts(decode_step_s=_mean(per_step) / 1e3, train_token_s=busy * trainer_devices / tokens,
+                      sync_step_s=_mean(switch), source=source)
 
 
 def estimate(shape: Shape, spec: DeviceSpec, *, mean_context: float, rollout_tp: int = 1, train_mp: int = 1,

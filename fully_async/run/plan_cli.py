@@ -121,6 +121,17 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
     derived: dict[str, Any] = {"estimate": est.as_dict(), "host_bytes_per_sync_step": host}
     if opts.stage_costs is None:
         costs = est
+    elif os.path.isdir(opts.stage_costs):
+        costs, run_prompt = run_stage_costs(opts.stage_costs)
+        costs = replace(costs, dp_efficiency=opts.dp_efficiency)
+        derived["measured"] = {"run": opts.stage_costs, "mode": costs.source}
+        if opts.prompt_length is None and run_prompt:
+            prompt = max(1, round(run_prompt))
+        # a run measures one side of the weight update: the other mode's comes from the estimate
+        derived["weight_sync"] = "measured" if costs.weight_sync_s else "estimated"
+        derived["sync_step"] = "measured" if costs.sync_step_s else "estimated"
+        costs = replace(costs, weight_sync_s=costs.weight_sync_s or est.weight_sync_s,
+                        sync_step_s=costs.sync_step_s or est.sync_step_s)
     else:
         try:
             with open(opts.stage_costs) as fh:
@@ -143,6 +154,31 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
     if opts.sync_step_s is not None:
         costs = replace(costs, sync_step_s=opts.sync_step_s)
     return costs, derived, prompt
+
+
+def run_stage_costs(log_dir: str) -> tuple[Any, float]:
+    """StageCosts measured by a run (its TensorBoard dir: scalars and config.json), and its mean prompt length."""
+    from fully_async.core.stage_costs import from_run_scalars
+
+    config_path = os.path.join(log_dir, "config.json")
+    if not os.path.isfile(config_path):
+        raise ConfigError("plan.stage_costs", f"{log_dir}: no config.json (expected a bench_pipeline.py JSON file or "
+                          "the TensorBoard dir of a fully_async run)")
+    with open(config_path) as fh:
+        run_cfg = json.load(fh)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(log_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    scalars = {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    trainer = run_cfg["trainer"]["nnodes"] * run_cfg["trainer"]["n_gpus_per_node"]
+    try:
+        costs = from_run_scalars(scalars, run_cfg.get("mode", "async"), trainer,
+                                 source=f"measured: run logs {log_dir} ({run_cfg.get('mode')} mode)")
+    except ValueError as exc:
+        raise ConfigError("plan.stage_costs", str(exc)) from exc
+    prompts = scalars.get("prompt_length/mean", [])
+    return costs, (sum(prompts) / len(prompts) if prompts else 0.0)
 
 
 # ----------------------------------------------------------------------------------- sections
@@ -242,9 +278,11 @@ def throughput_section(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSp
         f" prefill {costs.prefill_token_s * 1e6:.3f} us/token; train {costs.train_token_s * 1e6:.3f} us/token on one "
         f"device (+{costs.train_step_s:.3f} s/step), data-parallel efficiency {costs.dp_efficiency:g}",
         f"async weight update {costs.weight_sync_s:.3f} s (both sides stall)" + (
-            "" if opts.weight_sync_s is not None else " (estimated: bf16 weights over the device link)"),
+            " (plan.weight_sync_s)" if opts.weight_sync_s is not None else " (measured by the run)"
+            if derived.get("weight_sync") == "measured" else " (estimated: bf16 weights over the device link)"),
         f"sync per-step switch {costs.sync_step_s:.3f} s" + (
-            "" if opts.sync_step_s is not None else f" (estimated: local reload + "
+            " (plan.sync_step_s)" if opts.sync_step_s is not None else " (measured by the run)"
+            if derived.get("sync_step") == "measured" else f" (estimated: local reload + "
             f"{derived['host_bytes_per_sync_step'] / 1e9:.1f} GB to the host and back: free_cache_engine / offloads)"),
         f"staleness_threshold={pshape.staleness_threshold:g}, trigger_parameter_sync_step={pshape.trigger}, "
         f"partial_rollout={pshape.partial_rollout}, max_num_seqs={pshape.max_num_seqs} per replica",

@@ -20,7 +20,7 @@ PREFIX = "plan."
 
 @dataclass
 class PlanOptions:
-    stage_costs: Optional[str] = None     # bench_pipeline.py JSON of this model and device; null: estimate
+    stage_costs: Optional[str] = None     # bench_pipeline.py JSON, or a run's TensorBoard dir; null: estimate
     response_lengths: str = "config"      # config (benchmark.response_length, else lognormal) | lognormal | <json>
     decode_seq_fraction: Optional[float] = None  # share of a measured decode step that grows with the sequences in
     #                                              flight; null: 0 on accelerators (per-step bound, measured), 1 on cpu

@@ -80,3 +80,31 @@ def test_bad_input_names_the_key(arg, key, capsys):
 def test_run_config_validation_applies(capsys):
     assert main([*SEVEN_B, "actor_rollout_ref.rollout.n=1"]) == 1
     assert "actor_rollout_ref.rollout.n" in capsys.readouterr().err
+
+
+def test_measured_stage_costs_from_a_run_log_dir(tmp_path):
+    """plan.stage_costs=<TensorBoard dir>: the run's own engine ms per step, trainer busy time and weight push."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(tmp_path)) as w:
+        for step in range(1, 4):
+            w.add_scalar("fully_async/rollouter/engine_0/ms_per_step", 4.0, step)
+            w.add_scalar("timing_s/step", 1.0, step)
+            w.add_scalar("timing_s/gen", 0.4, step)
+            w.add_scalar("timing_s/param_sync", 0.1, step)
+            w.add_scalar("perf/total_num_tokens", 1000.0, step)
+            w.add_scalar("prompt_length/mean", 40.0, step)
+    (tmp_path / "config.json").write_text(json.dumps({"mode": "async", "trainer": {"nnodes": 1, "n_gpus_per_node": 2}}))
+    report = build_report([*SEVEN_B, f"plan.stage_costs={tmp_path}"])
+    costs = report["throughput"]["costs"]
+    assert costs["decode_step_s"] == pytest.approx(0.004)
+    assert costs["train_token_s"] == pytest.approx(3 * 0.5 * 2 / 3000)   # busy 0.5 s/step on 2 devices
+    assert costs["weight_sync_s"] == pytest.approx(0.1)
+    assert report["throughput"]["prompt_length"] == 40
+    assert any("measured by the run" in a for a in report["throughput"]["assumptions"])
+
+
+def test_a_log_dir_without_the_scalars_is_refused(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"mode": "sync", "trainer": {"nnodes": 1, "n_gpus_per_node": 1}}))
+    assert main([*SEVEN_B, f"plan.stage_costs={tmp_path}"]) == 1
+    assert "plan.stage_costs" in capsys.readouterr().err
