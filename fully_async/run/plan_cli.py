@@ -345,12 +345,17 @@ def format_text(report: dict) -> str:
                  for c in shown]
         out += _table(rows)
     out += ["", "== recommendation"]
+    alt = mem.get("sync_alternative")
     for res in tp["results"]:
         if res["best"] and res["sync"]:
             b = res["best"]
             better = "async" if res["speedup"] > 1 else "sync"
-            out.append(f"  {res['devices']} devices: {better} — async {b['rollout_devices']} rollout + "
-                       f"{b['trainer_devices']} trainer devices predicted {res['speedup']:.2f}x sync's tokens/s")
+            line = (f"  {res['devices']} devices: {better} — async {b['rollout_devices']} rollout + "
+                    f"{b['trainer_devices']} trainer devices predicted {res['speedup']:.2f}x sync's tokens/s")
+            if alt and alt["verdict"] == "does not fit" and res["devices"] == report["config_devices"]:
+                line += ("; note: sync as configured does not fit these devices' memory (see above), it would need "
+                         "the trainer offloaded while generating (host copies not in this prediction)")
+            out.append(line)
     out += ["", "== assumptions"] + [f"  - {a}" for a in tp["assumptions"]]
     if not mem["fits"]:
         out += ["", "REFUSED: a role does not fit its device's memory (see the memory table); lower the micro-batch "
@@ -389,7 +394,9 @@ def build_report(overrides: list[str], config_name: str = "fully_async_ppo_train
     warnings = validate_for_plan(cfg)
     shape, source = model_shape(cfg)
     spec = device_spec(cfg, opts)
-    return {"mode": cfg.mode, "warnings": warnings,
+    from fully_async.core.plan import RunPlan
+
+    return {"mode": cfg.mode, "warnings": warnings, "config_devices": RunPlan.of(cfg).total_devices,
             "model": {"source": source, "params": shape.params(), "shape": vars(shape)},
             "memory": memory_section(cfg, shape, spec, opts), "device_plan": device_plan(cfg),
             "throughput": throughput_section(cfg, opts, shape, spec)}
