@@ -159,6 +159,11 @@ class Device:
             stats["max_allocated_gib"] = mod.max_memory_allocated() / 2**30
         return stats
 
+    def reset_peak_memory(self) -> None:
+        """Start a new max_allocated_gib window (no-op on cpu)."""
+        if self.is_accelerator:
+            self.module().reset_peak_memory_stats()
+
 
 class DeviceGraphs:
     """Captures a function's kernels once and replays them: one launch per call instead of one per kernel.

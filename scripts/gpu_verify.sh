@@ -7,6 +7,7 @@
 #   bash scripts/gpu_verify.sh tests                      (the embedded engine's GPU tests only)
 #   bash scripts/gpu_verify.sh mfu                        (#12: megatron vs torch parity, packed update MFU: 1 GPU)
 #   bash scripts/gpu_verify.sh multijob                   (#15: two jobs share one GPU under the pool's leases; 1 GPU)
+#   bash scripts/gpu_verify.sh memory                     (memory model vs measured peak, trainer + engine, #16: 1 GPU)
 #
 # Expects the offline bundle in .gpubundle/ (../shared/tools/offline_bundle.sh) plus the tiny task
 # as jsonl in .gpubundle/data/.  Model: a Qwen2.5-0.5B-shaped Qwen2 with random weights and the
@@ -38,6 +39,21 @@ POOL=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 d
       trainer.total_training_steps=${STEPS:-8} trainer.progress_bar=false
       trainer.logger=[console,tensorboard] "trainer.default_local_dir=/tmp/ckpt")
 case "${1:-runs}" in
+memory)
+  # the planner's memory model (#16): estimate vs measured peak of the trainer and the embedded engine, 0.5B-shaped
+  # bf16 model on one GPU; every slot busy (32 prompts x 8 = max_num_seqs 256) and every response at the max length
+  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  export CUDA_VISIBLE_DEVICES=0
+  MEM=(trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
+       data.val_files=null data.max_prompt_length=16 data.max_response_length=${MAXLEN:-512}
+       actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16
+       actor_rollout_ref.actor.ppo_mini_batch_size=32 data.train_batch_size=32 actor_rollout_ref.rollout.n=8
+       actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=${MICRO:-16} actor_rollout_ref.rollout.max_num_seqs=256
+       "trainer.default_local_dir=/tmp/ckpt")
+  timeout 280 python3 scripts/check_memory_model.py --out "$OUT/memory_model.json" "${MEM[@]}" 2>&1 | grep -v "it/s\]" | tail -6
+  timeout 280 python3 scripts/check_memory_model.py --out "$OUT/memory_model_ckpt.json" "${MEM[@]}" \
+      actor_rollout_ref.model.enable_gradient_checkpointing=true 2>&1 | grep -v "it/s\]" | tail -6
+  ;;
 tests)
   CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -15
   ;;

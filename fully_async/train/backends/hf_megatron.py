@@ -1,4 +1,5 @@
-"""Hugging Face <-> Megatron-core GPTModel weight conversion for Qwen2 / Qwen2.5 / Llama (layer 3, pure torch).
+"""Hugging Face <-> Megatron-core GPTModel weight conversion for Qwen2 / Qwen2.5 / Qwen3 (dense) / Llama (layer 3,
+pure torch).
 
 The Megatron side is GPTModel built from the *local* layer spec (`get_gpt_layer_local_spec`, no
 Transformer Engine), whose parameter names are:
@@ -8,6 +9,10 @@ Transformer Engine), whose parameter names are:
     decoder.layers.{i}.self_attention.linear_qkv.weight / .bias
                                                      <- q/k/v_proj, fused per query group (column-split)
     decoder.layers.{i}.self_attention.linear_proj.weight  <- o_proj.weight           (row-split)
+    decoder.layers.{i}.self_attention.q_layernorm.weight  <- self_attn.q_norm.weight  (Qwen3; replicated: an
+    decoder.layers.{i}.self_attention.k_layernorm.weight  <- self_attn.k_norm.weight   RMSNorm over head_dim,
+                                                     shared by every head, so each TP rank holds all of it;
+                                                     megatron builds them with qk_layernorm=True)
     decoder.layers.{i}.pre_mlp_layernorm.weight      <- post_attention_layernorm.weight (replicated)
     decoder.layers.{i}.mlp.linear_fc1.weight         <- cat(gate_proj, up_proj)        (column-split)
     decoder.layers.{i}.mlp.linear_fc2.weight         <- down_proj.weight               (row-split)
@@ -32,7 +37,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 
 _LAYER_MAP = {  # megatron suffix -> HF suffix, for the tensors that map one to one (TP handled by _TP_DIM)
     "input_layernorm.weight": "input_layernorm.weight",
@@ -41,6 +46,13 @@ _LAYER_MAP = {  # megatron suffix -> HF suffix, for the tensors that map one to 
     "mlp.linear_fc2.weight": "mlp.down_proj.weight",
 }
 _TP_DIM = {"self_attention.linear_proj.weight": 1, "mlp.linear_fc2.weight": 1}  # row-parallel: split inputs
+_QK_NORM_MAP = {"self_attention.q_layernorm.weight": "self_attn.q_norm.weight",   # Qwen3 (qk_layernorm=True)
+                "self_attention.k_layernorm.weight": "self_attn.k_norm.weight"}
+
+
+def has_qk_norm(hf_config: Any) -> bool:
+    """Per-head RMSNorm on queries and keys before RoPE (Qwen3)."""
+    return hf_config.model_type == "qwen3"
 
 
 def _heads(hf_config: Any) -> tuple[int, int, int]:
@@ -68,6 +80,8 @@ def check_supported(hf_config: Any) -> None:
     if hf_config.model_type == "llama" and (getattr(hf_config, "attention_bias", False)
                                             or getattr(hf_config, "mlp_bias", False)):
         raise NotImplementedError("llama with attention_bias/mlp_bias (o_proj / MLP biases) is not mapped")
+    if hf_config.model_type == "qwen3" and getattr(hf_config, "attention_bias", False):
+        raise NotImplementedError("qwen3 with attention_bias is not mapped")
     if getattr(hf_config, "use_sliding_window", False):
         raise NotImplementedError("sliding-window attention is not mapped")
     _, scaling = _rope(hf_config)
@@ -87,6 +101,7 @@ def transformer_config_kwargs(hf_config: Any, dtype: torch.dtype = torch.bfloat1
         gated_linear_unit=True, activation_func=torch.nn.functional.silu,
         add_bias_linear=False,
         add_qkv_bias=hf_config.model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+        qk_layernorm=has_qk_norm(hf_config),
         hidden_dropout=0.0, attention_dropout=0.0,
         bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype, pipeline_dtype=dtype,
         attention_softmax_in_fp32=True,
@@ -158,6 +173,9 @@ def hf_to_megatron(hf_state: Mapping[str, torch.Tensor], hf_config: Any, tp_rank
             dim = _TP_DIM.get(m_name)
             t = hf_state[src + h_name]
             out[dst + m_name] = t.clone() if dim is None else _shard(t, tp_rank, tp_size, dim)
+        if has_qk_norm(hf_config):
+            for m_name, h_name in _QK_NORM_MAP.items():
+                out[dst + m_name] = hf_state[src + h_name].clone()
         for kind in ("weight", "bias"):
             if src + f"self_attn.q_proj.{kind}" in hf_state:
                 q, k, v = (hf_state[src + f"self_attn.{p}_proj.{kind}"] for p in "qkv")
@@ -194,6 +212,9 @@ def megatron_to_hf(mcore_states_per_tp_rank: list[Mapping[str, torch.Tensor]], h
         for m_name, h_name in _LAYER_MAP.items():
             dim = _TP_DIM.get(m_name)
             out[dst + h_name] = first[src + m_name].clone() if dim is None else cat(src + m_name, dim)
+        if has_qk_norm(hf_config):
+            for m_name, h_name in _QK_NORM_MAP.items():
+                out[dst + h_name] = first[src + m_name].clone()
         for kind in ("weight", "bias"):
             if src + f"self_attention.linear_qkv.{kind}" in first:
                 q, k, v = split_qkv(cat(src + f"self_attention.linear_qkv.{kind}"), nh, ng, hd)

@@ -151,7 +151,8 @@ class MegatronBackend:
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-        model = GPTModel(self.tcfg, get_gpt_layer_local_spec(normalization="RMSNorm"),
+        spec = get_gpt_layer_local_spec(qk_layernorm=hf_megatron.has_qk_norm(self.hf_config), normalization="RMSNorm")
+        model = GPTModel(self.tcfg, spec,
                          pre_process=self.ps.is_pipeline_first_stage(), post_process=self.ps.is_pipeline_last_stage(),
                          parallel_output=True, **hf_megatron.gpt_model_kwargs(self.hf_config))
         self._load_local(model, hf_state)

@@ -142,9 +142,11 @@ def test_safetensors_folder_reads_a_saved_model(tmp_path):
     assert all(torch.equal(back[k], v) for k, v in state.items())
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("tied", [False, True])
-def test_names_and_shapes_match_a_real_gptmodel(tied):
-    """Build megatron-core's GPTModel (local spec) on CPU and load the converted dict strictly."""
+def test_names_and_shapes_match_a_real_gptmodel(tied, arch):
+    """Build megatron-core's GPTModel (local spec; qk_layernorm for Qwen3, as the backend does) on CPU and load the
+    converted dict strictly."""
     pytest.importorskip("megatron.core")
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
@@ -157,9 +159,10 @@ def test_names_and_shapes_match_a_real_gptmodel(tied):
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
     try:
         ps.initialize_model_parallel(1, 1)
-        cfg, model = tiny_qwen2(tied)
+        cfg, model = tiny_qwen2(tied) if arch == "qwen2" else tiny_qwen3(tied)
         tcfg = TransformerConfig(**hm.transformer_config_kwargs(cfg, torch.float32), use_cpu_initialization=True)
-        gpt = GPTModel(tcfg, get_gpt_layer_local_spec(normalization="RMSNorm"), **hm.gpt_model_kwargs(cfg))
+        spec = get_gpt_layer_local_spec(qk_layernorm=hm.has_qk_norm(cfg), normalization="RMSNorm")
+        gpt = GPTModel(tcfg, spec, **hm.gpt_model_kwargs(cfg))
         expected = {k: v.shape for k, v in gpt.state_dict().items() if not k.endswith("_extra_state")}
         converted = hm.hf_to_megatron(hf_params(model), cfg)
         assert {k: v.shape for k, v in converted.items()} == expected
@@ -170,3 +173,49 @@ def test_names_and_shapes_match_a_real_gptmodel(tied):
     finally:
         ps.destroy_model_parallel()
         dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------------- Qwen3: q/k norms
+def tiny_qwen3(tied: bool, seed: int = 0):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    # head_dim 24 != hidden / heads (64 / 4 = 16), as in Qwen3-4B (2560 / 32 = 80, head_dim 128)
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=2,
+                      num_attention_heads=NH, num_key_value_heads=NG, head_dim=24, max_position_embeddings=64,
+                      tie_word_embeddings=tied)
+    model = Qwen3ForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_()
+    return cfg, model
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (2, 2)])
+def test_qwen3_round_trip_keeps_the_qk_norms(tied, tp, pp):
+    cfg, model = tiny_qwen3(tied)
+    state = hf_params(model)
+    assert "model.layers.0.self_attn.q_norm.weight" in state
+    back: dict[str, torch.Tensor] = {}
+    for stage in range(pp):
+        shards = [hm.hf_to_megatron(state, cfg, rank, tp, stage, pp) for rank in range(tp)]
+        for shard in shards:   # replicated on every TP rank, whole (head_dim,)
+            assert shard["decoder.layers.0.self_attention.q_layernorm.weight"].shape == (24,)
+            assert shard["decoder.layers.0.self_attention.k_layernorm.weight"].shape == (24,)
+            assert "decoder.layers.0.self_attention.linear_qkv.bias" not in shard   # qwen3: no qkv bias
+        back.update(hm.megatron_to_hf(shards, cfg, stage, pp))
+    assert sorted(back) == sorted(state)
+    for name, tensor in state.items():
+        assert torch.equal(back[name], tensor), name
+
+
+def test_qwen3_megatron_config_asks_for_qk_layernorm_and_head_dim():
+    cfg, _ = tiny_qwen3(False)
+    kw = hm.transformer_config_kwargs(cfg)
+    assert kw["qk_layernorm"] is True and kw["add_qkv_bias"] is False and kw["kv_channels"] == 24
+    q2, _ = tiny_qwen2(False)
+    assert hm.transformer_config_kwargs(q2)["qk_layernorm"] is False
+    m = hm.hf_to_megatron(hf_params(tiny_qwen3(False)[1]), cfg, tp_rank=1, tp_size=2)
+    assert m["decoder.layers.0.self_attention.linear_qkv.weight"].shape == (NG // 2 * (NH // NG + 2) * 24, HIDDEN)
+    assert m["decoder.layers.0.self_attention.linear_proj.weight"].shape == (HIDDEN, NH * 24 // 2)

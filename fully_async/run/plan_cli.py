@@ -1,0 +1,420 @@
+"""`python -m fully_async.plan [plan.key=value ...] [overrides]`: what a config needs and what it will do, before
+any device is touched.
+
+Same Hydra config and validation as `python -m fully_async.main`, then:
+  1. memory per device of each role against the device's capacity (core/memory_model.py); a role that does
+     not fit makes the exit code 2;
+  2. the device plan: which node and device holds which rollout replica and trainer rank;
+  3. predicted tokens/s of sync (all devices) and of async at every rollout/trainer split, for each device
+     count in plan.devices, by a discrete-event simulation (core/pipeline_sim.py) from stage costs measured
+     by scripts/bench_pipeline.py (plan.stage_costs=bench.json) or estimated from FLOPs and bandwidth;
+  4. the recommended split, the predicted async/sync speedup and every assumption behind them.
+`--json` prints the same as one JSON object.  Planner keys (plan_options.py): plan.devices=[8,32,128],
+plan.stage_costs=bench.json, plan.response_lengths=lognormal|<histogram.json>, plan.device=ascend910b|h100|...,
+plan.device_memory_gib=..., plan.weight_sync_s=..., plan.sim_steps=16, plan.batch_scaling=weak|fixed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Optional
+
+from fully_async.core.config import ConfigError
+from fully_async.core.hardware import DEVICES, DeviceSpec, Shape, known_shape
+from fully_async.core.memory_model import GIB, colocated_memory, engine_memory, trainer_memory, verdict
+from fully_async.run.plan_options import PlanOptions, parse, split_overrides
+
+DEFAULT_DEVICE = {"npu": "ascend910b", "cuda": "h100", "auto": "ascend910b"}
+MAX_PLAN_LINES = 12
+WARMUP_STEPS = 2          # simulated steps left out of the steady rate (the async pipeline fill)
+NEAR_BEST = 6             # splits shown either side of the best one
+
+
+# ----------------------------------------------------------------------------------- inputs
+def model_shape(cfg: Any) -> tuple[Shape, str]:
+    """The model's shape and where it came from: the local config.json, else the built-in table."""
+    path = str(cfg.actor_rollout_ref.model.path)
+    config_json = os.path.join(path, "config.json")
+    if os.path.isfile(config_json):
+        with open(config_json) as fh:
+            config = json.load(fh)
+        config = config.get("text_config", config) if "hidden_size" not in config else config
+        try:
+            return Shape.of(config), f"{config_json}"
+        except ValueError as exc:
+            raise ConfigError("actor_rollout_ref.model.path", f"{config_json}: {exc}") from exc
+    known = known_shape(path)
+    if known is None:
+        from fully_async.core.hardware import MODEL_SHAPES
+        raise ConfigError("actor_rollout_ref.model.path", f"{path!r} has no config.json here and is not a built-in "
+                          f"shape ({', '.join(MODEL_SHAPES)}, optionally with an org prefix and -Instruct)")
+    name, shape = known
+    return Shape.of(shape), f"built-in shape table: {name} (no local config.json; from the model's Hub config)"
+
+
+def device_spec(cfg: Any, opts: PlanOptions) -> DeviceSpec:
+    key = opts.device or DEFAULT_DEVICE.get(str(cfg.trainer.device))
+    if key is None:
+        if None in (opts.device_memory_gib, opts.device_tflops, opts.device_hbm_gbs):
+            raise ConfigError("plan.device", f"trainer.device={cfg.trainer.device}: name a device row "
+                              f"({', '.join(sorted(DEVICES))}) or give plan.device_memory_gib, plan.device_tflops "
+                              "and plan.device_hbm_gbs")
+        base = DeviceSpec("custom device", 0.0, 0.0, 0.0, 10.0)
+    else:
+        base = DEVICES[key]
+    return DeviceSpec(base.name if not any(v is not None for v in (opts.device_memory_gib, opts.device_tflops,
+                                                                     opts.device_hbm_gbs, opts.device_link_gbs))
+                      else f"{base.name} (overridden)",
+                      opts.device_memory_gib or base.memory_gib, opts.device_tflops or base.tflops,
+                      opts.device_hbm_gbs or base.hbm_gbs, opts.device_link_gbs or base.link_gbs)
+
+
+def length_profile(cfg: Any, opts: PlanOptions) -> tuple[Any, str]:
+    """(sample id -> length, description) of the response-length distribution the prediction assumes."""
+    from omegaconf import OmegaConf
+
+    from fully_async.core.workload import LengthProfile
+
+    choice = opts.response_lengths
+    bench_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    if choice == "config":
+        if str(cfg.benchmark.response_length) == "none":
+            bench_cfg.benchmark.response_length = "lognormal"
+            label = "assumed (benchmark.response_length=none): the long-tail workload's "
+        else:
+            label = "the config's benchmark.response_length: "
+    elif choice == "lognormal" or choice.endswith(".json"):
+        bench_cfg.benchmark.response_length = choice
+        label = ""
+    else:
+        raise ConfigError("plan.response_lengths", f"{choice!r}: expected config, lognormal or a .json length "
+                          "histogram ({\"lengths\": [...], \"weights\": [...]})")
+    try:
+        profile = LengthProfile.from_config(bench_cfg)
+    except ConfigError as exc:
+        raise ConfigError("plan.response_lengths", str(exc)) from exc
+    return profile.target, label + profile.describe()
+
+
+def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mean_response: float) -> tuple:
+    """(StageCosts, derivation dict, prompt length)."""
+    from dataclasses import replace
+
+    from fully_async.core.stage_costs import estimate, from_bench
+
+    actor = cfg.actor_rollout_ref.actor
+    mp = actor.megatron.tensor_model_parallel_size * actor.megatron.pipeline_model_parallel_size \
+        if actor.strategy == "megatron" else 1
+    extra = int(bool(actor.use_kl_loss)) + int(not cfg.async_training.use_rollout_log_probs)
+    prompt = opts.prompt_length or max(1, cfg.data.max_prompt_length // 2)
+    rollout = cfg.actor_rollout_ref.rollout
+    off = actor.fsdp_config
+    host = (2.0 * shape.params() / rollout.tensor_model_parallel_size if rollout.free_cache_engine else 0.0) + \
+        (4.0 * shape.params() / mp if off.param_offload else 0.0) + (8.0 * shape.params() / mp if off.optimizer_offload
+                                                                     else 0.0)
+    est = estimate(shape, spec, mean_context=prompt + mean_response / 2,
+                   rollout_tp=cfg.actor_rollout_ref.rollout.tensor_model_parallel_size, train_mp=mp,
+                   checkpointing=bool(cfg.actor_rollout_ref.model.enable_gradient_checkpointing),
+                   extra_forwards=extra, host_bytes=host, assumptions=opts.estimate_assumptions())
+    derived: dict[str, Any] = {"estimate": est.as_dict(), "host_bytes_per_sync_step": host}
+    if opts.stage_costs is None:
+        costs = est
+    elif os.path.isdir(opts.stage_costs):
+        costs, run_prompt = run_stage_costs(opts.stage_costs)
+        costs = replace(costs, dp_efficiency=opts.dp_efficiency)
+        derived["measured"] = {"run": opts.stage_costs, "mode": costs.source}
+        if opts.prompt_length is None and run_prompt:
+            prompt = max(1, round(run_prompt))
+        # a run measures one side of the weight update: the other mode's comes from the estimate
+        derived["weight_sync"] = "measured" if costs.weight_sync_s else "estimated"
+        derived["sync_step"] = "measured" if costs.sync_step_s else "estimated"
+        costs = replace(costs, weight_sync_s=costs.weight_sync_s or est.weight_sync_s,
+                        sync_step_s=costs.sync_step_s or est.sync_step_s)
+    else:
+        try:
+            with open(opts.stage_costs) as fh:
+                bench = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise ConfigError("plan.stage_costs", f"cannot read {opts.stage_costs}: {exc}") from exc
+        fraction = opts.decode_seq_fraction if opts.decode_seq_fraction is not None else \
+            (0.0 if bench.get("device") != "cpu" else 1.0)
+        try:
+            costs, measured = from_bench(bench, fraction, est.weight_sync_s, est.sync_step_s, opts.dp_efficiency,
+                                         cfg.data.max_response_length, source=f"measured: {opts.stage_costs}")
+        except ValueError as exc:
+            raise ConfigError("plan.stage_costs", str(exc)) from exc
+        costs = replace(costs, prefill_token_s=0.0)
+        derived["measured"] = dict(measured, decode_seq_fraction=fraction, hardware=bench.get("hardware"))
+        if opts.prompt_length is None:
+            prompt = max(1, round(measured["prompt_tokens_per_sample"]))
+    if opts.weight_sync_s is not None:
+        costs = replace(costs, weight_sync_s=opts.weight_sync_s)
+    if opts.sync_step_s is not None:
+        costs = replace(costs, sync_step_s=opts.sync_step_s)
+    return costs, derived, prompt
+
+
+def run_stage_costs(log_dir: str) -> tuple[Any, float]:
+    """StageCosts measured by a run (its TensorBoard dir: scalars and config.json), and its mean prompt length."""
+    from fully_async.core.stage_costs import from_run_scalars
+
+    config_path = os.path.join(log_dir, "config.json")
+    if not os.path.isfile(config_path):
+        raise ConfigError("plan.stage_costs", f"{log_dir}: no config.json (expected a bench_pipeline.py JSON file or "
+                          "the TensorBoard dir of a fully_async run)")
+    with open(config_path) as fh:
+        run_cfg = json.load(fh)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(log_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    scalars = {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    trainer = run_cfg["trainer"]["nnodes"] * run_cfg["trainer"]["n_gpus_per_node"]
+    try:
+        costs = from_run_scalars(scalars, run_cfg.get("mode", "async"), trainer,
+                                 source=f"measured: run logs {log_dir} ({run_cfg.get('mode')} mode)")
+    except ValueError as exc:
+        raise ConfigError("plan.stage_costs", str(exc)) from exc
+    prompts = scalars.get("prompt_length/mean", [])
+    return costs, (sum(prompts) / len(prompts) if prompts else 0.0)
+
+
+# ----------------------------------------------------------------------------------- sections
+def memory_section(cfg: Any, shape: Shape, spec: DeviceSpec, opts: PlanOptions) -> dict:
+    actor = cfg.actor_rollout_ref.actor
+    trainer_devices = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    mp = actor.megatron.tensor_model_parallel_size * actor.megatron.pipeline_model_parallel_size \
+        if actor.strategy == "megatron" else 1
+    dp = max(1, trainer_devices // mp)
+    capacity = spec.memory_gib * GIB
+    context = opts.context_gib * GIB
+    trainer = trainer_memory(cfg, shape, dp)
+    engine = engine_memory(cfg, shape, capacity)
+    roles = [colocated_memory(cfg, trainer, engine)] if cfg.mode == "sync" else [trainer, engine]
+    rows = []
+    for role in roles:
+        role.parts["context"] = context
+        rows.append(dict(role.as_dict(), verdict=verdict(role.total, capacity, opts.warn_fraction)))
+    if cfg.mode == "async":  # what the same devices would need as the sync loop (informational, not a verdict)
+        n = trainer_devices + cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+        sync_trainer = trainer_memory(cfg, shape, max(1, n // mp))
+        sync_engine = engine_memory(cfg, shape, capacity)
+        sync_engine.parts["weights"] *= cfg.actor_rollout_ref.rollout.tensor_model_parallel_size  # sync: rollout tp 1
+        role = colocated_memory(cfg, sync_trainer, sync_engine)
+        role.role = f"if sync on all {n} devices (colocated)"
+        role.parts["context"] = context
+        sync_row = dict(role.as_dict(), verdict=verdict(role.total, capacity, opts.warn_fraction))
+    else:
+        sync_row = None
+    kv_needed = getattr(engine, "kv_needed", None)
+    if kv_needed is not None and cfg.mode == "async" and kv_needed > engine.parts["kv_cache"]:
+        rows[-1]["verdict"] = "tight" if rows[-1]["verdict"] == "fits" else rows[-1]["verdict"]
+        rows[-1]["note"] += (f"; only {engine.parts['kv_cache'] / GIB:.2f} GiB left for it: vLLM will run fewer "
+                             "sequences at once (raise gpu_memory_utilization or rollout tensor parallelism)")
+    return {"device": spec.name, "capacity_gib": spec.memory_gib, "params": shape.params(), "roles": rows,
+            "fits": all(r["verdict"] != "does not fit" for r in rows), "sync_alternative": sync_row}
+
+
+def _ranges(items: list[int]) -> str:
+    return f"{items[0]}" if len(items) == 1 else f"{items[0]}-{items[-1]}"
+
+
+def device_plan(cfg: Any) -> list[str]:
+    """Which node/device holds which trainer rank and rollout replica (placement.py packs each pool)."""
+    actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    t_nodes, t_per = cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node
+    lines = []
+    if actor.strategy == "megatron":
+        tp, pp = actor.megatron.tensor_model_parallel_size, actor.megatron.pipeline_model_parallel_size
+        dp = t_nodes * t_per // (tp * pp)
+        lines.append(f"trainer: {t_nodes} node(s) x {t_per} = {t_nodes * t_per} ranks, megatron tp={tp} pp={pp} "
+                     f"dp={dp} (rank = tp_rank + tp x (dp_rank + dp x pp_rank))")
+        for p in range(pp):
+            for d in range(dp):
+                ranks = [t + tp * (d + dp * p) for t in range(tp)]
+                lines.append(f"  node {ranks[0] // t_per} devices {_ranges([r % t_per for r in ranks])}: ranks "
+                             f"{_ranges(ranks)} = pp stage {p}, dp replica {d}, tp 0-{tp - 1}")
+    else:
+        lines.append(f"trainer: {t_nodes} node(s) x {t_per} = {t_nodes * t_per} data-parallel rank(s), "
+                     f"strategy {actor.strategy}")
+        for node in range(t_nodes):
+            lines.append(f"  node {node} devices 0-{t_per - 1}: ranks {node * t_per}-{node * t_per + t_per - 1}")
+    if cfg.mode == "sync":
+        lines.append("rollout: colocated, one engine per trainer rank on that rank's device (generate, then train)")
+        return _clip(lines)
+    r_nodes, r_per, tp = cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node, rollout.tensor_model_parallel_size
+    lines.append(f"rollout: {r_nodes} node(s) x {r_per} = {r_nodes * r_per} devices, {r_nodes * r_per // tp} "
+                 f"replica(s) of tp={tp} ({rollout.name}, max_num_seqs={rollout.max_num_seqs} each)")
+    for node in range(r_nodes):
+        reps = list(range(node * (r_per // tp), (node + 1) * (r_per // tp)))
+        lines.append(f"  node {node} devices 0-{r_per - 1}: replicas {_ranges(reps)}")
+    lines.append("(each pool is PACKed by Ray: the rollout and trainer pools share a node when it has room)")
+    return _clip(lines)
+
+
+def _clip(lines: list[str]) -> list[str]:
+    if len(lines) <= MAX_PLAN_LINES:
+        return lines
+    return lines[:MAX_PLAN_LINES - 1] + [f"  ... ({len(lines) - MAX_PLAN_LINES + 1} more lines in --json)"]
+
+
+def throughput_section(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec) -> dict:
+    from fully_async.core.planner import PipelineShape, plan_devices
+    from fully_async.core.stage_costs import expected_mean
+
+    length, length_desc = length_profile(cfg, opts)
+    pshape = PipelineShape.of(cfg)
+    costs, derived, prompt = stage_costs(cfg, opts, shape, spec, expected_mean(length, pshape.n, 64))
+    devices = opts.devices or [pshape.config_devices]
+    results = [plan_devices(n, pshape, costs, length, prompt, opts.sim_steps, opts.batch_scaling, WARMUP_STEPS)
+               for n in devices]
+    assumptions = [
+        f"stage costs: {costs.source}",
+        f"response lengths: {length_desc}",
+        f"prompt tokens per sample: {prompt}",
+        f"decode step = {costs.decode_step_s * 1e3:.3f} ms + {costs.decode_seq_s * 1e6:.3f} us x sequences in flight;"
+        f" prefill {costs.prefill_token_s * 1e6:.3f} us/token; train {costs.train_token_s * 1e6:.3f} us/token on one "
+        f"device (+{costs.train_step_s:.3f} s/step), data-parallel efficiency {costs.dp_efficiency:g}",
+        f"async weight update {costs.weight_sync_s:.3f} s (both sides stall)" + (
+            " (plan.weight_sync_s)" if opts.weight_sync_s is not None else " (measured by the run)"
+            if derived.get("weight_sync") == "measured" else " (estimated: bf16 weights over the device link)"),
+        f"sync per-step switch {costs.sync_step_s:.3f} s" + (
+            " (plan.sync_step_s)" if opts.sync_step_s is not None else " (measured by the run)"
+            if derived.get("sync_step") == "measured" else f" (estimated: local reload + "
+            f"{derived['host_bytes_per_sync_step'] / 1e9:.1f} GB to the host and back: free_cache_engine / offloads)"),
+        f"staleness_threshold={pshape.staleness_threshold:g}, trigger_parameter_sync_step={pshape.trigger}, "
+        f"partial_rollout={pshape.partial_rollout}, max_num_seqs={pshape.max_num_seqs} per replica",
+        f"batch at other device counts: {opts.batch_scaling} (config: {pshape.async_groups} groups/step async, "
+        f"{pshape.sync_groups} sync, on {pshape.config_devices} devices); {opts.sim_steps} steps simulated, "
+        f"ranked by the steady rate (the first {WARMUP_STEPS} steps, the pipeline fill, left out)",
+    ]
+    if opts.stage_costs is None:
+        assumptions.append("estimate efficiencies: " + ", ".join(f"{k}={v:g}" for k, v in
+                                                                 opts.estimate_assumptions().items()))
+    return {"costs": costs.as_dict(), "derived": derived, "prompt_length": prompt, "results": results,
+            "assumptions": assumptions}
+
+
+# ----------------------------------------------------------------------------------- output
+def _table(rows: list[tuple]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(str(x).rjust(w) for x, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def format_text(report: dict) -> str:
+    mem = report["memory"]
+    out = [f"model: {report['model']['source']}; {report['model']['params'] / 1e9:.3f}B parameters",
+           f"config: mode={report['mode']}"] + [f"warning: {w}" for w in report["warnings"]] + ["",
+           f"== memory per device ({mem['device']}, {mem['capacity_gib']:g} GiB)"]
+    for role in mem["roles"]:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in role["parts_gib"].items())
+        out.append(f"  {role['role']}: {role['total_gib']:.2f} GiB -> {role['verdict'].upper()}  ({parts} GiB)")
+        out.append(f"    {role['note']}")
+    alt = mem.get("sync_alternative")
+    if alt:
+        out.append(f"  ({alt['role']}: {alt['total_gib']:.2f} GiB -> {alt['verdict']}; {alt['note']})")
+    out += ["", "== device plan"] + ["  " + line for line in report["device_plan"]]
+    tp = report["throughput"]
+    out += ["", "== predicted throughput (steady tokens/s, all devices; discrete-event simulation)"]
+    rows = [("devices", "sync", "best async split (rollout+trainer)", "async", "async/sync", "trainer idle",
+             "rollout idle")]
+    for res in tp["results"]:
+        best, sync = res["best"], res["sync"]
+        rows.append((res["devices"], f"{sync['steady_tokens_per_s']:.0f}" if sync else "-",
+                     f"{best['rollout_devices']}+{best['trainer_devices']}" if best else "-",
+                     f"{best['steady_tokens_per_s']:.0f}" if best else "-",
+                     f"{res['speedup']:.2f}x" if res["speedup"] else "-",
+                     f"{best['trainer_idle_ratio']:.2f}" if best else "-",
+                     f"{best['rollout_idle_ratio']:.2f}" if best else "-"))
+    out += _table(rows)
+    for res in tp["results"]:
+        if res["best"] is None:
+            out.append(f"  {res['devices']} devices: {res['reason']}")
+    last = tp["results"][-1]
+    if last["candidates"]:
+        cands = last["candidates"]
+        i = cands.index(last["best"])
+        shown = cands[max(0, i - NEAR_BEST):i + NEAR_BEST + 1]
+        out += ["", f"async splits at {last['devices']} devices ({len(shown)} of {len(cands)} simulated, around "
+                "the best; all in --json):"]
+        rows = [("rollout", "trainer", "tokens/s", "trainer idle", "rollout idle", "interrupted")]
+        rows += [(c["rollout_devices"], c["trainer_devices"], f"{c['steady_tokens_per_s']:.0f}",
+                  f"{c['trainer_idle_ratio']:.2f}", f"{c['rollout_idle_ratio']:.2f}", c["interrupted_responses"])
+                 for c in shown]
+        out += _table(rows)
+    out += ["", "== recommendation"]
+    alt = mem.get("sync_alternative")
+    for res in tp["results"]:
+        if res["best"] and res["sync"]:
+            b = res["best"]
+            better = "async" if res["speedup"] > 1 else "sync"
+            line = (f"  {res['devices']} devices: {better} — async {b['rollout_devices']} rollout + "
+                    f"{b['trainer_devices']} trainer devices predicted {res['speedup']:.2f}x sync's tokens/s")
+            if alt and alt["verdict"] == "does not fit" and res["devices"] == report["config_devices"]:
+                line += ("; note: sync as configured does not fit these devices' memory (see above), it would need "
+                         "the trainer offloaded while generating (host copies not in this prediction)")
+            out.append(line)
+    out += ["", "== assumptions"] + [f"  - {a}" for a in tp["assumptions"]]
+    if not mem["fits"]:
+        out += ["", "REFUSED: a role does not fit its device's memory (see the memory table); lower the micro-batch "
+                "/ token budget, enable gradient checkpointing or offload, shard more, or raise parallelism"]
+    return "\n".join(out)
+
+
+def validate_for_plan(cfg: Any) -> list[str]:
+    """The run's validation (config.validate), except for what a plan does not need on this machine: a model
+    path naming a built-in shape (sized from the shape table) and data files not found here (the run will
+    need them; returned as warnings).  Every other ConfigError stops the plan as it would stop the run."""
+    from fully_async.core import config as config_mod
+
+    path = str(cfg.actor_rollout_ref.model.path)
+    builtin = not os.path.isfile(os.path.join(path, "config.json")) and known_shape(path) is not None
+    warnings = []
+    for check in config_mod.SECTION_CHECKS + config_mod.CROSS_SECTION_CHECKS:
+        if builtin and check is config_mod._check_model:
+            continue
+        try:
+            check(cfg)
+        except ConfigError as exc:
+            if exc.key in ("data.train_files", "data.val_files") and "file not found" in str(exc):
+                warnings.append(f"{exc} (not needed to plan; the run needs it)")
+                continue
+            raise
+    return warnings
+
+
+def build_report(overrides: list[str], config_name: str = "fully_async_ppo_trainer") -> dict:
+    from fully_async.run.hydra_setup import load_config
+
+    plan_args, hydra_args = split_overrides(overrides)
+    opts = parse(plan_args)
+    cfg = load_config(hydra_args, config_name=config_name)
+    warnings = validate_for_plan(cfg)
+    shape, source = model_shape(cfg)
+    spec = device_spec(cfg, opts)
+    from fully_async.core.plan import RunPlan
+
+    return {"mode": cfg.mode, "warnings": warnings, "config_devices": RunPlan.of(cfg).total_devices,
+            "model": {"source": source, "params": shape.params(), "shape": vars(shape)},
+            "memory": memory_section(cfg, shape, spec, opts), "device_plan": device_plan(cfg),
+            "throughput": throughput_section(cfg, opts, shape, spec)}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    ap.add_argument("--config-name", default="fully_async_ppo_trainer",
+                    help="Hydra config in hydra_configs/ (as for python -m fully_async.main --config-name=...)")
+    ap.add_argument("overrides", nargs="*", help="plan.* keys and Hydra overrides, as for python -m fully_async.main")
+    args = ap.parse_args(argv)
+    from fully_async.run.hydra_setup import USER_ERRORS
+
+    try:
+        report = build_report(args.overrides, args.config_name)
+    except USER_ERRORS as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=1, default=str) if args.json else format_text(report))
+    return 0 if report["memory"]["fits"] else 2

@@ -1,0 +1,148 @@
+"""Does the pipeline simulation reproduce a measured run?  Stage costs from each run's own logs, then the
+simulated tokens/s next to the measured one (fully_async/core/pipeline_sim.py).
+
+  python scripts/sim_check.py ASYNC_TB_DIR SYNC_TB_DIR [--json]
+
+Stage costs read from a run's TensorBoard scalars: fully_async/core/stage_costs.py from_run_scalars (engine
+ms per decode step, trainer busy seconds per token, weight-update / sync-switch seconds), and
+  lengths         the run's benchmark.response_length profile (a synthetic workload; with the model's own
+                  EOS the lengths were not logged and the check refuses)
+  prompt length   mean of prompt_length/mean
+From a saved comparison table instead (compare_sync_async.py's table.json, when the TensorBoard dirs are gone):
+  decode_step_s, train_token_s  from the bench JSON of the same hardware (bench_pipeline.py, stage_costs.from_bench)
+  weight_sync_s   async: trainer busy per step (1 - trainer_idle_ratio) x time_per_step minus the bench's
+                  train time of a step's tokens on the run's trainer devices
+  sync_step_s     sync: (1 - trainer_idle_ratio) x time_per_step (everything but generation; train_token_s = 0)
+  lengths         the workload the table records
+  python scripts/sim_check.py --table table.json --bench bench.json
+The simulation then runs the run's own config (devices, n, groups per step, max_num_seqs, staleness_threshold,
+trigger_parameter_sync_step, partial_rollout) for its number of steps; tokens/s is compared with compare_lib's
+tokens/s = sum(perf/total_num_tokens) / sum(timing_s/step).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def _mean(values: list[float]) -> float:
+    if not values:
+        raise ValueError("no values")
+    return sum(values) / len(values)
+
+
+def stage_costs(run: Any) -> Any:
+    """StageCosts of one run from its own logs (stage_costs.from_run_scalars)."""
+    from fully_async.core.stage_costs import from_run_scalars
+
+    scalars = {tag: run.values(tag) for tag in run.scalars}
+    return from_run_scalars(scalars, run.mode, run.devices()["trainer"], source=f"run logs {run.log_dir}")
+
+
+def _workload(run: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    from fully_async.core.pipeline_sim import Workload
+    from fully_async.core.workload import LengthProfile
+
+    cfg = OmegaConf.create(run.config)
+    profile = LengthProfile.from_config(cfg)
+    if profile is None or not cfg.benchmark.get("ignore_eos", False):
+        raise ValueError(f"{run.log_dir}: the run's response lengths are not known (needs benchmark.response_length "
+                         "and benchmark.ignore_eos=true: with the model's own EOS the lengths were not logged)")
+    prompt = round(_mean(run.values("prompt_length/mean")))
+    return cfg, Workload(n=cfg.actor_rollout_ref.rollout.n, prompt_len=prompt, length=profile.target,
+                         steps=len(run.values("timing_s/step")))
+
+
+def predict(run: Any) -> dict:
+    """Simulated tokens/s of the run from its own stage costs, next to the measured one."""
+    from compare_lib import tokens_per_s
+
+    from fully_async.core.pipeline_sim import AsyncSetup, simulate_async, simulate_sync
+    from fully_async.core.planner import PipelineShape
+
+    costs = stage_costs(run)
+    cfg, work = _workload(run)
+    shape = PipelineShape.of(cfg)
+    d = run.devices()
+    if run.mode == "async":
+        sim = simulate_async(AsyncSetup(replicas=max(1, d["rollout"] // shape.rollout_tp), trainer_devices=d["trainer"],
+                                        max_num_seqs=shape.max_num_seqs, required=shape.async_groups,
+                                        staleness_threshold=shape.staleness_threshold,
+                                        trigger_parameter_sync_step=shape.trigger,
+                                        partial_rollout=shape.partial_rollout), costs, work)
+    else:
+        sim = simulate_sync(d["trainer"], shape.sync_groups, shape.max_num_seqs, costs, work)
+    measured = tokens_per_s(run)
+    return {"mode": run.mode, "log_dir": run.log_dir, "devices": d, "costs": costs.as_dict(),
+            "predicted": sim.as_dict(), "measured_tokens_per_s": measured,
+            "error": sim.tokens_per_s / measured - 1.0}
+
+
+def predict_from_table(table: dict, bench: dict, steps: int | None = None) -> list[dict]:
+    """Both modes of a compare_sync_async.py table.json, simulated from the bench's stage costs plus the
+    trainer-side times the table's idle ratios give (module docstring)."""
+    from dataclasses import replace
+
+    from fully_async.core.pipeline_sim import AsyncSetup, Workload, simulate_async, simulate_sync
+    from fully_async.core.stage_costs import bench_lengths, from_bench
+
+    costs, derived = from_bench(bench, source="bench")
+    length, _ = bench_lengths(bench, 0)
+    over = {o.split("=", 1)[0]: o.split("=", 1)[1] for o in bench.get("overrides", [])}
+    n, groups = int(bench["n"]), int(bench["prompts_per_batch"])
+    slots = int(over.get("actor_rollout_ref.rollout.max_num_seqs", 256))
+    out = []
+    for mode in ("async", "sync"):
+        row = table["modes"][mode]
+        d = row["devices"]
+        work = Workload(n, round(derived["prompt_tokens_per_sample"]), length, steps or int(row["steps"]))
+        busy = (1.0 - row["trainer_idle_ratio"]) * row["time_per_step_s"]
+        if mode == "async":
+            step_tokens = row["tokens_per_s"] * row["time_per_step_s"]
+            c = replace(costs, weight_sync_s=max(0.0, busy - costs.train_time(round(step_tokens), d["trainer"])))
+            sim = simulate_async(AsyncSetup(d["rollout"], d["trainer"], slots, groups, float(over.get(
+                "async_training.staleness_threshold", 0.1)), int(over.get("async_training.trigger_parameter_sync_step",
+                                                                          1))), c, work)
+        else:
+            c = replace(costs, train_token_s=0.0, sync_step_s=busy)
+            sim = simulate_sync(d["trainer"], groups, slots, c, work)
+        out.append({"mode": mode, "log_dir": row["log_dir"], "devices": d, "costs": c.as_dict(),
+                    "predicted": sim.as_dict(), "measured_tokens_per_s": row["tokens_per_s"],
+                    "error": sim.tokens_per_s / row["tokens_per_s"] - 1.0})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from compare_lib import read_run
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="*", help="TensorBoard run dirs (any mode)")
+    ap.add_argument("--table", help="a compare_sync_async.py table.json (with --bench)")
+    ap.add_argument("--bench", help="the bench_pipeline.py JSON of the table's hardware and workload")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if bool(args.table) != bool(args.bench) or not (args.runs or args.table):
+        ap.error("give TensorBoard run dirs, or --table with --bench")
+    out = [predict(read_run(d)) for d in args.runs]
+    if args.table:
+        with open(args.table) as fh, open(args.bench) as fb:
+            out += predict_from_table(json.load(fh), json.load(fb))
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        for r in out:
+            print(f"{r['mode']:5} {r['devices']['trainer']}+{r['devices']['rollout']} devices: measured "
+                  f"{r['measured_tokens_per_s']:.1f} tokens/s, simulated {r['predicted']['tokens_per_s']:.1f} "
+                  f"({100 * r['error']:+.1f}%)  [{r['log_dir']}]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""Parameter counts of the built-in shapes against the published model sizes, and the memory model's
+per-role arithmetic (sharding, offload, checkpointing, engines)."""
+import pytest
+
+from fully_async.core.hardware import MODEL_SHAPES, Shape, known_shape
+from fully_async.core.memory_model import GIB, activation_bytes, colocated_memory, engine_memory, trainer_memory, \
+    verdict
+from fully_async.run.hydra_setup import load_config
+
+# parameter counts of the released checkpoints (safetensors metadata on the Hub)
+PUBLISHED = {"Qwen2.5-0.5B": 494_032_768, "Qwen2.5-1.5B": 1_543_714_304, "Qwen2.5-7B": 7_615_616_512,
+             "Qwen3-4B": 4_022_468_096, "Qwen3-8B": 8_190_735_360}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_builtin_shapes_count_the_published_parameters(name):
+    assert Shape.of(MODEL_SHAPES[name]).params() == PUBLISHED[name]
+
+
+def test_known_shape_accepts_hub_names():
+    assert known_shape("Qwen/Qwen2.5-7B-Instruct")[0] == "Qwen2.5-7B"
+    assert known_shape("/models/qwen3-8b")[0] == "Qwen3-8B"
+    assert known_shape("/models/llama-7b") is None
+
+
+def cfg(*overrides):
+    return load_config(["actor_rollout_ref.model.path=Qwen2.5-7B", "data.max_prompt_length=1024",
+                        "data.max_response_length=3072", *overrides])
+
+
+SHAPE = Shape.of(MODEL_SHAPES["Qwen2.5-7B"])
+P = SHAPE.params()
+
+
+def test_torch_strategy_keeps_params_grads_and_moments_in_the_actor_dtype():
+    m = trainer_memory(cfg("actor_rollout_ref.actor.dtype=bfloat16"), SHAPE, 1)
+    assert m.parts["params"] + m.parts["grads"] + m.parts["optimizer"] == 8 * P
+    m32 = trainer_memory(cfg("actor_rollout_ref.actor.dtype=float32"), SHAPE, 1)
+    assert m32.parts["optimizer"] == 8 * P
+
+
+def test_fsdp2_shards_float32_state_over_data_parallel_ranks():
+    c = cfg("actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.dtype=bfloat16",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
+    m8 = trainer_memory(c, SHAPE, 8)
+    assert m8.parts["params"] + m8.parts["grads"] + m8.parts["optimizer"] == pytest.approx(16 * P / 8)
+    assert trainer_memory(c, SHAPE, 16).total < m8.total
+
+
+def test_megatron_tensor_parallel_and_distributed_optimizer_divide_the_state():
+    base = ["actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.dtype=bfloat16",
+            "trainer.n_gpus_per_node=8", "trainer.device=npu"]
+    tp4 = trainer_memory(cfg(*base, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4"), SHAPE, 2)
+    tp1 = trainer_memory(cfg(*base), SHAPE, 8)
+    assert tp4.parts["params"] < tp1.parts["params"] / 3.5
+    dist = trainer_memory(cfg(*base, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
+                              "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true"), SHAPE, 2)
+    assert dist.parts["optimizer"] == pytest.approx(tp4.parts["optimizer"] / 2)
+
+
+def test_grads_count_fully_only_when_micro_batches_accumulate():
+    one = trainer_memory(cfg("actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                             "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+                             "data.train_batch_size=4"), SHAPE, 1)
+    assert one.parts["grads"] == max(0.0, 2 * P - one.parts["activations"] - one.parts["logits"])
+    many = trainer_memory(cfg("actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                              "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+                              "data.train_batch_size=4"), SHAPE, 1)
+    assert many.parts["grads"] == 2 * P
+
+
+def test_checkpointing_and_the_fused_head_shrink_activations():
+    full, logits = activation_bytes(SHAPE, 16384, 2, checkpointing=False, fused_head=False)
+    ckpt, fused = activation_bytes(SHAPE, 16384, 2, checkpointing=True, fused_head=True)
+    assert ckpt < full / 5
+    assert logits == 2 * 4 * 16384 * SHAPE.vocab and fused < logits / 10
+
+
+def test_dynamic_batch_size_uses_the_token_budget():
+    c = cfg("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192")
+    assert "8192 tokens" in trainer_memory(c, SHAPE, 1).note
+
+
+def test_engines():
+    hf = engine_memory(cfg("actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.rollout.max_num_seqs=64"),
+                       SHAPE, 64 * GIB)
+    assert hf.parts["weights"] == 2 * P
+    assert hf.parts["kv_cache"] == 64 * 4096 * SHAPE.kv_bytes_per_token(2)
+    vllm = engine_memory(cfg("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=bfloat16",
+                             "actor_rollout_ref.rollout.gpu_memory_utilization=0.8",
+                             "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                             "rollout.n_gpus_per_node=2"), SHAPE, 64 * GIB)
+    assert vllm.total == pytest.approx(0.8 * 64 * GIB)
+    assert vllm.parts["weights"] == P
+
+
+def test_sync_colocation_and_offload():
+    small = ["mode=sync", "actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.rollout.dtype=bfloat16",
+             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]
+    c = cfg(*small, "actor_rollout_ref.rollout.free_cache_engine=false")
+    t, e = trainer_memory(c, SHAPE, 1), engine_memory(c, SHAPE, 64 * GIB)
+    kept = colocated_memory(c, t, e)
+    off = colocated_memory(cfg(*small, "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+                               "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+                               "actor_rollout_ref.rollout.free_cache_engine=true"), t, e)
+    assert kept.total == pytest.approx(t.total + e.total)     # the engine stays resident while training
+    assert off.total < kept.total
+    assert off.total == pytest.approx(max(t.total, e.total + t.parts["gathered_layers"] if "gathered_layers" in
+                                          t.parts else e.total))
+
+
+def test_verdict():
+    assert verdict(10, 100) == "fits"
+    assert verdict(95, 100) == "tight"
+    assert verdict(101, 100) == "does not fit"
+
+
+def test_activation_bytes_match_saved_tensor_hooks_on_a_real_layer():
+    """Count what autograd keeps for one and for three Qwen2 layers of the 0.5B shape (bf16, sdpa, CPU):
+    the per-layer difference is the formula's per-layer term, with and without checkpointing."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    def saved(layers, ckpt):
+        cfg = Qwen2Config(vocab_size=64, hidden_size=896, num_hidden_layers=layers, num_attention_heads=14,
+                          num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True,
+                          attn_implementation="sdpa")
+        torch.manual_seed(0)
+        m = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+        if ckpt:
+            m.gradient_checkpointing_enable()
+            m.train()
+        params = {p.untyped_storage().data_ptr() for p in m.parameters()}
+        seen = {}
+
+        def pack(t):
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                seen[st.data_ptr()] = st.nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            m(torch.randint(0, 64, (2, 64)), use_cache=False)
+        return sum(seen.values())
+
+    shape = Shape.of(dict(MODEL_SHAPES["Qwen2.5-0.5B"], vocab_size=64))
+    tokens = 128
+    full, _ = activation_bytes(shape, tokens, 2, checkpointing=False, fused_head=True, layers=1)
+    ckpt_two, _ = activation_bytes(shape, tokens, 2, checkpointing=True, fused_head=True, layers=2)
+    ckpt_one, _ = activation_bytes(shape, tokens, 2, checkpointing=True, fused_head=True, layers=1)
+    per_layer = (saved(3, False) - saved(1, False)) / 2
+    assert full == pytest.approx(per_layer, rel=0.01)
+    assert ckpt_two - ckpt_one == pytest.approx((saved(3, True) - saved(1, True)) / 2, rel=0.01)

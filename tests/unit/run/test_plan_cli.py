@@ -1,0 +1,110 @@
+"""`python -m fully_async.plan`: same config path as the run, tables and --json, built-in shapes, refusals."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fully_async.run.plan_cli import build_report, main
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir))
+BENCH = os.path.join(ROOT, "tests", "fixtures", "gpu_runs", "bench_1dev_h200.json")
+SEVEN_B = ["actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct", "trainer.device=npu",
+           "data.max_prompt_length=1024", "data.max_response_length=2048",
+           "actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.dtype=bfloat16",
+           "actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.rollout.name=vllm",
+           "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.n=8",
+           "actor_rollout_ref.actor.ppo_mini_batch_size=32", "data.train_batch_size=32",
+           "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+           "trainer.n_gpus_per_node=4", "rollout.n_gpus_per_node=4", "plan.sim_steps=4"]
+
+
+def test_shim_runs_as_a_module_and_prints_the_sections():
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, "-m", "fully_async.plan", *SEVEN_B], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for section in ("== memory per device", "== device plan", "== predicted throughput", "== recommendation",
+                    "== assumptions"):
+        assert section in r.stdout
+    assert "built-in shape table: Qwen2.5-7B" in r.stdout
+    assert "Ascend 910B" in r.stdout
+
+
+def test_json_report_numbers_are_consistent(capsys):
+    assert main(["--json", *SEVEN_B, "plan.devices=[8,16]"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["model"]["params"] == 7_615_616_512
+    results = report["throughput"]["results"]
+    assert [r["devices"] for r in results] == [8, 16]
+    for r in results:
+        best = max(r["candidates"], key=lambda c: c["steady_tokens_per_s"])
+        assert r["best"] == best
+        assert r["speedup"] == pytest.approx(best["steady_tokens_per_s"] / r["sync"]["steady_tokens_per_s"])
+        assert best["rollout_devices"] + best["trainer_devices"] == r["devices"]
+    roles = {x["role"]: x for x in report["memory"]["roles"]}
+    assert roles["trainer"]["verdict"] == "fits"
+    assert roles["engine"]["total_gib"] == pytest.approx(0.6 * 64 + 1.5)
+
+
+def test_measured_stage_costs_from_a_bench_json():
+    report = build_report([*SEVEN_B, f"plan.stage_costs={BENCH}", "plan.weight_sync_s=0.5"])
+    costs = report["throughput"]["costs"]
+    assert costs["source"].startswith("measured:")
+    assert costs["weight_sync_s"] == 0.5
+    assert costs["decode_step_s"] == pytest.approx(1.7895027800000207 / report["throughput"]["derived"]
+                                                   ["measured"]["decode_steps"])
+
+
+def test_a_config_that_cannot_fit_is_refused(capsys):
+    rc = main([*SEVEN_B, "actor_rollout_ref.actor.strategy=torch", "trainer.n_gpus_per_node=1", "plan.sim_steps=2",
+               "plan.devices=4"])
+    out = capsys.readouterr().out
+    assert rc == 2
+    assert "DOES NOT FIT" in out and "REFUSED" in out
+
+
+@pytest.mark.parametrize("arg,key", [
+    ("plan.devices=[0]", "plan.devices"), ("plan.nope=1", "plan.nope"), ("plan.device=tpu", "plan.device"),
+    ("plan.sim_steps=1", "plan.sim_steps"), ("plan.train_mfu=1.5", "plan.train_mfu"),
+    ("plan.stage_costs=/nonexistent.json", "plan.stage_costs"),
+    ("actor_rollout_ref.model.path=/nowhere/llama", "actor_rollout_ref.model.path"),
+    ("plan.response_lengths=uniform", "plan.response_lengths"),
+])
+def test_bad_input_names_the_key(arg, key, capsys):
+    assert main([*SEVEN_B, arg]) == 1
+    assert key in capsys.readouterr().err
+
+
+def test_run_config_validation_applies(capsys):
+    assert main([*SEVEN_B, "actor_rollout_ref.rollout.n=1"]) == 1
+    assert "actor_rollout_ref.rollout.n" in capsys.readouterr().err
+
+
+def test_measured_stage_costs_from_a_run_log_dir(tmp_path):
+    """plan.stage_costs=<TensorBoard dir>: the run's own engine ms per step, trainer busy time and weight push."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(tmp_path)) as w:
+        for step in range(1, 4):
+            w.add_scalar("fully_async/rollouter/engine_0/ms_per_step", 4.0, step)
+            w.add_scalar("timing_s/step", 1.0, step)
+            w.add_scalar("timing_s/gen", 0.4, step)
+            w.add_scalar("timing_s/param_sync", 0.1, step)
+            w.add_scalar("perf/total_num_tokens", 1000.0, step)
+            w.add_scalar("prompt_length/mean", 40.0, step)
+    (tmp_path / "config.json").write_text(json.dumps({"mode": "async", "trainer": {"nnodes": 1, "n_gpus_per_node": 2}}))
+    report = build_report([*SEVEN_B, f"plan.stage_costs={tmp_path}"])
+    costs = report["throughput"]["costs"]
+    assert costs["decode_step_s"] == pytest.approx(0.004)
+    assert costs["train_token_s"] == pytest.approx(3 * 0.5 * 2 / 3000)   # busy 0.5 s/step on 2 devices
+    assert costs["weight_sync_s"] == pytest.approx(0.1)
+    assert report["throughput"]["prompt_length"] == 40
+    assert any("measured by the run" in a for a in report["throughput"]["assumptions"])
+
+
+def test_a_log_dir_without_the_scalars_is_refused(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"mode": "sync", "trainer": {"nnodes": 1, "n_gpus_per_node": 1}}))
+    assert main([*SEVEN_B, f"plan.stage_costs={tmp_path}"]) == 1
+    assert "plan.stage_costs" in capsys.readouterr().err
