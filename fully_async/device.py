@@ -175,11 +175,14 @@ class DeviceGraphs:
     def __init__(self, module: Any, graph_cls: Any, capture_kwargs: Optional[dict] = None):
         self.module, self.graph_cls, self.capture_kwargs = module, graph_cls, capture_kwargs or {}
         self.pool = module.graph_pool_handle()
+        # one warm-up stream for every capture: cuBLAS keeps a workspace per (handle, stream) in the caching
+        # allocator, so a fresh stream per capture kept ~20 MB per graph alive (1.1 GiB for 56 graphs, 1x H100)
+        self.side = module.Stream()
 
     def capture(self, fn: Callable[[], None], warmup: int = 1) -> Callable[[], None]:
         """Run `fn` `warmup` times on a side stream (library handles, autotuning), capture it, return replay."""
         mod = self.module
-        side = mod.Stream()
+        side = self.side
         side.wait_stream(mod.current_stream())
         with mod.stream(side):
             for _ in range(warmup):

@@ -50,6 +50,7 @@ class RoleMemory:
     role: str
     parts: dict[str, float] = field(default_factory=dict)     # name -> bytes
     note: str = ""
+    strategy: str = ""      # the trainer's backend (torch | fsdp2 | megatron), as selected at its dp size
 
     @property
     def total(self) -> float:
@@ -102,6 +103,11 @@ def activation_bytes(shape: Shape, tokens: int, cbytes: int, checkpointing: bool
     return float(acts), float(logits)
 
 
+def _strategy(strategy: str, dp: int) -> str:
+    """The backend a strategy selects at `dp` trainer devices (verl's fsdp: torch on one, fsdp2 on several)."""
+    return ("fsdp2" if dp > 1 else "torch") if strategy == "fsdp" else strategy
+
+
 def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
     """Peak memory of one trainer device while it trains (module docstring)."""
     actor, model = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model
@@ -110,7 +116,9 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
     ref = bool(actor.use_kl_loss)
     mem = RoleMemory("trainer")
     layers = shape.layers
-    if actor.strategy == "megatron":
+    strategy = _strategy(actor.strategy, dp)
+    mem.strategy = strategy
+    if strategy == "megatron":
         m = actor.megatron
         tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
         layers = -(-shape.layers // pp)
@@ -121,7 +129,7 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
             mem.parts["ref_params"] = 2 * stage
         mem.note = f"megatron tp={tp} pp={pp} dp={dp}" + (", distributed optimizer" if opt_shard > 1 else "")
         tokens = micro_batch_tokens(cfg, dp) // tp if m.sequence_parallel else micro_batch_tokens(cfg, dp)
-    elif actor.strategy == "fsdp2":
+    elif strategy == "fsdp2":
         mem.parts.update(params=4 * P / dp, grads=4 * P / dp, optimizer=8 * P / dp,
                          gathered_layers=2 * shape.layer_params() * cbytes)
         if ref:
@@ -145,6 +153,12 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
     return mem
 
 
+# the decode graphs' memory pool plus the cuBLAS workspaces of the two capture streams, measured on 1x H100
+# (0.5B shape, 56 graphs of 14 batch x 4 span buckets: 0.11 GiB over the same engine decoding eagerly); it hardly
+# depends on the model (each graph's intermediates are one layer's, freed within the graph)
+DECODE_GRAPHS_BYTES = 0.11 * GIB
+
+
 def max_model_len(cfg: Any) -> int:
     r = cfg.actor_rollout_ref.rollout
     return int(r.max_model_len or (cfg.data.max_prompt_length + cfg.data.max_response_length))
@@ -165,7 +179,13 @@ def engine_memory(cfg: Any, shape: Shape, capacity_bytes: float) -> RoleMemory:
                     f"{r.max_num_seqs} full-length sequences need {kv_needed / GIB:.2f} GiB of KV per device")
         mem.kv_needed = kv_needed  # type: ignore[attr-defined]
     else:
-        mem.parts.update(weights=weights, kv_cache=kv_needed, logits=4.0 * r.max_num_seqs * shape.vocab)
+        # one admission prefills up to max_num_seqs prompts at once: one layer's live tensors per prompt token
+        # (residual + hidden, and the MLP's gate, up and their product), freed layer by layer
+        prefill = r.max_num_seqs * cfg.data.max_prompt_length * (2 * shape.hidden + 3 * shape.intermediate) * wbytes
+        mem.parts.update(weights=weights, kv_cache=kv_needed, logits=4.0 * r.max_num_seqs * shape.vocab,
+                         prefill=prefill / tp)
+        if not r.enforce_eager and cfg.trainer.device != "cpu":
+            mem.parts["decode_graphs"] = DECODE_GRAPHS_BYTES
         mem.note = f"embedded engine: slot KV cache of {r.max_num_seqs} x {max_model_len(cfg)} tokens"
     return mem
 
@@ -178,7 +198,7 @@ def colocated_memory(cfg: Any, trainer: RoleMemory, engine: RoleMemory) -> RoleM
         keep = {k: v for k, v in keep.items() if k == "gathered_layers"}
     if not off.optimizer_offload:
         keep["optimizer"] = trainer.parts.get("optimizer", 0.0)
-    if cfg.actor_rollout_ref.actor.strategy in ("torch", "megatron") and (off.param_offload or off.optimizer_offload):
+    if trainer.strategy in ("torch", "megatron") and (off.param_offload or off.optimizer_offload):
         keep = {}   # these backends' offload() moves everything (params, grads, optimizer, reference) at once
     gen = engine.total + sum(keep.values())
     engine_kept = 0.0 if cfg.actor_rollout_ref.rollout.free_cache_engine else engine.total

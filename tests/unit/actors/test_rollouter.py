@@ -35,7 +35,7 @@ def rollouter():
     from fully_async.run.prepare import prepare
 
     cfg = load_config(["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                       "trainer.total_training_steps=2", "async_training.trigger_parameter_sync_step=2",
+                       "trainer.total_training_steps=7", "async_training.trigger_parameter_sync_step=2",
                        "data.max_response_length=4"])
     prep = prepare(cfg)
     original, ro.ray_get = ro.ray_get, (lambda x: x)
@@ -126,4 +126,7 @@ def test_param_version_metrics_go_to_the_outbox_at_the_step_that_pushed_the_next
     assert m["rollouter/version_time"] == pytest.approx(4.0, abs=0.5)
     assert m["rollouter/active_time"] == pytest.approx(m["rollouter/version_time"] - 1.0)
     assert m["rollouter/idle_ratio"] == pytest.approx(1.0 / m["rollouter/version_time"])
+    rollouter._version_mark = (time.perf_counter(), rollouter.stats["idle_s"])
+    rollouter._end_version(4)                                 # the final push: 4 x 2 = 8 > the run's 7 steps
+    assert [step for step, _ in rollouter.pop_metrics()] == [7]
     rollouter._version_mark = None
