@@ -140,6 +140,7 @@ class SharedSyncWorker(SyncWorker):
                     step_metrics, samples = train_step(self.backend, cfg, groups, self.pad_token_id, self.step + 1,
                                                        self.version, self.timeline)
                 self.trained_sample_ids.extend(s.sample_id for s in samples)
+                self.response_lengths.update(len(s.response_ids) for s in samples)
                 metrics.update(step_metrics)
                 self.step += 1
                 self.version += 1
@@ -154,4 +155,5 @@ class SharedSyncWorker(SyncWorker):
         if self._stop_requested:
             self._emit(self.step, self._save())
         return {"steps": self.step, "version": self.version, "trained_sample_ids": self.trained_sample_ids,
+                "response_lengths": dict(self.response_lengths),
                 "checkpoint": self.last_checkpoint}

@@ -10,6 +10,7 @@ generate.  Same engines, backend, rewards, metrics as async mode.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from typing import Any, Optional
@@ -61,6 +62,7 @@ class SyncWorker(DriverFacing):
         self.step = 0
         self.version = 0
         self.trained_sample_ids: list[str] = []
+        self.response_lengths: collections.Counter = collections.Counter()   # of the samples trained here
         self._validations = 0
         self._init_driver_facing()
         off = cfg.actor_rollout_ref.actor.fsdp_config
@@ -194,6 +196,7 @@ class SyncWorker(DriverFacing):
             step_metrics, samples = train_step(self.backend, cfg, groups, self.pad_token_id, self.step + 1,
                                                self.version, self.timeline)
             self.trained_sample_ids.extend(s.sample_id for s in samples)
+            self.response_lengths.update(len(s.response_ids) for s in samples)
             metrics.update(step_metrics)
             metrics.update(self.stale.add(groups, self.version))  # on-policy: 0
             metrics.update(self._memory("update_actor"))
@@ -221,6 +224,7 @@ class SyncWorker(DriverFacing):
         if self._stop_requested:
             self._emit(self.step, self._save())
         return {"steps": self.step, "version": self.version, "trained_sample_ids": self.trained_sample_ids,
+                "response_lengths": dict(self.response_lengths),
                 "checkpoint": self.last_checkpoint}
 
 

@@ -8,6 +8,7 @@ accumulate in a list the driver drains (`pop_metrics`).
 """
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from typing import Any, Optional
@@ -73,6 +74,7 @@ class Trainer(DriverFacing):
         self.step = 0
         self.version = 0
         self.trained_sample_ids: list[str] = []
+        self.response_lengths: collections.Counter = collections.Counter()   # of the samples trained here
         if resume_path:
             state = load_trainer_state(resume_path)
             self.backend.load(resume_path)
@@ -124,6 +126,7 @@ class Trainer(DriverFacing):
             self._emit(self.step, self._save())
         self.weight_sync.flush()  # the final weights are loaded before the driver validates them
         return {"steps": self.step, "version": self.version, "trained_sample_ids": self.trained_sample_ids,
+                "response_lengths": dict(self.response_lengths),
                 "checkpoint": self.last_checkpoint, "stopped": self._stop_requested}
 
     def save_part(self, folder: str) -> None:
@@ -148,6 +151,7 @@ class Trainer(DriverFacing):
         metrics, samples = train_step(self.backend, self.cfg, groups, self.pad_token_id, self.step + 1, self.version,
                                       self.timeline)
         self.trained_sample_ids.extend(s.sample_id for s in samples)
+        self.response_lengths.update(len(s.response_ids) for s in samples)
         metrics.update(self.stale.add(groups, self.version))
         return metrics
 

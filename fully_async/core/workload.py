@@ -195,6 +195,17 @@ def workload_report(cfg: Any) -> Optional[dict]:
     return out
 
 
+RESPONSE_LENGTHS = "response_lengths.json"   # a run writes it next to its TensorBoard events when it finishes
+
+
+def length_histogram(counts: dict) -> dict:
+    """A run's response-length counts {length: responses} as a histogram file's content (the format above), so
+    a run's `response_lengths.json` can be replayed (benchmark.response_length=<file>) or planned with
+    (plan.response_lengths=<file>); empty responses are left out (a histogram's lengths are >= 1)."""
+    lengths = sorted(int(n) for n, c in counts.items() if int(n) >= 1 and c > 0)
+    return {"lengths": lengths, "weights": [float(counts[n] if n in counts else counts[str(n)]) for n in lengths]}
+
+
 def load_histogram(path: str) -> tuple[list[int], list[float]]:
     """(lengths, weights) of a histogram file (format in the module docstring); ConfigError naming the problem."""
     try:

@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable, Optional
 
 from fully_async.core.plan import RunPlan
+from fully_async.core.workload import RESPONSE_LENGTHS, length_histogram
 
 logger = logging.getLogger("fully_async")
 
@@ -320,6 +321,9 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
         if others:
             supervise(others, until=next(iter(others.values())), on_tick=lambda: None)
         run_log.drain()
+        lengths = result.get("response_lengths") if isinstance(result, dict) else None
+        if lengths:   # the run's response lengths as a histogram file (plan.response_lengths / a benchmark replay)
+            run_log.sink.write_json(RESPONSE_LENGTHS, length_histogram(lengths))
         summary = run_log.finish(time.perf_counter() - t_start)
         summary["trained_sample_ids"] = result.get("trained_sample_ids", []) if isinstance(result, dict) else []
         if signals:

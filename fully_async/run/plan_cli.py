@@ -10,8 +10,9 @@ Same Hydra config and validation as `python -m fully_async.main`, then:
      by scripts/bench_pipeline.py (plan.stage_costs=bench.json) or estimated from FLOPs and bandwidth;
   4. the recommended split, the predicted async/sync speedup and every assumption behind them.
 `--json` prints the same as one JSON object.  Planner keys (plan_options.py): plan.devices=[8,32,128],
-plan.stage_costs=bench.json, plan.response_lengths=lognormal|<histogram.json>, plan.device=ascend910b|h100|...,
-plan.device_memory_gib=..., plan.weight_sync_s=..., plan.sim_steps=16, plan.batch_scaling=weak|fixed.
+plan.stage_costs=bench.json, plan.response_lengths=lognormal|<histogram.json>|<run's TensorBoard dir>,
+plan.device=ascend910b|h100|..., plan.device_memory_gib=..., plan.weight_sync_s=..., plan.sim_steps=16,
+plan.batch_scaling=weak|fixed.
 """
 from __future__ import annotations
 
@@ -78,6 +79,13 @@ def length_profile(cfg: Any, opts: PlanOptions) -> tuple[Any, str]:
     from fully_async.core.workload import LengthProfile
 
     choice = opts.response_lengths
+    if os.path.isdir(choice):   # a run's TensorBoard dir: the lengths its trained responses had (launcher.py)
+        from fully_async.core.workload import RESPONSE_LENGTHS
+
+        if not os.path.isfile(os.path.join(choice, RESPONSE_LENGTHS)):
+            raise ConfigError("plan.response_lengths", f"{choice} has no {RESPONSE_LENGTHS} (a run writes it into "
+                              "its TensorBoard dir when it finishes)")
+        choice = os.path.join(choice, RESPONSE_LENGTHS)
     bench_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     if choice == "config":
         if str(cfg.benchmark.response_length) == "none":
@@ -89,8 +97,8 @@ def length_profile(cfg: Any, opts: PlanOptions) -> tuple[Any, str]:
         bench_cfg.benchmark.response_length = choice
         label = ""
     else:
-        raise ConfigError("plan.response_lengths", f"{choice!r}: expected config, lognormal or a .json length "
-                          "histogram ({\"lengths\": [...], \"weights\": [...]})")
+        raise ConfigError("plan.response_lengths", f"{choice!r}: expected config, lognormal, a .json length "
+                          "histogram ({\"lengths\": [...], \"weights\": [...]}) or a run's TensorBoard dir")
     try:
         profile = LengthProfile.from_config(bench_cfg)
     except ConfigError as exc:

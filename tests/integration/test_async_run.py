@@ -55,6 +55,12 @@ def test_async_run_completes_and_writes_metrics(ray_session, tmp_path, monkeypat
     assert all(a <= v for (_, a), (_, v) in zip(scalars["rollouter/active_time"], scalars["rollouter/version_time"]))
     stale = [v for _, v in scalars["fully_async/count/stale_trajectory_processed"]]
     assert stale == sorted(stale) and stale[-1] <= 4 * 8 * 4  # cumulative, at most every trained response
+    # the trained responses' lengths, as a histogram the planner and the benchmark workload read
+    from fully_async.core.workload import load_histogram
+
+    lengths, weights = load_histogram(str(tmp_path / "tb" / "response_lengths.json"))
+    assert sum(weights) == len(summary["trained_sample_ids"]) == 4 * 8 * 4
+    assert lengths == sorted(lengths) and 1 <= lengths[0] and lengths[-1] <= cfg.data.max_response_length
 
 
 def test_wandb_offline_gets_the_tensorboard_scalars(ray_session, tmp_path, monkeypatch):

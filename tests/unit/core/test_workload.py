@@ -138,3 +138,15 @@ def test_group_pendings_applies_the_profile():
     assert [q.target_len for q in pend] == [p.target(f"g7-s{j}") for j in range(3)]
     assert [q.request().params.max_tokens for q in pend] == [min(64, p.target(f"g7-s{j}")) for j in range(3)]
     assert all(q.target_len is None for q in group_pendings("g7", rec, 3, SamplingParams(max_tokens=64)))
+
+
+def test_a_runs_length_counts_load_as_a_histogram(tmp_path):
+    """launcher writes response_lengths.json with length_histogram; load_histogram (benchmark.response_length,
+    plan.response_lengths) reads it back; empty responses are left out."""
+    import json
+
+    from fully_async.core.workload import length_histogram, load_histogram
+
+    path = tmp_path / "response_lengths.json"
+    path.write_text(json.dumps(length_histogram({7: 2, 3: 5, 0: 1, 12: 1})))
+    assert load_histogram(str(path)) == ([3, 7, 12], [5.0, 2.0, 1.0])

@@ -108,3 +108,16 @@ def test_a_log_dir_without_the_scalars_is_refused(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"mode": "sync", "trainer": {"nnodes": 1, "n_gpus_per_node": 1}}))
     assert main([*SEVEN_B, f"plan.stage_costs={tmp_path}"]) == 1
     assert "plan.stage_costs" in capsys.readouterr().err
+
+
+def test_response_lengths_from_a_run_log_dir(tmp_path, capsys):
+    """plan.response_lengths=<TensorBoard dir>: the lengths the run's trained responses had (response_lengths.json,
+    written by the launcher); a dir without the file is refused naming the key."""
+    from fully_async.core.workload import RESPONSE_LENGTHS, length_histogram
+
+    assert main([*SEVEN_B, f"plan.response_lengths={tmp_path}"]) == 1
+    err = capsys.readouterr().err
+    assert "plan.response_lengths" in err and RESPONSE_LENGTHS in err
+    (tmp_path / RESPONSE_LENGTHS).write_text(json.dumps(length_histogram({100: 3, 900: 1})))
+    report = build_report([*SEVEN_B, f"plan.response_lengths={tmp_path}", "plan.sim_steps=2", "plan.devices=8"])
+    assert any(RESPONSE_LENGTHS in a and "100..900" in a for a in report["throughput"]["assumptions"])
