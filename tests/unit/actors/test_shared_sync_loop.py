@@ -1,6 +1,7 @@
 """A pool job's loop keeps its weights on the devices only inside its leases: every wake/onload comes after the
 acquire and every sleep/offload before the release of the same phase, the weight update rides on the next phase
 that needs the engines, and each phase reports its durations and memory (fakes for the pool, engines, trainer)."""
+import collections
 import contextlib
 
 import pytest
@@ -71,6 +72,7 @@ def worker(monkeypatch):
     w.val_records, w.step, w.version, w.engine_version, w.total_steps = ["v"], 0, 0, 0, 3
     w.stream = type("S", (), {"exhausted": False})()
     w.trained_sample_ids, w.num_devices, w.pad_token_id, w.last_checkpoint = [], 1, 0, None
+    w.response_lengths = collections.Counter()
     w._draw_groups = lambda: []
     w._score_groups = lambda groups_in: rec.events.append(("reward",)) or []
     w._init_driver_facing()
