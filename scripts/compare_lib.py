@@ -71,7 +71,18 @@ class Run:
 
     @property
     def strategy(self) -> str:
-        return str(self.config.get("actor_rollout_ref", {}).get("actor", {}).get("strategy", "?"))
+        """The trainer backend the run used (verl's `fsdp` resolved as config.actor_strategy resolves it)."""
+        return resolved_strategy(self.config)
+
+
+def resolved_strategy(config: dict) -> str:
+    """actor.strategy of a saved config.json, verl's `fsdp` resolved by the trainer's device count: torch on one,
+    fsdp2 on several (config.actor_strategy), so runs that trained alike compare alike."""
+    strategy = str(config.get("actor_rollout_ref", {}).get("actor", {}).get("strategy", "?"))
+    if strategy != "fsdp":
+        return strategy
+    t = config.get("trainer", {})
+    return "fsdp2" if t.get("nnodes", 1) * t.get("n_gpus_per_node", 1) > 1 else "torch"
 
 
 class CompareError(RuntimeError):
@@ -124,6 +135,9 @@ def config_diff(a: dict, b: dict, ignore: tuple[str, ...] = ("mode",) + OUTPUT_K
     """(key, value in a, value in b) for every dotted key whose values differ, except `ignore` (the mode and the
     output locations)."""
     fa, fb = flatten(a), flatten(b)
+    for flat, config in ((fa, a), (fb, b)):
+        if "actor_rollout_ref.actor.strategy" in flat:
+            flat["actor_rollout_ref.actor.strategy"] = resolved_strategy(config)
     missing = object()
     diff = []
     for key in sorted(set(fa) | set(fb)):

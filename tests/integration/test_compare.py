@@ -27,7 +27,7 @@ OVERRIDES = ["trainer.total_training_steps=3", f"actor_rollout_ref.actor.ppo_min
 PLOTS = ["throughput", "reward_vs_time", "val_reward_vs_time", "reward_vs_samples", "time_per_step", "idle_ratios",
          "staleness"]
 VAL_TAG = "val-core/arithmetic/reward/mean@1"
-PLACEMENT = {"async": (1, 1, "torch"), "sync": (0, 2, "fsdp2")}   # rollout devices, trainer devices, strategy
+PLACEMENT = {"async": (1, 1, "fsdp"), "sync": (0, 2, "fsdp2")}  # rollout, trainer devices, strategy
 
 
 def run_script(*args, timeout=600):
