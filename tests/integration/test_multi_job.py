@@ -64,6 +64,22 @@ def ray_head(tmp_path):
     shutil.rmtree(temp, ignore_errors=True)
 
 
+POOL_WATCH = """
+import json, sys, time
+import ray
+from fully_async.cluster.device_pool import get_pool
+ray.init(address=sys.argv[1], namespace="test", log_to_driver=False)
+killed_at = float(sys.argv[2])
+pool = get_pool("cpu_pool")
+while True:
+    state = ray.get(pool.state.remote())
+    if "c" not in state["jobs"]:
+        break
+    assert time.time() - killed_at < 10, state
+    time.sleep(0.2)
+print(json.dumps([state, time.time() - killed_at], default=str))
+"""   # polls the pool until the killed job c is gone; prints [state, seconds since the kill]
+
 RUNNING: list = []   # every Job's process, killed after its test whatever the outcome
 
 
@@ -164,7 +180,7 @@ def test_two_jobs_share_the_pool_learn_and_keep_their_outputs_apart(tmp_path, ra
     assert switches >= 4, [(s[0], round(s[2], 2)) for s in spans]   # interleaved, not one after the other
 
 
-def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, monkeypatch):
+def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head):
     # c leases both devices, a and b one each: c waits for both (all or nothing) and they wait behind c
     # c must still be running when it is killed, however slow the machine: far more steps than the test waits for
     c = Job(tmp_path, ray_head, "c", "trainer.total_training_steps=1000", "trainer.test_freq=-1")
@@ -189,36 +205,24 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, m
     c.proc.send_signal(signal.SIGKILL)
     c.wait(30)
 
-    import ray
-
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    ray.init(address=ray_head, namespace="test", log_to_driver=False)
-    try:
-        from fully_async.cluster.device_pool import get_pool
-
-        pool = get_pool("cpu_pool")
-        while True:
-            state = ray.get(pool.state.remote())
-            if "c" not in state["jobs"]:
-                break
-            assert time.time() - killed_at < 10, state
-            time.sleep(0.2)
-        freed_after = time.time() - killed_at
-        assert freed_after < 3 + 4, freed_after   # heartbeat timeout 3 s (slack for a loaded CI machine)
-        assert not any(h.startswith("c/") for h in state["held"]) and not any(h.startswith("c/") for h in
-                                                                               state["waiting"])
-        assert any("job c sent no heartbeat" in line for line in state["log"])
-        for job in (a, b):
-            assert job.wait(300) == 0, job.output[-4000:]
-            s = job.summary()
-            assert s["steps"] == 5 and s["val_after"] > s["val_before"] + 0.1, s   # they learn, as alone
-        trace = json.loads((tmp_path / "pool" / "cpu_pool" / "timeline.json").read_text())["traceEvents"]
-        lost = [s for s in leases(trace) if s[0] == "job c" and s[4] == "job lost"]
-        for s in lost:  # whatever c held at its death ended on the heartbeat timeout
-            assert s[3] - killed_at < 3 + 4, s
-        ours = [s for s in leases(trace) if s[0] in ("job a", "job b")]
-        assert {s[1] for s in ours if s[0] == "job a"} == {"device 0"}
-        assert {s[1] for s in ours if s[0] == "job b"} == {"device 1"}
-        ray.kill(pool)
-    finally:
-        ray.shutdown()
+    # the pool is watched from a subprocess: a driver connected to this test's private head would leave Ray's
+    # process-wide state (its auth mode) behind for the in-process Ray sessions of later test modules
+    watch = subprocess.run([sys.executable, "-c", POOL_WATCH, ray_head, str(killed_at)], capture_output=True,
+                           text=True, timeout=60, cwd=REPO, env=dict(os.environ, **ENV))
+    assert watch.returncode == 0, watch.stdout + watch.stderr
+    state, freed_after = json.loads(watch.stdout.strip().splitlines()[-1])
+    assert freed_after < 3 + 4, freed_after   # heartbeat timeout 3 s (slack for a loaded CI machine)
+    assert not any(h.startswith("c/") for h in state["held"]) and not any(h.startswith("c/") for h in
+                                                                           state["waiting"])
+    assert any("job c sent no heartbeat" in line for line in state["log"])
+    for job in (a, b):
+        assert job.wait(300) == 0, job.output[-4000:]
+        s = job.summary()
+        assert s["steps"] == 5 and s["val_after"] > s["val_before"] + 0.1, s   # they learn, as alone
+    trace = json.loads((tmp_path / "pool" / "cpu_pool" / "timeline.json").read_text())["traceEvents"]
+    lost = [s for s in leases(trace) if s[0] == "job c" and s[4] == "job lost"]
+    for s in lost:  # whatever c held at its death ended on the heartbeat timeout
+        assert s[3] - killed_at < 3 + 4, s
+    ours = [s for s in leases(trace) if s[0] in ("job a", "job b")]
+    assert {s[1] for s in ours if s[0] == "job a"} == {"device 0"}
+    assert {s[1] for s in ours if s[0] == "job b"} == {"device 1"}
