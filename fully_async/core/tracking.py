@@ -87,7 +87,10 @@ class WandbTracker:
         self.run.log({**metrics, WANDB_STEP_KEY: step})
 
     def close(self, failed: bool = False) -> None:
+        import wandb
+
         self.run.finish(exit_code=1 if failed else 0)
+        wandb.teardown()   # the process-wide settings (WANDB_DIR, mode) are read again by the next run's init
 
 
 class SwanlabTracker:
