@@ -41,7 +41,10 @@ from typing import Any
 from fully_async.core.hardware import Shape
 
 GIB = 1024 ** 3
-FUSED_CHUNK_ELEMS = 2 ** 26      # token_stats.CHUNK_ELEMS
+# the chunked log-prob's elements per chunk by device, as train/backends/token_stats.py chunks (a test keeps the
+# two equal; this layer cannot import the trainer's)
+DEVICE_CHUNK_ELEMS = {"cuda": 2 ** 28}
+EAGER_CHUNK_ELEMS = 2 ** 26
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -90,14 +93,14 @@ def accumulates(cfg: Any, dp: int) -> bool:
 
 
 def activation_bytes(shape: Shape, tokens: int, cbytes: int, checkpointing: bool, fused_head: bool,
-                     layers: int | None = None) -> tuple[float, float]:
+                     layers: int | None = None, chunk_elems: int = EAGER_CHUNK_ELEMS) -> tuple[float, float]:
     """(layer activations, logits) bytes of one micro-batch of `tokens` tokens over `layers` layers."""
     layers = shape.layers if layers is None else layers
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     per_layer = ((4 * shape.hidden + 2 * q + 2 * kv + 4 * shape.intermediate) * cbytes + 2 * 4 * shape.hidden) * tokens
     acts = (layers * shape.hidden * cbytes * tokens + per_layer) if checkpointing else layers * per_layer
     if fused_head:
-        logits = 3 * 4 * min(FUSED_CHUNK_ELEMS, tokens * shape.vocab)
+        logits = 3 * 4 * min(chunk_elems, tokens * shape.vocab)
     else:
         logits = 2 * 4 * tokens * shape.vocab
     return float(acts), float(logits)
@@ -143,7 +146,8 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
         mem.note = f"torch, one device, params/grads/AdamW in {actor.dtype}"
         tokens = micro_batch_tokens(cfg, dp)
     acts, logits = activation_bytes(shape, tokens, cbytes, bool(model.enable_gradient_checkpointing),
-                                    bool(model.use_fused_kernels), layers)
+                                    bool(model.use_fused_kernels), layers,
+                                    DEVICE_CHUNK_ELEMS.get(cfg.trainer.device, EAGER_CHUNK_ELEMS))
     mem.parts.update(activations=acts, logits=logits)
     if not accumulates(cfg, dp):  # one micro-batch per optimizer step: grads appear only as activations are freed
         mem.parts["grads"] = max(0.0, mem.parts["grads"] - acts - logits)

@@ -177,9 +177,10 @@ class MetricLogger:
             self.writer.flush()
         for tracker in self.trackers:
             tracker.log(metrics, step)
-        line = console_line(step, metrics)
-        if self.console and line != f"step {step}":   # metrics with nothing for the console (per-version ones)
-            self.write_line(line)
+        if self.console:
+            line = console_line(step, metrics)
+            if line != f"step {step}":   # metrics with nothing for the console (per-version ones): no line
+                self.write_line(line)
 
     def write_json(self, name: str, data: dict) -> None:
         """A side file in the TensorBoard run directory (no-op without TensorBoard)."""

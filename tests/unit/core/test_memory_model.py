@@ -151,3 +151,12 @@ def test_activation_bytes_match_saved_tensor_hooks_on_a_real_layer():
     per_layer = (saved(3, False) - saved(1, False)) / 2
     assert full == pytest.approx(per_layer, rel=0.01)
     assert ckpt_two - ckpt_one == pytest.approx((saved(3, True) - saved(1, True)) / 2, rel=0.01)
+
+
+def test_the_fused_head_chunk_is_the_trainers():
+    """The planner's chunk per device is what train/backends/token_stats.py uses."""
+    from fully_async.core import memory_model
+    from fully_async.train.backends import token_stats
+
+    assert memory_model.DEVICE_CHUNK_ELEMS == token_stats.DEVICE_CHUNK_ELEMS
+    assert memory_model.EAGER_CHUNK_ELEMS == token_stats.EAGER_CHUNK_ELEMS
