@@ -426,8 +426,9 @@ class HFEngine:
         if self._fused is not None:
             last = self._fused(ids, positions, mask, cache.keys, cache.values, span)
         else:
-            last = self.base(input_ids=ids, position_ids=positions.unsqueeze(1), attention_mask=mask,
-                             past_key_values=cache.decode(batch, positions, span), use_cache=True).last_hidden_state[:, -1]
+            out = self.base(input_ids=ids, position_ids=positions.unsqueeze(1), attention_mask=mask,
+                            past_key_values=cache.decode(batch, positions, span), use_cache=True)
+            last = out.last_hidden_state[:, -1]
         state["logits"][:batch] = self.lm_head(last).float()
         state["lengths"][:batch] = positions + 1
 
