@@ -5,7 +5,7 @@ this is the thin actor around it, and the function that builds async mode's pool
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from fully_async.core.config import FullyAsyncConfig, typed_config
 from fully_async.rollout.engines.replica import EngineHost
@@ -29,8 +29,9 @@ class EngineReplica(EngineHost):
 
 
 def build_async_pool(cfg: FullyAsyncConfig, device: Any, eos_token_ids: list[int], pad_token_id: int,
-                     placement: Optional[Any] = None) -> Any:
-    """Async mode's rollout: one inline engine, or K EngineReplica actors in the rollout placement group."""
+                     placement: Optional[Any] = None, replica_options: Optional[Callable[[int], dict]] = None) -> Any:
+    """Async mode's rollout: one inline engine, or K EngineReplica actors in the rollout placement group
+    (`replica_options(i)`: replica i's Ray options instead: a shared device pool pins each to its devices)."""
     from fully_async.rollout.engines import build_engine
     from fully_async.rollout.engines.pool import EnginePool
     from fully_async.rollout.engines.replica import InlineReplica, RemoteReplica
@@ -47,7 +48,9 @@ def build_async_pool(cfg: FullyAsyncConfig, device: Any, eos_token_ids: list[int
 
         typed = typed_config(cfg)
         actors = {f"engine{i}": ray.remote(EngineReplica).options(
-            **device.ray_actor_options(tp), **in_bundle(placement, i)).remote(typed, i, eos_token_ids, pad_token_id)
+            **(replica_options(i) if replica_options is not None
+               else dict(device.ray_actor_options(tp), **in_bundle(placement, i)))).remote(
+                typed, i, eos_token_ids, pad_token_id)
             for i in range(k)}
         wait_ready(actors)
         replicas = [RemoteReplica(actor, name) for name, actor in actors.items()]

@@ -52,7 +52,8 @@ class Rollouter(MetricsOutbox):
         cfg = self.cfg
         self.queue = queue
         self.tokenizer = build_tokenizer(cfg)
-        self.pool = build_async_pool(cfg, self.device, eos_token_ids, pad_token_id, placement)
+        self.pool = build_async_pool(cfg, self.device, eos_token_ids, pad_token_id, placement,
+                                     self._replica_options(cfg))
         self.reward = build_reward_manager(cfg)
         stream = PromptStream(train_records, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
                               total_epochs=cfg.trainer.total_epochs, total_prompts=cfg.rollout.total_rollout_steps)
@@ -190,7 +191,7 @@ class Rollouter(MetricsOutbox):
     def _loop(self) -> dict:
         sched = self.scheduler
         if sched.parked:  # partial responses restored from a checkpoint
-            sched.resume()
+            self._resume_restored()
         elif self.cfg.trainer.val_before_train and self.val_records and not self.resumed:
             self._validate(self.pool.version)
         while not self.stopped:
@@ -200,6 +201,10 @@ class Rollouter(MetricsOutbox):
             if self.held:
                 self._run_commands(block=True, timeout=0.5)
                 continue
+            if not self._before_admit():
+                break
+            if self.held:   # a checkpoint began meanwhile
+                continue
             sched.admit()
             if sched.in_flight() == 0:
                 if sched.exhausted and not self.closed:
@@ -207,14 +212,35 @@ class Rollouter(MetricsOutbox):
                     self.closed = True
                     logger.info("rollouter: all %d prompts generated; serving weight updates and validation",
                                 sched.stream.num_emitted)
+                self._on_idle()
                 idle_from = time.perf_counter()
                 self._run_commands(block=True, timeout=0.5)
                 self.stats["idle_s"] += time.perf_counter() - idle_from
                 continue
             with self.timeline.span("generate"):
                 sched.step()
+            self._after_step()
         sched.log_pauses()  # the last version's pauses
         return self.get_stats()
+
+    # hooks of a rollouter that shares its devices with other jobs (actors/shared_async.py); here: no-ops
+    def _replica_options(self, cfg: FullyAsyncConfig) -> Optional[Callable[[int], dict]]:
+        """Ray options of engine replica i (None: the device's own, in the rollout placement group)."""
+        return None
+
+    def _resume_restored(self) -> None:
+        """Partial responses restored from a checkpoint go back to the engines."""
+        self.scheduler.resume()
+
+    def _before_admit(self) -> bool:
+        """Before admitting and generating (False: stopped meanwhile)."""
+        return True
+
+    def _on_idle(self) -> None:
+        """Nothing in flight (at the staleness bound, or every prompt generated)."""
+
+    def _after_step(self) -> None:
+        """After an engine step."""
 
     def _run_commands(self, block: bool, timeout: float = 0.0) -> None:
         while True:

@@ -56,21 +56,9 @@ class SharedSyncWorker(SyncWorker):
         self.backend.offload()
 
     def _event(self, ph: Any, phase: str, event: str, fn: Callable[[], Any]) -> dict:
-        """Run `fn` (an onload or offload), timed, with the memory before and after (metrics and span args)."""
-        before = self.device.memory_stats()
-        start = time.perf_counter()
-        with ph.span(event) as args:
-            fn()
-            self.device.synchronize()
-        elapsed = time.perf_counter() - start
-        after = self.device.memory_stats()
-        args.update({f"{k}_before": round(v, 4) for k, v in before.items()})
-        args.update({f"{k}_after": round(v, 4) for k, v in after.items()})
-        m = {f"multi_job/{phase}/{event}_s": elapsed}
-        for k in before:
-            m[f"multi_job/{phase}/{event}/{k}_before"] = before[k]
-            m[f"multi_job/{phase}/{event}/{k}_after"] = after[k]
-        return m
+        from fully_async.cluster.device_pool import timed_event
+
+        return timed_event(self.device, ph, phase, event, fn)
 
     def _engine_on(self, ph: Any, phase: str) -> dict:
         """Wake the engines and, when the trainer is ahead, load its weights (the weight update of the phase)."""

@@ -67,7 +67,8 @@ class Trainer(DriverFacing):
         optimizer_steps = total_optimizer_steps(cfg, total_steps, at.require_batches)
         # rank 0 of the data-parallel group; ranks 1..W-1 are spawned (one device each) and joined here
         self.backend = connect_trainer_group(cfg, self.device, optimizer_steps, (node_ip(), free_port()),
-                                             self.device.ray_actor_options(1), placement)
+                                             self.device.ray_actor_options(1), placement,
+                                             rank_options=self._rank_options(cfg))
         self.weight_sync = build_weight_sync(cfg, self.backend, rollouter, self.device)
         self.timeline = Timeline("trainer", cfg.trainer.timeline)
         self.stale = StaleCounter()
@@ -99,16 +100,19 @@ class Trainer(DriverFacing):
         while self.step < self.total_steps and not self._stop_requested:
             wait_start = time.perf_counter()
             with self.timeline.span("queue_wait"):
-                res = ray_get(self.queue.get_batch.remote(self.required, 5.0))
+                res = ray_get(self.queue.get_batch.remote(self.required, self._wait_poll_s()))
                 while not res["groups"] and not res["closed"] and not self._stop_requested:
-                    res = ray_get(self.queue.get_batch.remote(self.required, 5.0))
+                    self._waiting()
+                    res = ray_get(self.queue.get_batch.remote(self.required, self._wait_poll_s()))
             wait_s = time.perf_counter() - wait_start
             if not res["groups"]:
                 if res["closed"]:
                     logger.info("queue closed and empty after %d steps: training ends", self.step)
                 break
             rollouter_metrics = self.rollouter.pop_step_metrics.remote()  # its window ends at this take
+            lease_metrics = self._before_train()
             metrics = self._train(res["groups"])
+            metrics.update(lease_metrics)
             self.step += 1
             if self.step % self.trigger == 0 or self.step == self.total_steps:
                 metrics.update(self._sync_weights())
@@ -119,6 +123,7 @@ class Trainer(DriverFacing):
             last_end = now
             metrics.update(self._pipeline_metrics(wait_s, step_s, metrics["perf/total_num_tokens"]))
             metrics.update(ray_get(rollouter_metrics))
+            metrics.update(self._after_train())
             self._emit(self.step, metrics)
         if self.step % self.trigger != 0 and self.step != self.total_steps:
             self._emit(self.step, self._sync_weights())  # the last weights reach the engine for validation
@@ -128,6 +133,25 @@ class Trainer(DriverFacing):
         return {"steps": self.step, "version": self.version, "trained_sample_ids": self.trained_sample_ids,
                 "response_lengths": dict(self.response_lengths),
                 "checkpoint": self.last_checkpoint, "stopped": self._stop_requested}
+
+    # hooks of a trainer that shares its devices with other jobs (actors/shared_async.py); here: no-ops
+    def _rank_options(self, cfg: FullyAsyncConfig) -> Optional[Any]:
+        """Ray options of trainer rank r >= 1 (None: the device's own, in the trainer placement group)."""
+        return None
+
+    def _wait_poll_s(self) -> float:
+        return 5.0
+
+    def _waiting(self) -> None:
+        """Between two polls of the queue while waiting for a step's samples."""
+
+    def _before_train(self) -> dict:
+        """Before the step's update (its metrics)."""
+        return {}
+
+    def _after_train(self) -> dict:
+        """After the step's update, weight push and checkpoint (its metrics)."""
+        return {}
 
     def save_part(self, folder: str) -> None:
         """The trainer's part of the checkpoint run() is waiting for (called by the driver)."""

@@ -99,6 +99,12 @@ class DevicePoolService:
             self._changed()
             return {"held_s": self.clock() - lease.granted_at}
 
+    def renew(self, job: str, holder: str) -> bool:
+        """A side keeping its lease: its time limit restarts unless someone waits for its devices; returns whether
+        someone does (core.leases.LeaseBook.renew).  Also a heartbeat."""
+        with self.cond:
+            return self.book.renew(job, holder, self.clock())
+
     # ------------------------------------------------------------------ views
     def state(self) -> dict:
         with self.cond:
@@ -239,48 +245,125 @@ class Phase:
 
 
 class LeaseClient:
-    """A job side's handle on the pool: `with client.phase("rollout") as ph: ...`."""
+    """A job side's handle on the pool: `with client.phase("rollout") as ph: ...` (sync mode), or `acquire()`,
+    `renew()` and `release()` for a side that keeps its lease between pieces of work (async mode)."""
 
-    def __init__(self, pool: str, job: str, devices: list[int], side: str = "colocated", poll_s: float = 2.0):
+    def __init__(self, pool: str, job: str, devices: list[int], side: str = "colocated", poll_s: float = 2.0,
+                 renew_every_s: float = 0.25):
         self.pool_name, self.job, self.devices = pool, job, list(devices)
         self.holder = f"{job}/{side}"
         self.poll_s = poll_s
+        self.renew_every_s = renew_every_s
         self.pool = get_pool(pool)
         self.current: Optional[Phase] = None
         self.polls = 0   # acquire calls: a job waiting its turn is not stuck (the driver's watchdog reads this)
+        self._renewed = (0.0, False)   # (monotonic time, contended) of the last renewal
 
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[Phase]:
+    def acquire(self, name: str, serve: Optional[Callable[[], Any]] = None, poll_s: Optional[float] = None) -> Phase:
+        """Block until this side holds its devices; `serve()` runs between two polls (a rollouter keeps taking
+        weight updates and checkpoint calls while it waits).  Holding already: the current phase."""
         import ray
 
+        if self.current is not None:
+            return self.current
         start = time.perf_counter()
         try:
             while True:
-                got = ray.get(self.pool.acquire.remote(self.job, self.holder, name, self.devices, self.poll_s))
+                got = ray.get(self.pool.acquire.remote(self.job, self.holder, name, self.devices,
+                                                       self.poll_s if poll_s is None else poll_s))
                 self.polls += 1
                 if got is not None:
                     break
+                if serve is not None:
+                    serve()
+                    if self.current is not None:   # a call it served took the lease meanwhile (same request)
+                        return self.current
         except Exception as exc:  # noqa: BLE001
             raise _unwrap(exc) from None
-        self.current = ph = Phase(name, time.perf_counter() - start, got["devices"])
+        self.current = Phase(name, time.perf_counter() - start, got["devices"])
+        self._renewed = (time.monotonic(), False)
+        return self.current
+
+    def renew(self) -> bool:
+        """Whether another request waits for this side's devices (asked at most every renew_every_s; an
+        uncontended lease's time limit restarts)."""
+        import ray
+
+        at, contended = self._renewed
+        if self.current is None or time.monotonic() - at < self.renew_every_s:
+            return contended and self.current is not None
+        try:
+            contended = bool(ray.get(self.pool.renew.remote(self.job, self.holder)))
+        except Exception as exc:  # noqa: BLE001
+            raise _unwrap(exc) from None
+        self._renewed = (time.monotonic(), contended)
+        return contended
+
+    def release(self, failing: bool = False) -> None:
+        """Give the lease back with the phase's spans (failing: the job is unwinding an error; a failed release
+        is then only logged)."""
+        import ray
+
+        ph, self.current = self.current, None
+        if ph is None:
+            return
+        try:
+            ray.get(self.pool.release.remote(self.job, self.holder, ph.spans))
+        except Exception as exc:  # noqa: BLE001 - an overstayed lease fails the job, unless it is failing already
+            if not failing:
+                raise _unwrap(exc) from None
+            logger.warning("device pool: releasing %s after an error: %s", ph.name, _unwrap(exc))
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[Phase]:
+        ph = self.acquire(name)
         ok = False
         try:
             yield ph
             ok = True
         finally:
-            self.current = None
-            try:
-                ray.get(self.pool.release.remote(self.job, self.holder, ph.spans))
-            except Exception as exc:  # noqa: BLE001 - an overstayed lease fails the job, unless it is failing already
-                if ok:
-                    raise _unwrap(exc) from None
-                logger.warning("device pool: releasing %s after an error: %s", name, _unwrap(exc))
+            self.release(failing=not ok)
+
+
+def timed_event(device: Any, ph: Phase, phase: str, event: str, fn: Callable[[], Any]) -> dict:
+    """Run `fn` (an onload or offload) inside lease phase `ph`, timed, with the device memory before and after
+    (device.memory_stats(): allocated/reserved on accelerators, the host RSS everywhere) as the span's args and
+    as `multi_job/<phase>/<event>...` metrics."""
+    before = device.memory_stats()
+    start = time.perf_counter()
+    with ph.span(event) as args:
+        fn()
+        device.synchronize()
+    elapsed = time.perf_counter() - start
+    after = device.memory_stats()
+    args.update({f"{k}_before": round(v, 4) for k, v in before.items()})
+    args.update({f"{k}_after": round(v, 4) for k, v in after.items()})
+    m = {f"multi_job/{phase}/{event}_s": elapsed}
+    for k in before:
+        m[f"multi_job/{phase}/{event}/{k}_before"] = before[k]
+        m[f"multi_job/{phase}/{event}/{k}_after"] = after[k]
+    return m
 
 
 def job_devices(cfg: Any) -> list[int]:
-    """The pool devices this job leases: multi_job.job_devices, or all of the pool's (config.py checked it)."""
+    """The pool devices this job's trainer leases (sync: the whole job, engines included): multi_job.job_devices;
+    null: all of the pool's in sync mode, the first trainer-world ones in async mode (config.py checked it)."""
     mj = cfg.multi_job
-    return list(mj.job_devices) if mj.job_devices is not None else list(range(mj.devices))
+    if mj.job_devices is not None:
+        return list(mj.job_devices)
+    if cfg.mode == "async":
+        return list(range(cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node))
+    return list(range(mj.devices))
+
+
+def rollout_devices(cfg: Any) -> list[int]:
+    """The pool devices an async job's rollout side leases: multi_job.rollout_devices; null: the ones after the
+    trainer's (the trainer world .. + rollout.nnodes x rollout.n_gpus_per_node)."""
+    mj = cfg.multi_job
+    if mj.rollout_devices is not None:
+        return list(mj.rollout_devices)
+    first = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    return list(range(first, first + cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node))
 
 
 def job_name(cfg: Any) -> str:
@@ -291,14 +374,16 @@ def pool_timeline_path(cfg: Any) -> str:
     return os.path.abspath(os.path.join(cfg.multi_job.pool_dir, cfg.multi_job.pool, "timeline.json"))
 
 
-def pinned_actor_options(device: Any, cfg: Any, rank: int, num_cpus: float = 1) -> dict:
-    """Ray options of trainer rank `rank` of a job on a shared pool.  On accelerators: no device resource (the
-    jobs share the devices; the leases keep them apart in time) and the rank's pool device pinned; on CPU the
-    device's own options (pool devices are logical there)."""
+def pinned_actor_options(device: Any, cfg: Any, rank: int, num_cpus: float = 1,
+                         devices: Optional[list[int]] = None) -> dict:
+    """Ray options of trainer rank `rank` of a job on a shared pool (`devices`: pin these pool devices instead, an
+    engine replica's).  On accelerators: no device resource (the jobs share the devices; the leases keep them
+    apart in time) and the pool devices pinned; on CPU the device's own options (pool devices are logical)."""
     if not device.is_accelerator:
         return device.ray_actor_options(1, num_cpus=num_cpus)
+    pinned = [job_devices(cfg)[rank]] if devices is None else list(devices)
     return dict(device.ray_actor_options(0, num_cpus=num_cpus),
-                runtime_env={"env_vars": device.pinned_env([job_devices(cfg)[rank]])})
+                runtime_env={"env_vars": device.pinned_env(pinned)})
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:

@@ -306,12 +306,19 @@ class MultiJobConfig:
     """Several jobs time-sharing one device pool (README "Several jobs on one device pool"); off by default.
 
     Each job is started on its own (`python -m fully_async.main multi_job.pool=<name> ...`), joins one Ray
-    cluster and leases the pool's devices per phase (rollout incl. the weight update, then train) from the
-    pool's scheduler, a detached Ray actor the first job creates (core/leases.py: FIFO, all-or-nothing)."""
+    cluster and leases the pool's devices from the pool's scheduler, a detached Ray actor the first job creates
+    (core/leases.py: FIFO, all-or-nothing).  A sync job leases its devices per phase (rollout incl. the weight
+    update, then train); an async job's rollout and train sides lease their own devices separately, each keeping
+    its lease while nobody else wants those devices."""
     pool: Optional[str] = None            # name of the shared device pool; null: this job does not share (default)
     devices: int = 1                      # devices of the pool (ids 0..devices-1: on accelerators the node's
     #                                       visible devices in order; on CPU logical ids); every job says the same
-    job_devices: Optional[list[int]] = None  # the pool devices this job leases; null: all of them
+    job_devices: Optional[list[int]] = None  # the pool devices this job's trainer leases, one per rank (sync: its
+    #                                          engines too); null: sync all of them, async the first trainer-world
+    rollout_devices: Optional[list[int]] = None  # async: the pool devices its rollout side leases (replicas x
+    #                                              tensor parallel); null: the ones after the trainer's
+    min_slice_s: float = 2.0              # async: a generating rollouter keeps a wanted lease at least this long
+    #                                       (s) before it parks its partial responses and gives the devices back
     job_name: Optional[str] = None        # the job's name in the pool and its Ray namespace; null: experiment_name
     ray_address: Optional[str] = None     # the shared Ray cluster (host:port); null: $RAY_ADDRESS
     max_lease_s: float = 1800.0           # this job's lease time limit (s): a lease held longer is revoked and the
@@ -572,32 +579,49 @@ def _check_multi_job(cfg: Any) -> None:
         raise ConfigError("multi_job.pool", f"{mj.pool!r}: use letters, digits, '_', '.', '-'")
     if mj.job_name is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", str(mj.job_name)):
         raise ConfigError("multi_job.job_name", f"{mj.job_name!r}: use letters, digits, '_', '.', '-'")
-    if cfg.mode != "sync":
-        raise ConfigError("multi_job.pool", "sharing a device pool is implemented for mode=sync (each job alternates "
-                          "a rollout+weight-update phase and a train phase on its devices); async jobs keep their "
-                          "own devices: set mode=sync or unset multi_job.pool")
     _at_least("multi_job.devices", mj.devices, 1)
     _at_least("multi_job.max_lease_s", mj.max_lease_s, 0.0, strict=True)
     _at_least("multi_job.heartbeat_timeout_s", mj.heartbeat_timeout_s, 0.0, strict=True)
-    world = RunPlan.of(cfg).trainer_devices
+    _at_least("multi_job.min_slice_s", mj.min_slice_s, 0.0)
+    plan = RunPlan.of(cfg)
+    world = plan.trainer_devices
     from fully_async.device import get_device
 
     logical = not get_device(cfg.trainer.device).is_accelerator   # on CPU pool devices are labels only
+    if cfg.trainer.nnodes != 1 or (cfg.mode == "async" and cfg.rollout.nnodes != 1):
+        key = "trainer.nnodes" if cfg.trainer.nnodes != 1 else "rollout.nnodes"
+        raise ConfigError(key, "a device pool is one node's devices: use 1")
+    if cfg.mode == "sync" and mj.rollout_devices is not None:
+        raise ConfigError("multi_job.rollout_devices", "is for mode=async (a sync job's engines sit on its "
+                          "multi_job.job_devices): unset it")
     if mj.job_devices is None:
-        if not logical and world != mj.devices:
+        need = world if cfg.mode == "sync" else world + (plan.rollout_devices if mj.rollout_devices is None else 0)
+        if not logical and cfg.mode == "sync" and world != mj.devices:
             raise ConfigError("multi_job.job_devices", f"null leases all {mj.devices} pool devices but the job has "
                               f"{world} trainer rank(s): name the pool devices it uses, e.g. "
                               f"multi_job.job_devices={list(range(world))}")
-    else:
-        devs = list(mj.job_devices)
+        if cfg.mode == "async" and need > mj.devices:
+            raise ConfigError("multi_job.devices", f"{mj.devices}: the job's trainer ({world}) and rollout "
+                              f"({plan.rollout_devices}) devices do not fit; name them with multi_job.job_devices "
+                              "and multi_job.rollout_devices (they may overlap: the sides then take turns)")
+    for key in ("job_devices", "rollout_devices"):
+        devs = getattr(mj, key)
+        if devs is None:
+            continue
+        devs = list(devs)
         if not devs or len(set(devs)) != len(devs) or any(not 0 <= d < mj.devices for d in devs):
-            raise ConfigError("multi_job.job_devices", f"{devs} must be distinct ids in 0..{mj.devices - 1} "
+            raise ConfigError(f"multi_job.{key}", f"{devs} must be distinct ids in 0..{mj.devices - 1} "
                               f"(multi_job.devices={mj.devices})")
-        if not logical and len(devs) != world:
-            raise ConfigError("multi_job.job_devices", f"{devs}: one pool device per trainer rank ({world}, "
-                              "trainer.nnodes x trainer.n_gpus_per_node)")
-    if cfg.trainer.nnodes != 1:
-        raise ConfigError("trainer.nnodes", "a device pool is one node's devices: use trainer.nnodes=1")
+        want, what = ((world, "one pool device per trainer rank (trainer.nnodes x trainer.n_gpus_per_node)")
+                      if key == "job_devices" else
+                      (plan.rollout_devices, "one pool device per rollout device (rollout.nnodes x "
+                       "rollout.n_gpus_per_node)"))
+        if not logical and len(devs) != want:
+            raise ConfigError(f"multi_job.{key}", f"{devs}: {what}, {want}")
+    if cfg.mode == "async" and cfg.actor_rollout_ref.rollout.weight_sync == "collective":
+        raise ConfigError("actor_rollout_ref.rollout.weight_sync", "collective needs the trainer and the engines on "
+                          "their devices at the same time; on a shared pool the rollouter takes updates while it "
+                          "waits for its lease: use object_store (auto picks it)")
     if not cfg.actor_rollout_ref.rollout.free_cache_engine:
         raise ConfigError("actor_rollout_ref.rollout.free_cache_engine", "must be true with multi_job.pool: a job's "
                           "engines free the devices between its rollout phases for the other jobs")

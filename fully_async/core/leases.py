@@ -17,6 +17,13 @@ waits at most for the requests ahead of it that share a device, each of which wa
 every lease ends within its job's `max_hold_s` (it is revoked then) or when its owner stops heartbeating: the wait is
 bounded by the sum of the time limits of the requests ahead of it (and of the current holders).
 
+Async jobs.  Their rollout and train sides are two holders (`<job>/rollout`, `<job>/train`), each with at most
+one lease, and neither waits for anything while holding one: a side waiting for the other side of its job (the
+trainer for samples, the rollouter at the staleness bound) gives its lease back first when another request wants
+its devices (`contended`), and the rollouter takes weight updates without a lease (it loads them at its next
+onload).  So the argument above holds per side.  A side may keep an uncontended lease between two pieces of work
+(`renew` restarts its time limit only while nobody waits for its devices).
+
 Overstaying.  A lease past `max_hold_s` is revoked at the next `tick()`: its devices go to the next
 request, and the holder's next call (`release`, `request`, `heartbeat`) raises `LeaseExpired` with the
 reason, so the job fails loudly instead of using devices someone else now has.
@@ -136,6 +143,27 @@ class LeaseBook:
         self._end(lease, now, "released")
         self.grant(now)
         return lease
+
+    def contended(self, holder: str) -> bool:
+        """Whether a waiting request wants a device of `holder`'s lease (False when it holds none)."""
+        lease = self.held.get(holder)
+        return lease is not None and any(w.devices & lease.devices for w in self.waiting)
+
+    def renew(self, job: str, holder: str, now: float) -> bool:
+        """A holder that keeps its lease between two pieces of work (async mode's sides hold theirs while nobody
+        waits) restarts its time limit -- only while no waiting request wants its devices: a contended lease keeps
+        its deadline, so the holder must give it back within max_hold_s of the last uncontended renewal.  Returns
+        whether the lease is contended (the holder should give it back soon); LeaseExpired if it was revoked."""
+        self._known(job)
+        self._raise_revoked(holder)
+        lease = self.held.get(holder)
+        if lease is None:
+            raise LeaseError(f"{holder} renews a lease it does not hold")
+        self.jobs[job] = now
+        if self.contended(holder):
+            return True
+        lease.expires_at = now + lease.max_hold_s
+        return False
 
     def grant(self, now: float) -> list[Lease]:
         """Grant every waiting request whose devices are free and wanted by no earlier waiting request."""

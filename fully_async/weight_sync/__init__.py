@@ -6,11 +6,13 @@ from fully_async.weight_sync.object_store import ObjectStoreWeightSync
 
 
 def build_weight_sync(cfg: Any, backend: Any, rollouter: Any, device: Any) -> Any:
-    """actor_rollout_ref.rollout.weight_sync: auto = collective on accelerators, object store on CPU."""
+    """actor_rollout_ref.rollout.weight_sync: auto = collective on accelerators, object store on CPU and on a
+    shared device pool (multi_job.pool: the rollouter takes an update while it waits for its lease and loads it
+    at its next turn, which a collective cannot wait for)."""
     rollout = cfg.actor_rollout_ref.rollout
     kind = rollout.weight_sync
     if kind == "auto":
-        kind = "collective" if device.is_accelerator else "object_store"
+        kind = "collective" if device.is_accelerator and cfg.multi_job.pool is None else "object_store"
     if kind == "collective":
         from fully_async.device import parse_dtype
         from fully_async.weight_sync.collective import CollectiveWeightSync

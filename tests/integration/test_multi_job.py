@@ -94,10 +94,10 @@ def kill_leftover_jobs():
 
 
 class Job:
-    def __init__(self, tmp_path, address, name, *overrides):
+    def __init__(self, tmp_path, address, name, *overrides, mode="sync"):
         self.name, self.lines = name, []
         self.tb = tmp_path / f"tb_{name}"
-        cmd = [sys.executable, "-u", "-m", "fully_async.main", "mode=sync", "trainer.device=cpu",
+        cmd = [sys.executable, "-u", "-m", "fully_async.main", f"mode={mode}", "trainer.device=cpu",
                "trainer.progress_bar=false", f"trainer.experiment_name={name}", "multi_job.pool=cpu_pool",
                "multi_job.devices=2", "multi_job.heartbeat_timeout_s=3", f"multi_job.pool_dir={tmp_path}/pool",
                f"trainer.default_local_dir={tmp_path}/ckpt_{name}", f"hydra.run.dir={tmp_path}/hydra_{name}",
@@ -178,6 +178,39 @@ def test_two_jobs_share_the_pool_learn_and_keep_their_outputs_apart(tmp_path, ra
         assert nxt[2] >= prev[3] - 1e-3, f"two leases on device 0 at once: {prev} {nxt}"
     switches = sum(p[0] != n[0] for p, n in zip(spans, spans[1:]))
     assert switches >= 4, [(s[0], round(s[2], 2)) for s in spans]   # interleaved, not one after the other
+
+
+def test_async_jobs_lease_per_side_beside_a_sync_job(tmp_path, ray_head):
+    """a (async): trainer on device 0, rollout on device 1; c (async): both sides on device 1, taking turns; b (sync):
+    both devices per phase.  All finish and learn; no device ever has two holders; each side leases only its own
+    devices; the rollouter parks and gives back a wanted lease, and takes weight updates while it waits."""
+    steps = ["trainer.total_training_steps=8", "trainer.test_freq=4", "multi_job.min_slice_s=0.3"]
+    a = Job(tmp_path, ray_head, "a", *steps, mode="async")
+    b = Job(tmp_path, ray_head, "b", *steps)
+    c = Job(tmp_path, ray_head, "c", *steps, "multi_job.job_devices=[1]", "multi_job.rollout_devices=[1]",
+            mode="async")
+    for job in (a, b, c):
+        assert job.wait(300) == 0, job.output[-4000:]
+        s = job.summary()
+        assert s["steps"] == 8 and s["val_after"] > s["val_before"] + 0.15, s
+    for job in (a, c):
+        m = scalars(job.tb, "multi_job/")
+        for key in ("multi_job/train/onload_s", "multi_job/train/lease_wait_s", "multi_job/rollout/onload_s",
+                    "multi_job/rollout/offload_s", "multi_job/rollout/offload/host_rss_gib_after"):
+            assert m.get(key), (job.name, key, sorted(m))
+        assert sum(m["multi_job/rollout/yields"]) >= 1, (job.name, m["multi_job/rollout/yields"])
+    trace = json.loads((tmp_path / "pool" / "cpu_pool" / "timeline.json").read_text())["traceEvents"]
+    spans = leases(trace)
+    for dev in ("device 0", "device 1"):
+        on = sorted((s for s in spans if s[1] == dev), key=lambda s: s[2])
+        for prev, nxt in zip(on, on[1:]):
+            assert nxt[2] >= prev[3] - 1e-3, f"two leases on {dev} at once: {prev} {nxt}"
+    phases = {(s[0], s[1]) for s in spans}
+    assert ("job a", "device 0") in phases and ("job a", "device 1") in phases
+    assert ("job c", "device 0") not in phases
+    procs = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}
+    names = {(procs[e["pid"]], e["name"]) for e in trace if e.get("ph") == "X" and "how" in e["args"]}
+    assert {("job a", "train"), ("job a", "rollout"), ("job c", "train"), ("job c", "rollout")} <= names
 
 
 def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head):

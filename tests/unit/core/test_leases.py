@@ -176,3 +176,25 @@ def test_each_job_has_its_own_time_limit():
     with pytest.raises(LeaseExpired, match="multi_job.max_lease_s=1:"):
         b.release("short", "short/x", 2.0)
     assert b.tick(99.0) == [] and b.tick(100.5) != []
+
+
+def test_an_async_job_holds_two_leases_one_per_side_and_renews_only_uncontended():
+    b = book(hold=5.0, hb=100.0)
+    b.request("a", "a/train", "train", [0], 0.0)
+    b.request("a", "a/rollout", "rollout", [1], 0.0)          # the other side of the same job: its own lease
+    assert b.holders() == {"a/train": [0], "a/rollout": [1]}
+    assert b.renew("a", "a/train", 4.0) is False               # nobody wants [0]: the limit restarts
+    assert b.renew("a", "a/rollout", 4.0) is False
+    b.tick(8.0)
+    assert "a/train" in b.holders()                            # 8 s held, but renewed at 4 s (limit 5 s)
+    b.request("b", "b/train", "train", [0, 1], 8.5)            # wants both: both of a's leases are contended
+    assert b.contended("a/train") and b.contended("a/rollout") and not b.contended("b/train")
+    assert b.renew("a", "a/train", 8.6) is True                # contended: the deadline stays at 4 + 5
+    b.release("a", "a/rollout", 8.8)                           # the rollout side gives its lease back
+    assert b.holders() == {"a/train": [0]}                     # b waits for both (all or nothing)
+    b.tick(9.1)
+    assert b.holders() == {"b/train": [0, 1]}                  # a/train revoked: renewing cannot keep a wanted lease
+    with pytest.raises(LeaseExpired, match="overstayed"):
+        b.renew("a", "a/train", 9.2)
+    with pytest.raises(LeaseError, match="does not hold"):
+        b.renew("a", "a/rollout", 9.4)
