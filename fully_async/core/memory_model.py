@@ -16,11 +16,18 @@ What is counted, per device, in bytes (P = parameters of the device's shard, h/I
   activations               one micro-batch (ppo_max_token_len_per_gpu tokens with use_dynamic_bsz, else
                             ppo_micro_batch_size_per_gpu x (max_prompt_length + max_response_length)); per
                             token and layer the tensors autograd keeps for backward, counted with saved-tensor
-                            hooks on the Hugging Face Qwen2 layer (sdpa): 4I + 4h + 2q + 2kv elements in the compute
-                            dtype (MLP gate/up/activation/product; norm outputs, attention input/output, o_proj
-                            input; q, k, v) plus 2h float32 (each RMSNorm keeps its input upcast) -- for the 0.5B shape
-                            57,408 bytes in bfloat16, exactly what the hooks count; with gradient checkpointing
-                            h per layer (the layer input; measured 1,792 bytes) plus one layer's full set.
+                            hooks on the Hugging Face Qwen2 layer (sdpa; scripts/measure_saved_activations.py):
+                            eager 4I + 4h + 2q + 2kv elements in the compute dtype (MLP gate/up/activation/
+                            product; norm outputs, attention input/output, o_proj input; q, k, v) plus 2h float32
+                            (each RMSNorm keeps its input upcast) -- for the 0.5B shape 57,344 bytes in bfloat16
+                            (the hooks count 57,408: + the attention's float32 logsumexp and the norms' 1/rms);
+                            compiled (actor.use_torch_compile with strategy torch/fsdp2 on CUDA, where the trainer
+                            compiles each layer with inductor; NPU and CPU run eagerly) 3I + 4h + 2q + 2kv in the
+                            compute dtype and no float32 copy (inductor's partitioner recomputes the SwiGLU
+                            activation and the norms' upcast in backward) -- 40,448 bytes for the 0.5B shape
+                            (hooks: 40,512); with gradient checkpointing h per layer (the layer input; measured
+                            1,792 bytes), compiled or not, plus one layer's eager set (the recomputed layer and
+                            its backward's transients; measured within 1% with compiled layers too).
                             Logits: the fused chunked head (model.use_fused_kernels) keeps ~3 float32 chunks of
                             2^26 elements; without it tokens x vocab x 4 bytes x 2 (logits and their gradient)
   engine, rollout.name=hf   weights in rollout.dtype + a static slot KV cache of max_num_seqs x max_model_len
@@ -93,12 +100,29 @@ def accumulates(cfg: Any, dp: int) -> bool:
 
 
 def activation_bytes(shape: Shape, tokens: int, cbytes: int, checkpointing: bool, fused_head: bool,
-                     layers: int | None = None, chunk_elems: int = EAGER_CHUNK_ELEMS) -> tuple[float, float]:
-    """(layer activations, logits) bytes of one micro-batch of `tokens` tokens over `layers` layers."""
+                     layers: int | None = None, chunk_elems: int = EAGER_CHUNK_ELEMS,
+                     compiled: bool = False) -> tuple[float, float]:
+    """(layer activations, logits) bytes of one micro-batch of `tokens` tokens over `layers` layers.
+
+    compiled: the layers run as torch.compile (inductor) programs, which save less than eager PyTorch: the min-cut
+    partitioner recomputes the SwiGLU activation (one I-sized tensor) and drops both RMSNorms' float32 input
+    copies (2h float32) -- measured with saved-tensor hooks on CPU inductor (scripts/measure_saved_activations.py),
+    whose partitioner is CUDA's.  With checkpointing only the layer inputs stay either way; the one layer recomputed
+    in backward keeps the eager count, which matched the measured compiled + checkpointed peak (-0.9%, 1x H100).
+    Not counted: with padded rows (no use_remove_padding) transformers passes sdpa a mask, so k and v are saved
+    repeated to the query heads (2q instead of 2kv) plus a per-layer (L, L) mask per row in the compute dtype; by
+    the hooks (CPU, padded rows) that is nearly all of what the 0.5B trainer's estimate misses against its
+    measured peaks (-5.5% eager, -7.6% compiled, 1x H100; with it, by arithmetic, both within 1%)."""
     layers = shape.layers if layers is None else layers
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    per_layer = ((4 * shape.hidden + 2 * q + 2 * kv + 4 * shape.intermediate) * cbytes + 2 * 4 * shape.hidden) * tokens
-    acts = (layers * shape.hidden * cbytes * tokens + per_layer) if checkpointing else layers * per_layer
+    h, inter = shape.hidden, shape.intermediate
+    eager = ((4 * h + 2 * q + 2 * kv + 4 * inter) * cbytes + 2 * 4 * h) * tokens
+    if checkpointing:
+        acts = layers * h * cbytes * tokens + eager
+    elif compiled:
+        acts = layers * (4 * h + 2 * q + 2 * kv + 3 * inter) * cbytes * tokens
+    else:
+        acts = layers * eager
     if fused_head:
         logits = 3 * 4 * min(chunk_elems, tokens * shape.vocab)
     else:
@@ -145,15 +169,18 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
             mem.parts["ref_params"] = cbytes * P
         mem.note = f"torch, one device, params/grads/AdamW in {actor.dtype}"
         tokens = micro_batch_tokens(cfg, dp)
+    # the torch backend (torch and fsdp2) compiles each decoder layer where the device has inductor: CUDA
+    # (train/backends/torch_backend.compile_decoder_layers); NPU and CPU, and megatron, run the layers eagerly
+    compiled = bool(actor.use_torch_compile) and cfg.trainer.device == "cuda" and strategy != "megatron"
     acts, logits = activation_bytes(shape, tokens, cbytes, bool(model.enable_gradient_checkpointing),
                                     bool(model.use_fused_kernels), layers,
-                                    DEVICE_CHUNK_ELEMS.get(cfg.trainer.device, EAGER_CHUNK_ELEMS))
+                                    DEVICE_CHUNK_ELEMS.get(cfg.trainer.device, EAGER_CHUNK_ELEMS), compiled)
     mem.parts.update(activations=acts, logits=logits)
     if not accumulates(cfg, dp):  # one micro-batch per optimizer step: grads appear only as activations are freed
         mem.parts["grads"] = max(0.0, mem.parts["grads"] - acts - logits)
         mem.note += "; one micro-batch per optimizer step (grads replace activations)"
     mem.note += f"; micro-batch {tokens} tokens" + (", gradient checkpointing" if model.enable_gradient_checkpointing
-                                                     else "")
+                                                     else "") + (", compiled layers" if compiled else "")
     return mem
 
 

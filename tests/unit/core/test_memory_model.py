@@ -1,5 +1,8 @@
 """Parameter counts of the built-in shapes against the published model sizes, and the memory model's
-per-role arithmetic (sharding, offload, checkpointing, engines)."""
+per-role arithmetic (sharding, offload, checkpointing, compiled layers, engines)."""
+import os
+import shutil
+
 import pytest
 
 from fully_async.core.hardware import MODEL_SHAPES, Shape, known_shape
@@ -77,6 +80,46 @@ def test_checkpointing_and_the_fused_head_shrink_activations():
     assert logits == 2 * 4 * 16384 * SHAPE.vocab and fused < logits / 10
 
 
+def test_compiled_layers_save_less_without_checkpointing_and_the_same_with_it():
+    eager, _ = activation_bytes(SHAPE, 16384, 2, checkpointing=False, fused_head=True)
+    compiled, _ = activation_bytes(SHAPE, 16384, 2, checkpointing=False, fused_head=True, compiled=True)
+    # inductor recomputes the SwiGLU activation (I) and drops both norms' float32 input copies (2h x 4 bytes)
+    assert eager - compiled == SHAPE.layers * 16384 * (SHAPE.intermediate * 2 + 2 * 4 * SHAPE.hidden)
+    assert activation_bytes(SHAPE, 16384, 2, checkpointing=True, fused_head=True, compiled=True) == \
+        activation_bytes(SHAPE, 16384, 2, checkpointing=True, fused_head=True)
+
+
+@pytest.mark.parametrize("device, strategy, compiled", [("cuda", "fsdp", True), ("cuda", "fsdp2", True),
+                                                        ("cuda", "megatron", False), ("npu", "fsdp", False),
+                                                        ("cpu", "fsdp", False)])
+def test_the_trainer_counts_compiled_layers_where_it_compiles_them(device, strategy, compiled):
+    """torch_backend.compile_decoder_layers: inductor on CUDA only, and only in the torch/fsdp2 backends."""
+    base = ["actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+            f"trainer.device={device}", f"actor_rollout_ref.actor.strategy={strategy}",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]
+    on = trainer_memory(cfg(*base, "actor_rollout_ref.actor.use_torch_compile=true"), SHAPE, 1)
+    off = trainer_memory(cfg(*base, "actor_rollout_ref.actor.use_torch_compile=false"), SHAPE, 1)
+    assert (on.parts["activations"] < off.parts["activations"]) == compiled
+    assert ("compiled layers" in on.note) == compiled
+
+
+# measured on 1x H100 (scripts/check_memory_model.py, trainer row): the 0.5B-shaped model of
+# scripts/build_shaped_model.py (vocabulary 64), one micro-batch of 16 x 528 tokens, bf16 params/grads/AdamW
+MEASURED_05B = [("false", "true", 11.16), ("true", "true", 3.49), ("false", "false", 14.29)]
+
+
+@pytest.mark.parametrize("ckpt, compile_, peak_gib", MEASURED_05B)
+def test_the_trainer_estimate_is_within_ten_percent_of_the_measured_peak(ckpt, compile_, peak_gib):
+    c = load_config(["actor_rollout_ref.model.path=Qwen2.5-0.5B", "trainer.device=cuda", "data.max_prompt_length=16",
+                     "data.max_response_length=512", "actor_rollout_ref.actor.dtype=bfloat16",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=32", "data.train_batch_size=32",
+                     "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+                     f"actor_rollout_ref.model.enable_gradient_checkpointing={ckpt}",
+                     f"actor_rollout_ref.actor.use_torch_compile={compile_}"])
+    shape = Shape.of(dict(MODEL_SHAPES["Qwen2.5-0.5B"], vocab_size=64))
+    assert trainer_memory(c, shape, 1).total / GIB == pytest.approx(peak_gib, rel=0.10)
+
+
 def test_dynamic_batch_size_uses_the_token_budget():
     c = cfg("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192")
     assert "8192 tokens" in trainer_memory(c, SHAPE, 1).note
@@ -151,6 +194,24 @@ def test_activation_bytes_match_saved_tensor_hooks_on_a_real_layer():
     per_layer = (saved(3, False) - saved(1, False)) / 2
     assert full == pytest.approx(per_layer, rel=0.01)
     assert ckpt_two - ckpt_one == pytest.approx((saved(3, True) - saved(1, True)) / 2, rel=0.01)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="inductor's CPU code generator needs a C++ compiler")
+def test_compiled_activation_bytes_match_saved_tensor_hooks_on_an_inductor_layer():
+    """The compiled term against what torch.compile(inductor)'s partitioner keeps for one Qwen2 layer of the 0.5B
+    shape (bf16, sdpa, CPU; the partitioner is CUDA's): per layer, the 3-layer minus the 1-layer count."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "scripts"))
+    from measure_saved_activations import saved_bytes
+
+    shape = Shape.of(dict(MODEL_SHAPES["Qwen2.5-0.5B"], vocab_size=64))
+    tokens = 128
+    compiled, _ = activation_bytes(shape, tokens, 2, checkpointing=False, fused_head=True, layers=1, compiled=True)
+    one, _ = saved_bytes(1, True, False, 2, 64, "bfloat16", 64)
+    three, _ = saved_bytes(3, True, False, 2, 64, "bfloat16", 64)
+    assert compiled == pytest.approx((three - one) / 2, rel=0.01)
 
 
 def test_the_fused_head_chunk_is_the_trainers():
