@@ -131,7 +131,10 @@ multijob)
   # end-to-end time both ways and, per phase, what an offload frees and an onload brings back (allocated and
   # reserved GiB before -> after, seconds); writes $OUT/multi_job.json and the pool's Perfetto timeline.
   # 2 GPUs: DEVICES=2 JOBS=3 JOB_DEVICES='0;1;0' (a job per GPU, the third shares GPU 0 with the first), or
-  # DEVICES=2 EXTRA="trainer.n_gpus_per_node=2 actor_rollout_ref.actor.strategy=fsdp2" (each job on both GPUs)
+  # DEVICES=2 EXTRA="trainer.n_gpus_per_node=2 actor_rollout_ref.actor.strategy=fsdp2" (each job on both GPUs);
+  # async jobs, crossed (each GPU carries one job's trainer and the other's rollout):
+  # MODE=async DEVICES=2 JOB_DEVICES='0;1' ROLLOUT_DEVICES='1;0'
+  # (the sequential baseline runs each async job alone on both GPUs: trainer on one, rollout on the other)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
   MJ=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
       data.val_files=null data.max_prompt_length=16 data.max_response_length=${MAXLEN:-256}
@@ -141,10 +144,11 @@ multijob)
       actor_rollout_ref.rollout.max_num_seqs=${NSEQS:-128} benchmark.response_length=${LENGTHS:-lognormal}
       trainer.total_training_steps=${STEPS:-8} trainer.logger=[console,tensorboard])
   rm -rf /tmp/multijob
-  timeout 580 python3 scripts/multi_job_compare.py --jobs ${JOBS:-2} --devices ${DEVICES:-1} --out /tmp/multijob \
-      ${JOB_DEVICES:+--job-devices "$JOB_DEVICES"} "${MJ[@]}" ${EXTRA:-} 2>&1 | grep -v "it/s\]" | tail -40
-  cp /tmp/multijob/multi_job.json "$OUT/" 2>/dev/null
-  cp /tmp/multijob/shared/pool/compare_pool/timeline.json "$OUT/multi_job_timeline.json" 2>/dev/null
+  timeout ${LIMIT:-580} python3 scripts/multi_job_compare.py --mode ${MODE:-sync} --jobs ${JOBS:-2} \
+      --devices ${DEVICES:-1} --out /tmp/multijob ${JOB_DEVICES:+--job-devices "$JOB_DEVICES"} \
+      ${ROLLOUT_DEVICES:+--rollout-devices "$ROLLOUT_DEVICES"} "${MJ[@]}" ${EXTRA:-} 2>&1 | grep -v "it/s\]" | tail -40
+  cp /tmp/multijob/multi_job.json "$OUT/multi_job_${TAG:-run}.json" 2>/dev/null
+  cp /tmp/multijob/shared/pool/compare_pool/timeline.json "$OUT/multi_job_${TAG:-run}_timeline.json" 2>/dev/null
   grep -h -E "Error|error|Traceback" /tmp/multijob/*/job*.log | head -20
   ;;
 packing)

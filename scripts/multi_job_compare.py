@@ -2,8 +2,9 @@
 
     python scripts/multi_job_compare.py --jobs 2 --devices 2 --out multi_job_out/compare [key=value ...]
 
-"shared": the N jobs start together, each `python -m fully_async.main mode=sync multi_job.pool=...` on one Ray
-cluster, time-sharing the pool's devices under its leases (README "Several jobs on one device pool").
+"shared": the N jobs start together, each `python -m fully_async.main mode=<--mode> multi_job.pool=...` on one
+Ray cluster, time-sharing the pool's devices under its leases (README "Several jobs on one device pool"); async
+jobs lease their trainer (--job-devices) and rollout (--rollout-devices) devices separately.
 "sequential": the same jobs (same config without multi_job.*), one after another, each alone on the devices.
 Job i gets trainer.experiment_name=job<i> and data.seed=trainer.seed=i+1 (different jobs, same size); extra
 arguments are Hydra overrides for every job.  Without --ray-address (or $RAY_ADDRESS) the script starts a
@@ -64,9 +65,9 @@ def stop_head(proc: subprocess.Popen, temp: str) -> None:
     shutil.rmtree(temp, ignore_errors=True)
 
 
-def job_args(i: int, out: str, phase: str, overrides: list[str]) -> list[str]:
+def job_args(i: int, out: str, phase: str, overrides: list[str], mode: str = "sync") -> list[str]:
     name = f"job{i}"
-    return [sys.executable, "-u", "-m", "fully_async.main", "mode=sync", "trainer.progress_bar=false",
+    return [sys.executable, "-u", "-m", "fully_async.main", f"mode={mode}", "trainer.progress_bar=false",
             f"trainer.experiment_name={name}", f"data.seed={i + 1}", f"trainer.seed={i + 1}",
             "trainer.resume_mode=disable", f"trainer.default_local_dir={out}/{phase}/ckpt_{name}",
             f"hydra.run.dir={out}/{phase}/hydra_{name}", *overrides]
@@ -92,13 +93,14 @@ def multi_job_means(tb_dir: str) -> dict:
     return out
 
 
-def run_phase(phase: str, n: int, out: str, env: dict, overrides: list[list[str]], together: bool) -> list[dict]:
+def run_phase(phase: str, n: int, out: str, env: dict, overrides: list[list[str]], together: bool,
+              mode: str = "sync") -> list[dict]:
     results: list[dict] = [{} for _ in range(n)]
     t0 = time.perf_counter()
     procs = []
     for i in range(n):
         job_env = dict(env, TENSORBOARD_DIR=f"{out}/{phase}/tb_job{i}")
-        proc, start = launch(job_args(i, out, phase, overrides[i]), job_env, f"{out}/{phase}/job{i}.log")
+        proc, start = launch(job_args(i, out, phase, overrides[i], mode), job_env, f"{out}/{phase}/job{i}.log")
         procs.append((i, proc, start))
         if not together:
             rc = proc.wait()
@@ -126,7 +128,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--devices", type=int, default=2, help="devices of the pool (multi_job.devices)")
     p.add_argument("--job-devices", default=None,
-                   help="per job, the pool devices it leases: '0,1;0;1' (default: every job the whole pool)")
+                   help="per job, the pool devices it leases (async: its trainer's): '0,1;0;1' (default: sync "
+                        "every job the whole pool, async the first ones)")
+    p.add_argument("--rollout-devices", default=None,
+                   help="async, per job, the pool devices its rollout side leases: '1;0' (default: after the "
+                        "trainer's)")
+    p.add_argument("--mode", choices=("sync", "async"), default="sync")
     p.add_argument("--pool", default="compare_pool")
     p.add_argument("--out", default=os.environ.get("MULTI_JOB_OUT", "multi_job_out/compare"))
     p.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS"))
@@ -136,12 +143,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     per_job = [s.split(",") for s in args.job_devices.split(";")] if args.job_devices else [None] * args.jobs
-    if len(per_job) != args.jobs:
-        p.error(f"--job-devices names {len(per_job)} jobs, --jobs is {args.jobs}")
+    per_roll = [s.split(",") for s in args.rollout_devices.split(";")] if args.rollout_devices else [None] * args.jobs
+    if len(per_job) != args.jobs or len(per_roll) != args.jobs:
+        p.error(f"--job-devices/--rollout-devices name {len(per_job)}/{len(per_roll)} jobs, --jobs is {args.jobs}")
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     env.setdefault("RAY_AUTH_MODE", "disabled")  # a private head: without this, a token in ~/.ray switches it on
     head = None
-    report: dict = {"jobs": args.jobs, "pool_devices": args.devices, "overrides": overrides, "command": sys.argv}
+    report: dict = {"jobs": args.jobs, "mode": args.mode, "pool_devices": args.devices, "overrides": overrides,
+                    "command": sys.argv}
     try:
         modes = args.modes.split(",")
         if "shared" in modes:
@@ -152,16 +161,17 @@ def main(argv: Optional[list[str]] = None) -> int:
             shared_env = dict(env, RAY_ADDRESS=address)
             pool = [f"multi_job.pool={args.pool}", f"multi_job.devices={args.devices}",
                     f"multi_job.pool_dir={out}/shared/pool"]
-            ov = [overrides + pool + ([f"multi_job.job_devices=[{','.join(d)}]"] if d else []) for d in per_job]
+            ov = [overrides + pool + ([f"multi_job.job_devices=[{','.join(d)}]"] if d else [])
+                  + ([f"multi_job.rollout_devices=[{','.join(r)}]"] if r else []) for d, r in zip(per_job, per_roll)]
             t0 = time.perf_counter()
-            report["shared"] = run_phase("shared", args.jobs, out, shared_env, ov, together=True)
+            report["shared"] = run_phase("shared", args.jobs, out, shared_env, ov, together=True, mode=args.mode)
             report["shared_makespan_s"] = time.perf_counter() - t0
             report["pool_timeline"] = f"{out}/shared/pool/{args.pool}/timeline.json"
         if "sequential" in modes:
             seq_env = {k: v for k, v in env.items() if k != "RAY_ADDRESS"}   # each job alone, its own Ray
             t0 = time.perf_counter()
             report["sequential"] = run_phase("sequential", args.jobs, out, seq_env, [overrides] * args.jobs,
-                                             together=False)
+                                             together=False, mode=args.mode)
             report["sequential_total_s"] = time.perf_counter() - t0
     finally:
         if head is not None:

@@ -1,10 +1,12 @@
 """`mode=sync` on a device pool shared with other jobs (`multi_job.pool`): the sync loop in two leased phases.
 
 Each step is two phases, and the job keeps weights on its devices only inside them:
-  * rollout (with the weight update): lease -> wake the engines -> if the trainer has newer weights, load them
-    (the trainer comes on the device for the copy and leaves) -> generate -> engines sleep -> release;
-  * train: lease -> trainer onload -> update (and a checkpoint when due) -> trainer offload -> release.
-Rewards are scored between the two, holding nothing.  Merging the weight update into the rollout phase is
+  * rollout: lease -> wake the engines -> generate -> engines sleep -> release;
+  * train (with the weight update): lease -> trainer onload -> update (and a checkpoint when due) -> the sleeping
+    engines load the new weights into their host copies -> trainer offload -> release.
+(An engine that cannot load while asleep -- vLLM -- loads at its next wake-up instead, in the rollout phase: the
+trainer comes on the devices for the copy and leaves.)
+Rewards are scored between the two, holding nothing.  Merging the weight update into one of the two phases is
 what keeps a job at one lease at a time: the failure seen in practice was job A holding the rollout lock and
 job B the update lock, each waiting for the other's devices.  The lease rules themselves (FIFO, all-or-nothing,
 expiry, owner death) are core/leases.py.
@@ -33,6 +35,10 @@ class SharedSyncWorker(SyncWorker):
         typed = typed_config(cfg)
         self.lease = LeaseClient(typed.multi_job.pool, job_name(typed), job_devices(typed))
         self.engine_version = 0
+        # the embedded engine loads weights in place wherever they are, so a sleeping one takes them into its host
+        # copies at the end of the train phase while the trainer is still on the devices (one device-to-host copy);
+        # other engines load at their next wake-up, the trainer coming on the devices for the copy
+        self.update_in_train = typed.actor_rollout_ref.rollout.name == "hf"
         # building loads the engine and the trainer onto the devices: that too happens under a lease
         with self.lease.phase("setup") as ph:
             with ph.span("build"):
@@ -135,6 +141,12 @@ class SharedSyncWorker(SyncWorker):
                 if cfg.trainer.save_freq > 0 and (self.version % cfg.trainer.save_freq == 0
                                                   or self.step == self.total_steps):
                     metrics.update(self._save())
+                if self.update_in_train:   # the sleeping engines take the new weights into their host copies
+                    start = time.perf_counter()
+                    with ph.span("param_sync", version=self.version):
+                        metrics.update(self.weight_sync.push(self.version))
+                    self.engine_version = self.version
+                    metrics["multi_job/train/param_sync_s"] = time.perf_counter() - start
                 metrics.update(self._event(ph, "train", "offload", self.backend.offload))
             step_s = time.perf_counter() - t_step
             if test_freq > 0 and self.version % test_freq == 0 and self.val_records:

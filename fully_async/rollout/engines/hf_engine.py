@@ -201,6 +201,7 @@ class HFEngine:
         self._state: Optional[dict[str, torch.Tensor]] = None  # per-slot device tensors, see _buffers()
         self._sleep_level = 0
         self.free_cache_engine = free_cache_engine
+        self._host: Optional[Any] = None   # pinned host buffers of sleep(), made at the first one
         # device graphs of the decode step, keyed by (batch bucket, span bucket)
         self._graph_api = None if enforce_eager else device.graphs()
         self.graph_batch_sizes = sorted(b for b in (graph_batch_sizes or default_graph_batch_sizes(max_num_seqs))
@@ -278,14 +279,22 @@ class HFEngine:
             self._cache = self._state = None
             self._graphs = {}
             if self.device.is_accelerator:
-                self.model.to("cpu")
+                if self._host is None:
+                    from fully_async.host_offload import HostOffload
+
+                    self._host = HostOffload()
+                self._host.module_to_host(self.model)   # pinned buffers, reused at every sleep
+                self.device.synchronize()
                 self.device.empty_cache()
         self._sleep_level = level
 
     def wake_up(self) -> None:
         if self._sleep_level and self.free_cache_engine:
             if self.device.is_accelerator:
-                self.model.to(self.torch_device)
+                if self._host is not None:
+                    self._host.module_to_device(self.model, self.torch_device)
+                else:
+                    self.model.to(self.torch_device)
             self._invalidate_graphs()   # the weights have new addresses
         self._sleep_level = 0
 

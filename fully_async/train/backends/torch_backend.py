@@ -157,6 +157,7 @@ class TorchBackend:
         compute_dtype = parse_dtype(arr.actor.dtype)
         # FSDP2 keeps float32 master weights and computes in actor.dtype; plain torch trains in actor.dtype
         self.packed = arr.model.use_remove_padding
+        self._host: Optional[Any] = None   # pinned host buffers of offload(), made at the first one
         self.model = AutoModelForCausalLM.from_pretrained(
             arr.model.path, dtype=torch.float32 if self.fsdp else compute_dtype,
             trust_remote_code=arr.model.trust_remote_code, **model_overrides(arr.model, device)).to(self.torch_device)
@@ -352,19 +353,26 @@ class TorchBackend:
         self._load_extra(torch.load(os.path.join(path, "actor_optim.pt"), weights_only=False))
 
     def offload(self) -> None:
-        """Move params (and grads/optimizer state) to host memory; no-op on cpu."""
+        """Move params (and grads, optimizer state, the reference model) to pinned host buffers reused from one
+        offload to the next (host_offload.py); no-op on cpu."""
         if self.device.is_accelerator:
-            self.model.to("cpu")
-            for state in self.optimizer.state.values():
-                for k, v in state.items():
-                    if isinstance(v, torch.Tensor):
-                        state[k] = v.to("cpu")
+            if self._host is None:
+                from fully_async.host_offload import HostOffload
+
+                self._host = HostOffload()
+            for m in (self.model, self.ref_model):
+                if m is not None:
+                    self._host.module_to_host(m)
+            self._host.state_to_host(self.optimizer)
+            self.device.synchronize()   # the copies are in the host buffers before the device memory goes back
             self.device.empty_cache()
 
     def onload(self) -> None:
         if self.device.is_accelerator:
-            self.model.to(self.torch_device)
-            for state in self.optimizer.state.values():
-                for k, v in state.items():
-                    if isinstance(v, torch.Tensor) and k != "step":
-                        state[k] = v.to(self.torch_device)
+            from fully_async.host_offload import HostOffload
+
+            host = self._host or HostOffload()
+            for m in (self.model, self.ref_model):
+                if m is not None:
+                    host.module_to_device(m, self.torch_device)
+            host.state_to_device(self.optimizer, self.torch_device)
