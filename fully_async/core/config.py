@@ -320,7 +320,8 @@ class MultiJobConfig:
     min_slice_s: float = 2.0              # async: a generating rollouter keeps a wanted lease at least this long
     #                                       (s) before it parks its partial responses and gives the devices back
     job_name: Optional[str] = None        # the job's name in the pool and its Ray namespace; null: experiment_name
-    ray_address: Optional[str] = None     # the shared Ray cluster (host:port); null: $RAY_ADDRESS
+    ray_address: Optional[str] = None     # the Ray cluster to join (host:port; verl: ray_kwargs.ray_init.address),
+    #                                       a pool's jobs share one; null: $RAY_ADDRESS, else a Ray of the run's own
     max_lease_s: float = 1800.0           # this job's lease time limit (s): a lease held longer is revoked and the
     #                                       job fails, naming this key
     heartbeat_timeout_s: float = 5.0      # a job whose driver is silent this long loses its leases (s; the pool's

@@ -394,6 +394,8 @@ RULES: list[Rule] = [
     _warn("rollout.n", "actor_rollout_ref.rollout.n is the responses per prompt"),
     _warn("rollout.total_epochs", "trainer.total_epochs (or rollout.total_rollout_steps) sets how much the "
           "rollouter generates"),
+    _map("ray_kwargs.ray_init.address", "multi_job.ray_address", "the Ray cluster to join (verl passes it to "
+         "ray.init; a shared device pool's jobs all join one)"),
     _warn("ray_kwargs.ray_init.num_cpus", "Ray is started with the cores the placement needs (or joins "
           "RAY_ADDRESS)"),
     _warn("ray_kwargs.**", "Ray is started by the launcher; trainer.timeline=true writes a trace"),

@@ -267,7 +267,7 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
         try:
             started_ray = start_ray(num_cpus_needed=max(2, plan.total_devices),  # one core per actor on CPU
                                     env_vars=device.runtime_env_vars(),
-                                    **(pool_ray_args(cfg) if shared else {}))
+                                    **(pool_ray_args(cfg) if shared else {"address": cfg.multi_job.ray_address}))
         except SystemExit as exc:  # ray.init's own SIGTERM handler fired while it was starting
             if exc.code == signal.SIGTERM:
                 raise StartInterrupted(signal.SIGTERM) from None

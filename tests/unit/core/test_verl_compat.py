@@ -107,7 +107,8 @@ def test_ported_spellings_are_mapped_onto_our_keys():
         "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4", "+reward_model.reward_kwargs.max_resp_len=6",
         "+actor_rollout_ref.model.override_config.model_config.max_position_embeddings=64",
         "+custom_reward_function.reward_kwargs.alpha=0.5", "trainer.max_actor_ckpt_to_keep=2",
-        "actor_rollout_ref.hybrid_engine=False", "data.return_raw_chat=True"]))
+        "actor_rollout_ref.hybrid_engine=False", "data.return_raw_chat=True",
+        "+ray_kwargs.ray_init.address=10.0.0.1:6379"]))
     arr = cfg.actor_rollout_ref
     assert arr.actor.strategy == "fsdp" and arr.actor.optim.lr_scheduler_type == "cosine"
     assert arr.actor.fsdp_config.param_offload is True and arr.actor.grad_clip == 0.5
@@ -116,6 +117,7 @@ def test_ported_spellings_are_mapped_onto_our_keys():
     assert arr.model.override_config == {"max_position_embeddings": 64}
     assert cfg.custom_reward_function.reward_kwargs == {"alpha": 0.5}
     assert cfg.trainer.max_ckpt_to_keep == 2
+    assert cfg.multi_job.ray_address == "10.0.0.1:6379"   # the Ray cluster to join (the launcher's start_ray)
 
 
 def test_fsdp_is_torch_on_one_device_and_fsdp2_on_several():
