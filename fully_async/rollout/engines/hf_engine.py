@@ -280,7 +280,7 @@ class HFEngine:
             self._graphs = {}
             if self.device.is_accelerator:
                 if self._host is None:
-                    from fully_async.host_offload import HostOffload
+                    from fully_async.core.host_offload import HostOffload
 
                     self._host = HostOffload()
                 self._host.module_to_host(self.model)   # pinned buffers, reused at every sleep
@@ -469,6 +469,6 @@ def load_named_tensors(model: torch.nn.Module, named_tensors: NamedTensors) -> i
         for name, tensor in items:
             if name not in params:
                 raise KeyError(f"weight {name!r} does not exist in the rollout model")
-            params[name].copy_(tensor.to(params[name].device, params[name].dtype))
+            params[name].copy_(tensor)   # casts and crosses devices in one copy (a sleeping engine: into its host copy)
             loaded += tensor.numel() * tensor.element_size()
     return loaded

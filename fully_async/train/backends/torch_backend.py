@@ -354,10 +354,10 @@ class TorchBackend:
 
     def offload(self) -> None:
         """Move params (and grads, optimizer state, the reference model) to pinned host buffers reused from one
-        offload to the next (host_offload.py); no-op on cpu."""
+        offload to the next (core/host_offload.py); no-op on cpu."""
         if self.device.is_accelerator:
             if self._host is None:
-                from fully_async.host_offload import HostOffload
+                from fully_async.core.host_offload import HostOffload
 
                 self._host = HostOffload()
             for m in (self.model, self.ref_model):
@@ -369,7 +369,7 @@ class TorchBackend:
 
     def onload(self) -> None:
         if self.device.is_accelerator:
-            from fully_async.host_offload import HostOffload
+            from fully_async.core.host_offload import HostOffload
 
             host = self._host or HostOffload()
             for m in (self.model, self.ref_model):
