@@ -1,10 +1,6 @@
 """The embedded engine on CUDA (skipped elsewhere), 0.5B-shaped Qwen2 in bf16, with decode graphs and eager:
 greedy tokens equal a plain forward token by token (allowing bf16 near-ties), sampled log-probs equal a
 recomputed forward, an update mid-generation keeps per-token versions and continues exactly."""
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -19,16 +15,11 @@ from fully_async.rollout.engines.base import run_requests  # noqa: E402
 from fully_async.rollout.engines.hf_engine import HFEngine  # noqa: E402
 from fully_async.core.types import GenRequest, SamplingParams  # noqa: E402
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
-
 
 @pytest.fixture(scope="module")
-def shaped(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("m05"))
-    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "build_shaped_model.py"), "--shape", "0.5b",
-                    "--out", out], check=True, capture_output=True)
+def shaped(shaped_dir):
     from transformers import AutoModelForCausalLM
-    return out, AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16).cuda().eval()
+    return shaped_dir, AutoModelForCausalLM.from_pretrained(shaped_dir, dtype=torch.bfloat16).cuda().eval()
 
 
 def assert_greedy(model, prompt, got):

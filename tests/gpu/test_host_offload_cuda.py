@@ -2,10 +2,6 @@
 bit-identical, parameters keep their identity (the optimizer and compiled code hold them), the device memory goes
 back and the host buffers are reused; the embedded engine generates the same tokens after a sleep and wake-up, and
 an engine that loads weights while asleep (a sync job on a shared pool) generates like one loaded awake."""
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -21,15 +17,10 @@ from fully_async.core.types import GenRequest, SamplingParams  # noqa: E402
 from fully_async.rollout.engines.base import run_requests  # noqa: E402
 from fully_async.rollout.engines.hf_engine import HFEngine  # noqa: E402
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
-
 
 @pytest.fixture(scope="module")
-def shaped(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("m05"))
-    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "build_shaped_model.py"), "--shape", "0.5b",
-                    "--out", out], check=True, capture_output=True)
-    return out
+def shaped(shaped_dir):
+    return shaped_dir
 
 
 def test_model_and_optimizer_round_trip(shaped):
