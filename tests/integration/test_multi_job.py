@@ -214,6 +214,31 @@ def test_async_jobs_lease_per_side_beside_a_sync_job(tmp_path, ray_head):
     assert {("job a", "train"), ("job a", "rollout"), ("job c", "train"), ("job c", "rollout")} <= names
 
 
+def test_async_job_on_the_pool_stops_and_resumes_losing_and_repeating_nothing(tmp_path, ray_head):
+    """An async job beside a sync one (so its sides wait, park and stage updates): SIGTERM after step 3 saves a
+    checkpoint (taken while its rollouter may hold no lease), and the restarted job resumes from it -- its parked
+    responses continue at its first turn on the devices -- and trains every sample exactly once."""
+    steps = ["trainer.total_training_steps=10", "trainer.test_freq=-1", "multi_job.min_slice_s=0.2",
+             "trainer.save_freq=1000"]   # saves: SIGTERM and the end
+    b = Job(tmp_path, ray_head, "b", "trainer.total_training_steps=40", "trainer.test_freq=-1")
+    a = Job(tmp_path, ray_head, "a", *steps, mode="async")
+    a.wait_for(r"step 3 \|", timeout=240)
+    a.proc.send_signal(signal.SIGTERM)
+    assert a.wait(120) == 128 + signal.SIGTERM, a.output[-3000:]
+    assert "interrupted by SIGTERM; checkpoint:" in a.output
+    from fully_async.core.checkpoint import list_checkpoints
+    saved = list_checkpoints(str(tmp_path / "ckpt_a"))
+    assert len(saved) == 1 and 3 <= saved[0] < 10
+    again = Job(tmp_path, ray_head, "a", *steps, mode="async")
+    assert again.wait(300) == 0, again.output[-4000:]
+    assert f"resuming from {tmp_path}/ckpt_a/global_step_{saved[0]}" in again.output
+    state = json.loads((tmp_path / "ckpt_a" / "global_step_10" / "trainer_state.json").read_text())
+    ids = state["trained_sample_ids"]
+    assert len(ids) == len(set(ids)) == 10 * 16 * 8                 # nothing trained twice, nothing lost
+    assert len({i.rsplit("-s", 1)[0] for i in ids}) == 10 * 16       # each prompt once: the data position went on
+    assert b.wait(300) == 0, b.output[-3000:]
+
+
 def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head):
     # c leases both devices, a and b one each: c waits for both (all or nothing) and they wait behind c
     # c must still be running when it is killed, however slow the machine: far more steps than the test waits for

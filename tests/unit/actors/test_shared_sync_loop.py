@@ -1,6 +1,7 @@
 """A pool job's loop keeps its weights on the devices only inside its leases: every wake/onload comes after the
-acquire and every sleep/offload before the release of the same phase, the weight update rides on the next phase
-that needs the engines, and each phase reports its durations and memory (fakes for the pool, engines, trainer)."""
+acquire and every sleep/offload before the release of the same phase; the weight update goes into the sleeping
+embedded engine at the end of the train phase, or (an engine that cannot load asleep) rides on the next phase
+that needs the engines; each phase reports its durations and memory (fakes for the pool, engines, trainer)."""
 import collections
 import contextlib
 
@@ -70,6 +71,7 @@ def worker(monkeypatch):
     w.backend = Fake(rec, "trainer")
     w.weight_sync = Fake(rec, "weights", {"push": {"timing_s/param_sync": 0.0}})
     w.val_records, w.step, w.version, w.engine_version, w.total_steps = ["v"], 0, 0, 0, 3
+    w.update_in_train = False   # the path of engines that load at their next wake-up (vLLM); the test below: True
     w.stream = type("S", (), {"exhausted": False})()
     w.trained_sample_ids, w.num_devices, w.pad_token_id, w.last_checkpoint = [], 1, 0, None
     w.response_lengths = collections.Counter()
@@ -108,6 +110,29 @@ def test_weights_are_on_the_devices_only_inside_leases(worker):
     assert phases[5][:4] == ["engines.wake_up", "trainer.onload", "weights.push", "trainer.offload"]
     assert "weights.push" not in phases[6]
     assert rec.events.count(("reward",)) == 3 and w.step == 3
+
+
+def test_the_embedded_engine_takes_the_weights_asleep_at_the_end_of_the_train_phase(worker):
+    w, rec = worker
+    w.update_in_train = True   # rollout.name=hf, as SharedSyncWorker.__init__ sets it
+    w.run()
+    held, phases = None, []
+    for ev in rec.events:
+        if ev[0] == "acquire":
+            held = ev
+            phases.append([])
+        elif ev[0] == "release":
+            held = None
+        elif held is not None:
+            phases[-1].append(ev[0])
+    names = [e[1] for e in rec.events if e[0] == "acquire"]
+    assert names == ["validate", "rollout", "train", "rollout", "train", "validate", "rollout", "train"]
+    for name, ph in zip(names, phases):
+        if name == "train":   # the trainer is still on the device for the copy: no extra onload/offload
+            assert ph == ["trainer.onload", "train", "weights.push", "trainer.offload"]
+        else:
+            assert "weights.push" not in ph and "trainer.onload" not in ph, (name, ph)
+    assert w.engine_version == w.version == 3
 
 
 def test_each_phase_reports_durations_memory_and_wait(worker):
