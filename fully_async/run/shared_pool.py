@@ -27,7 +27,8 @@ def join_pool(cfg: Any, device: Any) -> Any:
     import ray
 
     from fully_async.actors.device_pool import get_or_create_pool
-    from fully_async.cluster.device_pool import PoolMembership, job_name, pool_timeline_path
+    from fully_async.cluster.device_pool import (PoolMembership, job_devices, job_name, pool_timeline_path,
+                                                 rollout_devices)
     from fully_async.cluster.ray_utils import RunFailed
 
     mj = cfg.multi_job
@@ -37,8 +38,9 @@ def join_pool(cfg: Any, device: Any) -> Any:
             raise RunFailed(f"multi_job.devices={mj.devices} but the Ray cluster has {have} {device.ray_resource}")
     pool = get_or_create_pool(mj.pool, mj.devices, mj.max_lease_s, mj.heartbeat_timeout_s, pool_timeline_path(cfg))
     membership = PoolMembership(pool, job_name(cfg), mj.devices, mj.heartbeat_timeout_s, mj.max_lease_s)
-    logger.info("device pool %s: job %s leases devices %s of %d (timeline: %s)", mj.pool, job_name(cfg),
-                list(mj.job_devices) if mj.job_devices is not None else list(range(mj.devices)),
+    leases = (f"devices {job_devices(cfg)}" if cfg.mode == "sync" else
+              f"devices {job_devices(cfg)} (trainer) and {rollout_devices(cfg)} (rollout)")
+    logger.info("device pool %s: job %s leases %s of %d (timeline: %s)", mj.pool, job_name(cfg), leases,
                 membership.info["num_devices"], membership.info["timeline"])
     return membership
 

@@ -194,6 +194,8 @@ def test_async_jobs_lease_per_side_beside_a_sync_job(tmp_path, ray_head):
         assert job.wait(300) == 0, job.output[-4000:]
         s = job.summary()
         assert s["steps"] == 8 and s["val_after"] > s["val_before"] + 0.15, s
+    assert "job a leases devices [0] (trainer) and [1] (rollout) of 2" in a.output
+    assert "job c leases devices [1] (trainer) and [1] (rollout) of 2" in c.output
     for job in (a, c):
         m = scalars(job.tb, "multi_job/")
         for key in ("multi_job/train/onload_s", "multi_job/train/lease_wait_s", "multi_job/rollout/onload_s",
