@@ -72,7 +72,7 @@ def measure(cfg) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fully_async.core.config import validate
+    from fully_async.core.config_checks import validate
     from fully_async.run.hydra_setup import load_config
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

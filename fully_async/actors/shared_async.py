@@ -165,7 +165,7 @@ class SharedRollouter(Rollouter):
         """Without the lease the engines sleep: keep the update for the next onload (the newest wins)."""
         if self.lease.current is None:
             self._staged = (load, version)
-            return {"staged": 1.0}
+            return {}   # nothing loaded yet: the load's timings come with the onload that does it
         return super()._apply_weights(load, version)
 
     def _resume_restored(self) -> None:

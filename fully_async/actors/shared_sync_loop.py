@@ -104,12 +104,10 @@ class SharedSyncWorker(SyncWorker):
     def run(self) -> dict:
         from fully_async.core.metrics import engine_metrics
         from fully_async.rollout.generation import run_to_completion
-        from fully_async.train.train_step import train_step
 
         cfg = self.cfg
         if cfg.trainer.val_before_train and self.val_records and self.step == 0:
             self._emit(0, self.validate())
-        test_freq = cfg.trainer.test_freq
         while self.step < self.total_steps and not self.stream.exhausted and not self._stop_requested:
             t_step = time.perf_counter()
             groups_in = self._draw_groups()
@@ -131,15 +129,10 @@ class SharedSyncWorker(SyncWorker):
                 metrics.update(self._event(ph, "train", "onload", self.backend.onload))
                 metrics["multi_job/train/lease_wait_s"] = ph.waited_s
                 with ph.span("update_actor"):
-                    step_metrics, samples = train_step(self.backend, cfg, groups, self.pad_token_id, self.step + 1,
-                                                       self.version, self.timeline)
-                self.trained_sample_ids.extend(s.sample_id for s in samples)
-                self.response_lengths.update(len(s.response_ids) for s in samples)
-                metrics.update(step_metrics)
+                    metrics.update(self._train(groups))
                 self.step += 1
                 self.version += 1
-                if cfg.trainer.save_freq > 0 and (self.version % cfg.trainer.save_freq == 0
-                                                  or self.step == self.total_steps):
+                if self._save_due():
                     metrics.update(self._save())
                 if self.update_in_train:   # the sleeping engines take the new weights into their host copies
                     start = time.perf_counter()
@@ -148,12 +141,5 @@ class SharedSyncWorker(SyncWorker):
                     self.engine_version = self.version
                     metrics["multi_job/train/param_sync_s"] = time.perf_counter() - start
                 metrics.update(self._event(ph, "train", "offload", self.backend.offload))
-            step_s = time.perf_counter() - t_step
-            if test_freq > 0 and self.version % test_freq == 0 and self.val_records:
-                self._emit(self.step, self.validate())
-            self._emit(self.step, self._with_step_metrics(metrics, step_s))
-        if self._stop_requested:
-            self._emit(self.step, self._save())
-        return {"steps": self.step, "version": self.version, "trained_sample_ids": self.trained_sample_ids,
-                "response_lengths": dict(self.response_lengths),
-                "checkpoint": self.last_checkpoint}
+            self._end_step(metrics, time.perf_counter() - t_step)
+        return self._result()

@@ -160,14 +160,12 @@ class SyncWorker(DriverFacing):
 
     def run(self) -> dict:
         from fully_async.core.metrics import engine_metrics
-        from fully_async.train.train_step import train_step
 
         cfg = self.cfg
         if cfg.trainer.val_before_train and self.val_records and self.step == 0:
             self._emit(0, self.validate())
         if self.offload_trainer:
             self.backend.offload()
-        test_freq = cfg.trainer.test_freq
         while self.step < self.total_steps and not self.stream.exhausted and not self._stop_requested:
             t_step = time.perf_counter()
             timing: dict[str, float] = {}
@@ -193,11 +191,7 @@ class SyncWorker(DriverFacing):
                     self.backend.onload()
             timing["timing_s/onload"] = time.perf_counter() - t
             # ---- train (the same step as async mode)
-            step_metrics, samples = train_step(self.backend, cfg, groups, self.pad_token_id, self.step + 1,
-                                               self.version, self.timeline)
-            self.trained_sample_ids.extend(s.sample_id for s in samples)
-            self.response_lengths.update(len(s.response_ids) for s in samples)
-            metrics.update(step_metrics)
+            metrics.update(self._train(groups))
             metrics.update(self.stale.add(groups, self.version))  # on-policy: 0
             metrics.update(self._memory("update_actor"))
             # ---- switch back: engine wakes, receives the new weights, then the trainer offloads
@@ -212,15 +206,38 @@ class SyncWorker(DriverFacing):
                 if self.offload_trainer:
                     self.backend.offload()
             timing["timing_s/offload"] = time.perf_counter() - t - metrics["timing_s/param_sync"]
-            if cfg.trainer.save_freq > 0 and (self.version % cfg.trainer.save_freq == 0
-                                              or self.step == self.total_steps):
+            if self._save_due():
                 metrics.update(self._save())
             metrics.update(self._memory("param_sync"))
-            step_s = time.perf_counter() - t_step  # validation excluded, as in async mode
-            if test_freq > 0 and self.version % test_freq == 0 and self.val_records:
-                self._emit(self.step, self.validate())
             metrics.update(timing)
-            self._emit(self.step, self._with_step_metrics(metrics, step_s))
+            self._end_step(metrics, time.perf_counter() - t_step)  # validation excluded, as in async mode
+        return self._result()
+
+    # ------------------------------------------------------------------ what both loops (and the pool's) share
+    def _train(self, groups: list) -> dict:
+        """The step's update (train_step.py, as async mode's); its samples are recorded as trained."""
+        from fully_async.train.train_step import train_step
+
+        metrics, samples = train_step(self.backend, self.cfg, groups, self.pad_token_id, self.step + 1, self.version,
+                                      self.timeline)
+        self.trained_sample_ids.extend(s.sample_id for s in samples)
+        self.response_lengths.update(len(s.response_ids) for s in samples)
+        return metrics
+
+    def _save_due(self) -> bool:
+        """Every trainer.save_freq versions and at the last step, as verl."""
+        freq = self.cfg.trainer.save_freq
+        return freq > 0 and (self.version % freq == 0 or self.step == self.total_steps)
+
+    def _end_step(self, metrics: dict, step_s: float) -> None:
+        """Validate when due (trainer.test_freq), then report the step."""
+        test_freq = self.cfg.trainer.test_freq
+        if test_freq > 0 and self.version % test_freq == 0 and self.val_records:
+            self._emit(self.step, self.validate())
+        self._emit(self.step, self._with_step_metrics(metrics, step_s))
+
+    def _result(self) -> dict:
+        """After the loop: a checkpoint when stopped by a signal, and what the driver reports."""
         if self._stop_requested:
             self._emit(self.step, self._save())
         return {"steps": self.step, "version": self.version, "trained_sample_ids": self.trained_sample_ids,

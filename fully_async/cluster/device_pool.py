@@ -289,9 +289,11 @@ class LeaseClient:
         uncontended lease's time limit restarts)."""
         import ray
 
+        if self.current is None:
+            return False
         at, contended = self._renewed
-        if self.current is None or time.monotonic() - at < self.renew_every_s:
-            return contended and self.current is not None
+        if time.monotonic() - at < self.renew_every_s:
+            return contended
         try:
             contended = bool(ray.get(self.pool.renew.remote(self.job, self.holder)))
         except Exception as exc:  # noqa: BLE001
@@ -347,7 +349,7 @@ def timed_event(device: Any, ph: Phase, phase: str, event: str, fn: Callable[[],
 
 def job_devices(cfg: Any) -> list[int]:
     """The pool devices this job's trainer leases (sync: the whole job, engines included): multi_job.job_devices;
-    null: all of the pool's in sync mode, the first trainer-world ones in async mode (config.py checked it)."""
+    null: all of the pool's in sync mode, the first trainer-world ones in async mode (config_checks.py checked it)."""
     mj = cfg.multi_job
     if mj.job_devices is not None:
         return list(mj.job_devices)

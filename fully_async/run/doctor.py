@@ -90,7 +90,7 @@ def check_ray() -> Check:
 
 
 def check_config(overrides: list[str]) -> tuple[Check, Any]:
-    from fully_async.core.config import validate
+    from fully_async.core.config_checks import validate
     from fully_async.run.hydra_setup import load_config
 
     cfg = load_config(overrides)

@@ -245,7 +245,7 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
         shared = cfg.multi_job.pool is not None
         if shared:  # a shared pool: its checks come before the lock and the data (cheap, and the likeliest mistakes)
             from fully_async.cluster.device_pool import check_reachable
-            from fully_async.core.config import validate
+            from fully_async.core.config_checks import validate
             from fully_async.run.shared_pool import join_pool, leave_pool, pool_ray_args
 
             validate(cfg)

@@ -375,7 +375,7 @@ def validate_for_plan(cfg: Any) -> list[str]:
     """The run's validation (config.validate), except for what a plan does not need on this machine: a model
     path naming a built-in shape (sized from the shape table) and data files not found here (the run will
     need them; returned as warnings).  Every other ConfigError stops the plan as it would stop the run."""
-    from fully_async.core import config as config_mod
+    from fully_async.core import config_checks as config_mod
 
     path = str(cfg.actor_rollout_ref.model.path)
     builtin = not os.path.isfile(os.path.join(path, "config.json")) and known_shape(path) is not None

@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from fully_async.core.config import (ConfigError, FullyAsyncConfig, as_file_list, asset_path, typed_config, validate,
-                                     validate_with_data)
+from fully_async.core.config import ConfigError, FullyAsyncConfig, as_file_list, asset_path, typed_config
+from fully_async.core.config_checks import validate, validate_with_data
 from fully_async.core.plan import RunPlan
 from fully_async.core.tracking import check_installed as check_trackers_installed
 from fully_async.core.types import PromptRecord

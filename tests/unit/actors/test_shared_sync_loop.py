@@ -83,20 +83,26 @@ def worker(monkeypatch):
     return w, rec
 
 
+def leased_phases(events):
+    """The events inside each lease, in order; anything outside a lease must be reward scoring (it holds nothing)."""
+    held, phases = False, []
+    for ev in events:
+        if ev[0] == "acquire":
+            held = True
+            phases.append([])
+        elif ev[0] == "release":
+            held = False
+        elif not held:
+            assert ev == ("reward",), f"{ev} outside any lease: {events}"
+        else:
+            phases[-1].append(ev[0])
+    return phases
+
+
 def test_weights_are_on_the_devices_only_inside_leases(worker):
     w, rec = worker
     w.run()
-    held, phases = None, []
-    for ev in rec.events:
-        if ev[0] == "acquire":
-            held = ev
-            phases.append([])
-        elif ev[0] == "release":
-            held = None
-        elif held is None:
-            assert ev == ("reward",), f"{ev} outside any lease: {rec.events}"   # scoring holds nothing
-        else:
-            phases[-1].append(ev[0])
+    phases = leased_phases(rec.events)
     names = [e[1] for e in rec.events if e[0] == "acquire"]
     assert names == ["validate", "rollout", "train", "rollout", "train", "validate", "rollout", "train"]
     on, off = ("engines.wake_up",), ("engines.sleep",)
@@ -116,15 +122,7 @@ def test_the_embedded_engine_takes_the_weights_asleep_at_the_end_of_the_train_ph
     w, rec = worker
     w.update_in_train = True   # rollout.name=hf, as SharedSyncWorker.__init__ sets it
     w.run()
-    held, phases = None, []
-    for ev in rec.events:
-        if ev[0] == "acquire":
-            held = ev
-            phases.append([])
-        elif ev[0] == "release":
-            held = None
-        elif held is not None:
-            phases[-1].append(ev[0])
+    phases = leased_phases(rec.events)
     names = [e[1] for e in rec.events if e[0] == "acquire"]
     assert names == ["validate", "rollout", "train", "rollout", "train", "validate", "rollout", "train"]
     for name, ph in zip(names, phases):

@@ -365,7 +365,8 @@ def test_resume_compares_the_backend_fsdp_selects(tmp_path):
 
 
 def test_resume_allow_config_change_names_checked_keys():
-    from fully_async.core.config import ConfigError, validate
+    from fully_async.core.config import ConfigError
+    from fully_async.core.config_checks import validate
 
     validate(load_config(["trainer.resume_allow_config_change=[actor_rollout_ref.rollout.n]"]))
     with pytest.raises(ConfigError, match="trainer.resume_allow_config_change.*trainer.save_freq"):

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from fully_async.core.algorithms.lr_schedule import lr_lambda, lr_multiplier, warmup_steps
-from fully_async.core.config import ConfigError, validate
+from fully_async.core.config import ConfigError
+from fully_async.core.config_checks import validate
 from fully_async.run.hydra_setup import load_config
 
 

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from fully_async.core.config import ConfigError, validate
+from fully_async.core.config import ConfigError
+from fully_async.core.config_checks import validate
 from fully_async.core.rewards import RewardError, RewardManager, build_reward_manager, load_custom_score
 from fully_async.run.hydra_setup import load_config
 from fully_async.run.prepare import prepare

@@ -121,7 +121,8 @@ def test_ported_spellings_are_mapped_onto_our_keys():
 
 
 def test_fsdp_is_torch_on_one_device_and_fsdp2_on_several():
-    from fully_async.core.config import actor_strategy, validate
+    from fully_async.core.config import actor_strategy
+    from fully_async.core.config_checks import validate
     one = load_config(["actor_rollout_ref.actor.strategy=fsdp"])
     two = load_config(["actor_rollout_ref.actor.strategy=fsdp", "trainer.n_gpus_per_node=2"])
     validate(one)

@@ -1,7 +1,8 @@
 """multi_job.*: off by default, and every mistake is named before Ray or the data are touched."""
 import pytest
 
-from fully_async.core.config import ConfigError, validate
+from fully_async.core.config import ConfigError
+from fully_async.core.config_checks import validate
 from fully_async.run.hydra_setup import load_config
 
 
@@ -23,6 +24,8 @@ def test_off_by_default_needs_nothing(monkeypatch):
     # async: the trainer's and the rollout side's devices must exist in the pool
     (["multi_job.pool=p"], {"RAY_ADDRESS": "h:1"}, "multi_job.devices", r"trainer \(1\) and rollout \(1\) devices "
      "do not fit"),
+    (["multi_job.pool=p", "multi_job.devices=2", "multi_job.job_devices=[1]", "trainer.n_gpus_per_node=1",
+      "rollout.n_gpus_per_node=2"], {"RAY_ADDRESS": "h:1"}, "multi_job.devices", "do not fit"),  # default rollout: 1, 2
     (["multi_job.pool=p", "multi_job.devices=2", "multi_job.rollout_devices=[2]"], {"RAY_ADDRESS": "h:1"},
      "multi_job.rollout_devices", r"\[2\] must be distinct ids in 0..1"),
     (["mode=sync", "multi_job.pool=p", "multi_job.rollout_devices=[0]"], {"RAY_ADDRESS": "h:1"},

@@ -7,7 +7,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from fully_async.train.backends.torch_backend import model_overrides, token_log_probs
 from fully_async.core.batch import build_batch, split_by_tokens
-from fully_async.core.config import ConfigError, asset_path, validate
+from fully_async.core.config import ConfigError, asset_path
+from fully_async.core.config_checks import validate
 from fully_async.device import CPU, CUDA, NPU
 from fully_async.run.hydra_setup import load_config
 from fully_async.run.prepare import check_attention

@@ -1,0 +1,399 @@
+"""The one validation pass over the config (layer 0) that runs before Ray starts and before any data or model is
+read: what types cannot express (ranges, choices, cross-field rules), raising `ConfigError` naming the key and the
+valid values.  One function per section of the schema (`core/config.py`), then the checks that relate sections;
+`validate_with_data` adds the ones that need the dataset's size."""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from fully_async.core.config import (ADV_ESTIMATORS, ATTN_IMPLEMENTATIONS, DEVICES, DTYPES, KL_TYPES, LOGGERS,
+                                     LOSS_AGG_MODES, LR_SCHEDULER_TYPES, MODES, RESUME_STATE_KEYS, REWARD_MANAGERS,
+                                     ROLLOUT_NAMES, STRATEGIES, TRUNCATIONS, ConfigError, as_file_list,
+                                     overlong_reference_length)
+from fully_async.core.plan import RunPlan
+
+logger = logging.getLogger(__name__)
+
+
+def _choice(key: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(key, f"{value!r} is not one of {list(choices)}")
+
+
+def _at_least(key: str, value: Any, low: float, strict: bool = False) -> None:
+    if value is None or (value <= low if strict else value < low):
+        raise ConfigError(key, f"{value!r} must be {'>' if strict else '>='} {low}")
+
+
+def validate(cfg: Any) -> None:
+    """Checks that need no data and no model; raises ConfigError naming the key.  Each section is checked by its
+    own function, then the checks that relate sections (each a small named function)."""
+    for check in SECTION_CHECKS + CROSS_SECTION_CHECKS:
+        check(cfg)
+
+
+# ------------------------------------------------------------------ one function per section
+def _check_mode(cfg: Any) -> None:
+    _choice("mode", cfg.mode, MODES)
+
+
+def _check_trainer(cfg: Any) -> None:
+    t = cfg.trainer
+    _choice("trainer.device", t.device, DEVICES)
+    for name in t.logger:
+        _choice("trainer.logger", name, LOGGERS)
+    _choice("trainer.resume_mode", t.resume_mode, ("auto", "disable", "resume_path"))
+    if t.resume_mode == "resume_path":
+        path = t.resume_from_path
+        if not path or not os.path.isfile(os.path.join(path, "trainer_state.json")):
+            raise ConfigError("trainer.resume_from_path", f"{path!r} is not a checkpoint folder (global_step_<v> "
+                              "with trainer_state.json) as trainer.resume_mode=resume_path requires")
+    unknown = [k for k in t.resume_allow_config_change if k not in RESUME_STATE_KEYS]
+    if unknown:
+        raise ConfigError("trainer.resume_allow_config_change", f"{unknown} are not keys checked on resume; those "
+                          f"are {list(RESUME_STATE_KEYS)} (other keys may change freely)")
+    if t.max_ckpt_to_keep is not None:
+        _at_least("trainer.max_ckpt_to_keep", t.max_ckpt_to_keep, 1)
+    _at_least("trainer.progress_timeout_s", t.progress_timeout_s, 0.0, strict=True)
+    _at_least("trainer.max_bad_steps", t.max_bad_steps, 1)
+    if t.device_peak_tflops is not None:
+        _at_least("trainer.device_peak_tflops", t.device_peak_tflops, 0.0, strict=True)
+    for key in ("nnodes", "n_gpus_per_node", "total_epochs"):
+        _at_least(f"trainer.{key}", getattr(t, key), 1)
+    if t.total_training_steps is not None:
+        _at_least("trainer.total_training_steps", t.total_training_steps, 1)
+
+
+def _check_rollout_placement(cfg: Any) -> None:
+    r = cfg.rollout
+    for key in ("nnodes", "n_gpus_per_node"):
+        _at_least(f"rollout.{key}", getattr(r, key), 1)
+    if r.total_rollout_steps is not None:
+        _at_least("rollout.total_rollout_steps", r.total_rollout_steps, 1)
+
+
+def _check_data(cfg: Any) -> None:
+    data = cfg.data
+    _choice("data.truncation", data.truncation, TRUNCATIONS)
+    _at_least("data.max_prompt_length", data.max_prompt_length, 1)
+    _at_least("data.max_response_length", data.max_response_length, 1)
+    train_files = as_file_list(data.train_files)
+    if not train_files:
+        raise ConfigError("data.train_files", "no training file given")
+    for key, files in (("data.train_files", train_files), ("data.val_files", as_file_list(data.val_files))):
+        for path in files:
+            if not os.path.isfile(path):
+                raise ConfigError(key, f"file not found: {path}")
+            if not path.endswith((".parquet", ".jsonl", ".json")):
+                raise ConfigError(key, f"{path}: expected a .parquet or .jsonl file")
+
+
+def _check_model(cfg: Any) -> None:
+    model_path = cfg.actor_rollout_ref.model.path
+    if not os.path.isdir(model_path) or not os.path.isfile(os.path.join(model_path, "config.json")):
+        raise ConfigError("actor_rollout_ref.model.path",
+                          f"{model_path!r} is not a local Hugging Face model folder (no config.json); "
+                          "download the model first (this package never fetches weights at run time)")
+
+
+def _check_actor(cfg: Any) -> None:
+    actor = cfg.actor_rollout_ref.actor
+    _choice("actor_rollout_ref.actor.strategy", actor.strategy, STRATEGIES)
+    _choice("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode, LOSS_AGG_MODES)
+    _choice("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type, KL_TYPES)
+    _choice("actor_rollout_ref.actor.dtype", actor.dtype, DTYPES)
+    _at_least("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size, 1)
+    _at_least("actor_rollout_ref.actor.ppo_epochs", actor.ppo_epochs, 1)
+    _at_least("actor_rollout_ref.actor.optim.lr", actor.optim.lr, 0.0)
+    _choice("actor_rollout_ref.actor.optim.lr_scheduler_type", actor.optim.lr_scheduler_type, LR_SCHEDULER_TYPES)
+    if not 0.0 <= actor.optim.min_lr_ratio <= 1.0:
+        raise ConfigError("actor_rollout_ref.actor.optim.min_lr_ratio",
+                          f"{actor.optim.min_lr_ratio!r} must be in [0, 1] (a fraction of optim.lr)")
+    _at_least("actor_rollout_ref.actor.optim.num_cycles", actor.optim.num_cycles, 0.0, strict=True)
+    _at_least("actor_rollout_ref.actor.grad_clip", actor.grad_clip, 0.0, strict=True)
+    _at_least("actor_rollout_ref.actor.clip_ratio_c", actor.clip_ratio_c, 1.0, strict=True)
+    for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+        value = getattr(actor, key)
+        if value is not None:
+            _at_least(f"actor_rollout_ref.actor.{key}", value, 0.0, strict=True)
+    if actor.loss_scale_factor is not None:
+        _at_least("actor_rollout_ref.actor.loss_scale_factor", actor.loss_scale_factor, 0, strict=True)
+    if actor.ppo_micro_batch_size_per_gpu is not None:  # larger than a mini-batch just means one micro-batch
+        _at_least("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu, 1)
+
+
+def _check_rollout(cfg: Any) -> None:
+    rollout = cfg.actor_rollout_ref.rollout
+    if ":" not in rollout.name:  # "package.module:Class" plugs in a user engine with HFEngine's constructor
+        _choice("actor_rollout_ref.rollout.name", rollout.name, ROLLOUT_NAMES)
+    _choice("actor_rollout_ref.rollout.dtype", rollout.dtype, DTYPES)
+    _at_least("actor_rollout_ref.rollout.n", rollout.n, 1)
+    _at_least("actor_rollout_ref.rollout.temperature", rollout.temperature, 0.0)
+    _at_least("actor_rollout_ref.rollout.max_num_seqs", rollout.max_num_seqs, 1)
+    sizes = rollout.cudagraph_capture_sizes
+    if sizes is not None and (not sizes or any(not isinstance(b, int) or not 1 <= b <= rollout.max_num_seqs
+                                               for b in sizes)):
+        raise ConfigError("actor_rollout_ref.rollout.cudagraph_capture_sizes",
+                          f"{list(sizes)} must be a non-empty list of batch sizes in [1, max_num_seqs="
+                          f"{rollout.max_num_seqs}], or null for the engine's default buckets")
+    if not 0.0 < rollout.top_p <= 1.0:
+        raise ConfigError("actor_rollout_ref.rollout.top_p", f"{rollout.top_p} must be in (0, 1]")
+    if rollout.top_k == 0 or rollout.top_k < -1:
+        raise ConfigError("actor_rollout_ref.rollout.top_k", f"{rollout.top_k} must be -1 (off) or >= 1")
+    _at_least("actor_rollout_ref.rollout.val_kwargs.n", rollout.val_kwargs.n, 1)
+    if not rollout.calculate_log_probs:
+        logger.warning("actor_rollout_ref.rollout.calculate_log_probs=false has no effect: the engines always "
+                       "return the behaviour log-probs (partial rollouts and decoupled PPO need them)")
+    _choice("actor_rollout_ref.rollout.weight_sync", rollout.weight_sync, ("auto", "object_store", "collective"))
+    _at_least("actor_rollout_ref.rollout.update_weights_bucket_megabytes", rollout.update_weights_bucket_megabytes, 1)
+    if rollout.name == "vllm":
+        _choice("actor_rollout_ref.rollout.load_format", rollout.load_format, ("auto", "dummy", "safetensors", "pt"))
+        _choice("actor_rollout_ref.rollout.pause_mode", rollout.pause_mode, ("abort", "keep"))
+        _at_least("actor_rollout_ref.rollout.max_num_batched_tokens", rollout.max_num_batched_tokens, 1)
+        if not 0.0 < rollout.gpu_memory_utilization <= 1.0:
+            raise ConfigError("actor_rollout_ref.rollout.gpu_memory_utilization",
+                              f"{rollout.gpu_memory_utilization} must be in (0, 1]")
+
+
+def _check_algorithm(cfg: Any) -> None:
+    _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS)
+    _choice("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_TYPES)
+    ctrl = cfg.algorithm.kl_ctrl
+    _choice("algorithm.kl_ctrl.type", ctrl.type, ("fixed", "adaptive"))
+    if ctrl.type == "adaptive":
+        _at_least("algorithm.kl_ctrl.horizon", ctrl.horizon, 0, strict=True)
+        _at_least("algorithm.kl_ctrl.target_kl", ctrl.target_kl, 0.0, strict=True)
+
+
+def _check_async_training(cfg: Any) -> None:
+    at = cfg.async_training
+    _at_least("async_training.staleness_threshold", at.staleness_threshold, 0.0)
+    _at_least("async_training.trigger_parameter_sync_step", at.trigger_parameter_sync_step, 1)
+    _at_least("async_training.require_batches", at.require_batches, 1)
+    _at_least("async_training.behav_imp_weight_cap", at.behav_imp_weight_cap, 1.0)
+    if at.decoupled_ppo and not at.use_rollout_log_probs:
+        # decoupled PPO needs the behaviour log-probs next to the recomputed proximal ones
+        raise ConfigError("async_training.decoupled_ppo",
+                          "needs async_training.use_rollout_log_probs=true (the behaviour policy)")
+
+
+def _check_reward(cfg: Any) -> None:
+    _choice("reward_model.reward_manager", cfg.reward_model.reward_manager, REWARD_MANAGERS)
+    if cfg.reward_model.timeout_s is not None:
+        _at_least("reward_model.timeout_s", cfg.reward_model.timeout_s, 0.0)
+    path = cfg.custom_reward_function.path
+    if path is not None and not os.path.isfile(path):
+        raise ConfigError("custom_reward_function.path", f"file not found: {path}")
+
+
+def _check_benchmark(cfg: Any) -> None:
+    if cfg.benchmark.response_length != "none":
+        from fully_async.core.workload import validate_config as validate_workload
+        validate_workload(cfg)
+
+
+def _check_multi_job(cfg: Any) -> None:
+    """multi_job.*: only checked when a pool is named (off by default); the Ray address must be known here,
+    so a job without a shared cluster fails before loading anything."""
+    mj = cfg.multi_job
+    if mj.pool is None:
+        return
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", str(mj.pool)):
+        raise ConfigError("multi_job.pool", f"{mj.pool!r}: use letters, digits, '_', '.', '-'")
+    if mj.job_name is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", str(mj.job_name)):
+        raise ConfigError("multi_job.job_name", f"{mj.job_name!r}: use letters, digits, '_', '.', '-'")
+    _at_least("multi_job.devices", mj.devices, 1)
+    _at_least("multi_job.max_lease_s", mj.max_lease_s, 0.0, strict=True)
+    _at_least("multi_job.heartbeat_timeout_s", mj.heartbeat_timeout_s, 0.0, strict=True)
+    _at_least("multi_job.min_slice_s", mj.min_slice_s, 0.0)
+    plan = RunPlan.of(cfg)
+    world = plan.trainer_devices
+    from fully_async.device import get_device
+
+    logical = not get_device(cfg.trainer.device).is_accelerator   # on CPU pool devices are labels only
+    if cfg.trainer.nnodes != 1 or (cfg.mode == "async" and cfg.rollout.nnodes != 1):
+        key = "trainer.nnodes" if cfg.trainer.nnodes != 1 else "rollout.nnodes"
+        raise ConfigError(key, "a device pool is one node's devices: use 1")
+    if cfg.mode == "sync" and mj.rollout_devices is not None:
+        raise ConfigError("multi_job.rollout_devices", "is for mode=async (a sync job's engines sit on its "
+                          "multi_job.job_devices): unset it")
+    if cfg.mode == "sync" and mj.job_devices is None and not logical and world != mj.devices:
+        raise ConfigError("multi_job.job_devices", f"null leases all {mj.devices} pool devices but the job has "
+                          f"{world} trainer rank(s): name the pool devices it uses, e.g. "
+                          f"multi_job.job_devices={list(range(world))}")
+    # async defaults (cluster/device_pool.py): the trainer on 0..world-1, the rollout side on the next ones
+    if cfg.mode == "async" and ((mj.rollout_devices is None and world + plan.rollout_devices > mj.devices)
+                                or (mj.job_devices is None and world > mj.devices)):
+        raise ConfigError("multi_job.devices", f"{mj.devices}: the job's trainer ({world}) and rollout "
+                          f"({plan.rollout_devices}) devices do not fit; name them with multi_job.job_devices "
+                          "and multi_job.rollout_devices (they may overlap: the sides then take turns)")
+    for key in ("job_devices", "rollout_devices"):
+        devs = getattr(mj, key)
+        if devs is None:
+            continue
+        devs = list(devs)
+        if not devs or len(set(devs)) != len(devs) or any(not 0 <= d < mj.devices for d in devs):
+            raise ConfigError(f"multi_job.{key}", f"{devs} must be distinct ids in 0..{mj.devices - 1} "
+                              f"(multi_job.devices={mj.devices})")
+        want, what = ((world, "one pool device per trainer rank (trainer.nnodes x trainer.n_gpus_per_node)")
+                      if key == "job_devices" else
+                      (plan.rollout_devices, "one pool device per rollout device (rollout.nnodes x "
+                       "rollout.n_gpus_per_node)"))
+        if not logical and len(devs) != want:
+            raise ConfigError(f"multi_job.{key}", f"{devs}: {what}, {want}")
+    if cfg.mode == "async" and cfg.actor_rollout_ref.rollout.weight_sync == "collective":
+        raise ConfigError("actor_rollout_ref.rollout.weight_sync", "collective needs the trainer and the engines on "
+                          "their devices at the same time; on a shared pool the rollouter takes updates while it "
+                          "waits for its lease: use object_store (auto picks it)")
+    if not cfg.actor_rollout_ref.rollout.free_cache_engine:
+        raise ConfigError("actor_rollout_ref.rollout.free_cache_engine", "must be true with multi_job.pool: a job's "
+                          "engines free the devices between its rollout phases for the other jobs")
+    if not (mj.ray_address or os.environ.get("RAY_ADDRESS")):
+        raise ConfigError("multi_job.ray_address", "multi_job.pool needs a Ray cluster the jobs share: start one "
+                          "(`ray start --head`) and set RAY_ADDRESS=<host:port> or multi_job.ray_address")
+
+
+# ------------------------------------------------------------------ checks that relate sections
+def _check_grpo_group(cfg: Any) -> None:
+    n = cfg.actor_rollout_ref.rollout.n
+    if cfg.algorithm.adv_estimator == "grpo" and n < 2:
+        raise ConfigError("actor_rollout_ref.rollout.n",
+                          f"GRPO normalises rewards within a group, so it needs n >= 2 responses per prompt (got {n})")
+
+
+def _check_sequence_budgets(cfg: Any) -> None:
+    """A dynamic micro-batch and the vLLM context must hold one whole sequence."""
+    arr = cfg.actor_rollout_ref
+    need = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if arr.actor.use_dynamic_bsz and arr.actor.ppo_max_token_len_per_gpu < need:
+        raise ConfigError("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                          f"{arr.actor.ppo_max_token_len_per_gpu} cannot hold one sequence of "
+                          f"max_prompt_length + max_response_length = {need} tokens")
+    if arr.rollout.name == "vllm" and arr.rollout.max_model_len is not None and arr.rollout.max_model_len < need:
+        raise ConfigError("actor_rollout_ref.rollout.max_model_len",
+                          f"{arr.rollout.max_model_len} < max_prompt_length + max_response_length = {need}")
+
+
+def _check_sync_batch(cfg: Any) -> None:
+    if cfg.mode != "sync":
+        return
+    mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    _at_least("data.train_batch_size", cfg.data.train_batch_size, 1)
+    if cfg.data.train_batch_size % mini:
+        raise ConfigError("data.train_batch_size", f"{cfg.data.train_batch_size} prompts per step must be a "
+                          f"multiple of actor_rollout_ref.actor.ppo_mini_batch_size={mini}")
+
+
+def _check_trainer_world(cfg: Any) -> None:
+    """The strategy fits the trainer's device count, and every data-parallel rank gets a response."""
+    actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
+    world = RunPlan.of(cfg).trainer_devices
+    if world > 1 and actor.strategy == "torch":
+        raise ConfigError("actor_rollout_ref.actor.strategy",
+                          f"strategy=torch trains on one device but the trainer has {world} "
+                          "(trainer.nnodes x trainer.n_gpus_per_node); use strategy=fsdp2 or megatron")
+    if actor.strategy == "megatron":
+        _validate_megatron(cfg, world)
+    if world > 1 and actor.ppo_mini_batch_size * n < world:
+        raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size",
+                          f"a mini-batch of {actor.ppo_mini_batch_size} x n={n} responses cannot give each "
+                          f"of the {world} data-parallel ranks at least one")
+
+
+def _check_overlong_buffer(cfg: Any) -> None:
+    ob = cfg.reward_model.overlong_buffer
+    ref_len = overlong_reference_length(cfg)
+    if ob.enable and not 0 < ob.len <= ref_len:
+        raise ConfigError("reward_model.overlong_buffer.len",
+                          f"{ob.len} must be in (0, {ref_len}] (reward_model.overlong_buffer.max_resp_len, "
+                          "else data.max_response_length)")
+
+
+def _validate_rollout_layout(cfg: Any) -> None:
+    """Async: rollout devices split into replicas of tensor_model_parallel_size devices (placement.py).
+    Sync: one engine per trainer rank, on that rank's device."""
+    rollout = cfg.actor_rollout_ref.rollout
+    tp = rollout.tensor_model_parallel_size
+    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    _at_least(key, tp, 1)
+    if tp > 1 and rollout.name == "hf":
+        raise ConfigError(key, f"{tp}: the embedded engine (rollout.name=hf) has no tensor parallelism; use 1 "
+                          "(every rollout device runs its own replica) or rollout.name=vllm")
+    if cfg.mode == "sync":
+        if tp > 1:
+            raise ConfigError(key, f"{tp}: mode=sync runs one engine per trainer rank on that rank's device; use 1")
+        return
+    devices = RunPlan.of(cfg).rollout_devices
+    if devices % tp:
+        raise ConfigError(key, f"{tp} does not divide the {devices} rollout devices "
+                          "(rollout.nnodes x rollout.n_gpus_per_node)")
+    if tp > cfg.rollout.n_gpus_per_node:
+        raise ConfigError(key, f"{tp} > rollout.n_gpus_per_node={cfg.rollout.n_gpus_per_node}: a replica's "
+                          "tensor-parallel ranks must share one node")
+
+
+def _validate_megatron(cfg: Any, world: int) -> None:
+    actor = cfg.actor_rollout_ref.actor
+    m = actor.megatron
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+        _at_least(f"actor_rollout_ref.actor.megatron.{key}", getattr(m, key), 1)
+    if m.context_parallel_size != 1:
+        raise ConfigError("actor_rollout_ref.actor.megatron.context_parallel_size",
+                          "context parallelism is not implemented; use 1")
+    if actor.dtype == "float16":
+        raise ConfigError("actor_rollout_ref.actor.dtype",
+                          "strategy=megatron trains in bfloat16 or float32 (float16 needs loss scaling)")
+    if cfg.trainer.device == "cpu":
+        raise ConfigError("trainer.device", "strategy=megatron needs cuda or npu: megatron-core does not run a "
+                          "forward pass on CPU")
+    mp = m.tensor_model_parallel_size * m.pipeline_model_parallel_size * m.context_parallel_size
+    if world % mp:
+        raise ConfigError("actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
+                          f"trainer world {world} (trainer.nnodes x trainer.n_gpus_per_node) is not a multiple of "
+                          f"tp x pp x cp = {mp}")
+    if m.sequence_parallel and m.tensor_model_parallel_size == 1:
+        raise ConfigError("actor_rollout_ref.actor.megatron.sequence_parallel", "needs tensor_model_parallel_size > 1")
+
+
+def _validate_attention(cfg: Any) -> None:
+    """Static checks; the device-dependent ones (kernel installed, CPU backward) are in prepare.check_attention."""
+    model = cfg.actor_rollout_ref.model
+    impl = (model.override_config or {}).get("attn_implementation")
+    if impl is not None:
+        _choice("actor_rollout_ref.model.override_config.attn_implementation", impl, ATTN_IMPLEMENTATIONS)
+        if impl == "varlen" and not model.use_remove_padding:
+            raise ConfigError("actor_rollout_ref.model.override_config.attn_implementation",
+                              "varlen attends within packed sequences: it needs "
+                              "actor_rollout_ref.model.use_remove_padding=true")
+    if model.use_remove_padding and cfg.actor_rollout_ref.actor.strategy == "megatron":
+        raise ConfigError("actor_rollout_ref.model.use_remove_padding",
+                          "strategy=megatron keeps right-padded rows (packed THD attention needs Transformer "
+                          "Engine); set it to false or use strategy=torch/fsdp2")
+
+
+def validate_with_data(cfg: Any, num_train_prompts: int) -> None:
+    """Checks that need the (filtered) dataset size."""
+    if num_train_prompts == 0:
+        raise ConfigError("data.train_files", "the training data has no prompts left after filtering")
+    if cfg.mode == "sync":
+        if cfg.data.train_batch_size > num_train_prompts:
+            raise ConfigError("data.train_batch_size", f"{cfg.data.train_batch_size} prompts per step but the "
+                              f"training data has only {num_train_prompts}")
+        return
+    required = RunPlan.of(cfg).groups_per_step
+    if required > num_train_prompts:
+        raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size",
+                          f"a trainer step needs ppo_mini_batch_size x require_batches = {required} prompts "
+                          f"but the training data has only {num_train_prompts}")
+
+
+SECTION_CHECKS = (_check_mode, _check_trainer, _check_rollout_placement, _check_data, _check_model, _check_actor,
+                  _check_rollout, _check_algorithm, _check_async_training, _check_reward, _check_benchmark,
+                  _check_multi_job)
+CROSS_SECTION_CHECKS = (_check_grpo_group, _check_sequence_budgets, _check_sync_batch, _check_trainer_world,
+                        _validate_attention, _validate_rollout_layout,
+                        _check_overlong_buffer)
