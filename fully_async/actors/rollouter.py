@@ -27,6 +27,7 @@ from fully_async.rollout.generation import make_group, score_samples, validate
 from fully_async.core.metrics import rollouter_version_metrics, rollouter_window_metrics
 from fully_async.cluster.ray_utils import ray_get
 from fully_async.rollout.scheduler import CompletedGroup, RolloutScheduler
+from fully_async.core.trainer_state import TrainerState
 from fully_async.core.types import PromptRecord, SampleGroup, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -46,14 +47,25 @@ class Rollouter(MetricsOutbox):
         from fully_async.core.timeline import Timeline
         from fully_async.core.workload import LengthProfile
 
+        from fully_async.actors.residency import Dedicated, pool_residency
+
         cfg = typed_config(cfg)
         # with several replicas the engines live in their own actors and this shell holds no device
         self.cfg, self.device = actor_init(cfg, "rollouter", uses_device=rollout_layout(cfg)[0] == 1)
         cfg = self.cfg
+        # the engines' devices: their own, or a lease on a shared pool held while generating and given back when
+        # wanted (partial responses parked; updates that come meanwhile kept and loaded at the next hold)
+        self.residency = pool_residency(cfg, "rollout") or Dedicated()
+        self.residency.attach(on=self._devices_on, off=self._devices_off)
+        self.min_slice_s = cfg.multi_job.min_slice_s
+        self._serving = False
+        self._gen_from: Optional[float] = None   # wall time the engines came on (a pool's generate span)
+        self._yields = 0                         # times the engines gave a wanted pool lease back
         self.queue = queue
         self.tokenizer = build_tokenizer(cfg)
-        self.pool = build_async_pool(cfg, self.device, eos_token_ids, pad_token_id, placement,
-                                     self._replica_options(cfg))
+        with self.residency.setup():   # the engines load onto the devices: on a pool, under a lease
+            self.pool = build_async_pool(cfg, self.device, eos_token_ids, pad_token_id, placement,
+                                         replica_options(cfg, self.device))
         self.reward = build_reward_manager(cfg)
         stream = PromptStream(train_records, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
                               total_epochs=cfg.trainer.total_epochs, total_prompts=cfg.rollout.total_rollout_steps)
@@ -69,8 +81,9 @@ class Rollouter(MetricsOutbox):
         self.val_records = val_records
         test_freq = cfg.rollout.test_freq if cfg.rollout.test_freq is not None else cfg.trainer.test_freq
         self.test_freq = test_freq
-        self.trigger = cfg.async_training.trigger_parameter_sync_step  # trainer steps per param version
-        self.total_steps = cfg.trainer.total_training_steps   # filled in by run/prepare.py before the actors start
+        # which trainer step pushed a version (the trainer's rule; total_training_steps is filled in by
+        # run/prepare.py before the actors start)
+        self.trainer_state = TrainerState.of(cfg, cfg.trainer.total_training_steps)
         self._init_outbox()
         self.commands: queue_mod.Queue = queue_mod.Queue()
         self.stopped = False
@@ -99,7 +112,7 @@ class Rollouter(MetricsOutbox):
         if isinstance(named_tensors, list) and len(named_tensors) == 1:
             named_tensors = named_tensors[0]
         load = functools.partial(self.pool.update_weights, named_tensors, version)
-        return self._call(lambda: self._apply_weights(load, version))
+        return self._call(lambda: self._update(load, version))
 
     # Collective path (fully_async.weight_sync.collective): the pool is one DirectWeightReceiver whose
     # ranks are those of every replica (an engine that receives in its own workers, vLLM, or one rank
@@ -115,7 +128,7 @@ class Rollouter(MetricsOutbox):
     def receive_weights(self, metas: list, buckets: list, dtype: str, version: int) -> dict:
         """Pause, then load buckets as they arrive from trainer rank 0."""
         load = functools.partial(self.pool.receive_weights, metas, buckets, dtype, version)
-        return self._call(lambda: self._apply_weights(load, version))
+        return self._call(lambda: self._update(load, version))
 
     def validate(self) -> dict:
         """Validation on the current weights, for the caller (the driver's final one; not put in the outbox)."""
@@ -130,7 +143,7 @@ class Rollouter(MetricsOutbox):
         metrics = rollouter_window_metrics(current, self._window_start)
         if current:
             self._window_start = current
-        return metrics
+        return dict(metrics, **self.residency.pop_metrics())   # a pool's lease events in the window
 
     def stop(self) -> None:
         self.stopped = True
@@ -157,7 +170,7 @@ class Rollouter(MetricsOutbox):
         keys = ("engine_steps", "validations", "generated_samples", "staleness_samples", "bound_pauses", "version")
         return dict({k: stats.get(k, 0) for k in keys}, in_flight_requests=len(self.scheduler.pending),
                     prompts_emitted=self.scheduler.stream.num_emitted, loop_running=self.loop_running,
-                    paused_at_bound=self.scheduler.at_bound())
+                    paused_at_bound=self.scheduler.at_bound(), lease_polls=self.residency.polls)
 
     def get_timeline(self) -> list[dict]:
         return self.timeline.drain() + self.pool.drain_timeline()
@@ -189,9 +202,16 @@ class Rollouter(MetricsOutbox):
                         item[1].set_exception(RuntimeError("the rollouter's loop has ended"))
 
     def _loop(self) -> dict:
-        sched = self.scheduler
-        if sched.parked:  # partial responses restored from a checkpoint
-            self._resume_restored()
+        try:
+            return self._generate_until_stopped()
+        finally:
+            self.residency.give_back("done")
+
+    def _generate_until_stopped(self) -> dict:
+        sched, residency = self.scheduler, self.residency
+        if sched.parked:  # partial responses restored from a checkpoint: back to the engines once they are on
+            if residency.holding:
+                sched.resume()
         elif self.cfg.trainer.val_before_train and self.val_records and not self.resumed:
             self._validate(self.pool.version)
         while not self.stopped:
@@ -201,8 +221,8 @@ class Rollouter(MetricsOutbox):
             if self.held:
                 self._run_commands(block=True, timeout=0.5)
                 continue
-            if not self._before_admit():
-                break
+            if self._needs_devices() and residency.hold("rollout", serve=self._serve) is None:
+                break   # stopped while waiting for the devices
             if self.held:   # a checkpoint began meanwhile
                 continue
             sched.admit()
@@ -212,35 +232,78 @@ class Rollouter(MetricsOutbox):
                     self.closed = True
                     logger.info("rollouter: all %d prompts generated; serving weight updates and validation",
                                 sched.stream.num_emitted)
-                self._on_idle()
+                if residency.wanted():
+                    residency.give_back("idle")   # nothing to generate: whoever waits for the devices goes first
                 idle_from = time.perf_counter()
                 self._run_commands(block=True, timeout=0.5)
                 self.stats["idle_s"] += time.perf_counter() - idle_from
                 continue
             with self.timeline.span("generate"):
                 sched.step()
-            self._after_step()
+            if residency.wanted(min_held_s=self.min_slice_s):
+                residency.give_back("wanted")
         sched.log_pauses()  # the last version's pauses
         return self.get_stats()
 
-    # hooks of a rollouter that shares its devices with other jobs (actors/shared_async.py); here: no-ops
-    def _replica_options(self, cfg: FullyAsyncConfig) -> Optional[Callable[[int], dict]]:
-        """Ray options of engine replica i (None: the device's own, in the rollout placement group)."""
-        return None
+    def _needs_devices(self) -> bool:
+        """To generate, to continue parked responses, or to load an update kept while away (at the staleness bound
+        only that update lets generation go on)."""
+        sched = self.scheduler
+        return bool(sched.in_flight() or sched.parked or self.residency.has_kept()
+                    or not (sched.at_bound() or sched.stream.exhausted))
 
-    def _resume_restored(self) -> None:
-        """Partial responses restored from a checkpoint go back to the engines."""
-        self.scheduler.resume()
+    def _serve(self) -> None:
+        """Between two polls for the devices: weight updates and checkpoint calls go on (not when the wait itself
+        runs inside one of them)."""
+        from fully_async.actors.residency import Stopped
 
-    def _before_admit(self) -> bool:
-        """Before admitting and generating (False: stopped meanwhile)."""
-        return True
+        if self._serving:
+            return
+        self._serving = True
+        try:
+            self._run_commands(block=False)
+        finally:
+            self._serving = False
+        if self.stopped:
+            raise Stopped()
 
-    def _on_idle(self) -> None:
-        """Nothing in flight (at the staleness bound, or every prompt generated)."""
+    # ------------------------------------------------------------------ the engines on and off the devices
+    def _devices_on(self, ph: Any, phase: str) -> dict:
+        """The engines wake, load an update kept while away, and continue the responses parked when they left."""
+        from fully_async.cluster.device_pool import timed_event
 
-    def _after_step(self) -> None:
-        """After an engine step."""
+        m = timed_event(self.device, ph, "rollout", "onload", self.pool.wake_up)
+        m["multi_job/rollout/lease_wait_s"] = ph.waited_s
+        kept = self.residency.take_kept()
+        if kept is not None:
+            load, version = kept
+            with ph.span("param_sync", version=version):
+                self._apply_weights(load, version)
+        if not self.held:   # (a checkpoint's hold resumes them at its release)
+            self.scheduler.resume()
+        self._gen_from = time.time()
+        return m
+
+    def _devices_off(self, ph: Any, why: str) -> dict:
+        """Park the in-flight responses (finish them without partial rollouts: a response never spans two turns or
+        two versions), then the engines sleep."""
+        from fully_async.cluster.device_pool import timed_event
+
+        if why == "setup":
+            return timed_event(self.device, ph, "setup", "offload", lambda: self.pool.sleep(1))
+        sched = self.scheduler
+        if self._gen_from is not None:
+            ph.spans.append({"name": "generate", "start": self._gen_from, "end": time.time(), "args": {}})
+        if sched.partial_rollout or why == "done":
+            sched.stats["interrupted_samples"] += sched.park()
+        else:
+            sched.drain()
+        m = timed_event(self.device, ph, "rollout", "offload", lambda: self.pool.sleep(1))
+        m["multi_job/rollout/held_s"] = time.time() - (self._gen_from or time.time())
+        self._yields += 1
+        m["multi_job/rollout/yields"] = self._yields
+        self._gen_from = None
+        return m
 
     def _run_commands(self, block: bool, timeout: float = 0.0) -> None:
         while True:
@@ -275,6 +338,13 @@ class Rollouter(MetricsOutbox):
         return dict(self.stats, **self.scheduler.stats, engines=self.pool.engine_stats())
 
     # ------------------------------------------------------------------ commands
+    def _update(self, load: Callable[[], None], version: int) -> dict:
+        """A weight update from the trainer: loaded now, or kept while the engines are off their devices (loaded
+        when they next come on; its timings come with that onload)."""
+        if self.residency.keep((load, version)):
+            return {}
+        return self._apply_weights(load, version)
+
     def _apply_weights(self, load: Callable[[], None], version: int) -> dict:
         """Pause the engines' work as the config says, run `load` (every replica's update), resume."""
         validate_now = self.test_freq > 0 and version % self.test_freq == 0 and bool(self.val_records)
@@ -288,10 +358,8 @@ class Rollouter(MetricsOutbox):
         return out
 
     def _step_of(self, version: int) -> int:
-        """The trainer step that pushed `version`: every trigger_parameter_sync_step steps, and the last step (the
-        final push, however many steps its window had)."""
-        step = version * self.trigger
-        return min(step, self.total_steps) if self.total_steps else step
+        """The trainer step that pushed `version` (core/trainer_state.py)."""
+        return self.trainer_state.step_of(version)
 
     def _end_version(self, version: int) -> None:
         """verl's per-version rollouter metrics (metrics.rollouter_version_metrics) of the version that `version`
@@ -308,6 +376,7 @@ class Rollouter(MetricsOutbox):
         """Validation on the weights of `version`; in-flight work is parked and resumed after (resume=False:
         inside a weight update, which resumes the parked work itself).  publish: into the outbox the driver
         drains, at the trainer step that pushed `version` (version x trigger_parameter_sync_step)."""
+        self.residency.hold("validate")   # the engines' devices (a pool lease: waiting without serving commands)
         self.scheduler.park()
         with self.timeline.span("validate", version=version):
             metrics = validate(self.pool, self.tokenizer, self.reward, self.val_records, self.cfg, version)
@@ -330,5 +399,19 @@ class Rollouter(MetricsOutbox):
         self.held = True
 
     def _release(self) -> None:
+        """After a checkpoint: parked responses resume now if the engines are on (else when they next come on)."""
         self.held = False
-        self.scheduler.resume()
+        if self.residency.holding:
+            self.scheduler.resume()
+
+
+def replica_options(cfg: FullyAsyncConfig, device: Any) -> Optional[Callable[[int], dict]]:
+    """Ray options of engine replica i: on a shared pool each replica is pinned to its pool devices; else None (the
+    device's own, in the rollout placement group)."""
+    if cfg.multi_job.pool is None:
+        return None
+    from fully_async.cluster.device_pool import pinned_actor_options, rollout_devices
+    from fully_async.cluster.placement import rollout_layout
+
+    tp, devs = rollout_layout(cfg)[1], rollout_devices(cfg)
+    return lambda i: pinned_actor_options(device, cfg, 0, devices=devs[i * tp:(i + 1) * tp])

@@ -34,10 +34,9 @@ def create_async_actors(cfg: Any, prep: Any, device: Any, resume_path: Optional[
     plan = RunPlan.of(cfg)
     n_train, n_roll = plan.trainer_devices, plan.rollout_devices
     replicas, tp = rollout_layout(cfg)
-    roll_cls, train_cls = Rollouter, Trainer
     if cfg.multi_job.pool is not None and device.is_accelerator:
         # a shared pool's jobs take no device resource from Ray: each actor is pinned to its pool devices and the
-        # pool's leases keep the jobs apart in time (actors/shared_async.py)
+        # pool's leases keep the jobs apart in time (actors/residency.py)
         from fully_async.cluster.device_pool import pinned_actor_options, rollout_devices
 
         roll_pg = train_pg = None
@@ -53,18 +52,14 @@ def create_async_actors(cfg: Any, prep: Any, device: Any, resume_path: Optional[
         roll_opts = (dict(device.ray_actor_options(tp), **in_bundle(roll_pg, 0)) if replicas == 1
                      else {"num_cpus": 0})
         train_opts = dict(device.ray_actor_options(1), **in_bundle(train_pg, 0))
-    if cfg.multi_job.pool is not None:
-        from fully_async.actors.shared_async import SharedRollouter, SharedTrainer
-
-        roll_cls, train_cls = SharedRollouter, SharedTrainer
     # resuming: the groups generated but not trained at the checkpoint are the first the trainer gets
     queue = ray.remote(GroupQueue).options(num_cpus=0, max_concurrency=8).remote(resume_path)
     # threads: its loop, the trainer's weight push and per-step metrics, the driver's calls (and spare)
-    rollouter = ray.remote(roll_cls).options(max_concurrency=6, **roll_opts).remote(
+    rollouter = ray.remote(Rollouter).options(max_concurrency=6, **roll_opts).remote(
         prep.cfg, queue, prep.train, prep.val, prep.eos_token_ids, prep.pad_token_id, resume_path,
         roll_pg if replicas > 1 else None)
     # the trainer actor is data-parallel rank 0 (bundle 0); it spawns ranks 1..n_train-1 into bundles 1..
-    trainer = ray.remote(train_cls).options(max_concurrency=3, **train_opts).remote(
+    trainer = ray.remote(Trainer).options(max_concurrency=3, **train_opts).remote(
         prep.cfg, queue, rollouter, prep.total_steps, n_train + n_roll, prep.pad_token_id, resume_path,
         train_pg)
     return {"trainer": trainer, "rollouter": rollouter, "queue": queue}
@@ -94,13 +89,11 @@ def run_sync(cfg: Any) -> dict:
         # on CPU a lone colocated worker gets the cores async mode splits between its two actors
         cpus = 1 if device.is_accelerator or n_dev > 1 else 2
         opts = device.ray_actor_options(1, num_cpus=cpus)
-        worker_cls = SyncWorker
         if shared:
-            from fully_async.actors.shared_sync_loop import SharedSyncWorker
             from fully_async.cluster.device_pool import pinned_actor_options
 
-            opts, worker_cls = pinned_actor_options(device, prep.cfg, 0, num_cpus=cpus), SharedSyncWorker
-        worker = ray.remote(worker_cls).options(max_concurrency=2, **opts, **in_bundle(pg, 0)).remote(
+            opts = pinned_actor_options(device, prep.cfg, 0, num_cpus=cpus)
+        worker = ray.remote(SyncWorker).options(max_concurrency=2, **opts, **in_bundle(pg, 0)).remote(
             prep.cfg, prep.train, prep.val, prep.total_steps, n_dev, prep.eos_token_ids, prep.pad_token_id,
             resume_path, pg)
         return {"sync": worker}

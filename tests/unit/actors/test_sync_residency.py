@@ -1,4 +1,5 @@
-"""A pool job's loop keeps its weights on the devices only inside its leases: every wake/onload comes after the
+"""The sync worker's engines and trainer take turns (actors/residency.py Turns).  On a shared pool, the loop keeps its
+weights on the devices only inside its leases: every wake/onload comes after the
 acquire and every sleep/offload before the release of the same phase; the weight update goes into the sleeping
 embedded engine at the end of the train phase, or (an engine that cannot load asleep) rides on the next phase
 that needs the engines; each phase reports its durations and memory (fakes for the pool, engines, trainer)."""
@@ -7,7 +8,10 @@ import contextlib
 
 import pytest
 
-from fully_async.actors.shared_sync_loop import SharedSyncWorker
+from fully_async.actors.residency import Dedicated, PoolLease, Turns
+from fully_async.actors.sync_loop import SyncWorker
+from fully_async.core.metrics import StaleCounter
+from fully_async.core.trainer_state import TrainerState
 from fully_async.core.config import typed_config
 from fully_async.core.timeline import Timeline
 from fully_async.device import CPU
@@ -22,6 +26,9 @@ class Recorder:
 class FakeLease:
     def __init__(self, rec):
         self.rec, self.current, self.polls = rec, None, 0
+
+    def renew(self):
+        return False
 
     @contextlib.contextmanager
     def phase(self, name):
@@ -55,30 +62,39 @@ class Fake:
         return call
 
 
-@pytest.fixture
-def worker(monkeypatch):
+@pytest.fixture(params=["pool"])
+def worker(monkeypatch, request):
     import fully_async.rollout.generation as generation
     import fully_async.train.train_step as train_step_mod
 
     rec = Recorder()
-    monkeypatch.setattr(generation, "run_to_completion", lambda pool, ps: rec.events.append(("generate",)))
+    import fully_async.actors.sync_loop as sync_loop
+
+    monkeypatch.setattr(sync_loop, "run_to_completion", lambda pool, ps: rec.events.append(("generate",)))
     monkeypatch.setattr(train_step_mod, "train_step",
                         lambda *a, **k: (rec.events.append(("train",)) or {"perf/total_num_tokens": 10.0}, []))
-    w = object.__new__(SharedSyncWorker)
+    w = object.__new__(SyncWorker)
     w.cfg = typed_config(load_config(["mode=sync", "trainer.device=cpu", "trainer.test_freq=2"]))
-    w.device, w.timeline, w.lease = CPU, Timeline("sync"), FakeLease(rec)
+    w.device, w.timeline = CPU, Timeline("sync")
+    outer = PoolLease(FakeLease(rec)) if request.param == "pool" else Dedicated()
+    w.turns = Turns(outer, engines=(w._switch(lambda: w.pool.wake_up(), "onload"),
+                                    w._switch(lambda: w.pool.sleep(1), "offload")),
+                    trainer=(w._switch(w._trainer_on, "onload"), w._switch(w._trainer_off, "offload")))
+    if w.turns.shared:   # built under the setup lease, both tenants left the devices
+        w.turns.on = {"engines": False, "trainer": False}
+    w.offload_trainer = w.turns.shared
     w.pool = Fake(rec, "engines", {"engine_stats": []})
     w.backend = Fake(rec, "trainer")
     w.weight_sync = Fake(rec, "weights", {"push": {"timing_s/param_sync": 0.0}})
-    w.val_records, w.step, w.version, w.engine_version, w.total_steps = ["v"], 0, 0, 0, 3
-    w.update_in_train = False   # the path of engines that load at their next wake-up (vLLM); the test below: True
+    w.val_records, w.engine_version, w.state = ["v"], 0, TrainerState(total_steps=3)
+    w.loads_asleep = False   # the path of engines that load at their next wake-up (vLLM); the test below: True
     w.stream = type("S", (), {"exhausted": False})()
-    w.trained_sample_ids, w.num_devices, w.pad_token_id, w.last_checkpoint = [], 1, 0, None
-    w.response_lengths = collections.Counter()
+    w.num_devices, w.pad_token_id, w.last_checkpoint, w._validations = 1, 0, None, 0
+    w.stale = StaleCounter()
     w._draw_groups = lambda: []
     w._score_groups = lambda groups_in: rec.events.append(("reward",)) or []
     w._init_driver_facing()
-    monkeypatch.setattr("fully_async.actors.sync_loop.SyncWorker.validate",
+    monkeypatch.setattr("fully_async.actors.sync_loop.SyncWorker._validate",
                         lambda self: rec.events.append(("validate",)) or {"val-core/x/reward/mean@1": 1.0})
     return w, rec
 
@@ -115,12 +131,12 @@ def test_weights_are_on_the_devices_only_inside_leases(worker):
     # after step 2 (test_freq=2) validation loads version 2 itself, so step 3's rollout has nothing to load
     assert phases[5][:4] == ["engines.wake_up", "trainer.onload", "weights.push", "trainer.offload"]
     assert "weights.push" not in phases[6]
-    assert rec.events.count(("reward",)) == 3 and w.step == 3
+    assert rec.events.count(("reward",)) == 3 and w.state.step == 3
 
 
 def test_the_embedded_engine_takes_the_weights_asleep_at_the_end_of_the_train_phase(worker):
     w, rec = worker
-    w.update_in_train = True   # rollout.name=hf, as SharedSyncWorker.__init__ sets it
+    w.loads_asleep = True   # rollout.name=hf on a pool, as SyncWorker.__init__ sets it
     w.run()
     phases = leased_phases(rec.events)
     names = [e[1] for e in rec.events if e[0] == "acquire"]
@@ -130,7 +146,7 @@ def test_the_embedded_engine_takes_the_weights_asleep_at_the_end_of_the_train_ph
             assert ph == ["trainer.onload", "train", "weights.push", "trainer.offload"]
         else:
             assert "weights.push" not in ph and "trainer.onload" not in ph, (name, ph)
-    assert w.engine_version == w.version == 3
+    assert w.engine_version == w.state.version == 3
 
 
 def test_each_phase_reports_durations_memory_and_wait(worker):
@@ -146,3 +162,20 @@ def test_each_phase_reports_durations_memory_and_wait(worker):
                 assert m[f"multi_job/{phase}/{event}/host_rss_gib_after"] > 0
             assert m[f"multi_job/{phase}/lease_wait_s"] == 0.25
     assert "multi_job/rollout/param_sync_s" not in steps[0] and "multi_job/rollout/param_sync_s" in steps[1]
+
+
+@pytest.mark.parametrize("worker", ["dedicated"], indirect=True)
+def test_on_its_own_devices_the_engines_and_the_trainer_hand_over_in_the_classic_order(worker):
+    """No lease: the engines sleep while the trainer trains; at the end of the train phase the engines wake and take
+    the new weights while the trainer is still on, and the trainer offloads (fsdp_config offload) only when the
+    next rollout phase needs the devices: the order the sync loop always had."""
+    w, rec = worker
+    w.offload_trainer = True   # actor.fsdp_config.param_offload=true
+    w.run()
+    names = [e[0] for e in rec.events]
+    assert "acquire" not in names
+    step = ["trainer.offload", "engines.engine_stats", "generate", "engines.engine_stats", "reward",
+            "engines.sleep", "trainer.onload", "train", "engines.wake_up", "weights.push"]
+    assert names[:1 + len(step)] == ["validate", *step]                 # validation before training: no switch
+    assert names[1 + len(step):1 + 2 * len(step)] == step
+    assert names.count("weights.push") == 3 and w.engine_version == w.state.version == 3

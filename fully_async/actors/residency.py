@@ -1,0 +1,297 @@
+"""Where a side's weights live between pieces of work (layer 4): the one place that decides when an engine or a
+trainer comes onto its devices and leaves them.
+
+A loop (the rollouter, the trainer, the sync worker) hands its residency its own two transitions once -- `on(phase)`
+puts its state on the devices, `off(phase, why)` takes it off; each returns its metrics -- and then calls it at a few
+named points:
+    hold(phase)        before work that needs the devices (returns the onload's metrics; None: stopped while waiting)
+    wanted()           at a point where the side could give the devices back: does someone else wait for them?
+    give_back(why)     take the state off and let the devices go
+    phase(name)        around a piece of work that holds the devices only while it runs (sync mode's phases)
+    keep(update)       a weight update that arrives while away: kept (the newest wins, they are whole snapshots)
+                       and taken by the side's `on` with `take_kept()` before anything runs on the devices
+The residency decides whether and when the transitions run:
+  * `Dedicated`: the devices are this side's alone (the default).  Held from start to end: `on`/`off` never run,
+    nothing is wanted, nothing is kept.
+  * `PoolLease`: a lease of a device pool shared with other jobs (cluster/device_pool.py; the lease rules are
+    core/leases.py).  The state is on the devices only while the lease is held; building happens under a lease
+    too (`setup()`), after which the state goes off.  A side keeps an uncontended lease and gives a wanted one back
+    at its next safe point, so no side waits for another while holding devices someone wants.
+  * `Turns`: an engine and a trainer taking turns on the same devices (sync mode; colocated async builds on it),
+    inside a `Dedicated` or a `PoolLease`.  `phase("engines" | "trainer", name)` puts the other tenant off and this
+    one on.  On dedicated devices the tenant that ran stays on until the other needs the devices; on a pool both
+    are off whenever the lease goes back.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable, Iterator, Optional, Protocol
+
+from fully_async.core.config import FullyAsyncConfig
+
+Transition = Callable[..., dict]
+
+
+class Stopped(Exception):
+    """The side was stopped while it waited for its devices (raised by the `serve` callback of `hold`)."""
+
+
+class _NoPhase:
+    """The phase of dedicated devices: spans go nowhere (the actors' own timelines record them)."""
+
+    waited_s = 0.0
+
+    @contextlib.contextmanager
+    def span(self, name: str, **args: Any) -> Iterator[dict]:
+        yield dict(args)
+
+
+NO_PHASE = _NoPhase()
+
+
+class Residency(Protocol):
+    polls: int          # lease polls so far: waiting for devices is not being stuck (the driver's watchdog)
+    poll_s: float       # how often a side that waits for work should look up (it may have to give devices back)
+
+    @property
+    def holding(self) -> bool: ...
+
+    def attach(self, on: Transition, off: Transition) -> None: ...
+
+    def setup(self) -> contextlib.AbstractContextManager: ...
+
+    def hold(self, phase: str, serve: Optional[Callable[[], None]] = None) -> Optional[dict]: ...
+
+    def wanted(self, min_held_s: float = 0.0) -> bool: ...
+
+    def give_back(self, why: str) -> dict: ...
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager: ...
+
+    def keep(self, update: Any) -> bool: ...
+
+    def take_kept(self) -> Any: ...
+
+    def has_kept(self) -> bool: ...
+
+    def pop_metrics(self) -> dict: ...
+
+
+class Dedicated:
+    """The side's own devices: always held."""
+
+    polls = 0
+    poll_s = 5.0
+    holding = True
+    current = NO_PHASE
+
+    def attach(self, on: Transition, off: Transition) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def setup(self) -> Iterator[Any]:
+        yield NO_PHASE
+
+    def hold(self, phase: str, serve: Optional[Callable[[], None]] = None) -> Optional[dict]:
+        return {}
+
+    def wanted(self, min_held_s: float = 0.0) -> bool:
+        return False
+
+    def give_back(self, why: str) -> dict:
+        return {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[Any]:
+        yield NO_PHASE
+
+    def keep(self, update: Any) -> bool:
+        return False
+
+    def take_kept(self) -> Any:
+        return None
+
+    def has_kept(self) -> bool:
+        return False
+
+    def pop_metrics(self) -> dict:
+        return {}
+
+
+class PoolLease:
+    """A lease of a shared device pool (`client`: cluster.device_pool.LeaseClient, or a test's fake)."""
+
+    def __init__(self, client: Any, waiting_poll_s: float = 0.5):
+        self.client = client
+        self.waiting_poll_s = waiting_poll_s
+        self._on: Optional[Transition] = None
+        self._off: Optional[Transition] = None
+        self._is_on = False
+        self._held_from: Optional[float] = None
+        self._kept: Any = None
+        self._metrics: dict = {}
+
+    @property
+    def polls(self) -> int:
+        return self.client.polls
+
+    @property
+    def holding(self) -> bool:
+        return self.client.current is not None
+
+    @property
+    def current(self) -> Any:
+        return self.client.current
+
+    @property
+    def poll_s(self) -> float:
+        return self.waiting_poll_s if self.holding else 5.0
+
+    def attach(self, on: Transition, off: Transition) -> None:
+        self._on, self._off = on, off
+
+    @contextlib.contextmanager
+    def setup(self) -> Iterator[Any]:
+        """Building loads onto the devices: under a lease, and the state goes off before it is given back."""
+        ph = self.client.acquire("setup")
+        try:
+            with ph.span("build"):
+                yield ph
+            self._metrics.update(self._off(ph, "setup"))
+        finally:
+            self.client.release(failing=True)
+
+    def hold(self, phase: str, serve: Optional[Callable[[], None]] = None) -> Optional[dict]:
+        if self.holding and self._is_on:
+            return {}
+        try:
+            ph = self.client.acquire(phase, serve=serve)
+        except Stopped:
+            return None
+        if self._is_on:   # a call served while waiting took the lease and put the state on meanwhile
+            return {}
+        self._is_on = True
+        metrics = self._on(ph, phase)
+        self._held_from = time.time()
+        self._metrics.update(metrics)
+        return metrics
+
+    def wanted(self, min_held_s: float = 0.0) -> bool:
+        if not self.holding or not self.client.renew():
+            return False
+        return self._held_from is None or time.time() - self._held_from >= min_held_s
+
+    def give_back(self, why: str) -> dict:
+        ph = self.client.current
+        if ph is None:
+            return {}
+        metrics = self._off(ph, why) if self._is_on else {}
+        self._is_on, self._held_from = False, None
+        self._metrics.update(metrics)
+        self.client.release()
+        return metrics
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[Any]:
+        with self.client.phase(name) as ph:
+            yield ph
+
+    def held_since(self) -> Optional[float]:
+        """Wall time the state came on (None: off)."""
+        return self._held_from
+
+    def keep(self, update: Any) -> bool:
+        if self.holding and self._is_on:
+            return False
+        self._kept = update
+        return True
+
+    def take_kept(self) -> Any:
+        kept, self._kept = self._kept, None
+        return kept
+
+    def has_kept(self) -> bool:
+        return self._kept is not None
+
+    def pop_metrics(self) -> dict:
+        out, self._metrics = self._metrics, {}
+        return out
+
+
+class Turns:
+    """Engines and a trainer taking turns on one set of devices, inside `outer` (Dedicated or a PoolLease held per
+    phase).  `engines` and `trainer` are (on, off) transitions of each tenant: on(ph) / off(ph) -> metrics."""
+
+    def __init__(self, outer: Any, engines: tuple[Transition, Transition], trainer: tuple[Transition, Transition]):
+        self.outer = outer
+        self.tenants = {"engines": engines, "trainer": trainer}
+        self.on: dict[str, bool] = {"engines": True, "trainer": True}   # both come up built on the devices
+        self.shared = isinstance(outer, PoolLease)
+
+    @property
+    def polls(self) -> int:
+        return self.outer.polls
+
+    @property
+    def holding(self) -> bool:
+        return self.outer.holding
+
+    @contextlib.contextmanager
+    def setup(self) -> Iterator[Any]:
+        """Building puts both tenants on the devices; on a pool both go off before the lease is given back."""
+        if not self.shared:
+            yield NO_PHASE
+            return
+        with self.outer.phase("setup") as ph:
+            with ph.span("build"):
+                yield ph
+            self.put_off(ph, "engines", "setup")
+            self.put_off(ph, "trainer", "setup")
+
+    def put_on(self, ph: Any, tenant: str, phase: str) -> dict:
+        if self.on[tenant]:
+            return {}
+        self.on[tenant] = True
+        return self.tenants[tenant][0](ph, phase)
+
+    def put_off(self, ph: Any, tenant: str, phase: str) -> dict:
+        if not self.on[tenant]:
+            return {}
+        self.on[tenant] = False
+        return self.tenants[tenant][1](ph, phase)
+
+    @contextlib.contextmanager
+    def phase(self, tenant: str, name: str) -> Iterator[tuple[Any, dict]]:
+        """Hold the devices (a pool lease: for this phase only) with `tenant` on them and the other off; yields
+        (the lease phase, the switch's metrics).  On a pool, `tenant` goes off again before the lease goes back."""
+        other = "trainer" if tenant == "engines" else "engines"
+        with self.outer.phase(name) as ph:
+            metrics = self.put_off(ph, other, name)
+            metrics.update(self.put_on(ph, tenant, name))
+            if self.shared:
+                metrics[f"multi_job/{name}/lease_wait_s"] = ph.waited_s
+            yield ph, metrics
+            if self.shared:
+                metrics.update(self.put_off(ph, tenant, name))
+
+
+def pool_residency(cfg: FullyAsyncConfig, side: str) -> Optional[Any]:
+    """The lease of this job's side on its shared device pool (multi_job.pool), or None: the run's own devices."""
+    if cfg.multi_job.pool is None:
+        return None
+    from fully_async.cluster.device_pool import LeaseClient, job_devices, job_name, rollout_devices
+
+    devices = rollout_devices(cfg) if side == "rollout" else job_devices(cfg)
+    poll_s = 2.0 if side == "colocated" else 0.5
+    return PoolLease(LeaseClient(cfg.multi_job.pool, job_name(cfg), devices, side=side, poll_s=poll_s))
+
+
+def rank_options(cfg: FullyAsyncConfig, device: Any) -> Optional[Callable[[int], dict]]:
+    """Ray options of trainer rank r >= 1: on a shared pool each rank is pinned to its pool device; else None (the
+    device's own, in the trainer placement group)."""
+    if cfg.multi_job.pool is None:
+        return None
+    from fully_async.cluster.device_pool import pinned_actor_options
+
+    return lambda rank: pinned_actor_options(device, cfg, rank)
