@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import glob
 import logging
-import math
 import os
 import random
 from typing import Any, Callable, Optional

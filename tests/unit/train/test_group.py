@@ -1,4 +1,5 @@
-"""Two gloo data-parallel ranks (FSDP2) give the same update as one device on the same global batch."""
+"""Two gloo data-parallel ranks (FSDP2) under the one PPO update give the same update as one device on the same
+global batch."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -57,7 +58,8 @@ def test_two_fsdp2_gloo_ranks_match_one_device(ray_cpus, mode, shared, extra):
                                 "actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=2", *shared, *extra])
     group = connect_trainer_group(cfg, CPU, 10, ("127.0.0.1", free_port()), {"num_cpus": 1}, worker=TrainWorker)
     try:
-        assert isinstance(group, GroupBackend) and group.world == 2
+        assert isinstance(group, GroupBackend) and group.world == 2 == group.data_parallel_size
+        assert group.rng is group.local.rng          # rank 0 shuffles for all ranks, from its checkpointed RNG
         batch2 = build_batch(samples)
         prepare_batch(group, cfg, batch2, {})
         assert torch.allclose(batch2.old_log_probs, batch.old_log_probs, atol=1e-5)
