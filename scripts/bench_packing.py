@@ -82,6 +82,7 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
     from fully_async.train.backends.torch_backend import TorchBackend
     from fully_async.core.batch import build_batch, micro_batches
     from fully_async.run.hydra_setup import load_config
+    from fully_async.train.ppo_update import ppo_update
     from fully_async.train.train_step import prepare_batch
 
     from fully_async.train.backends import torch_backend
@@ -125,7 +126,7 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
         prepare_batch(backend, cfg, batch, {})
         device.synchronize()
         t1 = time.perf_counter()
-        backend.train_step(batch, num_mini_batches=1)
+        ppo_update(backend, cfg, batch, num_mini_batches=1)
         device.synchronize()
         t2 = time.perf_counter()
         if it == 0:
@@ -142,7 +143,7 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
         res["peak_memory_gib"] = device.memory_stats()["max_allocated_gib"]
     res.update(update_mfu(model_dir, batch.seq_lengths, res["update_s"], device))
     if args.profile:
-        print_profile(name, lambda: backend.train_step(batch, num_mini_batches=1), device)
+        print_profile(name, lambda: ppo_update(backend, cfg, batch, num_mini_batches=1), device)
     del backend
     device.empty_cache()
     return res, first_logp

@@ -102,6 +102,7 @@ def _train_phase(cfg: Any, prep: Any, device: Any, recorded: list[list], warmup:
     """prepare_batch + train_step on each recorded batch (the first `warmup` untimed)."""
     from fully_async.train.backends import build_backend
     from fully_async.core.batch import build_batch
+    from fully_async.train.ppo_update import ppo_update
     from fully_async.train.train_step import prepare_batch
 
     actor = cfg.actor_rollout_ref.actor
@@ -114,7 +115,7 @@ def _train_phase(cfg: Any, prep: Any, device: Any, recorded: list[list], warmup:
         t = time.perf_counter()
         batch = build_batch(flat, prep.pad_token_id)
         prepare_batch(backend, cfg, batch, {})
-        backend.train_step(batch, num_mini_batches=max(1, math.ceil(len(groups) / mini)))
+        ppo_update(backend, cfg, batch, num_mini_batches=max(1, math.ceil(len(groups) / mini)))
         device.synchronize()
         if b >= warmup:
             seconds += time.perf_counter() - t

@@ -129,6 +129,7 @@ def check_dtype(dtype_name: str, args, device, workdir: str) -> dict:
 
     from fully_async.train.backends.megatron_backend import MegatronBackend
     from fully_async.train.backends.torch_backend import TorchBackend
+    from fully_async.train.ppo_update import ppo_update
     from fully_async.device import parse_dtype
 
     rank0 = dist.get_rank() == 0
@@ -161,11 +162,11 @@ def check_dtype(dtype_name: str, args, device, workdir: str) -> dict:
         res["logp_vs_fp32"] = {"hf": diff_stats(lp_hf, truth, valid), "megatron": diff_stats(lp_mg, truth, valid)}
 
     batch.old_log_probs = lp_hf
-    m_hf, t_hf = timed(device, lambda: hf.train_step(batch, num_mini_batches=1))
-    m_mg, t_mg = timed(device, lambda: mg.train_step(batch, num_mini_batches=1))
+    m_hf, t_hf = timed(device, lambda: ppo_update(hf, cfg, batch, num_mini_batches=1))
+    m_mg, t_mg = timed(device, lambda: ppo_update(mg, cfg, batch, num_mini_batches=1))
     res["step1"] = {"hf": m_hf, "megatron": m_mg, "hf_s": t_hf, "megatron_s": t_mg}
-    _, t_hf = timed(device, lambda: hf.train_step(batch, num_mini_batches=1))   # warm timings
-    m2, t_mg = timed(device, lambda: mg.train_step(batch, num_mini_batches=1))
+    _, t_hf = timed(device, lambda: ppo_update(hf, cfg, batch, num_mini_batches=1))   # warm timings
+    m2, t_mg = timed(device, lambda: ppo_update(mg, cfg, batch, num_mini_batches=1))
     res["step2"] = {"hf_s": t_hf, "megatron_s": t_mg, "hf_tok_s": res["tokens"] / t_hf,
                     "megatron_tok_s": res["tokens"] / t_mg, "megatron_loss_finite": all(
                         torch.isfinite(torch.tensor(v)) for v in m2.values())}
@@ -186,7 +187,7 @@ def check_dtype(dtype_name: str, args, device, workdir: str) -> dict:
 
     ckpt = os.path.join(workdir, f"ckpt_{dtype_name}")
     mg.save(ckpt)
-    mg.train_step(batch, num_mini_batches=1)
+    ppo_update(mg, cfg, batch, num_mini_batches=1)
     mg.load(ckpt)
     res["save_load_logp_max_abs"] = float((mg.compute_log_probs(batch) - lp_mg2).abs()[valid].max())
     res["peak_gib"] = device.memory_stats()["max_allocated_gib"]

@@ -42,7 +42,8 @@ class SyncWorker(DriverFacing):
         from fully_async.actors.actor_setup import actor_init, build_tokenizer
         from fully_async.actors.residency import Dedicated, Turns, pool_residency, rank_options
         from fully_async.cluster.network import free_port, node_ip
-        from fully_async.actors.train_group import connect_trainer_group, total_optimizer_steps
+        from fully_async.actors.train_worker import TrainWorker
+        from fully_async.train.group import connect_trainer_group, total_optimizer_steps
         from fully_async.core.data import PromptStream
         from fully_async.core.trainer_state import TrainerState
         from fully_async.device import parse_dtype
@@ -73,7 +74,7 @@ class SyncWorker(DriverFacing):
             self.backend = connect_trainer_group(cfg, self.device, total_optimizer_steps(cfg, total_steps, minis),
                                                  (node_ip(), free_port()), self.device.ray_actor_options(1),
                                                  placement, engine_args=(eos_token_ids, pad_token_id),
-                                                 rank_options=rank_options(cfg, self.device))
+                                                 rank_options=rank_options(cfg, self.device), worker=TrainWorker)
             self.pool, per_rank = build_sync_pool(cfg, self.device, self.backend, eos_token_ids, pad_token_id)
             self.weight_sync = LocalWeightSync(self.backend, self.pool, per_rank,
                                                parse_dtype(cfg.actor_rollout_ref.rollout.dtype).itemsize)
@@ -316,7 +317,7 @@ def build_sync_pool(cfg: FullyAsyncConfig, device: Any, backend: Any, eos_token_
     from fully_async.rollout.engines import build_engine
     from fully_async.rollout.engines.pool import EnginePool
     from fully_async.rollout.engines.replica import InlineReplica, RemoteReplica
-    from fully_async.actors.train_group import load_trainer_weights
+    from fully_async.train.group import load_trainer_weights
 
     local = getattr(backend, "local", backend)  # rank 0's own backend inside a GroupBackend
     per_rank = hasattr(local, "iter_full_parameters")

@@ -50,7 +50,8 @@ class Trainer(DriverFacing):
         from fully_async.actors.residency import Dedicated, pool_residency, rank_options
         from fully_async.cluster.network import free_port, node_ip
         from fully_async.core.timeline import Timeline
-        from fully_async.actors.train_group import connect_trainer_group, total_optimizer_steps
+        from fully_async.actors.train_worker import TrainWorker
+        from fully_async.train.group import connect_trainer_group, total_optimizer_steps
         from fully_async.weight_sync import build_weight_sync
 
         self.cfg, self.device = actor_init(cfg, "trainer")
@@ -71,7 +72,7 @@ class Trainer(DriverFacing):
             # rank 0 of the data-parallel group; ranks 1..W-1 are spawned (one device each) and joined here
             self.backend = connect_trainer_group(cfg, self.device, optimizer_steps, (node_ip(), free_port()),
                                                  self.device.ray_actor_options(1), placement,
-                                                 rank_options=rank_options(cfg, self.device))
+                                                 rank_options=rank_options(cfg, self.device), worker=TrainWorker)
             self.weight_sync = build_weight_sync(cfg, self.backend, rollouter, self.device)
             if resume_path:
                 self.state.load_json(load_trainer_state(resume_path))

@@ -1,9 +1,10 @@
 """The one training step both modes run (layer 3): the async Trainer and the sync loop call `train_step`.
 
 Per step: build the padded batch of the groups' samples, compute the PPO "old" policy (the behaviour
-log-probs, or recomputed), reference log-probs when a KL term needs them, GRPO advantages, then the
-mini-batch updates, the bad-step check and the batch metrics.  One function, so the built-in sync-vs-async
-comparison compares the same step, and one place decides how many mini-batches a step has.
+log-probs, or recomputed), reference log-probs when a KL term needs them, GRPO advantages, then the one
+PPO update (ppo_update.py: epochs x mini-batches x micro-batches through the backend's primitives), the
+bad-step check and the batch metrics.  One function, so the built-in sync-vs-async comparison compares the
+same step, and one place decides how many mini-batches a step has.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from fully_async.core.batch import TrainBatch, build_batch
 from fully_async.core.flops import estimate_flops, match_device, mfu, peak_tflops, unsupported_reason
 from fully_async.core.metrics import batch_metrics
 from fully_async.core.types import Sample, SampleGroup
+from fully_async.train.backends import TrainBackend
+from fully_async.train.ppo_update import ppo_update
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +36,8 @@ def num_mini_batches(num_groups: int, ppo_mini_batch_size: int) -> int:
     return max(1, math.ceil(num_groups / ppo_mini_batch_size))
 
 
-def train_step(backend: Any, cfg: FullyAsyncConfig, groups: Sequence[SampleGroup], pad_token_id: int, step: int,
-               version: int, timeline: Optional[Any] = None) -> tuple[dict[str, float], list[Sample]]:
+def train_step(backend: TrainBackend, cfg: FullyAsyncConfig, groups: Sequence[SampleGroup], pad_token_id: int,
+               step: int, version: int, timeline: Optional[Any] = None) -> tuple[dict[str, float], list[Sample]]:
     """Train on `groups` (step number `step`, generated for param `version`); returns (metrics, samples)."""
     span = timeline.span if timeline is not None else (lambda name: contextlib.nullcontext())
     samples = [s for g in groups for s in g.samples]
@@ -43,7 +46,7 @@ def train_step(backend: Any, cfg: FullyAsyncConfig, groups: Sequence[SampleGroup
     metrics = prepare_batch(backend, cfg, batch, timing, timeline)
     t = time.perf_counter()
     with span("update_actor"):
-        metrics.update(backend.train_step(batch, num_mini_batches=num_mini_batches(
+        metrics.update(ppo_update(backend, cfg, batch, num_mini_batches(
             len(groups), cfg.actor_rollout_ref.actor.ppo_mini_batch_size)))
     timing["timing_s/update_actor"] = time.perf_counter() - t
     metrics.update(actor_perf_metrics(cfg, batch.seq_lengths, timing["timing_s/update_actor"]))
@@ -56,7 +59,7 @@ def train_step(backend: Any, cfg: FullyAsyncConfig, groups: Sequence[SampleGroup
     return metrics, samples
 
 
-def prepare_batch(backend: Any, cfg: FullyAsyncConfig, batch: TrainBatch, timing: dict,
+def prepare_batch(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatch, timing: dict,
                   timeline: Optional[Any] = None) -> dict[str, float]:
     """Fill old/ref log-probs and advantages in place; returns metrics of this preparation."""
     at, actor, alg = cfg.async_training, cfg.actor_rollout_ref.actor, cfg.algorithm
@@ -95,7 +98,7 @@ def prepare_batch(backend: Any, cfg: FullyAsyncConfig, batch: TrainBatch, timing
     return metrics
 
 
-def kl_controller(backend: Any, alg: Any) -> Any:
+def kl_controller(backend: TrainBackend, alg: Any) -> Any:
     """The in-reward KL controller of this trainer; it lives on the backend, which persists across steps
     (the adaptive coefficient starts again from algorithm.kl_ctrl.kl_coef when a run resumes)."""
     ctrl = getattr(backend, "kl_ctrl", None)
@@ -177,7 +180,7 @@ class BadStepsError(RuntimeError):
     pass
 
 
-def check_bad_steps(backend: Any, cfg: FullyAsyncConfig, step: int, samples: list) -> None:
+def check_bad_steps(backend: TrainBackend, cfg: FullyAsyncConfig, step: int, samples: list) -> None:
     """Log the batch of a skipped update; fail after trainer.max_bad_steps in a row."""
     if backend.consecutive_bad_steps == 0:
         return

@@ -2,7 +2,7 @@
 
 Sync mode runs one engine per trainer rank (engines/pool.py over the ranks).  With strategy torch or
 fsdp2 each rank's engine loads that rank's own full parameters as FSDP2 gathers them
-(train_group.load_trainer_weights, all ranks at once): nothing crosses a process.  A backend without
+(train/group.load_trainer_weights, all ranks at once): nothing crosses a process.  A backend without
 per-rank full parameters (megatron: rank 0 assembles the HF weights) sends rank 0's copy through the
 pool instead (one object-store copy read by every other rank).
 """

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fully_async.device import get_device
+from fully_async.train.ppo_update import ppo_update
 
 pytestmark = pytest.mark.gpu
 DEVICE = get_device("auto")
@@ -99,8 +100,8 @@ def test_train_step_matches_torch_backend_and_moves_weights(pair):
     dtype, _, hf, mg, batch, valid = pair
     batch.old_log_probs = hf.compute_log_probs(batch)
     before = mg.named_parameters_for_sync()
-    m_hf = hf.train_step(batch, num_mini_batches=2)
-    m_mg = mg.train_step(batch, num_mini_batches=2)
+    m_hf = ppo_update(hf, hf.cfg, batch, num_mini_batches=2)
+    m_mg = ppo_update(mg, mg.cfg, batch, num_mini_batches=2)
     assert all(torch.isfinite(torch.tensor(v)) for v in m_mg.values()), m_mg
     assert m_mg["actor/bad_steps"] == 0.0
     if dtype == "float32":
@@ -127,10 +128,10 @@ def test_offload_onload_and_checkpoint_round_trip(pair, tmp_path):
     mg.onload()
     assert torch.equal(mg.compute_log_probs(batch), reference)
     batch.old_log_probs = reference
-    mg.train_step(batch, num_mini_batches=1)          # optimizer state exists before saving
+    ppo_update(mg, mg.cfg, batch, num_mini_batches=1)          # optimizer state exists before saving
     saved = mg.compute_log_probs(batch)
     mg.save(str(tmp_path))
-    mg.train_step(batch, num_mini_batches=1)
+    ppo_update(mg, mg.cfg, batch, num_mini_batches=1)
     assert not torch.equal(mg.compute_log_probs(batch), saved)
     mg.load(str(tmp_path))
     assert torch.equal(mg.compute_log_probs(batch), saved)
@@ -153,7 +154,7 @@ def test_kl_entropy_and_recompute_match_torch_backend(tmp_path):
     results = []
     for backend in (hf, mg):
         batch.ref_log_probs = backend.compute_log_probs(batch, "ref")
-        results.append([backend.train_step(batch, num_mini_batches=2) for _ in range(2)])  # 2nd: kl != 0
+        results.append([ppo_update(backend, backend.cfg, batch, num_mini_batches=2) for _ in range(2)])  # 2nd: kl != 0
     for m_hf, m_mg in zip(*results):
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/ppo_kl"):
             assert m_mg[key] == pytest.approx(m_hf[key], rel=2e-3, abs=1e-6), (key, m_hf, m_mg)

@@ -1,24 +1,88 @@
-"""Training backends (layer 3): `TrainBackend` implementations, imported lazily by name."""
+"""Training backends (layer 3): the contract every strategy serves, and `build_backend` (implementations lazily).
+
+A backend owns a model, its optimizer and its parallelism; it does not own the PPO loop.  The one update
+(`train/ppo_update.py`) drives it through two primitives per optimizer step: `forward_backward` over a
+mini-batch's micro-batches (megatron: its pipeline schedule over them) and `optimizer_step`.  The Protocols below
+are the exact list of what crosses into a backend: a data-parallel rank >= 1 (`actors/train_worker.TrainWorker`)
+serves exactly these methods by name, and `train/group.GroupBackend` implements the same contract over all ranks.
+"""
 from __future__ import annotations
 
+import random
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator, Optional, Protocol
 
 import torch
 
-from fully_async.core.config import FullyAsyncConfig
+from fully_async.core.algorithms.actor_loss import ActorLossOutput
 from fully_async.core.batch import TrainBatch
+from fully_async.core.config import FullyAsyncConfig
+
+# the loss of one micro-batch (on the backend's device) from the current policy's (B, L) log-probs and entropy,
+# normalised to its whole mini-batch (train/ppo_update.MicroBatchLoss)
+MicroLoss = Callable[[TrainBatch, torch.Tensor, Optional[torch.Tensor]], ActorLossOutput]
+
+
+@dataclass
+class MiniBatch:
+    """One optimizer step's rows as they cross into a backend.
+
+    Cut into data-parallel shards (rank r: rows r::dp of the mini-batch) and each shard into micro-batches; every
+    rank has the same number of micro-batches, a rank with fewer real ones runs dummies (its first row with the
+    response mask zeroed) so that collectives line up.  Dummies add nothing to gradients, and their metrics are
+    dropped.  Tensors stay on the CPU; the backend moves each micro-batch to its device."""
+
+    micro: list[Optional[list[TrainBatch]]]   # [dp rank] -> its micro-batches; None: not sent to this process
+    real: list[int]                           # [dp rank] -> how many of them are real (the rest are dummies)
+    loss: MicroLoss
+
+    def shard(self, rank: int) -> tuple[list[TrainBatch], int]:
+        """(micro-batches, real count) of data-parallel rank `rank`."""
+        micro = self.micro[rank]
+        if micro is None:
+            raise ValueError(f"data-parallel rank {rank}'s micro-batches were not sent to this process")
+        return micro, self.real[rank]
+
+    def for_rank(self, rank: int) -> "MiniBatch":
+        """Only rank `rank`'s micro-batches: what is sent to that rank's process."""
+        return replace(self, micro=[m if r == rank else None for r, m in enumerate(self.micro)])
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What an optimizer step reports: the global grad norm before clipping (None: the step was skipped and the
+    gradients dropped) and the learning rate of the next step (the LR schedule advances only on taken steps)."""
+
+    grad_norm: Optional[float]
+    lr: float
+
+    @property
+    def skipped(self) -> bool:
+        return self.grad_norm is None
 
 
 class TrainBackend(Protocol):
-    """What a trainer (or the sync worker) asks of its training backend: every strategy's backend, and a
-    data-parallel group of them (train_group.GroupBackend), implement it.  This is the one list of the calls
-    that cross into a backend; a trainer rank >= 1 (train_group.TrainWorker) serves exactly these by name."""
+    """What the trainer, the sync worker and the one PPO update ask of a training backend: every strategy's
+    backend and a data-parallel group of them (train/group.GroupBackend) implement it."""
 
-    consecutive_bad_steps: int  # optimizer steps skipped in a row for a non-finite loss or grad norm
+    data_parallel_size: int     # how many data-parallel shards a mini-batch is cut into (MiniBatch.micro)
+    rng: random.Random          # the PPO update's shuffle; saved and restored with the backend's checkpoint
+    num_bad_steps: int          # optimizer steps skipped for a non-finite loss or grad norm (checkpointed)
+    consecutive_bad_steps: int  # ... in a row; the PPO update counts both, train_step fails past max_bad_steps
 
     def compute_log_probs(self, batch: TrainBatch, which: str = "actor") -> torch.Tensor: ...
 
-    def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]: ...
+    def forward_backward(self, mini: MiniBatch) -> dict[str, float]:
+        """Zero the gradients, then forward + backward `mini.loss` over this backend's micro-batches of `mini`
+        (gradients accumulate); returns the additive actor/* metrics of the real micro-batches, summed over the
+        mini-batch (every data-parallel rank, every pipeline stage)."""
+        ...
+
+    def optimizer_step(self, finite: bool) -> StepResult:
+        """Clip to actor.grad_clip and step the optimizer and the LR schedule, unless `finite` is False (the loss
+        or a metric was non-finite) or the global grad norm is: then drop the gradients.  Every rank gets the same
+        `finite`, so all ranks take or skip the step together."""
+        ...
 
     def named_parameters_for_sync(self) -> dict[str, torch.Tensor]: ...
 
@@ -36,17 +100,11 @@ class TrainBackend(Protocol):
 
 
 class ShardedTrainBackend(TrainBackend, Protocol):
-    """One data-parallel rank's backend under train_group.GroupBackend (strategy torch / fsdp2): it runs its
-    shard of each batch with the micro-batch count every rank agreed on, so that the collectives line up, and
-    the group's PPO loop drives its optimizer one mini-batch at a time."""
-
-    scheduler: Any  # the LR scheduler, stepped by the group's PPO loop through rank 0's backend
+    """One data-parallel rank's backend under train/group.GroupBackend (strategy torch / fsdp2): it runs its shard
+    of each batch with the micro-batch count every rank agreed on, so that the collectives line up."""
 
     def compute_log_probs(self, batch: TrainBatch, which: str = "actor",
                           num_micro: Optional[int] = None) -> torch.Tensor: ...
-
-    def train_mini_batch(self, mini: TrainBatch, denom: float, loss_scale: float = 1.0,
-                         num_micro: Optional[int] = None, rows_total: Optional[int] = None) -> dict[str, float]: ...
 
     def iter_full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]: ...
 

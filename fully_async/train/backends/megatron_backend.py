@@ -1,14 +1,16 @@
 """Megatron-core training backend (layer 3): GPTModel with tensor, pipeline and data parallelism.
 
-Every trainer rank builds one backend and is called with the *same* full batch; each rank takes its
-data-parallel shard (rows r::dp; an empty shard runs one zero-weighted row to stay in step).  Each
-micro-batch loss is divided by its whole mini-batch's token/sequence count (as in TorchBackend);
-megatron's schedule divides by the micro-batch count and DDP averages over dp, so the loss given to
-the schedule is multiplied back by both.  Log-probs use megatron's vocab-parallel cross-entropy
-(exact under TP).  Weights enter and leave in Hugging Face names (`hf_megatron`).  Layers use the
-local spec (torch fallbacks, no Transformer Engine/Apex).  On Ascend NPU, MindSpeed patches megatron:
-`import mindspeed.megatron_adaptor` must run before megatron is first imported, which
-`_import_megatron` does when device.name == "npu".  Context parallelism is not implemented.
+Every trainer rank builds one backend and is called with the *same* full batch (train/group.ReplicatedGroupBackend):
+log-probs take their data-parallel shard here (rows r::dp; an empty shard runs one zero-weighted row to stay in
+step), and the PPO update (train/ppo_update.py) hands each mini-batch already cut into dp shards of micro-batches
+(train/sharding.py); each rank runs its own through megatron's pipeline schedule, its unit of forward/backward.
+Each micro-batch loss is divided by its whole mini-batch's token/sequence count (as in TorchBackend); megatron's
+schedule divides by the micro-batch count and DDP averages over dp, so the loss given to the schedule is
+multiplied back by both.  Log-probs use megatron's vocab-parallel cross-entropy (exact under TP).  Weights enter
+and leave in Hugging Face names (`hf_megatron`).  Layers use the local spec (torch fallbacks, no Transformer
+Engine/Apex).  On Ascend NPU, MindSpeed patches megatron: `import mindspeed.megatron_adaptor` must run before
+megatron is first imported, which `_import_megatron` does when device.name == "npu".  Context parallelism is not
+implemented.
 """
 from __future__ import annotations
 
@@ -25,9 +27,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from fully_async.core.config import FullyAsyncConfig
-from fully_async.core.algorithms.actor_loss import actor_loss, actor_metric_names, mini_batch_denominator
+from fully_async.core.algorithms.actor_loss import actor_metric_names
 from fully_async.core.algorithms.lr_schedule import lr_lambda, warmup_steps
-from fully_async.train.backends import hf_megatron
+from fully_async.train.backends import MiniBatch, MicroLoss, StepResult, hf_megatron
 from fully_async.core.batch import TrainBatch, micro_batches
 from fully_async.device import Device, parse_dtype
 
@@ -121,9 +123,10 @@ class MegatronBackend:
         self.warmup_steps = warmup_steps(optim, total_optimizer_steps)
         self.lr_multiplier = lr_lambda(optim, total_optimizer_steps)    # step -> multiplier of optim.lr
         self.temperature = arr.rollout.temperature
-        self.rng = random.Random(cfg.trainer.seed)      # same seed on every rank: same shuffles
+        self.data_parallel_size = self.dp                # train/ppo_update cuts each mini-batch into dp shards
+        self.rng = random.Random(cfg.trainer.seed)      # the PPO update's shuffle (rank 0's drives the group)
         self.optim_steps = self.num_bad_steps = 0        # good optimizer steps / skipped ones (non-finite)
-        self.consecutive_bad_steps = 0                   # reset by every good optimizer step
+        self.consecutive_bad_steps = 0                   # reset by every good optimizer step (ppo_update counts)
         self._host: list[tuple[Any, Optional[torch.Tensor], int]] = []   # offloaded device storages
 
     # ------------------------------------------------------------------ construction
@@ -245,78 +248,50 @@ class MegatronBackend:
             out[[rows[i] for i in idx], :logp.shape[1]] = logp.float()
         return self._sum_replicas(out).cpu()
 
-    # ------------------------------------------------------------------ update
-    def _ppo_loss(self, mb: TrainBatch, logits: torch.Tensor, *, denom: float, rows_total: int,
-                  scale: float) -> tuple:
-        a = self.actor_cfg
+    # ------------------------------------------------------------------ update (driven by train/ppo_update.py)
+    def _ppo_loss(self, mb: TrainBatch, logits: torch.Tensor, *, loss: MicroLoss, scale: float) -> tuple:
         logp, ent = vocab_parallel_log_probs(logits[:, :mb.input_ids.shape[1]], mb.input_ids, self.temperature,
-                                             with_entropy=True, entropy_grad=a.entropy_coeff != 0)
-        res = actor_loss(logp, ent, old_logp=mb.old_log_probs, advantages=mb.advantages, mask=mb.response_mask,
-                         denom=denom, rows_total=rows_total, actor=a, async_training=self.cfg.async_training,
-                         ref_logp=mb.ref_log_probs, rollout_logp=mb.rollout_log_probs)
+                                             with_entropy=True, entropy_grad=self.actor_cfg.entropy_coeff != 0)
+        res = loss(mb, logp, ent)
         # the schedule divides by the micro-batch count and DDP averages over dp: `scale` undoes both
         return res.loss * scale, res.metric_tensor()          # metrics in actor_metric_names order
 
     def _lr(self, step: int) -> float:
         return self.actor_cfg.optim.lr * self.lr_multiplier(step)
 
-    def _train_mini_batch(self, mini: TrainBatch, num_stats: int) -> tuple[torch.Tensor, Optional[float]]:
-        """One optimizer step; (metric sums over the mini-batch, grad norm or None when skipped)."""
-        a = self.actor_cfg
-        mask = mini.response_mask
-        denom = mini_batch_denominator(mask, a)
-        rows, weight = self._dp_rows(len(mini))
-        shard = mini.select(rows)
-        mbs = [shard.select(idx).to(self.torch_device) for idx in
-               micro_batches(shard, a.ppo_micro_batch_size_per_gpu, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu)]
+    def forward_backward(self, mini: MiniBatch) -> dict[str, float]:
+        """Megatron's (pipelined) schedule over this data-parallel rank's micro-batches of `mini`, from zero
+        gradients; the metrics of the real micro-batches summed over dp shards and pipeline stages (identical on
+        every rank from here on).  A rank without rows of its own runs a zero-mask row (sharding.py)."""
+        micro, real = mini.shard(self.dp_rank)
+        mbs = [mb.to(self.torch_device) for mb in micro]
+        self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        loss_fn = partial(self._ppo_loss, denom=denom, rows_total=len(mini), scale=len(mbs) * self.dp * weight)
-        stats = torch.zeros(num_stats, dtype=torch.float32, device=self.torch_device)
-        for s in self._schedule(self.model, mbs, loss_fn, forward_only=False):
-            stats += s * weight
-        stats = self._sum_replicas(stats).cpu()          # identical on every rank from here on
+        keys = actor_metric_names(self.actor_cfg, self.cfg.async_training)
+        loss_fn = partial(self._ppo_loss, loss=mini.loss, scale=len(mbs) * self.dp)
+        stats = torch.zeros(len(keys), dtype=torch.float32, device=self.torch_device)
+        for i, s in enumerate(self._schedule(self.model, mbs, loss_fn, forward_only=False)):
+            if i < real:                                 # outputs exist on the last pipeline stage only
+                stats += s
+        return {k: float(v) for k, v in zip(keys, self._sum_replicas(stats).cpu())}
+
+    def optimizer_step(self, finite: bool) -> StepResult:
+        """Global grad norm over tp/pp(/dp) before clipping; megatron's step clips to grad_clip and copies into
+        the params.  The LR follows the schedule by taken steps."""
         grad_norm = None
-        if torch.isfinite(stats).all():
+        if finite:
             self.optimizer.prepare_grads()
-            grad_norm = float(self.optimizer.get_grad_norm())   # global over tp/pp(/dp), before clipping
+            grad_norm = float(self.optimizer.get_grad_norm())
         if grad_norm is None or not math.isfinite(grad_norm):
             self.optimizer.zero_grad()
             self.model.zero_grad_buffer()
-            self.num_bad_steps += 1
-            self.consecutive_bad_steps += 1
-            logger.warning("non-finite loss or grad norm: optimizer step skipped (%d so far)", self.num_bad_steps)
-            return stats, None
+            return StepResult(None, self._lr(self.optim_steps))
         for group in self.optimizer.param_groups:
             group["lr"] = self._lr(self.optim_steps)
-        self.optimizer.step()                            # clips to grad_clip, steps, copies into the params
+        self.optimizer.step()
         self.optim_steps += 1
-        self.consecutive_bad_steps = 0
-        return stats, grad_norm
-
-    def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
-        """PPO update over `batch` split into `num_mini_batches` optimizer steps, `ppo_epochs` times."""
-        a = self.actor_cfg
-        keys = actor_metric_names(a, self.cfg.async_training)
-        mini_size = math.ceil(len(batch) / num_mini_batches)
-        sums, norms, steps = torch.zeros(len(keys), dtype=torch.float64), [], 0
-        self.model.train()
-        for _ in range(a.ppo_epochs):
-            order = list(range(len(batch)))
-            if a.shuffle:
-                self.rng.shuffle(order)
-            for start in range(0, len(batch), mini_size):
-                stats, norm = self._train_mini_batch(batch.select(order[start:start + mini_size]), len(keys))
-                sums, steps = sums + stats.double(), steps + 1
-                norms.append(norm)
-        # micro-batch terms are already scaled to their mini-batch: sums / steps are per-mini-batch means
-        metrics = {k: float(v) / steps for k, v in zip(keys, sums)}
-        good = [n for n in norms if n is not None]
-        if good:
-            metrics["actor/grad_norm"] = sum(good) / len(good)
-        metrics["actor/bad_steps"] = float(len(norms) - len(good))
-        metrics["actor/lr"] = self._lr(self.optim_steps)
-        return metrics
+        return StepResult(grad_norm, self._lr(self.optim_steps))
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()

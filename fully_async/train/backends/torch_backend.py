@@ -1,16 +1,17 @@
-"""Single-device torch training backend: log-probs, the PPO update, weights for sync (layer 3).
+"""Torch training backend, one device or an FSDP2 rank (layer 3): log-probs, the PPO primitives, weights for sync.
 
-The update is written so that micro-batching never changes the numbers: each micro-batch's
-loss is divided by the token (or sequence) count of its whole mini-batch, gradients accumulate,
-and the optimizer steps once per mini-batch.  A non-finite loss or gradient norm skips that
-optimizer step (the grads are dropped) and is reported in `actor/bad_steps`.
+The PPO loop is train/ppo_update.py; this backend runs its two primitives.  `forward_backward` runs a
+mini-batch's micro-batches (each loss already divided by its whole mini-batch's token or sequence count, so
+micro-batching never changes the numbers) with gradients accumulating; `optimizer_step` clips, checks the global
+grad norm and steps the optimizer and the LR schedule once per mini-batch, or drops the gradients when the loss
+or the norm is non-finite.  Under FSDP2 every rank runs the same number of passes (sharding.py pads with dummies)
+so that the all-gathers line up.
 """
 from __future__ import annotations
 
 import copy
 import glob
 import logging
-import math
 import os
 import random
 from typing import Any, Callable, Optional
@@ -19,9 +20,8 @@ import torch
 import torch.distributed as dist
 
 from fully_async.core.config import FullyAsyncConfig, actor_strategy
-from fully_async.core.algorithms.actor_loss import actor_loss, mini_batch_denominator
 from fully_async.core.algorithms.lr_schedule import lr_lambda, warmup_steps
-from fully_async.train.backends import fsdp, varlen_attention
+from fully_async.train.backends import MiniBatch, StepResult, fsdp, varlen_attention
 from fully_async.train.backends.token_stats import enable_fused_head, token_stats
 from fully_async.core.batch import TrainBatch, micro_batches
 from fully_async.device import Device, parse_dtype
@@ -94,40 +94,6 @@ def pad_micro_batches(splits: list[list[int]], num_micro: Optional[int]) -> list
     return out
 
 
-def ppo_update(batch: TrainBatch, num_mini_batches: int, actor_cfg: Any, rng: random.Random,
-               run_mini: Callable[[TrainBatch, float], dict], scheduler: Any) -> dict[str, float]:
-    """`ppo_epochs` passes over `num_mini_batches` mini-batches; one `run_mini` (optimizer step) each.
-
-    Shared by the single-device backend and the data-parallel group, so both split, shuffle and
-    normalise identically."""
-    mini_size = math.ceil(len(batch) / num_mini_batches)
-    sums: dict[str, float] = {}
-    norms: list[float] = []
-    steps = 0
-    for _ in range(actor_cfg.ppo_epochs):
-        order = list(range(len(batch)))
-        if actor_cfg.shuffle:
-            rng.shuffle(order)
-        for start in range(0, len(batch), mini_size):
-            mini = batch.select(order[start:start + mini_size])
-            mask = mini.response_mask
-            denom = mini_batch_denominator(mask, actor_cfg)
-            res = run_mini(mini, denom)
-            steps += 1
-            if "grad_norm" in res:
-                norms.append(res["grad_norm"])
-            for key, value in res.items():
-                if key.startswith("actor/"):
-                    sums[key] = sums.get(key, 0.0) + value
-            sums["actor/bad_steps"] = sums.get("actor/bad_steps", 0.0) + res["bad"]
-    metrics = {k: v / steps for k, v in sums.items() if k != "actor/bad_steps"}
-    if norms:
-        metrics["actor/grad_norm"] = sum(norms) / len(norms)
-    metrics["actor/bad_steps"] = sums["actor/bad_steps"]
-    metrics["actor/lr"] = scheduler.get_last_lr()[0]
-    return metrics
-
-
 def compile_decoder_layers(model: torch.nn.Module, device: Device) -> bool:
     """actor.use_torch_compile: torch.compile each decoder layer in place (one program shared by all layers; the
     token count becomes dynamic after the second size seen).  Measured on one H100, 0.5B shape, packed update:
@@ -154,6 +120,9 @@ class TorchBackend:
         torch.manual_seed(cfg.trainer.seed)
         self.fsdp = actor_strategy(cfg) == "fsdp2"
         self.rank = dist.get_rank() if dist.is_initialized() else 0
+        # FSDP2 ranks are the data-parallel ranks of one process group; plain torch is a world of one
+        self.data_parallel_size = dist.get_world_size() if self.fsdp and dist.is_initialized() else 1
+        self.dp_rank = self.rank if self.fsdp else 0
         compute_dtype = parse_dtype(arr.actor.dtype)
         # FSDP2 keeps float32 master weights and computes in actor.dtype; plain torch trains in actor.dtype
         self.packed = arr.model.use_remove_padding
@@ -174,7 +143,7 @@ class TorchBackend:
                            "(bias, soft-capping or scaling); computing full logits", arr.model.path)
         if self.fsdp:
             if not dist.is_initialized():
-                raise RuntimeError("strategy=fsdp2 needs the trainer's process group (fully_async.actors.train_group)")
+                raise RuntimeError("strategy=fsdp2 needs the trainer's process group (fully_async.train.group)")
             offload = arr.actor.fsdp_config.param_offload and device.is_accelerator  # on CPU it is already there
             fsdp.shard_model(self.model, compute_dtype, offload)
             if self.ref_model is not None:
@@ -187,8 +156,8 @@ class TorchBackend:
         self.warmup_steps = warmup_steps(optim, total_optimizer_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim, total_optimizer_steps))
         self.temperature = arr.rollout.temperature
-        self.rng = random.Random(cfg.trainer.seed)
-        self.num_bad_steps = 0          # total optimizer steps skipped for a non-finite loss/grad
+        self.rng = random.Random(cfg.trainer.seed)   # the PPO update's shuffle
+        self.num_bad_steps = 0          # total optimizer steps skipped for a non-finite loss/grad (ppo_update counts)
         self.consecutive_bad_steps = 0  # reset by every good optimizer step
 
     # ------------------------------------------------------------------ log-probs
@@ -216,58 +185,44 @@ class TorchBackend:
         model.train(was_training)
         return out
 
-    # ------------------------------------------------------------------ update
-    def train_step(self, batch: TrainBatch, num_mini_batches: int) -> dict[str, float]:
-        """PPO update over `batch` split into `num_mini_batches` optimizer steps, `ppo_epochs` times."""
-        return ppo_update(batch, num_mini_batches, self.actor_cfg, self.rng,
-                          lambda mini, denom: self.train_mini_batch(mini, denom), self.scheduler)
+    # ------------------------------------------------------------------ update (driven by train/ppo_update.py)
+    def forward_backward(self, mini: MiniBatch) -> dict[str, float]:
+        """Forward + backward of `mini.loss` over this rank's micro-batches, gradients accumulating from zero.
 
-    def train_mini_batch(self, mini: TrainBatch, denom: float, loss_scale: float = 1.0,
-                         num_micro: Optional[int] = None, rows_total: Optional[int] = None) -> dict[str, float]:
-        """One optimizer step on a mini-batch (or this rank's shard of it).
-
-        Losses are divided by `denom`, the token/sequence count of the whole mini-batch, so the sum
-        over micro-batches (and over ranks) is the mini-batch loss; `loss_scale` undoes the
-        data-parallel gradient averaging.  Returns additive metrics (sum them over ranks) plus
-        grad_norm and bad (identical on every rank)."""
-        a = self.actor_cfg
-        rows_total = rows_total or len(mini)
+        Each micro-batch's loss is already normalised to the whole mini-batch, so the sum over micro-batches
+        (and over ranks) is the mini-batch loss; under FSDP2 it is multiplied by the world size to undo the
+        data-parallel gradient averaging.  Returns the additive metrics of the real micro-batches."""
+        micro, real = mini.shard(self.dp_rank)
         out: dict[str, float] = {}
-
-        def add(key: str, value: float) -> None:
-            out[key] = out.get(key, 0.0) + float(value)
-
         self.optimizer.zero_grad(set_to_none=True)
-        splits = micro_batches(mini, a.ppo_micro_batch_size_per_gpu, a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu,
-                               self.packed)
-        for idx, dummy in pad_micro_batches(splits, num_micro):
-            mb = mini.select(idx).to(self.torch_device)
-            mask = mb.response_mask * (0.0 if dummy else 1.0)   # a dummy pass only keeps collectives in step
+        for i, mb in enumerate(micro):
+            mb = mb.to(self.torch_device)
             logp, ent = token_log_probs(self.model, mb, self.temperature, with_entropy=True, packed=self.packed,
                                         fused=self.fused)
-            res = actor_loss(logp, ent, old_logp=mb.old_log_probs, advantages=mb.advantages, mask=mask, denom=denom,
-                             rows_total=rows_total, actor=a, async_training=self.cfg.async_training,
-                             ref_logp=mb.ref_log_probs, rollout_logp=mb.rollout_log_probs)
-            # backward even for a non-finite loss: every rank must run the same collectives; the
-            # (then non-finite) global grad norm makes all ranks skip this step together
-            (res.loss * loss_scale).backward()
-            if dummy:   # its mask is zero: every metric of it is 0
+            res = mini.loss(mb, logp, ent)
+            # backward even for a non-finite loss or a dummy: every rank must run the same collectives; the
+            # update then skips the step on all ranks together
+            (res.loss * float(self.data_parallel_size)).backward()
+            if i >= real:   # a dummy (zero mask): every metric of it is 0
                 continue
             for key, value in res.metric_floats().items():
-                add(key, value)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), a.grad_clip)
-        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor holding the global norm
-            grad_norm = grad_norm.full_tensor()
-        if not torch.isfinite(grad_norm):
+                out[key] = out.get(key, 0.0) + float(value)
+        return out
+
+    def optimizer_step(self, finite: bool) -> StepResult:
+        """Clip, check the global grad norm, step the optimizer and the LR schedule; or drop the gradients."""
+        grad_norm = None
+        if finite:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.actor_cfg.grad_clip)
+            if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor holding the global norm
+                norm = norm.full_tensor()
+            grad_norm = float(norm) if torch.isfinite(norm) else None
+        if grad_norm is None:
             self.optimizer.zero_grad(set_to_none=True)
-            self.num_bad_steps += 1
-            self.consecutive_bad_steps += 1
-            logger.warning("non-finite loss or grad norm: optimizer step skipped (%d so far)", self.num_bad_steps)
-            return dict(out, bad=1.0)
+            return StepResult(None, self.scheduler.get_last_lr()[0])
         self.optimizer.step()
         self.scheduler.step()
-        self.consecutive_bad_steps = 0
-        return dict(out, grad_norm=float(grad_norm), bad=0.0)
+        return StepResult(grad_norm, self.scheduler.get_last_lr()[0])
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()

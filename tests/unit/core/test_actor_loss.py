@@ -1,5 +1,5 @@
 """The one PPO actor objective (algorithms/actor_loss.py) against the loss and metrics each backend wrote
-for itself before they shared it, bit for bit, and both backends calling it."""
+for itself before they shared it, bit for bit, and the one PPO update calling it for both backends."""
 import ast
 import itertools
 import os
@@ -176,8 +176,10 @@ def test_entropy_may_be_left_out_only_without_its_bonus():
 
 # ----------------------------------------------------------------------------------- the backends use it
 def test_megatron_ppo_loss_is_the_shared_loss(monkeypatch):
-    """MegatronBackend._ppo_loss on CPU (its vocab-parallel log-probs faked): the shared function's loss
-    times `scale`, and its metric vector, bit for bit equal to the former megatron code."""
+    """MegatronBackend._ppo_loss on CPU (its vocab-parallel log-probs faked) with the PPO update's micro-batch
+    loss: the shared function's loss times `scale`, and its metric vector, bit for bit equal to the former
+    megatron code."""
+    from fully_async.train import ppo_update
     from fully_async.train.backends import megatron_backend
 
     a, at = configs("seq-mean-token-sum", kl=True, entropy_coeff=0.01, decoupled=True)
@@ -193,17 +195,18 @@ def test_megatron_ppo_loss_is_the_shared_loss(monkeypatch):
         return d["logp"], d["ent"]
 
     calls = []
-    real_actor_loss = megatron_backend.actor_loss
+    real_actor_loss = ppo_update.actor_loss
 
     def spy(*args, **kwargs):
         calls.append(kwargs)
         return real_actor_loss(*args, **kwargs)
 
     monkeypatch.setattr(megatron_backend, "vocab_parallel_log_probs", fake_log_probs)
-    monkeypatch.setattr(megatron_backend, "actor_loss", spy)
+    monkeypatch.setattr(ppo_update, "actor_loss", spy)
     backend = object.__new__(megatron_backend.MegatronBackend)
     backend.actor_cfg, backend.cfg, backend.temperature = a, SimpleNamespace(async_training=at), 1.0
-    loss, stats = backend._ppo_loss(mb, torch.zeros(rows, length, 3), denom=5.0, rows_total=9, scale=6.0)
+    loss, stats = backend._ppo_loss(mb, torch.zeros(rows, length, 3),
+                                    loss=ppo_update.MicroBatchLoss(5.0, 9, a, at), scale=6.0)
     old_loss, old_stats = megatron_backend_before(d, 5.0, 9, a, at)
     assert torch.equal(loss, old_loss * 6.0) and torch.equal(stats, old_stats)
     assert len(calls) == 1 and calls[0]["actor"] is a and calls[0]["async_training"] is at
@@ -221,11 +224,15 @@ def loss_symbols(rel):
     return imported, attrs, calls
 
 
-@pytest.mark.parametrize("rel", ["train/backends/torch_backend.py", "train/backends/megatron_backend.py"])
+@pytest.mark.parametrize("rel", ["train/backends/torch_backend.py", "train/backends/megatron_backend.py",
+                                 "train/group.py", "train/ppo_update.py"])
 def test_backends_have_no_loss_terms_of_their_own(rel):
+    """The backends run the loss the PPO update hands them (ppo_update.MicroBatchLoss); only the update calls the
+    shared actor_loss, and nobody in train/ builds a loss term of its own."""
     imported, attrs, calls = loss_symbols(rel)
     assert not {m for m, _ in imported if m == "fully_async.core.algorithms.losses"}, imported
     assert ("fully_async.core.config", "clip_bounds") not in imported
-    assert ("fully_async.core.algorithms.actor_loss", "actor_loss") in imported and "actor_loss" in calls
+    calls_the_loss = ("fully_async.core.algorithms.actor_loss", "actor_loss") in imported and "actor_loss" in calls
+    assert calls_the_loss == (rel == "train/ppo_update.py")
     assert not attrs & {"kl_loss_coef", "kl_loss_type", "clip_ratio_c", "behav_imp_weight_cap", "clipfrac",
                         "ppo_kl", "behav_weight_mean", "lr_warmup_steps", "lr_warmup_steps_ratio"}, attrs

@@ -47,6 +47,7 @@ def test_backend_state_round_trip(tmp_path):
     from fully_async.train.backends.torch_backend import TorchBackend
     from fully_async.core.batch import build_batch
     from fully_async.device import CPU
+    from fully_async.train.ppo_update import ppo_update
     from fully_async.train.train_step import prepare_batch
     from tests_helpers import tiny_samples
 
@@ -55,7 +56,7 @@ def test_backend_state_round_trip(tmp_path):
     a = TorchBackend(cfg, CPU, 10)
     batch = build_batch(tiny_samples())
     prepare_batch(a, cfg, batch, {})
-    a.train_step(batch, 1)
+    ppo_update(a, cfg, batch, 1)
     a.save(str(tmp_path))
     b = TorchBackend(cfg, CPU, 10)
     b.load(str(tmp_path))
@@ -64,8 +65,8 @@ def test_backend_state_round_trip(tmp_path):
     # the next update is identical too (optimizer moments and scheduler restored)
     batch2 = build_batch(tiny_samples(seed=1))
     prepare_batch(a, cfg, batch2, {})
-    ma = a.train_step(batch2, 1)
-    mb = b.train_step(batch2, 1)
+    ma = ppo_update(a, cfg, batch2, 1)
+    mb = ppo_update(b, cfg, batch2, 1)
     assert ma["actor/grad_norm"] == pytest.approx(mb["actor/grad_norm"])
     assert all(torch.equal(pa, pb) for pa, pb in zip(a.model.parameters(), b.model.parameters()))
 

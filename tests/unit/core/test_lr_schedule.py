@@ -135,6 +135,7 @@ def test_torch_backend_follows_the_cosine_schedule(random_model_dir):
     from fully_async.train.backends.torch_backend import TorchBackend
     from fully_async.core.batch import build_batch
     from fully_async.device import CPU
+    from fully_async.train.ppo_update import ppo_update
     from fully_async.train.train_step import prepare_batch
     from tests_helpers import tiny_samples
 
@@ -146,5 +147,5 @@ def test_torch_backend_follows_the_cosine_schedule(random_model_dir):
     backend = TorchBackend(cfg, CPU, total_optimizer_steps=4)
     batch = build_batch(tiny_samples(groups=2, n=3))
     prepare_batch(backend, cfg, batch, {})
-    metrics = backend.train_step(batch, num_mini_batches=2)          # optimizer steps 0 and 1 taken
+    metrics = ppo_update(backend, cfg, batch, num_mini_batches=2)    # optimizer steps 0 and 1 taken
     assert metrics["actor/lr"] == 0.01 * verl_cosine(3, 1, 4, 0.1)   # the lr of step 2 (k = 3)

@@ -165,6 +165,7 @@ def test_nan_loss_skips_update_logs_batch_and_fails_after_max_bad_steps(tmp_path
     from fully_async.train.backends.torch_backend import TorchBackend
     from fully_async.core.batch import build_batch
     from fully_async.device import CPU
+    from fully_async.train.ppo_update import ppo_update
     from fully_async.train.train_step import BadStepsError, check_bad_steps, prepare_batch
     from tests_helpers import tiny_samples
 
@@ -177,7 +178,7 @@ def test_nan_loss_skips_update_logs_batch_and_fails_after_max_bad_steps(tmp_path
         batch = build_batch(samples)
         prepare_batch(backend, cfg, batch, {})
         batch.advantages = torch.full_like(batch.advantages, float("nan"))
-        metrics = backend.train_step(batch, 1)
+        metrics = ppo_update(backend, cfg, batch, 1)
         assert metrics["actor/bad_steps"] == 1.0
         if step == 1:
             check_bad_steps(backend, cfg, step, samples)  # logged, not fatal yet

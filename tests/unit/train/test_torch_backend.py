@@ -8,6 +8,7 @@ from fully_async.train.backends.torch_backend import TorchBackend, token_log_pro
 from fully_async.core.batch import build_batch, split_by_tokens
 from fully_async.device import CPU
 from fully_async.run.hydra_setup import load_config
+from fully_async.train.ppo_update import ppo_update
 from fully_async.train.train_step import prepare_batch
 from fully_async.core.types import Sample
 
@@ -37,7 +38,7 @@ def updated_weights(model_dir, *overrides):
     cfg, backend = backend_for(model_dir, *overrides)
     batch = build_batch(make_samples())
     prepare_batch(backend, cfg, batch, {})
-    metrics = backend.train_step(batch, num_mini_batches=1)
+    metrics = ppo_update(backend, cfg, batch, num_mini_batches=1)
     return {k: v.detach().clone() for k, v in backend.model.named_parameters()}, metrics
 
 
@@ -87,7 +88,7 @@ def test_first_ppo_step_is_on_policy_ratio_one(random_model_dir):
     batch = build_batch(make_samples())
     prepare_batch(backend, cfg, batch, {})
     before = copy.deepcopy(dict(backend.model.named_parameters()))
-    metrics = backend.train_step(batch, num_mini_batches=1)
+    metrics = ppo_update(backend, cfg, batch, num_mini_batches=1)
     assert metrics["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["actor/pg_clipfrac"] == 0.0
     assert metrics["actor/bad_steps"] == 0.0

@@ -1,4 +1,5 @@
-"""Two gloo data-parallel ranks (FSDP2) give the same update as one device on the same global batch."""
+"""Two gloo data-parallel ranks (FSDP2) under the one PPO update give the same update as one device on the same
+global batch."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -9,7 +10,10 @@ from fully_async.core.batch import build_batch
 from fully_async.device import CPU
 from fully_async.run.hydra_setup import load_config
 from fully_async.train.train_step import prepare_batch
-from fully_async.actors.train_group import GroupBackend, connect_trainer_group, shard_rows
+from fully_async.actors.train_worker import TrainWorker
+from fully_async.train.group import GroupBackend, connect_trainer_group
+from fully_async.train.ppo_update import ppo_update
+from fully_async.train.sharding import shard_rows
 from tests_helpers import tiny_samples
 
 COMMON = ["actor_rollout_ref.actor.optim.lr=0.01", "actor_rollout_ref.rollout.n=3",
@@ -48,18 +52,19 @@ def test_two_fsdp2_gloo_ranks_match_one_device(ray_cpus, mode, shared, extra):
     single = TorchBackend(single_cfg, CPU, 10)
     batch = build_batch(samples)
     prepare_batch(single, single_cfg, batch, {})
-    ref_metrics = single.train_step(batch, num_mini_batches=2)
+    ref_metrics = ppo_update(single, single_cfg, batch, num_mini_batches=2)
 
     cfg = load_config(COMMON + [f"actor_rollout_ref.actor.loss_agg_mode={mode}",
                                 "actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=2", *shared, *extra])
-    group = connect_trainer_group(cfg, CPU, 10, ("127.0.0.1", free_port()), {"num_cpus": 1})
+    group = connect_trainer_group(cfg, CPU, 10, ("127.0.0.1", free_port()), {"num_cpus": 1}, worker=TrainWorker)
     try:
-        assert isinstance(group, GroupBackend) and group.world == 2
+        assert isinstance(group, GroupBackend) and group.world == 2 == group.data_parallel_size
+        assert group.rng is group.local.rng          # rank 0 shuffles for all ranks, from its checkpointed RNG
         batch2 = build_batch(samples)
         prepare_batch(group, cfg, batch2, {})
         assert torch.allclose(batch2.old_log_probs, batch.old_log_probs, atol=1e-5)
         assert torch.allclose(batch2.ref_log_probs, batch.ref_log_probs, atol=1e-5)
-        metrics = group.train_step(batch2, num_mini_batches=2)
+        metrics = ppo_update(group, cfg, batch2, num_mini_batches=2)
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac"):
             assert metrics[key] == pytest.approx(ref_metrics[key], rel=1e-4, abs=1e-6), key
         full = group.named_parameters_for_sync()
@@ -71,7 +76,7 @@ def test_two_fsdp2_gloo_ranks_match_one_device(ray_cpus, mode, shared, extra):
         tiny = build_batch(tiny_samples(groups=1, n=1))
         prepare_batch(group, cfg, tiny, {})
         assert tiny.old_log_probs[0, 4:].abs().sum() > 0          # rank 0's row was computed
-        metrics = group.train_step(tiny, num_mini_batches=1)
+        metrics = ppo_update(group, cfg, tiny, num_mini_batches=1)
         assert metrics["actor/bad_steps"] == 0.0 and metrics["actor/grad_norm"] > 0
     finally:
         import ray

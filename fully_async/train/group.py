@@ -1,0 +1,196 @@
+"""Data-parallel trainer group (layer 3): one process per trainer device, rank 0 drives.
+
+Rank 0 is the Trainer (or SyncWorker) actor itself; ranks 1..W-1 are `actors/train_worker.TrainWorker` actors
+(the thin Ray shell, passed in as `worker`: this layer cannot import the actors).  All ranks join one
+torch.distributed world on the device's comm backend (gloo / nccl / hccl).  `GroupBackend` gives rank 0 the same
+`TrainBackend` contract as a single device, so the one PPO update (ppo_update.py) drives a group exactly as it
+drives one backend: it sends each rank its own data-parallel shard of every mini-batch (FSDP2: each rank's
+`TorchBackend` runs its shard), calls every rank's optimizer step, and sums the additive metrics in rank order.
+`ReplicatedGroupBackend` (megatron) sends every rank the whole call: tensor/pipeline peers need the same rows, and
+each megatron rank picks its own data-parallel shard.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Optional
+
+import torch
+
+from fully_async.cluster.ray_utils import ray_get
+from fully_async.core.batch import TrainBatch
+from fully_async.core.config import FullyAsyncConfig, actor_strategy, typed_config
+from fully_async.core.plan import RunPlan
+from fully_async.train.backends import MiniBatch, StepResult, TrainBackend
+from fully_async.train.sharding import micro_count, shard_batch
+
+# backend calls rank 0 answers alone (its own parameters' names and shapes; its own engine's weights in sync mode)
+RANK0_ONLY = ("param_shapes", "iter_full_parameters")
+
+
+def total_optimizer_steps(cfg: FullyAsyncConfig, total_steps: int, mini_batches_per_step: int) -> int:
+    return total_steps * mini_batches_per_step * cfg.actor_rollout_ref.actor.ppo_epochs
+
+
+def shards(cfg: FullyAsyncConfig) -> bool:
+    """The strategy runs a process group over the trainer ranks (verl's `fsdp` resolves by world size)."""
+    return actor_strategy(cfg) in ("fsdp2", "megatron")
+
+
+def build_local_backend(cfg: FullyAsyncConfig, device: Any, optimizer_steps: int, rank: int, world: int,
+                        master: Optional[tuple[str, int]], store: Optional[Any] = None) -> TrainBackend:
+    """This process's backend; joins the trainer's process group first when the strategy shards (rank 0 with
+    its own rendezvous `store`, fsdp.master_store)."""
+    from fully_async.train.backends import build_backend
+    from fully_async.train.backends.fsdp import init_process_group, master_store
+
+    if shards(cfg):
+        if master is None:   # a lone rank (world 1) of a sharding strategy: a private store
+            store = master_store("127.0.0.1", world)
+            master = ("127.0.0.1", store.port)
+        init_process_group(device, rank, world, *master, store=store)
+    return build_backend(cfg, device, optimizer_steps)
+
+
+def load_trainer_weights(backend: Any, engine: Any, version: int) -> None:
+    """Sync mode, every rank at once: the engine beside a trainer rank loads that rank's full parameters
+    (FSDP2 all-gathers each one on every rank, so each engine reads its own copy as it is gathered)."""
+    engine.update_weights(backend.iter_full_parameters(), version)
+
+
+class GroupBackend:
+    """`TrainBackend` over rank 0's local backend and the workers of ranks 1..W-1 (strategy fsdp2)."""
+
+    def __init__(self, local: Any, workers: list[Any], cfg: FullyAsyncConfig):
+        self.local = local
+        self.workers = workers
+        self.world = len(workers) + 1
+        self.cfg = cfg
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.world
+
+    @property
+    def rng(self) -> random.Random:
+        """Rank 0's shuffle RNG (saved in its checkpoint): rank 0 cuts every mini-batch for all ranks."""
+        return self.local.rng
+
+    @property
+    def num_bad_steps(self) -> int:
+        return self.local.num_bad_steps
+
+    @num_bad_steps.setter
+    def num_bad_steps(self, value: int) -> None:
+        self.local.num_bad_steps = value
+
+    @property
+    def consecutive_bad_steps(self) -> int:
+        """Identical on every rank (the skip decision is rank 0's, from summed metrics and the global grad norm)."""
+        return self.local.consecutive_bad_steps
+
+    @consecutive_bad_steps.setter
+    def consecutive_bad_steps(self, value: int) -> None:
+        self.local.consecutive_bad_steps = value
+
+    def _with_workers(self, refs: list, local: Callable[[], Any]) -> list[Any]:
+        """Rank 0 runs `local()` while the workers run the calls already sent (`refs`, ranks 1..W-1, in
+        order); the results in rank order.  Sending first matters: collectives need every rank inside."""
+        mine = local()
+        return [mine] + ray_get(refs)
+
+    def compute_log_probs(self, batch: TrainBatch, which: str = "actor") -> torch.Tensor:
+        sub = self.cfg.actor_rollout_ref.rollout if which == "actor" else self.cfg.actor_rollout_ref.ref
+        rows, shards = shard_batch(batch, self.world)
+        k = micro_count(shards, sub.log_prob_micro_batch_size_per_gpu, sub.log_prob_use_dynamic_bsz,
+                        sub.log_prob_max_token_len_per_gpu, self.cfg.actor_rollout_ref.model.use_remove_padding)
+        parts = self._with_workers([w.compute_log_probs.remote(s, which, k) for w, s in zip(self.workers, shards[1:])],
+                                   lambda: self.local.compute_log_probs(shards[0], which, num_micro=k))
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        for idx, part in zip(rows, parts):
+            if idx:
+                out[idx, :part.shape[1]] = part
+        return out
+
+    def forward_backward(self, mini: MiniBatch) -> dict[str, float]:
+        """Each rank gets only its own shard; the additive metrics summed over ranks, in rank order."""
+        results = self._with_workers([w.forward_backward.remote(mini.for_rank(r))
+                                      for r, w in enumerate(self.workers, start=1)],
+                                     lambda: self.local.forward_backward(mini.for_rank(0)))
+        return {key: sum(r.get(key, 0.0) for r in results) for key in results[0]}
+
+    def optimizer_step(self, finite: bool) -> StepResult:
+        """Every rank steps (or skips) together: the norm is global; rank 0's report."""
+        return self._with_workers([w.optimizer_step.remote(finite) for w in self.workers],
+                                  lambda: self.local.optimizer_step(finite))[0]
+
+    def named_parameters_for_sync(self) -> dict[str, torch.Tensor]:
+        return self._with_workers([w.named_parameters_for_sync.remote() for w in self.workers],
+                                  self.local.named_parameters_for_sync)[0]
+
+    def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        return self.local.param_shapes()
+
+    def stream_full_parameters(self, consumer: Optional[Callable[[Any], Any]]) -> Any:
+        return self._with_workers([w.stream_full_parameters.remote(None) for w in self.workers],
+                                  lambda: self.local.stream_full_parameters(consumer))[0]
+
+    def save(self, path: str) -> None:
+        self._with_workers([w.save.remote(path) for w in self.workers], lambda: self.local.save(path))
+
+    def load(self, path: str) -> None:
+        self._with_workers([w.load.remote(path) for w in self.workers], lambda: self.local.load(path))
+
+    def offload(self) -> None:
+        self._with_workers([w.offload.remote() for w in self.workers], self.local.offload)
+
+    def onload(self) -> None:
+        self._with_workers([w.onload.remote() for w in self.workers], self.local.onload)
+
+
+class ReplicatedGroupBackend(GroupBackend):
+    """strategy=megatron: every rank gets the same call and the whole batch or mini-batch (tensor/pipeline ranks
+    must see the same rows; each megatron rank takes its own data-parallel rows or shard)."""
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.local.data_parallel_size
+
+    def compute_log_probs(self, batch: TrainBatch, which: str = "actor") -> torch.Tensor:
+        return self._with_workers([w.compute_log_probs.remote(batch, which) for w in self.workers],
+                                  lambda: self.local.compute_log_probs(batch, which))[0]
+
+    def forward_backward(self, mini: MiniBatch) -> dict[str, float]:
+        """Already summed over dp shards and pipeline stages on every rank: rank 0's."""
+        return self._with_workers([w.forward_backward.remote(mini) for w in self.workers],
+                                  lambda: self.local.forward_backward(mini))[0]
+
+
+def connect_trainer_group(cfg: FullyAsyncConfig, device: Any, optimizer_steps: int, master: tuple[str, int],
+                          worker_options: dict, placement: Optional[Any] = None,
+                          engine_args: Optional[tuple[list[int], int]] = None,
+                          rank_options: Optional[Callable[[int], dict]] = None, *, worker: type) -> TrainBackend:
+    """Rank 0's backend: spawns W-1 `worker`s (the TrainWorker class; rank r in bundle r of `placement`), joins the
+    process group with them, wraps them.  `engine_args` (eos ids, pad id): each worker also hosts an engine.
+    `rank_options(r)`: rank r's Ray options instead of `worker_options` (a shared device pool pins each rank
+    to its own pool device)."""
+    import ray
+
+    from fully_async.cluster.placement import in_bundle
+
+    world = RunPlan.of(cfg).trainer_devices
+    if world == 1:
+        return build_local_backend(cfg, device, optimizer_steps, 0, 1, None)
+    store = None
+    if shards(cfg):  # bind the rendezvous port now (the OS picks it), before any rank is told it
+        from fully_async.train.backends.fsdp import master_store
+
+        store = master_store(master[0], world)
+        master = (master[0], store.port)
+    typed = typed_config(cfg)
+    workers = [ray.remote(worker).options(**(rank_options(r) if rank_options else worker_options),
+                                          **in_bundle(placement, r)).remote(
+        typed, r, world, master, optimizer_steps, engine_args) for r in range(1, world)]
+    local = build_local_backend(cfg, device, optimizer_steps, 0, world, master, store)  # rendezvous with the workers
+    ray.get([w.ready.remote() for w in workers])
+    cls = ReplicatedGroupBackend if cfg.actor_rollout_ref.actor.strategy == "megatron" else GroupBackend
+    return cls(local, workers, cfg)

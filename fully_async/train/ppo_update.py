@@ -1,0 +1,111 @@
+"""The one PPO update (layer 3): epochs x mini-batches x micro-batches, for every strategy and the data-parallel group.
+
+Each of `actor.ppo_epochs` passes shuffles the batch (the backend's RNG, checkpointed with it) and cuts it into
+`num_mini_batches` mini-batches, one optimizer step each.  A mini-batch is cut into data-parallel shards and
+micro-batches (sharding.py), and every micro-batch's loss (`core/algorithms/actor_loss.py`) is divided by the
+token (or sequence) count of its whole mini-batch, so micro-batching and data parallelism never change the
+numbers: gradients accumulate over the micro-batches and the optimizer steps once.  A non-finite loss, metric or
+gradient norm skips that step (the gradients are dropped) and is counted in `actor/bad_steps` and on the backend
+(`train_step.check_bad_steps` fails after trainer.max_bad_steps in a row).
+
+The backend only does what depends on the strategy (TrainBackend: `forward_backward`, `optimizer_step`); this
+loop, the loss and the metrics are written once, so torch, FSDP2, megatron and the data-parallel group agree.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from fully_async.core.algorithms.actor_loss import ActorLossOutput, actor_loss, mini_batch_denominator
+from fully_async.core.batch import TrainBatch
+from fully_async.core.config import FullyAsyncConfig
+from fully_async.train.backends import StepResult, TrainBackend
+from fully_async.train.sharding import cut_mini_batch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MicroBatchLoss:
+    """The PPO actor loss of one micro-batch, normalised to its mini-batch: `denom` is the mini-batch's token or
+    sequence count (actor.loss_agg_mode), `rows_total` its row count (the share of per-token mean metrics).
+    Sent with each mini-batch to every rank, so it holds only the two config sections it reads."""
+
+    denom: float
+    rows_total: int
+    actor: Any              # actor_rollout_ref.actor
+    async_training: Any     # async_training (decoupled PPO)
+
+    def __call__(self, mb: TrainBatch, logp: torch.Tensor, entropy: Optional[torch.Tensor]) -> ActorLossOutput:
+        # logp, entropy: (B, L) under the current policy, on the micro-batch's device
+        return actor_loss(logp, entropy, old_logp=mb.old_log_probs, advantages=mb.advantages, mask=mb.response_mask,
+                          denom=self.denom, rows_total=self.rows_total, actor=self.actor,
+                          async_training=self.async_training, ref_logp=mb.ref_log_probs,
+                          rollout_logp=mb.rollout_log_probs)
+
+
+class UpdateMetrics:
+    """actor/* means over the optimizer steps (each metric is already summed over its mini-batch), the grad norm
+    mean over the steps taken, the number skipped, and the learning rate after the last step."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.norms: list[float] = []
+        self.steps = 0
+        self.bad = 0
+        self.lr = float("nan")
+
+    def add(self, stats: dict[str, float], step: StepResult) -> None:
+        self.steps += 1
+        for key, value in stats.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+        if step.skipped:
+            self.bad += 1
+        else:
+            self.norms.append(step.grad_norm)
+        self.lr = step.lr
+
+    def result(self) -> dict[str, float]:
+        metrics = {key: value / self.steps for key, value in self.sums.items()}
+        if self.norms:
+            metrics["actor/grad_norm"] = sum(self.norms) / len(self.norms)
+        metrics["actor/bad_steps"] = float(self.bad)
+        metrics["actor/lr"] = self.lr
+        return metrics
+
+
+def record_step(backend: TrainBackend, step: StepResult) -> None:
+    """The backend's bad-step counters: a skipped step adds one to both, a taken one resets the run."""
+    if step.skipped:
+        backend.num_bad_steps += 1
+        backend.consecutive_bad_steps += 1
+        logger.warning("non-finite loss or grad norm: optimizer step skipped (%d so far)", backend.num_bad_steps)
+    else:
+        backend.consecutive_bad_steps = 0
+
+
+def ppo_update(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatch,
+               num_mini_batches: int) -> dict[str, float]:
+    """`actor.ppo_epochs` passes over `batch` in `num_mini_batches` optimizer steps each; returns the actor/*
+    metrics.  `batch` carries old log-probs and advantages (and reference log-probs for the KL loss)."""
+    actor = cfg.actor_rollout_ref.actor
+    packed = bool(cfg.actor_rollout_ref.model.use_remove_padding)
+    mini_size = math.ceil(len(batch) / num_mini_batches)
+    metrics = UpdateMetrics()
+    for _ in range(actor.ppo_epochs):
+        order = list(range(len(batch)))
+        if actor.shuffle:
+            backend.rng.shuffle(order)
+        for start in range(0, len(batch), mini_size):
+            mini = batch.select(order[start:start + mini_size])
+            loss = MicroBatchLoss(mini_batch_denominator(mini.response_mask, actor), len(mini), actor,
+                                  cfg.async_training)
+            stats = backend.forward_backward(cut_mini_batch(mini, backend.data_parallel_size, actor, packed, loss))
+            step = backend.optimizer_step(all(math.isfinite(v) for v in stats.values()))
+            record_step(backend, step)
+            metrics.add(stats, step)
+    return metrics.result()
