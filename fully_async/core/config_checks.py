@@ -72,6 +72,8 @@ def _check_rollout_placement(cfg: Any) -> None:
         _at_least(f"rollout.{key}", getattr(r, key), 1)
     if r.total_rollout_steps is not None:
         _at_least("rollout.total_rollout_steps", r.total_rollout_steps, 1)
+    if r.total_epochs is not None:
+        _at_least("rollout.total_epochs", r.total_epochs, 1)
 
 
 def _check_data(cfg: Any) -> None:
