@@ -283,12 +283,35 @@ def _check_sequence_budgets(cfg: Any) -> None:
 def _check_sync_batch(cfg: Any) -> None:
     if cfg.mode != "sync":
         _warn_async_train_batch_size(cfg)
+        _warn_async_offload(cfg)
         return
     mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
     _at_least("data.train_batch_size", cfg.data.train_batch_size, 1)
     if cfg.data.train_batch_size % mini:
         raise ConfigError("data.train_batch_size", f"{cfg.data.train_batch_size} prompts per step must be a "
                           f"multiple of actor_rollout_ref.actor.ppo_mini_batch_size={mini}")
+
+
+def _warn_async_offload(cfg: Any) -> None:
+    """fsdp_config.{param,optimizer}_offload (and megatron.*_offload, mapped onto them) act between phases: sync
+    mode and a shared device pool offload while the engine generates; async mode with dedicated devices has no
+    such phase, so only strategy=fsdp2's host-resident shards (CPUOffloadPolicy, params with their optimizer
+    states) act there.  Every other combination is named once rather than passed over in silence."""
+    from fully_async.core.config import actor_strategy
+
+    off = cfg.actor_rollout_ref.actor.fsdp_config
+    if cfg.mode == "sync" or cfg.multi_job.pool is not None:
+        return
+    strategy = actor_strategy(cfg)
+    for key in ("param_offload", "optimizer_offload"):
+        if not getattr(off, key):
+            continue
+        if strategy == "fsdp2" and (key == "param_offload" or off.param_offload):
+            continue
+        logger.warning("actor_rollout_ref.actor.fsdp_config.%s=true has no effect in async mode with "
+                       "strategy=%s (dedicated trainer devices: nothing offloads between phases); it acts in "
+                       "mode=sync, on a shared device pool (multi_job.pool), and with strategy=fsdp2 as "
+                       "param_offload (shards and optimizer states kept in host memory)", key, strategy)
 
 
 def _warn_async_train_batch_size(cfg: Any) -> None:

@@ -251,3 +251,18 @@ def test_train_batch_size_in_async_mode_is_named_once_saying_what_a_step_is(capl
     with caplog.at_level(logging.WARNING, logger="fully_async.core.config_checks"):
         validate(load_config(["data.train_batch_size=0"]))   # verl's fully-async value: silent
     assert not caplog.records
+
+
+@pytest.mark.parametrize("lines,warned", [
+    (["actor_rollout_ref.actor.fsdp_config.param_offload=true"], ["param_offload"]),          # 1 device: torch
+    (["actor_rollout_ref.actor.megatron.optimizer_offload=true"], ["optimizer_offload"]),
+    (["actor_rollout_ref.actor.fsdp_config.param_offload=true", "trainer.n_gpus_per_node=2"], []),   # fsdp2 acts
+    (["actor_rollout_ref.actor.fsdp_config.optimizer_offload=true", "trainer.n_gpus_per_node=2"], ["optimizer_offload"]),
+    (["actor_rollout_ref.actor.fsdp_config.param_offload=true", "mode=sync"], []),             # sync loop offloads
+])
+def test_offload_that_does_nothing_in_async_mode_is_named(lines, warned, caplog):
+    from fully_async.core.config_checks import validate
+    with caplog.at_level(logging.WARNING, logger="fully_async.core.config_checks"):
+        validate(load_config(lines + ["actor_rollout_ref.actor.strategy=fsdp"]))
+    got = [r.getMessage() for r in caplog.records if "offload" in r.getMessage()]
+    assert [m.split("=")[0].rsplit(".", 1)[1] for m in got] == warned
