@@ -81,6 +81,18 @@ def render() -> str:
         status, note = classify(key)
         out.append(f"| `{_cell(shown)}` | {status if status != 'unknown' else 'refused'} | "
                    f"{_cell(note or 'not a key of our schema nor of verl: refused, naming the nearest keys')} |")
+    from fully_async.core.verl_rules import SCRIPT_REFUSALS
+    out += ["", "## verl's example scripts", "",
+            "`tests/fixtures/verl_scripts.tsv` holds the overrides of verl's example launch scripts "
+            "(`examples/grpo_trainer`, `examples/ppo_trainer`, the fully-async and one-step-off recipes, and the "
+            "DAPO recipe; `scripts/extract_verl_scripts.py` reads them at a pinned commit).  verl's config names "
+            "resolve here: `ppo_trainer`, `ppo_megatron_trainer` (sync), `fully_async_ppo_trainer`, "
+            "`fully_async_ppo_megatron_trainer` (async), `one_step_off_ppo_trainer`, "
+            "`one_step_off_ppo_megatron_trainer` (async, one step ahead, a step is data.train_batch_size), "
+            "`dapo_trainer`, `dapo_megatron_trainer` (sync, DAPO reward).  `tests/unit/run/test_verl_scripts.py` "
+            "checks that every script, with its paths changed, translates, composes and passes validation, or is "
+            "refused for one of these reasons (the first refused key decides):", ""]
+    out += [f"- {reason}" for reason, _ in SCRIPT_REFUSALS]
     out += ["", "## Every key", "", "| key | verl default | status | note |", "| --- | --- | --- | --- |"]
     for key, default, status, note in rows:
         shown = HONOURED if status == MAPPED else status

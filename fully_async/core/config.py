@@ -84,6 +84,8 @@ class OffloadConfig:
     """verl's actor_rollout_ref.actor.fsdp_config.*offload: host offload between training phases."""
     param_offload: bool = False           # params (and grads) to host memory while the engine generates
     optimizer_offload: bool = False       # optimizer states to host memory while the engine generates
+    fsdp_size: int = -1                   # ranks one FSDP2 group shards over: -1 or the trainer world (hybrid
+    #                                       sharding groups are not implemented)
 
 
 @dataclass
@@ -114,7 +116,7 @@ class ActorConfig:
     clip_ratio_low: Optional[float] = None
     clip_ratio_high: Optional[float] = None
     clip_ratio_c: float = 3.0             # dual-clip bound for negative advantages (> 1)
-    loss_agg_mode: str = "token-mean"     # token-mean | seq-mean-token-sum | seq-mean-token-mean |
+    loss_agg_mode: str = "token-mean"     # token-mean | token-sum | seq-mean-token-sum | seq-mean-token-mean |
     #                                       seq-mean-token-sum-norm (Dr. GRPO)
     loss_scale_factor: Optional[int] = None  # seq-mean-token-sum-norm's constant; null: data.max_response_length
     use_kl_loss: bool = False
@@ -239,7 +241,11 @@ class TrainerConfig:
 class RolloutPlacementConfig:
     nnodes: int = 1
     n_gpus_per_node: int = 1              # rollout devices per node
-    total_rollout_steps: Optional[int] = None  # prompts to generate; null: total_epochs x dataset
+    # prompts to generate, at most (verl's fully-async rollouter: the smaller of it and the epochs over the data);
+    # null: trainer.total_epochs x dataset
+    total_rollout_steps: Optional[int] = None
+    total_epochs: Optional[int] = None    # verl's fully-async epoch bound of the rollouter's data iterator (a second
+    #                                       cap beside trainer.total_epochs); null: trainer.total_epochs alone
     test_freq: Optional[int] = None       # overrides trainer.test_freq for the rollouter when set
 
 
@@ -342,7 +348,7 @@ class FullyAsyncConfig:
 
 
 # ----------------------------------------------------------------------------------- valid values
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+",
             "k3+")
 DEVICES = ("auto", "npu", "cuda", "cpu")

@@ -72,6 +72,8 @@ def _check_rollout_placement(cfg: Any) -> None:
         _at_least(f"rollout.{key}", getattr(r, key), 1)
     if r.total_rollout_steps is not None:
         _at_least("rollout.total_rollout_steps", r.total_rollout_steps, 1)
+    if getattr(r, "total_epochs", None) is not None:
+        _at_least("rollout.total_epochs", r.total_epochs, 1)
 
 
 def _check_data(cfg: Any) -> None:
@@ -280,12 +282,50 @@ def _check_sequence_budgets(cfg: Any) -> None:
 
 def _check_sync_batch(cfg: Any) -> None:
     if cfg.mode != "sync":
+        _warn_async_train_batch_size(cfg)
+        _warn_async_offload(cfg)
         return
     mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
     _at_least("data.train_batch_size", cfg.data.train_batch_size, 1)
     if cfg.data.train_batch_size % mini:
         raise ConfigError("data.train_batch_size", f"{cfg.data.train_batch_size} prompts per step must be a "
                           f"multiple of actor_rollout_ref.actor.ppo_mini_batch_size={mini}")
+
+
+def _warn_async_offload(cfg: Any) -> None:
+    """fsdp_config.{param,optimizer}_offload (and megatron.*_offload, mapped onto them) act between phases: sync
+    mode and a shared device pool offload while the engine generates; async mode with dedicated devices has no
+    such phase, so only strategy=fsdp2's host-resident shards (CPUOffloadPolicy, params with their optimizer
+    states) act there.  Every other combination is named once rather than passed over in silence."""
+    from fully_async.core.config import actor_strategy
+
+    off = cfg.actor_rollout_ref.actor.fsdp_config
+    if cfg.mode == "sync" or cfg.multi_job.pool is not None:
+        return
+    strategy = actor_strategy(cfg)
+    for key in ("param_offload", "optimizer_offload"):
+        if not getattr(off, key):
+            continue
+        if strategy == "fsdp2" and (key == "param_offload" or off.param_offload):
+            continue
+        logger.warning("actor_rollout_ref.actor.fsdp_config.%s=true has no effect in async mode with "
+                       "strategy=%s (dedicated trainer devices: nothing offloads between phases); it acts in "
+                       "mode=sync, on a shared device pool (multi_job.pool), and with strategy=fsdp2 as "
+                       "param_offload (shards and optimizer states kept in host memory)", key, strategy)
+
+
+def _warn_async_train_batch_size(cfg: Any) -> None:
+    """verl's fully-async rollouter asserts data.train_batch_size == 0: a step there (and here) is
+    ppo_mini_batch_size x require_batches prompt groups.  A value other than 0, verl's default (1024) or that
+    step size would be read as a step size by someone, so it is named once."""
+    from fully_async.core.config import DataConfig
+
+    groups = RunPlan.of(cfg).groups_per_step
+    size = cfg.data.train_batch_size
+    if size not in (0, DataConfig.train_batch_size, groups):
+        logger.warning("data.train_batch_size=%s has no effect in async mode: a trainer step is "
+                       "actor_rollout_ref.actor.ppo_mini_batch_size x async_training.require_batches = %d prompt "
+                       "groups (verl's fully-async trainer requires train_batch_size=0)", size, groups)
 
 
 def _check_trainer_world(cfg: Any) -> None:
@@ -298,6 +338,11 @@ def _check_trainer_world(cfg: Any) -> None:
                           "(trainer.nnodes x trainer.n_gpus_per_node); use strategy=fsdp2 or megatron")
     if actor.strategy == "megatron":
         _validate_megatron(cfg, world)
+    fsdp_size = actor.fsdp_config.fsdp_size
+    if fsdp_size not in (-1, world):
+        raise ConfigError("actor_rollout_ref.actor.fsdp_config.fsdp_size",
+                          f"{fsdp_size}: hybrid sharding groups are not implemented; use -1 or the trainer world "
+                          f"size {world} (trainer.nnodes x trainer.n_gpus_per_node: FSDP2 shards over all of it)")
     if world > 1 and actor.ppo_mini_batch_size * n < world:
         raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size",
                           f"a mini-batch of {actor.ppo_mini_batch_size} x n={n} responses cannot give each "

@@ -34,10 +34,17 @@ class RunPlan:
                    total_steps=cfg.trainer.total_training_steps)
 
     def with_data(self, cfg: Any, num_train_prompts: int) -> "RunPlan":
-        """Totals for `num_train_prompts` training prompts: rollout.total_rollout_steps wins, else total_epochs
-        passes; trainer.total_training_steps caps what is generated (no prompt is generated that no step uses),
-        else the steps are what the prompts fill."""
-        total_prompts = cfg.rollout.total_rollout_steps or cfg.trainer.total_epochs * num_train_prompts
+        """Totals for `num_train_prompts` training prompts, as verl's fully-async rollouter counts them: the
+        smaller of rollout.total_rollout_steps and the epochs over the data (trainer.total_epochs, and
+        rollout.total_epochs when set); trainer.total_training_steps caps what is generated (no prompt is
+        generated that no step uses), else the steps are what the prompts fill."""
+        epochs = cfg.trainer.total_epochs
+        rollout_epochs = getattr(cfg.rollout, "total_epochs", None)
+        if rollout_epochs is not None:
+            epochs = min(epochs, rollout_epochs)
+        total_prompts = epochs * num_train_prompts
+        if cfg.rollout.total_rollout_steps:
+            total_prompts = min(total_prompts, cfg.rollout.total_rollout_steps)
         if cfg.trainer.total_training_steps is not None:
             total_steps = cfg.trainer.total_training_steps
             if not cfg.rollout.total_rollout_steps:

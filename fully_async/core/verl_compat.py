@@ -148,7 +148,21 @@ def translate(overrides: list[str]) -> Translation:
         out.append(f"++{target}={text}")
         mapped.append((key, target))
         logger.info("verl key %s -> %s", key, target)
+    _check_overlong_reference(mapped)
     return Translation(out, warnings, mapped)
+
+
+def _check_overlong_reference(mapped: list[tuple[str, str]]) -> None:
+    """verl's DAPO reward manager asserts reward_kwargs.max_resp_len is given with reward_kwargs.overlong_buffer_cfg
+    (verl/experimental/reward_loop/reward_manager/dapo.py); refused here too, rather than falling back to
+    data.max_response_length (which only verl's DAPO recipe, with reward_model.overlong_buffer.*, does)."""
+    buffer = [k for k, _ in mapped if ".reward_kwargs.overlong_buffer_cfg." in k]
+    if buffer and not any(k.endswith(".reward_kwargs.max_resp_len") for k, _ in mapped):
+        prefix = buffer[0].split(".reward_kwargs.")[0]
+        raise ConfigError(f"{prefix}.reward_kwargs.max_resp_len",
+                          f"{buffer[0]} is set without {prefix}.reward_kwargs.max_resp_len, which verl's DAPO reward "
+                          "manager asserts is given (the length the overlong penalty counts from); add it, e.g. "
+                          "the data.max_response_length")
 
 
 def classify(key: str) -> tuple[str, str]:

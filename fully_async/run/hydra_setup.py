@@ -10,12 +10,24 @@ from fully_async.core.config import ConfigError, FullyAsyncConfig, asset_path
 CONFIG_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "hydra_configs"))
 
 
+def _whole_quotient(a: int, b: int) -> int:
+    """`${fa_div:a,b}`: a / b when b divides a, else a ConfigError naming both (one_step_off_*.yaml's
+    require_batches = data.train_batch_size / ppo_mini_batch_size)."""
+    if int(b) < 1 or int(a) % int(b):
+        raise ConfigError("data.train_batch_size", f"{a} prompts per step must be a multiple of "
+                          f"actor_rollout_ref.actor.ppo_mini_batch_size={b} (one-step-off: one step is "
+                          "train_batch_size / ppo_mini_batch_size mini-batches)")
+    return int(a) // int(b)
+
+
 def register() -> None:
     """Make the typed schema and the asset resolver known to Hydra (idempotent)."""
     from hydra.core.config_store import ConfigStore
 
     if not OmegaConf.has_resolver("asset"):
         OmegaConf.register_new_resolver("asset", asset_path)
+    if not OmegaConf.has_resolver("fa_div"):  # one_step_off_*.yaml: mini-batches per step = batch / mini-batch
+        OmegaConf.register_new_resolver("fa_div", _whole_quotient)
     ConfigStore.instance().store(name="fully_async_schema", node=FullyAsyncConfig)
 
 

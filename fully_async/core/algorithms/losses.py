@@ -22,44 +22,54 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
 def agg_denominator(mask: torch.Tensor, mode: str, scale_factor: Optional[float] = None) -> float:
     """The denominator of a whole mini-batch (passed as `denom` to each micro-batch's agg_loss): its tokens
-    (token-mean), its sequences with at least one token (seq-mean-*), or the constant `scale_factor`
-    (seq-mean-token-sum-norm: actor.loss_scale_factor, by default data.max_response_length)."""
+    (token-mean), 1 (token-sum), its sequences with at least one token (seq-mean-*), times the constant
+    `scale_factor` for seq-mean-token-sum-norm (actor.loss_scale_factor, by default data.max_response_length;
+    without one the padded response width, as verl)."""
     if mode == "token-mean":
         return float(mask.sum())
+    if mode == "token-sum":
+        return 1.0
+    sequences = float((mask.sum(-1) > 0).sum())
     if mode == "seq-mean-token-sum-norm":
-        return float(scale_factor if scale_factor else mask.shape[-1])
-    return float((mask.sum(-1) > 0).sum())
+        return sequences * float(scale_factor if scale_factor else mask.shape[-1])
+    return sequences
 
 
 def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, denom: Optional[float] = None) -> torch.Tensor:
-    """Aggregate per-token losses (B, T).
+    """Aggregate per-token losses (B, T), as verl 0.9's core_algos.agg_loss (one data-parallel rank, the whole
+    mini-batch as one micro-batch):
 
     token-mean:              sum over all tokens / number of tokens
+    token-sum:               sum over all tokens
     seq-mean-token-sum:      sum over tokens of each sequence, mean over sequences
     seq-mean-token-mean:     mean over tokens of each sequence, mean over sequences
-    seq-mean-token-sum-norm: sum over all tokens / a constant (Dr. GRPO; verl's loss_scale_factor, default the
-                             response length): verl's value for one micro-batch per mini-batch (verl further
-                             divides by the number of micro-batches; here the mini-batch loss does not
-                             depend on how it is split)
-    `denom` overrides the count (tokens for token-mean, sequences for seq-mean-*, the constant for -norm) for
-    micro-batching (agg_denominator).
+    seq-mean-token-sum-norm: seq-mean-token-sum / a constant (Dr. GRPO; verl's loss_scale_factor, by default the
+                             response length)
+    Sequences without a token are not counted.  `denom` overrides the count (tokens for token-mean, sequences
+    for seq-mean-*, sequences x the constant for -norm) for micro-batching (agg_denominator).
     """
     mask = mask.to(loss_mat.dtype)
     if mode == "token-mean":
         return (loss_mat * mask).sum() / (denom if denom is not None else mask.sum().clamp(min=1))
-    if mode == "seq-mean-token-sum-norm":
-        return (loss_mat * mask).sum() / (denom if denom is not None else mask.shape[-1])
-    if mode == "seq-mean-token-sum":
+    if mode == "token-sum":
+        return (loss_mat * mask).sum() / (denom if denom is not None else 1.0)
+    if mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm"):
         per_seq = (loss_mat * mask).sum(-1)
     elif mode == "seq-mean-token-mean":
         per_seq = (loss_mat * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     else:
-        raise ValueError(f"loss_agg_mode {mode!r} is not one of token-mean, seq-mean-token-sum, seq-mean-token-mean, "
-                         "seq-mean-token-sum-norm")
+        raise ValueError(f"loss_agg_mode {mode!r} is not one of {', '.join(LOSS_AGG_MODES)}")
     has_tokens = (mask.sum(-1) > 0).to(loss_mat.dtype)
-    return (per_seq * has_tokens).sum() / (denom if denom is not None else has_tokens.sum().clamp(min=1))
+    if denom is None:
+        denom = has_tokens.sum().clamp(min=1)
+        if mode == "seq-mean-token-sum-norm":
+            denom = denom * mask.shape[-1]
+    return (per_seq * has_tokens).sum() / denom
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:

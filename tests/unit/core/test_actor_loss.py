@@ -236,3 +236,32 @@ def test_backends_have_no_loss_terms_of_their_own(rel):
     assert calls_the_loss == (rel == "train/ppo_update.py")
     assert not attrs & {"kl_loss_coef", "kl_loss_type", "clip_ratio_c", "behav_imp_weight_cap", "clipfrac",
                         "ppo_kl", "behav_weight_mean", "lr_warmup_steps", "lr_warmup_steps_ratio"}, attrs
+
+
+# verl 0.9's core_algos.agg_loss on one data-parallel rank (dp_size=1, global_batch_size and batch_num_tokens of
+# this batch), written out by hand for this matrix: token-sum = masked sum = 1 + 2 + 4 = 7;
+# seq-mean-token-sum-norm = (sum of the sequences' token sums / sequences with a token) / loss_scale_factor
+# = (3 + 4) / 2 / scale (the third row has no token and is not counted; the default scale is the width, 3).
+# verl's pinned main (volcengine/verl b178a3cd, 0.8.0.dev) still had sum / scale = 7 / scale for -norm.
+VERL_MAT = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+VERL_MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+
+
+@pytest.mark.parametrize("mode,scale,expected", [
+    ("token-sum", None, 7.0), ("seq-mean-token-sum-norm", 4, 3.5 / 4), ("seq-mean-token-sum-norm", None, 3.5 / 3),
+    ("token-mean", None, 7.0 / 3), ("seq-mean-token-sum", None, 3.5), ("seq-mean-token-mean", None, (1.5 + 4) / 2)])
+def test_aggregation_is_verls_agg_loss_by_hand(mode, scale, expected):
+    from fully_async.core.algorithms.losses import agg_denominator
+    denom = agg_denominator(VERL_MASK, mode, scale)
+    assert agg_loss(VERL_MAT, VERL_MASK, mode, denom).item() == pytest.approx(expected)
+    split = agg_loss(VERL_MAT[:1], VERL_MASK[:1], mode, denom) + agg_loss(VERL_MAT[1:], VERL_MASK[1:], mode, denom)
+    assert split.item() == pytest.approx(expected)                  # micro-batches add up to the mini-batch
+
+
+def test_token_sum_pg_loss_is_minus_the_advantage_sum_at_ratio_one():
+    a, at = configs("token-sum")
+    adv = torch.tensor([[0.5, 0.5, 0.5], [-2.0, -2.0, -2.0], [1.0, 1.0, 1.0]])
+    logp = torch.zeros(3, 3, requires_grad=True)
+    out = actor_loss(logp, None, old_logp=torch.zeros(3, 3), advantages=adv, mask=VERL_MASK, denom=1.0, rows_total=3,
+                     actor=a, async_training=at)
+    assert out.loss.item() == pytest.approx(-(0.5 + 0.5 - 2.0))      # -sum(A) over the three response tokens

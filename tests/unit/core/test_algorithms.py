@@ -114,9 +114,9 @@ def test_sampling_without_truncation_equals_the_filter_that_keeps_everything():
     assert torch.equal(a[0], b[0]) and torch.allclose(a[1], b[1])
 
 
-def test_seq_mean_token_sum_norm_is_a_constant_normalised_token_sum_and_splits_exactly():
-    """Dr. GRPO's aggregation (verl's seq-mean-token-sum-norm): sum over every token / a constant, so
-    micro-batches summed with the mini-batch's denominator give the mini-batch loss."""
+def test_seq_mean_token_sum_norm_is_the_sequence_mean_over_a_constant_and_splits_exactly():
+    """Dr. GRPO's aggregation as verl 0.9's agg_loss: the mean over sequences (with a token) of each sequence's
+    token sum, / a constant; micro-batches summed with the mini-batch's denominator give the mini-batch loss."""
     import torch
 
     from fully_async.core.algorithms.losses import agg_denominator, agg_loss
@@ -124,15 +124,17 @@ def test_seq_mean_token_sum_norm_is_a_constant_normalised_token_sum_and_splits_e
     torch.manual_seed(0)
     x = torch.randn(6, 5)
     mask = (torch.rand(6, 5) > 0.3).float()
+    mask[3] = 0                                                   # a sequence without a token is not counted
     mode = "seq-mean-token-sum-norm"
     denom = agg_denominator(mask, mode, scale_factor=8)
-    assert denom == 8.0 and agg_denominator(mask, mode) == 5.0      # default: the padded response length
+    assert denom == 5 * 8.0 and agg_denominator(mask, mode) == 5 * 5.0   # default: the padded response length
     whole = agg_loss(x, mask, mode, denom)
-    assert torch.allclose(whole, (x * mask).sum() / 8)
+    assert torch.allclose(whole, (x * mask).sum() / 5 / 8)
+    assert torch.allclose(agg_loss(x, mask, mode), (x * mask).sum() / 5 / 5)
     parts = agg_loss(x[:2], mask[:2], mode, denom) + agg_loss(x[2:], mask[2:], mode, denom)
     assert torch.allclose(parts, whole)
     assert agg_denominator(mask, "token-mean") == float(mask.sum())
-    assert agg_denominator(mask, "seq-mean-token-mean") == float((mask.sum(-1) > 0).sum())
+    assert agg_denominator(mask, "seq-mean-token-mean") == 5.0 and agg_denominator(mask, "token-sum") == 1.0
 
 
 @pytest.mark.parametrize("kind", ["k1", "k3", "low_var_kl", "abs", "k2"])

@@ -78,8 +78,10 @@ def test_every_verl_key_is_honoured_warned_or_refused(status, caplog):
 @pytest.mark.parametrize("line,key,alternative", [
     ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
      "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "use 1"),
-    ("actor_rollout_ref.actor.fsdp_config.fsdp_size=4", "actor_rollout_ref.actor.fsdp_config.fsdp_size",
-     "hybrid sharding groups are not implemented"),
+    ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.enable", "algorithms work"),
+    ("+reward.reward_kwargs.foo=1", "reward.reward_kwargs.foo", "custom_reward_function.reward_kwargs"),
+    ("+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true", "reward_model.reward_kwargs.max_resp_len",
+     "verl's DAPO reward manager asserts"),
     ("actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2",
      "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size", "use null"),
     ("actor_rollout_ref.actor.optim.lr_decay_style=wsd", "actor_rollout_ref.actor.optim.lr_decay_style",
@@ -191,3 +193,76 @@ def test_every_value_a_verl_key_cannot_honour_is_refused_naming_the_key_and_the_
             translate([f"{key}={render(bad)}"])
         assert err.value.key == key and rule.refusal in str(err.value), str(err.value)
     assert guarded > 60
+
+
+def test_fsdp_size_is_accepted_at_minus_one_and_at_the_trainer_world_size():
+    from fully_async.core.config_checks import validate
+    for line, world in (("actor_rollout_ref.actor.fsdp_config.fsdp_size=-1", 2),
+                        ("actor_rollout_ref.actor.fsdp_config.fsdp_size=2", 2),
+                        ("actor_rollout_ref.actor.fsdp_config.fsdp_size=1", 1)):
+        validate(load_config([line, f"trainer.n_gpus_per_node={world}", "actor_rollout_ref.actor.strategy=fsdp"]))
+    with pytest.raises(ConfigError) as err:
+        validate(load_config(["actor_rollout_ref.actor.fsdp_config.fsdp_size=2", "trainer.n_gpus_per_node=4",
+                              "actor_rollout_ref.actor.strategy=fsdp2"]))
+    assert err.value.key == "actor_rollout_ref.actor.fsdp_config.fsdp_size" and "use -1 or the trainer world size 4" \
+        in str(err.value)
+
+
+def test_dapo_filter_groups_off_and_the_newer_reward_spelling_are_accepted():
+    out = translate(["algorithm.filter_groups.enable=false", "+algorithm.filter_groups.metric=acc",
+                     "+algorithm.filter_groups.max_num_gen_batches=10", "+reward.reward_manager.name=dapo",
+                     "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
+                     "+reward.reward_kwargs.overlong_buffer_cfg.len=4", "+reward.reward_kwargs.max_resp_len=8"])
+    assert len(out.warnings) == 3 and all("filter_groups" in w for w in out.warnings)
+    cfg = typed_config(load_config(out.overrides))
+    ob = cfg.reward_model.overlong_buffer
+    assert (cfg.reward_model.reward_manager, ob.enable, ob.len, ob.max_resp_len) == ("dapo", True, 4, 8)
+
+
+@pytest.mark.parametrize("name,mode,strategy,manager", [
+    ("ppo_trainer", "sync", "fsdp", "naive"), ("ppo_megatron_trainer", "sync", "megatron", "naive"),
+    ("fully_async_ppo_trainer", "async", "fsdp", "naive"), ("fully_async_ppo_megatron_trainer", "async", "megatron",
+                                                            "naive"),
+    ("one_step_off_ppo_trainer", "async", "fsdp", "naive"), ("one_step_off_ppo_megatron_trainer", "async", "megatron",
+                                                              "naive"),
+    ("dapo_trainer", "sync", "fsdp", "dapo"), ("dapo_megatron_trainer", "sync", "megatron", "dapo")])
+def test_verls_config_names_resolve(name, mode, strategy, manager):
+    from fully_async.core.config import asset_path
+    cfg = typed_config(load_config([f"data.train_files={asset_path('tiny_arithmetic/data/train.parquet')}",
+                                    "data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=16"],
+                                   config_name=name))
+    assert (cfg.mode, cfg.actor_rollout_ref.actor.strategy, cfg.reward_model.reward_manager) == (mode, strategy, manager)
+    if name.startswith("one_step_off"):   # a step is train_batch_size prompts, weights pushed after every step
+        at = cfg.async_training
+        assert (at.require_batches, at.trigger_parameter_sync_step, at.staleness_threshold, at.partial_rollout) == \
+            (4, 1, 1.0, False)
+
+
+def test_train_batch_size_in_async_mode_is_named_once_saying_what_a_step_is(caplog):
+    from fully_async.core.config_checks import validate
+    with caplog.at_level(logging.WARNING, logger="fully_async.core.config_checks"):
+        validate(load_config(["data.train_batch_size=512", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+                              "async_training.require_batches=2"]))
+    assert [r.getMessage() for r in caplog.records] == [
+        "data.train_batch_size=512 has no effect in async mode: a trainer step is "
+        "actor_rollout_ref.actor.ppo_mini_batch_size x async_training.require_batches = 32 prompt groups (verl's "
+        "fully-async trainer requires train_batch_size=0)"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fully_async.core.config_checks"):
+        validate(load_config(["data.train_batch_size=0"]))   # verl's fully-async value: silent
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("lines,warned", [
+    (["actor_rollout_ref.actor.fsdp_config.param_offload=true"], ["param_offload"]),          # 1 device: torch
+    (["actor_rollout_ref.actor.megatron.optimizer_offload=true"], ["optimizer_offload"]),
+    (["actor_rollout_ref.actor.fsdp_config.param_offload=true", "trainer.n_gpus_per_node=2"], []),   # fsdp2 acts
+    (["actor_rollout_ref.actor.fsdp_config.optimizer_offload=true", "trainer.n_gpus_per_node=2"], ["optimizer_offload"]),
+    (["actor_rollout_ref.actor.fsdp_config.param_offload=true", "mode=sync"], []),             # sync loop offloads
+])
+def test_offload_that_does_nothing_in_async_mode_is_named(lines, warned, caplog):
+    from fully_async.core.config_checks import validate
+    with caplog.at_level(logging.WARNING, logger="fully_async.core.config_checks"):
+        validate(load_config(lines + ["actor_rollout_ref.actor.strategy=fsdp"]))
+    got = [r.getMessage() for r in caplog.records if "offload" in r.getMessage()]
+    assert [m.split("=")[0].rsplit(".", 1)[1] for m in got] == warned

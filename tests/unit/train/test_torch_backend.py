@@ -42,7 +42,8 @@ def updated_weights(model_dir, *overrides):
     return {k: v.detach().clone() for k, v in backend.model.named_parameters()}, metrics
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("mode", ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
+                                  "seq-mean-token-sum-norm"])
 def test_micro_batches_match_full_batch(random_model_dir, mode):
     common = [f"actor_rollout_ref.actor.loss_agg_mode={mode}", "actor_rollout_ref.actor.use_kl_loss=true",
               "async_training.use_rollout_log_probs=false", "actor_rollout_ref.actor.entropy_coeff=0.01"]
