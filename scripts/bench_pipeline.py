@@ -65,7 +65,7 @@ def _rollout_phase(cfg: Any, prep: Any, device: Any, batches: int, warmup: int,
     from fully_async.actors.actor_setup import build_tokenizer
     from fully_async.rollout.engines import build_engine
     from fully_async.rollout.generation import group_pendings, run_to_completion, score_samples
-    from fully_async.core.rewards import build_reward_manager
+    from fully_async.rewards import build_reward_manager
     from fully_async.core.types import SamplingParams
 
     tokenizer = build_tokenizer(cfg)

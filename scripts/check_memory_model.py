@@ -1,4 +1,4 @@
-"""The memory model (fully_async/core/memory_model.py) against the measured peak of one device, per role.
+"""The memory model (fully_async/planner/memory_model.py) against the measured peak of one device, per role.
 
     python scripts/check_memory_model.py [--out mem.json] [--capacity-gib 80] [overrides...]
 
@@ -28,8 +28,8 @@ FORCED = ["benchmark.ignore_eos=true", "benchmark.response_length=none"]
 
 def estimates(cfg, capacity_gib: float) -> dict:
     """Estimated bytes of each role (without the context term) and the shape used."""
-    from fully_async.core.hardware import Shape
-    from fully_async.core.memory_model import GIB, engine_memory, trainer_memory
+    from fully_async.planner.hardware import Shape
+    from fully_async.planner.memory_model import GIB, engine_memory, trainer_memory
 
     with open(os.path.join(cfg.actor_rollout_ref.model.path, "config.json")) as fh:
         shape = Shape.of(json.load(fh))

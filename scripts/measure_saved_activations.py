@@ -2,7 +2,7 @@
 
     python scripts/measure_saved_activations.py [--out saved.json] [--rows 2] [--seq 128] [--dtype bfloat16]
 
-Why: the memory model (fully_async/core/memory_model.py) counts what one layer saves; on CUDA the trainer compiles
+Why: the memory model (fully_async/planner/memory_model.py) counts what one layer saves; on CUDA the trainer compiles
 each decoder layer (train/backends/torch_backend.compile_decoder_layers, actor.use_torch_compile) and inductor's
 min-cut partitioner saves less than eager PyTorch (it recomputes the SwiGLU activation, norms and casts in backward).
 Inductor runs on CPU too and partitions the same way, so this runs anywhere.

@@ -13,7 +13,7 @@ the hub layout `main/train-00000-of-00001.parquet`.  Each output row:
   reward_model {"style": "rule", "ground_truth": the number after "####" (commas removed)}
   extra_info   {"split", "index", "answer", "question"}
 
-The gsm8k reward (fully_async.core.rewards) scores a response by the number after its last "####".
+The gsm8k reward (fully_async.rewards) scores a response by the number after its last "####".
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Does the pipeline simulation reproduce a measured run?  Stage costs from each run's own logs, then the
-simulated tokens/s next to the measured one (fully_async/core/pipeline_sim.py).
+simulated tokens/s next to the measured one (fully_async/planner/pipeline_sim.py).
 
   python scripts/sim_check.py ASYNC_TB_DIR SYNC_TB_DIR [--json]
 
-Stage costs read from a run's TensorBoard scalars: fully_async/core/stage_costs.py from_run_scalars (engine
+Stage costs read from a run's TensorBoard scalars: fully_async/planner/stage_costs.py from_run_scalars (engine
 ms per decode step, trainer busy seconds per token, weight-update / sync-switch seconds), and
   lengths         the run's benchmark.response_length profile (a synthetic workload; with the model's own
                   EOS the lengths were not logged and the check refuses)
@@ -38,7 +38,7 @@ def _mean(values: list[float]) -> float:
 
 def stage_costs(run: Any) -> Any:
     """StageCosts of one run from its own logs (stage_costs.from_run_scalars)."""
-    from fully_async.core.stage_costs import from_run_scalars
+    from fully_async.planner.stage_costs import from_run_scalars
 
     scalars = {tag: run.values(tag) for tag in run.scalars}
     return from_run_scalars(scalars, run.mode, run.devices()["trainer"], source=f"run logs {run.log_dir}")
@@ -47,7 +47,7 @@ def stage_costs(run: Any) -> Any:
 def _workload(run: Any) -> Any:
     from omegaconf import OmegaConf
 
-    from fully_async.core.pipeline_sim import Workload
+    from fully_async.planner.pipeline_sim import Workload
     from fully_async.core.workload import LengthProfile
 
     cfg = OmegaConf.create(run.config)
@@ -64,8 +64,8 @@ def predict(run: Any) -> dict:
     """Simulated tokens/s of the run from its own stage costs, next to the measured one."""
     from compare_lib import tokens_per_s
 
-    from fully_async.core.pipeline_sim import AsyncSetup, simulate_async, simulate_sync
-    from fully_async.core.planner import PipelineShape
+    from fully_async.planner.pipeline_sim import AsyncSetup, simulate_async, simulate_sync
+    from fully_async.planner.search import PipelineShape
 
     costs = stage_costs(run)
     cfg, work = _workload(run)
@@ -90,8 +90,8 @@ def predict_from_table(table: dict, bench: dict, steps: int | None = None) -> li
     trainer-side times the table's idle ratios give (module docstring)."""
     from dataclasses import replace
 
-    from fully_async.core.pipeline_sim import AsyncSetup, Workload, simulate_async, simulate_sync
-    from fully_async.core.stage_costs import bench_lengths, from_bench
+    from fully_async.planner.pipeline_sim import AsyncSetup, Workload, simulate_async, simulate_sync
+    from fully_async.planner.stage_costs import bench_lengths, from_bench
 
     costs, derived = from_bench(bench, source="bench")
     length, _ = bench_lengths(bench, 0)

@@ -1,4 +1,4 @@
-"""The device pool as a named, detached Ray actor (layer 4, a thin shell over cluster/device_pool.py).
+"""The device pool as a named, detached Ray actor (layer 5, a thin shell over cluster/device_pool.py).
 
 The first job of a pool creates it (`get_or_create_pool`); later jobs find it by name in the
 `fully_async_pools` namespace, whatever their own namespaces.  Detached: it outlives the job that created

@@ -1,4 +1,4 @@
-"""Engine replica actors (layer 4): async mode's K rollout engines, each a Ray actor on its own device(s).
+"""Engine replica actors (layer 5): async mode's K rollout engines, each a Ray actor on its own device(s).
 
 The engine side (EngineHost: driver thread, submit/poll/engine_call) lives in rollout/engines/replica.py;
 this is the thin actor around it, and the function that builds async mode's pool from them."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Optional
 
-from fully_async.core.config import FullyAsyncConfig, typed_config
+from fully_async.core.config import FullyAsyncConfig
 from fully_async.rollout.engines.replica import EngineHost
 
 logger = logging.getLogger(__name__)
@@ -46,11 +46,10 @@ def build_async_pool(cfg: FullyAsyncConfig, device: Any, eos_token_ids: list[int
 
         from fully_async.cluster.ray_utils import wait_ready
 
-        typed = typed_config(cfg)
         actors = {f"engine{i}": ray.remote(EngineReplica).options(
             **(replica_options(i) if replica_options is not None
                else dict(device.ray_actor_options(tp), **in_bundle(placement, i)))).remote(
-                typed, i, eos_token_ids, pad_token_id)
+                cfg, i, eos_token_ids, pad_token_id)
             for i in range(k)}
         wait_ready(actors)
         replicas = [RemoteReplica(actor, name) for name, actor in actors.items()]

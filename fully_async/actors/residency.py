@@ -1,4 +1,4 @@
-"""Where a side's weights live between pieces of work (layer 4): the one place that decides when an engine or a
+"""Where a side's weights live between pieces of work (layer 5): the one place that decides when an engine or a
 trainer comes onto its devices and leaves them.
 
 A loop (the rollouter, the trainer, the sync worker) hands its residency its own two transitions once -- `on(phase)`
@@ -14,7 +14,7 @@ The residency decides whether and when the transitions run:
   * `Dedicated`: the devices are this side's alone (the default).  Held from start to end: `on`/`off` never run,
     nothing is wanted, nothing is kept.
   * `PoolLease`: a lease of a device pool shared with other jobs (cluster/device_pool.py; the lease rules are
-    core/leases.py).  The state is on the devices only while the lease is held; building happens under a lease
+    pool/leases.py).  The state is on the devices only while the lease is held; building happens under a lease
     too (`setup()`), after which the state goes off.  A side keeps an uncontended lease and gives a wanted one back
     at its next safe point, so no side waits for another while holding devices someone wants.
   * `Turns`: an engine and a trainer taking turns on the same devices (sync mode; colocated async builds on it),

@@ -1,4 +1,4 @@
-"""Rollouter actor (layer 4): a thin Ray shell around the rollout scheduler and the engine pool.
+"""Rollouter actor (layer 5): a thin Ray shell around the rollout scheduler and the engine pool.
 
 One thread owns the engines.  `run()` is that thread's loop: let the scheduler (scheduler.py: admission
 under the staleness bound, partial responses, grouping) admit prompts and advance the engine pool
@@ -21,10 +21,10 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from fully_async.core.config import FullyAsyncConfig, typed_config
+from fully_async.core.config import FullyAsyncConfig
 from fully_async.actors.actor_setup import MetricsOutbox
 from fully_async.rollout.generation import make_group, score_samples, validate
-from fully_async.core.metrics import rollouter_version_metrics, rollouter_window_metrics
+from fully_async.telemetry.metrics import rollouter_version_metrics, rollouter_window_metrics
 from fully_async.cluster.ray_utils import ray_get
 from fully_async.rollout.scheduler import CompletedGroup, RolloutScheduler
 from fully_async.core.trainer_state import TrainerState
@@ -42,14 +42,13 @@ class Rollouter(MetricsOutbox):
         from fully_async.core.data import PromptStream
         from fully_async.actors.engine_replica import build_async_pool
         from fully_async.cluster.placement import rollout_layout
-        from fully_async.core.rewards import build_reward_manager
+        from fully_async.rewards import build_reward_manager
         from fully_async.core.staleness import StalenessManager
-        from fully_async.core.timeline import Timeline
+        from fully_async.telemetry.timeline import Timeline
         from fully_async.core.workload import LengthProfile
 
         from fully_async.actors.residency import Dedicated, pool_residency
 
-        cfg = typed_config(cfg)
         # with several replicas the engines live in their own actors and this shell holds no device
         self.cfg, self.device = actor_init(cfg, "rollouter", uses_device=rollout_layout(cfg)[0] == 1)
         cfg = self.cfg

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from fully_async.core.config import FullyAsyncConfig
 from fully_async.actors.actor_setup import DriverFacing
-from fully_async.core.metrics import StaleCounter
+from fully_async.telemetry.metrics import StaleCounter
 from fully_async.rollout.generation import group_pendings, make_group, run_to_completion, score_samples, validate
 from fully_async.core.types import PromptRecord, SamplingParams
 
@@ -47,8 +47,8 @@ class SyncWorker(DriverFacing):
         from fully_async.core.data import PromptStream
         from fully_async.core.trainer_state import TrainerState
         from fully_async.device import parse_dtype
-        from fully_async.core.rewards import build_reward_manager
-        from fully_async.core.timeline import Timeline
+        from fully_async.rewards import build_reward_manager
+        from fully_async.telemetry.timeline import Timeline
         from fully_async.weight_sync import LocalWeightSync
         from fully_async.core.workload import LengthProfile
 
@@ -191,7 +191,7 @@ class SyncWorker(DriverFacing):
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict:
-        from fully_async.core.metrics import engine_metrics
+        from fully_async.telemetry.metrics import engine_metrics
 
         cfg, state = self.cfg, self.state
         if cfg.trainer.val_before_train and self.val_records and state.step == 0:
@@ -292,7 +292,7 @@ class SyncWorker(DriverFacing):
 
     def _with_step_metrics(self, metrics: dict, step_s: float) -> dict:
         """The step's time, throughput and idle ratios (validation excluded, as in async mode)."""
-        from fully_async.core.metrics import rollouter_version_metrics
+        from fully_async.telemetry.metrics import rollouter_version_metrics
 
         gen_s = metrics["timing_s/gen"]
         metrics.update({

@@ -1,4 +1,4 @@
-"""Trainer actor (layer 4): take a step's groups from the queue, update, push weights.
+"""Trainer actor (layer 5): take a step's groups from the queue, update, push weights.
 
 Per step: wait for `required_samples` groups (that wait is the trainer's idle time), then the step
 both modes share (train_step.py: batch, old/ref log-probs, advantages, mini-batch updates).  Every
@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 from fully_async.core.config import FullyAsyncConfig
 from fully_async.actors.actor_setup import DriverFacing
 from fully_async.cluster.ray_utils import ray_get
-from fully_async.core.metrics import StaleCounter
+from fully_async.telemetry.metrics import StaleCounter
 from fully_async.core.trainer_state import TrainerState
 from fully_async.train.backends import TrainBackend
 from fully_async.core.staleness import required_samples
@@ -49,7 +49,7 @@ class Trainer(DriverFacing):
         from fully_async.actors.actor_setup import actor_init
         from fully_async.actors.residency import Dedicated, pool_residency, rank_options
         from fully_async.cluster.network import free_port, node_ip
-        from fully_async.core.timeline import Timeline
+        from fully_async.telemetry.timeline import Timeline
         from fully_async.actors.train_worker import TrainWorker
         from fully_async.train.group import connect_trainer_group, total_optimizer_steps
         from fully_async.weight_sync import build_weight_sync

@@ -1,4 +1,4 @@
-"""A device pool shared by several jobs (layer 1): the lease book behind a lock, and its two clients.
+"""A device pool shared by several jobs (layer 2): the lease book behind a lock, and its two clients.
 
 `DevicePoolService` runs `core.leases.LeaseBook` with the wall clock, a lock and a ticker thread (expiry of
 overstayed leases, jobs that stopped heartbeating), and writes the pool's Perfetto timeline: one process per
@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from fully_async.core.leases import LeaseBook, LeaseError, LeaseExpired, PoolEvent
+from fully_async.pool.leases import LeaseBook, LeaseError, LeaseExpired, PoolEvent
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class DevicePoolService:
 
     def write_timeline(self) -> Optional[str]:
         """The pool's trace so far (also written by the ticker at most once per write_every_s while it changes)."""
-        from fully_async.core.timeline import write_pool_trace
+        from fully_async.telemetry.timeline import write_pool_trace
 
         with self.cond:
             self.spans += self.book.drain_events()

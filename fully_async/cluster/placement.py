@@ -1,4 +1,4 @@
-"""Where actors run (layer 1): Ray placement groups for the rollout replicas and the trainer ranks.
+"""Where actors run (layer 2): Ray placement groups for the rollout replicas and the trainer ranks.
 
 verl's keys, verl's meaning: async mode has `rollout.nnodes x rollout.n_gpus_per_node` rollout devices,
 split into K = devices / `actor_rollout_ref.rollout.tensor_model_parallel_size` engine replicas, and

@@ -1,4 +1,4 @@
-"""Ray plumbing for the entry points (layer 1): start/join, resource checks, failure supervision."""
+"""Ray plumbing for the entry points (layer 2): start/join, resource checks, failure supervision."""
 from __future__ import annotations
 
 import logging

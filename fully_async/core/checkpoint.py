@@ -291,19 +291,25 @@ def write_pickle(path: str, data: Any) -> None:
 
 # where pickled classes lived before the package was split into layers (checkpoints written then still resume)
 LEGACY_MODULES = {f"fully_async.{name}": f"fully_async.{layer}.{name}" for layer, names in {
-    "core": ("config", "types", "staleness", "data", "batch", "metrics", "timeline", "workload", "flops",
-             "partial", "checkpoint", "algorithms", "rewards"),
+    "core": ("config", "types", "staleness", "data", "batch", "workload", "flops", "partial", "checkpoint"),
+    "telemetry": ("metrics", "timeline"),
     "cluster": ("placement", "ray_utils"), "rollout": ("scheduler", "generation", "engines"),
     "train": ("train_step", "backends"),
-    "actors": ("queue", "rollouter", "trainer", "sync_loop", "train_group", "actor_setup"),
+    "actors": ("queue", "rollouter", "trainer", "sync_loop", "actor_setup"),
     "run": ("launcher", "prepare", "hydra_setup", "run_logging")}.items() for name in names}
+# and where modules of core/ went when it was split by domain (algorithms, rewards, verl, planner, pool, telemetry)
+LEGACY_MODULES.update({"fully_async.core.algorithms": "fully_async.algorithms", "fully_async.core.rewards":
+                       "fully_async.rewards", "fully_async.core.metrics": "fully_async.telemetry.metrics",
+                       "fully_async.core.timeline": "fully_async.telemetry.timeline"})
 
 
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        top = ".".join(module.split(".")[:2])
-        if top in LEGACY_MODULES:
-            module = LEGACY_MODULES[top] + module[len(top):]
+        for depth in (3, 2):
+            top = ".".join(module.split(".")[:depth])
+            if top in LEGACY_MODULES:
+                module = LEGACY_MODULES[top] + module[len(top):]
+                break
         return super().find_class(module, name)
 
 

@@ -192,7 +192,7 @@ class ActorRolloutRefConfig:
 @dataclass
 class KLCtrlConfig:
     """The in-reward KL coefficient (algorithm.use_kl_in_reward): fixed, or verl's adaptive controller
-    (core/algorithms/kl_control.py: moves kl_coef towards target_kl over `horizon` responses)."""
+    (algorithms/kl_control.py: moves kl_coef towards target_kl over `horizon` responses)."""
     type: str = "fixed"                   # fixed | adaptive
     kl_coef: float = 0.001                # the coefficient (adaptive: its initial value)
     horizon: int = 10000                  # adaptive: responses over which the coefficient adapts
@@ -309,7 +309,7 @@ class MultiJobConfig:
 
     Each job is started on its own (`python -m fully_async.main multi_job.pool=<name> ...`), joins one Ray
     cluster and leases the pool's devices from the pool's scheduler, a detached Ray actor the first job creates
-    (core/leases.py: FIFO, all-or-nothing).  A sync job leases its devices per phase (rollout incl. the weight
+    (pool/leases.py: FIFO, all-or-nothing).  A sync job leases its devices per phase (rollout incl. the weight
     update, then train); an async job's rollout and train sides lease their own devices separately, each keeping
     its lease while nobody else wants those devices."""
     pool: Optional[str] = None            # name of the shared device pool; null: this job does not share (default)

@@ -58,15 +58,17 @@ class StalenessManager:
                    at.staleness_threshold, at.trigger_parameter_sync_step)
 
     def can_admit(self) -> bool:
-        ok = self.state.admitted < self.max_admitted
-        if not ok and not self._paused:
-            self.state.pauses += 1
-        self._paused = not ok
-        return ok
-
-    def can_admit_peek(self) -> bool:
-        """can_admit() without counting a pause."""
+        """Whether one more group fits this version's budget (changes nothing)."""
         return self.state.admitted < self.max_admitted
+
+    def note_stop(self) -> bool:
+        """The admitter stopped at the bound: counts one pause per stretch at the bound (until the next version
+        lifts it); True when this is a new pause."""
+        if self._paused:
+            return False
+        self._paused = True
+        self.state.pauses += 1
+        return True
 
     def pause_reason(self) -> str:
         s = self.state

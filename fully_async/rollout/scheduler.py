@@ -1,4 +1,4 @@
-"""Rollout scheduler (layer 3: pure Python, no Ray, no torch): what to generate, when, and what is done.
+"""Rollout scheduler (layer 4: pure Python, no Ray, no torch): what to generate, when, and what is done.
 
 The rollouter actor used to mix this logic with its Ray plumbing; here it stands alone so it can be
 tested with a scripted fake engine.  It talks to an engine only through the `RolloutEngine` contract
@@ -28,11 +28,17 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from fully_async.rollout.generation import group_pendings
 from fully_async.core.partial import PendingResponse
 from fully_async.core.types import GenOutput, PromptRecord, Sample, SamplingParams
+
+if TYPE_CHECKING:   # typing only: this module stays free of torch (engines/base.py imports it)
+    from fully_async.core.data import PromptStream
+    from fully_async.core.staleness import StalenessManager
+    from fully_async.core.workload import LengthProfile
+    from fully_async.rollout.engines.base import VersionedEngine
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +65,9 @@ class CompletedGroup:
 
 
 class RolloutScheduler:
-    def __init__(self, engine: Any, stream: Any, staleness: Any, n: int, params: SamplingParams,
-                 max_in_flight: int, partial_rollout: bool, on_complete: Callable[[list[CompletedGroup]], None],
-                 lengths: Optional[Any] = None):
+    def __init__(self, engine: VersionedEngine, stream: PromptStream, staleness: StalenessManager, n: int,
+                 params: SamplingParams, max_in_flight: int, partial_rollout: bool,
+                 on_complete: Callable[[list[CompletedGroup]], None], lengths: Optional[LengthProfile] = None):
         self.engine = engine
         self.stream = stream              # data.PromptStream: next() -> (epoch, record), exhausted
         self.staleness = staleness        # staleness.StalenessManager
@@ -94,7 +100,7 @@ class RolloutScheduler:
         return self.engine.num_in_flight()
 
     def at_bound(self) -> bool:
-        return not self.staleness.can_admit_peek()
+        return not self.staleness.can_admit()
 
     # ------------------------------------------------------------------ generation
     def admit(self) -> int:
@@ -102,7 +108,7 @@ class RolloutScheduler:
         admitted = 0
         while self.engine.num_in_flight() + self.n <= max(self.max_in_flight, self.n) and not self.stream.exhausted:
             if not self.staleness.can_admit():
-                if self.staleness.state.pauses != self.stats["bound_pauses"]:
+                if self.staleness.note_stop():
                     self.stats["bound_pauses"] = self.staleness.state.pauses
                     self._pauses["count"] += 1
                     self._pauses["since"] = time.perf_counter()

@@ -36,10 +36,10 @@ def _user_errors() -> tuple:
     from fully_async.device import DeviceError
     from fully_async.cluster.ray_utils import RunFailed
     from fully_async.core.checkpoint import CheckpointError
-    from fully_async.core.rewards import RewardError
-    from fully_async.core.tracking import TrackerStartError
+    from fully_async.rewards import RewardError
+    from fully_async.telemetry.tracking import TrackerStartError
     from fully_async.run.run_lock import RunLocked
-    from fully_async.core.leases import LeaseError, LeaseExpired
+    from fully_async.pool.leases import LeaseError, LeaseExpired
 
     return (ConfigError, DataError, DeviceError, RewardError, RunFailed, RunLocked, CheckpointError, TrackerStartError,
             LeaseError, LeaseExpired)
@@ -51,9 +51,9 @@ USER_ERRORS = _user_errors()
 def compose_overrides(overrides: list[str], bundled_preset: bool = True) -> list[str]:
     """What Hydra composes for these command-line overrides: the bundled task's preset first (when no
     data.train_files is given), then the overrides with verl's keys mapped, warned or refused
-    (core/verl_compat.py; a refused or unknown key raises ConfigError).  The entry point, the doctor and
+    (verl/compat.py; a refused or unknown key raises ConfigError).  The entry point, the doctor and
     load_config all go through here."""
-    from fully_async.core.verl_compat import translate
+    from fully_async.verl.compat import translate
     from fully_async.run.prepare import bundled_task_overrides
 
     preset = bundled_task_overrides(overrides) if bundled_preset else []

@@ -1,4 +1,4 @@
-"""The launcher both modes share (layer 5): prepare, start Ray, create actors, supervise, finish.
+"""The launcher both modes share (layer 6): prepare, start Ray, create actors, supervise, finish.
 
 Supervision is where "no hangs, no silent failures" lives:
   * every actor's run() is awaited together; the first failure stops everything and the run exits
@@ -18,12 +18,13 @@ Supervision is where "no hangs, no silent failures" lives:
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from fully_async.core.plan import RunPlan
 from fully_async.core.workload import RESPONSE_LENGTHS, length_histogram
@@ -105,7 +106,7 @@ class _Signals:
 
 def run_locks(cfg: Any) -> list:
     """The locks of the folders this run writes: its checkpoints and, when written, its TensorBoard dir."""
-    from fully_async.core.metrics import tensorboard_dir
+    from fully_async.telemetry.metrics import tensorboard_dir
     from fully_async.run.run_lock import acquire
 
     locks = [acquire(cfg.trainer.default_local_dir)]
@@ -217,148 +218,207 @@ def serve_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, config: Op
     return True
 
 
-def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
-    """`create(prep, device, resume_path)` returns named actor handles, each loading its own part of the
-    checkpoint at resume_path; `main_actor` has run()/pop_metrics()/validate()/request_stop()/
-    checkpoint_wanted(); others with run() run beside it and are stopped.  Every actor with a part of the
-    checkpoint has save_part(folder)."""
+class _Teardown(contextlib.ExitStack):
+    """The run's resources, each released in reverse order of acquisition however the run ends (a finished run, a
+    failure, a signal); `on_error` adds what only a failing run does.  From its first step on, a signal is only
+    recorded."""
+
+    def __init__(self, sig: _Signals):
+        super().__init__()
+        self.sig = sig
+
+    def on_error(self, fn: Callable[[BaseException], Any]) -> None:
+        def unwinding(exc_type: Any, exc: Optional[BaseException], tb: Any) -> bool:
+            if exc is not None:
+                fn(exc)
+            return False
+        self.push(unwinding)
+
+    def __exit__(self, *exc_info: Any) -> bool:
+        self.sig.starting = False
+        return super().__exit__(*exc_info)
+
+
+@contextlib.contextmanager
+def _ray_session(cfg: Any, sig: _Signals, plan: RunPlan, device: Any) -> Iterator[None]:
+    """Join or start Ray for this run; a Ray this run started (or began to start) is shut down at the end.  From
+    ray.init until the actors are ready a signal is only recorded (sig.defer): an exception raised inside Ray (its
+    at-fork hooks, a blocking call in C) would be swallowed or turned into another error."""
     import ray
 
-    from fully_async.core.checkpoint import check_resume_config, find_resume_path
-    from fully_async.device import check_available, describe_hardware, get_device
-    from fully_async.core.metrics import tensorboard_dir
-    from fully_async.cluster.placement import release_placement_groups
-    from fully_async.run.prepare import prepare
-    from fully_async.cluster.ray_utils import RunFailed, check_resources, kill_all, start_ray, supervise, wait_ready
-    from fully_async.run.run_logging import RunLogger, open_metric_logger
+    from fully_async.cluster.ray_utils import start_ray
 
-    t_start = time.perf_counter()
-    sig = _Signals()  # from here a signal ends the run cleanly (start-up) or gracefully (running)
-    signals = sig.received
-    locks: list = []
-    actors: dict = {}
-    sink = None
     ray_was_up = ray.is_initialized()
-    started_ray = ray_attempted = False
-    membership = None
+    started = False
+    sig.defer = True
     try:
-        shared = cfg.multi_job.pool is not None
-        if shared:  # a shared pool: its checks come before the lock and the data (cheap, and the likeliest mistakes)
-            from fully_async.cluster.device_pool import check_reachable
-            from fully_async.core.config_checks import validate
-            from fully_async.run.shared_pool import join_pool, leave_pool, pool_ray_args
+        if cfg.multi_job.pool is not None:
+            from fully_async.run.shared_pool import pool_ray_args
 
-            validate(cfg)
-            check_reachable(cfg.multi_job.ray_address or os.environ["RAY_ADDRESS"])
-        locks = run_locks(cfg)
-        prep = prepare(cfg)
-        sig.check()
-        device = get_device(cfg.trainer.device)
-        check_available(device)
-        resume_path = find_resume_path(cfg.trainer)
-        saved_config = config_dict(prep.cfg)
-        if resume_path:
-            check_resume_config(resume_path, saved_config, cfg.trainer.resume_allow_config_change)
-            logger.info("resuming from %s", resume_path)
-        plan = RunPlan.of(cfg)
-        sink = open_metric_logger(cfg)  # trackers (wandb, ...) that cannot start fail here, before Ray
-        sig.check()
-        ray_attempted = sig.defer = True
+            where = pool_ray_args(cfg)
+        else:
+            where = {"address": cfg.multi_job.ray_address}
         try:
-            started_ray = start_ray(num_cpus_needed=max(2, plan.total_devices),  # one core per actor on CPU
-                                    env_vars=device.runtime_env_vars(),
-                                    **(pool_ray_args(cfg) if shared else {"address": cfg.multi_job.ray_address}))
+            started = start_ray(num_cpus_needed=max(2, plan.total_devices),  # one core per actor on CPU
+                                env_vars=device.runtime_env_vars(), **where)
         except SystemExit as exc:  # ray.init's own SIGTERM handler fired while it was starting
             if exc.code == signal.SIGTERM:
                 raise StartInterrupted(signal.SIGTERM) from None
             raise
         sig.reinstall()
         sig.check()
+        yield
+    finally:
+        if started or not ray_was_up:   # (also when ray.init was interrupted)
+            ray.shutdown()
+
+
+def _release_actors(cfg: Any, actors: dict) -> None:
+    """The actors' timelines (trainer.timeline), then the actors and their placement groups (a Ray session shared
+    with the caller gets its resources back)."""
+    from fully_async.cluster.placement import release_placement_groups
+    from fully_async.cluster.ray_utils import kill_all
+    from fully_async.telemetry.metrics import tensorboard_dir
+
+    if cfg.trainer.timeline and actors:
+        write_timeline(actors, tensorboard_dir(cfg.trainer.project_name, cfg.trainer.experiment_name))
+    kill_all(list(actors.values()))
+    release_placement_groups()
+
+
+def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
+    """`create(prep, device, resume_path)` returns named actor handles, each loading its own part of the
+    checkpoint at resume_path; `main_actor` has run()/pop_metrics()/validate()/request_stop()/
+    checkpoint_wanted(); others with run() run beside it and are stopped.  Every actor with a part of the
+    checkpoint has save_part(folder)."""
+    t_start = time.perf_counter()
+    sig = _Signals()  # from here a signal ends the run cleanly (start-up) or gracefully (running)
+    try:
+        with _Teardown(sig) as teardown:
+            return _run(cfg, create, main_actor, sig, teardown, t_start)
+    except StartInterrupted as exc:
+        raise RunInterrupted(exc.signum, None, starting=True) from None
+    except BaseException:
+        if sig.start_signal is not None:  # whatever a signal interrupted during start-up, it is the story
+            raise RunInterrupted(sig.start_signal, None, starting=True) from None
+        raise
+    finally:
+        sig.restore()
+
+
+def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, teardown: _Teardown,
+         t_start: float) -> dict:
+    """Start-up (checks, locks, data, Ray, actors), supervision, finish; every resource goes to `teardown` as it is
+    taken."""
+    import ray
+
+    from fully_async.core.checkpoint import check_resume_config, find_resume_path
+    from fully_async.device import check_available, describe_hardware, get_device
+    from fully_async.run.prepare import prepare
+    from fully_async.cluster.ray_utils import RunFailed, check_resources, kill_all, wait_ready
+    from fully_async.run.run_logging import RunLogger, open_metric_logger
+
+    shared = cfg.multi_job.pool is not None
+    if shared:  # a shared pool: its checks come before the lock and the data (cheap, and the likeliest mistakes)
+        from fully_async.cluster.device_pool import check_reachable
+        from fully_async.core.config_checks import validate
+        from fully_async.run.shared_pool import join_pool, leave_pool
+
+        validate(cfg)
+        check_reachable(cfg.multi_job.ray_address or os.environ["RAY_ADDRESS"])
+    for lock in run_locks(cfg):
+        teardown.callback(lock.release)
+    prep = prepare(cfg)
+    sig.check()
+    device = get_device(cfg.trainer.device)
+    check_available(device)
+    resume_path = find_resume_path(cfg.trainer)
+    saved_config = config_dict(prep.cfg)
+    if resume_path:
+        check_resume_config(resume_path, saved_config, cfg.trainer.resume_allow_config_change)
+        logger.info("resuming from %s", resume_path)
+    plan = RunPlan.of(cfg)
+    sink = open_metric_logger(cfg)  # trackers (wandb, ...) that cannot start fail here, before Ray
+    teardown.on_error(lambda exc: sink.close(failed=not isinstance(exc, (RunInterrupted, StartInterrupted))))
+    sig.check()
+    teardown.enter_context(_ray_session(cfg, sig, plan, device))
+    if shared:
+        teardown.callback(leave_pool, join_pool(cfg, device))
+    else:
         needs = {"trainer": plan.trainer_devices}
         if plan.rollout_devices:
             needs["rollout"] = plan.rollout_devices
-        if shared:
-            membership = join_pool(cfg, device)
-        else:
-            check_resources(device, needs)
-        actors = create(prep, device, resume_path)
-        sig.check()
-        runners = {name: a for name, a in actors.items() if name != "queue"}
-        logger.info("actors ready in %.1fs on %s", wait_ready(runners, on_tick=sig.check), device.name)
-        sig.defer = False
-        sig.running()  # a signal from now on: finish the step, checkpoint, exit
-        main = actors[main_actor]
-        if cfg.mode == "async" and (resume_path or cfg.actor_rollout_ref.rollout.load_format == "dummy"):
-            ray.get(main.sync_initial_weights.remote())  # the engine must generate with these weights
-        # every running actor reports its own metrics (async: the trainer its steps, the rollouter its validations)
-        run_log = RunLogger(cfg, prep.total_steps, list(runners.values()), hardware=describe_hardware(device),
-                            sink=sink)
-        watchdog = Watchdog(runners, cfg.trainer.progress_timeout_s)
-        stop_sent = []
+        check_resources(device, needs)
+    actors: dict = {}
+    teardown.callback(_release_actors, cfg, actors)   # also what a create that failed half-way made
+    teardown.on_error(lambda exc: isinstance(exc, RunFailed) and kill_all(list(actors.values())))
+    actors.update(create(prep, device, resume_path))
+    sig.check()
+    runners = {name: a for name, a in actors.items() if name != "queue"}
+    logger.info("actors ready in %.1fs on %s", wait_ready(runners, on_tick=sig.check), device.name)
+    sig.defer = False
+    sig.running()  # a signal from now on: finish the step, checkpoint, exit
+    main = actors[main_actor]
+    if cfg.mode == "async" and (resume_path or cfg.actor_rollout_ref.rollout.load_format == "dummy"):
+        ray.get(main.sync_initial_weights.remote())  # the engine must generate with these weights
+    # every running actor reports its own metrics (async: the trainer its steps, the rollouter its validations)
+    run_log = RunLogger(cfg, prep.total_steps, list(runners.values()), hardware=describe_hardware(device), sink=sink)
+    result = _supervise(cfg, actors, runners, main_actor, run_log, sig.received, saved_config,
+                        validate_at=prep.total_steps if prep.val else None)
+    lengths = result.get("response_lengths") if isinstance(result, dict) else None
+    if lengths:   # the run's response lengths as a histogram file (plan.response_lengths / a benchmark replay)
+        run_log.sink.write_json(RESPONSE_LENGTHS, length_histogram(lengths))
+    summary = run_log.finish(time.perf_counter() - t_start)
+    summary["trained_sample_ids"] = result.get("trained_sample_ids", []) if isinstance(result, dict) else []
+    if sig.received:
+        raise RunInterrupted(sig.received[0], result.get("checkpoint") if isinstance(result, dict) else None)
+    return summary
 
-        def tick() -> None:
-            run_log.drain()
-            if serve_checkpoint(cfg.trainer, actors, main_actor, saved_config):
-                watchdog.touch()  # the driver was busy with it: the counters had no chance to move
-            if signals and not stop_sent:
-                logger.warning("%s received: finishing the current step and saving a checkpoint",
-                               signal.Signals(signals[0]).name)
-                ray.get(main.request_stop.remote())
-                stop_sent.append(True)
-            if not stop_sent:
-                watchdog.check()
 
-        runs = {a.run.remote(): name for name, a in runners.items()}
-        result = supervise(runs, until=main_actor, on_tick=tick)
+def _supervise(cfg: Any, actors: dict, runners: dict, main_actor: str, run_log: Any, signals: list[int],
+               saved_config: dict, validate_at: Optional[int]) -> Any:
+    """Run every actor until the main one returns (checkpoints, the stop on a signal, the watchdog on each tick),
+    validate the final weights at step `validate_at` (unless validated there already), stop the others; the main
+    actor's result."""
+    import ray
+
+    from fully_async.cluster.ray_utils import supervise
+
+    main = actors[main_actor]
+    watchdog = Watchdog(runners, cfg.trainer.progress_timeout_s)
+    stop_sent = []
+
+    def tick() -> None:
         run_log.drain()
-        if not signals:
-            validator = actors.get("rollouter", main)
-            if prep.val and not run_log.has_val_at(prep.total_steps):
-                run_log.log_val(ray.get(validator.validate.remote()), prep.total_steps)
-        others = {ref: name for ref, name in runs.items() if name != main_actor}
-        for name in others.values():
-            ray.get(actors[name].stop.remote())
-        if others:
-            supervise(others, until=next(iter(others.values())), on_tick=lambda: None)
-        run_log.drain()
-        lengths = result.get("response_lengths") if isinstance(result, dict) else None
-        if lengths:   # the run's response lengths as a histogram file (plan.response_lengths / a benchmark replay)
-            run_log.sink.write_json(RESPONSE_LENGTHS, length_histogram(lengths))
-        summary = run_log.finish(time.perf_counter() - t_start)
-        summary["trained_sample_ids"] = result.get("trained_sample_ids", []) if isinstance(result, dict) else []
-        if signals:
-            raise RunInterrupted(signals[0], result.get("checkpoint") if isinstance(result, dict) else None)
-        return summary
-    except BaseException as exc:
-        if sink is not None:
-            sink.close(failed=not isinstance(exc, (RunInterrupted, StartInterrupted)))  # stopped: not failed
-        if isinstance(exc, RunFailed):
-            kill_all(list(actors.values()))
-        signum = exc.signum if isinstance(exc, StartInterrupted) else sig.start_signal
-        if signum is not None:  # whatever the signal interrupted during start-up, it is the story
-            raise RunInterrupted(signum, None, starting=True) from None
-        raise
-    finally:
-        sig.starting = False  # a signal during the cleanup is only recorded
-        try:
-            if cfg.trainer.timeline and actors:
-                write_timeline(actors, tensorboard_dir(cfg.trainer.project_name, cfg.trainer.experiment_name))
-            kill_all(list(actors.values()))  # a Ray session shared with the caller gets its resources back
-            release_placement_groups()
-            if membership is not None:
-                leave_pool(membership)
-            if started_ray or (ray_attempted and not ray_was_up):  # (also when ray.init was interrupted)
-                ray.shutdown()
-        finally:
-            sig.restore()
-            for lock in locks:
-                lock.release()
+        if serve_checkpoint(cfg.trainer, actors, main_actor, saved_config):
+            watchdog.touch()  # the driver was busy with it: the counters had no chance to move
+        if signals and not stop_sent:
+            logger.warning("%s received: finishing the current step and saving a checkpoint",
+                           signal.Signals(signals[0]).name)
+            ray.get(main.request_stop.remote())
+            stop_sent.append(True)
+        if not stop_sent:
+            watchdog.check()
+
+    runs = {a.run.remote(): name for name, a in runners.items()}
+    result = supervise(runs, until=main_actor, on_tick=tick)
+    run_log.drain()
+    if not signals and validate_at is not None and not run_log.has_val_at(validate_at):
+        validator = actors.get("rollouter", main)
+        run_log.log_val(ray.get(validator.validate.remote()), validate_at)
+    others = {ref: name for ref, name in runs.items() if name != main_actor}
+    for name in others.values():
+        ray.get(actors[name].stop.remote())
+    if others:
+        supervise(others, until=next(iter(others.values())), on_tick=lambda: None)
+    run_log.drain()
+    return result
 
 
 def write_timeline(actors: dict, run_dir: str) -> None:
     import ray
 
-    from fully_async.core.timeline import write_trace
+    from fully_async.telemetry.timeline import write_trace
 
     events: list[dict] = []
     for name, handle in actors.items():

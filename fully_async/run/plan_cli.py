@@ -2,11 +2,11 @@
 any device is touched.
 
 Same Hydra config and validation as `python -m fully_async.main`, then:
-  1. memory per device of each role against the device's capacity (core/memory_model.py); a role that does
+  1. memory per device of each role against the device's capacity (planner/memory_model.py); a role that does
      not fit makes the exit code 2;
   2. the device plan: which node and device holds which rollout replica and trainer rank;
   3. predicted tokens/s of sync (all devices) and of async at every rollout/trainer split, for each device
-     count in plan.devices, by a discrete-event simulation (core/pipeline_sim.py) from stage costs measured
+     count in plan.devices, by a discrete-event simulation (planner/pipeline_sim.py) from stage costs measured
      by scripts/bench_pipeline.py (plan.stage_costs=bench.json) or estimated from FLOPs and bandwidth;
   4. the recommended split, the predicted async/sync speedup and every assumption behind them.
 `--json` prints the same as one JSON object.  Planner keys (plan_options.py): plan.devices=[8,32,128],
@@ -23,8 +23,8 @@ import sys
 from typing import Any, Optional
 
 from fully_async.core.config import ConfigError
-from fully_async.core.hardware import DEVICES, DeviceSpec, Shape, known_shape
-from fully_async.core.memory_model import GIB, colocated_memory, engine_memory, trainer_memory, verdict
+from fully_async.planner.hardware import DEVICES, DeviceSpec, Shape, known_shape
+from fully_async.planner.memory_model import GIB, colocated_memory, engine_memory, trainer_memory, verdict
 from fully_async.run.plan_options import PlanOptions, parse, split_overrides
 
 DEFAULT_DEVICE = {"npu": "ascend910b", "cuda": "h100", "auto": "ascend910b"}
@@ -48,7 +48,7 @@ def model_shape(cfg: Any) -> tuple[Shape, str]:
             raise ConfigError("actor_rollout_ref.model.path", f"{config_json}: {exc}") from exc
     known = known_shape(path)
     if known is None:
-        from fully_async.core.hardware import MODEL_SHAPES
+        from fully_async.planner.hardware import MODEL_SHAPES
         raise ConfigError("actor_rollout_ref.model.path", f"{path!r} has no config.json here and is not a built-in "
                           f"shape ({', '.join(MODEL_SHAPES)}, optionally with an org prefix and -Instruct)")
     name, shape = known
@@ -110,7 +110,7 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
     """(StageCosts, derivation dict, prompt length)."""
     from dataclasses import replace
 
-    from fully_async.core.stage_costs import estimate, from_bench
+    from fully_async.planner.stage_costs import estimate, from_bench
 
     actor = cfg.actor_rollout_ref.actor
     mp = actor.megatron.tensor_model_parallel_size * actor.megatron.pipeline_model_parallel_size \
@@ -166,7 +166,7 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
 
 def run_stage_costs(log_dir: str) -> tuple[Any, float]:
     """StageCosts measured by a run (its TensorBoard dir: scalars and config.json), and its mean prompt length."""
-    from fully_async.core.stage_costs import from_run_scalars
+    from fully_async.planner.stage_costs import from_run_scalars
 
     config_path = os.path.join(log_dir, "config.json")
     if not os.path.isfile(config_path):
@@ -269,8 +269,8 @@ def _clip(lines: list[str]) -> list[str]:
 
 
 def throughput_section(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec) -> dict:
-    from fully_async.core.planner import PipelineShape, plan_devices
-    from fully_async.core.stage_costs import expected_mean
+    from fully_async.planner.search import PipelineShape, plan_devices
+    from fully_async.planner.stage_costs import expected_mean
 
     length, length_desc = length_profile(cfg, opts)
     pshape = PipelineShape.of(cfg)

@@ -12,8 +12,8 @@ from typing import Any, Optional
 import yaml
 
 from fully_async.core.config import ConfigError
-from fully_async.core.hardware import DEVICES
-from fully_async.core.stage_costs import ESTIMATE_ASSUMPTIONS
+from fully_async.planner.hardware import DEVICES
+from fully_async.planner.stage_costs import ESTIMATE_ASSUMPTIONS
 
 PREFIX = "plan."
 

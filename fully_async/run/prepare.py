@@ -1,4 +1,4 @@
-"""Everything the driver checks and loads before Ray starts (layer 5 helper).
+"""Everything the driver checks and loads before Ray starts (layer 6 helper).
 
 Fail fast and cheaply: config rules, files, tokenizer, dataset (tokenised once here, then
 shipped to the rollouter), derived step counts.  Nothing here touches a device.
@@ -13,7 +13,7 @@ from typing import Any, Optional
 from fully_async.core.config import ConfigError, FullyAsyncConfig, as_file_list, asset_path, typed_config
 from fully_async.core.config_checks import validate, validate_with_data
 from fully_async.core.plan import RunPlan
-from fully_async.core.tracking import check_installed as check_trackers_installed
+from fully_async.telemetry.tracking import check_installed as check_trackers_installed
 from fully_async.core.types import PromptRecord
 
 logger = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ def probe_rewards(cfg: Any, records: list[PromptRecord]) -> None:
     Catches a missing function, an unknown data_source and a non-number result in the driver,
     instead of in the rollouter after the engines started.
     """
-    from fully_async.core.rewards import build_reward_manager
+    from fully_async.rewards import build_reward_manager
 
     manager = build_reward_manager(cfg)
     firsts: dict[str, PromptRecord] = {}
@@ -141,7 +141,7 @@ def probe_rewards(cfg: Any, records: list[PromptRecord]) -> None:
 
 def _probe(manager: Any, key: str, source: str, rec: PromptRecord) -> None:
     """Score row `rec` with its own ground truth as the response; a failure says it was the pre-run probe."""
-    from fully_async.core.rewards import RewardError
+    from fully_async.rewards import RewardError
 
     try:
         manager.score(source, str(rec.ground_truth), rec.ground_truth, rec.extra_info, 1,

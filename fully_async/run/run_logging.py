@@ -1,4 +1,4 @@
-"""Driver-side view of a run (layer 5 helper): progress bar, console, TensorBoard and trackers, summary.
+"""Driver-side view of a run (layer 6 helper): progress bar, console, TensorBoard and trackers, summary.
 
 Actors only produce metric dicts; the driver drains them from every running actor (the trainer's or sync
 worker's steps, the rollouter's validations) and writes every sink, so TensorBoard files land on the
@@ -15,7 +15,7 @@ import sys
 from typing import Any, Optional, TextIO
 
 from fully_async.core.plan import RunPlan
-from fully_async.core.metrics import MetricLogger
+from fully_async.telemetry.metrics import MetricLogger
 
 logger = logging.getLogger("fully_async")
 

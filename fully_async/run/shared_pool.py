@@ -1,4 +1,4 @@
-"""The driver's side of a shared device pool (layer 5 helper; README "Several jobs on one device pool").
+"""The driver's side of a shared device pool (layer 6 helper; README "Several jobs on one device pool").
 
 A job whose config names `multi_job.pool` joins the shared Ray cluster in a namespace of its own, finds or creates
 the pool's scheduler (the detached actor of actors/device_pool.py), registers and heartbeats from a thread

@@ -1,4 +1,4 @@
-"""Data-parallel trainer group (layer 3): one process per trainer device, rank 0 drives.
+"""Data-parallel trainer group (layer 4): one process per trainer device, rank 0 drives.
 
 Rank 0 is the Trainer (or SyncWorker) actor itself; ranks 1..W-1 are `actors/train_worker.TrainWorker` actors
 (the thin Ray shell, passed in as `worker`: this layer cannot import the actors).  All ranks join one
@@ -18,7 +18,7 @@ import torch
 
 from fully_async.cluster.ray_utils import ray_get
 from fully_async.core.batch import TrainBatch
-from fully_async.core.config import FullyAsyncConfig, actor_strategy, typed_config
+from fully_async.core.config import FullyAsyncConfig, actor_strategy
 from fully_async.core.plan import RunPlan
 from fully_async.train.backends import MiniBatch, StepResult, TrainBackend
 from fully_async.train.sharding import micro_count, shard_batch
@@ -186,10 +186,9 @@ def connect_trainer_group(cfg: FullyAsyncConfig, device: Any, optimizer_steps: i
 
         store = master_store(master[0], world)
         master = (master[0], store.port)
-    typed = typed_config(cfg)
     workers = [ray.remote(worker).options(**(rank_options(r) if rank_options else worker_options),
                                           **in_bundle(placement, r)).remote(
-        typed, r, world, master, optimizer_steps, engine_args) for r in range(1, world)]
+        cfg, r, world, master, optimizer_steps, engine_args) for r in range(1, world)]
     local = build_local_backend(cfg, device, optimizer_steps, 0, world, master, store)  # rendezvous with the workers
     ray.get([w.ready.remote() for w in workers])
     cls = ReplicatedGroupBackend if cfg.actor_rollout_ref.actor.strategy == "megatron" else GroupBackend

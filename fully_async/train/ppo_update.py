@@ -1,8 +1,8 @@
-"""The one PPO update (layer 3): epochs x mini-batches x micro-batches, for every strategy and the data-parallel group.
+"""The one PPO update (layer 4): epochs x mini-batches x micro-batches, for every strategy and the data-parallel group.
 
 Each of `actor.ppo_epochs` passes shuffles the batch (the backend's RNG, checkpointed with it) and cuts it into
 `num_mini_batches` mini-batches, one optimizer step each.  A mini-batch is cut into data-parallel shards and
-micro-batches (sharding.py), and every micro-batch's loss (`core/algorithms/actor_loss.py`) is divided by the
+micro-batches (sharding.py), and every micro-batch's loss (`algorithms/actor_loss.py`) is divided by the
 token (or sequence) count of its whole mini-batch, so micro-batching and data parallelism never change the
 numbers: gradients accumulate over the micro-batches and the optimizer steps once.  A non-finite loss, metric or
 gradient norm skips that step (the gradients are dropped) and is counted in `actor/bad_steps` and on the backend
@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from fully_async.core.algorithms.actor_loss import ActorLossOutput, actor_loss, mini_batch_denominator
+from fully_async.algorithms.actor_loss import ActorLossOutput, actor_loss, mini_batch_denominator
 from fully_async.core.batch import TrainBatch
 from fully_async.core.config import FullyAsyncConfig
 from fully_async.train.backends import StepResult, TrainBackend

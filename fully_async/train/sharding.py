@@ -1,4 +1,4 @@
-"""How a batch is cut across data-parallel ranks and into micro-batches (layer 3): one rule for every strategy.
+"""How a batch is cut across data-parallel ranks and into micro-batches (layer 4): one rule for every strategy.
 
 Rank r of a data-parallel world of W takes rows r::W (sizes differ by at most one).  Each rank's shard is cut
 into micro-batches (a fixed row count, or a token budget with actor.use_dynamic_bsz); ranks that share

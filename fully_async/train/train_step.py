@@ -1,4 +1,4 @@
-"""The one training step both modes run (layer 3): the async Trainer and the sync loop call `train_step`.
+"""The one training step both modes run (layer 4): the async Trainer and the sync loop call `train_step`.
 
 Per step: build the padded batch of the groups' samples, compute the PPO "old" policy (the behaviour
 log-probs, or recomputed), reference log-probs when a KL term needs them, GRPO advantages, then the one
@@ -19,11 +19,11 @@ from typing import Any, Optional, Sequence
 
 from fully_async.core.plan import RunPlan
 from fully_async.core.config import FullyAsyncConfig
-from fully_async.core.algorithms import grpo_advantages, kl_penalty
-from fully_async.core.algorithms.kl_control import build_kl_controller
+from fully_async.algorithms import grpo_advantages, kl_penalty
+from fully_async.algorithms.kl_control import build_kl_controller
 from fully_async.core.batch import TrainBatch, build_batch
 from fully_async.core.flops import estimate_flops, match_device, mfu, peak_tflops, unsupported_reason
-from fully_async.core.metrics import batch_metrics
+from fully_async.telemetry.metrics import batch_metrics
 from fully_async.core.types import Sample, SampleGroup
 from fully_async.train.backends import TrainBackend
 from fully_async.train.ppo_update import ppo_update

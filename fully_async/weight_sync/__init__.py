@@ -1,4 +1,6 @@
-"""WeightSync implementations (layer 2): how the trainer's weights reach the rollout engines."""
+"""How the trainer's weights reach the rollout engines (layer 3): one file per transport -- object store, collective
+broadcast (NCCL / HCCL / gloo), in-process for the colocated sync loop.  It imports core, the domain packages and
+cluster; rollout/, train/ and the actors import it."""
 from typing import Any
 
 from fully_async.weight_sync.local import LocalWeightSync

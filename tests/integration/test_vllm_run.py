@@ -20,7 +20,7 @@ def embedded_engine_validation(cfg) -> tuple[float, int]:
     from fully_async.rollout.engines.hf_engine import HFEngine
     from fully_async.rollout.generation import validate
     from fully_async.run.prepare import load_tokenizer, prepare
-    from fully_async.core.rewards import build_reward_manager
+    from fully_async.rewards import build_reward_manager
 
     prep = prepare(cfg)
     engine = HFEngine(cfg.actor_rollout_ref.model.path, CPU, eos_token_ids=prep.eos_token_ids,

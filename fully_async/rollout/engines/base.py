@@ -1,4 +1,4 @@
-"""The `RolloutEngine` contract every rollout engine implements (layer 3).
+"""The `RolloutEngine` contract every rollout engine implements (layer 4).
 
 The rollouter drives an engine from one thread: it submits single-sequence requests, calls
 `collect()` in a loop (each call advances generation a bounded amount and returns whatever
@@ -52,6 +52,13 @@ class RolloutEngine(Protocol):
 
     def wake_up(self) -> None:
         """Restore what sleep() freed."""
+
+
+class VersionedEngine(RolloutEngine, Protocol):
+    """What the rollout scheduler drives: an engine, or the pool of replicas (engines/pool.py), that also says which
+    param version its weights are."""
+
+    version: int
 
 
 def run_requests(engine: RolloutEngine, requests: list[GenRequest],

@@ -43,7 +43,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from fully_async.core.algorithms.sampling import sample_tokens
+from fully_async.algorithms.sampling import sample_tokens
 from fully_async.device import Device, parse_dtype
 from fully_async.rollout.engines.base import NamedTensors
 from fully_async.core.types import GenOutput, GenRequest

@@ -1,4 +1,4 @@
-"""Engine pool (layer 3): the `RolloutEngine` contract over K engine replicas.
+"""Engine pool (layer 4): the `RolloutEngine` contract over K engine replicas.
 
 Why: rollout is the stage every RL step waits on; one engine on one device leaves the other devices
 idle.  The pool lets the scheduler (and sync mode's generate phase) drive K replicas exactly as it
@@ -32,7 +32,7 @@ import time
 from collections import deque
 from typing import Any, Optional
 
-from fully_async.core.timeline import Timeline
+from fully_async.telemetry.timeline import Timeline
 from fully_async.core.types import GenOutput, GenRequest
 
 logger = logging.getLogger(__name__)

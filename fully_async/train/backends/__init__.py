@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol
 
 import torch
 
-from fully_async.core.algorithms.actor_loss import ActorLossOutput
+from fully_async.algorithms.actor_loss import ActorLossOutput
 from fully_async.core.batch import TrainBatch
 from fully_async.core.config import FullyAsyncConfig
 

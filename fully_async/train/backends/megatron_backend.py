@@ -1,4 +1,4 @@
-"""Megatron-core training backend (layer 3): GPTModel with tensor, pipeline and data parallelism.
+"""Megatron-core training backend (layer 4): GPTModel with tensor, pipeline and data parallelism.
 
 Every trainer rank builds one backend and is called with the *same* full batch (train/group.ReplicatedGroupBackend):
 log-probs take their data-parallel shard here (rows r::dp; an empty shard runs one zero-weighted row to stay in
@@ -27,8 +27,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from fully_async.core.config import FullyAsyncConfig
-from fully_async.core.algorithms.actor_loss import actor_metric_names
-from fully_async.core.algorithms.lr_schedule import lr_lambda, warmup_steps
+from fully_async.algorithms.actor_loss import actor_metric_names
+from fully_async.algorithms.lr_schedule import lr_lambda, warmup_steps
 from fully_async.train.backends import MiniBatch, MicroLoss, StepResult, hf_megatron
 from fully_async.core.batch import TrainBatch, micro_batches
 from fully_async.device import Device, parse_dtype

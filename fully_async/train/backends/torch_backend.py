@@ -1,4 +1,4 @@
-"""Torch training backend, one device or an FSDP2 rank (layer 3): log-probs, the PPO primitives, weights for sync.
+"""Torch training backend, one device or an FSDP2 rank (layer 4): log-probs, the PPO primitives, weights for sync.
 
 The PPO loop is train/ppo_update.py; this backend runs its two primitives.  `forward_backward` runs a
 mini-batch's micro-batches (each loss already divided by its whole mini-batch's token or sequence count, so
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from fully_async.core.config import FullyAsyncConfig, actor_strategy
-from fully_async.core.algorithms.lr_schedule import lr_lambda, warmup_steps
+from fully_async.algorithms.lr_schedule import lr_lambda, warmup_steps
 from fully_async.train.backends import MiniBatch, StepResult, fsdp, varlen_attention
 from fully_async.train.backends.token_stats import enable_fused_head, token_stats
 from fully_async.core.batch import TrainBatch, micro_batches

@@ -3,7 +3,7 @@ validation results, which go into its outbox for the driver (not through the que
 import pytest
 
 from fully_async.run.hydra_setup import load_config
-from fully_async.core.metrics import rollouter_window_metrics
+from fully_async.telemetry.metrics import rollouter_window_metrics
 from fake_engine import FakeQueue
 
 

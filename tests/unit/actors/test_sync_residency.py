@@ -10,10 +10,10 @@ import pytest
 
 from fully_async.actors.residency import Dedicated, PoolLease, Turns
 from fully_async.actors.sync_loop import SyncWorker
-from fully_async.core.metrics import StaleCounter
+from fully_async.telemetry.metrics import StaleCounter
 from fully_async.core.trainer_state import TrainerState
 from fully_async.core.config import typed_config
-from fully_async.core.timeline import Timeline
+from fully_async.telemetry.timeline import Timeline
 from fully_async.device import CPU
 from fully_async.run.hydra_setup import load_config
 

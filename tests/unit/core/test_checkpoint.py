@@ -132,10 +132,13 @@ def test_export_hf_round_trip(tmp_path):
     from fully_async.train.backends.torch_backend import TorchBackend
     from fully_async.device import CPU
     from fully_async.actors.trainer import save_trainer_part
+    from fully_async.core.trainer_state import TrainerState
+
+    state = TrainerState(total_steps=3, step=3, version=3, trained_sample_ids=["a"])
 
     cfg = load_config([f"trainer.default_local_dir={tmp_path}/ck"])
     backend = TorchBackend(cfg, CPU, 10)
-    path = ck.atomic_save(str(tmp_path / "ck"), 3, lambda d: save_trainer_part(backend, cfg, d, 3, 3, ["a"]))
+    path = ck.atomic_save(str(tmp_path / "ck"), 3, lambda d: save_trainer_part(backend, cfg, d, state))
     out = tmp_path / "hf"
     r = subprocess.run([sys.executable, "scripts/export_hf.py", path, str(out)], capture_output=True, text=True,
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))

@@ -7,6 +7,7 @@ def admit_until_blocked(m: StalenessManager) -> int:
     while m.can_admit():
         m.on_admit()
         n += 1
+    m.note_stop()
     return n
 
 
@@ -45,8 +46,10 @@ def test_trigger_and_require_batches_scale_the_bound():
 def test_pause_counted_once_per_pause_and_state_round_trip():
     m = StalenessManager(2, 1, 0.0, 1)
     admit_until_blocked(m)
+    before = m.state_dict()
     assert not m.can_admit() and not m.can_admit()
-    assert m.state.pauses == 1
+    assert m.state_dict() == before                  # asking changes nothing
+    assert not m.note_stop() and m.state.pauses == 1  # the same stretch at the bound: one pause
     m.on_version(1, 0, 0)
     admit_until_blocked(m)
     assert m.state.pauses == 2

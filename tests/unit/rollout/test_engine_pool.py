@@ -78,7 +78,7 @@ def test_threaded_replicas_generate_everything(thread_pool):
     # each replica's own iterations (collect calls, counted where the engine runs) and time inside them
     assert [s["iterations"] for s in stats] == [e.steps for e in engines]
     assert all(s["engine_s"] > 0 for s in stats)
-    from fully_async.core.metrics import engine_metrics
+    from fully_async.telemetry.metrics import engine_metrics
 
     m = engine_metrics(stats, None, 1.0)
     for i, s in enumerate(stats):

@@ -2,7 +2,7 @@
 returns an `acc` (DAPO-style sources)."""
 from fully_async.actors.actor_setup import build_tokenizer
 from fully_async.device import CPU
-from fully_async.core.rewards import build_reward_manager
+from fully_async.rewards import build_reward_manager
 from fully_async.core.types import PromptRecord
 from fully_async.rollout.engines import build_engine
 from fully_async.rollout.generation import validate

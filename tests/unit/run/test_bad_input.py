@@ -14,7 +14,7 @@ from fully_async.core.config import ConfigError, asset_path
 from fully_async.core.data import DataError
 from fully_async.run.hydra_setup import load_config
 from fully_async.run.prepare import BUNDLED_TASK_OVERRIDES, prepare
-from fully_async.core.rewards import RewardError
+from fully_async.rewards import RewardError
 
 MODEL = asset_path("tiny_arithmetic/model")
 

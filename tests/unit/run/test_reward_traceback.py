@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from fully_async.core.rewards import RewardError, RewardManager, load_custom_score
+from fully_async.rewards import RewardError, RewardManager, load_custom_score
 
 REWARD = '''\
 def _parse(text):

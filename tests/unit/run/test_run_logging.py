@@ -120,7 +120,7 @@ def test_short_real_run_output_to_a_pipe(tmp_path):
 
 
 def test_sync_and_async_default_run_folders_differ(monkeypatch):
-    from fully_async.core.metrics import tensorboard_dir
+    from fully_async.telemetry.metrics import tensorboard_dir
 
     monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
 

@@ -21,7 +21,7 @@ DOC = os.path.join(ROOT, "docs", "verl_compat.md")
 PATHS = {"data.train_files": asset_path("tiny_arithmetic/data/train.parquet"),
          "data.val_files": asset_path("tiny_arithmetic/data/val.parquet"),
          "actor_rollout_ref.model.path": asset_path("tiny_arithmetic/model")}
-from fully_async.core.verl_rules import SCRIPT_REFUSALS as REASONS
+from fully_async.verl.rules import SCRIPT_REFUSALS as REASONS
 
 
 def rows():

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fully_async.core.rewards import default_compute_score
+from fully_async.rewards import default_compute_score
 
 SCRIPT = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, "scripts", "preprocess_gsm8k.py")
 INSTRUCTION = ' Let\'s think step by step and output the final answer after "####".'

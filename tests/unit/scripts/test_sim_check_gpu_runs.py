@@ -39,7 +39,7 @@ def test_four_gpu_split_run():
 
 
 def test_the_bench_lengths_are_recomputed_exactly():
-    from fully_async.core.stage_costs import from_bench
+    from fully_async.planner.stage_costs import from_bench
 
     bench = load("bench_1dev_h200.json")
     _, derived = from_bench(bench)

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from fully_async.core.algorithms.actor_loss import mini_batch_denominator
+from fully_async.algorithms.actor_loss import mini_batch_denominator
 from fully_async.core.batch import TrainBatch, build_batch
 from fully_async.run.hydra_setup import load_config
 from fully_async.train.backends import MiniBatch, StepResult

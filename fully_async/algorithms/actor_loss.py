@@ -1,0 +1,97 @@
+"""The PPO actor objective of one micro-batch, and its metrics: the one place both training backends take it from.
+
+    loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl_loss
+
+`pg_loss` is the clipped (dual-clip) surrogate of `policy_loss`, weighted per token by the truncated
+decoupled-PPO importance weight when `async_training.decoupled_ppo`; `entropy` and `kl_loss`
+(`kl_penalty(logp, ref_logp, kl_loss_type)`) are aggregated like it, with `loss_agg_mode` over the
+mini-batch denominator `denom` (see `agg_loss`), so micro-batch losses sum to the mini-batch loss.
+
+Metrics (names in `actor_metric_names` order) are additive over the micro-batches of a mini-batch
+(and over data-parallel ranks): the aggregated terms already are (pg_loss, entropy, kl_loss), the
+per-token means (pg_clipfrac, pg_clipfrac_lower, ppo_kl, behav_imp_weight) are weighted by the
+micro-batch's share of the mini-batch's rows.  Each metric is kept as (detached tensor, weight) so
+a backend can read it as a Python float (`metric_floats`, one host sync per metric) or as one
+device tensor (`metric_tensor`, no sync) with the same rounding as before the two were merged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from fully_async.algorithms.losses import PolicyLossInput, agg_denominator, agg_loss, kl_penalty, policy_loss
+from fully_async.core.config import clip_bounds
+
+
+def mini_batch_denominator(mask: torch.Tensor, actor: Any) -> float:
+    """The `denom` every micro-batch of a mini-batch (response mask `mask`) passes to actor_loss."""
+    return agg_denominator(mask, actor.loss_agg_mode, actor.loss_scale_factor)
+
+
+def actor_metric_names(actor: Any, async_training: Any, with_entropy: bool = True) -> list[str]:
+    """The metric keys `actor_loss` returns for this config, in order."""
+    names = ["actor/pg_loss"] + ["actor/entropy"] * with_entropy
+    names += ["actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"]
+    names += ["actor/behav_imp_weight"] * bool(async_training.decoupled_ppo)
+    names += ["actor/kl_loss"] * bool(actor.use_kl_loss)
+    return names
+
+
+@dataclass
+class ActorLossOutput:
+    loss: torch.Tensor                                    # scalar, with the graph: backward() this
+    metrics: dict[str, tuple[torch.Tensor, float]] = field(default_factory=dict)  # name -> (value, weight)
+
+    def metric_floats(self) -> dict[str, float]:
+        """name -> value * weight as Python floats (the weight applied in double precision)."""
+        return {name: value.item() * weight for name, (value, weight) in self.metrics.items()}
+
+    def metric_tensor(self) -> torch.Tensor:
+        """(len(metrics),) float32 tensor of value * weight, in `actor_metric_names` order, on the values' device."""
+        return torch.stack([value.float() * weight for value, weight in self.metrics.values()])
+
+
+def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], *, old_logp: torch.Tensor,
+               advantages: torch.Tensor, mask: torch.Tensor, denom: Optional[float], rows_total: int, actor: Any,
+               async_training: Any, ref_logp: Optional[torch.Tensor] = None,
+               rollout_logp: Optional[torch.Tensor] = None) -> ActorLossOutput:
+    """PPO actor loss of one micro-batch of B rows.
+
+    logp, entropy: (B, T) under the current policy (entropy may be None when actor.entropy_coeff == 0;
+    the actor/entropy metric is then left out).  old_logp, advantages, mask: (B, T); ref_logp is needed
+    with actor.use_kl_loss, rollout_logp (behaviour) with async_training.decoupled_ppo.  denom: the
+    mini-batch's token (token-mean) or sequence count (None: this micro-batch's own); rows_total: the
+    mini-batch's rows (metric shares).
+    actor: the actor_rollout_ref.actor section; async_training: that section."""
+    a, at = actor, async_training
+    if entropy is None and a.entropy_coeff != 0:
+        raise ValueError("actor_loss needs the entropy when actor.entropy_coeff != 0")
+    if a.use_kl_loss and ref_logp is None:
+        raise ValueError("actor_loss needs ref_logp when actor.use_kl_loss is set")
+    if at.decoupled_ppo and rollout_logp is None:
+        raise ValueError("actor_loss needs rollout_logp when async_training.decoupled_ppo is set")
+    clip_low, clip_high = clip_bounds(a)
+    res = policy_loss(PolicyLossInput(
+        logp=logp, old_logp=old_logp, advantages=advantages, mask=mask,
+        clip_low=clip_low, clip_high=clip_high, clip_c=a.clip_ratio_c, agg_mode=a.loss_agg_mode,
+        denom=denom, behav_logp=rollout_logp if at.decoupled_ppo else None, behav_cap=at.behav_imp_weight_cap))
+    loss = res.loss
+    share = logp.shape[0] / rows_total
+    metrics: dict[str, tuple[torch.Tensor, float]] = {"actor/pg_loss": (res.loss.detach(), 1.0)}
+    if entropy is not None:
+        ent = agg_loss(entropy, mask, a.loss_agg_mode, denom)
+        if a.entropy_coeff != 0:
+            loss = loss - a.entropy_coeff * ent
+        metrics["actor/entropy"] = (ent.detach(), 1.0)
+    metrics["actor/pg_clipfrac"] = (res.clipfrac, share)
+    metrics["actor/pg_clipfrac_lower"] = (res.clipfrac_lower, share)
+    metrics["actor/ppo_kl"] = (res.ppo_kl, share)
+    if res.behav_weight_mean is not None:
+        metrics["actor/behav_imp_weight"] = (res.behav_weight_mean, share)
+    if a.use_kl_loss:
+        kl = agg_loss(kl_penalty(logp, ref_logp, a.kl_loss_type), mask, a.loss_agg_mode, denom)
+        loss = loss + a.kl_loss_coef * kl
+        metrics["actor/kl_loss"] = (kl.detach(), 1.0)
+    return ActorLossOutput(loss=loss, metrics=metrics)

@@ -1,0 +1,255 @@
+"""Device memory of each role, estimated from the config and the model's shape (layer 1, pure arithmetic).
+
+What is counted, per device, in bytes (P = parameters of the device's shard, h/I = hidden/intermediate sizes):
+
+  trainer, strategy torch   params, grads and both AdamW moments in actor.dtype: 4 x P x bytes(dtype).  The peak is
+                            in a later step's forward/backward (optimizer states exist); grads coexist with a
+                            micro-batch's activations when a mini-batch has several micro-batches, otherwise
+                            only what exceeds the activations counts
+                            (+ the reference model's params when use_kl_loss)
+  trainer, strategy fsdp2   float32 master params, grads and moments sharded over the data-parallel ranks:
+                            16 x P / dp, plus two gathered layers in actor.dtype (the layer computing, the
+                            next one prefetched); the reference model sharded the same way (4 x P / dp)
+  trainer, strategy megatron  bf16 params 2P + float32 grad buffer 4P + float32 master and moments 12P
+                            (sharded over dp with use_distributed_optimizer), P = the largest pipeline stage's
+                            parameters / tensor parallel size (stage 0 holds the embedding)
+  activations               one micro-batch (ppo_max_token_len_per_gpu tokens with use_dynamic_bsz, else
+                            ppo_micro_batch_size_per_gpu x (max_prompt_length + max_response_length)); per
+                            token and layer the tensors autograd keeps for backward, counted with saved-tensor
+                            hooks on the Hugging Face Qwen2 layer (sdpa; scripts/measure_saved_activations.py):
+                            eager 4I + 4h + 2q + 2kv elements in the compute dtype (MLP gate/up/activation/
+                            product; norm outputs, attention input/output, o_proj input; q, k, v) plus 2h float32
+                            (each RMSNorm keeps its input upcast) -- for the 0.5B shape 57,344 bytes in bfloat16
+                            (the hooks count 57,408: + the attention's float32 logsumexp and the norms' 1/rms);
+                            compiled (actor.use_torch_compile with strategy torch/fsdp2 on CUDA, where the trainer
+                            compiles each layer with inductor; NPU and CPU run eagerly) 3I + 4h + 2q + 2kv in the
+                            compute dtype and no float32 copy (inductor's partitioner recomputes the SwiGLU
+                            activation and the norms' upcast in backward) -- 40,448 bytes for the 0.5B shape
+                            (hooks: 40,512); with gradient checkpointing h per layer (the layer input; measured
+                            1,792 bytes), compiled or not, plus one layer's eager set (the recomputed layer and
+                            its backward's transients; measured within 1% with compiled layers too).
+                            Logits: the fused chunked head (model.use_fused_kernels) keeps ~3 float32 chunks of
+                            2^26 elements; without it tokens x vocab x 4 bytes x 2 (logits and their gradient)
+  engine, rollout.name=hf   weights in rollout.dtype + a static slot KV cache of max_num_seqs x max_model_len
+                            tokens + float32 logits of every slot
+  engine, rollout.name=vllm gpu_memory_utilization x capacity (vLLM takes that fraction at start-up); the check
+                            is that weights / tp leave room for the KV cache of max_num_seqs full sequences
+  sync (colocated)          the larger of the generate phase (engine + what the trainer keeps resident: params
+                            and grads unless param_offload, optimizer states unless optimizer_offload; strategy
+                            torch / megatron offload everything when either is set) and the
+                            train phase (trainer + the engine's weights and KV unless free_cache_engine)
+Plus `context_gib` per device (the runtime's own context and allocator slack; an assumption, printed).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fully_async.planner.hardware import Shape
+
+GIB = 1024 ** 3
+# the chunked log-prob's elements per chunk by device, as train/backends/token_stats.py chunks (a test keeps the
+# two equal; this layer cannot import the trainer's)
+DEVICE_CHUNK_ELEMS = {"cuda": 2 ** 28}
+EAGER_CHUNK_ELEMS = 2 ** 26
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass
+class RoleMemory:
+    role: str
+    parts: dict[str, float] = field(default_factory=dict)     # name -> bytes
+    note: str = ""
+    strategy: str = ""      # the trainer's backend (torch | fsdp2 | megatron), as selected at its dp size
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+    def as_dict(self) -> dict:
+        return {"role": self.role, "parts_gib": {k: v / GIB for k, v in self.parts.items()},
+                "total_gib": self.total / GIB, "note": self.note}
+
+
+def _bytes(key: str, dtype: str) -> int:
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"{key}={dtype!r}: the memory model knows {sorted(DTYPE_BYTES)}")
+    return DTYPE_BYTES[dtype]
+
+
+def micro_batch_tokens(cfg: Any, dp: int) -> int:
+    """Tokens of one training micro-batch on one device (the activation footprint's driver)."""
+    actor = cfg.actor_rollout_ref.actor
+    if actor.use_dynamic_bsz:
+        return int(actor.ppo_max_token_len_per_gpu)
+    seq = cfg.data.max_prompt_length + cfg.data.max_response_length
+    rows = actor.ppo_micro_batch_size_per_gpu
+    if rows is None:  # the whole mini-batch share of this rank
+        rows = max(1, actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // dp)
+    return int(rows) * seq
+
+
+def accumulates(cfg: Any, dp: int) -> bool:
+    """Whether gradients of earlier micro-batches stay allocated while a later one runs forward (several
+    micro-batches per mini-batch); with dynamic batch sizes assumed so."""
+    actor = cfg.actor_rollout_ref.actor
+    if actor.use_dynamic_bsz or actor.ppo_micro_batch_size_per_gpu is None:
+        return bool(actor.use_dynamic_bsz)
+    rows = actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // dp
+    return actor.ppo_micro_batch_size_per_gpu < rows
+
+
+def activation_bytes(shape: Shape, tokens: int, cbytes: int, checkpointing: bool, fused_head: bool,
+                     layers: int | None = None, chunk_elems: int = EAGER_CHUNK_ELEMS,
+                     compiled: bool = False) -> tuple[float, float]:
+    """(layer activations, logits) bytes of one micro-batch of `tokens` tokens over `layers` layers.
+
+    compiled: the layers run as torch.compile (inductor) programs, which save less than eager PyTorch: the min-cut
+    partitioner recomputes the SwiGLU activation (one I-sized tensor) and drops both RMSNorms' float32 input
+    copies (2h float32) -- measured with saved-tensor hooks on CPU inductor (scripts/measure_saved_activations.py),
+    whose partitioner is CUDA's.  With checkpointing only the layer inputs stay either way; the one layer recomputed
+    in backward keeps the eager count, which matched the measured compiled + checkpointed peak (-0.9%, 1x H100).
+    Not counted: with padded rows (no use_remove_padding) transformers passes sdpa a mask, so k and v are saved
+    repeated to the query heads (2q instead of 2kv) plus a per-layer (L, L) mask per row in the compute dtype; by
+    the hooks (CPU, padded rows) that is nearly all of what the 0.5B trainer's estimate misses against its
+    measured peaks (-5.5% eager, -7.6% compiled, 1x H100; with it, by arithmetic, both within 1%)."""
+    layers = shape.layers if layers is None else layers
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    h, inter = shape.hidden, shape.intermediate
+    eager = ((4 * h + 2 * q + 2 * kv + 4 * inter) * cbytes + 2 * 4 * h) * tokens
+    if checkpointing:
+        acts = layers * h * cbytes * tokens + eager
+    elif compiled:
+        acts = layers * (4 * h + 2 * q + 2 * kv + 3 * inter) * cbytes * tokens
+    else:
+        acts = layers * eager
+    if fused_head:
+        logits = 3 * 4 * min(chunk_elems, tokens * shape.vocab)
+    else:
+        logits = 2 * 4 * tokens * shape.vocab
+    return float(acts), float(logits)
+
+
+def _strategy(strategy: str, dp: int) -> str:
+    """The backend a strategy selects at `dp` trainer devices (verl's fsdp: torch on one, fsdp2 on several)."""
+    return ("fsdp2" if dp > 1 else "torch") if strategy == "fsdp" else strategy
+
+
+def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
+    """Peak memory of one trainer device while it trains (module docstring)."""
+    actor, model = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model
+    cbytes = _bytes("actor_rollout_ref.actor.dtype", actor.dtype)
+    P = shape.params()
+    ref = bool(actor.use_kl_loss)
+    mem = RoleMemory("trainer")
+    layers = shape.layers
+    strategy = _strategy(actor.strategy, dp)
+    mem.strategy = strategy
+    if strategy == "megatron":
+        m = actor.megatron
+        tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
+        layers = -(-shape.layers // pp)
+        stage = (layers * shape.layer_params() + shape.vocab * shape.hidden * (1 if pp > 1 or shape.tied else 2)) / tp
+        opt_shard = dp if m.use_distributed_optimizer else 1
+        mem.parts.update(params=2 * stage, grads=4 * stage, optimizer=12 * stage / opt_shard)
+        if ref:
+            mem.parts["ref_params"] = 2 * stage
+        mem.note = f"megatron tp={tp} pp={pp} dp={dp}" + (", distributed optimizer" if opt_shard > 1 else "")
+        tokens = micro_batch_tokens(cfg, dp) // tp if m.sequence_parallel else micro_batch_tokens(cfg, dp)
+    elif strategy == "fsdp2":
+        mem.parts.update(params=4 * P / dp, grads=4 * P / dp, optimizer=8 * P / dp,
+                         gathered_layers=2 * shape.layer_params() * cbytes)
+        if ref:
+            mem.parts["ref_params"] = 4 * P / dp
+        mem.note = f"fsdp2 over dp={dp} (float32 master, compute in {actor.dtype})"
+        tokens = micro_batch_tokens(cfg, dp)
+    else:
+        mem.parts.update(params=cbytes * P, grads=cbytes * P, optimizer=2 * cbytes * P)
+        if ref:
+            mem.parts["ref_params"] = cbytes * P
+        mem.note = f"torch, one device, params/grads/AdamW in {actor.dtype}"
+        tokens = micro_batch_tokens(cfg, dp)
+    # the torch backend (torch and fsdp2) compiles each decoder layer where the device has inductor: CUDA
+    # (train/backends/torch_backend.compile_decoder_layers); NPU and CPU, and megatron, run the layers eagerly
+    compiled = bool(actor.use_torch_compile) and cfg.trainer.device == "cuda" and strategy != "megatron"
+    acts, logits = activation_bytes(shape, tokens, cbytes, bool(model.enable_gradient_checkpointing),
+                                    bool(model.use_fused_kernels), layers,
+                                    DEVICE_CHUNK_ELEMS.get(cfg.trainer.device, EAGER_CHUNK_ELEMS), compiled)
+    mem.parts.update(activations=acts, logits=logits)
+    if not accumulates(cfg, dp):  # one micro-batch per optimizer step: grads appear only as activations are freed
+        mem.parts["grads"] = max(0.0, mem.parts["grads"] - acts - logits)
+        mem.note += "; one micro-batch per optimizer step (grads replace activations)"
+    mem.note += f"; micro-batch {tokens} tokens" + (", gradient checkpointing" if model.enable_gradient_checkpointing
+                                                     else "") + (", compiled layers" if compiled else "")
+    return mem
+
+
+# the decode graphs' memory pool plus the cuBLAS workspaces of the two capture streams, measured on 1x H100
+# (0.5B shape, 56 graphs of 14 batch x 4 span buckets: 0.11 GiB over the same engine decoding eagerly); it hardly
+# depends on the model (each graph's intermediates are one layer's, freed within the graph)
+DECODE_GRAPHS_BYTES = 0.11 * GIB
+
+
+def max_model_len(cfg: Any) -> int:
+    r = cfg.actor_rollout_ref.rollout
+    return int(r.max_model_len or (cfg.data.max_prompt_length + cfg.data.max_response_length))
+
+
+def engine_memory(cfg: Any, shape: Shape, capacity_bytes: float) -> RoleMemory:
+    """Memory of one rollout device (a replica spans rollout.tensor_model_parallel_size devices)."""
+    r = cfg.actor_rollout_ref.rollout
+    wbytes = _bytes("actor_rollout_ref.rollout.dtype", r.dtype)
+    tp = r.tensor_model_parallel_size
+    weights = shape.params() * wbytes / tp
+    kv_needed = r.max_num_seqs * max_model_len(cfg) * shape.kv_bytes_per_token(wbytes) / tp
+    mem = RoleMemory("engine")
+    if r.name == "vllm":
+        reserved = r.gpu_memory_utilization * capacity_bytes
+        mem.parts.update(weights=weights, kv_cache=max(0.0, reserved - weights))
+        mem.note = (f"vllm takes gpu_memory_utilization={r.gpu_memory_utilization:g} of the device; "
+                    f"{r.max_num_seqs} full-length sequences need {kv_needed / GIB:.2f} GiB of KV per device")
+        mem.kv_needed = kv_needed  # type: ignore[attr-defined]
+    else:
+        # one admission prefills up to max_num_seqs prompts at once: one layer's live tensors per prompt token
+        # (residual + hidden, and the MLP's gate, up and their product), freed layer by layer
+        prefill = r.max_num_seqs * cfg.data.max_prompt_length * (2 * shape.hidden + 3 * shape.intermediate) * wbytes
+        mem.parts.update(weights=weights, kv_cache=kv_needed, logits=4.0 * r.max_num_seqs * shape.vocab,
+                         prefill=prefill / tp)
+        if not r.enforce_eager and cfg.trainer.device != "cpu":
+            mem.parts["decode_graphs"] = DECODE_GRAPHS_BYTES
+        mem.note = f"embedded engine: slot KV cache of {r.max_num_seqs} x {max_model_len(cfg)} tokens"
+    return mem
+
+
+def colocated_memory(cfg: Any, trainer: RoleMemory, engine: RoleMemory) -> RoleMemory:
+    """Sync mode: one device holds both (module docstring)."""
+    off = cfg.actor_rollout_ref.actor.fsdp_config
+    keep = {k: v for k, v in trainer.parts.items() if k in ("params", "grads", "ref_params", "gathered_layers")}
+    if off.param_offload:
+        keep = {k: v for k, v in keep.items() if k == "gathered_layers"}
+    if not off.optimizer_offload:
+        keep["optimizer"] = trainer.parts.get("optimizer", 0.0)
+    if trainer.strategy in ("torch", "megatron") and (off.param_offload or off.optimizer_offload):
+        keep = {}   # these backends' offload() moves everything (params, grads, optimizer, reference) at once
+    gen = engine.total + sum(keep.values())
+    engine_kept = 0.0 if cfg.actor_rollout_ref.rollout.free_cache_engine else engine.total
+    train = trainer.total + engine_kept
+    mem = RoleMemory("sync (colocated)")
+    if gen >= train:
+        mem.parts.update({f"engine.{k}": v for k, v in engine.parts.items()})
+        mem.parts.update({f"trainer.{k}": v for k, v in keep.items()})
+        mem.note = "peak while generating (trainer state resident" + (", params offloaded" if off.param_offload
+                                                                      else "") + ")"
+    else:
+        mem.parts.update({f"trainer.{k}": v for k, v in trainer.parts.items()})
+        if engine_kept:
+            mem.parts.update({f"engine.{k}": v for k, v in engine.parts.items()})
+        mem.note = "peak while training" + ("" if engine_kept else " (engine freed: free_cache_engine=true)")
+    return mem
+
+
+def verdict(total_bytes: float, capacity_bytes: float, warn_fraction: float = 0.9) -> str:
+    """fits | tight (over warn_fraction of capacity) | does not fit."""
+    if total_bytes > capacity_bytes:
+        return "does not fit"
+    return "tight" if total_bytes > warn_fraction * capacity_bytes else "fits"

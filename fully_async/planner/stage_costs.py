@@ -1,0 +1,172 @@
+"""Stage costs for the pipeline simulation: measured (a bench_pipeline.py JSON) or estimated (layer 1).
+
+Measured.  bench_pipeline.py times one device generating `batches` step batches (prompts_per_batch x n
+responses, sample ids b<k>-p<i>-s<j>, k from `warmup`) and one device training on them.  The response
+lengths of those batches are known exactly when the bench ran a synthetic workload (its JSON records the
+profile; ignore_eos without a profile means every response ran to max_response_length), so the engine's
+decode steps S and response tokens Y of the timed batches are recomputed here, and the rollout seconds W
+are split into a per-step and a per-sequence part by `decode_seq_fraction` f (the share of W that grows with
+the number of sequences in flight):  decode_step_s = (1 - f) W / S,  decode_seq_s = f W / Y.  f = 0 (the
+default on accelerators) is what was measured on an H100 for the embedded engine: the same 17.5-18.8 ms per
+step at 64 and at 256 sequences (per-step overhead bound).  train_token_s = train seconds / trained tokens.
+
+Measured from a run's logs (`from_run_scalars`: a TensorBoard dir of one run, either mode, its own devices):
+  decode_step_s   mean of fully_async/rollouter/engine_<k>/ms_per_step over steps and engines
+  train_token_s   async: sum(timing_s/step - timing_s/gen - timing_s/param_sync) x trainer devices / tokens (the
+                  trainer's busy time outside the weight push; timing_s/gen is its wait for groups); sync:
+                  sum(timing_s/step - timing_s/gen - switch) x devices / tokens
+  weight_sync_s   async: mean timing_s/param_sync (the trainer's push; the engines load meanwhile)
+  sync_step_s     sync: mean(timing_s/param_sync + onload + offload + reward) (the colocated switch)
+
+Estimated (no measurement).  From the model's shape and the device's data-sheet numbers:
+  decode step     weights / (tp x HBM bandwidth x bw_eff) + launch overhead, plus per sequence the KV cache it
+                  reads (mean context) / (tp x HBM bandwidth x bw_eff) and 2 x matmul params / (tp x peak x mfu)
+  prefill token   2 x matmul params / (tp x peak x mfu)
+  train token     (6 + 2 x forward passes outside the update) x matmul params / (peak x mfu)
+                  (+2 with gradient checkpointing; a reference forward with use_kl_loss, an old-policy forward
+                  without use_rollout_log_probs), divided by tp x pp for megatron
+  weight sync     bf16 weights / link bandwidth (async); sync's per-step switch: the local reload at HBM speed plus
+                  what crosses to the host and back each step (engine weights with free_cache_engine, the
+                  trainer's offloaded state) at host_gbs
+The efficiencies are assumptions printed with every prediction (ESTIMATE_ASSUMPTIONS) and overridable.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from fully_async.planner.hardware import DeviceSpec, Shape
+from fully_async.planner.pipeline_sim import StageCosts, _group, generate_time, Workload
+from fully_async.core.workload import LengthProfile
+
+ESTIMATE_ASSUMPTIONS = {
+    "train_mfu": 0.35,        # model FLOPs utilisation of the update (measured 0.20 for 0.5B on one H100)
+    "decode_mfu": 0.5,        # of the decode matmuls once batches are large
+    "prefill_mfu": 0.5,
+    "bw_eff": 0.7,            # achieved fraction of HBM bandwidth in decode
+    "launch_s": 0.004,        # per decode step: kernel launches with graphs, sampling, host sync
+    "link_eff": 0.5,          # achieved fraction of link bandwidth in the weight broadcast
+    "dp_efficiency": 0.9,     # data-parallel scaling of the trainer
+    "host_gbs": 25.0,         # device <-> host copies (engine sleep/wake, trainer offload), GB/s each way
+}
+
+
+def _override(bench: dict, key: str) -> Optional[str]:
+    for item in bench.get("overrides") or []:
+        if item.startswith(key + "="):
+            return item.split("=", 1)[1]
+    return None
+
+
+def bench_lengths(bench: dict, fallback_max_len: int) -> tuple[Any, int]:
+    """(sample id -> length, max_response_length) of the workload a bench_pipeline JSON recorded."""
+    wl = bench.get("workload")
+    max_len = int(_override(bench, "data.max_response_length") or (wl or {}).get("max_response_length")
+                  or fallback_max_len)
+    if not wl:
+        raise ValueError("plan.stage_costs: the bench JSON records no synthetic workload (benchmark.response_length"
+                         " / benchmark.ignore_eos), so the response lengths it timed are unknown; rerun "
+                         "bench_pipeline.py with benchmark.response_length=lognormal benchmark.ignore_eos=true")
+    if wl["kind"] == "lognormal":
+        profile = LengthProfile.lognormal(int(wl["max_response_length"]), float(wl["median_ratio"]),
+                                          float(wl["sigma"]), int(wl["seed"]))
+        return profile.target, int(wl["max_response_length"])
+    if wl["kind"] == "none" and wl.get("ignore_eos"):
+        return (lambda _sid: max_len), max_len
+    if wl.get("path"):
+        profile = LengthProfile.histogram(wl["path"], int(wl["max_response_length"]), int(wl["seed"]))
+        return profile.target, int(wl["max_response_length"])
+    raise ValueError(f"plan.stage_costs: bench workload {wl.get('kind')!r} without ignore_eos: the lengths the "
+                     "model produced were not recorded; rerun with benchmark.ignore_eos=true")
+
+
+def from_bench(bench: dict, decode_seq_fraction: float = 0.0, weight_sync_s: float = 0.0,
+               sync_step_s: float = 0.0, dp_efficiency: float = 1.0, fallback_max_len: int = 512,
+               source: str = "bench") -> tuple[StageCosts, dict]:
+    """StageCosts of one device from a bench_pipeline.py JSON, and what was derived (module docstring)."""
+    if not 0.0 <= decode_seq_fraction <= 1.0:
+        raise ValueError(f"plan.decode_seq_fraction={decode_seq_fraction} must be in [0, 1]")
+    for key in ("rollout", "train", "prompts_per_batch", "n", "batches"):
+        if key not in bench:
+            raise ValueError(f"plan.stage_costs: {source} is not a bench_pipeline.py JSON (no {key!r})")
+    length, _ = bench_lengths(bench, fallback_max_len)
+    slots = int(_override(bench, "actor_rollout_ref.rollout.max_num_seqs") or 256)
+    n, per = int(bench["n"]), int(bench["prompts_per_batch"])
+    warmup = int(bench.get("warmup", 1))
+    unit = StageCosts(decode_step_s=1.0, train_token_s=0.0)
+    steps, resp = 0.0, 0
+    for b in range(warmup, warmup + int(bench["batches"])):
+        groups = []
+        for i in range(per):
+            _, seqs = _group(Workload(n, 0, lambda sid, b=b: length(sid.replace("e0-", f"b{b}-", 1))), i)
+            groups.append(seqs)
+        s, tok = generate_time(groups, unit, slots)
+        steps, resp = steps + s, resp + tok
+    roll, train = bench["rollout"], bench["train"]
+    samples = int(roll["samples"])
+    prompt_len = max(0.0, (roll["tokens"] - resp) / samples)
+    seconds = float(roll["seconds"])
+    costs = StageCosts(decode_step_s=(1 - decode_seq_fraction) * seconds / steps,
+                       decode_seq_s=decode_seq_fraction * seconds / resp,
+                       train_token_s=float(train["seconds"]) / float(train["tokens"]),
+                       weight_sync_s=weight_sync_s, sync_step_s=sync_step_s, dp_efficiency=dp_efficiency,
+                       source=source)
+    derived = {"decode_steps": steps, "response_tokens": resp, "prompt_tokens_per_sample": prompt_len,
+               "max_num_seqs": slots, "rollout_seconds": seconds, "train_tokens": train["tokens"],
+               "train_seconds": train["seconds"]}
+    return costs, derived
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def from_run_scalars(scalars: dict[str, list[float]], mode: str, trainer_devices: int,
+                     source: str = "run logs") -> StageCosts:
+    """StageCosts of one run from its logged scalars (tag -> values in step order; module docstring)."""
+    per_step = [v for tag, values in scalars.items() if tag.startswith("fully_async/rollouter/engine_")
+                and tag.endswith("/ms_per_step") for v in values if v > 0]
+    steps, gens = scalars.get("timing_s/step", []), scalars.get("timing_s/gen", [])
+    tokens = sum(scalars.get("perf/total_num_tokens", []))
+    if not per_step or not steps or not tokens:
+        raise ValueError(f"{source}: needs fully_async/rollouter/engine_<k>/ms_per_step, timing_s/step and "
+                         "perf/total_num_tokens scalars (a fully_async run with trainer.logger including tensorboard)")
+
+    def col(tag: str) -> list[float]:
+        return scalars.get(tag) or [0.0] * len(steps)
+    if mode == "async":
+        busy = sum(s - g - p for s, g, p in zip(steps, gens, col("timing_s/param_sync")))
+        return StageCosts(decode_step_s=_mean(per_step) / 1e3, train_token_s=busy * trainer_devices / tokens,
+                          weight_sync_s=_mean(col("timing_s/param_sync")), source=source)
+    switch = [p + a + b + c for p, a, b, c in zip(col("timing_s/param_sync"), col("timing_s/onload"),
+                                                  col("timing_s/offload"), col("timing_s/reward"))]
+    busy = sum(s - g - w for s, g, w in zip(steps, gens, switch))
+    return StageCosts(decode_step_s=_mean(per_step) / 1e3, train_token_s=busy * trainer_devices / tokens,
+                      sync_step_s=_mean(switch), source=source)
+
+
+def estimate(shape: Shape, spec: DeviceSpec, *, mean_context: float, rollout_tp: int = 1, train_mp: int = 1,
+             checkpointing: bool = False, extra_forwards: int = 0, host_bytes: float = 0.0,
+             assumptions: Optional[dict] = None) -> StageCosts:
+    """StageCosts from FLOPs and bandwidth (module docstring); `assumptions` overrides ESTIMATE_ASSUMPTIONS."""
+    a = dict(ESTIMATE_ASSUMPTIONS, **(assumptions or {}))
+    peak, bw = spec.tflops * 1e12, spec.hbm_gbs * 1e9
+    mm = shape.matmul_params()
+    weights = 2.0 * shape.params()
+    kv_read = shape.kv_bytes_per_token(2) * mean_context
+    train_flops = (6 + 2 * extra_forwards + (2 if checkpointing else 0)) * mm
+    return StageCosts(
+        decode_step_s=weights / (rollout_tp * bw * a["bw_eff"]) + a["launch_s"],
+        decode_seq_s=kv_read / (rollout_tp * bw * a["bw_eff"]) + 2 * mm / (rollout_tp * peak * a["decode_mfu"]),
+        prefill_token_s=2 * mm / (rollout_tp * peak * a["prefill_mfu"]),
+        train_token_s=train_flops / (train_mp * peak * a["train_mfu"]),
+        weight_sync_s=weights / (spec.link_gbs * 1e9 * a["link_eff"]),
+        sync_step_s=weights / (bw * a["bw_eff"]) + 2 * host_bytes / (a["host_gbs"] * 1e9),
+        dp_efficiency=a["dp_efficiency"],
+        source=f"estimated from FLOPs and bandwidth of {spec.name}")
+
+
+def expected_mean(length: Any, n: int, groups: int = 256) -> float:
+    """Mean response length of the first `groups` groups (the simulator's own draws)."""
+    total = sum(length(f"e0-p{i}-s{j}") for i in range(groups) for j in range(n))
+    return total / (groups * n) if groups * n else math.nan

@@ -1,0 +1,223 @@
+"""Parameter counts of the built-in shapes against the published model sizes, and the memory model's
+per-role arithmetic (sharding, offload, checkpointing, compiled layers, engines)."""
+import os
+import shutil
+
+import pytest
+
+from fully_async.planner.hardware import MODEL_SHAPES, Shape, known_shape
+from fully_async.planner.memory_model import GIB, activation_bytes, colocated_memory, engine_memory, trainer_memory, \
+    verdict
+from fully_async.run.hydra_setup import load_config
+
+# parameter counts of the released checkpoints (safetensors metadata on the Hub)
+PUBLISHED = {"Qwen2.5-0.5B": 494_032_768, "Qwen2.5-1.5B": 1_543_714_304, "Qwen2.5-7B": 7_615_616_512,
+             "Qwen3-4B": 4_022_468_096, "Qwen3-8B": 8_190_735_360}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_builtin_shapes_count_the_published_parameters(name):
+    assert Shape.of(MODEL_SHAPES[name]).params() == PUBLISHED[name]
+
+
+def test_known_shape_accepts_hub_names():
+    assert known_shape("Qwen/Qwen2.5-7B-Instruct")[0] == "Qwen2.5-7B"
+    assert known_shape("/models/qwen3-8b")[0] == "Qwen3-8B"
+    assert known_shape("/models/llama-7b") is None
+
+
+def cfg(*overrides):
+    return load_config(["actor_rollout_ref.model.path=Qwen2.5-7B", "data.max_prompt_length=1024",
+                        "data.max_response_length=3072", *overrides])
+
+
+SHAPE = Shape.of(MODEL_SHAPES["Qwen2.5-7B"])
+P = SHAPE.params()
+
+
+def test_torch_strategy_keeps_params_grads_and_moments_in_the_actor_dtype():
+    m = trainer_memory(cfg("actor_rollout_ref.actor.dtype=bfloat16"), SHAPE, 1)
+    assert m.parts["params"] + m.parts["grads"] + m.parts["optimizer"] == 8 * P
+    m32 = trainer_memory(cfg("actor_rollout_ref.actor.dtype=float32"), SHAPE, 1)
+    assert m32.parts["optimizer"] == 8 * P
+
+
+def test_fsdp2_shards_float32_state_over_data_parallel_ranks():
+    c = cfg("actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.dtype=bfloat16",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
+    m8 = trainer_memory(c, SHAPE, 8)
+    assert m8.parts["params"] + m8.parts["grads"] + m8.parts["optimizer"] == pytest.approx(16 * P / 8)
+    assert trainer_memory(c, SHAPE, 16).total < m8.total
+
+
+def test_megatron_tensor_parallel_and_distributed_optimizer_divide_the_state():
+    base = ["actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.dtype=bfloat16",
+            "trainer.n_gpus_per_node=8", "trainer.device=npu"]
+    tp4 = trainer_memory(cfg(*base, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
+                             "actor_rollout_ref.actor.megatron.use_distributed_optimizer=false"), SHAPE, 2)
+    tp1 = trainer_memory(cfg(*base), SHAPE, 8)
+    assert tp4.parts["params"] < tp1.parts["params"] / 3.5
+    dist = trainer_memory(cfg(*base, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
+                              "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true"), SHAPE, 2)
+    assert dist.parts["optimizer"] == pytest.approx(tp4.parts["optimizer"] / 2)
+
+
+def test_grads_count_fully_only_when_micro_batches_accumulate():
+    one = trainer_memory(cfg("actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                             "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+                             "data.train_batch_size=4"), SHAPE, 1)
+    assert one.parts["grads"] == max(0.0, 2 * P - one.parts["activations"] - one.parts["logits"])
+    many = trainer_memory(cfg("actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                              "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+                              "data.train_batch_size=4"), SHAPE, 1)
+    assert many.parts["grads"] == 2 * P
+
+
+def test_checkpointing_and_the_fused_head_shrink_activations():
+    full, logits = activation_bytes(SHAPE, 16384, 2, checkpointing=False, fused_head=False)
+    ckpt, fused = activation_bytes(SHAPE, 16384, 2, checkpointing=True, fused_head=True)
+    assert ckpt < full / 5
+    assert logits == 2 * 4 * 16384 * SHAPE.vocab and fused < logits / 10
+
+
+def test_compiled_layers_save_less_without_checkpointing_and_the_same_with_it():
+    eager, _ = activation_bytes(SHAPE, 16384, 2, checkpointing=False, fused_head=True)
+    compiled, _ = activation_bytes(SHAPE, 16384, 2, checkpointing=False, fused_head=True, compiled=True)
+    # inductor recomputes the SwiGLU activation (I) and drops both norms' float32 input copies (2h x 4 bytes)
+    assert eager - compiled == SHAPE.layers * 16384 * (SHAPE.intermediate * 2 + 2 * 4 * SHAPE.hidden)
+    assert activation_bytes(SHAPE, 16384, 2, checkpointing=True, fused_head=True, compiled=True) == \
+        activation_bytes(SHAPE, 16384, 2, checkpointing=True, fused_head=True)
+
+
+@pytest.mark.parametrize("device, strategy, compiled", [("cuda", "fsdp", True), ("cuda", "fsdp2", True),
+                                                        ("cuda", "megatron", False), ("npu", "fsdp", False),
+                                                        ("cpu", "fsdp", False)])
+def test_the_trainer_counts_compiled_layers_where_it_compiles_them(device, strategy, compiled):
+    """torch_backend.compile_decoder_layers: inductor on CUDA only, and only in the torch/fsdp2 backends."""
+    base = ["actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+            f"trainer.device={device}", f"actor_rollout_ref.actor.strategy={strategy}",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]
+    on = trainer_memory(cfg(*base, "actor_rollout_ref.actor.use_torch_compile=true"), SHAPE, 1)
+    off = trainer_memory(cfg(*base, "actor_rollout_ref.actor.use_torch_compile=false"), SHAPE, 1)
+    assert (on.parts["activations"] < off.parts["activations"]) == compiled
+    assert ("compiled layers" in on.note) == compiled
+
+
+# measured on 1x H100 (scripts/check_memory_model.py, trainer row): the 0.5B-shaped model of
+# scripts/build_shaped_model.py (vocabulary 64), one micro-batch of 16 x 528 tokens, bf16 params/grads/AdamW
+MEASURED_05B = [("false", "true", 11.16), ("true", "true", 3.49), ("false", "false", 14.29)]
+
+
+@pytest.mark.parametrize("ckpt, compile_, peak_gib", MEASURED_05B)
+def test_the_trainer_estimate_is_within_ten_percent_of_the_measured_peak(ckpt, compile_, peak_gib):
+    c = load_config(["actor_rollout_ref.model.path=Qwen2.5-0.5B", "trainer.device=cuda", "data.max_prompt_length=16",
+                     "data.max_response_length=512", "actor_rollout_ref.actor.dtype=bfloat16",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=32", "data.train_batch_size=32",
+                     "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+                     f"actor_rollout_ref.model.enable_gradient_checkpointing={ckpt}",
+                     f"actor_rollout_ref.actor.use_torch_compile={compile_}"])
+    shape = Shape.of(dict(MODEL_SHAPES["Qwen2.5-0.5B"], vocab_size=64))
+    assert trainer_memory(c, shape, 1).total / GIB == pytest.approx(peak_gib, rel=0.10)
+
+
+def test_dynamic_batch_size_uses_the_token_budget():
+    c = cfg("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192")
+    assert "8192 tokens" in trainer_memory(c, SHAPE, 1).note
+
+
+def test_engines():
+    hf = engine_memory(cfg("actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.rollout.max_num_seqs=64"),
+                       SHAPE, 64 * GIB)
+    assert hf.parts["weights"] == 2 * P
+    assert hf.parts["kv_cache"] == 64 * 4096 * SHAPE.kv_bytes_per_token(2)
+    vllm = engine_memory(cfg("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=bfloat16",
+                             "actor_rollout_ref.rollout.gpu_memory_utilization=0.8",
+                             "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                             "rollout.n_gpus_per_node=2"), SHAPE, 64 * GIB)
+    assert vllm.total == pytest.approx(0.8 * 64 * GIB)
+    assert vllm.parts["weights"] == P
+
+
+def test_sync_colocation_and_offload():
+    small = ["mode=sync", "actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.rollout.dtype=bfloat16",
+             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]
+    c = cfg(*small, "actor_rollout_ref.rollout.free_cache_engine=false")
+    t, e = trainer_memory(c, SHAPE, 1), engine_memory(c, SHAPE, 64 * GIB)
+    kept = colocated_memory(c, t, e)
+    off = colocated_memory(cfg(*small, "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+                               "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+                               "actor_rollout_ref.rollout.free_cache_engine=true"), t, e)
+    assert kept.total == pytest.approx(t.total + e.total)     # the engine stays resident while training
+    assert off.total < kept.total
+    assert off.total == pytest.approx(max(t.total, e.total + t.parts["gathered_layers"] if "gathered_layers" in
+                                          t.parts else e.total))
+
+
+def test_verdict():
+    assert verdict(10, 100) == "fits"
+    assert verdict(95, 100) == "tight"
+    assert verdict(101, 100) == "does not fit"
+
+
+def test_activation_bytes_match_saved_tensor_hooks_on_a_real_layer():
+    """Count what autograd keeps for one and for three Qwen2 layers of the 0.5B shape (bf16, sdpa, CPU):
+    the per-layer difference is the formula's per-layer term, with and without checkpointing."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    def saved(layers, ckpt):
+        cfg = Qwen2Config(vocab_size=64, hidden_size=896, num_hidden_layers=layers, num_attention_heads=14,
+                          num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True,
+                          attn_implementation="sdpa")
+        torch.manual_seed(0)
+        m = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+        if ckpt:
+            m.gradient_checkpointing_enable()
+            m.train()
+        params = {p.untyped_storage().data_ptr() for p in m.parameters()}
+        seen = {}
+
+        def pack(t):
+            st = t.untyped_storage()
+            if st.data_ptr() not in params:
+                seen[st.data_ptr()] = st.nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            m(torch.randint(0, 64, (2, 64)), use_cache=False)
+        return sum(seen.values())
+
+    shape = Shape.of(dict(MODEL_SHAPES["Qwen2.5-0.5B"], vocab_size=64))
+    tokens = 128
+    full, _ = activation_bytes(shape, tokens, 2, checkpointing=False, fused_head=True, layers=1)
+    ckpt_two, _ = activation_bytes(shape, tokens, 2, checkpointing=True, fused_head=True, layers=2)
+    ckpt_one, _ = activation_bytes(shape, tokens, 2, checkpointing=True, fused_head=True, layers=1)
+    per_layer = (saved(3, False) - saved(1, False)) / 2
+    assert full == pytest.approx(per_layer, rel=0.01)
+    assert ckpt_two - ckpt_one == pytest.approx((saved(3, True) - saved(1, True)) / 2, rel=0.01)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="inductor's CPU code generator needs a C++ compiler")
+def test_compiled_activation_bytes_match_saved_tensor_hooks_on_an_inductor_layer():
+    """The compiled term against what torch.compile(inductor)'s partitioner keeps for one Qwen2 layer of the 0.5B
+    shape (bf16, sdpa, CPU; the partitioner is CUDA's): per layer, the 3-layer minus the 1-layer count."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "scripts"))
+    from measure_saved_activations import saved_bytes
+
+    shape = Shape.of(dict(MODEL_SHAPES["Qwen2.5-0.5B"], vocab_size=64))
+    tokens = 128
+    compiled, _ = activation_bytes(shape, tokens, 2, checkpointing=False, fused_head=True, layers=1, compiled=True)
+    one, _ = saved_bytes(1, True, False, 2, 64, "bfloat16", 64)
+    three, _ = saved_bytes(3, True, False, 2, 64, "bfloat16", 64)
+    assert compiled == pytest.approx((three - one) / 2, rel=0.01)
+
+
+def test_the_fused_head_chunk_is_the_trainers():
+    """The planner's chunk per device is what train/backends/token_stats.py uses."""
+    from fully_async.planner import memory_model
+    from fully_async.train.backends import token_stats
+
+    assert memory_model.DEVICE_CHUNK_ELEMS == token_stats.DEVICE_CHUNK_ELEMS
+    assert memory_model.EAGER_CHUNK_ELEMS == token_stats.EAGER_CHUNK_ELEMS

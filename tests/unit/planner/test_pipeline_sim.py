@@ -1,0 +1,132 @@
+"""The pipeline simulation on workloads small enough to work out by hand, and its qualitative behaviour:
+overlap under a looser staleness bound, interruption vs drain at a weight update, the long tail, scale."""
+import time
+
+import pytest
+
+from fully_async.planner.pipeline_sim import AsyncSetup, StageCosts, Workload, generate_time, _group, \
+    simulate_async, simulate_sync
+from fully_async.core.workload import LengthProfile
+
+
+def const(length):
+    return lambda _sid: length
+
+
+COSTS = StageCosts(decode_step_s=0.01, train_token_s=0.001, weight_sync_s=0.02, sync_step_s=0.01)
+
+
+def test_sync_step_is_generation_then_training_worked_by_hand():
+    # 2 ranks, 2 groups of n=2 responses of 10 tokens: each rank decodes 10 steps (0.1 s); 40 tokens train on
+    # 2 devices (40 x 0.001 / 2 = 0.02 s) and the switch costs 0.01 s
+    res = simulate_sync(2, 2, 8, COSTS, Workload(n=2, prompt_len=0, length=const(10), steps=3))
+    assert res.step_ends == pytest.approx([0.13, 0.26, 0.39])
+    assert res.tokens == 120
+    assert res.tokens_per_s == pytest.approx(40 / 0.13)
+    assert res.trainer_idle_ratio == pytest.approx(0.1 / 0.13)
+
+
+def test_strictly_on_policy_async_runs_generate_train_sync_in_series():
+    # staleness 0, trigger 1: the rollouter admits one step's 2 groups per version, so each step is
+    # generate (0.1) + train (40 tokens x 0.001 = 0.04) + weight update (0.02)
+    setup = AsyncSetup(replicas=1, trainer_devices=1, max_num_seqs=8, required=2, staleness_threshold=0.0,
+                       trigger_parameter_sync_step=1, partial_rollout=False)
+    res = simulate_async(setup, COSTS, Workload(n=2, prompt_len=0, length=const(10), steps=3))
+    assert res.step_ends == pytest.approx([0.16, 0.32, 0.48])
+    assert res.tokens_per_s == pytest.approx(40 / 0.16)
+    assert res.interrupted == 0
+    assert res.bound_pauses >= 3
+
+
+def test_prompt_tokens_count_and_prefill_costs():
+    costs = StageCosts(decode_step_s=0.01, train_token_s=0.0, prefill_token_s=0.001)
+    t, tokens = generate_time([_group(Workload(2, 5, const(10)), 0)[1]], costs, 8)
+    assert tokens == 2 * (5 + 10)
+    assert t == pytest.approx(0.1 + 0.001 * 10)
+
+
+def test_a_group_waits_for_free_slots():
+    # 4 sequences of 10 tokens through 2 slots: two rounds of 10 steps
+    t, _ = generate_time([_group(Workload(2, 0, const(10)), i)[1] for i in range(2)], COSTS, 2)
+    assert t == pytest.approx(0.2)
+
+
+def test_per_sequence_step_cost():
+    costs = StageCosts(decode_step_s=0.01, decode_seq_s=0.001, train_token_s=0.0)
+    t, _ = generate_time([_group(Workload(4, 0, const(10)), 0)[1]], costs, 8)
+    assert t == pytest.approx(10 * (0.01 + 4 * 0.001))
+
+
+def test_a_looser_staleness_bound_overlaps_the_stages():
+    work = Workload(n=4, prompt_len=4, length=LengthProfile.lognormal(64).target, steps=12)
+    serial = simulate_async(AsyncSetup(1, 1, 64, 4, 0.0, 1, False), COSTS, work)
+    overlap = simulate_async(AsyncSetup(1, 1, 64, 4, 1.0, 1, True), COSTS, work)
+    assert overlap.tokens_per_s > 1.2 * serial.tokens_per_s
+    assert overlap.trainer_idle_ratio < serial.trainer_idle_ratio
+
+
+def test_partial_rollout_interrupts_and_no_partial_drains():
+    work = Workload(n=4, prompt_len=4, length=const(50), steps=6)
+    costs = StageCosts(decode_step_s=0.01, train_token_s=0.0001, weight_sync_s=0.05)
+    partial = simulate_async(AsyncSetup(1, 1, 64, 2, 2.0, 1, True), costs, work)
+    drain = simulate_async(AsyncSetup(1, 1, 64, 2, 2.0, 1, False), costs, work)
+    assert partial.interrupted > 0
+    assert drain.interrupted == 0
+    # draining makes the trainer wait for the in-flight responses at every update
+    assert partial.tokens_per_s > drain.tokens_per_s
+
+
+def test_the_long_tail_hurts_sync_more_than_async():
+    """Same mean length: a lognormal tail makes each sync step wait for its longest response; async keeps
+    generating while the trainer works."""
+    profile = LengthProfile.lognormal(256)
+    mean = round(profile.stats()["mean"])
+    costs = StageCosts(decode_step_s=0.004, train_token_s=2e-5, weight_sync_s=0.05, sync_step_s=0.05)
+    tail, flat = Workload(8, 16, profile.target, 8), Workload(8, 16, const(mean), 8)
+    sync_tail = simulate_sync(2, 16, 128, costs, tail).tokens_per_s
+    sync_flat = simulate_sync(2, 16, 128, costs, flat).tokens_per_s
+    async_tail = simulate_async(AsyncSetup(1, 1, 128, 16, 1.0, 1, True), costs, tail).tokens_per_s
+    async_flat = simulate_async(AsyncSetup(1, 1, 128, 16, 1.0, 1, True), costs, flat).tokens_per_s
+    assert sync_tail < 0.8 * sync_flat
+    assert async_tail / async_flat > sync_tail / sync_flat
+
+
+def test_trainer_bound_async_reaches_the_train_ceiling():
+    # generation is nearly free: tokens/s -> tokens / (train + weight update) per step
+    costs = StageCosts(decode_step_s=1e-6, train_token_s=0.001, weight_sync_s=0.0)
+    res = simulate_async(AsyncSetup(1, 1, 64, 2, 0.5, 1, True), costs, Workload(2, 0, const(10), 20))
+    assert res.tokens_per_s == pytest.approx(1000, rel=0.02)
+
+
+def test_thousands_of_devices_simulate_in_seconds():
+    work = Workload(n=16, prompt_len=256, length=LengthProfile.lognormal(8192).target, steps=4)
+    start = time.perf_counter()
+    res = simulate_async(AsyncSetup(replicas=256, trainer_devices=256, max_num_seqs=256, required=1024,
+                                    staleness_threshold=0.5, trigger_parameter_sync_step=1), COSTS, work)
+    assert res.steps == 4 and res.tokens > 0
+    assert time.perf_counter() - start < 60
+
+
+@pytest.mark.parametrize("field,value", [("decode_step_s", -1.0), ("train_token_s", float("nan")),
+                                         ("dp_efficiency", 0.0), ("dp_efficiency", 1.5)])
+def test_bad_costs_name_the_field(field, value):
+    kwargs = dict(decode_step_s=0.01, train_token_s=0.001)
+    kwargs[field] = value
+    with pytest.raises(ValueError, match=field):
+        StageCosts(**kwargs)
+
+
+def test_bad_setup_is_refused():
+    with pytest.raises(ValueError, match="rollout replica"):
+        simulate_async(AsyncSetup(0, 1, 8, 1), COSTS, Workload(2, 0, const(4)))
+    with pytest.raises(ValueError, match="train_batch_size"):
+        simulate_sync(1, 0, 8, COSTS, Workload(2, 0, const(4)))
+
+
+def test_steady_rate_leaves_out_the_fill():
+    setup = AsyncSetup(replicas=1, trainer_devices=1, max_num_seqs=8, required=2, staleness_threshold=0.0,
+                       trigger_parameter_sync_step=1, partial_rollout=False)
+    res = simulate_async(setup, COSTS, Workload(n=2, prompt_len=0, length=const(10), steps=4))
+    assert res.step_tokens == [40, 40, 40, 40]
+    assert res.steady_tokens_per_s(2) == pytest.approx(80 / (0.64 - 0.32))
+    assert res.steady_tokens_per_s(0) == res.tokens_per_s

@@ -1,0 +1,268 @@
+"""Every key of verl's trainer configs is honoured, warned or refused (verl/compat.py), and our defaults are
+verl's except where DEFAULT_DIFFERENCES says why."""
+import json
+import logging
+import os
+import re
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from fully_async.core.config import ConfigError, FullyAsyncConfig, typed_config
+from fully_async.verl.compat import (DEFAULT_DIFFERENCES, HONOURED, MAPPED, REFUSED, WARNED, classify,
+                                          find_rule, read_tsv, render, translate)
+from fully_async.run.hydra_setup import load_config
+
+TSV = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, "docs", "verl_config_keys.tsv")
+ROWS = read_tsv(TSV)
+# keys whose verl default is an interpolation without a fallback, "???", or a value our type cannot hold
+SENSIBLE = {"actor_rollout_ref.rollout.name": "hf", "data.seed": 1, "trainer.default_local_dir": "checkpoints/x",
+            "actor_rollout_ref.ref.strategy": "fsdp", "actor_rollout_ref.actor.checkpoint.load_contents": ["model"],
+            "critic.checkpoint.load_contents": ["model"],
+            "actor_rollout_ref.actor.optim.warmup_style": "cosine"}  # null there means unset (a warning)
+
+
+def sensible_value(key, default_json):
+    """verl's default, or for an interpolation its oc.select fallback (what verl resolves to when unset)."""
+    if key in SENSIBLE:
+        return SENSIBLE[key]
+    value = json.loads(default_json)
+    if isinstance(value, str) and "${" in value:
+        m = re.fullmatch(r"\$\{oc\.select:[^,]+,(.*)\}", value.strip())
+        return yaml.safe_load(m.group(1).strip()) if m else None
+    return value
+
+
+def test_the_reference_table_is_verls():
+    assert len(ROWS) == 733 and len({k for k, _ in ROWS}) == 733
+
+
+@pytest.mark.parametrize("status", [HONOURED, WARNED])
+def test_every_verl_key_is_honoured_warned_or_refused(status, caplog):
+    """Each key set to its verl default: honoured keys land in the typed config with that value; warned keys
+    give one warning naming the key and why and leave nothing behind; no key is unknown."""
+    seen = 0
+    for key, default in ROWS:
+        got, note = classify(key)
+        assert got in (HONOURED, MAPPED, WARNED, REFUSED), f"{key}: no rule ({got})"
+        if (got == MAPPED and HONOURED or got) != status:
+            continue
+        seen += 1
+        value = sensible_value(key, default)
+        line = f"{key}={render(value)}"
+        if status == HONOURED:
+            found = find_rule(key)
+            target = key
+            expected = value
+            if got == MAPPED:
+                rule, groups = found
+                target = rule.target.format(*groups)
+                expected = rule.convert(value) if rule.convert else value
+            plain = OmegaConf.to_container(OmegaConf.structured(typed_config(load_config([line]))), resolve=True)
+            actual = plain
+            for part in target.split("."):
+                actual = actual[part]
+            assert actual == expected or (isinstance(expected, dict) and not expected and not actual), \
+                f"{line}: {target} is {actual!r}"
+        else:
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="fully_async.verl.compat"):
+                out = translate([line])
+            assert out.overrides == [] and len(out.warnings) == 1, line
+            assert key in out.warnings[0] and "has no effect here: " + note.split(";")[0] in out.warnings[0]
+            assert len(caplog.records) == 1
+    assert seen > 100
+
+
+@pytest.mark.parametrize("line,key,alternative", [
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+     "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "use 1"),
+    ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.enable", "algorithms work"),
+    ("+reward.reward_kwargs.foo=1", "reward.reward_kwargs.foo", "custom_reward_function.reward_kwargs"),
+    ("+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true", "reward_model.reward_kwargs.max_resp_len",
+     "verl's DAPO reward manager asserts"),
+    ("actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2",
+     "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size", "use null"),
+    ("actor_rollout_ref.actor.optim.lr_decay_style=wsd", "actor_rollout_ref.actor.optim.lr_decay_style",
+     "lr_scheduler_type"),
+    ("critic.enable=true", "critic.enable", "adv_estimator=grpo"),
+    ("reward_model.enable=true", "reward_model.enable", "custom_reward_function.path"),
+    ("trainer.critic_warmup=5", "trainer.critic_warmup", "use 0"),
+    ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_rank", "LoRA"),
+    ("actor_rollout_ref.rollout.do_sample=false", "actor_rollout_ref.rollout.do_sample", "temperature=0"),
+    ("+reward_model.reward_kwargs.foo=1", "reward_model.reward_kwargs.foo", "custom_reward_function.reward_kwargs"),
+    ("+trainer.typo=3", "trainer.typo", "not a key of fully_async's schema"),
+    ("trainer.totl_epochs=3", "trainer.totl_epochs", "did you mean trainer.total_epochs"),
+])
+def test_refused_values_name_the_key_and_the_alternative(line, key, alternative):
+    with pytest.raises(ConfigError) as err:
+        load_config([line])
+    assert err.value.key == key and alternative in str(err.value)
+
+
+def test_ported_spellings_are_mapped_onto_our_keys():
+    cfg = typed_config(load_config([
+        "actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.optim.lr_decay_style=cosine",
+        "actor_rollout_ref.actor.megatron.param_offload=True", "actor_rollout_ref.actor.optim.clip_grad=0.5",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4", "+reward_model.reward_kwargs.max_resp_len=6",
+        "+actor_rollout_ref.model.override_config.model_config.max_position_embeddings=64",
+        "+custom_reward_function.reward_kwargs.alpha=0.5", "trainer.max_actor_ckpt_to_keep=2",
+        "actor_rollout_ref.hybrid_engine=False", "data.return_raw_chat=True",
+        "+ray_kwargs.ray_init.address=10.0.0.1:6379"]))
+    arr = cfg.actor_rollout_ref
+    assert arr.actor.strategy == "fsdp" and arr.actor.optim.lr_scheduler_type == "cosine"
+    assert arr.actor.fsdp_config.param_offload is True and arr.actor.grad_clip == 0.5
+    ob = cfg.reward_model.overlong_buffer
+    assert (ob.enable, ob.len, ob.max_resp_len) == (True, 4, 6)
+    assert arr.model.override_config == {"max_position_embeddings": 64}
+    assert cfg.custom_reward_function.reward_kwargs == {"alpha": 0.5}
+    assert cfg.trainer.max_ckpt_to_keep == 2
+    assert cfg.multi_job.ray_address == "10.0.0.1:6379"   # the Ray cluster to join (the launcher's start_ray)
+
+
+def test_fsdp_is_torch_on_one_device_and_fsdp2_on_several():
+    from fully_async.core.config import actor_strategy
+    from fully_async.core.config_checks import validate
+    one = load_config(["actor_rollout_ref.actor.strategy=fsdp"])
+    two = load_config(["actor_rollout_ref.actor.strategy=fsdp", "trainer.n_gpus_per_node=2"])
+    validate(one)
+    validate(two)
+    assert (actor_strategy(one), actor_strategy(two)) == ("torch", "fsdp2")
+
+
+def _resolved_defaults():
+    return OmegaConf.to_container(OmegaConf.structured(FullyAsyncConfig), resolve=False)
+
+
+def test_defaults_are_verls_except_the_documented_differences():
+    ours = _resolved_defaults()
+    differ = set()
+    for key, default in ROWS:
+        node = ours
+        try:
+            for part in key.split("."):
+                node = node[part]
+        except (KeyError, TypeError):
+            continue
+        verl = json.loads(default)
+        if isinstance(verl, str) and "${oc.select" in verl:  # verl follows another key; so do we (or a constant)
+            continue
+        if node != verl and not (isinstance(node, float) and node == verl):
+            differ.add(key)
+    assert differ == set(DEFAULT_DIFFERENCES), (sorted(differ - set(DEFAULT_DIFFERENCES)),
+                                                sorted(set(DEFAULT_DIFFERENCES) - differ))
+
+
+def test_log_prob_budgets_follow_the_actors_as_in_verl():
+    cfg = typed_config(load_config(["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+                                    "actor_rollout_ref.actor.use_dynamic_bsz=true"]))
+    for section in (cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref):
+        assert section.log_prob_max_token_len_per_gpu == 4096 and section.log_prob_use_dynamic_bsz is True
+
+
+def test_the_bundled_preset_applies_only_without_data_files():
+    from fully_async.core.config import asset_path
+    tiny = load_config([])
+    assert (tiny.actor_rollout_ref.rollout.n, tiny.data.max_response_length, tiny.actor_rollout_ref.actor.optim.lr) \
+        == (8, 8, 1e-4)
+    assert load_config(["actor_rollout_ref.rollout.n=4"]).actor_rollout_ref.rollout.n == 4  # the user's wins
+    ported = load_config([f"data.train_files={asset_path('tiny_arithmetic/data/train.parquet')}"])
+    assert (ported.actor_rollout_ref.rollout.n, ported.data.max_response_length,
+            ported.actor_rollout_ref.actor.optim.lr, ported.async_training.trigger_parameter_sync_step) \
+        == (1, 512, 1e-6, 4)
+
+
+# a value outside each rule's accepted ones (by its allowed_doc); an unknown allowed_doc fails the test below
+OUTSIDE = {"-1": 5, "0": 5, "0.0": 0.5, "1": 2, "1.0": 0.9, "AdamW": "sgd", "constant": "linear",
+           "constant|cosine": "wsd", "false": True, "null": 2, "null|constant|cosine": "wsd", "null|false": True,
+           "torch.optim": "apex.optimizers", "true": False, "vanilla": "clip_cov", "{}": {"enable_thinking": True}}
+
+
+def test_every_value_a_verl_key_cannot_honour_is_refused_naming_the_key_and_the_alternative():
+    guarded = 0
+    for key, _ in ROWS:
+        rule, _groups = find_rule(key) or (None, ())
+        if rule is None or rule.allowed is None:
+            continue
+        guarded += 1
+        bad = OUTSIDE[rule.allowed_doc]
+        assert not rule.allowed(bad), (key, bad)
+        with pytest.raises(ConfigError) as err:
+            translate([f"{key}={render(bad)}"])
+        assert err.value.key == key and rule.refusal in str(err.value), str(err.value)
+    assert guarded > 60
+
+
+def test_fsdp_size_is_accepted_at_minus_one_and_at_the_trainer_world_size():
+    from fully_async.core.config_checks import validate
+    for line, world in (("actor_rollout_ref.actor.fsdp_config.fsdp_size=-1", 2),
+                        ("actor_rollout_ref.actor.fsdp_config.fsdp_size=2", 2),
+                        ("actor_rollout_ref.actor.fsdp_config.fsdp_size=1", 1)):
+        validate(load_config([line, f"trainer.n_gpus_per_node={world}", "actor_rollout_ref.actor.strategy=fsdp"]))
+    with pytest.raises(ConfigError) as err:
+        validate(load_config(["actor_rollout_ref.actor.fsdp_config.fsdp_size=2", "trainer.n_gpus_per_node=4",
+                              "actor_rollout_ref.actor.strategy=fsdp2"]))
+    assert err.value.key == "actor_rollout_ref.actor.fsdp_config.fsdp_size" and "use -1 or the trainer world size 4" \
+        in str(err.value)
+
+
+def test_dapo_filter_groups_off_and_the_newer_reward_spelling_are_accepted():
+    out = translate(["algorithm.filter_groups.enable=false", "+algorithm.filter_groups.metric=acc",
+                     "+algorithm.filter_groups.max_num_gen_batches=10", "+reward.reward_manager.name=dapo",
+                     "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
+                     "+reward.reward_kwargs.overlong_buffer_cfg.len=4", "+reward.reward_kwargs.max_resp_len=8"])
+    assert len(out.warnings) == 3 and all("filter_groups" in w for w in out.warnings)
+    cfg = typed_config(load_config(out.overrides))
+    ob = cfg.reward_model.overlong_buffer
+    assert (cfg.reward_model.reward_manager, ob.enable, ob.len, ob.max_resp_len) == ("dapo", True, 4, 8)
+
+
+@pytest.mark.parametrize("name,mode,strategy,manager", [
+    ("ppo_trainer", "sync", "fsdp", "naive"), ("ppo_megatron_trainer", "sync", "megatron", "naive"),
+    ("fully_async_ppo_trainer", "async", "fsdp", "naive"), ("fully_async_ppo_megatron_trainer", "async", "megatron",
+                                                            "naive"),
+    ("one_step_off_ppo_trainer", "async", "fsdp", "naive"), ("one_step_off_ppo_megatron_trainer", "async", "megatron",
+                                                              "naive"),
+    ("dapo_trainer", "sync", "fsdp", "dapo"), ("dapo_megatron_trainer", "sync", "megatron", "dapo")])
+def test_verls_config_names_resolve(name, mode, strategy, manager):
+    from fully_async.core.config import asset_path
+    cfg = typed_config(load_config([f"data.train_files={asset_path('tiny_arithmetic/data/train.parquet')}",
+                                    "data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=16"],
+                                   config_name=name))
+    assert (cfg.mode, cfg.actor_rollout_ref.actor.strategy, cfg.reward_model.reward_manager) == (mode, strategy, manager)
+    if name.startswith("one_step_off"):   # a step is train_batch_size prompts, weights pushed after every step
+        at = cfg.async_training
+        assert (at.require_batches, at.trigger_parameter_sync_step, at.staleness_threshold, at.partial_rollout) == \
+            (4, 1, 1.0, False)
+
+
+def test_train_batch_size_in_async_mode_is_named_once_saying_what_a_step_is(caplog):
+    from fully_async.core.config_checks import validate
+    with caplog.at_level(logging.WARNING, logger="fully_async.core.config_checks"):
+        validate(load_config(["data.train_batch_size=512", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+                              "async_training.require_batches=2"]))
+    assert [r.getMessage() for r in caplog.records] == [
+        "data.train_batch_size=512 has no effect in async mode: a trainer step is "
+        "actor_rollout_ref.actor.ppo_mini_batch_size x async_training.require_batches = 32 prompt groups (verl's "
+        "fully-async trainer requires train_batch_size=0)"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fully_async.core.config_checks"):
+        validate(load_config(["data.train_batch_size=0"]))   # verl's fully-async value: silent
+    assert not caplog.records
+
+
+@pytest.mark.parametrize("lines,warned", [
+    (["actor_rollout_ref.actor.fsdp_config.param_offload=true"], ["param_offload"]),          # 1 device: torch
+    (["actor_rollout_ref.actor.megatron.optimizer_offload=true"], ["optimizer_offload"]),
+    (["actor_rollout_ref.actor.fsdp_config.param_offload=true", "trainer.n_gpus_per_node=2"], []),   # fsdp2 acts
+    (["actor_rollout_ref.actor.fsdp_config.optimizer_offload=true", "trainer.n_gpus_per_node=2"], ["optimizer_offload"]),
+    (["actor_rollout_ref.actor.fsdp_config.param_offload=true", "mode=sync"], []),             # sync loop offloads
+])
+def test_offload_that_does_nothing_in_async_mode_is_named(lines, warned, caplog):
+    from fully_async.core.config_checks import validate
+    with caplog.at_level(logging.WARNING, logger="fully_async.core.config_checks"):
+        validate(load_config(lines + ["actor_rollout_ref.actor.strategy=fsdp"]))
+    got = [r.getMessage() for r in caplog.records if "offload" in r.getMessage()]
+    assert [m.split("=")[0].rsplit(".", 1)[1] for m in got] == warned
