@@ -81,7 +81,8 @@ def attention_part(device) -> dict:
         timings = {"sdpa_masked_span_bucket": sdpa}
         for split, block, warps in CONFIGS:
             timings[f"split_kv_{split}_{block}_w{warps}"] = (
-                lambda s=split, b=block, w=warps: split_kv_decode_attention(q, k, v, lengths, span, scale, s, b, w))
+                lambda s=split, b=block, w=warps: split_kv_decode_attention(q, k, v, lengths, span, scale, split=s,
+                                                                     block_n=b, num_warps=w))
         timings["flash_varlen_seqused_k"] = flash_varlen(q_tok, k_tok, v_tok, lengths, scale)
         for label, fn in timings.items():
             try:

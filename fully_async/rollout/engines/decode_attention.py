@@ -70,87 +70,86 @@ def _build() -> Any:
     import triton
     import triton.language as tl
 
-    if True:
-        @triton.jit
-        def partial_kernel(Q, K, V, KN, VN, LENS, O, ML, span, scale_log2, s_qb, s_qh, s_kb, s_kh, s_kt, s_vb,
-                           s_vh, s_vt, s_knb, s_knh, s_vnb, s_vnh, H: tl.constexpr, G: tl.constexpr,
-                           G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                           NSPLIT: tl.constexpr, HAS_NEW: tl.constexpr, PRECISION: tl.constexpr):
-            b = tl.program_id(0)
-            h = tl.program_id(1)
-            s = tl.program_id(2)
-            raw = tl.load(LENS + b).to(tl.int32)
-            length = tl.minimum(raw, span)
-            start = s * SPLIT
-            if start < length:
-                end = tl.minimum(start + SPLIT, length)
-                g = tl.arange(0, G_PAD)
-                d = tl.arange(0, D)
-                rows = g < G
-                # the row's new key/value (position raw - 1) goes into the cache here, by the one split holding it,
-                # and is used from registers below (so no other program reads it and no barrier is needed)
-                pos = raw - 1
-                last = end if HAS_NEW else start          # without new keys/values no split holds one
-                at = pos + d * 0                            # the position, as a (D,) vector for the masks
-                keep = (at >= start) & (at < last)
-                kn = tl.load(KN + b * s_knb + h * s_knh + d, mask=keep, other=0.0)
-                vn = tl.load(VN + b * s_vnb + h * s_vnh + d, mask=keep, other=0.0)
-                q = tl.load(Q + b * s_qb + h * s_qh + g[:, None] * D + d[None, :], mask=rows[:, None], other=0.0)
-                m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-                l_i = tl.zeros([G_PAD], dtype=tl.float32)
-                acc = tl.zeros([G_PAD, D], dtype=tl.float32)
-                k_base = K + b * s_kb + h * s_kh
-                v_base = V + b * s_vb + h * s_vh
-                for n0 in range(start, end, BLOCK_N):
-                    n = n0 + tl.arange(0, BLOCK_N)
-                    valid = n < end
-                    new = (n == pos) & (n < last)
-                    k = tl.load(k_base + n[:, None] * s_kt + d[None, :], mask=valid[:, None], other=0.0)
-                    k = tl.where(new[:, None], kn[None, :].to(k.dtype), k)
-                    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-                    qk = tl.where(valid[None, :], qk, float("-inf"))
-                    m_new = tl.maximum(m_i, tl.max(qk, 1))
-                    alpha = tl.exp2(m_i - m_new)
-                    p = tl.exp2(qk - m_new[:, None])
-                    l_i = l_i * alpha + tl.sum(p, 1)
-                    v = tl.load(v_base + n[:, None] * s_vt + d[None, :], mask=valid[:, None], other=0.0)
-                    v = tl.where(new[:, None], vn[None, :].to(v.dtype), v)
-                    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-                    m_i = m_new
-                tl.store(k_base + pos * s_kt + d, kn.to(K.dtype.element_ty), mask=keep)
-                tl.store(v_base + pos * s_vt + d, vn.to(V.dtype.element_ty), mask=keep)
-                part = (b * H + h) * NSPLIT + s
-                tl.store(O + part * G * D + g[:, None] * D + d[None, :], acc, mask=rows[:, None])
-                tl.store(ML + part * 2 * G + g, m_i, mask=rows)
-                tl.store(ML + part * 2 * G + G + g, l_i, mask=rows)
-
-        @triton.jit
-        def combine_kernel(O, ML, LENS, OUT, span, s_ob, s_oh, H: tl.constexpr, G: tl.constexpr,
-                           G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, NSPLIT: tl.constexpr):
-            b = tl.program_id(0)
-            h = tl.program_id(1)
-            length = tl.minimum(tl.load(LENS + b).to(tl.int32), span)
-            used = tl.cdiv(length, SPLIT)
+    @triton.jit
+    def partial_kernel(Q, K, V, KN, VN, LENS, O, ML, span, scale_log2, s_qb, s_qh, s_kb, s_kh, s_kt, s_vb,
+                       s_vh, s_vt, s_knb, s_knh, s_vnb, s_vnh, H: tl.constexpr, G: tl.constexpr,
+                       G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                       NSPLIT: tl.constexpr, HAS_NEW: tl.constexpr, PRECISION: tl.constexpr):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.program_id(2)
+        raw = tl.load(LENS + b).to(tl.int32)
+        length = tl.minimum(raw, span)
+        start = s * SPLIT
+        if start < length:
+            end = tl.minimum(start + SPLIT, length)
             g = tl.arange(0, G_PAD)
             d = tl.arange(0, D)
             rows = g < G
-            m = tl.full([G_PAD], float("-inf"), tl.float32)
-            l_sum = tl.zeros([G_PAD], dtype=tl.float32)
+            # the row's new key/value (position raw - 1) goes into the cache here, by the one split holding it,
+            # and is used from registers below (so no other program reads it and no barrier is needed)
+            pos = raw - 1
+            last = end if HAS_NEW else start          # without new keys/values no split holds one
+            at = pos + d * 0                            # the position, as a (D,) vector for the masks
+            keep = (at >= start) & (at < last)
+            kn = tl.load(KN + b * s_knb + h * s_knh + d, mask=keep, other=0.0)
+            vn = tl.load(VN + b * s_vnb + h * s_vnh + d, mask=keep, other=0.0)
+            q = tl.load(Q + b * s_qb + h * s_qh + g[:, None] * D + d[None, :], mask=rows[:, None], other=0.0)
+            m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+            l_i = tl.zeros([G_PAD], dtype=tl.float32)
             acc = tl.zeros([G_PAD, D], dtype=tl.float32)
-            for s in range(0, used):
-                part = (b * H + h) * NSPLIT + s
-                m_s = tl.load(ML + part * 2 * G + g, mask=rows, other=0.0)
-                l_s = tl.load(ML + part * 2 * G + G + g, mask=rows, other=0.0)
-                o_s = tl.load(O + part * G * D + g[:, None] * D + d[None, :], mask=rows[:, None], other=0.0)
-                m_new = tl.maximum(m, m_s)
-                a = tl.exp2(m - m_new)
-                c = tl.exp2(m_s - m_new)
-                acc = acc * a[:, None] + o_s * c[:, None]
-                l_sum = l_sum * a + l_s * c
-                m = m_new
-            out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
-            tl.store(OUT + b * s_ob + h * s_oh + g[:, None] * D + d[None, :], out.to(OUT.dtype.element_ty),
-                     mask=rows[:, None])
+            k_base = K + b * s_kb + h * s_kh
+            v_base = V + b * s_vb + h * s_vh
+            for n0 in range(start, end, BLOCK_N):
+                n = n0 + tl.arange(0, BLOCK_N)
+                valid = n < end
+                new = (n == pos) & (n < last)
+                k = tl.load(k_base + n[:, None] * s_kt + d[None, :], mask=valid[:, None], other=0.0)
+                k = tl.where(new[:, None], kn[None, :].to(k.dtype), k)
+                qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+                qk = tl.where(valid[None, :], qk, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(qk, 1))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(qk - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                v = tl.load(v_base + n[:, None] * s_vt + d[None, :], mask=valid[:, None], other=0.0)
+                v = tl.where(new[:, None], vn[None, :].to(v.dtype), v)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+                m_i = m_new
+            tl.store(k_base + pos * s_kt + d, kn.to(K.dtype.element_ty), mask=keep)
+            tl.store(v_base + pos * s_vt + d, vn.to(V.dtype.element_ty), mask=keep)
+            part = (b * H + h) * NSPLIT + s
+            tl.store(O + part * G * D + g[:, None] * D + d[None, :], acc, mask=rows[:, None])
+            tl.store(ML + part * 2 * G + g, m_i, mask=rows)
+            tl.store(ML + part * 2 * G + G + g, l_i, mask=rows)
+
+    @triton.jit
+    def combine_kernel(O, ML, LENS, OUT, span, s_ob, s_oh, H: tl.constexpr, G: tl.constexpr,
+                       G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, NSPLIT: tl.constexpr):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        length = tl.minimum(tl.load(LENS + b).to(tl.int32), span)
+        used = tl.cdiv(length, SPLIT)
+        g = tl.arange(0, G_PAD)
+        d = tl.arange(0, D)
+        rows = g < G
+        m = tl.full([G_PAD], float("-inf"), tl.float32)
+        l_sum = tl.zeros([G_PAD], dtype=tl.float32)
+        acc = tl.zeros([G_PAD, D], dtype=tl.float32)
+        for s in range(0, used):
+            part = (b * H + h) * NSPLIT + s
+            m_s = tl.load(ML + part * 2 * G + g, mask=rows, other=0.0)
+            l_s = tl.load(ML + part * 2 * G + G + g, mask=rows, other=0.0)
+            o_s = tl.load(O + part * G * D + g[:, None] * D + d[None, :], mask=rows[:, None], other=0.0)
+            m_new = tl.maximum(m, m_s)
+            a = tl.exp2(m - m_new)
+            c = tl.exp2(m_s - m_new)
+            acc = acc * a[:, None] + o_s * c[:, None]
+            l_sum = l_sum * a + l_s * c
+            m = m_new
+        out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
+        tl.store(OUT + b * s_ob + h * s_oh + g[:, None] * D + d[None, :], out.to(OUT.dtype.element_ty),
+                 mask=rows[:, None])
     return partial_kernel, combine_kernel
 
 
