@@ -1,11 +1,17 @@
 """Benchmark the rollout engines and transformers' own generate on the same workload, in one invocation.
 
 For each engine (`hf`: the embedded engine as configured by default: llama-family decode as fused per-layer
-functions, compiled on CUDA, replayed from device graphs on CUDA/NPU; `hf_modules`: the same with transformers'
+functions, compiled on CUDA, replayed from device graphs on CUDA/NPU, attention by the split-KV kernel that
+reads each sequence's own length on CUDA; `hf_sdpa`: the same with the masked SDPA over the longest sequence's
+span bucket (the attention before the split-KV kernel); `hf_modules`: the same with transformers'
 own modules in the graphs; `hf_eager`: no graphs, `vllm`) and each baseline (`generate`: model.generate with its
 default cache, `generate_static`: model.generate(cache_implementation="static"), which transformers compiles
 on CUDA), at each concurrency c: c sequences of --prompt-len random prompt tokens, --new-tokens sampled
 tokens each (EOS ignored, so every contender generates exactly c x new-tokens tokens), temperature 1.
+`--lengths lognormal` makes the workload ragged instead: --waves x c requests, each with its own max_tokens
+drawn like benchmark.response_length=lognormal (median a quarter of --new-tokens, sigma 0.75, clipped to it;
+fully_async/core/workload.py), the same draws for every contender; baselines are skipped there (generate pads
+every sequence to the longest).
 Reported per (contender, c): the first run's tokens/s (start-up effects: kernel selection, compilation,
 allocator growth) and the warm tokens/s (best of --repeats later runs), ms per decode step (wall / new
 tokens) and the start-up time of the contender.  Engines also get the cost of a partial-rollout weight
@@ -38,7 +44,7 @@ from fully_async.rollout.engines.base import run_requests  # noqa: E402
 from fully_async.core.partial import PendingResponse  # noqa: E402
 from fully_async.core.types import GenRequest, SamplingParams  # noqa: E402
 
-ENGINES = ("hf", "hf_modules", "hf_eager", "vllm")
+ENGINES = ("hf", "hf_sdpa", "hf_modules", "hf_eager", "vllm")
 BASELINES = ("generate", "generate_static")
 
 
@@ -52,18 +58,28 @@ def build_engine(name: str, model_dir: str, device: Any, dtype: str, max_num_seq
     if name.startswith("hf"):   # hf: fused (compiled) decode replayed from device graphs where the device has them
         from fully_async.rollout.engines.hf_engine import HFEngine
         return HFEngine(model_dir, device, dtype=dtype, max_num_seqs=max_num_seqs, eos_token_ids=[], pad_token_id=0,
-                        max_model_len=max_len, enforce_eager=name == "hf_eager", fused_decode=name != "hf_modules")
+                        max_model_len=max_len, enforce_eager=name == "hf_eager", fused_decode=name != "hf_modules",
+                        split_kv=False if name == "hf_sdpa" else None)
     from fully_async.rollout.engines.vllm_engine import VLLMEngine
     return VLLMEngine(model_dir, device, dtype=dtype, max_num_seqs=max_num_seqs, eos_token_ids=[],
                       max_model_len=max_len)
 
 
-def engine_runner(engine: Any, new_tokens: int) -> Callable[[list[list[int]]], int]:
+def engine_runner(engine: Any, new_tokens: int, lengths: dict[int, list[int]] | None = None
+                  ) -> Callable[[list[list[int]]], int]:
+    """Each prompt generates new_tokens, or (ragged) its own length from `lengths[len(prompts)]`."""
     def run(prompts: list[list[int]]) -> int:
-        params = SamplingParams(1.0, 1.0, -1, new_tokens)
-        outs = run_requests(engine, [GenRequest(f"r{i}", p, params) for i, p in enumerate(prompts)])
+        per = lengths[len(prompts)] if lengths else [new_tokens] * len(prompts)
+        outs = run_requests(engine, [GenRequest(f"r{i}", p, SamplingParams(1.0, 1.0, -1, n))
+                                     for i, (p, n) in enumerate(zip(prompts, per))])
         return sum(len(o.token_ids) for o in outs.values())
     return run
+
+
+def lognormal_lengths(n: int, max_len: int, seed: int) -> list[int]:
+    from fully_async.core.workload import LengthProfile
+    profile = LengthProfile.lognormal(max_len, seed=seed)
+    return [profile.target(f"s{i}") for i in range(n)]
 
 
 def generate_runner(model: Any, device: Any, new_tokens: int, static: bool) -> Callable[[list[list[int]]], int]:
@@ -95,7 +111,7 @@ def measure(run: Callable[[list[list[int]]], int], prompts_by_c: dict[int, list[
         warm = [timed(run, prompts, device) for _ in range(repeats)]
         best = max(warm, key=lambda r: r["tokens_per_s"])
         out[str(c)] = {"first": first, "warm": best, "warm_all_tokens_per_s": [r["tokens_per_s"] for r in warm],
-                       "ms_per_step": 1e3 * best["wall_s"] / new_tokens}
+                       "ms_per_step": 1e3 * best["wall_s"] / (best["tokens"] / c)}   # steps at c in flight
     return out
 
 
@@ -149,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=64, help="tokens generated per sequence (EOS ignored)")
     ap.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per sequence")
     ap.add_argument("--repeats", type=int, default=3, help="warm runs per concurrency (the best is reported)")
+    ap.add_argument("--lengths", default="fixed", choices=("fixed", "lognormal"),
+                    help="fixed: every sequence generates --new-tokens; lognormal: ragged (see above)")
+    ap.add_argument("--waves", type=int, default=4, help="--lengths lognormal: requests = waves x concurrency")
     ap.add_argument("--no-updates", action="store_true", help="skip the weight-update measurements")
     ap.add_argument("--out", default="bench_engines.json")
     args = ap.parse_args(argv)
@@ -166,11 +185,20 @@ def main(argv: list[str] | None = None) -> int:
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=parse_dtype(args.dtype)).to(
         device.torch_device()).eval()
     weights = {k: v.detach().clone() for k, v in model.named_parameters()}
-    prompts_by_c = {c: make_prompts(model.config.vocab_size, c, args.prompt_len, seed=c) for c in args.concurrency}
+    ragged = args.lengths == "lognormal"
+    n_req = {c: c * args.waves if ragged else c for c in args.concurrency}
+    prompts_by_c = {c: make_prompts(model.config.vocab_size, n_req[c], args.prompt_len, seed=c)
+                    for c in args.concurrency}
+    lengths = {n: lognormal_lengths(n, args.new_tokens, seed=c) for c, n in n_req.items()} if ragged else None
+    if ragged:
+        baselines = []
     max_len = args.prompt_len + args.new_tokens
     results: dict = {"hardware": describe_hardware(device), "model": args.model, "dtype": args.dtype,
                      "new_tokens": args.new_tokens, "prompt_len": args.prompt_len, "repeats": args.repeats,
-                     "torch_threads": torch.get_num_threads(), "contenders": {}}
+                     "torch_threads": torch.get_num_threads(), "lengths": args.lengths, "contenders": {}}
+    if ragged:
+        results["requests"] = {str(c): {"n": n, "mean_len": sum(lengths[n]) / n, "max_len": max(lengths[n])}
+                               for c, n in n_req.items()}
     for name in baselines:
         results["contenders"][name] = {"startup_s": 0.0, **measure(
             generate_runner(model, device, args.new_tokens, static=name == "generate_static"), prompts_by_c, device,
@@ -180,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = build_engine(name, args.model, device, args.dtype, max(args.concurrency), max_len)
         res: dict = {"startup_s": time.perf_counter() - start,
                      "graph_capture_s": getattr(engine, "graph_capture_s", None)}   # part of start-up
-        res.update(measure(engine_runner(engine, args.new_tokens), prompts_by_c, device, args.repeats,
+        res.update(measure(engine_runner(engine, args.new_tokens, lengths), prompts_by_c, device, args.repeats,
                            args.new_tokens))
         if not args.no_updates:
             few = prompts_by_c[min(args.concurrency)]

@@ -65,8 +65,12 @@ engine)
   export CUDA_VISIBLE_DEVICES=0
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -8
   timeout 300 python3 scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 \
-      --engines ${ENGINES:-hf,hf_modules} --baselines generate_static --concurrency 64 256 --new-tokens 256 --repeats 2 \
-      --out "$OUT/bench_engines.json" 2>&1 | grep -v "it/s\]" | tail -12
+      --engines ${ENGINES:-hf,hf_sdpa,hf_modules} --baselines generate_static --concurrency 64 256 --new-tokens 256 \
+      --repeats 2 --out "$OUT/bench_engines.json" 2>&1 | grep -v "it/s\]" | tail -12
+  # long spans (#27): the split-KV attention (hf) against the masked SDPA over the span bucket (hf_sdpa)
+  timeout 240 python3 scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 --engines hf,hf_sdpa \
+      --baselines "" --concurrency 256 --new-tokens 3072 --repeats 1 --no-updates \
+      --out "$OUT/bench_engines_3072.json" 2>&1 | grep -v "it/s\]" | tail -4
   timeout 200 python3 scripts/bench_pipeline.py --batches 2 --out "$OUT/bench_pipeline.json" "${POOL[@]}" \
       2>&1 | grep -v "it/s\]" | tail -8
   ;;

@@ -5,7 +5,9 @@ Why: a captured decode step of transformers' modules is ~40 small kernels per la
 rotary embeddings ten), and at decode batch sizes each costs more than its arithmetic: on one H100 the 0.5B
 shape spends ~3.4 ms per step whether 64 or 256 sequences decode.  Here each layer is
     attn_in  : RMSNorm -> q/k/v projections (-> Qwen3's q/k RMSNorm) -> rotary embedding
-    (eager)  : write the new key/value into the slot cache in place, grouped-query SDPA over the cached span
+    (eager)  : write the new key/value into the slot cache in place, then grouped-query attention over each
+               row's cached positions: decode_attention.py's split-KV kernel, which reads each row's own length
+               (CUDA), or SDPA over the span bucket under a mask (elsewhere, or split_kv=False)
     attn_out : o projection + residual -> RMSNorm -> SwiGLU MLP + residual
 and `attn_in`/`attn_out` take the layer's weights as arguments, so one compiled program serves every layer (a
 compile per function, not per layer: seconds at start-up, cached on disk by inductor between runs), with
@@ -106,7 +108,7 @@ class FusedDecoder:
     """Decode forward of one token per row over a slot cache, reading the model's own parameters (so in-place
     weight updates apply, and a model moved by sleep/wake is read at its new place)."""
 
-    def __init__(self, model: Any, compile_backend: Optional[str] = None):
+    def __init__(self, model: Any, compile_backend: Optional[str] = None, split_kv: bool = False):
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"fused decode: {reason}")
@@ -119,6 +121,7 @@ class FusedDecoder:
         self.kv_heads = int(getattr(c, "num_key_value_heads", None) or self.heads)
         self.scaling = float(getattr(attn, "scaling", self.head_dim ** -0.5))
         self.compiled = compile_backend is not None
+        self.split_kv = split_kv
         self._in, self._out, self._norm = _compiled(compile_backend) if self.compiled else (attn_in, attn_out,
                                                                                             final_norm)
         self.layers = []
@@ -132,13 +135,18 @@ class FusedDecoder:
                 (a.o_proj.weight, _bias(a.o_proj), layer.post_attention_layernorm.weight, m.gate_proj.weight,
                  _bias(m.gate_proj), m.up_proj.weight, _bias(m.up_proj), m.down_proj.weight, _bias(m.down_proj))))
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, keys: list[torch.Tensor],
-                 values: list[torch.Tensor], span: int) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: Optional[torch.Tensor],
+                 keys: list[torch.Tensor], values: list[torch.Tensor], span: int) -> torch.Tensor:
         """ids (B, 1) at `positions` (B,): write each row's key/value at its position in slot row i of every
-        layer's cache, attend over columns [0, span) under the additive `mask` (B, 1, 1, span); returns the final
+        layer's cache, attend over columns [0, span) under the additive `mask` (B, 1, 1, span) -- with split_kv,
+        over columns [0, min(position + 1, span)) of each row, and `mask` is not used (None); returns the final
         hidden states (B, hidden) after the model's last norm."""
         batch = ids.shape[0]
-        if mask.device.type == "npu" and mask.dtype != torch.bool:
+        if self.split_kv:
+            from fully_async.rollout.engines.decode_attention import split_kv_decode_attention
+
+            lengths = positions + 1
+        elif mask.device.type == "npu" and mask.dtype != torch.bool:
             mask = mask == 0     # NPU's fused SDPA takes a boolean "may attend" mask
         x = self.base.embed_tokens(ids)
         cos, sin = self.base.rotary_emb(x, positions.unsqueeze(1))
@@ -146,10 +154,13 @@ class FusedDecoder:
         groups = self.heads // self.kv_heads
         for (w_in, w_out), k_buf, v_buf in zip(self.layers, keys, values):
             q, k, v = self._in(x, cos, sin, *w_in, self.eps, self.heads, self.kv_heads, self.head_dim)
-            k_buf[rows, :, positions] = k[:, :, 0]
-            v_buf[rows, :, positions] = v[:, :, 0]
-            out = F.scaled_dot_product_attention(q.reshape(batch, self.kv_heads, groups, self.head_dim),
-                                                 k_buf[:batch, :, :span], v_buf[:batch, :, :span], attn_mask=mask,
-                                                 scale=self.scaling)
+            q = q.reshape(batch, self.kv_heads, groups, self.head_dim)
+            if self.split_kv:   # writes the new key/value at each row's position itself
+                out = split_kv_decode_attention(q, k_buf, v_buf, lengths, span, self.scaling, k[:, :, 0], v[:, :, 0])
+            else:
+                k_buf[rows, :, positions] = k[:, :, 0]
+                v_buf[rows, :, positions] = v[:, :, 0]
+                out = F.scaled_dot_product_attention(q, k_buf[:batch, :, :span], v_buf[:batch, :, :span],
+                                                     attn_mask=mask, scale=self.scaling)
             x = self._out(x, out.reshape(batch, 1, self.heads * self.head_dim), *w_out, self.eps)
         return self._norm(x[:, 0], self.base.norm.weight, self.eps)

@@ -18,10 +18,13 @@ engine iteration:
   2. sample one token for every slot below hi (hi = highest occupied slot + 1) from its pending logits,
      on the device; one host transfer per step brings back the tokens and their behaviour log-probs,
      which land in per-slot host arrays (numpy, vectorised: no per-sequence Python work per step);
-  3. retire the sequences that hit EOS or max_tokens (their slot is simply freed);
-  4. one decode forward over slots [0, B) (B >= hi): each slot's new key/value is written at its own
-     position and attention reads its slot up to its own length (an additive mask over the cache's first
-     `span` columns, a view).  Slots that are free decode garbage into their own, unused, slot.
+  3. one decode forward over slots [0, B) (B >= hi): each slot's new key/value is written at its own
+     position and attention reads its slot up to its own length.  On CUDA the llama-family path does that with
+     decode_attention.py's split-KV kernel, whose cost follows each row's real length; elsewhere an additive
+     mask over the cache's first `span` columns (a view) hides the rest.  Slots that are free decode garbage
+     into their own, unused, slot.  On an accelerator this step is queued before the host waits for step 2's
+     transfer, so the host's bookkeeping overlaps it;
+  4. retire the sequences that hit EOS or max_tokens (their slot is simply freed).
 The decode forward reads and writes only persistent device buffers (last tokens, lengths, logits, the
 cache), so on CUDA (and NPU where torch_npu has graphs) it is captured once per (batch bucket, span
 bucket) at start-up and replayed: one launch per step instead of hundreds.  Weight updates copy into the
@@ -162,7 +165,7 @@ class HFEngine:
                  eos_token_ids: Optional[list[int]] = None, pad_token_id: int = 0, seed: int = 1,
                  trust_remote_code: bool = False, max_model_len: Optional[int] = None, enforce_eager: bool = True,
                  graph_batch_sizes: Optional[list[int]] = None, free_cache_engine: bool = True,
-                 fused_decode: bool = True):
+                 fused_decode: bool = True, split_kv: Optional[bool] = None):
         from transformers import AutoModelForCausalLM
 
         start = time.perf_counter()
@@ -202,6 +205,8 @@ class HFEngine:
         self._sleep_level = 0
         self.free_cache_engine = free_cache_engine
         self._host: Optional[Any] = None   # pinned host buffers of sleep(), made at the first one
+        self._pinned: Optional[torch.Tensor] = None   # each step's (tokens, log-probs), copied asynchronously
+        self._copied: Optional[Any] = None            # the device event that marks that copy done
         # device graphs of the decode step, keyed by (batch bucket, span bucket)
         self._graph_api = None if enforce_eager else device.graphs()
         self.graph_batch_sizes = sorted(b for b in (graph_batch_sizes or default_graph_batch_sizes(max_num_seqs))
@@ -220,9 +225,13 @@ class HFEngine:
 
             reason = unsupported_reason(self.model)
             if reason is None:
-                self._fused = FusedDecoder(self.model, device.compile_backend() if self._graph_api else None)
+                self._fused = FusedDecoder(self.model, device.compile_backend() if self._graph_api else None,
+                                           split_kv=self._want_split_kv(split_kv))
             else:
                 logger.info("embedded engine: transformers' decode forward (%s)", reason)
+        elif split_kv:
+            raise ValueError("HFEngine(split_kv=True) needs fused_decode=True (the split-KV attention is part of the "
+                             "fused decode forward)")
         self.compiled = self._fused is not None and self._fused.compiled
         if self._graph_api is not None:
             self._capture_graphs()
@@ -244,12 +253,21 @@ class HFEngine:
         return len(self.waiting) + int(self._occ.sum())
 
     def collect(self, timeout_s: float = 0.05) -> list[GenOutput]:
-        """One engine iteration (admit, sample, retire, decode); `timeout_s` is not needed here."""
+        """One engine iteration (admit, sample, decode, retire); `timeout_s` is not needed here.
+
+        On an accelerator the next decode step is queued before the host waits for this step's tokens, so the
+        host's bookkeeping overlaps the device's decode instead of leaving the device idle (1x H200, 0.5B shape,
+        256 rows: ~0.2-0.5 ms of a 2.4-3.9 ms step); rows that finish at this step decode once more into their
+        own (then free) slot, which nothing reads."""
         if not self.waiting and not self._occ.any():
             return []
         with torch.inference_mode():
             self._admit()
-            finished = self._sample_and_retire()
+            host = self._sample()
+            if self.device.is_accelerator:
+                self._decode()
+                return self._retire(host)
+            finished = self._retire(host)      # cpu: no overlap to win; decode only the rows still running
             if self._occ.any():
                 self._decode()
         return finished
@@ -276,6 +294,7 @@ class HFEngine:
         if self.num_in_flight():
             raise RuntimeError("HFEngine.sleep() with requests in flight")
         if self.free_cache_engine:
+            self.device.synchronize()   # a decode step queued by the last collect() may still read the buffers
             self._cache = self._state = None
             self._graphs = {}
             if self.device.is_accelerator:
@@ -299,6 +318,20 @@ class HFEngine:
         self._sleep_level = 0
 
     # ------------------------------------------------------------------ internals
+    def _want_split_kv(self, asked: Optional[bool]) -> bool:
+        """Decode attention that reads each row's own length (decode_attention.py) where it runs: by default on
+        CUDA in 16/32-bit floats; split_kv=False keeps the masked SDPA over the span bucket (and so does the CPU,
+        unless asked: the unit tests run the kernel there under Triton's interpreter)."""
+        from fully_async.rollout.engines.decode_attention import supported
+
+        if asked is False:
+            return False
+        reason = supported(self.torch_device.type, self.lm_head.weight.dtype)
+        if asked and reason is not None:
+            raise ValueError(f"HFEngine(split_kv=True): the split-KV decode attention does not run here ({reason}); "
+                             "use split_kv=None (auto) or False")
+        return reason is None and (bool(asked) or self.torch_device.type == "cuda")
+
     def _buffers(self, need: int) -> tuple[_SlotCache, dict[str, torch.Tensor]]:
         """The slot cache (room for `need` positions per slot) and the per-slot device state."""
         if self._cache is None:
@@ -376,14 +409,36 @@ class HFEngine:
         return GenOutput(self.slots[i].request_id, self._tok[i, :n].tolist(), self._lp[i, :n].tolist(),
                          [self.version] * n, reason)
 
-    def _sample_and_retire(self) -> list[GenOutput]:
+    def _sample(self) -> Callable[[], np.ndarray]:
+        """Sample one token per slot below hi into the device state; returns how to wait for (tokens, log-probs)
+        on the host: on an accelerator an asynchronous copy into pinned memory, waited for after the next
+        decode step is queued (the one sync per step)."""
         hi = self._hi()
         state = self._state
         truncate = bool((self._truncates[:hi] & self._occ[:hi]).any())
         tokens, logps = sample_tokens(state["logits"][:hi], state["temperature"][:hi], state["top_k"][:hi],
                                       state["top_p"][:hi], self.generator, truncate=truncate)
         state["tokens"][:hi] = tokens
-        host = torch.stack([tokens.double(), logps.double()]).cpu().numpy()              # the one sync per step
+        both = torch.stack([tokens.double(), logps.double()])
+        if not self.device.is_accelerator:
+            host = both.numpy()
+            return lambda: host
+        if self._pinned is None:
+            self._pinned = torch.empty(2, self.max_num_seqs, dtype=torch.float64, pin_memory=True)
+            self._copied = self.device.module().Event()
+        self._pinned[:, :hi].copy_(both, non_blocking=True)
+        self._copied.record()
+        pinned = self._pinned[:, :hi].numpy()
+
+        def wait() -> np.ndarray:
+            self._copied.synchronize()
+            return pinned
+        return wait
+
+    def _retire(self, wait: Callable[[], np.ndarray]) -> list[GenOutput]:
+        """Record this step's tokens and log-probs per slot; free the slots that hit EOS or max_tokens."""
+        host = wait()
+        hi = host.shape[1]
         rows = np.flatnonzero(self._occ[:hi])
         step_tokens = host[0, rows].astype(np.int64)
         at = self._gen[rows]
@@ -431,7 +486,8 @@ class HFEngine:
         state, cache = self._state, self._cache
         positions = state["lengths"][:batch].clamp(max=cache.capacity - 1)                # where each new token goes
         ids = state["tokens"][:batch].unsqueeze(1)                                          # (batch, 1)
-        mask = self._mask(positions.unsqueeze(1), span)
+        split_kv = self._fused is not None and self._fused.split_kv
+        mask = None if split_kv else self._mask(positions.unsqueeze(1), span)   # split-KV reads per-row lengths
         if self._fused is not None:
             last = self._fused(ids, positions, mask, cache.keys, cache.values, span)
         else:

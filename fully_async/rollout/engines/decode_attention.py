@@ -1,0 +1,188 @@
+"""Decode attention over the slot cache that reads each sequence's own length (split-KV flash decoding, Triton).
+
+Why: the decode step's grouped-query SDPA reads every row's cache up to the span bucket of the LONGEST running
+sequence (a (B, 1, 1, span) mask hides the rest), so on long ragged generations each step costs what the longest
+sequence costs for all of them (1x H200, 0.5B shape, 256 x 3072 new tokens: 5.1 ms per step averaged against a
+~2 ms bandwidth floor).  Here one Triton program handles one (slot, KV head, split of SPLIT cached positions):
+programs whose split starts past their slot's length return at once, the others stream only the keys/values
+below that length, with the query heads that share the KV head as the rows of one small matrix product (each
+cached key/value is read once per KV head, not once per query head).  A second kernel merges the splits'
+partial softmaxes.  Shapes are fixed per (batch, span) bucket and the lengths are a device tensor, so the step
+stays capturable as a CUDA graph.
+
+torch's own kernels do not do this job: SDPA's flash/efficient backends take no per-row key lengths (a mask
+makes them read the whole span), and the varlen flash path wants token-major packed keys rather than the
+engine's (slot, head, position, dim) cache and has no KV split for one query per sequence
+(scripts/bench_decode_attention.py measures the alternatives).
+
+`reference_decode_attention` is the same math in plain torch (masked SDPA); the CPU engine keeps that path, and
+the unit tests compare the kernel with it (Triton's interpreter runs the kernel on CPU).
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Optional
+
+import torch
+
+SPLIT = 256      # cached positions per program (measured on 1x H200, see scripts/bench_decode_attention.py)
+BLOCK_N = 64     # keys per inner iteration
+NUM_WARPS = 4
+_KERNELS: list = []
+
+
+def reference_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               lengths: torch.Tensor, span: int, scale: float, k_new: Optional[torch.Tensor] = None,
+                               v_new: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """q (B, H_kv, G, D): the G query heads sharing each KV head; caches (S >= B, H_kv, T, D); row b attends
+    positions [0, min(lengths[b], span)).  With k_new/v_new (B, H_kv, D): first written in place at position
+    lengths[b] - 1 of row b (where that is below span).  Returns (B, H_kv, G, D) in q's dtype."""
+    batch = q.shape[0]
+    if k_new is not None:
+        at = lengths[:batch] - 1
+        rows = torch.nonzero(at < span).flatten()
+        k_cache[rows, :, at[rows]] = k_new[rows].to(k_cache.dtype)
+        v_cache[rows, :, at[rows]] = v_new[rows].to(v_cache.dtype)
+    keys = torch.arange(span, device=q.device)
+    allowed = keys.view(1, -1) < lengths[:batch].clamp(max=span).view(-1, 1)         # (B, span)
+    mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, torch.finfo(q.dtype).min)
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k_cache[:batch, :, :span], v_cache[:batch, :, :span], attn_mask=mask[:, None, None, :], scale=scale)
+
+
+def supported(device_type: str, dtype: torch.dtype) -> Optional[str]:
+    """None when the split-KV kernel runs here; else why not (the engine then keeps the masked SDPA)."""
+    if device_type != "cuda" and not (device_type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):
+        return f"device {device_type!r} (the Triton kernel is built for cuda; cpu only under TRITON_INTERPRET=1)"
+    if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"dtype {dtype}"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "triton is not installed"
+    return None
+
+
+def _build() -> Any:
+    """Define the two kernels at first use, so importing this module does not import Triton.  With
+    TRITON_INTERPRET=1 set before Triton is imported they run on CPU tensors (the unit tests do that)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def partial_kernel(Q, K, V, KN, VN, LENS, O, ML, span, scale_log2, s_qb, s_qh, s_kb, s_kh, s_kt, s_vb,
+                       s_vh, s_vt, s_knb, s_knh, s_vnb, s_vnh, H: tl.constexpr, G: tl.constexpr,
+                       G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                       NSPLIT: tl.constexpr, HAS_NEW: tl.constexpr, PRECISION: tl.constexpr):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        s = tl.program_id(2)
+        raw = tl.load(LENS + b).to(tl.int32)
+        length = tl.minimum(raw, span)
+        start = s * SPLIT
+        if start < length:
+            end = tl.minimum(start + SPLIT, length)
+            g = tl.arange(0, G_PAD)
+            d = tl.arange(0, D)
+            rows = g < G
+            # the row's new key/value (position raw - 1) goes into the cache here, by the one split holding it,
+            # and is used from registers below (so no other program reads it and no barrier is needed)
+            pos = raw - 1
+            last = end if HAS_NEW else start          # without new keys/values no split holds one
+            at = pos + d * 0                            # the position, as a (D,) vector for the masks
+            keep = (at >= start) & (at < last)
+            kn = tl.load(KN + b * s_knb + h * s_knh + d, mask=keep, other=0.0)
+            vn = tl.load(VN + b * s_vnb + h * s_vnh + d, mask=keep, other=0.0)
+            q = tl.load(Q + b * s_qb + h * s_qh + g[:, None] * D + d[None, :], mask=rows[:, None], other=0.0)
+            m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+            l_i = tl.zeros([G_PAD], dtype=tl.float32)
+            acc = tl.zeros([G_PAD, D], dtype=tl.float32)
+            k_base = K + b * s_kb + h * s_kh
+            v_base = V + b * s_vb + h * s_vh
+            for n0 in range(start, end, BLOCK_N):
+                n = n0 + tl.arange(0, BLOCK_N)
+                valid = n < end
+                new = (n == pos) & (n < last)
+                k = tl.load(k_base + n[:, None] * s_kt + d[None, :], mask=valid[:, None], other=0.0)
+                k = tl.where(new[:, None], kn[None, :].to(k.dtype), k)
+                qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+                qk = tl.where(valid[None, :], qk, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(qk, 1))
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(qk - m_new[:, None])
+                l_i = l_i * alpha + tl.sum(p, 1)
+                v = tl.load(v_base + n[:, None] * s_vt + d[None, :], mask=valid[:, None], other=0.0)
+                v = tl.where(new[:, None], vn[None, :].to(v.dtype), v)
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+                m_i = m_new
+            tl.store(k_base + pos * s_kt + d, kn.to(K.dtype.element_ty), mask=keep)
+            tl.store(v_base + pos * s_vt + d, vn.to(V.dtype.element_ty), mask=keep)
+            part = (b * H + h) * NSPLIT + s
+            tl.store(O + part * G * D + g[:, None] * D + d[None, :], acc, mask=rows[:, None])
+            tl.store(ML + part * 2 * G + g, m_i, mask=rows)
+            tl.store(ML + part * 2 * G + G + g, l_i, mask=rows)
+
+    @triton.jit
+    def combine_kernel(O, ML, LENS, OUT, span, s_ob, s_oh, H: tl.constexpr, G: tl.constexpr,
+                       G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, NSPLIT: tl.constexpr):
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        length = tl.minimum(tl.load(LENS + b).to(tl.int32), span)
+        used = tl.cdiv(length, SPLIT)
+        g = tl.arange(0, G_PAD)
+        d = tl.arange(0, D)
+        rows = g < G
+        m = tl.full([G_PAD], float("-inf"), tl.float32)
+        l_sum = tl.zeros([G_PAD], dtype=tl.float32)
+        acc = tl.zeros([G_PAD, D], dtype=tl.float32)
+        for s in range(0, used):
+            part = (b * H + h) * NSPLIT + s
+            m_s = tl.load(ML + part * 2 * G + g, mask=rows, other=0.0)
+            l_s = tl.load(ML + part * 2 * G + G + g, mask=rows, other=0.0)
+            o_s = tl.load(O + part * G * D + g[:, None] * D + d[None, :], mask=rows[:, None], other=0.0)
+            m_new = tl.maximum(m, m_s)
+            a = tl.exp2(m - m_new)
+            c = tl.exp2(m_s - m_new)
+            acc = acc * a[:, None] + o_s * c[:, None]
+            l_sum = l_sum * a + l_s * c
+            m = m_new
+        out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
+        tl.store(OUT + b * s_ob + h * s_oh + g[:, None] * D + d[None, :], out.to(OUT.dtype.element_ty),
+                 mask=rows[:, None])
+    return partial_kernel, combine_kernel
+
+
+def split_kv_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
+                              span: int, scale: float, k_new: Optional[torch.Tensor] = None,
+                              v_new: Optional[torch.Tensor] = None, split: int = SPLIT, block_n: int = BLOCK_N,
+                              num_warps: int = NUM_WARPS) -> torch.Tensor:
+    """What `reference_decode_attention` computes (the new keys/values written included), reading only positions
+    [0, min(lengths[b], span)) of each row.  `lengths` (>= B,) integer device tensor; the caches' last dimension
+    must be contiguous.  Writing k_new/v_new here saves the decode step two scatter kernels per layer."""
+    batch, kv_heads, groups, dim = q.shape
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or dim & (dim - 1) or dim < 16:
+        raise ValueError(f"split-KV decode attention: head_dim {dim} must be a power of two >= 16 and the caches' "
+                         f"last dimension contiguous (strides {k_cache.stride()}, {v_cache.stride()})")
+    if not _KERNELS:
+        _KERNELS.extend(_build())
+    partial_kernel, combine_kernel = _KERNELS
+    q = q.contiguous()
+    nsplit = max(1, -(-span // split))
+    g_pad = max(16, 1 << (groups - 1).bit_length())
+    o_part = torch.empty(batch, kv_heads, nsplit, groups, dim, dtype=torch.float32, device=q.device)
+    ml = torch.empty(batch, kv_heads, nsplit, 2, groups, dtype=torch.float32, device=q.device)
+    out = torch.empty_like(q)
+    has_new = k_new is not None
+    k_new = k_new if has_new and k_new.stride(-1) == 1 else (k_new.contiguous() if has_new else k_cache)
+    v_new = v_new if has_new and v_new.stride(-1) == 1 else (v_new.contiguous() if has_new else v_cache)
+    precision = "ieee" if q.dtype == torch.float32 else None   # fp32 caches: no tf32 rounding
+    partial_kernel[(batch, kv_heads, nsplit)](
+        q, k_cache, v_cache, k_new, v_new, lengths, o_part, ml, span, scale * math.log2(math.e), q.stride(0),
+        q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+        v_cache.stride(2), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1), H=kv_heads, G=groups,
+        G_PAD=g_pad, D=dim, SPLIT=split, BLOCK_N=block_n, NSPLIT=nsplit, HAS_NEW=has_new, PRECISION=precision,
+        num_warps=num_warps)
+    combine_kernel[(batch, kv_heads)](o_part, ml, lengths, out, span, out.stride(0), out.stride(1), H=kv_heads,
+                                      G=groups, G_PAD=g_pad, D=dim, SPLIT=split, NSPLIT=nsplit, num_warps=num_warps)
+    return out

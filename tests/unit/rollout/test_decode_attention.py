@@ -1,0 +1,135 @@
+"""The split-KV decode attention (rollout/engines/decode_attention.py): its reference is plain SDPA over each
+row's own cached positions; the Triton kernel (run on CPU by Triton's interpreter, in a subprocess because
+TRITON_INTERPRET must be set before Triton is imported) equals the reference, cache writes included, and the
+engine decoding through it samples what transformers' own modules sample (same tokens and log-probs from one
+seed, over admission mid-run, interrupt and resume)."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from fully_async.rollout.engines.decode_attention import reference_decode_attention, supported
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir))
+
+
+def test_reference_equals_sdpa_over_each_rows_own_length():
+    torch.manual_seed(0)
+    q, kn, vn = torch.randn(4, 2, 3, 16), torch.randn(4, 2, 16), torch.randn(4, 2, 16)
+    k, v = torch.randn(6, 2, 40, 16), torch.randn(6, 2, 40, 16)
+    lengths = torch.tensor([1, 7, 33, 40, 9, 9])
+    span = 36                                 # row 3 (length 40) is clamped to the span: its new key not written
+    k_ref, v_ref = k.clone(), v.clone()
+    out = reference_decode_attention(q, k, v, lengths, span, 0.25, kn, vn)
+    for b in range(4):
+        n = min(int(lengths[b]), span)
+        if lengths[b] <= span:
+            k_ref[b, :, n - 1], v_ref[b, :, n - 1] = kn[b], vn[b]
+        want = torch.nn.functional.scaled_dot_product_attention(q[b], k_ref[b, :, :n], v_ref[b, :, :n], scale=0.25)
+        assert torch.allclose(out[b], want, atol=1e-6), b
+    assert torch.equal(k, k_ref) and torch.equal(v, v_ref)          # rows 4, 5 (beyond the batch) untouched
+
+
+def test_the_kernel_is_cuda_only_outside_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert "cpu" in supported("cpu", torch.float32) and "npu" in supported("npu", torch.bfloat16)
+    assert "int8" in supported("cuda", torch.int8)
+
+
+def interpreted(code: str) -> str:
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_kernel_equals_reference_under_the_interpreter():
+    """Ragged lengths across several splits and blocks, a length of 1, one past the span, rows beyond the batch;
+    fp32 (exact dot products) and fp16."""
+    out = interpreted("""
+        import torch
+        from fully_async.rollout.engines.decode_attention import reference_decode_attention, split_kv_decode_attention
+
+        def written(cache, new_rows, lengths, span):
+            cache = cache.float().clone()
+            for b in range(new_rows.shape[0]):
+                if lengths[b] <= span:
+                    cache[b, :, lengths[b] - 1] = new_rows[b].float()
+            return cache
+
+        torch.manual_seed(0)
+        for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
+            q = torch.randn(6, 2, 5, 32, dtype=dtype)
+            k, v = torch.randn(8, 2, 100, 32, dtype=dtype), torch.randn(8, 2, 100, 32, dtype=dtype)
+            kn, vn = torch.randn(6, 2, 32, dtype=dtype), torch.randn(6, 2, 32, dtype=dtype)
+            lengths = torch.tensor([1, 16, 17, 64, 97, 99, 100, 3])
+            for new in (False, True):
+                k1, v1 = k.clone(), v.clone()
+                kw = dict(k_new=kn, v_new=vn) if new else {}
+                got = split_kv_decode_attention(q, k1, v1, lengths, 97, 0.2, split=32, block_n=16, **kw)
+                ref = reference_decode_attention(q.float(), k.float().clone(), v.float().clone(), lengths, 97, 0.2,
+                                                 **{name: t.float() for name, t in kw.items()})
+                err = (got.float() - ref).abs().max().item()
+                assert err < tol, (dtype, new, err)
+                assert torch.equal(k1.float(), written(k, kn, lengths, 97) if new else k.float()), (dtype, new)
+                assert torch.equal(v1.float(), written(v, vn, lengths, 97) if new else v.float()), (dtype, new)
+            print("ok", dtype)
+    """)
+    assert out.count("ok") == 2
+
+
+def test_engine_through_the_kernel_samples_what_transformers_modules_sample(tmp_path):
+    """HFEngine(split_kv=True) on CPU under the interpreter against HFEngine(fused_decode=False): rows of different
+    lengths (more prompts than slots, admission mid-run, the cache grown past max_model_len), then an interrupt
+    and a resume of prompt + partial, all with one seed."""
+    out = interpreted(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_fused_decode import build
+        from fully_async.device import CPU
+        from fully_async.rollout.engines.base import run_requests
+        from fully_async.rollout.engines.hf_engine import HFEngine
+        from fully_async.core.partial import PendingResponse
+        from fully_async.core.types import GenRequest, SamplingParams
+        import pathlib
+
+        def run(path, split):
+            eng = HFEngine(path, CPU, max_num_seqs=4, eos_token_ids=[], pad_token_id=0, seed=5, max_model_len=8,
+                           fused_decode=split, split_kv=True if split else None)
+            assert (eng._fused is not None and eng._fused.split_kv) == split
+            prompts = [[3 + (i * 5 + j) % 50 for j in range(2 + i % 4)] for i in range(7)]
+            params = [SamplingParams(1.0, 1.0, -1, 12 + i) if i % 2 else SamplingParams(0.0, max_tokens=10 + i)
+                      for i in range(7)]
+            outs = run_requests(eng, [GenRequest(f"r{{i}}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))])
+            pend = [PendingResponse(f"u{{i}}", f"u{{i}}", [4 + i, 9, 11], SamplingParams(1.0, 1.0, -1, 20))
+                    for i in range(3)]
+            eng.submit([p.request() for p in pend])
+            for _ in range(6):
+                eng.collect()
+            partial = {{o.request_id: o for o in eng.interrupt()}}
+            for p in pend:
+                assert not p.extend(partial[p.sample_id])
+            rest = run_requests(eng, [p.request() for p in pend])
+            for p in pend:
+                assert p.extend(rest[p.sample_id])
+                outs[p.sample_id] = p.to_sample()
+            return outs
+
+        for kind in ("qwen2", "qwen3"):
+            path = build(pathlib.Path({str(tmp_path)!r}), kind)
+            new, ref = run(path, True), run(path, False)
+            for rid, want in ref.items():
+                got = new[rid]
+                ids = [getattr(x, "token_ids", None) or x.response_ids for x in (got, want)]
+                lps = [getattr(x, "log_probs", None) for x in (got, want)]
+                assert ids[0] == ids[1], (kind, rid)
+                if lps[0] is not None:
+                    assert max(abs(a - b) for a, b in zip(*lps)) < 1e-4, (kind, rid)
+            print("ok", kind)
+    """)
+    assert out.count("ok") == 2
