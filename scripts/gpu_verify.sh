@@ -58,6 +58,15 @@ memory)
 tests)
   CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -15
   ;;
+restructure)
+  # after the loops were restructured (#22): every GPU test (engine, megatron parity with the one PPO update, packing,
+  # host offload), then one sync run on GPU 0 (engines and trainer taking turns on their own device) whose losses
+  # and rewards go to $OUT
+  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  CUDA_VISIBLE_DEVICES=0 timeout ${TESTS_LIMIT:-330} python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -25
+  CUDA_VISIBLE_DEVICES=0 TENSORBOARD_DIR=$OUT/runs/sync timeout 200 python3 -m fully_async.main mode=sync "${POOL[@]}" \
+      trainer.total_training_steps=4 trainer.resume_mode=disable hydra.run.dir=/tmp/h_sync 2>&1 | grep -v "it/s\]" | tail -12
+  ;;
 engine)
   # the embedded engine (#11): GPU correctness (graphs and eager), the engine against generate(static) in one
   # invocation, then the pipeline's rollout-only ceiling at the same concurrency (BATCH x 8 = NSEQS sequences)
