@@ -419,7 +419,7 @@ OPEN_DICTS = ("actor_rollout_ref.model.override_config", "actor_rollout_ref.acto
               "custom_reward_function.reward_kwargs")
 
 
-# Keys of our schema whose default is not verl's, each with the reason.  tests/unit/core/test_verl_compat.py
+# Keys of our schema whose default is not verl's, each with the reason.  tests/unit/verl/test_verl_compat.py
 # fails for a difference missing here, so a default never drifts from verl's silently.
 DEFAULT_DIFFERENCES: dict[str, str] = {
     "actor_rollout_ref.actor.clip_ratio_low": "null: falls back to actor.clip_ratio (0.2), the same bound",

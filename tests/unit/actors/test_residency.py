@@ -1,0 +1,124 @@
+"""The residency collaborator (actors/residency.py): when a side's on/off transitions run, what a pool lease keeps,
+and that no loop is varied by subclassing any more."""
+import ast
+import contextlib
+import os
+
+from fully_async.actors.residency import Dedicated, PoolLease, Stopped, Turns
+
+
+class FakeClient:
+    """A LeaseClient stand-in: `waiting` says whether another holder wants the devices."""
+
+    def __init__(self, waiting=False):
+        self.current, self.polls, self.waiting, self.log = None, 0, waiting, []
+
+    def acquire(self, name, serve=None):
+        self.polls += 1
+        if serve is not None:
+            serve()
+        ph = type("Ph", (), {"waited_s": 0.5, "name": name, "spans": []})()
+
+        @contextlib.contextmanager
+        def span(n, **args):
+            yield dict(args)
+        ph.span = span
+        self.current = ph
+        self.log.append(("acquire", name))
+        return ph
+
+    def renew(self):
+        return self.waiting
+
+    def release(self, failing=False):
+        self.log.append(("release", self.current.name))
+        self.current = None
+
+    @contextlib.contextmanager
+    def phase(self, name):
+        ph = self.acquire(name)
+        try:
+            yield ph
+        finally:
+            self.release()
+
+
+def attached(residency, log):
+    residency.attach(on=lambda ph, phase: log.append(("on", phase)) or {"on": 1.0},
+                     off=lambda ph, why: log.append(("off", why)) or {"off": 1.0})
+    return residency
+
+
+def test_dedicated_devices_are_always_held_and_never_switch():
+    log = []
+    r = attached(Dedicated(), log)
+    with r.setup():
+        pass
+    assert r.hold("rollout") == {} and r.holding and not r.wanted() and r.give_back("done") == {}
+    assert not r.keep(("load", 3)) and r.take_kept() is None and not r.has_kept()
+    assert log == [] and r.polls == 0
+
+
+def test_a_pool_lease_puts_the_state_on_only_while_held_and_keeps_updates_meanwhile():
+    log, client = [], FakeClient()
+    r = attached(PoolLease(client), log)
+    with r.setup():
+        log.append(("build",))
+    assert log == [("build",), ("off", "setup")] and not r.holding
+    assert r.keep(("load", 1)) and r.keep(("load", 2)) and r.has_kept()   # the newest wins
+    assert r.hold("rollout") == {"on": 1.0} and r.holding
+    assert r.hold("rollout") == {}                                        # held and on already
+    assert r.take_kept() == ("load", 2) and r.take_kept() is None
+    assert not r.keep(("load", 3))                                        # on the devices: load now
+    assert not r.wanted()                                                 # nobody waits
+    client.waiting = True
+    assert r.wanted() and not r.wanted(min_held_s=3600)                   # wanted, but not held long enough
+    assert r.give_back("wanted") == {"off": 1.0} and not r.holding
+    assert r.pop_metrics() == {"off": 1.0, "on": 1.0} and r.pop_metrics() == {}
+    assert ("off", "wanted") in log and client.log[-1] == ("release", "rollout")
+
+
+def test_a_stop_while_waiting_for_the_lease_is_no_hold():
+    def serve():
+        raise Stopped()
+    r = attached(PoolLease(FakeClient()), [])
+    assert r.hold("rollout", serve=serve) is None
+
+
+def test_turns_switch_tenants_and_on_a_pool_both_leave_with_the_lease():
+    log = []
+
+    def tenant(name):
+        return (lambda ph, phase: log.append((name, "on", phase)) or {},
+                lambda ph, phase: log.append((name, "off", phase)) or {})
+    own = Turns(Dedicated(), engines=tenant("engines"), trainer=tenant("trainer"))
+    with own.phase("engines", "rollout"):
+        pass
+    with own.phase("trainer", "train"):
+        pass
+    assert log == [("trainer", "off", "rollout"), ("engines", "off", "train"), ("trainer", "on", "train")]
+    log.clear()
+    pool = Turns(PoolLease(FakeClient()), engines=tenant("engines"), trainer=tenant("trainer"))
+    with pool.setup():
+        pass
+    with pool.phase("engines", "rollout") as (ph, switch):
+        assert switch["multi_job/rollout/lease_wait_s"] == 0.5
+    assert log == [("engines", "off", "setup"), ("trainer", "off", "setup"), ("engines", "on", "rollout"),
+                   ("engines", "off", "rollout")]
+
+
+def test_no_loop_is_varied_by_a_subclass():
+    """Variants are collaborators: no class of the package subclasses the rollouter, the trainer or the sync worker."""
+    pkg = os.path.join(os.path.dirname(__file__), "..", "..", "..", "fully_async")
+    loops = {"Rollouter", "Trainer", "SyncWorker"}
+    bad = []
+    for root, _, files in os.walk(pkg):
+        for f in files:
+            if f.endswith(".py"):
+                tree = ast.parse(open(os.path.join(root, f)).read())
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.ClassDef):
+                        bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+                        if bases & loops:
+                            bad.append(f"{f}:{node.name}")
+    assert bad == []
