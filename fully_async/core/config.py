@@ -258,6 +258,12 @@ class AsyncTrainingConfig:
     use_rollout_log_probs: bool = True    # behaviour log-probs are the PPO old policy
     decoupled_ppo: bool = False           # recompute a proximal policy; weight behaviour->proximal
     behav_imp_weight_cap: float = 5.0     # truncation of the decoupled-PPO importance weight
+    # where async mode's engines run: split (verl's fully-async: the rollouter on rollout.nnodes x n_gpus_per_node
+    # devices, the trainer on its own) | colocated (no rollout devices: every trainer device also hosts an engine and
+    # the two take turns; generation is over-provisioned under the staleness bound and, once a step's groups are
+    # complete, unfinished responses are parked and continue on the new weights) | elastic (split, and every
+    # trainer device also hosts an engine that generates while its trainer waits for samples)
+    placement: str = "split"
 
 
 # ----------------------------------------------------------------------------------- rewards
@@ -355,6 +361,7 @@ DEVICES = ("auto", "npu", "cuda", "cpu")
 TRUNCATIONS = ("error", "left", "right", "middle")
 ROLLOUT_NAMES = ("hf", "vllm")
 STRATEGIES = ("fsdp", "torch", "fsdp2", "megatron")
+PLACEMENTS = ("split", "colocated", "elastic")
 ADV_ESTIMATORS = ("grpo",)
 REWARD_MANAGERS = ("naive", "dapo")
 LOGGERS = ("console", "tensorboard", "wandb", "swanlab", "mlflow")

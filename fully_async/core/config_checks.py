@@ -8,7 +8,7 @@ import logging
 import os
 from typing import Any
 
-from fully_async.core.config import (ADV_ESTIMATORS, ATTN_IMPLEMENTATIONS, DEVICES, DTYPES, KL_TYPES, LOGGERS,
+from fully_async.core.config import (ADV_ESTIMATORS, PLACEMENTS, ATTN_IMPLEMENTATIONS, DEVICES, DTYPES, KL_TYPES, LOGGERS,
                                      LOSS_AGG_MODES, LR_SCHEDULER_TYPES, MODES, RESUME_STATE_KEYS, REWARD_MANAGERS,
                                      ROLLOUT_NAMES, STRATEGIES, TRUNCATIONS, ConfigError, as_file_list,
                                      overlong_reference_length)
@@ -68,8 +68,10 @@ def _check_trainer(cfg: Any) -> None:
 
 def _check_rollout_placement(cfg: Any) -> None:
     r = cfg.rollout
-    for key in ("nnodes", "n_gpus_per_node"):
-        _at_least(f"rollout.{key}", getattr(r, key), 1)
+    colocated = cfg.mode == "async" and cfg.async_training.placement == "colocated"
+    _at_least("rollout.nnodes", r.nnodes, 1)
+    # colocated async has no rollout devices of its own (0); split and elastic need at least one
+    _at_least("rollout.n_gpus_per_node", r.n_gpus_per_node, 0 if colocated else 1)
     if r.total_rollout_steps is not None:
         _at_least("rollout.total_rollout_steps", r.total_rollout_steps, 1)
     if getattr(r, "total_epochs", None) is not None:
@@ -179,6 +181,14 @@ def _check_async_training(cfg: Any) -> None:
         # decoupled PPO needs the behaviour log-probs next to the recomputed proximal ones
         raise ConfigError("async_training.decoupled_ppo",
                           "needs async_training.use_rollout_log_probs=true (the behaviour policy)")
+    _choice("async_training.placement", at.placement, PLACEMENTS)
+    if at.placement != "split" and cfg.mode != "async":
+        raise ConfigError("async_training.placement", f"{at.placement!r} is a placement of mode=async (mode=sync "
+                          "always colocates its engines with the trainer ranks)")
+    rollout_devices = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+    if at.placement == "colocated" and cfg.mode == "async" and rollout_devices:
+        raise ConfigError("async_training.placement", "colocated runs every engine on the trainer's devices: set "
+                          f"rollout.n_gpus_per_node=0 (now rollout.nnodes x n_gpus_per_node = {rollout_devices})")
 
 
 def _check_reward(cfg: Any) -> None:
@@ -368,9 +378,10 @@ def _validate_rollout_layout(cfg: Any) -> None:
     if tp > 1 and rollout.name == "hf":
         raise ConfigError(key, f"{tp}: the embedded engine (rollout.name=hf) has no tensor parallelism; use 1 "
                           "(every rollout device runs its own replica) or rollout.name=vllm")
-    if cfg.mode == "sync":
+    if cfg.mode == "sync" or cfg.async_training.placement == "colocated":
         if tp > 1:
-            raise ConfigError(key, f"{tp}: mode=sync runs one engine per trainer rank on that rank's device; use 1")
+            raise ConfigError(key, f"{tp}: mode=sync and colocated async run one engine per trainer rank on that "
+                              "rank's device; use 1")
         return
     devices = RunPlan.of(cfg).rollout_devices
     if devices % tp:

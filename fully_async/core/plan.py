@@ -15,6 +15,7 @@ class RunPlan:
     rollout_devices: int            # async: rollout.nnodes x rollout.n_gpus_per_node; sync: 0 (trainers generate)
     groups_per_step: int            # prompt groups one trainer step consumes (sync: data.train_batch_size;
     #                                 async: ppo_mini_batch_size x require_batches)
+    placement: str = "split"        # async: split | colocated | elastic (async_training.placement); sync: colocated
     total_prompts: Optional[int] = None   # prompts the rollouter generates (known once the data is read)
     total_steps: Optional[int] = None     # trainer steps
 
@@ -28,10 +29,17 @@ class RunPlan:
         sync = cfg.mode == "sync"
         groups = cfg.data.train_batch_size if sync else \
             cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.async_training.require_batches
+        placement = "colocated" if sync else cfg.async_training.placement
         return cls(mode=cfg.mode, trainer_devices=cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node,
-                   rollout_devices=0 if sync else cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node,
-                   groups_per_step=groups, total_prompts=cfg.rollout.total_rollout_steps,
+                   rollout_devices=0 if placement == "colocated" else cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node,
+                   groups_per_step=groups, placement=placement, total_prompts=cfg.rollout.total_rollout_steps,
                    total_steps=cfg.trainer.total_training_steps)
+
+    @property
+    def engine_devices(self) -> int:
+        """Devices that host an engine: the rollout devices, and the trainer's too when they are colocated or
+        elastic."""
+        return self.rollout_devices + (self.trainer_devices if self.placement in ("colocated", "elastic") else 0)
 
     def with_data(self, cfg: Any, num_train_prompts: int) -> "RunPlan":
         """Totals for `num_train_prompts` training prompts, as verl's fully-async rollouter counts them: the
