@@ -58,6 +58,32 @@ memory)
 tests)
   CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -15
   ;;
+colocated)
+  # colocated async against sync on ONE GPU (#27), the seed-003 shape: 0.5B-shaped bf16, 64 prompts x 8, lognormal
+  # lengths up to MAXLEN (3072), EOS ignored, packed trainer with dynamic batch size, staleness 0.2, trigger 4;
+  # both runs in this invocation, then compared from their logs (steady steps: the first, compiling, step excluded
+  # by the comparison's own rules)
+  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  SEED=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
+        data.val_files=null data.max_prompt_length=16 data.max_response_length=${MAXLEN:-3072}
+        actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16 actor_rollout_ref.actor.optim.lr=1e-6
+        actor_rollout_ref.model.use_remove_padding=true actor_rollout_ref.actor.use_dynamic_bsz=true
+        actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768 actor_rollout_ref.actor.ppo_mini_batch_size=64
+        data.train_batch_size=64 actor_rollout_ref.rollout.n=8 actor_rollout_ref.rollout.max_num_seqs=${NSEQS:-256}
+        benchmark.response_length=lognormal benchmark.ignore_eos=true actor_rollout_ref.rollout.free_cache_engine=false
+        async_training.staleness_threshold=${STALENESS:-0.2} async_training.trigger_parameter_sync_step=${TRIGGER:-4}
+        trainer.total_training_steps=${STEPS:-6} trainer.resume_mode=disable trainer.progress_bar=false
+        trainer.val_before_train=false trainer.test_freq=-1 trainer.logger=[console,tensorboard] trainer.timeline=true
+        "trainer.default_local_dir=/tmp/ckpt")
+  export CUDA_VISIBLE_DEVICES=0
+  TENSORBOARD_DIR=$OUT/runs/sync timeout ${RUN_LIMIT:-260} python3 -m fully_async.main mode=sync "${SEED[@]}" \
+      hydra.run.dir=/tmp/h_sync 2>&1 | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
+  TENSORBOARD_DIR=$OUT/runs/colocated timeout ${RUN_LIMIT:-260} python3 -m fully_async.main mode=async \
+      async_training.placement=colocated rollout.n_gpus_per_node=0 "${SEED[@]}" hydra.run.dir=/tmp/h_colo 2>&1 \
+      | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
+  python3 scripts/compare_sync_async.py --from-logs $OUT/runs/colocated $OUT/runs/sync --out $OUT/compare \
+      --allow-diff async_training.placement 2>&1 | tail -30
+  ;;
 restructure)
   # after the loops were restructured (#22): every GPU test (engine, megatron parity with the one PPO update, packing,
   # host offload), then one sync run on GPU 0 (engines and trainer taking turns on their own device) whose losses

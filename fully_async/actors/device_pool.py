@@ -24,12 +24,14 @@ class DevicePool(DevicePoolService):
 
 
 def get_or_create_pool(name: str, num_devices: int, max_hold_s: float, heartbeat_timeout_s: float,
-                       timeline_path: Optional[str]) -> Any:
-    """The pool actor `name`; created (detached, no resources) when no job created it yet."""
+                       timeline_path: Optional[str], detached: bool = True) -> Any:
+    """The pool actor `name`; created (no resources; detached unless it is one run's private pool) when no job
+    created it yet."""
     import ray
 
     handle = ray.remote(DevicePool).options(
-        name=pool_actor_name(name), namespace=POOL_NAMESPACE, lifetime="detached", get_if_exists=True,
+        name=pool_actor_name(name), namespace=POOL_NAMESPACE, lifetime="detached" if detached else None,
+        get_if_exists=True,
         num_cpus=0, max_concurrency=64, max_restarts=0).remote(name, num_devices, max_hold_s, heartbeat_timeout_s,
                                                               timeline_path)
     ray.get(handle.ready.remote(), timeout=120)

@@ -59,8 +59,12 @@ class Trainer(DriverFacing):
         at = cfg.async_training
         # the trainer's devices: its own, or a lease on a shared pool it holds for its steps and gives back when wanted
         self.residency = pool_residency(cfg, "train") or Dedicated()
-        self.residency.attach(on=self._timed("onload", lambda: self.backend.onload()),
-                              off=self._timed("offload", lambda: self.backend.offload()))
+        off = cfg.actor_rollout_ref.actor.fsdp_config
+        # between its turns on the devices the trainer offloads on a pool shared with other jobs, and, colocated with
+        # its own engines, when the config asks (as sync mode: the engines sleep, the trainer stays unless told)
+        offload = cfg.async_training.placement != "colocated" or off.param_offload or off.optimizer_offload
+        self.residency.attach(on=self._timed("onload", lambda: offload and self.backend.onload()),
+                              off=self._timed("offload", lambda: offload and self.backend.offload()))
         self.queue = queue
         self.rollouter = rollouter
         self.num_devices = num_devices
@@ -140,7 +144,7 @@ class Trainer(DriverFacing):
             last_end = now
             metrics.update(self._pipeline_metrics(wait_s, step_s, metrics["perf/total_num_tokens"]))
             metrics.update(ray_get(rollouter_metrics))
-            if residency.wanted():
+            if residency.wanted() and not self._keeps_turn():
                 metrics.update(residency.give_back("wanted"))
             self._emit(state.step, metrics)
         if not state.push_due():
@@ -149,6 +153,13 @@ class Trainer(DriverFacing):
             self._emit(state.step, self._save())
         self.weight_sync.flush()  # the final weights are loaded before the driver validates them
         return self.state.result(self.last_checkpoint, self._stop_requested)
+
+    def _keeps_turn(self) -> bool:
+        """Colocated with its own engines, the trainer keeps the devices while the next step's samples are already
+        queued (on a pool shared with other jobs it gives a wanted lease back after every step)."""
+        if self.cfg.async_training.placement != "colocated" or self.state.done():
+            return False
+        return ray_get(self.queue.size.remote()) >= self.required
 
     def save_part(self, folder: str) -> None:
         """The trainer's part of the checkpoint run() is waiting for (called by the driver)."""

@@ -14,7 +14,10 @@ from typing import Any, Optional
 
 
 def rollout_layout(cfg: Any) -> tuple[int, int]:
-    """(replicas, devices per replica) of async mode's rollout devices (config.validate checked the split)."""
+    """(replicas, devices per replica) of async mode's engines (config.validate checked the split): one per rollout
+    device group, or, colocated, one per trainer device."""
+    if cfg.mode == "async" and cfg.async_training.placement == "colocated":
+        return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node, 1
     devices = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node   # also in sync mode (RunPlan says 0 there)
     tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
     return max(1, devices // tp), tp

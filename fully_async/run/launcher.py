@@ -344,6 +344,11 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     teardown.enter_context(_ray_session(cfg, sig, plan, device))
     if shared:
         teardown.callback(leave_pool, join_pool(cfg, device))
+    elif plan.placement == "colocated" and cfg.mode == "async":   # a private pool of the trainer's devices
+        from fully_async.run.shared_pool import colocate, leave_pool
+
+        check_resources(device, {"trainer": plan.trainer_devices})
+        teardown.callback(leave_pool, colocate(prep.cfg, device))
     else:
         needs = {"trainer": plan.trainer_devices}
         if plan.rollout_devices:

@@ -34,7 +34,7 @@ def create_async_actors(cfg: Any, prep: Any, device: Any, resume_path: Optional[
     plan = RunPlan.of(cfg)
     n_train, n_roll = plan.trainer_devices, plan.rollout_devices
     replicas, tp = rollout_layout(cfg)
-    if cfg.multi_job.pool is not None and device.is_accelerator:
+    if prep.cfg.multi_job.pool is not None and device.is_accelerator:   # a shared pool, or colocated's own
         # a shared pool's jobs take no device resource from Ray: each actor is pinned to its pool devices and the
         # pool's leases keep the jobs apart in time (actors/residency.py)
         from fully_async.cluster.device_pool import pinned_actor_options, rollout_devices

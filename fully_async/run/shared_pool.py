@@ -45,13 +45,51 @@ def join_pool(cfg: Any, device: Any) -> Any:
     return membership
 
 
+def colocate(cfg: Any, device: Any) -> Any:
+    """async_training.placement=colocated: the run's trainer devices become a private device pool whose two holders
+    are this run's own trainer and rollouter (the same leases, residency and parking as jobs sharing a pool, with
+    one tenant per side).  `cfg` (the actors' typed config) is pointed at that pool: both sides lease every trainer
+    device, the rollouter gives a wanted lease back at once (its unfinished responses parked) and no lease time limit
+    applies (the only other holder is this run's own other side).  Returns the driver's membership."""
+    import dataclasses
+    import uuid
+
+    import ray
+
+    from fully_async.actors.device_pool import get_or_create_pool
+    from fully_async.cluster.device_pool import PoolMembership, job_name
+    from fully_async.core.plan import RunPlan
+
+    n = RunPlan.of(cfg).trainer_devices
+    mj = cfg.multi_job
+    name = f"{job_name(cfg)}-colocated-{uuid.uuid4().hex[:8]}"
+    cfg.multi_job = dataclasses.replace(mj, pool=name, devices=n, job_devices=list(range(n)),
+                                        rollout_devices=list(range(n)), min_slice_s=0.0, max_lease_s=1e9)
+    timeline = None
+    if cfg.trainer.timeline:   # the turns of both sides on every device, beside the run's own timeline
+        from fully_async.telemetry.metrics import tensorboard_dir
+
+        timeline = os.path.abspath(os.path.join(tensorboard_dir(cfg.trainer.project_name, cfg.trainer.experiment_name),
+                                                "pool_timeline.json"))
+    pool = get_or_create_pool(name, n, 1e9, mj.heartbeat_timeout_s, timeline, detached=False)
+    membership = PoolMembership(pool, job_name(cfg), n, mj.heartbeat_timeout_s, 1e9)
+    logger.info("colocated async: trainer and rollouter take turns on %d %s device(s) (private pool %s)", n,
+                device.name, name)
+    membership.owned = pool   # the pool actor lives as long as this run
+    return membership
+
+
 def leave_pool(membership: Any) -> None:
     """Unregister (the leases go back) and have the pool write its timeline as it stands."""
     import ray
 
     try:
         path = ray.get(membership.pool.write_timeline.remote(), timeout=30)
-        logger.info("device pool timeline (all jobs): %s", path)
+        if path:
+            logger.info("device pool timeline (all jobs): %s", path)
     except Exception as exc:  # noqa: BLE001 - the pool writes it again on its next change
         logger.warning("device pool timeline not written: %s", exc)
     membership.close()
+    owned = getattr(membership, "owned", None)
+    if owned is not None:
+        ray.kill(owned, no_restart=True)
