@@ -60,6 +60,11 @@ class Rollouter(MetricsOutbox):
         self._serving = False
         self._gen_from: Optional[float] = None   # wall time the engines came on (a pool's generate span)
         self._yields = 0                         # times the engines gave a wanted pool lease back
+        # colocated with engines that keep their cache while asleep (free_cache_engine=false): responses in flight
+        # wait through the trainer's turn with their KV cache (exact: no weights change meanwhile; a weight update
+        # parks them and they continue on the new weights from prompt + partial response, as in split async)
+        self._keeps_in_flight = (cfg.async_training.placement == "colocated"
+                                 and not cfg.actor_rollout_ref.rollout.free_cache_engine)
         self.queue = queue
         self.tokenizer = build_tokenizer(cfg)
         with self.residency.setup():   # the engines load onto the devices: on a pool, under a lease
@@ -293,13 +298,17 @@ class Rollouter(MetricsOutbox):
         sched = self.scheduler
         if self._gen_from is not None:
             ph.spans.append({"name": "generate", "start": self._gen_from, "end": time.time(), "args": {}})
+        self._yields += 1
+        if self._keeps_in_flight and why != "done":
+            self._gen_from = None
+            return {"multi_job/rollout/yields": self._yields, "fully_async/rollouter/kept_in_flight":
+                    float(sched.in_flight())}
         if sched.partial_rollout or why == "done":
             sched.stats["interrupted_samples"] += sched.park()
         else:
             sched.drain()
         m = timed_event(self.device, ph, "rollout", "offload", lambda: self.pool.sleep(1))
         m["multi_job/rollout/held_s"] = time.time() - (self._gen_from or time.time())
-        self._yields += 1
         m["multi_job/rollout/yields"] = self._yields
         self._gen_from = None
         return m
