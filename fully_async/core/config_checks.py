@@ -338,6 +338,16 @@ def _warn_async_train_batch_size(cfg: Any) -> None:
                        "groups (verl's fully-async trainer requires train_batch_size=0)", size, groups)
 
 
+def _warn_inert_keys(cfg: Any) -> None:
+    """Keys that act only in other modes (core/mode_keys.py), named once each."""
+    from fully_async.core.mode_keys import inert_keys, run_mode
+
+    mode = run_mode(cfg)
+    for key, value, why in inert_keys(cfg):
+        where = "on a shared device pool (multi_job.pool)" if mode == "pool" else f"in {mode} mode"
+        logger.warning("%s=%s has no effect %s: %s", key, value, where, why)
+
+
 def _check_trainer_world(cfg: Any) -> None:
     """The strategy fits the trainer's device count, and every data-parallel rank gets a response."""
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
@@ -375,12 +385,21 @@ def _validate_rollout_layout(cfg: Any) -> None:
     tp = rollout.tensor_model_parallel_size
     key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
     _at_least(key, tp, 1)
+    if cfg.mode == "sync":
+        # tensor parallelism shards how an engine generates, not what: the same model samples the same
+        # distribution on one device per engine (run/prepare.py builds them at 1 and refuses a model whose weights
+        # fit no single device)
+        if tp > 1:
+            logger.warning("%s=%d: mode=sync runs one engine on each trainer device, each generating its share of "
+                           "the step on that one device (tensor parallel 1); the responses' distribution is the "
+                           "same, the model's weights and KV cache must fit one device", key, tp)
+        return
     if tp > 1 and rollout.name == "hf":
         raise ConfigError(key, f"{tp}: the embedded engine (rollout.name=hf) has no tensor parallelism; use 1 "
                           "(every rollout device runs its own replica) or rollout.name=vllm")
-    if cfg.mode == "sync" or cfg.async_training.placement == "colocated":
+    if cfg.async_training.placement == "colocated":
         if tp > 1:
-            raise ConfigError(key, f"{tp}: mode=sync and colocated async run one engine per trainer rank on that "
+            raise ConfigError(key, f"{tp}: colocated async runs one engine per trainer rank on that "
                               "rank's device; use 1")
         return
     devices = RunPlan.of(cfg).rollout_devices
@@ -452,4 +471,4 @@ SECTION_CHECKS = (_check_mode, _check_trainer, _check_rollout_placement, _check_
                   _check_multi_job)
 CROSS_SECTION_CHECKS = (_check_grpo_group, _check_sequence_budgets, _check_sync_batch, _check_trainer_world,
                         _validate_attention, _validate_rollout_layout,
-                        _check_overlong_buffer)
+                        _check_overlong_buffer, _warn_inert_keys)

@@ -74,6 +74,29 @@ def check_model_folder(cfg: Any) -> Any:
     return conf
 
 
+def check_sync_rollout_tp(cfg: Any, model_conf: Any) -> None:
+    """mode=sync with rollout tensor parallel > 1 (config_checks warns): each trainer device runs its own engine at
+    TP 1, so the model's weights in rollout.dtype must fit one device.  Refused where they exceed the largest device
+    the planner knows (planner/hardware.py); a device it knows less well is left to the engine's own check."""
+    from fully_async.planner.hardware import DEVICES, Shape
+    from fully_async.planner.memory_model import DTYPE_BYTES, GIB
+
+    rollout = cfg.actor_rollout_ref.rollout
+    if cfg.mode != "sync" or rollout.tensor_model_parallel_size == 1:
+        return
+    try:
+        weights = Shape.of(model_conf.to_dict()).params() * DTYPE_BYTES[rollout.dtype] / GIB
+    except (KeyError, TypeError, AttributeError, ValueError):   # a model family the planner cannot size
+        return
+    largest = max(DEVICES.values(), key=lambda d: d.memory_gib)
+    if weights > largest.memory_gib:
+        raise ConfigError("actor_rollout_ref.rollout.tensor_model_parallel_size",
+                          f"{rollout.tensor_model_parallel_size}: mode=sync runs one engine per trainer device at "
+                          f"tensor parallel 1, and {cfg.actor_rollout_ref.model.path}'s weights ({weights:.0f} GiB in "
+                          f"{rollout.dtype}) fit no single device (largest known: {largest.name}); use mode=async, "
+                          "whose rollout replicas span tensor_model_parallel_size devices")
+
+
 def check_parallel_layout(cfg: Any, model_conf: Any) -> None:
     """strategy=megatron: the model's sizes must split over tensor/pipeline ranks (else megatron asserts)."""
     actor = cfg.actor_rollout_ref.actor
@@ -185,6 +208,7 @@ BUNDLED_TASK_OVERRIDES = (
     "actor_rollout_ref.rollout.n=8",
     "actor_rollout_ref.rollout.max_num_seqs=128",
     "actor_rollout_ref.rollout.dtype=float32",       # on CPU float32 is the fast and exact choice
+    "actor_rollout_ref.actor.dtype=float32",
     "trainer.test_freq=10",
     "async_training.staleness_threshold=0.5",
     "async_training.trigger_parameter_sync_step=1",
@@ -193,8 +217,18 @@ BUNDLED_TASK_OVERRIDES = (
 
 def bundled_task_overrides(overrides: list[str]) -> list[str]:
     """The bundled task's preset when the overrides name no data.train_files (it is the task being run)."""
+    from fully_async.core.mode_keys import MODE_ONLY
+
     named = any(o.lstrip("+").split("=", 1)[0] == "data.train_files" for o in overrides)
-    return [] if named else list(BUNDLED_TASK_OVERRIDES)
+    if named:
+        return []
+    # mode=sync: without the async knobs, which do nothing there (core/mode_keys.py would name them)
+    def inert_in_sync(override: str) -> bool:
+        rule = MODE_ONLY.get(override.split("=", 1)[0])
+        return rule is not None and "sync" not in rule.acts_in
+
+    sync = "mode=sync" in overrides
+    return [o for o in BUNDLED_TASK_OVERRIDES if not (sync and inert_in_sync(o))]
 
 
 def apply_bundled_task_preset(cfg: Any) -> None:
@@ -230,6 +264,7 @@ def prepare(cfg: Any) -> Prepared:
     check_trackers_installed(cfg.trainer.logger)
     model_conf = check_model_folder(cfg)
     check_parallel_layout(cfg, model_conf)
+    check_sync_rollout_tp(cfg, model_conf)
     check_attention(cfg, model_conf)
     tokenizer = load_tokenizer(cfg)
     train, val = load_datasets(cfg, tokenizer)
@@ -243,6 +278,8 @@ def prepare(cfg: Any) -> Prepared:
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     cfg_dict["rollout"]["total_rollout_steps"] = total_prompts
     cfg_dict["trainer"]["total_training_steps"] = total_steps
+    if cfg.mode == "sync":   # one engine per trainer device (config_checks warned a larger tensor parallel size)
+        cfg_dict["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] = 1
     actor = cfg_dict["actor_rollout_ref"]["actor"]
     if actor["loss_scale_factor"] is None:   # seq-mean-token-sum-norm's constant, as verl: the response length
         actor["loss_scale_factor"] = cfg.data.max_response_length

@@ -174,7 +174,7 @@ def classify(key: str) -> tuple[str, str]:
         if any(key.startswith(d + ".") for d in OPEN_DICTS):
             return HONOURED, "an entry of an open dict of our schema, passed on as given"
         if in_schema(key):
-            return HONOURED, DEFAULT_DIFFERENCES.get(key, "")
+            return HONOURED, "; ".join(n for n in (DEFAULT_DIFFERENCES.get(key, ""), _mode_note(key)) if n)
         return "unknown", ""
     rule, groups = found
     if rule.status == MAPPED:
@@ -186,6 +186,18 @@ def classify(key: str) -> tuple[str, str]:
     if rule.status == WARNED and rule.allowed is not None:
         return WARNED, f"{rule.note}; values other than {rule.allowed_doc} are refused: {rule.refusal}"
     return rule.status, rule.note
+
+
+def _mode_note(key: str) -> str:
+    """Where a key acts, when only in some modes (core/mode_keys.py); elsewhere a warning names it."""
+    from fully_async.core.mode_keys import MODE_ONLY
+
+    rule = MODE_ONLY.get(key)
+    if rule is None:
+        return ""
+    where = " and ".join({"sync": "mode=sync", "async": "mode=async", "pool": "a shared device pool"}[m]
+                         for m in rule.acts_in)
+    return f"acts in {where} only; in the other modes a warning names it ({rule.why})"
 
 
 def read_tsv(path: str) -> list[tuple[str, str]]:

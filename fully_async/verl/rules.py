@@ -437,7 +437,8 @@ DEFAULT_DIFFERENCES: dict[str, str] = {
     "scores the real model; dummy is accepted (random init until the first push)",
     "actor_rollout_ref.rollout.name": "verl requires it (???); ours defaults to the embedded engine, hf",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "the embedded engine has no tensor parallelism (> 1 "
-    "is refused with rollout.name=hf); set it with rollout.name=vllm",
+    "is refused with rollout.name=hf in async mode); set it with rollout.name=vllm.  mode=sync runs one engine per "
+    "trainer device at 1 whatever it says (a warning)",
     "algorithm.adv_estimator": "gae needs a critic, which is not implemented; grpo is the estimator here",
     "data.seed": "a fixed seed makes the prompt order reproducible and resumable; verl's null draws a fresh order",
     "data.train_files": "the bundled tiny task, so the no-argument run works offline",
@@ -473,7 +474,6 @@ SCRIPT_REFUSALS: list[tuple[str, str]] = [
     ("PF-PPO", r"algorithm\.use_pf_ppo"),
     ("rollout rejection sampling", r"algorithm\.rollout_correction\.rollout_rs"),
     ("chat-template arguments (gpt-oss reasoning_effort)", r"data\.apply_chat_template_kwargs.*"),
-    ("rollout tensor parallel > 1 in sync mode", r"actor_rollout_ref\.rollout\.tensor_model_parallel_size"),
     ("rollout engines other than hf and vllm (sglang, trtllm)", r"actor_rollout_ref\.rollout\.name"),
     ("context parallelism", r".*\.megatron\.context_parallel_size"),
     ("hybrid FSDP sharding (fsdp_size below the trainer world)", r".*\.fsdp_config\.fsdp_size"),
