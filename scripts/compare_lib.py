@@ -13,6 +13,9 @@ Definitions (per run):
                    train-only (T) tokens/s (scripts/bench_pipeline.py): async r+k: min(r R, k T e);
                    sync on N: 1 / (1/(N R) + 1/(N T e)) (e, the data-parallel efficiency, only when > 1 device)
   pipeline eff.    tokens/s / ceiling
+  generating s     mean timing_s/gen per step (the trainer's wait for its batch; sync: the generation phase)
+  switch s         mean timing_s/param_sync + onload + offload per step (the weight push / engine-trainer switch)
+  train s          time/step - generating - switch
 
 Fair comparison: equal total devices.  Two runs whose configs differ only in PLACEMENT_KEYS (and
 `mode`) are compared when both use the same number of devices; any other difference is refused.
@@ -29,7 +32,8 @@ from bench_pipeline import async_ceiling, format_split, sync_ceiling
 VAL_PREFIX = "val-core/"
 MODES = ("async", "sync")
 # what may differ between the two runs of an equal-devices comparison (compare_sync_async.py sets them per mode)
-PLACEMENT_KEYS = ("trainer.n_gpus_per_node", "rollout.n_gpus_per_node", "actor_rollout_ref.actor.strategy")
+PLACEMENT_KEYS = ("trainer.n_gpus_per_node", "rollout.n_gpus_per_node", "actor_rollout_ref.actor.strategy",
+                  "async_training.placement")
 
 
 OLD_TAGS = {"trainer/idle_ratio": "fully_async/trainer/idle_ratio"}  # verl's name -> ours before we took verl's
@@ -181,8 +185,9 @@ def run_ceiling(run: "Run", bench: Optional[dict], dp_efficiency: float = 1.0) -
     if not bench:
         return None
     R, T, d = bench["rollout"]["tokens_per_s"], bench["train"]["tokens_per_s"], run.devices()
-    if run.mode == "async":
+    if run.mode == "async" and d["rollout"]:
         return async_ceiling(d["rollout"], d["trainer"], R, T, dp_efficiency)
+    # sync and colocated async: every device generates, then trains
     return sync_ceiling(d["trainer"], R, T, dp_efficiency)
 
 
@@ -241,8 +246,32 @@ def run_stats(run: Run, threshold: float, ceiling: Optional[float] = None) -> di
         "staleness_mean": _mean(run.values("fully_async/staleness/mean")),
         "staleness_max": max(run.values("fully_async/staleness/max"), default=None),
         "ceiling_tokens_per_s": ceiling, "pipeline_efficiency": tps / ceiling if ceiling else None,
+        "placement": placement_of(run.config),
     }
+    stats.update(step_phases(run, step_s))
     return stats
+
+
+def placement_of(config: dict) -> str:
+    """sync | split | colocated | elastic (async_training.placement of an async run)."""
+    if config.get("mode") == "sync":
+        return "sync"
+    return str(config.get("async_training", {}).get("placement", "split"))
+
+
+def step_phases(run: Run, step_s: list[float]) -> dict:
+    """Mean seconds per step generating (the trainer's wait), switching (weight push, onload, offload) and training
+    (the rest; module docstring)."""
+    n = len(step_s)
+    gen = run.values("timing_s/gen")
+    switch = [0.0] * n
+    for tag in ("timing_s/param_sync", "timing_s/onload", "timing_s/offload"):
+        for i, v in enumerate(run.values(tag)[:n]):
+            switch[i] += v
+    gen_s = sum(gen[:n]) / n if gen else None
+    switch_s = sum(switch) / n
+    train_s = sum(step_s) / n - (gen_s or 0.0) - switch_s if gen else None
+    return {"generate_s_per_step": gen_s, "train_s_per_step": train_s, "switch_s_per_step": switch_s}
 
 
 ROWS = (  # (key, label, format)
@@ -250,6 +279,9 @@ ROWS = (  # (key, label, format)
     ("tokens_per_s", "tokens/s (total)", "{:.1f}"),
     ("tokens_per_s_per_device", "tokens/s per device", "{:.1f}"),
     ("time_per_step_s", "time/step (s)", "{:.3f}"),
+    ("generate_s_per_step", "  generating (trainer waits) (s)", "{:.3f}"),
+    ("train_s_per_step", "  train (s)", "{:.3f}"),
+    ("switch_s_per_step", "  switch / weight push (s)", "{:.3f}"),
     ("samples_per_s", "samples/s", "{:.2f}"),
     ("steps", "steps", "{:d}"),
     ("wall_s", "wall time incl. start-up (s)", "{:.1f}"),
@@ -324,7 +356,8 @@ def device_lines(table: dict) -> list[str]:
     return [f"total devices: {da['total']} {da['device']} per mode (equal)" if table["fair"] else
             f"total devices DIFFER: async {da['total']}, sync {ds['total']} (not an equal-devices comparison; "
             "compare_sync_async.py --devices N runs one)",
-            f"async: rollout {da['rollout']} + trainer {da['trainer']} device(s), strategy {a['strategy']}",
+            f"async: rollout {da['rollout']} + trainer {da['trainer']} device(s), strategy {a['strategy']}"
+            + ("" if a.get("placement", "split") == "split" else f", placement {a['placement']}"),
             f"sync: {ds['trainer']} device(s), colocated (each trainer rank generates its share, then trains), "
             f"strategy {s['strategy']}"]
 
@@ -540,4 +573,34 @@ def format_repeats(summary: dict) -> str:
     lines = [f"over {summary['repeats']} repeats (each: async and sync on the same workload):"]
     lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines += [f"WARNING: {w}" for w in summary["warnings"]]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------- several placements
+def placements_summary(tables: dict[str, dict]) -> dict:
+    """One row per run of a several-placements comparison (placement -> its table with the shared sync run):
+    devices, tokens/s, x sync, time/step and its generating / train / switch seconds."""
+    keys = ("tokens_per_s", "time_per_step_s", "generate_s_per_step", "train_s_per_step", "switch_s_per_step",
+            "trainer_idle_ratio", "rollouter_idle_ratio")
+    first = next(iter(tables.values()))
+    rows = [dict({k: first["modes"]["sync"].get(k) for k in keys}, placement="sync",
+                 devices=first["modes"]["sync"]["devices"], x_sync=1.0)]
+    for placement, table in tables.items():
+        a = table["modes"]["async"]
+        rows.append(dict({k: a.get(k) for k in keys}, placement=placement, devices=a["devices"],
+                         x_sync=table["speedup"]["tokens_per_s"]))
+    best = max(rows, key=lambda r: r["tokens_per_s"] or 0.0)
+    return {"rows": rows, "best": best["placement"], "best_over_sync": best["x_sync"]}
+
+
+def format_placements(summary: dict) -> str:
+    head = ("run", "devices (t+r)", "tokens/s", "x sync", "time/step s", "generating s", "train s", "switch s")
+    rows = [head] + [(r["placement"], _fmt(r["devices"], None), _fmt(r["tokens_per_s"], "{:.1f}"),
+                      _fmt(r["x_sync"], "{:.2f}"), _fmt(r["time_per_step_s"], "{:.3f}"),
+                      _fmt(r["generate_s_per_step"], "{:.3f}"), _fmt(r["train_s_per_step"], "{:.3f}"),
+                      _fmt(r["switch_s_per_step"], "{:.3f}")) for r in summary["rows"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["=== every placement against the same sync run"]
+    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.append(f"fastest: {summary['best']} ({summary['best_over_sync']:.2f}x sync's tokens/s)")
     return "\n".join(lines)

@@ -1,7 +1,7 @@
 """Run the same workload in sync and async mode on equal total devices (or take two saved runs) and compare.
 
-  python scripts/compare_sync_async.py [--devices N] [--split R] [--dp-efficiency E] [--bench]
-                                       [--out DIR] [--threshold 0.8] [overrides...]
+  python scripts/compare_sync_async.py [--devices N] [--placements split,colocated,elastic] [--split R]
+                                       [--dp-efficiency E] [--bench] [--out DIR] [--threshold 0.8] [overrides...]
   python scripts/compare_sync_async.py --from-logs RUN_A RUN_B [--bench] [--out DIR] [--threshold 0.8]
 
 The first form compares at equal total devices N on one node (--devices; default the overrides'
@@ -13,6 +13,16 @@ not set rollout.n_gpus_per_node or an nnodes other than 1):
          the measured ceilings (scripts/bench_pipeline.py: R, T = rollout-only and train-only tokens/s of
          one device): the r in 1..N-1 maximising min(r R, (N-r) T e), e = --dp-efficiency when N-r > 1
          (ties: fewer rollout devices).  `--split R` forces r (ceilings are still reported with --bench).
+`--placements` (comma-separated; default split, or colocated at --devices 1) runs async once per placement
+(async_training.placement), each against the same sync run:
+  split      as above (the run dir is DIR/runs/async);
+  elastic    the split r + N-r as above, `async_training.placement=elastic` (every trainer device also hosts an
+             engine that generates while the trainer waits): DIR/runs/async_elastic;
+  colocated  `async_training.placement=colocated rollout.n_gpus_per_node=0 trainer.n_gpus_per_node=N`: every device
+             an engine and a trainer rank taking turns, as sync, over-provisioned (DIR/runs/async_colocated).
+At --devices 1 only sync and colocated exist.  With one placement the comparison is written into DIR as before;
+with several, each pair into DIR/<placement>/ and a summary of all of them (tokens/s, x sync, per-step generating /
+train / switch seconds) is printed and written to DIR/placements.json.
 A trainer on more than one device gets `actor_rollout_ref.actor.strategy=fsdp2` unless the overrides
 set a strategy.  The bench runs first (always when the split is chosen; with --split only with
 --bench).  Each run writes TensorBoard to DIR/runs/<mode> under the same experiment name and starts
@@ -47,8 +57,9 @@ from typing import Any, Optional
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_pipeline import choose_split, format_split  # noqa: E402
-from compare_lib import (MODES, CompareError, build_table, check_diff, config_diff, format_repeats,  # noqa: E402
-                         format_table, make_plots, read_run, summarize_repeats, write_report)
+from compare_lib import (MODES, CompareError, build_table, check_diff, config_diff, format_placements,  # noqa: E402
+                         format_repeats, format_table, make_plots, placements_summary, read_run, summarize_repeats,
+                         write_report)
 
 REFUSED = 2
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -57,7 +68,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Both runs share trainer.default_local_dir (same experiment name): with the default resume_mode=auto
 # the second run would resume from a checkpoint the first one left there.  Users may override it.
 DEFAULT_OVERRIDES = ["trainer.resume_mode=disable"]
-PLACED = ("trainer.n_gpus_per_node", "trainer.nnodes", "rollout.n_gpus_per_node", "rollout.nnodes")
+PLACED = ("trainer.n_gpus_per_node", "trainer.nnodes", "rollout.n_gpus_per_node", "rollout.nnodes",
+          "async_training.placement")
+PLACEMENTS = ("split", "colocated", "elastic")
+PLACEMENT_KEY = "async_training.placement"
 STRATEGY = "actor_rollout_ref.actor.strategy"
 
 
@@ -69,6 +83,21 @@ def _value(overrides: list[str], key: str) -> Optional[str]:
     return next((o.split("=", 1)[1] for o in overrides if _key(o) == key and "=" in o), None)
 
 
+def parse_placements(text: Optional[str], devices: int) -> list[str]:
+    """The async placements to run (--placements; default split, colocated at one device).  Raises ValueError
+    naming the flag."""
+    if text is None:
+        return ["split"] if devices >= 2 else ["colocated"]
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in items if p not in PLACEMENTS]
+    if not items or bad:
+        raise ValueError(f"--placements {text!r}: expected a comma-separated subset of {','.join(PLACEMENTS)}")
+    if devices < 2 and set(items) - {"colocated"}:
+        raise ValueError(f"--placements {text} at --devices {devices}: split and elastic need a rollout and a trainer "
+                         "device (>= 2); one device has only sync and colocated (--placements colocated)")
+    return list(dict.fromkeys(items))
+
+
 def plan_devices(overrides: list[str], devices: Optional[int]) -> tuple[int, list[str]]:
     """(N, the overrides without placement keys).  Raises ValueError naming the key/flag."""
     for key in ("trainer.nnodes", "rollout.nnodes"):
@@ -78,6 +107,8 @@ def plan_devices(overrides: list[str], devices: Optional[int]) -> tuple[int, lis
     if _value(overrides, "rollout.n_gpus_per_node") is not None:
         raise ValueError("rollout.n_gpus_per_node is set per mode by this script: pass --split R (async rollout "
                          "devices) and --devices N instead")
+    if _value(overrides, PLACEMENT_KEY) is not None:
+        raise ValueError(f"{PLACEMENT_KEY} is set per run by this script: pass --placements instead")
     given = _value(overrides, "trainer.n_gpus_per_node")
     if given is not None and not given.isdigit():
         raise ValueError(f"trainer.n_gpus_per_node={given} is not a device count")
@@ -85,28 +116,45 @@ def plan_devices(overrides: list[str], devices: Optional[int]) -> tuple[int, lis
         devices = int(given) if given is not None else 2
     elif given is not None and int(given) != devices:
         raise ValueError(f"trainer.n_gpus_per_node={given} contradicts --devices {devices}; pass one of them")
-    if devices < 2:
-        raise ValueError(f"--devices {devices}: async needs at least 2 devices (one rollout, one trainer)")
+    if devices < 1:
+        raise ValueError(f"--devices {devices}: needs at least 1 device")
     return devices, [o for o in overrides if _key(o) not in PLACED]
 
 
-def mode_overrides(mode: str, devices: int, rollout: int, overrides: list[str]) -> list[str]:
-    """The placement of one mode: sync on all `devices`, async `rollout` + the rest (fsdp2 when the trainer
-    has several devices and the overrides set no strategy)."""
-    trainer = devices if mode == "sync" else devices - rollout
+def mode_overrides(mode: str, devices: int, rollout: int, overrides: list[str], placement: str = "split") -> list[str]:
+    """The placement of one run: sync on all `devices`; async split / elastic `rollout` + the rest; colocated async
+    on all `devices` with no rollout devices (fsdp2 when the trainer has several devices and the overrides set no
+    strategy)."""
+    if mode == "sync" or placement == "colocated":
+        trainer, rollout = devices, 0
+    else:
+        trainer = devices - rollout
     out = [f"trainer.n_gpus_per_node={trainer}"] + ([f"rollout.n_gpus_per_node={rollout}"] if mode == "async" else [])
+    if mode == "async" and placement != "split":
+        out.append(f"{PLACEMENT_KEY}={placement}")
     if trainer > 1 and _value(overrides, STRATEGY) is None:
         out.append(f"{STRATEGY}=fsdp2")
     return out
 
 
-def run_mode(mode: str, overrides: list[str], out_dir: str) -> str:
-    """One training run as a subprocess; returns its TensorBoard dir (output also in DIR/logs/<mode>.log)."""
-    tb_dir = os.path.join(out_dir, "runs", mode)
-    shutil.rmtree(tb_dir, ignore_errors=True)  # stale event files would mix into this run's curves
+def run_name(mode: str, placement: str = "split") -> str:
+    """sync | async (split) | async_<placement>: the run's dir under DIR/runs and its log's name."""
+    return mode if mode == "sync" or placement == "split" else f"{mode}_{placement}"
+
+
+def run_command(mode: str, overrides: list[str], out_dir: str, name: Optional[str] = None) -> tuple[list[str], str]:
+    """(the command of one training run, its TensorBoard dir)."""
+    name = name or mode
     cmd = [sys.executable, "-m", "fully_async.main", f"mode={mode}", *DEFAULT_OVERRIDES, *overrides,
-           f"hydra.run.dir={os.path.join(out_dir, 'hydra', mode)}"]
-    _stream(mode, cmd, out_dir, dict(os.environ, TENSORBOARD_DIR=tb_dir))
+           f"hydra.run.dir={os.path.join(out_dir, 'hydra', name)}"]
+    return cmd, os.path.join(out_dir, "runs", name)
+
+
+def run_mode(mode: str, overrides: list[str], out_dir: str, name: Optional[str] = None) -> str:
+    """One training run as a subprocess; returns its TensorBoard dir (output also in DIR/logs/<name>.log)."""
+    cmd, tb_dir = run_command(mode, overrides, out_dir, name)
+    shutil.rmtree(tb_dir, ignore_errors=True)  # stale event files would mix into this run's curves
+    _stream(name or mode, cmd, out_dir, dict(os.environ, TENSORBOARD_DIR=tb_dir))
     return tb_dir
 
 
@@ -168,8 +216,8 @@ def compare(dirs: list[str], out_dir: str, threshold: float, bench: Any, allow_d
                       "rerun with identical overrides (or pass --allow-diff KEY for a deliberate difference)"), None
     if callable(bench):  # measured lazily: only once the configs are known to be comparable
         bench = bench(by_mode["async"].config)
-    if split is None and bench and fair:  # the predicted ceilings of every split of N, this run's one marked
-        d = by_mode["async"].devices()
+    d = by_mode["async"].devices()
+    if split is None and bench and fair and d["rollout"]:  # the predicted ceilings of every split, this run's marked
         split = choose_split(d["total"], bench["rollout"]["tokens_per_s"], bench["train"]["tokens_per_s"],
                              dp_efficiency, force=d["rollout"], forced_by=f"the async run's split {d['rollout']}+"
                              f"{d['trainer']}")
@@ -191,6 +239,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--threshold", type=float, default=0.8, help="validation reward to time (default 0.8)")
     ap.add_argument("--devices", type=int, help="total devices N of each mode (default: trainer.n_gpus_per_node "
                     "of the overrides, else 2)")
+    ap.add_argument("--placements", metavar="P[,P...]", help="async placements to compare with sync: split, "
+                    "colocated, elastic (comma-separated; default split, colocated at --devices 1)")
     ap.add_argument("--split", type=int, metavar="R", help="async rollout devices (1..N-1), instead of choosing")
     ap.add_argument("--dp-efficiency", type=float, default=1.0,
                     help="data-parallel scaling efficiency of a trainer on several devices, in (0, 1] (default 1.0)")
@@ -251,47 +301,73 @@ def saved_bench(path: str) -> dict:
     return bench
 
 
+def plan_runs(devices: int, placements: list[str], rollout: Optional[int], overrides: list[str]) -> list[tuple]:
+    """(name, mode, placement, overrides) of every run: sync, then each async placement (rollout: the split's
+    rollout devices, used by split and elastic)."""
+    runs = [("sync", "sync", "split", overrides + mode_overrides("sync", devices, 0, overrides))]
+    for p in placements:
+        runs.append((run_name("async", p), "async", p,
+                     overrides + mode_overrides("async", devices, rollout or 0, overrides, p)))
+    return runs
+
+
 def run_both(args: argparse.Namespace, out_dir: str) -> int:
-    """Bench (to choose the split), the async run, the sync run, the comparison."""
+    """Bench (to choose the split), sync and each async placement, the comparisons."""
     try:
         devices, overrides = plan_devices(args.overrides, args.devices)
-        # flag check before anything runs (no ceilings yet: a forced split needs none)
-        choose_split(devices, None, None, args.dp_efficiency, force=1 if args.split is None else args.split)
+        placements = parse_placements(args.placements, devices)
+        needs_split = bool(set(placements) & {"split", "elastic"})
+        if needs_split:   # flag check before anything runs (no ceilings yet: a forced split needs none)
+            choose_split(devices, None, None, args.dp_efficiency, force=1 if args.split is None else args.split)
+        elif args.split is not None:
+            raise ValueError(f"--split {args.split}: only split and elastic placements have a rollout/trainer split")
     except ValueError as exc:
         return refuse(str(exc))
     if args.bench_json:
         bench = saved_bench(args.bench_json)
     else:
-        bench = run_bench(overrides, args.bench_batches, out_dir) if args.bench or args.split is None else None
-    R, T = (bench["rollout"]["tokens_per_s"], bench["train"]["tokens_per_s"]) if bench else (None, None)
-    split = choose_split(devices, R, T, args.dp_efficiency, force=args.split)
-    print("\n".join(["=== async split"] + format_split(split)), flush=True)
+        bench = run_bench(overrides, args.bench_batches, out_dir) if args.bench or (needs_split and args.split is None) \
+            else None
+    split = None
+    if needs_split:
+        R, T = (bench["rollout"]["tokens_per_s"], bench["train"]["tokens_per_s"]) if bench else (None, None)
+        split = choose_split(devices, R, T, args.dp_efficiency, force=args.split)
+        print("\n".join(["=== async split"] + format_split(split)), flush=True)
     repeats = args.repeats or default_repeats(overrides)
     if repeats > 1 and args.sync_log:
         return refuse("--sync-log reuses one sync run, so repeats would not measure its spread: use --repeats 1")
-    tables, busy = [], []
+    runs = plan_runs(devices, placements, split["rollout"] if split else None, overrides)
+    tables: dict[str, list[dict]] = {p: [] for p in placements}
+    busy: list[str] = []
     for i in range(repeats):
         rep_dir = out_dir if repeats == 1 else os.path.join(out_dir, f"repeat_{i}")
         dirs = {}
-        for mode in (MODES if i % 2 == 0 else MODES[::-1]):   # alternate which mode runs first
+        for name, mode, _, run_overrides in (runs if i % 2 == 0 else runs[::-1]):   # alternate which goes first
             if mode == "sync" and args.sync_log:
-                dirs[mode] = args.sync_log
+                dirs[name] = args.sync_log
                 continue
-            busy += machine_busy(f"repeat {i}, {mode}")
-            dirs[mode] = run_mode(mode, overrides + mode_overrides(mode, devices, split["rollout"], overrides),
-                                  rep_dir)
-        rc, table = compare([dirs[m] for m in MODES], rep_dir, args.threshold, bench, tuple(args.allow_diff), split,
-                            args.dp_efficiency)
-        if rc:
-            return rc
-        tables.append(table)
-    if repeats > 1:
-        summary = summarize_repeats(tables, busy)
-        with open(os.path.join(out_dir, "repeats.json"), "w") as fh:
+            busy += machine_busy(f"repeat {i}, {name}")
+            dirs[name] = run_mode(mode, run_overrides, rep_dir, name)
+        for p in placements:
+            pair_dir = rep_dir if len(placements) == 1 else os.path.join(rep_dir, p)
+            rc, table = compare([dirs[run_name("async", p)], dirs["sync"]], pair_dir, args.threshold, bench,
+                                tuple(args.allow_diff), split if p != "colocated" else None, args.dp_efficiency)
+            if rc:
+                return rc
+            tables[p].append(table)
+    if len(placements) > 1:
+        summary = placements_summary({p: t[-1] for p, t in tables.items()})
+        with open(os.path.join(out_dir, "placements.json"), "w") as fh:
             json.dump(summary, fh, indent=1)
-        print(format_repeats(summary))
-        print(f"per-repeat reports: {os.path.join(out_dir, 'repeat_<i>', 'report.md')}; summary: "
-              f"{os.path.join(out_dir, 'repeats.json')}")
+        print(format_placements(summary))
+    if repeats > 1:
+        for p, ts in tables.items():
+            summary = summarize_repeats(ts, busy)
+            name = "repeats.json" if len(placements) == 1 else f"repeats_{p}.json"
+            with open(os.path.join(out_dir, name), "w") as fh:
+                json.dump(summary, fh, indent=1)
+            print(f"=== {p}\n" + format_repeats(summary) if len(placements) > 1 else format_repeats(summary))
+        print(f"per-repeat reports: {os.path.join(out_dir, 'repeat_<i>', 'report.md')}")
     else:
         for warning in busy:
             print(f"WARNING: {warning}")

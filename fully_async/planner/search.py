@@ -12,17 +12,25 @@ Batch at another scale (`batch_scaling`).  weak (default): the groups per step g
 (groups x N / N_config, never below the config's), as users scale a recipe to more devices; fixed: the
 config's batch at every N (more devices then mostly idle).
 
+Modes.  At each device count N: sync on all N; split async at its best rollout/trainer split; elastic at its best
+split (each trainer device group of rollout.tensor_model_parallel_size also hosts an engine replica that generates
+while the trainer waits; pipeline_sim.py); colocated async on all N (colocated_sim.py; one engine per device, as
+sync).  `recommend` picks the fastest by the steady rate among the modes allowed (plan_cli passes the memory
+verdicts: colocated and elastic put an engine next to a trainer rank, like sync).
+
 Rate.  Candidates are ranked by their steady rate: tokens/s of the steps after the first `warmup_steps` (the
 pipeline fill, when async waits for its first batch's longest response, is left out: it is paid once per run).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
+from fully_async.planner.colocated_sim import simulate_colocated
 from fully_async.planner.pipeline_sim import AsyncSetup, StageCosts, Workload, simulate_async, simulate_sync
 
 MAX_COARSE = 16
+MODES = ("sync", "split", "elastic", "colocated")
 
 
 @dataclass(frozen=True)
@@ -70,9 +78,48 @@ def _candidates(valid: list[int]) -> list[int]:
     return sorted({valid[int(i * step)] for i in range(MAX_COARSE)} | {valid[-1]})
 
 
+def _best_split(valid: list[int], simulate: Callable[[int], dict]) -> tuple[list[dict], dict]:
+    """(every simulated candidate by rollout devices, the best): a coarse grid of `valid`, then narrowed between
+    the best candidate's simulated neighbours until they are adjacent valid splits."""
+    results: dict[int, dict] = {}
+
+    def run(r: int) -> None:
+        if r not in results:
+            results[r] = simulate(r)
+
+    for r in _candidates(valid):
+        run(r)
+    while True:
+        done = sorted(results)
+        k = done.index(max(done, key=lambda r: results[r]["steady_tokens_per_s"]))
+        lo = valid.index(done[k - 1]) if k > 0 else valid.index(done[k])
+        hi = valid.index(done[k + 1]) if k + 1 < len(done) else valid.index(done[k])
+        todo = [valid[j] for j in range(lo, hi + 1) if valid[j] not in results]
+        if not todo:
+            break
+        for r in todo[::max(1, -(-len(todo) // 4))]:
+            run(r)
+    candidates = [results[r] for r in sorted(results)]
+    return candidates, max(candidates, key=lambda c: c["steady_tokens_per_s"])
+
+
+def recommend(result: dict, allowed: Optional[dict[str, bool]] = None) -> tuple[Optional[str], Optional[float]]:
+    """(the fastest mode of a plan_devices result by the steady rate, its rate / sync's) among the modes simulated
+    and allowed (mode -> bool; a mode left out is allowed); (None, None) when none is."""
+    allowed = allowed or {}
+    rates = {m: result["modes"][m]["steady_tokens_per_s"] for m in MODES
+             if result["modes"].get(m) and allowed.get(m, True)}
+    if not rates:
+        return None, None
+    best = max(rates, key=lambda m: rates[m])
+    sync = result["modes"].get("sync")
+    return best, rates[best] / sync["steady_tokens_per_s"] if sync else None
+
+
 def plan_devices(devices: int, shape: PipelineShape, costs: StageCosts, length: Callable[[str], int],
                  prompt_len: int, steps: int, scaling: str = "weak", warmup_steps: int = 2) -> dict:
-    """Sync on all `devices` and async at every candidate split; the best split and the speedup."""
+    """Sync, colocated on all `devices`, split and elastic async at every candidate split; each mode's best, the
+    split's speedup (best / sync) and the recommended mode (module docstring)."""
     valid = valid_splits(devices, shape)
     cache: dict[str, int] = {}
 
@@ -85,42 +132,38 @@ def plan_devices(devices: int, shape: PipelineShape, costs: StageCosts, length: 
     async_groups = shape.groups(shape.async_groups, devices, scaling)
     work = Workload(shape.n, prompt_len, length, steps)
     out: dict[str, Any] = {"devices": devices, "sync_groups_per_step": sync_groups,
-                           "async_groups_per_step": async_groups, "candidates": []}
-    if devices % shape.trainer_mp == 0:
-        out["sync"] = simulate_sync(devices, sync_groups, shape.max_num_seqs, costs, work).as_dict(warmup_steps)
+                           "async_groups_per_step": async_groups, "candidates": [], "elastic_candidates": []}
+
+    def setup(r: int, elastic: int = 0) -> AsyncSetup:
+        return AsyncSetup(replicas=max(1, r // shape.rollout_tp), trainer_devices=devices - r,
+                          max_num_seqs=shape.max_num_seqs, required=async_groups,
+                          staleness_threshold=shape.staleness_threshold, trigger_parameter_sync_step=shape.trigger,
+                          partial_rollout=shape.partial_rollout, elastic_replicas=elastic)
+
+    def split(r: int, elastic: bool = False) -> dict:
+        engines = (devices - r) // shape.rollout_tp if elastic else 0
+        res = simulate_async(setup(r, engines), costs, work).as_dict(warmup_steps)
+        res.update(rollout_devices=r, trainer_devices=devices - r, trainer_engines=engines)
+        return res
+
+    colocatable = devices % shape.trainer_mp == 0
+    out["sync"] = simulate_sync(devices, sync_groups, shape.max_num_seqs, costs, work).as_dict(warmup_steps) \
+        if colocatable else None
+    out["colocated"] = simulate_colocated(devices, setup(0), costs, work).as_dict(warmup_steps) \
+        if colocatable else None
+    if valid:
+        out["candidates"], out["best"] = _best_split(valid, split)
+        elastic_valid = [r for r in valid if (devices - r) // shape.rollout_tp >= 1]
+        if elastic_valid:
+            out["elastic_candidates"], out["elastic"] = _best_split(elastic_valid, lambda r: split(r, True))
+        else:
+            out["elastic"] = None
+        out["speedup"] = out["best"]["steady_tokens_per_s"] / out["sync"]["steady_tokens_per_s"] if out["sync"] \
+            else None
     else:
-        out["sync"] = None
-    if not valid:
-        out.update(best=None, speedup=None, reason=f"no async split of {devices} devices: rollout devices must be "
-                   f"a multiple of {shape.rollout_tp}, trainer devices of {shape.trainer_mp}")
-        return out
-    results: dict[int, dict] = {}
-
-    def run(r: int) -> None:
-        if r in results:
-            return
-        setup = AsyncSetup(replicas=r // shape.rollout_tp, trainer_devices=devices - r,
-                           max_num_seqs=shape.max_num_seqs, required=async_groups,
-                           staleness_threshold=shape.staleness_threshold, trigger_parameter_sync_step=shape.trigger,
-                           partial_rollout=shape.partial_rollout)
-        res = simulate_async(setup, costs, work).as_dict(warmup_steps)
-        res.update(rollout_devices=r, trainer_devices=devices - r)
-        results[r] = res
-
-    for r in _candidates(valid):
-        run(r)
-    while True:  # narrow down between the best candidate's simulated neighbours until they are adjacent splits
-        done = sorted(results)
-        k = done.index(max(done, key=lambda r: results[r]["steady_tokens_per_s"]))
-        lo = valid.index(done[k - 1]) if k > 0 else valid.index(done[k])
-        hi = valid.index(done[k + 1]) if k + 1 < len(done) else valid.index(done[k])
-        todo = [valid[j] for j in range(lo, hi + 1) if valid[j] not in results]
-        if not todo:
-            break
-        for r in todo[::max(1, -(-len(todo) // 4))]:
-            run(r)
-    out["candidates"] = [results[r] for r in sorted(results)]
-    best = max(out["candidates"], key=lambda c: c["steady_tokens_per_s"])
-    out["best"] = best
-    out["speedup"] = best["steady_tokens_per_s"] / out["sync"]["steady_tokens_per_s"] if out["sync"] else None
+        out.update(best=None, elastic=None, speedup=None,
+                   reason=f"no async split of {devices} devices: rollout devices must be a multiple of "
+                   f"{shape.rollout_tp}, trainer devices of {shape.trainer_mp}")
+    out["modes"] = {"sync": out["sync"], "split": out["best"], "elastic": out["elastic"], "colocated": out["colocated"]}
+    out["recommended"], out["recommended_speedup"] = recommend(out)
     return out

@@ -17,6 +17,14 @@ Measured from a run's logs (`from_run_scalars`: a TensorBoard dir of one run, ei
                   sum(timing_s/step - timing_s/gen - switch) x devices / tokens
   weight_sync_s   async: mean timing_s/param_sync (the trainer's push; the engines load meanwhile)
   sync_step_s     sync: mean(timing_s/param_sync + onload + offload + reward) (the colocated switch)
+Compiling steps are left out (`steady_steps`): a run's first steps compile (the trainer's layers, the engine's
+decode graphs) and cost several times a steady one -- averaged in, a max-1024 run on 1x H200 read train 51.5
+us/token against 19.9 steady.  By default a step is left out when its trainer busy seconds per token exceed
+OUTLIER_RATIO (1.5) x their median over the run, and an engine's ms-per-step value when it exceeds 1.5 x that
+engine's median (so a later recompile is left out too, while a step that is long only because it trained more
+tokens is not: the rule is per token); `skip_steps=k` leaves out the first k steps (and values) instead, and
+`outlier_ratio=None` keeps every step (scripts/sim_check.py, which checks a run's whole average).  At least one
+step is always kept.
 
 Estimated (no measurement).  From the model's shape and the device's data-sheet numbers:
   decode step     weights / (tp x HBM bandwidth x bw_eff) + launch overhead, plus per sequence the KV cache it
@@ -36,7 +44,7 @@ import math
 from typing import Any, Optional
 
 from fully_async.planner.hardware import DeviceSpec, Shape
-from fully_async.planner.pipeline_sim import StageCosts, _group, generate_time, Workload
+from fully_async.planner.sim_engine import StageCosts, Workload, _group, generate_time
 from fully_async.core.workload import LengthProfile
 
 ESTIMATE_ASSUMPTIONS = {
@@ -121,28 +129,59 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def from_run_scalars(scalars: dict[str, list[float]], mode: str, trainer_devices: int,
-                     source: str = "run logs") -> StageCosts:
-    """StageCosts of one run from its logged scalars (tag -> values in step order; module docstring)."""
-    per_step = [v for tag, values in scalars.items() if tag.startswith("fully_async/rollouter/engine_")
-                and tag.endswith("/ms_per_step") for v in values if v > 0]
+OUTLIER_RATIO = 1.5
+
+
+def steady_steps(values: list[float], skip_steps: Optional[int] = None,
+                 outlier_ratio: Optional[float] = OUTLIER_RATIO) -> list[int]:
+    """Indices of the values to keep (module docstring): all but the first `skip_steps` when given, else those
+    at most outlier_ratio x the median (every one with outlier_ratio=None); never none."""
+    n = len(values)
+    if skip_steps is not None:
+        return list(range(min(max(0, skip_steps), n - 1), n)) if n else []
+    if outlier_ratio is None or not n:
+        return list(range(n))
+    median = sorted(values)[n // 2] if n % 2 else sum(sorted(values)[n // 2 - 1:n // 2 + 1]) / 2
+    kept = [i for i, v in enumerate(values) if v <= outlier_ratio * median]
+    return kept or list(range(n))
+
+
+def from_run_scalars(scalars: dict[str, list[float]], mode: str, trainer_devices: int, source: str = "run logs",
+                     skip_steps: Optional[int] = None,
+                     outlier_ratio: Optional[float] = OUTLIER_RATIO) -> StageCosts:
+    """StageCosts of one run from its logged scalars (tag -> values in step order), its compiling steps left out
+    (module docstring; the source names the steps left out)."""
+    engines = [[v for v in values if v > 0] for tag, values in sorted(scalars.items())
+               if tag.startswith("fully_async/rollouter/engine_") and tag.endswith("/ms_per_step")]
     steps, gens = scalars.get("timing_s/step", []), scalars.get("timing_s/gen", [])
-    tokens = sum(scalars.get("perf/total_num_tokens", []))
-    if not per_step or not steps or not tokens:
+    step_tokens = scalars.get("perf/total_num_tokens", [])
+    if not any(engines) or not steps or not sum(step_tokens):
         raise ValueError(f"{source}: needs fully_async/rollouter/engine_<k>/ms_per_step, timing_s/step and "
                          "perf/total_num_tokens scalars (a fully_async run with trainer.logger including tensorboard)")
+    per_step = [e[i] for e in engines for i in steady_steps(e, skip_steps, outlier_ratio)]
 
     def col(tag: str) -> list[float]:
         return scalars.get(tag) or [0.0] * len(steps)
     if mode == "async":
-        busy = sum(s - g - p for s, g, p in zip(steps, gens, col("timing_s/param_sync")))
-        return StageCosts(decode_step_s=_mean(per_step) / 1e3, train_token_s=busy * trainer_devices / tokens,
-                          weight_sync_s=_mean(col("timing_s/param_sync")), source=source)
-    switch = [p + a + b + c for p, a, b, c in zip(col("timing_s/param_sync"), col("timing_s/onload"),
-                                                  col("timing_s/offload"), col("timing_s/reward"))]
-    busy = sum(s - g - w for s, g, w in zip(steps, gens, switch))
-    return StageCosts(decode_step_s=_mean(per_step) / 1e3, train_token_s=busy * trainer_devices / tokens,
-                      sync_step_s=_mean(switch), source=source)
+        side = list(col("timing_s/param_sync"))     # the weight push
+    else:
+        side = [p + a + b + c for p, a, b, c in zip(col("timing_s/param_sync"), col("timing_s/onload"),
+                                                    col("timing_s/offload"), col("timing_s/reward"))]
+    busy = [s - g - w for s, g, w in zip(steps, gens or [0.0] * len(steps), side)]
+    n = min(len(busy), len(step_tokens))
+    kept = steady_steps([busy[i] / step_tokens[i] if step_tokens[i] else 0.0 for i in range(n)], skip_steps,
+                        outlier_ratio)
+    dropped = [i + 1 for i in range(n) if i not in kept]
+    if dropped:
+        source += f" (steps {', '.join(map(str, dropped))} of {n} left out: compiling)"
+    tokens = sum(step_tokens[i] for i in kept)
+    train_token_s = sum(busy[i] for i in kept) * trainer_devices / tokens
+    side_s = _mean([side[i] for i in kept])
+    if mode == "async":
+        return StageCosts(decode_step_s=_mean(per_step) / 1e3, train_token_s=train_token_s, weight_sync_s=side_s,
+                          source=source)
+    return StageCosts(decode_step_s=_mean(per_step) / 1e3, train_token_s=train_token_s, sync_step_s=side_s,
+                      source=source)
 
 
 def estimate(shape: Shape, spec: DeviceSpec, *, mean_context: float, rollout_tp: int = 1, train_mp: int = 1,

@@ -5,10 +5,13 @@ Same Hydra config and validation as `python -m fully_async.main`, then:
   1. memory per device of each role against the device's capacity (planner/memory_model.py); a role that does
      not fit makes the exit code 2;
   2. the device plan: which node and device holds which rollout replica and trainer rank;
-  3. predicted tokens/s of sync (all devices) and of async at every rollout/trainer split, for each device
-     count in plan.devices, by a discrete-event simulation (planner/pipeline_sim.py) from stage costs measured
-     by scripts/bench_pipeline.py (plan.stage_costs=bench.json) or estimated from FLOPs and bandwidth;
-  4. the recommended split, the predicted async/sync speedup and every assumption behind them.
+  3. predicted tokens/s of sync (all devices), split async at every rollout/trainer split, elastic async (split
+     with an engine on every trainer device) and colocated async (all devices), for each device count in
+     plan.devices, by a discrete-event simulation (planner/pipeline_sim.py, colocated_sim.py) from stage costs
+     measured by scripts/bench_pipeline.py or a run's logs (plan.stage_costs=...) or estimated from FLOPs and
+     bandwidth;
+  4. the recommended mode (the fastest whose memory fits: colocated and elastic put an engine next to a trainer
+     rank, asleep while it trains, as sync does), each mode's predicted speedup over sync and every assumption.
 `--json` prints the same as one JSON object.  Planner keys (plan_options.py): plan.devices=[8,32,128],
 plan.stage_costs=bench.json, plan.response_lengths=lognormal|<histogram.json>|<run's TensorBoard dir>,
 plan.device=ascend910b|h100|..., plan.device_memory_gib=..., plan.weight_sync_s=..., plan.sim_steps=16,
@@ -25,12 +28,12 @@ from typing import Any, Optional
 from fully_async.core.config import ConfigError
 from fully_async.planner.hardware import DEVICES, DeviceSpec, Shape, known_shape
 from fully_async.planner.memory_model import GIB, colocated_memory, engine_memory, trainer_memory, verdict
+from fully_async.run.plan_format import format_text
 from fully_async.run.plan_options import PlanOptions, parse, split_overrides
 
 DEFAULT_DEVICE = {"npu": "ascend910b", "cuda": "h100", "auto": "ascend910b"}
 MAX_PLAN_LINES = 12
 WARMUP_STEPS = 2          # simulated steps left out of the steady rate (the async pipeline fill)
-NEAR_BEST = 6             # splits shown either side of the best one
 
 
 # ----------------------------------------------------------------------------------- inputs
@@ -211,18 +214,30 @@ def memory_section(cfg: Any, shape: Shape, spec: DeviceSpec, opts: PlanOptions) 
         sync_engine = engine_memory(cfg, shape, capacity)
         sync_engine.parts["weights"] *= cfg.actor_rollout_ref.rollout.tensor_model_parallel_size  # sync: rollout tp 1
         role = colocated_memory(cfg, sync_trainer, sync_engine)
-        role.role = f"if sync on all {n} devices (colocated)"
+        role.role = f"if sync or colocated async on all {n} devices"
         role.parts["context"] = context
         sync_row = dict(role.as_dict(), verdict=verdict(role.total, capacity, opts.warn_fraction))
+        # elastic: each trainer device (as configured) also hosts an engine, asleep while the trainer trains
+        role = colocated_memory(cfg, trainer, engine)
+        role.role = f"if elastic (an engine on each of the {trainer_devices} trainer devices)"
+        role.parts["context"] = context
+        elastic_row = dict(role.as_dict(), verdict=verdict(role.total, capacity, opts.warn_fraction))
     else:
-        sync_row = None
+        sync_row, elastic_row = None, None
     kv_needed = getattr(engine, "kv_needed", None)
     if kv_needed is not None and cfg.mode == "async" and kv_needed > engine.parts["kv_cache"]:
         rows[-1]["verdict"] = "tight" if rows[-1]["verdict"] == "fits" else rows[-1]["verdict"]
         rows[-1]["note"] += (f"; only {engine.parts['kv_cache'] / GIB:.2f} GiB left for it: vLLM will run fewer "
                              "sequences at once (raise gpu_memory_utilization or rollout tensor parallelism)")
+    fits = all(r["verdict"] != "does not fit" for r in rows)
+    colocated_fits = (sync_row or rows[0])["verdict"] != "does not fit"
+    # which modes fit these devices (the recommendation's filter): sync and colocated async hold the same per
+    # device; elastic a trainer rank of the async split plus an engine (a sync config: as colocated)
+    mode_fits = {"sync": colocated_fits, "colocated": colocated_fits,
+                 "elastic": (elastic_row or rows[0])["verdict"] != "does not fit",
+                 "split": fits if cfg.mode == "async" else True}
     return {"device": spec.name, "capacity_gib": spec.memory_gib, "params": shape.params(), "roles": rows,
-            "fits": all(r["verdict"] != "does not fit" for r in rows), "sync_alternative": sync_row}
+            "fits": fits, "sync_alternative": sync_row, "elastic_alternative": elastic_row, "mode_fits": mode_fits}
 
 
 def _ranges(items: list[int]) -> str:
@@ -303,72 +318,6 @@ def throughput_section(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSp
                                                                  opts.estimate_assumptions().items()))
     return {"costs": costs.as_dict(), "derived": derived, "prompt_length": prompt, "results": results,
             "assumptions": assumptions}
-
-
-# ----------------------------------------------------------------------------------- output
-def _table(rows: list[tuple]) -> list[str]:
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    return ["  " + "  ".join(str(x).rjust(w) for x, w in zip(r, widths)).rstrip() for r in rows]
-
-
-def format_text(report: dict) -> str:
-    mem = report["memory"]
-    out = [f"model: {report['model']['source']}; {report['model']['params'] / 1e9:.3f}B parameters",
-           f"config: mode={report['mode']}"] + [f"warning: {w}" for w in report["warnings"]] + ["",
-           f"== memory per device ({mem['device']}, {mem['capacity_gib']:g} GiB)"]
-    for role in mem["roles"]:
-        parts = ", ".join(f"{k} {v:.2f}" for k, v in role["parts_gib"].items())
-        out.append(f"  {role['role']}: {role['total_gib']:.2f} GiB -> {role['verdict'].upper()}  ({parts} GiB)")
-        out.append(f"    {role['note']}")
-    alt = mem.get("sync_alternative")
-    if alt:
-        out.append(f"  ({alt['role']}: {alt['total_gib']:.2f} GiB -> {alt['verdict']}; {alt['note']})")
-    out += ["", "== device plan"] + ["  " + line for line in report["device_plan"]]
-    tp = report["throughput"]
-    out += ["", "== predicted throughput (steady tokens/s, all devices; discrete-event simulation)"]
-    rows = [("devices", "sync", "best async split (rollout+trainer)", "async", "async/sync", "trainer idle",
-             "rollout idle")]
-    for res in tp["results"]:
-        best, sync = res["best"], res["sync"]
-        rows.append((res["devices"], f"{sync['steady_tokens_per_s']:.0f}" if sync else "-",
-                     f"{best['rollout_devices']}+{best['trainer_devices']}" if best else "-",
-                     f"{best['steady_tokens_per_s']:.0f}" if best else "-",
-                     f"{res['speedup']:.2f}x" if res["speedup"] else "-",
-                     f"{best['trainer_idle_ratio']:.2f}" if best else "-",
-                     f"{best['rollout_idle_ratio']:.2f}" if best else "-"))
-    out += _table(rows)
-    for res in tp["results"]:
-        if res["best"] is None:
-            out.append(f"  {res['devices']} devices: {res['reason']}")
-    last = tp["results"][-1]
-    if last["candidates"]:
-        cands = last["candidates"]
-        i = cands.index(last["best"])
-        shown = cands[max(0, i - NEAR_BEST):i + NEAR_BEST + 1]
-        out += ["", f"async splits at {last['devices']} devices ({len(shown)} of {len(cands)} simulated, around "
-                "the best; all in --json):"]
-        rows = [("rollout", "trainer", "tokens/s", "trainer idle", "rollout idle", "interrupted")]
-        rows += [(c["rollout_devices"], c["trainer_devices"], f"{c['steady_tokens_per_s']:.0f}",
-                  f"{c['trainer_idle_ratio']:.2f}", f"{c['rollout_idle_ratio']:.2f}", c["interrupted_responses"])
-                 for c in shown]
-        out += _table(rows)
-    out += ["", "== recommendation"]
-    alt = mem.get("sync_alternative")
-    for res in tp["results"]:
-        if res["best"] and res["sync"]:
-            b = res["best"]
-            better = "async" if res["speedup"] > 1 else "sync"
-            line = (f"  {res['devices']} devices: {better} — async {b['rollout_devices']} rollout + "
-                    f"{b['trainer_devices']} trainer devices predicted {res['speedup']:.2f}x sync's tokens/s")
-            if alt and alt["verdict"] == "does not fit" and res["devices"] == report["config_devices"]:
-                line += ("; note: sync as configured does not fit these devices' memory (see above), it would need "
-                         "the trainer offloaded while generating (host copies not in this prediction)")
-            out.append(line)
-    out += ["", "== assumptions"] + [f"  - {a}" for a in tp["assumptions"]]
-    if not mem["fits"]:
-        out += ["", "REFUSED: a role does not fit its device's memory (see the memory table); lower the micro-batch "
-                "/ token budget, enable gradient checkpointing or offload, shard more, or raise parallelism"]
-    return "\n".join(out)
 
 
 def validate_for_plan(cfg: Any) -> list[str]:

@@ -13,7 +13,8 @@ VENDORS = {"vllm": {"rollout/engines/vllm_engine.py"}, "torch_npu": {"device.py"
            "mindspeed": {"train/backends/megatron_backend.py"}}
 PURE = ["rollout/scheduler.py", "core/staleness.py", "core/workload.py", "core/partial.py", "core/types.py",
         "actors/queue.py", "core/flops.py", "pool/leases.py", "planner/pipeline_sim.py", "planner/memory_model.py",
-        "planner/hardware.py", "planner/search.py", "planner/stage_costs.py"]
+        "planner/hardware.py", "planner/search.py", "planner/stage_costs.py", "planner/sim_engine.py",
+        "planner/colocated_sim.py"]
 # a layer may import only from layers of a lower rank (and from itself); the entry shims sit above everything
 ROOT_MODULES = ("__init__.py", "main.py", "doctor.py", "plan.py", "device.py")   # entry shims; device.py is layer 0
 # core is the shared base; the domain packages of layer 1 build on it and never on each other

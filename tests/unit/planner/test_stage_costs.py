@@ -53,3 +53,37 @@ def test_estimate_follows_flops_and_bandwidth():
     base = estimate(shape, h100, mean_context=1000)
     assert tp2.decode_step_s < base.decode_step_s
     assert tp2.train_token_s == pytest.approx(base.train_token_s * 10 / 6 / 2)
+
+
+def run_scalars(busy, tokens=1000.0, engine_ms=(4.0,)):
+    """A sync-less async run: step = gen 0.5 + param_sync 0.1 + the trainer busy seconds given per step."""
+    n = len(busy)
+    return {"timing_s/step": [0.6 + b for b in busy], "timing_s/gen": [0.5] * n, "timing_s/param_sync": [0.1] * n,
+            "perf/total_num_tokens": [tokens] * n, "fully_async/rollouter/engine_0/ms_per_step": list(engine_ms)}
+
+
+def test_compiling_steps_are_left_out_of_a_runs_stage_costs():
+    """Steps 1-2 compile (busy 2.0 s and 1.2 s against a steady 0.4 s per 1000 tokens on 2 devices): averaged in,
+    train_token_s would be (2.0 + 1.2 + 6 x 0.4) x 2 / 8000 = 1.4 ms; steady it is 0.4 x 2 / 1000 = 0.8 ms."""
+    from fully_async.planner.stage_costs import from_run_scalars
+
+    scalars = run_scalars([2.0, 1.2] + [0.4] * 6, engine_ms=(30.0, 6.0, 5.0, 5.0, 5.0))
+    steady = from_run_scalars(scalars, "async", 2)
+    assert steady.train_token_s == pytest.approx(0.4 * 2 / 1000)
+    assert steady.decode_step_s == pytest.approx(0.00525)   # the engine's 30 ms compile step left out
+    assert "steps 1, 2 of 8 left out" in steady.source
+    everything = from_run_scalars(scalars, "async", 2, outlier_ratio=None)
+    assert everything.train_token_s == pytest.approx((2.0 + 1.2 + 6 * 0.4) * 2 / 8000)
+    assert everything.decode_step_s == pytest.approx(51e-3 / 5)
+    first = from_run_scalars(scalars, "async", 2, skip_steps=1)  # only the first: step 2's 1.2 s stays
+    assert first.train_token_s == pytest.approx((1.2 + 6 * 0.4) * 2 / 7000)
+
+
+def test_a_long_step_that_trained_more_tokens_is_not_an_outlier():
+    from fully_async.planner.stage_costs import from_run_scalars, steady_steps
+
+    scalars = run_scalars([0.4, 0.4, 1.2, 0.4])
+    scalars["perf/total_num_tokens"][2] = 3000.0                    # three times the tokens, three times the time
+    costs = from_run_scalars(scalars, "async", 1)
+    assert costs.train_token_s == pytest.approx(2.4 / 6000) and "left out" not in costs.source
+    assert steady_steps([5.0, 5.0, 5.0]) == [0, 1, 2] and steady_steps([9.0], skip_steps=3) == [0]

@@ -28,6 +28,8 @@ def test_shim_runs_as_a_module_and_prints_the_sections():
     for section in ("== memory per device", "== device plan", "== predicted throughput", "== recommendation",
                     "== assumptions"):
         assert section in r.stdout
+    for row in ("split (r+t)", "elastic (r+t)", "colocated", "generating s", "switch s", "if elastic (an engine"):
+        assert row in r.stdout
     assert "built-in shape table: Qwen2.5-7B" in r.stdout
     assert "Ascend 910B" in r.stdout
 
@@ -43,6 +45,13 @@ def test_json_report_numbers_are_consistent(capsys):
         assert r["best"] == best
         assert r["speedup"] == pytest.approx(best["steady_tokens_per_s"] / r["sync"]["steady_tokens_per_s"])
         assert best["rollout_devices"] + best["trainer_devices"] == r["devices"]
+        modes = r["modes"]
+        assert set(modes) == {"sync", "split", "elastic", "colocated"} and modes["split"] == r["best"]
+        assert modes["elastic"]["trainer_engines"] == modes["elastic"]["trainer_devices"]   # rollout tp 1
+        rates = {m: v["steady_tokens_per_s"] for m, v in modes.items()}
+        assert r["recommended"] == max(rates, key=rates.get)
+        assert r["recommended_speedup"] == pytest.approx(max(rates.values()) / rates["sync"])
+    assert set(report["memory"]["mode_fits"]) == {"sync", "split", "elastic", "colocated"}
     roles = {x["role"]: x for x in report["memory"]["roles"]}
     assert roles["trainer"]["verdict"] == "fits"
     assert roles["engine"]["total_gib"] == pytest.approx(0.6 * 64 + 1.5)
@@ -121,3 +130,31 @@ def test_response_lengths_from_a_run_log_dir(tmp_path, capsys):
     (tmp_path / RESPONSE_LENGTHS).write_text(json.dumps(length_histogram({100: 3, 900: 1})))
     report = build_report([*SEVEN_B, f"plan.response_lengths={tmp_path}", "plan.sim_steps=2", "plan.devices=8"])
     assert any(RESPONSE_LENGTHS in a and "100..900" in a for a in report["throughput"]["assumptions"])
+
+
+def test_one_device_plans_sync_and_colocated_only():
+    """plan.devices=1: no split exists; sync and colocated async are simulated and one of them recommended."""
+    report = build_report([*SEVEN_B, "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct", "plan.devices=1",
+                           "plan.sim_steps=3"])
+    res = report["throughput"]["results"][0]
+    assert res["best"] is None and res["modes"]["elastic"] is None and "no async split" in res["reason"]
+    assert res["modes"]["sync"] and res["modes"]["colocated"]
+    assert res["recommended"] in ("sync", "colocated")
+    from fully_async.run.plan_format import format_text
+    text = format_text(report)
+    assert "\n  1 devices: " in text.split("== recommendation")[1]
+
+
+def test_a_mode_that_does_not_fit_is_not_recommended():
+    from fully_async.run.plan_format import _recommendation
+
+    res = {"devices": 8, "modes": {"sync": {"steady_tokens_per_s": 100.0}, "colocated": {"steady_tokens_per_s": 150.0},
+                                   "split": {"steady_tokens_per_s": 120.0, "rollout_devices": 4, "trainer_devices": 4},
+                                   "elastic": None}}
+    report = {"memory": {"mode_fits": {"sync": True, "split": True, "elastic": True, "colocated": False}},
+              "throughput": {"results": [res]}}
+    line, = _recommendation(report)
+    assert line.startswith("  8 devices: split (4+4) predicted 1.20x") and "colocated 1.50x" in line
+    assert "colocated would be faster but does not fit" in line
+    report["memory"]["mode_fits"]["colocated"] = True
+    assert _recommendation(report)[0].startswith("  8 devices: colocated (8) predicted 1.50x")

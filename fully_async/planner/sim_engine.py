@@ -1,0 +1,228 @@
+"""The simulator's building blocks (layer 1: pure Python, no torch): stage costs, the workload, the result record
+and one continuously batching engine replica.  pipeline_sim.py (sync, split and elastic async) and colocated_sim.py
+(colocated async) run their schedules on them, so every mode pays for a decode step, a prefill and a trainer step
+the same way and their results compare.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
+
+EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """What one device costs per unit of work (seconds); measured (bench_pipeline / run logs) or estimated."""
+
+    decode_step_s: float            # fixed seconds of one decode step of a replica (launch / weight read bound)
+    train_token_s: float            # seconds per trained token on ONE trainer device (fwd + bwd + optimizer)
+    decode_seq_s: float = 0.0       # extra seconds of a decode step per sequence in flight
+    prefill_token_s: float = 0.0    # seconds per prefilled token (new requests, resumed partial prefixes)
+    train_step_s: float = 0.0       # fixed seconds per trainer step (batch assembly, optimizer launch, ...)
+    weight_sync_s: float = 0.0      # async: one weight update (trainer push + engines load; both stall)
+    sync_step_s: float = 0.0        # sync mode: per-step switch (engine sleep/wake + local weight load)
+    dp_efficiency: float = 1.0      # data-parallel scaling of a trainer on several devices, in (0, 1]
+    source: str = ""                # where the numbers came from (printed with the prediction)
+
+    def __post_init__(self) -> None:
+        for name in ("decode_step_s", "train_token_s", "decode_seq_s", "prefill_token_s", "train_step_s",
+                     "weight_sync_s", "sync_step_s"):
+            value = getattr(self, name)
+            if not value >= 0.0:
+                raise ValueError(f"stage cost {name}={value!r} must be a number >= 0")
+        if self.decode_step_s + self.decode_seq_s <= 0.0:
+            raise ValueError("stage costs: a decode step must cost something (decode_step_s + decode_seq_s > 0)")
+        if not 0.0 < self.dp_efficiency <= 1.0:
+            raise ValueError(f"stage cost dp_efficiency={self.dp_efficiency!r} must be in (0, 1]")
+
+    def step_time(self, in_flight: int) -> float:
+        return self.decode_step_s + self.decode_seq_s * in_flight
+
+    def train_time(self, tokens: int, devices: int) -> float:
+        eff = self.dp_efficiency if devices > 1 else 1.0
+        return self.train_step_s + tokens * self.train_token_s / (devices * eff)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a step trains on.  `length(sample_id)` gives a response's length (workload.LengthProfile.target)."""
+
+    n: int                          # responses per prompt group
+    prompt_len: int                 # tokens per prompt
+    length: Callable[[str], int]    # sample id "e0-p<i>-s<j>" -> response tokens
+    steps: int = 16                 # trainer steps simulated
+
+
+@dataclass(frozen=True)
+class AsyncSetup:
+    replicas: int                   # rollout engine replicas (rollout devices / rollout tensor parallel size)
+    trainer_devices: int
+    max_num_seqs: int               # slots of one replica
+    required: int                   # groups per trainer step (ppo_mini_batch_size x require_batches)
+    staleness_threshold: float = 0.1
+    trigger_parameter_sync_step: int = 1
+    partial_rollout: bool = True
+    elastic_replicas: int = 0       # elastic: engine replicas on the trainer's devices (generate while it waits)
+
+
+@dataclass
+class SimResult:
+    mode: str
+    steps: int
+    tokens: int
+    seconds: float
+    step_ends: list[float] = field(default_factory=list)
+    step_tokens: list[int] = field(default_factory=list)
+    trainer_wait_s: float = 0.0     # async: trainer waiting for groups; sync / colocated: generation time
+    rollout_busy_s: float = 0.0     # replica-seconds with at least one sequence in flight (rollout replicas; sync
+    #                                 and colocated: every engine)
+    rollout_replica_s: float = 0.0  # replicas x seconds
+    interrupted: int = 0            # responses interrupted by weight updates (partial rollout) or parked
+    bound_pauses: int = 0           # times the staleness bound stopped admission
+    train_s: float = 0.0            # seconds the trainer computed (steps' train_time)
+    switch_s: float = 0.0           # sync / colocated: per-step switches; elastic: pre-empting the trainer's engines
+    trainer_engines: int = 0        # elastic: engine replicas on the trainer's devices
+    trainer_engine_busy_s: float = 0.0  # elastic: their replica-seconds with a sequence in flight
+    max_admitted: int = 0           # most groups ever counted against one param version (carry-over included)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    def steady_tokens_per_s(self, skip: int) -> float:
+        """tokens/s of the steps after the first `skip` (the pipeline fill left out; a long run's rate)."""
+        if not 0 < skip < len(self.step_ends):
+            return self.tokens_per_s
+        return sum(self.step_tokens[skip:]) / (self.step_ends[-1] - self.step_ends[skip - 1])
+
+    @property
+    def time_per_step(self) -> float:
+        return self.seconds / self.steps if self.steps else float("nan")
+
+    @property
+    def trainer_idle_ratio(self) -> float:
+        """Share of the run the trainer waits for groups; elastic: minus the time its own engines generated (the
+        trainer's devices idle); sync / colocated: the generation phase's share (the devices generate then)."""
+        if self.seconds <= 0:
+            return float("nan")
+        own = self.trainer_engine_busy_s / self.trainer_engines if self.trainer_engines else 0.0
+        return max(0.0, self.trainer_wait_s - own) / self.seconds
+
+    @property
+    def rollout_idle_ratio(self) -> float:
+        if self.rollout_replica_s <= 0:
+            return float("nan")
+        return max(0.0, 1.0 - self.rollout_busy_s / self.rollout_replica_s)
+
+    def as_dict(self, skip: int = 0) -> dict:
+        """skip: steps left out of steady_tokens_per_s (0: the same as tokens_per_s)."""
+        return {"mode": self.mode, "steps": self.steps, "tokens": self.tokens, "seconds": self.seconds,
+                "tokens_per_s": self.tokens_per_s, "steady_tokens_per_s": self.steady_tokens_per_s(skip),
+                "time_per_step_s": self.time_per_step,
+                "trainer_idle_ratio": self.trainer_idle_ratio, "rollout_idle_ratio": self.rollout_idle_ratio,
+                "interrupted_responses": self.interrupted, "staleness_bound_pauses": self.bound_pauses,
+                "generate_s_per_step": self.trainer_wait_s / self.steps if self.steps else float("nan"),
+                "train_s_per_step": self.train_s / self.steps if self.steps else float("nan"),
+                "switch_s_per_step": self.switch_s / self.steps if self.steps else float("nan"),
+                "max_admitted_per_version": self.max_admitted}
+
+
+# ----------------------------------------------------------------------------------- one engine replica
+class _Seq:
+    __slots__ = ("uid", "length", "left", "prompt", "finish")
+
+    def __init__(self, uid: str, length: int, prompt: int):
+        self.uid, self.length, self.left, self.prompt = uid, length, length, prompt
+        self.finish = 0             # the replica's decode-step count at which it completes
+
+    @property
+    def done(self) -> int:
+        return self.length - self.left
+
+
+class _Replica:
+    """A continuously batching engine: all sequences in flight advance one token per decode step.  Sequences
+    sit in a heap by the step count at which they finish, so an event costs O(log b), not O(b)."""
+
+    def __init__(self, costs: StageCosts, slots: int):
+        self.costs, self.slots = costs, slots
+        self.heap: list = []        # (finish step, tie, seq)
+        self.k = 0                  # decode steps run so far
+        self.clock = 0.0            # time the next step starts (steps are atomic)
+        self.busy_s = 0.0
+        self.gen = 0                # invalidates scheduled events when the batch changes
+        self._tie = itertools.count()
+
+    @property
+    def seqs(self) -> int:
+        return len(self.heap)
+
+    def free(self) -> int:
+        return self.slots - len(self.heap)
+
+    def advance(self, t: float) -> list[_Seq]:
+        """Run whole decode steps up to time t (none past the next completion); returns the finished sequences."""
+        if not self.heap or t <= self.clock:
+            return []
+        tau = self.costs.step_time(len(self.heap))
+        steps = min(int((t - self.clock) / tau + 1e-9), self.heap[0][0] - self.k)
+        if steps <= 0:
+            return []
+        self.clock += steps * tau
+        self.busy_s += steps * tau
+        self.k += steps
+        finished = []
+        while self.heap and self.heap[0][0] <= self.k:
+            seq = heapq.heappop(self.heap)[2]
+            seq.left = 0
+            finished.append(seq)
+        return finished
+
+    def join(self, seqs: list[_Seq], t: float) -> None:
+        """New or resumed requests join at t and pay their prefill."""
+        if not self.heap:
+            self.clock = max(self.clock, t)
+        prefill = self.costs.prefill_token_s * sum(s.prompt + s.done for s in seqs)
+        self.clock += prefill
+        self.busy_s += prefill
+        for s in seqs:
+            s.finish = self.k + s.left
+            heapq.heappush(self.heap, (s.finish, next(self._tie), s))
+
+    def next_finish(self) -> Optional[float]:
+        if not self.heap:
+            return None
+        return self.clock + (self.heap[0][0] - self.k) * self.costs.step_time(len(self.heap))
+
+    def interrupt(self) -> list[_Seq]:
+        out = [item[2] for item in self.heap]
+        for s in out:
+            s.left = s.finish - self.k
+        self.heap = []
+        return out
+
+
+def _group(work: Workload, index: int) -> tuple[str, list[_Seq]]:
+    uid = f"e0-p{index}"
+    return uid, [_Seq(uid, max(1, int(work.length(f"{uid}-s{j}"))), work.prompt_len) for j in range(work.n)]
+
+
+
+def generate_time(groups: list[list[_Seq]], costs: StageCosts, slots: int) -> tuple[float, int]:
+    """Seconds one engine needs to generate `groups` from an empty start (groups join as slots free up), and
+    the tokens (prompt + response) it produced."""
+    r = _Replica(costs, max(slots, max((len(g) for g in groups), default=1)))
+    pending, t, tokens = list(groups), 0.0, 0
+    while pending or r.heap:
+        while pending and r.free() >= len(pending[0]):
+            r.join(pending.pop(0), t)
+        t = r.next_finish()
+        for s in r.advance(t):
+            tokens += s.prompt + s.length
+    return max(t, r.clock), tokens

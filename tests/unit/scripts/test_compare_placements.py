@@ -1,0 +1,95 @@
+"""scripts/compare_sync_async.py with --placements: which runs it would start with which overrides (built without
+running them), refusals before anything runs, and the several-placements summary."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, "scripts"))
+
+import compare_sync_async as cs  # noqa: E402
+from compare_lib import Run, format_placements, placement_of, placements_summary, run_ceiling, step_phases  # noqa: E402
+
+
+def test_default_placements_and_refusals():
+    assert cs.parse_placements(None, 4) == ["split"]
+    assert cs.parse_placements(None, 1) == ["colocated"]
+    assert cs.parse_placements("split, colocated,elastic,split", 2) == ["split", "colocated", "elastic"]
+    with pytest.raises(ValueError, match="--placements 'split,ring'"):
+        cs.parse_placements("split,ring", 4)
+    with pytest.raises(ValueError, match="one device has only sync and colocated"):
+        cs.parse_placements("colocated,elastic", 1)
+
+
+def test_one_device_runs_sync_and_colocated_with_their_keys():
+    devices, overrides = cs.plan_devices(["trainer.device=cuda", "a=1"], 1)
+    assert devices == 1
+    runs = cs.plan_runs(devices, cs.parse_placements(None, devices), None, overrides)
+    assert [(name, mode, p) for name, mode, p, _ in runs] == [("sync", "sync", "split"),
+                                                              ("async_colocated", "async", "colocated")]
+    assert runs[0][3] == ["trainer.device=cuda", "a=1", "trainer.n_gpus_per_node=1"]
+    assert runs[1][3] == ["trainer.device=cuda", "a=1", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=0",
+                          "async_training.placement=colocated"]
+    cmd, tb = cs.run_command("async", runs[1][3], "/out", runs[1][0])
+    assert cmd[1:4] == ["-m", "fully_async.main", "mode=async"] and "trainer.resume_mode=disable" in cmd
+    assert cmd[-1] == "hydra.run.dir=/out/hydra/async_colocated" and tb == "/out/runs/async_colocated"
+
+
+def test_every_placement_at_four_devices_shares_the_split_and_the_sync_run():
+    runs = {name: o for name, _, _, o in cs.plan_runs(4, ["split", "colocated", "elastic"], 1, [])}
+    assert runs["sync"] == ["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.strategy=fsdp2"]
+    assert runs["async"] == ["trainer.n_gpus_per_node=3", "rollout.n_gpus_per_node=1",
+                             "actor_rollout_ref.actor.strategy=fsdp2"]          # split: as before, no placement key
+    assert runs["async_elastic"] == ["trainer.n_gpus_per_node=3", "rollout.n_gpus_per_node=1",
+                                     "async_training.placement=elastic", "actor_rollout_ref.actor.strategy=fsdp2"]
+    assert runs["async_colocated"] == ["trainer.n_gpus_per_node=4", "rollout.n_gpus_per_node=0",
+                                       "async_training.placement=colocated", "actor_rollout_ref.actor.strategy=fsdp2"]
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--devices", "1", "--placements", "split"], "split and elastic need a rollout and a trainer"),
+    (["--devices", "2", "--placements", "colocated", "--split", "1"], "only split and elastic"),
+    (["--devices", "2", "async_training.placement=elastic"], "pass --placements instead"),
+    (["--devices", "0"], "--devices 0"),
+])
+def test_bad_flags_are_refused_before_anything_runs(argv, words, tmp_path, capsys):
+    assert cs.main([*argv, "--out", str(tmp_path)]) == cs.REFUSED
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "bench.json").exists()
+
+
+def run(mode, placement, trainer, rollout, step, gen, switch, tokens=1000.0):
+    scalars = {"timing_s/step": [(1, 1.0, step), (2, 2.0, step)], "timing_s/gen": [(1, 1.0, gen), (2, 2.0, gen)],
+               "timing_s/param_sync": [(1, 1.0, switch), (2, 2.0, switch)],
+               "perf/total_num_tokens": [(1, 1.0, tokens), (2, 2.0, tokens)]}
+    config = {"mode": mode, "async_training": {"placement": placement},
+              "trainer": {"nnodes": 1, "n_gpus_per_node": trainer}, "rollout": {"nnodes": 1, "n_gpus_per_node": rollout}}
+    return Run("/x", scalars, 0.0, config, {"devices": {"trainer": trainer, "rollout": rollout,
+                                                        "total": trainer + rollout, "device": "cuda"}})
+
+
+def test_step_phases_ceiling_and_placement_of_a_colocated_run():
+    col = run("async", "colocated", 1, 0, step=2.0, gen=1.2, switch=0.3)
+    assert placement_of(col.config) == "colocated" and placement_of({"mode": "sync"}) == "sync"
+    assert step_phases(col, [2.0, 2.0]) == pytest.approx({"generate_s_per_step": 1.2, "train_s_per_step": 0.5,
+                                                          "switch_s_per_step": 0.3})
+    bench = {"rollout": {"tokens_per_s": 300.0}, "train": {"tokens_per_s": 100.0}}
+    assert run_ceiling(col, bench) == pytest.approx(1 / (1 / 300 + 1 / 100))     # as sync on its one device
+
+
+def test_placements_summary_ranks_every_run_against_the_shared_sync():
+    def table(tps_async, placement, devices):
+        return {"modes": {"sync": {"tokens_per_s": 100.0, "time_per_step_s": 10.0, "generate_s_per_step": 8.0,
+                                   "train_s_per_step": 1.5, "switch_s_per_step": 0.5,
+                                   "devices": {"trainer": 2, "rollout": 0, "device": "cuda"}},
+                          "async": {"tokens_per_s": tps_async, "time_per_step_s": 1000.0 / tps_async,
+                                    "devices": devices}},
+                "speedup": {"tokens_per_s": tps_async / 100.0}}
+    summary = placements_summary({"split": table(90.0, "split", {"trainer": 1, "rollout": 1, "device": "cuda"}),
+                                  "colocated": table(180.0, "colocated", {"trainer": 2, "rollout": 0,
+                                                                          "device": "cuda"})})
+    assert [r["placement"] for r in summary["rows"]] == ["sync", "split", "colocated"]
+    assert summary["best"] == "colocated" and summary["best_over_sync"] == pytest.approx(1.8)
+    text = format_placements(summary)
+    assert "fastest: colocated (1.80x sync's tokens/s)" in text
+    assert "2+0 (cuda)" in text and "8.000" in text
