@@ -201,3 +201,13 @@ def test_megatron_layout_that_does_not_split_the_model():
         check_parallel_layout(cfg, AutoConfig.from_pretrained(MODEL))
     with pytest.raises(ConfigError, match="trainer.device.*megatron-core does not run"):
         prep("actor_rollout_ref.actor.strategy=megatron", "trainer.device=cpu")
+
+
+def test_elastic_placement_is_refused_before_anything_loads():
+    """The planner simulates placement=elastic; a run refuses it naming the key and what does run."""
+    from fully_async.core.config import ConfigError
+    from fully_async.run.hydra_setup import load_config
+    from fully_async.run.prepare import prepare
+
+    with pytest.raises(ConfigError, match="async_training.placement.*elastic.*colocated"):
+        prepare(load_config(["async_training.placement=elastic"]))
