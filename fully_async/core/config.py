@@ -124,8 +124,8 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"      # kl(k1) | abs | mse(k2) | low_var_kl(k3)
     entropy_coeff: float = 0.0
     grad_clip: float = 1.0                # max global grad norm
-    dtype: str = "bfloat16"               # compute dtype (verl's fsdp_config.dtype): float32 master weights, grads
-    #                                       and AdamW states on every strategy; float32 | bfloat16 | float16
+    dtype: str = "float32"                # float32 | bfloat16: fsdp2 keeps float32 master weights and computes in it;
+    #                                       one device (strategy torch) keeps params and AdamW states in it
     use_torch_compile: bool = True        # torch/fsdp2 on CUDA: compile each decoder layer (fuses its pointwise
     #                                       kernels) and the chunked log-prob/entropy; no effect on cpu/npu
     fsdp_config: OffloadConfig = field(default_factory=OffloadConfig)

@@ -171,6 +171,19 @@ def _check_algorithm(cfg: Any) -> None:
         _at_least("algorithm.kl_ctrl.target_kl", ctrl.target_kl, 0.0, strict=True)
 
 
+def _warn_pure_low_precision(cfg: Any) -> None:
+    """One trainer device (strategy torch) in bf16/fp16 keeps its parameters and AdamW states in that dtype: say so
+    (verl trains over float32 master weights; docs/verl_compat.md "Defaults that differ")."""
+    from fully_async.core.config import actor_strategy
+
+    dtype = cfg.actor_rollout_ref.actor.dtype
+    if dtype != "float32" and actor_strategy(cfg) == "torch":
+        logger.warning("actor_rollout_ref.actor.dtype=%s on one trainer device (strategy torch): parameters and AdamW "
+                       "states are %s, so updates much smaller than the weights round away (lr 1e-6: most do); "
+                       "verl keeps float32 master weights. Use actor.strategy=fsdp2 (float32 masters, %s compute) "
+                       "or actor.dtype=float32", dtype, dtype, dtype)
+
+
 def _check_async_training(cfg: Any) -> None:
     at = cfg.async_training
     _at_least("async_training.staleness_threshold", at.staleness_threshold, 0.0)
@@ -467,7 +480,8 @@ def validate_with_data(cfg: Any, num_train_prompts: int) -> None:
 
 
 SECTION_CHECKS = (_check_mode, _check_trainer, _check_rollout_placement, _check_data, _check_model, _check_actor,
-                  _check_rollout, _check_algorithm, _check_async_training, _check_reward, _check_benchmark,
+                  _check_rollout, _check_algorithm, _check_async_training, _warn_pure_low_precision, _check_reward,
+                  _check_benchmark,
                   _check_multi_job)
 CROSS_SECTION_CHECKS = (_check_grpo_group, _check_sequence_budgets, _check_sync_batch, _check_trainer_world,
                         _validate_attention, _validate_rollout_layout,

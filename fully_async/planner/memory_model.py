@@ -2,12 +2,11 @@
 
 What is counted, per device, in bytes (P = parameters of the device's shard, h/I = hidden/intermediate sizes):
 
-  trainer, strategy torch   verl's mixed precision: float32 master params, grads and both AdamW moments 16 x P,
-                            plus autocast's actor.dtype copy of the weights while a forward/backward runs
-                            (bytes(dtype) x P, none in float32).  The peak is in a later step's forward/backward
-                            (optimizer states exist); grads coexist with a micro-batch's activations when a
-                            mini-batch has several micro-batches, otherwise only what exceeds the activations
-                            counts (+ the reference model's params in actor.dtype when use_kl_loss)
+  trainer, strategy torch   params, grads and both AdamW moments in actor.dtype: 4 x P x bytes(dtype).  The peak is
+                            in a later step's forward/backward (optimizer states exist); grads coexist with a
+                            micro-batch's activations when a mini-batch has several micro-batches, otherwise
+                            only what exceeds the activations counts
+                            (+ the reference model's params when use_kl_loss)
   trainer, strategy fsdp2   float32 master params, grads and moments sharded over the data-parallel ranks:
                             16 x P / dp, plus two gathered layers in actor.dtype (the layer computing, the
                             next one prefetched); the reference model sharded the same way (4 x P / dp)
@@ -165,12 +164,10 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
         mem.note = f"fsdp2 over dp={dp} (float32 master, compute in {actor.dtype})"
         tokens = micro_batch_tokens(cfg, dp)
     else:
-        mem.parts.update(params=4 * P, grads=4 * P, optimizer=8 * P)
-        if cbytes < 4:
-            mem.parts["compute_weights"] = cbytes * P
+        mem.parts.update(params=cbytes * P, grads=cbytes * P, optimizer=2 * cbytes * P)
         if ref:
             mem.parts["ref_params"] = cbytes * P
-        mem.note = f"torch, one device, float32 master/grads/AdamW, compute in {actor.dtype}"
+        mem.note = f"torch, one device, params/grads/AdamW in {actor.dtype}"
         tokens = micro_batch_tokens(cfg, dp)
     # the torch backend (torch and fsdp2) compiles each decoder layer where the device has inductor: CUDA
     # (train/backends/torch_backend.compile_decoder_layers); NPU and CPU, and megatron, run the layers eagerly

@@ -127,8 +127,9 @@ RULES: list[Rule] = [
     _warn_if("actor_rollout_ref.actor.optim.weight_decay_incr_style", _is("constant"), "constant",
              "weight decay is constant", "only a constant weight decay is implemented"),
     _map("actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.actor.dtype",
-         "verl's FSDP compute dtype is our actor.dtype", convert=lambda v: {"bf16": "bfloat16", "fp16": "float16",
-                                                                           "fp32": "float32"}.get(v, v)),
+         "verl's FSDP compute dtype is our actor.dtype (default float32, verl's bf16; on one trainer device a bf16 "
+         "actor keeps bf16 parameters and AdamW states where verl keeps float32 masters: warned at start)",
+         convert=lambda v: {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(v, v)),
     _warn("actor_rollout_ref.actor.fsdp_config.model_dtype", "FSDP2 keeps float32 master weights and computes "
           "in actor_rollout_ref.actor.dtype"),
     _warn("actor_rollout_ref.actor.fsdp_config.strategy", "set actor_rollout_ref.actor.strategy (fsdp maps to "

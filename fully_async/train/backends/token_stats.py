@@ -195,14 +195,8 @@ def _fused_forward(self: torch.nn.Module, *args, fa_targets: Optional[torch.Tens
     if fa_targets is None:
         return type(self).forward(self, *args, **kwargs)
     hidden = self.get_decoder()(*args, **kwargs).last_hidden_state
-    weight = self.get_output_embeddings().weight
-    if torch.is_autocast_enabled(hidden.device.type):
-        # mixed precision (float32 master weights, torch backend): the projection in the compute dtype, as the
-        # plain lm_head's would be; cast here, outside the autograd.Function, whose backward runs without autocast
-        dtype = torch.get_autocast_dtype(hidden.device.type)
-        hidden, weight = hidden.to(dtype), weight.to(dtype)
-    return hidden_stats(hidden.reshape(-1, hidden.shape[-1]), weight, fa_targets.reshape(-1), fa_temperature,
-                        fa_with_entropy)
+    return hidden_stats(hidden.reshape(-1, hidden.shape[-1]), self.get_output_embeddings().weight,
+                        fa_targets.reshape(-1), fa_temperature, fa_with_entropy)
 
 
 def enable_fused_head(model: torch.nn.Module) -> bool:

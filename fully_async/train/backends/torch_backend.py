@@ -6,14 +6,6 @@ micro-batching never changes the numbers) with gradients accumulating; `optimize
 grad norm and steps the optimizer and the LR schedule once per mini-batch, or drops the gradients when the loss
 or the norm is non-finite.  Under FSDP2 every rank runs the same number of passes (sharding.py pads with dummies)
 so that the all-gathers line up.
-
-Precision is verl's mixed precision on both paths: float32 master weights, gradients and AdamW states, compute in
-`actor.dtype`.  FSDP2 does it with its MixedPrecisionPolicy (bf16 gathered parameters, float32 reduction); one
-device runs the forward under `torch.autocast(actor.dtype)`, so matmuls run in bf16 against a cast of the float32
-weights and the gradients land in float32.  (Pure bf16 parameters, as this backend once kept, lose an lr of 1e-6
-update to rounding: 10 AdamW steps changed 2% of the weights against 99.98% in float32.)  The reference model has
-no optimizer and is kept in `actor.dtype`, as verl's (its ref `model_dtype` defaults to bf16).  Weights go to the
-engines in `rollout.dtype`.
 """
 from __future__ import annotations
 
@@ -22,7 +14,6 @@ import glob
 import logging
 import os
 import random
-from contextlib import nullcontext
 from typing import Any, Callable, Optional
 
 import torch
@@ -133,21 +124,17 @@ class TorchBackend:
         self.data_parallel_size = dist.get_world_size() if self.fsdp and dist.is_initialized() else 1
         self.dp_rank = self.rank if self.fsdp else 0
         compute_dtype = parse_dtype(arr.actor.dtype)
-        # float32 master weights on both paths; FSDP2 computes in actor.dtype by its policy, one device by autocast
-        self.autocast_dtype = compute_dtype if compute_dtype != torch.float32 and not self.fsdp else None
-        self.sync_dtype = parse_dtype(arr.rollout.dtype)   # what the engines load
+        # FSDP2 keeps float32 master weights and computes in actor.dtype; plain torch trains in actor.dtype
         self.packed = arr.model.use_remove_padding
         self._host: Optional[Any] = None   # pinned host buffers of offload(), made at the first one
         self.model = AutoModelForCausalLM.from_pretrained(
-            arr.model.path, dtype=torch.float32,
+            arr.model.path, dtype=torch.float32 if self.fsdp else compute_dtype,
             trust_remote_code=arr.model.trust_remote_code, **model_overrides(arr.model, device)).to(self.torch_device)
         if arr.model.enable_gradient_checkpointing:   # non-reentrant, as verl: torch.compile traces through it
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
         need_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if need_ref else None
-        if self.ref_model is not None and self.autocast_dtype is not None:
-            self.ref_model.to(self.autocast_dtype)   # no optimizer, no master copy (verl's ref model_dtype: bf16)
         # lm_head folded into the chunked log-prob/entropy (no logits tensor), where the model allows it
         self.fused = arr.model.use_fused_kernels and all(
             enable_fused_head(m) for m in (self.model, self.ref_model) if m is not None)
@@ -173,12 +160,6 @@ class TorchBackend:
         self.num_bad_steps = 0          # total optimizer steps skipped for a non-finite loss/grad (ppo_update counts)
         self.consecutive_bad_steps = 0  # reset by every good optimizer step
 
-    def compute_context(self) -> Any:
-        """Where forwards run: autocast to actor.dtype on one device with mixed precision, else as they are."""
-        if self.autocast_dtype is None:
-            return nullcontext()
-        return torch.autocast(self.torch_device.type, dtype=self.autocast_dtype)
-
     # ------------------------------------------------------------------ log-probs
     @torch.no_grad()
     def compute_log_probs(self, batch: TrainBatch, which: str = "actor", num_micro: Optional[int] = None
@@ -198,8 +179,7 @@ class TorchBackend:
                                sub.log_prob_max_token_len_per_gpu, self.packed)
         for idx, dummy in pad_micro_batches(splits, num_micro):
             mb = batch.select(idx).to(self.torch_device)
-            with self.compute_context():
-                logp, _ = token_log_probs(model, mb, self.temperature, packed=self.packed, fused=self.fused)
+            logp, _ = token_log_probs(model, mb, self.temperature, packed=self.packed, fused=self.fused)
             if not dummy:
                 out[idx, :logp.shape[1]] = logp.float().cpu()
         model.train(was_training)
@@ -217,9 +197,8 @@ class TorchBackend:
         self.optimizer.zero_grad(set_to_none=True)
         for i, mb in enumerate(micro):
             mb = mb.to(self.torch_device)
-            with self.compute_context():   # the backward runs outside autocast, as torch recommends
-                logp, ent = token_log_probs(self.model, mb, self.temperature, with_entropy=True, packed=self.packed,
-                                            fused=self.fused)
+            logp, ent = token_log_probs(self.model, mb, self.temperature, with_entropy=True, packed=self.packed,
+                                        fused=self.fused)
             res = mini.loss(mb, logp, ent)
             # backward even for a non-finite loss or a dummy: every rank must run the same collectives; the
             # update then skips the step on all ranks together
@@ -248,15 +227,10 @@ class TorchBackend:
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
     def named_parameters_for_sync(self) -> dict[str, torch.Tensor]:
-        """CPU copies of every parameter (tied weights once) in rollout.dtype, as the rollout engine names them.
+        """CPU copies of every parameter (tied weights once), as the rollout engine names them.
 
         Under FSDP2 every rank must call (parameters are all-gathered); only rank 0 gets the dict."""
-        return self._full_state(self.sync_dtype)
-
-    def _full_state(self, dtype: Optional[torch.dtype] = None) -> dict[str, torch.Tensor]:
-        """CPU copies of every full parameter (in `dtype`, else the master's); rank 0 gets them, every rank gathers."""
-        return {name: t.to("cpu", dtype=dtype or t.dtype, copy=True)
-                for name, t in self.iter_full_parameters() if self.rank == 0}
+        return {name: t.to("cpu", copy=True) for name, t in self.iter_full_parameters() if self.rank == 0}
 
     def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """Names and full (unsharded) shapes, in the order iter_full_parameters yields them."""
@@ -296,7 +270,7 @@ class TorchBackend:
             return
         from safetensors.torch import save_file
 
-        full = self._full_state()   # the float32 master weights
+        full = self.named_parameters_for_sync()
         fsdp.save_sharded(self.model, self.optimizer, path)
         torch.save(self._extra_state(False), os.path.join(path, f"actor_extra_rank{self.rank}.pt"))
         if self.rank == 0:
