@@ -158,8 +158,16 @@ def check_diff(diff: list[tuple[str, Any, Any]], allow_diff: tuple[str, ...],
     """(differences that block the comparison, fair).  fair: equal total devices; then the PLACEMENT_KEYS
     may differ too.  With unequal totals a placement difference blocks (it is not a fair split either)."""
     fair = totals["async"] == totals["sync"]
-    allowed = set(allow_diff) | (set(PLACEMENT_KEYS) if fair else set())
+    allowed = set(allow_diff) | (set(PLACEMENT_KEYS) if fair else set()) | async_only_keys()
     return [d for d in diff if d[0] not in allowed], fair
+
+
+def async_only_keys() -> set[str]:
+    """Keys a sync run does not read (core/mode_keys.py: the staleness knobs, the rollout devices, ...): an async and
+    a sync run may differ in them and still run the same workload."""
+    from fully_async.core.mode_keys import MODE_ONLY, SYNC
+
+    return {key for key, only in MODE_ONLY.items() if SYNC not in only.acts_in}
 
 
 def workload_of(config: dict) -> Optional[dict]:
