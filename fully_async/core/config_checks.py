@@ -4,8 +4,11 @@ valid values.  One function per section of the schema (`core/config.py`), then t
 `validate_with_data` adds the ones that need the dataset's size."""
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import os
+import typing
 from typing import Any
 
 from fully_async.core.config import (ADV_ESTIMATORS, ATTN_IMPLEMENTATIONS, DEVICES, DTYPES, KL_TYPES, LOGGERS,
@@ -29,9 +32,52 @@ def _at_least(key: str, value: Any, low: float, strict: bool = False) -> None:
 
 def validate(cfg: Any) -> None:
     """Checks that need no data and no model; raises ConfigError naming the key.  Each section is checked by its
-    own function, then the checks that relate sections (each a small named function)."""
+    own function, then the checks that relate sections (each a small named function).  NaN and inf first: every
+    range check below compares, and a comparison with NaN is false."""
+    check_finite(cfg)
     for check in SECTION_CHECKS + CROSS_SECTION_CHECKS:
         check(cfg)
+
+
+# ------------------------------------------------------------------ finite numbers, by a walk over the schema
+def _numbers(schema: type, node: Any, prefix: str) -> typing.Iterator[tuple[str, Any]]:
+    """(key, value) of every number under `node`: the schema's fields (`FullyAsyncConfig` and its sections), and
+    whatever a free-form field (a dict or a list: override_config, engine kwargs) holds."""
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        key = f"{prefix}{f.name}"
+        value = node.get(f.name) if isinstance(node, dict) else getattr(node, f.name, None)
+        sub = next((t for t in (hints[f.name], *typing.get_args(hints[f.name])) if dataclasses.is_dataclass(t)),
+                   None)
+        if sub is not None and value is not None:
+            yield from _numbers(sub, value, key + ".")
+        else:
+            yield from _loose_numbers(value, key)
+
+
+def _loose_numbers(value: Any, key: str) -> typing.Iterator[tuple[str, Any]]:
+    if isinstance(value, bool):
+        return
+    if isinstance(value, (int, float)):
+        yield key, value
+    elif hasattr(value, "items"):
+        for k, v in value.items():
+            yield from _loose_numbers(v, f"{key}.{k}")
+    elif isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+        for i, v in enumerate(value):
+            yield from _loose_numbers(v, f"{key}[{i}]")
+
+
+def check_finite(cfg: Any) -> None:
+    """Every number of the config is finite: NaN passes every range check (a comparison with NaN is false) and
+    inf turns a timeout or a bound off; both fail late, inside an actor, without the key.  ConfigError names the
+    first key that is not."""
+    from fully_async.core.config import FullyAsyncConfig
+
+    for key, value in _numbers(FullyAsyncConfig, cfg, ""):
+        if not math.isfinite(value):
+            raise ConfigError(key, f"{value!r} is not a finite number (NaN and inf are refused; give a number, or "
+                              "null where the key allows it)")
 
 
 # ------------------------------------------------------------------ one function per section
