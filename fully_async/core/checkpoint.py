@@ -5,9 +5,9 @@ its own part and reads it back on resume:
   actor/                 trainer: the model as a Hugging Face folder (save_pretrained)
   actor_optim.pt         trainer: optimizer, LR scheduler, RNG states (FSDP2: per-rank shard files)
   trainer_state.json     trainer: step, version, ids of every sample trained so far
-  rollout_state.pkl      rollouter: data-stream position, staleness counters, in-flight groups with
+  rollout_state.json     rollouter: data-stream position, staleness counters, in-flight groups with
                          their partial responses (tokens, log-probs, versions); sync mode: the stream
-  queue_state.pkl        queue: the groups generated but not yet trained
+  queue_state.json       queue: the groups generated but not yet trained
 The driver orchestrates it (launcher.take_checkpoint): every part goes into `.tmp_global_step_<v>`
 (`begin_checkpoint`), which is renamed when all are in (`commit_checkpoint`), so a crash mid-save never
 leaves a folder that looks finished; `latest_checkpointed_iteration.txt` (verl's name) names the
@@ -17,8 +17,10 @@ Integrity: the driver writes `config.json` (the run's resolved config) and then 
 file's relative path, size and sha256) as the last files before the rename.  Resume verifies the manifest
 of the checkpoint it picks (`find_resume_path`): a checkpoint that fails (a truncated or missing file) is
 set aside as `global_step_<v>.broken` and the newest intact older one is used; none intact: CheckpointError
-before Ray starts.  A checkpoint without a manifest (written before manifests existed) is accepted with a
-warning.  `check_resume_config` refuses changes, between the saved config and the new one, of the keys that
+before Ray starts.  A checkpoint without a manifest is not used (nothing says its files are complete): auto sets
+it aside like a damaged one, resume_from_path refuses it naming the command that writes its manifest.  Reading
+never runs code: weights are safetensors, optimizer files are read with `torch.load(weights_only=True)`, the
+rollouter's and the queue's state are JSON (`write_state` / `read_state`).  `check_resume_config` refuses changes, between the saved config and the new one, of the keys that
 give the saved state its meaning (config.RESUME_STATE_KEYS) unless trainer.resume_allow_config_change
 names them.
 """
@@ -37,8 +39,8 @@ logger = logging.getLogger("fully_async")
 
 LATEST = "latest_checkpointed_iteration.txt"
 TRAINER_STATE = "trainer_state.json"
-ROLLOUT_STATE = "rollout_state.pkl"
-QUEUE_STATE = "queue_state.pkl"
+ROLLOUT_STATE = "rollout_state.json"
+QUEUE_STATE = "queue_state.json"
 CONFIG = "config.json"
 MANIFEST = "manifest.json"
 HASH_CHUNK = 8 << 20  # bytes read at a time: files are hashed streaming, never loaded whole
@@ -182,43 +184,48 @@ def _set_aside(folder: str) -> str:
     return target
 
 
+NO_MANIFEST_FIX = ("if you trust its files, write its manifest with `python -c \"from fully_async.core.checkpoint "
+                   "import write_manifest; write_manifest('{path}')\"`")
+
+
 def find_resume_path(trainer_cfg: Any) -> Optional[str]:
     """The checkpoint to resume from according to trainer.resume_mode (None: start fresh), its manifest
-    verified.  auto: a broken newest checkpoint is set aside (renamed global_step_<v>.broken, never deleted)
-    with a warning naming the bad files, and the newest intact older one is used; none intact, or a broken
-    resume_from_path: CheckpointError naming the files."""
+    verified.  auto: a newest checkpoint that is damaged or has no manifest (an interrupted or foreign folder:
+    nothing says its files are complete) is set aside (renamed global_step_<v>.broken, never deleted) with a warning
+    naming the problem, and the newest intact older one is used; none intact, or a resume_from_path that is
+    damaged or has no manifest: CheckpointError naming the files and what to do."""
     mode = trainer_cfg.resume_mode
     if mode == "disable":
         return None
     if mode == "resume_path":
         path = trainer_cfg.resume_from_path
         problems = verify_checkpoint(path)
+        if problems is None:
+            raise CheckpointError(f"checkpoint {path} (trainer.resume_from_path) has no {MANIFEST}, so nothing says "
+                                  f"its files are complete and unchanged; {NO_MANIFEST_FIX.format(path=path)}, "
+                                  "or resume from another checkpoint")
         if problems:
             raise CheckpointError(f"checkpoint {path} (trainer.resume_from_path) is damaged: "
                                   f"{'; '.join(problems)}")
-        if problems is None:
-            logger.warning("checkpoint %s has no %s (written by an older version): resuming without verifying "
-                           "its files", path, MANIFEST)
         return path
     root = trainer_cfg.default_local_dir
     broken: list[str] = []
     for version in reversed(list_checkpoints(root)):
         path = step_dir(root, version)
         problems = verify_checkpoint(path)
-        if problems is None:
-            logger.warning("checkpoint %s has no %s (written by an older version): resuming without verifying "
-                           "its files", path, MANIFEST)
+        if problems == []:
             return path
-        if not problems:
-            return path
+        problems = problems or [f"no {MANIFEST}"]
         aside = _set_aside(path)
         broken.append(f"{path}: {'; '.join(problems)}")
-        logger.warning("checkpoint %s is damaged (%s); set aside as %s, trying the previous one", path,
+        logger.warning("checkpoint %s is incomplete or damaged (%s); set aside as %s, trying the previous one", path,
                        "; ".join(problems), aside)
     if broken:
         raise CheckpointError(f"no intact checkpoint in {root} to resume from (trainer.resume_mode=auto): "
-                              f"{' | '.join(broken)}; the damaged folders were renamed *.broken; start fresh "
-                              "with trainer.resume_mode=disable or another trainer.default_local_dir")
+                              f"{' | '.join(broken)}; the folders were renamed *.broken (one without a manifest "
+                              f"can be trusted by hand: {NO_MANIFEST_FIX.format(path='<folder>')}, then rename it "
+                              "back); or start fresh with trainer.resume_mode=disable or another "
+                              "trainer.default_local_dir")
     return None
 
 
@@ -284,9 +291,85 @@ def read_json(path: str) -> Any:
         return json.load(fh)
 
 
-def write_pickle(path: str, data: Any) -> None:
-    with open(path, "wb") as fh:
-        pickle.dump(data, fh, protocol=pickle.HIGHEST_PROTOCOL)
+# ---------------------------------------------------------------- the rollouter's and the queue's state, as JSON
+# Reading a checkpoint never runs code: these files are JSON, whose only non-JSON values are the records below
+# (rebuilt field by field), tuples, dicts with non-string keys and numpy arrays.  Older checkpoints kept them as
+# pickles (`*.pkl`); those are read through an unpickler that can build nothing but the same records.
+def _state_classes() -> dict[str, type]:
+    from fully_async.core.partial import PendingResponse
+    from fully_async.core.types import GenOutput, GenRequest, PromptRecord, Sample, SampleGroup, SamplingParams
+
+    return {c.__name__: c for c in (PromptRecord, SamplingParams, GenRequest, GenOutput, Sample, SampleGroup,
+                                    PendingResponse)}
+
+
+def _encode(value: Any) -> Any:
+    import dataclasses
+
+    if isinstance(value, (str, bool, int, float)) or value is None:
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        name = type(value).__name__
+        if _state_classes().get(name) is not type(value):
+            raise TypeError(f"{type(value).__qualname__} is not a record a checkpoint may hold")
+        return {"__record__": name, "fields": {f.name: _encode(getattr(value, f.name))
+                                                for f in dataclasses.fields(value)}}
+    if isinstance(value, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in value):
+            return {k: _encode(v) for k, v in value.items()}
+        return {"__items__": [[_encode(k), _encode(v)] for k, v in value.items()]}
+    if isinstance(value, list):
+        return [_encode(v) for v in value]
+    if isinstance(value, tuple):
+        return {"__tuple__": [_encode(v) for v in value]}
+    if type(value).__module__ == "numpy":
+        import numpy as np
+
+        if isinstance(value, np.ndarray):
+            return {"__ndarray__": _encode(value.tolist()), "dtype": str(value.dtype)}
+        return value.item()  # a numpy scalar
+    raise TypeError(f"a {type(value).__qualname__} cannot be written to a checkpoint's state file")
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "__record__" in value:
+        cls = _state_classes()[value["__record__"]]
+        return cls(**{k: _decode(v) for k, v in value["fields"].items()})
+    if "__tuple__" in value:
+        return tuple(_decode(v) for v in value["__tuple__"])
+    if "__items__" in value:
+        return {_decode(k): _decode(v) for k, v in value["__items__"]}
+    if "__ndarray__" in value:
+        import numpy as np
+
+        return np.array(_decode(value["__ndarray__"]), dtype=value["dtype"] if value["dtype"] != "object" else object)
+    return {k: _decode(v) for k, v in value.items()}
+
+
+def write_state(path: str, data: Any) -> None:
+    """`data` (dicts, lists, tuples, numbers, strings, numpy arrays and the records of core.types / core.partial)
+    as JSON at `path`."""
+    with open(path, "w") as fh:
+        json.dump(_encode(data), fh, separators=(",", ":"))
+
+
+def read_state(path: str) -> Any:
+    """What write_state wrote at `path`; when only the pickle an older version wrote beside it exists
+    (`<name>.pkl`), that one, through an unpickler that builds only the same records (never runs code)."""
+    if path.endswith(".pkl"):
+        return _read_legacy_pickle(path)
+    if not os.path.isfile(path) and path.endswith(".json") and os.path.isfile(path[:-5] + ".pkl"):
+        return _read_legacy_pickle(path[:-5] + ".pkl")
+    try:
+        with open(path) as fh:
+            return _decode(json.load(fh))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path} is not a readable checkpoint state file ({type(exc).__name__}: {exc}); "
+                              "resume from an earlier checkpoint (trainer.resume_from_path) or start fresh") from None
 
 
 # where pickled classes lived before the package was split into layers (checkpoints written then still resume)
@@ -301,21 +384,48 @@ LEGACY_MODULES = {f"fully_async.{name}": f"fully_async.{layer}.{name}" for layer
 LEGACY_MODULES.update({"fully_async.core.algorithms": "fully_async.algorithms", "fully_async.core.rewards":
                        "fully_async.rewards", "fully_async.core.metrics": "fully_async.telemetry.metrics",
                        "fully_async.core.timeline": "fully_async.telemetry.timeline"})
+# what else an older state pickle may name: numpy arrays (a dataset's list columns) and their dtypes
+_LEGACY_GLOBALS = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+                   ("numpy", "ndarray"), ("numpy", "dtype"), ("collections", "OrderedDict"),
+                   # protocols 0-1 build a record as copyreg._reconstructor(cls, object, None)
+                   ("copyreg", "_reconstructor"), ("builtins", "object"), ("copy_reg", "_reconstructor"),
+                   ("__builtin__", "object")}
 
 
-class _Unpickler(pickle.Unpickler):
+class _RecordsOnlyUnpickler(pickle.Unpickler):
+    """Builds the records of core.types / core.partial (moved modules mapped) and numpy arrays; any other global a
+    pickle names -- the way a planted file runs code -- is refused."""
+
+    def __init__(self, fh: Any, path: str):
+        super().__init__(fh)
+        self.path = path
+
     def find_class(self, module: str, name: str) -> Any:
         for depth in (3, 2):
             top = ".".join(module.split(".")[:depth])
             if top in LEGACY_MODULES:
                 module = LEGACY_MODULES[top] + module[len(top):]
                 break
-        return super().find_class(module, name)
+        cls = _state_classes().get(name)
+        if cls is not None and module == cls.__module__:
+            return cls
+        if (module, name) in _LEGACY_GLOBALS or (module.startswith("numpy") and name.endswith("DType")):
+            return super().find_class(module, name)
+        raise CheckpointError(f"{self.path} (a state file an older version pickled) names {module}.{name}, which a "
+                              "checkpoint's state never holds: refusing to load it (unpickling it could run code).  "
+                              "Resume from a checkpoint this version wrote, or start fresh "
+                              "(trainer.resume_mode=disable)")
 
 
-def read_pickle(path: str) -> Any:
+def _read_legacy_pickle(path: str) -> Any:
     with open(path, "rb") as fh:
-        return _Unpickler(fh).load()  # our own checkpoint files only
+        try:
+            return _RecordsOnlyUnpickler(fh, path).load()
+        except CheckpointError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a truncated or foreign file
+            raise CheckpointError(f"{path} is not a readable state pickle ({type(exc).__name__}: {exc}); resume "
+                                  "from an earlier checkpoint or start fresh") from None
 
 
 def dir_size_bytes(path: str) -> int:

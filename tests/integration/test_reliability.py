@@ -71,12 +71,12 @@ def test_trainer_killed_then_resume_loses_and_repeats_nothing(tmp_path, replicas
     os.kill(first.pids["trainer"], signal.SIGKILL)
     assert first.wait(120) == 1
     assert "trainer failed" in first.output
-    from fully_async.core.checkpoint import list_checkpoints, read_pickle
+    from fully_async.core.checkpoint import list_checkpoints, read_state
     saved = list_checkpoints(str(tmp_path / "ckpt"))
     assert saved and saved[-1] < 8
     resumed_from = saved[-1]
-    snap = read_pickle(str(tmp_path / "ckpt" / f"global_step_{resumed_from}" / "rollout_state.pkl"))
-    queued = read_pickle(str(tmp_path / "ckpt" / f"global_step_{resumed_from}" / "queue_state.pkl"))
+    snap = read_state(str(tmp_path / "ckpt" / f"global_step_{resumed_from}" / "rollout_state.json"))
+    queued = read_state(str(tmp_path / "ckpt" / f"global_step_{resumed_from}" / "queue_state.json"))
 
     second = Run(tmp_path, *args)
     assert second.wait(300) == 0, second.output[-4000:]
