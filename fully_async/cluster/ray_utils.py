@@ -13,6 +13,48 @@ class RunFailed(RuntimeError):
     """An actor failed; the message names the actor and its root cause."""
 
 
+class Unresponsive(RunFailed):
+    """An actor did not answer the driver within the call's deadline."""
+
+
+UNRESPONSIVE = "not responding (its process is stopped, wedged, or holds the GIL)"
+
+
+class Calls:
+    """The driver's calls to its actors, none waited on longer than asked: at most one call per key (an actor and
+    its method) is outstanding; a poll that finds it unanswered returns at once and asks again only once the
+    actor answered, so a stopped actor neither blocks the driver nor collects a queue of calls, and nothing it
+    returns late (popped metrics) is lost.  `silent()` says who has not answered, and for how long."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, tuple[Any, float]] = {}
+
+    def poll(self, key: str, start: Callable[[], Any], wait_s: float = 0.0) -> tuple[bool, Any]:
+        """(True, result) when the call `key` answered within `wait_s` (`start()` issues it when none is
+        outstanding), else (False, None).  An actor's error is raised."""
+        import ray
+
+        if key not in self.pending:
+            self.pending[key] = (start(), time.monotonic())
+        ref, _ = self.pending[key]
+        if not ray.wait([ref], timeout=wait_s)[0]:
+            return False, None
+        del self.pending[key]
+        return True, ray.get(ref)
+
+    def get(self, key: str, start: Callable[[], Any], deadline_s: float) -> Any:
+        """The answer of `key`, waited on at most `deadline_s`; Unresponsive naming it otherwise."""
+        done, result = self.poll(key, start, deadline_s)
+        if not done:
+            raise Unresponsive(f"{key} did not answer within {deadline_s:g}s: {UNRESPONSIVE}")
+        return result
+
+    def silent(self) -> dict[str, float]:
+        """Seconds each outstanding call has waited so far."""
+        now = time.monotonic()
+        return {key: now - t0 for key, (_, t0) in self.pending.items()}
+
+
 def ray_get(refs: Any, timeout: Optional[float] = None) -> Any:
     """`ray.get`, imported lazily (modules that call actors stay importable without Ray)."""
     import ray
@@ -74,16 +116,20 @@ def is_secondary(exc: BaseException) -> bool:
     return isinstance(root_cause(exc), (rex.RayActorError, rex.ActorDiedError))
 
 
-def supervise(runs: dict[Any, str], until: str, on_tick: Callable[[], None], tick_s: float = 0.5) -> Any:
+def supervise(runs: dict[Any, str], until: str, on_tick: Callable[[], None], tick_s: float = 0.5,
+              deadline_s: Optional[float] = None) -> Any:
     """Wait for the run named `until` to finish while ticking (returns its result); raise RunFailed
-    on any failure, including one raised by `on_tick` (the watchdog).
+    on any failure, including one raised by `on_tick` (the watchdog), and Unresponsive when `deadline_s` passes.
 
     When several actors fail together, report the one whose error is not just "actor died".
     """
     import ray
 
     pending = dict(runs)
+    t0 = time.monotonic()
     while True:
+        if deadline_s is not None and time.monotonic() - t0 > deadline_s:
+            raise Unresponsive(f"{until} did not finish within {deadline_s:g}s of being asked to stop: {UNRESPONSIVE}")
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=tick_s)
         for ref in ready:
             name = pending.pop(ref)

@@ -87,9 +87,53 @@ def commit_checkpoint(root: str, version: int, tmp: str, keep: Optional[int] = N
         fh.write(str(version))
     os.replace(marker_tmp, os.path.join(root, LATEST))
     if keep is not None:
-        for old in list_checkpoints(root)[:-keep]:
-            shutil.rmtree(step_dir(root, old), ignore_errors=True)
+        prune(root, version, keep)
     return final
+
+
+def prune(root: str, version: int, keep: int) -> list[int]:
+    """Retention along the timeline being trained: keep checkpoint `version` (the one just written, which the
+    marker names) and the newest `keep - 1` older ones; delete the other older ones.  A newer folder is never
+    deleted here (it can only be another timeline's, which `retire_abandoned` moved away at start)."""
+    older = [v for v in list_checkpoints(root) if v < version]
+    doomed = older[:max(0, len(older) - (keep - 1))]
+    for old in doomed:
+        shutil.rmtree(step_dir(root, old), ignore_errors=True)
+    return doomed
+
+
+def checkpoint_version(path: str) -> int:
+    """The param version a checkpoint folder holds (its trainer_state.json)."""
+    return int(read_json(os.path.join(path, TRAINER_STATE))["version"])
+
+
+def retire_abandoned(root: str, resumed_version: int) -> Optional[str]:
+    """Resuming from version `resumed_version` (0: a fresh start) abandons every checkpoint of `root` newer than it:
+    the run trains another timeline from there, and retention or the next `resume_mode=auto` must not mix the two.
+    They are moved (never deleted) into `root/abandoned_after_<resumed_version>[_k]/` and the latest marker points at
+    the resumed one (or is removed on a fresh start); returns that folder, None when nothing was newer."""
+    newer = [v for v in list_checkpoints(root) if v > resumed_version]
+    if not newer:
+        return None
+    target, k = os.path.join(root, f"abandoned_after_{resumed_version}"), 1
+    while os.path.exists(target):
+        k += 1
+        target = os.path.join(root, f"abandoned_after_{resumed_version}_{k}")
+    os.makedirs(target)
+    for v in newer:
+        os.replace(step_dir(root, v), os.path.join(target, f"global_step_{v}"))
+    marker = os.path.join(root, LATEST)
+    left = [v for v in list_checkpoints(root) if v <= resumed_version]
+    if left:
+        with open(marker + ".tmp", "w") as fh:
+            fh.write(str(left[-1]))
+        os.replace(marker + ".tmp", marker)
+    elif os.path.exists(marker):
+        os.remove(marker)
+    logger.warning("checkpoints %s of %s are newer than the step this run starts from (%d): they belong to the "
+                   "abandoned timeline and were moved to %s (delete it when you no longer need them)",
+                   ", ".join(f"global_step_{v}" for v in newer), root, resumed_version, target)
+    return target
 
 
 def list_checkpoints(root: str) -> list[int]:

@@ -128,29 +128,42 @@ def config_dict(typed_cfg: Any) -> dict:
 
 
 class Watchdog:
-    """Fails the run when the progress counters of every actor stood still for `timeout_s`."""
+    """Fails the run when the progress counters of every actor stood still for `timeout_s`.  It never waits on an
+    actor: each poll asks every actor for its progress (one outstanding call each, `Calls`) and an actor that does
+    not answer counts as standing still -- "not responding", with the last state it reported -- so a stopped
+    (SIGSTOP) or wedged actor, or one whose Python holds the GIL, ends the run named."""
 
-    def __init__(self, actors: dict, timeout_s: float, poll_s: float = 5.0):
+    def __init__(self, actors: dict, timeout_s: float, poll_s: float = 5.0, calls: Any = None):
+        from fully_async.cluster.ray_utils import Calls
+
         self.actors = actors
         self.timeout_s = timeout_s
         self.poll_s = min(poll_s, timeout_s / 4)
         self.last_change = time.monotonic()
         self.last_poll = 0.0
         self.signature: Any = None
+        self.calls = calls if calls is not None else Calls()
+        self.last_state: dict = {}
 
-    def state(self) -> dict:
-        import ray
+    def state(self, wait_s: float = 2.0) -> dict:
+        from fully_async.cluster.ray_utils import UNRESPONSIVE
 
         out = {}
         for name, handle in self.actors.items():
+            key = f"{name}.progress"
             try:
-                out[name] = ray.get(handle.progress.remote(), timeout=5)
-            except Exception as exc:  # noqa: BLE001 - an unresponsive actor is part of the report
-                out[name] = f"not responding ({type(exc).__name__})"
+                done, value = self.calls.poll(key, handle.progress.remote, wait_s)
+            except Exception as exc:  # noqa: BLE001 - a dead actor is part of the report (its run() says why)
+                out[name] = f"failed ({type(exc).__name__})"
+                continue
+            if done:
+                out[name] = self.last_state[name] = value
+            else:
+                out[name] = f"{UNRESPONSIVE}: no answer for {self.calls.silent().get(key, 0.0):.0f}s"
         return out
 
     def check(self) -> None:
-        from fully_async.cluster.ray_utils import RunFailed
+        from fully_async.cluster.ray_utils import UNRESPONSIVE, RunFailed
 
         now = time.monotonic()
         if now - self.last_poll < self.poll_s:
@@ -158,13 +171,18 @@ class Watchdog:
         self.last_poll = now
         state = self.state()
         signature = {n: {k: v for k, v in s.items() if k in ("step", "engine_steps", "validations", "lease_polls")}
-                     if isinstance(s, dict) else s for n, s in state.items()}
+                     if isinstance(s, dict) else s.split(":")[0] for n, s in state.items()}
         if signature != self.signature:
             self.signature, self.last_change = signature, now
             return
         if now - self.last_change > self.timeout_s:
+            silent = [n for n, s in state.items() if isinstance(s, str) and s.startswith(UNRESPONSIVE)]
+            who = ""
+            if silent:
+                who = "; " + ", ".join(f"{n} is {UNRESPONSIVE}, its last state: {self.last_state.get(n, 'none')}"
+                                       for n in silent)
             raise RunFailed(f"no progress for {now - self.last_change:.0f}s (trainer.progress_timeout_s="
-                            f"{self.timeout_s:g}); state: {state}")
+                            f"{self.timeout_s:g}){who}; state: {state}")
 
     def touch(self) -> None:
         """Something the counters do not show made progress (a checkpoint the driver itself took)."""
@@ -197,24 +215,35 @@ def take_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, version: in
     return path
 
 
-def serve_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, config: Optional[dict] = None) -> bool:
-    """Take the checkpoint the main actor waits for, if any; True when one was taken."""
+def serve_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, config: Optional[dict] = None,
+                     calls: Any = None, deadline_s: Optional[float] = None) -> bool:
+    """Take the checkpoint the main actor waits for, if any; True when one was taken.  Asking costs at most a
+    moment (an unanswered ask is looked at again next tick, `Calls`); each part of the checkpoint and its commit
+    are waited on at most `deadline_s` (trainer.progress_timeout_s)."""
     import ray
 
-    from fully_async.cluster.ray_utils import RunFailed, is_secondary, root_cause
+    from fully_async.cluster.ray_utils import Calls, RunFailed, is_secondary, root_cause
 
+    calls = calls if calls is not None else Calls()
     main = actors[main_actor]
-    version = ray.get(main.checkpoint_wanted.remote())
-    if version is None:
+    done, version = calls.poll(f"{main_actor}.checkpoint_wanted", main.checkpoint_wanted.remote, 0.1)
+    if not done or version is None:
         return False
+
+    def get(ref: Any) -> Any:
+        return ray.get(ref, timeout=deadline_s)
+
     try:
-        path = take_checkpoint(trainer_cfg, actors, main_actor, version, ray.get, config)
+        path = take_checkpoint(trainer_cfg, actors, main_actor, version, get, config)
     except Exception as exc:  # noqa: BLE001
         if is_secondary(exc):
             raise  # an actor died: supervise() reports its own error
         cause = root_cause(exc)
+        if isinstance(cause, ray.exceptions.GetTimeoutError):
+            raise RunFailed(f"checkpoint global_step_{version} failed: an actor did not write its part within "
+                            f"{deadline_s:g}s (trainer.progress_timeout_s); states: not saved") from None
         raise RunFailed(f"checkpoint global_step_{version} failed: {type(cause).__name__}: {cause}") from None
-    ray.get(main.checkpoint_done.remote(path))
+    calls.get(f"{main_actor}.checkpoint_done", lambda: main.checkpoint_done.remote(path), deadline_s or 60.0)
     return True
 
 
@@ -312,7 +341,7 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     taken."""
     import ray
 
-    from fully_async.core.checkpoint import check_resume_config, find_resume_path
+    from fully_async.core.checkpoint import check_resume_config, checkpoint_version, find_resume_path, retire_abandoned
     from fully_async.device import check_available, describe_hardware, get_device
     from fully_async.run.prepare import prepare
     from fully_async.cluster.ray_utils import RunFailed, check_resources, kill_all, wait_ready
@@ -337,6 +366,8 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     if resume_path:
         check_resume_config(resume_path, saved_config, cfg.trainer.resume_allow_config_change)
         logger.info("resuming from %s", resume_path)
+    # the timeline trained from here: newer checkpoints (another timeline) leave retention's and auto's sight
+    retire_abandoned(cfg.trainer.default_local_dir, checkpoint_version(resume_path) if resume_path else 0)
     plan = RunPlan.of(cfg)
     sink = open_metric_logger(cfg)  # trackers (wandb, ...) that cannot start fail here, before Ray
     teardown.on_error(lambda exc: sink.close(failed=not isinstance(exc, (RunInterrupted, StartInterrupted))))
@@ -362,7 +393,8 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     if cfg.mode == "async" and (resume_path or cfg.actor_rollout_ref.rollout.load_format == "dummy"):
         ray.get(main.sync_initial_weights.remote())  # the engine must generate with these weights
     # every running actor reports its own metrics (async: the trainer its steps, the rollouter its validations)
-    run_log = RunLogger(cfg, prep.total_steps, list(runners.values()), hardware=describe_hardware(device), sink=sink)
+    run_log = RunLogger(cfg, prep.total_steps, list(runners.values()), hardware=describe_hardware(device), sink=sink,
+                        names=list(runners))
     result = _supervise(cfg, actors, runners, main_actor, run_log, sig.received, saved_config,
                         validate_at=prep.total_steps if prep.val else None)
     lengths = result.get("response_lengths") if isinstance(result, dict) else None
@@ -385,33 +417,35 @@ def _supervise(cfg: Any, actors: dict, runners: dict, main_actor: str, run_log: 
     from fully_async.cluster.ray_utils import supervise
 
     main = actors[main_actor]
-    watchdog = Watchdog(runners, cfg.trainer.progress_timeout_s)
+    calls = run_log.calls  # every call from the driver: none waited on past its deadline
+    deadline = cfg.trainer.progress_timeout_s  # for work an actor does (a checkpoint part, a validation)
+    answer = min(60.0, deadline)  # for a call an actor only has to answer (stop, request_stop)
+    watchdog = Watchdog(runners, cfg.trainer.progress_timeout_s, calls=calls)
     stop_sent = []
 
     def tick() -> None:
         run_log.drain()
-        if serve_checkpoint(cfg.trainer, actors, main_actor, saved_config):
+        if serve_checkpoint(cfg.trainer, actors, main_actor, saved_config, calls, deadline):
             watchdog.touch()  # the driver was busy with it: the counters had no chance to move
         if signals and not stop_sent:
             logger.warning("%s received: finishing the current step and saving a checkpoint",
                            signal.Signals(signals[0]).name)
-            ray.get(main.request_stop.remote())
+            calls.get(f"{main_actor}.request_stop", main.request_stop.remote, answer)
             stop_sent.append(True)
-        if not stop_sent:
-            watchdog.check()
+        watchdog.check()  # also while stopping: a side that stops answering then must not hang the exit
 
     runs = {a.run.remote(): name for name, a in runners.items()}
     result = supervise(runs, until=main_actor, on_tick=tick)
-    run_log.drain()
+    run_log.drain(deadline_s=answer)
     if not signals and validate_at is not None and not run_log.has_val_at(validate_at):
-        validator = actors.get("rollouter", main)
-        run_log.log_val(ray.get(validator.validate.remote()), validate_at)
+        name = "rollouter" if "rollouter" in actors else main_actor
+        run_log.log_val(calls.get(f"{name}.validate", actors[name].validate.remote, deadline), validate_at)
     others = {ref: name for ref, name in runs.items() if name != main_actor}
     for name in others.values():
-        ray.get(actors[name].stop.remote())
+        calls.get(f"{name}.stop", actors[name].stop.remote, answer)
     if others:
-        supervise(others, until=next(iter(others.values())), on_tick=lambda: None)
-    run_log.drain()
+        supervise(others, until=next(iter(others.values())), on_tick=lambda: None, deadline_s=deadline)
+    run_log.drain(deadline_s=answer)
     return result
 
 

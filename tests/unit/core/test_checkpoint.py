@@ -259,7 +259,7 @@ def test_checkpoints_pickled_before_the_layer_split_still_load(tmp_path):
     assert read_state(str(tmp_path / ck.ROLLOUT_STATE))["p"].prompt_ids == [1, 2]  # the .json's older twin
 
 
-def _write_ckpt(root, v, config=None):
+def _write_ckpt(root, v, config=None, keep=None):
     def write(d):
         os.makedirs(os.path.join(d, "actor"))
         with open(os.path.join(d, "actor", "model.safetensors"), "wb") as fh:
@@ -268,7 +268,7 @@ def _write_ckpt(root, v, config=None):
         ck.write_json(os.path.join(d, ck.TRAINER_STATE), {"version": v})
     tmp = ck.begin_checkpoint(root, v)
     write(tmp)
-    return ck.commit_checkpoint(root, v, tmp, config=config)
+    return ck.commit_checkpoint(root, v, tmp, config=config, keep=keep)
 
 
 def _truncate(path):
@@ -444,3 +444,37 @@ def test_resume_allow_config_change_names_checked_keys():
     validate(load_config(["trainer.resume_allow_config_change=[actor_rollout_ref.rollout.n]"]))
     with pytest.raises(ConfigError, match="trainer.resume_allow_config_change.*trainer.save_freq"):
         validate(load_config(["trainer.resume_allow_config_change=[trainer.save_freq]"]))
+
+
+def test_resuming_from_an_older_step_retires_the_abandoned_timeline(tmp_path):
+    """The issue's scenario: global_step_1..3 present, resume from global_step_1 with save_freq=1 and
+    max_ckpt_to_keep=1 for 2 steps.  The new global_step_2 survives, the old 2 and 3 are moved aside (not
+    deleted), the marker names the new step 2, and the next auto resume continues the new timeline."""
+    root = str(tmp_path)
+    for v in (1, 2, 3):
+        _write_ckpt(root, v)
+    old_2 = ck.read_json(os.path.join(ck.step_dir(root, 2), ck.MANIFEST))
+    aside = ck.retire_abandoned(root, ck.checkpoint_version(ck.step_dir(root, 1)))
+    assert ck.list_checkpoints(root) == [1] and open(os.path.join(root, ck.LATEST)).read() == "1"
+    assert sorted(os.listdir(aside)) == ["global_step_2", "global_step_3"]
+    new_2 = _write_ckpt(root, 2, keep=1)
+    assert ck.list_checkpoints(root) == [2] and open(os.path.join(root, ck.LATEST)).read() == "2"
+    assert ck.read_json(os.path.join(new_2, ck.MANIFEST)) != old_2  # the new timeline's step 2, not the old one
+    assert ck.find_resume_path(_T(resume_mode="auto", default_local_dir=root, resume_from_path=None)) == new_2
+    assert ck.retire_abandoned(root, 2) is None  # nothing newer: nothing moved
+
+
+def test_retention_never_deletes_the_checkpoint_just_written(tmp_path):
+    root = str(tmp_path)
+    for v in (1, 2, 5):
+        _write_ckpt(root, v)
+    _write_ckpt(root, 3, keep=2)  # a newer folder (5) is left alone; 3 and the newest older one (2) stay
+    assert ck.list_checkpoints(root) == [2, 3, 5] and open(os.path.join(root, ck.LATEST)).read() == "3"
+
+
+def test_a_fresh_start_moves_every_old_checkpoint_aside(tmp_path):
+    root = str(tmp_path)
+    _write_ckpt(root, 4)
+    aside = ck.retire_abandoned(root, 0)
+    assert ck.list_checkpoints(root) == [] and not os.path.exists(os.path.join(root, ck.LATEST))
+    assert os.listdir(aside) == ["global_step_4"] and aside.endswith("abandoned_after_0")
