@@ -1,6 +1,7 @@
 """Ray plumbing for the entry points (layer 2): start/join, resource checks, failure supervision."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -62,11 +63,55 @@ def ray_get(refs: Any, timeout: Optional[float] = None) -> Any:
     return ray.get(refs, timeout=timeout)
 
 
+@contextlib.contextmanager
+def ray_processes_in_own_session() -> Any:
+    """While Ray starts a local cluster, every process it spawns (GCS, raylet, agents; the raylet's workers inherit
+    its session) starts in a session of its own, so the signals a scheduler, `timeout` or `kill -- -PGID` send to
+    the job's process group, and a closed terminal's SIGHUP, reach only the driver, which then stops the run
+    gracefully and shuts Ray down itself.  Their lifetime stays bound to the driver: Ray starts them with
+    kernel fate-sharing (they die with the driver's process) and `ray.shutdown()` ends them.  Ray 2.x spawns them
+    all through `ray._private.services.ConsolePopen`; without it (another Ray) they start as before."""
+    try:
+        from ray._private import services
+        original = services.ConsolePopen
+    except (ImportError, AttributeError):  # pragma: no cover - a Ray that spawns differently
+        logger.warning("Ray's processes start in the driver's process group: a signal to the whole group reaches "
+                       "them too")
+        yield
+        return
+
+    class OwnSession(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("start_new_session", True)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnSession
+    try:
+        yield
+    finally:
+        services.ConsolePopen = original
+
+
+def private_session_dir() -> Optional[str]:
+    """The session folder of the Ray this driver started, made readable by its user only (Ray creates it 0777:
+    its sockets and logs would be world-writable); returns it (None when Ray does not say)."""
+    try:
+        import ray
+
+        path = ray._private.worker._global_node.get_session_dir_path()
+    except Exception:  # noqa: BLE001 - a Ray without that attribute: nothing to tighten
+        return None
+    os.chmod(path, 0o700)
+    return path
+
+
 def start_ray(num_cpus_needed: int, env_vars: Optional[dict] = None, address: Optional[str] = None,
               namespace: Optional[str] = None) -> bool:
     """Join `address` (else `RAY_ADDRESS`) when set, else start a local Ray; returns True when we started it.
     `env_vars` reach every actor (the device's runtime variables, device.py); `namespace`: the job's own Ray
-    namespace (jobs sharing a cluster keep their actor names apart)."""
+    namespace (jobs sharing a cluster keep their actor names apart).  A local Ray is this run's own: it
+    advertises the loopback address, its processes are shielded from the job's process-group signals
+    (`ray_processes_in_own_session`) and its session folder is private to the user."""
     import ray
 
     if ray.is_initialized():
@@ -79,8 +124,11 @@ def start_ray(num_cpus_needed: int, env_vars: Optional[dict] = None, address: Op
         except ConnectionError as exc:
             raise RunFailed(f"cannot join the Ray cluster at {address}: {exc}") from None
         return False
-    ray.init(num_cpus=max(num_cpus_needed, os.cpu_count() or 1), include_dashboard=False, runtime_env=env,
-             log_to_driver=True)
+    with ray_processes_in_own_session():
+        ray.init(num_cpus=max(num_cpus_needed, os.cpu_count() or 1), include_dashboard=False, runtime_env=env,
+                 log_to_driver=True, _node_ip_address="127.0.0.1")
+    session = private_session_dir()
+    logger.info("local Ray started, its processes in their own session; session folder %s (mode 0700)", session)
     return True
 
 

@@ -5,8 +5,11 @@ Supervision is where "no hangs, no silent failures" lives:
     non-zero naming the actor and its root cause (ray_utils.supervise);
   * a watchdog fails the run, with the queue/counter/in-flight state, when neither side made
     progress for trainer.progress_timeout_s;
-  * SIGTERM/SIGINT ask the trainer to finish its step and checkpoint, then the run exits 128+signal; during
-    start-up (checks, Ray, actor creation) they stop it at once: one line, Ray shut down, exit 128+signal;
+  * SIGTERM/SIGINT/SIGHUP ask the trainer to finish its step and checkpoint (an emergency one when
+    trainer.save_freq=-1), then the run exits 128+signal; during start-up (checks, Ray, actor creation) they stop it
+    at once: one line, Ray shut down, exit 128+signal.  Ray's own processes run in a session of their own
+    (cluster/ray_utils.ray_processes_in_own_session), so a signal to the job's whole process group (a scheduler,
+    `timeout`, `kill -- -PGID`, a closed terminal) reaches only the driver, which stops the run and then Ray;
   * one run per folder: a lock in trainer.default_local_dir (and the TensorBoard run dir) is taken before
     anything else and released at exit (run_lock.py);
   * checkpoints: when the main actor asks for one (its run() waits), the driver has every actor write its
@@ -37,7 +40,8 @@ class RunInterrupted(RuntimeError):
         if starting:
             super().__init__(f"interrupted by {signal.Signals(signum).name} during start-up; nothing was trained")
         else:
-            super().__init__(f"interrupted by {signal.Signals(signum).name}; checkpoint: {checkpoint or 'none'}")
+            super().__init__(f"interrupted by {signal.Signals(signum).name}; checkpoint: {checkpoint}" if checkpoint
+                             else f"interrupted by {signal.Signals(signum).name}; nothing was saved (no checkpoint)")
         self.signum = signum
 
 
@@ -50,8 +54,25 @@ class StartInterrupted(BaseException):
         self.signum = signum
 
 
+# a scheduler's stop or preemption, `timeout`, Ctrl-C, a closed terminal: each ends the run with a checkpoint
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _detach_from_terminal() -> None:
+    """SIGHUP: the terminal is gone, and a write to it would fail (EIO) while the run saves its checkpoint; the
+    console goes to /dev/null from here (Hydra's main.log keeps every line)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        try:
+            if os.isatty(fd):
+                os.dup2(devnull, fd)
+        except OSError:
+            pass
+    os.close(devnull)
+
+
 class _Signals:
-    """SIGTERM/SIGINT while starting stop the run: during the driver's own checks (lock, data, checkpoint
+    """SIGTERM/SIGINT/SIGHUP while starting stop the run: during the driver's own checks (lock, data, checkpoint
     verification) the handler raises StartInterrupted where the driver is; from ray.init until the actors are
     ready it only records the signal and `check()` raises at the next stage or wait tick.  Either way it
     unwinds through launch's cleanup (Ray shut down, locks released).  Once running, signals are recorded for
@@ -65,7 +86,7 @@ class _Signals:
         #                     an exception raised inside Ray (its at-fork hooks, a blocking call in C) would be
         #                     swallowed or turned into another error
         self.start_signal: Optional[int] = None
-        self.old = {s: signal.signal(s, self.handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.old = {s: signal.signal(s, self.handle) for s in STOP_SIGNALS}
         self.old_unraisable = sys.unraisablehook
         sys.unraisablehook = self.unraisable
 
@@ -81,6 +102,8 @@ class _Signals:
             signal.signal(s, self.handle)
 
     def handle(self, signum: int, _frame: Any) -> None:
+        if signum == signal.SIGHUP:
+            _detach_from_terminal()
         first = not self.received
         self.received.append(signum)
         if self.starting and first:

@@ -173,3 +173,24 @@ def test_failing_engine_replica_stops_the_run_naming_it(tmp_path):
     assert time.monotonic() - start < 150
     assert re.search(r"rollouter failed: ReplicaFailed: rollout engine replica 1 \(engine1\) failed: .*"
                      r"replica exploded on purpose", run.output), run.output[-3000:]
+
+
+def test_a_stopped_trainer_is_named_and_the_run_ends(tmp_path):
+    """kill -STOP of the trainer (a scheduler's suspend, a debugger, a reward holding the GIL): the watchdog, which
+    never waits on an actor, ends the run within trainer.progress_timeout_s plus a poll, naming the trainer."""
+    run = Run(tmp_path, *common(tmp_path, 200), "data.val_files=null", "trainer.progress_timeout_s=20")
+    run.wait_for(r"step 2 \|")
+    pid = run.pids["trainer"]
+    os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        rc = run.wait(60)
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert rc == 1, run.output[-3000:]
+    assert time.monotonic() - t0 < 60
+    assert "trainer is not responding (its process is stopped" in run.output, run.output[-3000:]
+    assert "its last state: {" in run.output
