@@ -292,6 +292,9 @@ def _backend_of(flat: dict, strategy: Any) -> Any:
     return "fsdp2" if world > 1 else "torch"
 
 
+ASYNC_INERT_KEYS = ("data.train_batch_size",)  # RESUME_STATE_KEYS that async mode does not use
+
+
 def check_resume_config(path: str, new_config: dict, allow: Any = ()) -> None:
     """Refuse to resume from `path` when a key of config.RESUME_STATE_KEYS differs between the config saved
     there and `new_config` (both resolved, nested dicts) and is not named in `allow`
@@ -306,6 +309,8 @@ def check_resume_config(path: str, new_config: dict, allow: Any = ()) -> None:
     old, new = flatten(read_json(saved_path)), flatten(json.loads(json.dumps(new_config, default=str)))
     changed, accepted = [], []
     for key in RESUME_STATE_KEYS:
+        if key in ASYNC_INERT_KEYS and old.get("mode") == new.get("mode") == "async":
+            continue
         a, b = old.get(key), new.get(key)
         if key.endswith("_files"):
             a, b = (as_file_list(v) if v else v for v in (a, b))

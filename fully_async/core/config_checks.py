@@ -80,6 +80,29 @@ def check_finite(cfg: Any) -> None:
                               "null where the key allows it)")
 
 
+# ------------------------------------------------------------------ keys the chosen mode does not read
+def inert_overrides(cfg: Any, overrides: list[str]) -> list[str]:
+    """The command-line keys (`key=value`, `+key=value`) that do nothing with this config: `async_training.*` in
+    sync mode, `actor_rollout_ref.actor.megatron.*` unless strategy=megatron.  Each is logged as a warning naming
+    the key and why; returned for callers that report them (the doctor)."""
+    rules = []
+    if cfg.mode == "sync":
+        rules.append(("async_training.", "mode=sync runs the colocated synchronous loop: async_training.* is read "
+                                         "only in async mode"))
+    if cfg.actor_rollout_ref.actor.strategy != "megatron":
+        rules.append(("actor_rollout_ref.actor.megatron.",
+                      f"actor_rollout_ref.actor.strategy={cfg.actor_rollout_ref.actor.strategy}: the megatron "
+                      "layout is read only with strategy=megatron"))
+    found = []
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        for prefix, why in rules:
+            if key.startswith(prefix):
+                found.append(f"{key} has no effect: {why}")
+                logger.warning("%s", found[-1])
+    return found
+
+
 # ------------------------------------------------------------------ one function per section
 def _check_mode(cfg: Any) -> None:
     _choice("mode", cfg.mode, MODES)

@@ -93,8 +93,13 @@ def check_config(overrides: list[str]) -> tuple[Check, Any]:
     from fully_async.core.config_checks import validate
     from fully_async.run.hydra_setup import load_config
 
+    from fully_async.core.config_checks import inert_overrides
+
     cfg = load_config(overrides)
     validate(cfg)
+    inert = inert_overrides(cfg, overrides)
+    if inert:  # as the run warns
+        return Check("Hydra config", "WARN", "; ".join(inert), "drop these keys or change the mode/strategy"), cfg
     return Check("Hydra config", "PASS", f"mode={cfg.mode}, rollout={cfg.actor_rollout_ref.rollout.name}, "
                  f"device={cfg.trainer.device}"), cfg
 

@@ -367,7 +367,7 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     from fully_async.core.checkpoint import check_resume_config, checkpoint_version, find_resume_path, retire_abandoned
     from fully_async.device import check_available, describe_hardware, get_device
     from fully_async.run.prepare import prepare
-    from fully_async.cluster.ray_utils import RunFailed, check_resources, kill_all, wait_ready
+    from fully_async.cluster.ray_utils import RunFailed, check_cpu_devices, check_resources, kill_all, wait_ready
     from fully_async.run.run_logging import RunLogger, open_metric_logger
 
     shared = cfg.multi_job.pool is not None
@@ -392,6 +392,9 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     # the timeline trained from here: newer checkpoints (another timeline) leave retention's and auto's sight
     retire_abandoned(cfg.trainer.default_local_dir, checkpoint_version(resume_path) if resume_path else 0)
     plan = RunPlan.of(cfg)
+    needs = {"trainer": plan.trainer_devices, **({"rollout": plan.rollout_devices} if plan.rollout_devices else {})}
+    if not device.is_accelerator and not shared and not (cfg.multi_job.ray_address or os.environ.get("RAY_ADDRESS")):
+        check_cpu_devices(needs)  # the Ray this run starts has as many CPUs as it is told: check before
     sink = open_metric_logger(cfg)  # trackers (wandb, ...) that cannot start fail here, before Ray
     teardown.on_error(lambda exc: sink.close(failed=not isinstance(exc, (RunInterrupted, StartInterrupted))))
     sig.check()
@@ -399,9 +402,6 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     if shared:
         teardown.callback(leave_pool, join_pool(cfg, device))
     else:
-        needs = {"trainer": plan.trainer_devices}
-        if plan.rollout_devices:
-            needs["rollout"] = plan.rollout_devices
         check_resources(device, needs)
     actors: dict = {}
     teardown.callback(_release_actors, cfg, actors)   # also what a create that failed half-way made
@@ -458,7 +458,8 @@ def _supervise(cfg: Any, actors: dict, runners: dict, main_actor: str, run_log: 
         watchdog.check()  # also while stopping: a side that stops answering then must not hang the exit
 
     runs = {a.run.remote(): name for name, a in runners.items()}
-    result = supervise(runs, until=main_actor, on_tick=tick)
+    helpers = {name: a for name, a in actors.items() if name not in runners}  # the queue: no run() of its own
+    result = supervise(runs, until=main_actor, on_tick=tick, helpers=helpers)
     run_log.drain(deadline_s=answer)
     if not signals and validate_at is not None and not run_log.has_val_at(validate_at):
         name = "rollouter" if "rollouter" in actors else main_actor

@@ -66,8 +66,9 @@ def test_a_signal_to_the_whole_process_group_ends_in_a_checkpoint(tmp_path, sign
             "trainer.progress_timeout_s=60"]  # trainer.save_freq stays -1 (the default): an emergency checkpoint
     run = GroupRun(tmp_path, *args)
     run.wait_for(r"step 2 \|")
-    folder = re.search(r"session folder (\S+) \(mode 0700\)", run.output).group(1)
-    assert os.stat(folder).st_mode & 0o777 == 0o700  # not world-writable
+    folder = re.search(r"session folder (\S+) \(in a 0700 folder\)", run.output).group(1)
+    private = os.path.dirname(os.path.dirname(folder))  # <tmp>/fully_async-<uid>/ray/session_...
+    assert os.stat(private).st_mode & 0o777 == 0o700 and private.endswith(f"fully_async-{os.getuid()}")
     session = os.path.basename(folder)
     t0 = time.monotonic()
     os.killpg(run.proc.pid, signum)  # what `timeout`, a scheduler or `kill -- -PGID` does

@@ -69,3 +69,32 @@ def test_a_stopped_actor_is_named_by_the_watchdog_and_blocks_nothing(ray_local):
     # once it answers again, the outstanding call's result is not lost
     done, batch = calls.poll("trainer.pop_metrics", trainer.pop_metrics.remote, 10)
     assert done and batch == [(1, {"x": 1.0})]
+
+
+@ray.remote(num_cpus=0)
+class Queue:
+    def get(self):
+        return 1
+
+
+@ray.remote(num_cpus=0)
+class Consumer:
+    def __init__(self, queue):
+        self.queue = queue
+
+    def run(self):
+        while True:
+            ray.get(self.queue.get.remote())
+            time.sleep(0.05)
+
+
+def test_a_dead_queue_is_reported_as_such_not_as_the_trainer(ray_local):
+    from fully_async.cluster.ray_utils import supervise
+
+    queue = Queue.remote()
+    trainer = Consumer.remote(queue)
+    runs = {trainer.run.remote(): "trainer"}
+    time.sleep(1)
+    ray.kill(queue, no_restart=True)
+    with pytest.raises(RunFailed, match=r"^queue died: .*\(then trainer failed calling it\)"):
+        supervise(runs, until="trainer", on_tick=lambda: None, helpers={"queue": queue})
