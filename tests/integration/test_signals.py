@@ -93,3 +93,14 @@ def test_a_signal_to_the_whole_process_group_ends_in_a_checkpoint(tmp_path, sign
     assert "Failed to connect to GCS" not in run.output
     time.sleep(2)
     assert session.startswith("session_") and not ray_processes_of(session), ray_processes_of(session)
+    if signum != signal.SIGTERM:
+        return
+    # the checkpoint resumes: two more steps, every sample trained exactly once over both runs
+    total = saved[0] + 2
+    again = subprocess.run([sys.executable, "-m", "fully_async.main", "trainer.progress_bar=false",
+                            f"hydra.run.dir={tmp_path}/hydra2", *args[:1], f"trainer.total_training_steps={total}",
+                            "data.val_files=null", "trainer.save_freq=1000"], cwd=REPO, capture_output=True,
+                           text=True, timeout=300, env=dict(os.environ, TENSORBOARD_DIR=str(tmp_path / "tb")))
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    state = json.loads((ckpt / f"global_step_{total}" / "trainer_state.json").read_text())
+    assert len(state["trained_sample_ids"]) == len(set(state["trained_sample_ids"])) == total * 16 * 8
