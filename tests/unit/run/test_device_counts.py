@@ -43,3 +43,9 @@ def test_a_joined_cluster_short_of_cpus_is_refused():
             check_resources(CPU, {"trainer": 2, "rollout": 1})
     finally:
         ray.shutdown()
+
+
+def test_the_doctor_fails_the_placement_row_as_the_run_does():
+    r = subprocess.run([sys.executable, "-m", "fully_async.doctor", "--no-ray", "trainer.device=cpu",
+                        "trainer.n_gpus_per_node=64"], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 1 and "FAIL  placement" in r.stdout and "asks for 65 CPU devices" in r.stdout, r.stdout
