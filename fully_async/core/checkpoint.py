@@ -262,7 +262,7 @@ def find_resume_path(trainer_cfg: Any) -> Optional[str]:
         problems = problems or [f"no {MANIFEST}"]
         aside = _set_aside(path)
         broken.append(f"{path}: {'; '.join(problems)}")
-        logger.warning("checkpoint %s is incomplete or damaged (%s); set aside as %s, trying the previous one", path,
+        logger.warning("checkpoint %s is damaged (%s); set aside as %s, trying the previous one", path,
                        "; ".join(problems), aside)
     if broken:
         raise CheckpointError(f"no intact checkpoint in {root} to resume from (trainer.resume_mode=auto): "
