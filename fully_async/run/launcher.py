@@ -30,6 +30,7 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 from fully_async.core.plan import RunPlan
+from fully_async.run.watchdog import Watchdog
 from fully_async.core.workload import RESPONSE_LENGTHS, length_histogram
 
 logger = logging.getLogger("fully_async")
@@ -148,68 +149,6 @@ def config_dict(typed_cfg: Any) -> dict:
     import dataclasses
 
     return dataclasses.asdict(typed_cfg)
-
-
-class Watchdog:
-    """Fails the run when the progress counters of every actor stood still for `timeout_s`.  It never waits on an
-    actor: each poll asks every actor for its progress (one outstanding call each, `Calls`) and an actor that does
-    not answer counts as standing still -- "not responding", with the last state it reported -- so a stopped
-    (SIGSTOP) or wedged actor, or one whose Python holds the GIL, ends the run named."""
-
-    def __init__(self, actors: dict, timeout_s: float, poll_s: float = 5.0, calls: Any = None):
-        from fully_async.cluster.ray_utils import Calls
-
-        self.actors = actors
-        self.timeout_s = timeout_s
-        self.poll_s = min(poll_s, timeout_s / 4)
-        self.last_change = time.monotonic()
-        self.last_poll = 0.0
-        self.signature: Any = None
-        self.calls = calls if calls is not None else Calls()
-        self.last_state: dict = {}
-
-    def state(self, wait_s: float = 2.0) -> dict:
-        from fully_async.cluster.ray_utils import UNRESPONSIVE
-
-        out = {}
-        for name, handle in self.actors.items():
-            key = f"{name}.progress"
-            try:
-                done, value = self.calls.poll(key, handle.progress.remote, wait_s)
-            except Exception as exc:  # noqa: BLE001 - a dead actor is part of the report (its run() says why)
-                out[name] = f"failed ({type(exc).__name__})"
-                continue
-            if done:
-                out[name] = self.last_state[name] = value
-            else:
-                out[name] = f"{UNRESPONSIVE}: no answer for {self.calls.silent().get(key, 0.0):.0f}s"
-        return out
-
-    def check(self) -> None:
-        from fully_async.cluster.ray_utils import UNRESPONSIVE, RunFailed
-
-        now = time.monotonic()
-        if now - self.last_poll < self.poll_s:
-            return
-        self.last_poll = now
-        state = self.state()
-        signature = {n: {k: v for k, v in s.items() if k in ("step", "engine_steps", "validations", "lease_polls")}
-                     if isinstance(s, dict) else s.split(":")[0] for n, s in state.items()}
-        if signature != self.signature:
-            self.signature, self.last_change = signature, now
-            return
-        if now - self.last_change > self.timeout_s:
-            silent = [n for n, s in state.items() if isinstance(s, str) and s.startswith(UNRESPONSIVE)]
-            who = ""
-            if silent:
-                who = "; " + ", ".join(f"{n} is {UNRESPONSIVE}, its last state: {self.last_state.get(n, 'none')}"
-                                       for n in silent)
-            raise RunFailed(f"no progress for {now - self.last_change:.0f}s (trainer.progress_timeout_s="
-                            f"{self.timeout_s:g}){who}; state: {state}")
-
-    def touch(self) -> None:
-        """Something the counters do not show made progress (a checkpoint the driver itself took)."""
-        self.last_change = time.monotonic()
 
 
 def take_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, version: int,
@@ -435,8 +374,6 @@ def _supervise(cfg: Any, actors: dict, runners: dict, main_actor: str, run_log: 
     """Run every actor until the main one returns (checkpoints, the stop on a signal, the watchdog on each tick),
     validate the final weights at step `validate_at` (unless validated there already), stop the others; the main
     actor's result."""
-    import ray
-
     from fully_async.cluster.ray_utils import supervise
 
     main = actors[main_actor]

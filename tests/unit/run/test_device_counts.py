@@ -20,7 +20,7 @@ def test_cpu_devices_beyond_the_cores_are_refused_before_ray(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 1, out[-3000:]
     cores = os.cpu_count()
-    assert f"asks for 65 CPU devices (trainer=64, rollout=1)" in out and f"this machine has {cores} cores" in out
+    assert "asks for 65 CPU devices (trainer=64, rollout=1)" in out and f"this machine has {cores} cores" in out
     assert "trainer.n_gpus_per_node" in out and "Started a local Ray instance" not in out
     assert time.monotonic() - t0 < 60
     assert not os.path.exists(tmp_path / "ckpt" / "fully_async.lock")

@@ -8,7 +8,8 @@ import pytest
 import ray
 
 from fully_async.cluster.ray_utils import Calls, RunFailed, Unresponsive
-from fully_async.run.launcher import Watchdog, serve_checkpoint
+from fully_async.run.launcher import serve_checkpoint
+from fully_async.run.watchdog import Watchdog
 
 
 @ray.remote(num_cpus=0)
