@@ -13,7 +13,7 @@ import time
 from collections import deque
 from typing import Optional
 
-from fully_async.core.checkpoint import QUEUE_STATE, ROLLOUT_STATE, read_pickle, write_pickle
+from fully_async.core.checkpoint import QUEUE_STATE, ROLLOUT_STATE, read_state, write_state
 from fully_async.core.types import SampleGroup
 
 
@@ -62,7 +62,7 @@ class GroupQueue:
     def save_part(self, folder: str) -> None:
         """This queue's part of a checkpoint: the groups generated and not yet trained (the driver calls it while
         the rollouter holds, so no group is between the two)."""
-        write_pickle(os.path.join(folder, QUEUE_STATE), self.snapshot())
+        write_state(os.path.join(folder, QUEUE_STATE), self.snapshot())
 
     def size(self) -> int:
         with self._cond:
@@ -72,6 +72,6 @@ class GroupQueue:
 def load_queue_part(path: str) -> list[SampleGroup]:
     """The queued groups of checkpoint `path` (older checkpoints kept them inside the rollouter's part)."""
     own = os.path.join(path, QUEUE_STATE)
-    if os.path.isfile(own):
-        return read_pickle(own)
-    return read_pickle(os.path.join(path, ROLLOUT_STATE)).get("queue", [])
+    if os.path.isfile(own) or os.path.isfile(own[:-len(".json")] + ".pkl"):  # (.pkl: an older version's)
+        return read_state(own)
+    return read_state(os.path.join(path, ROLLOUT_STATE)).get("queue", [])

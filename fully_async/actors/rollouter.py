@@ -103,9 +103,9 @@ class Rollouter(MetricsOutbox):
         self.timeline = Timeline("rollouter", cfg.trainer.timeline)
         self.resumed = resume_path is not None
         if resume_path is not None:
-            from fully_async.core.checkpoint import ROLLOUT_STATE, read_pickle
+            from fully_async.core.checkpoint import ROLLOUT_STATE, read_state
 
-            self.scheduler.load_state_dict(read_pickle(os.path.join(resume_path, ROLLOUT_STATE)))
+            self.scheduler.load_state_dict(read_state(os.path.join(resume_path, ROLLOUT_STATE)))
             logger.info("rollouter resumed: %d prompts already emitted, %d groups in flight (%d partial responses)",
                         stream.num_emitted, len(self.scheduler.groups), len(self.scheduler.pending))
 
@@ -400,10 +400,10 @@ class Rollouter(MetricsOutbox):
 
     # ------------------------------------------------------------------ checkpoint
     def _save_part(self, folder: str) -> None:
-        from fully_async.core.checkpoint import ROLLOUT_STATE, write_pickle
+        from fully_async.core.checkpoint import ROLLOUT_STATE, write_state
 
         self.scheduler.park()  # in-flight requests' partial state goes into the checkpoint
-        write_pickle(os.path.join(folder, ROLLOUT_STATE), self.scheduler.state_dict())
+        write_state(os.path.join(folder, ROLLOUT_STATE), self.scheduler.state_dict())
         self.held = True
 
     def _release(self) -> None:

@@ -87,9 +87,9 @@ class SyncWorker(DriverFacing):
         if resume_path:
             import os
 
-            from fully_async.core.checkpoint import ROLLOUT_STATE, read_pickle
+            from fully_async.core.checkpoint import ROLLOUT_STATE, read_state
 
-            self.stream.load_state_dict(read_pickle(os.path.join(resume_path, ROLLOUT_STATE))["stream"])
+            self.stream.load_state_dict(read_state(os.path.join(resume_path, ROLLOUT_STATE))["stream"])
         self.val_records = val_records
         self.num_devices = num_devices
         self.pad_token_id = pad_token_id
@@ -168,10 +168,10 @@ class SyncWorker(DriverFacing):
         and the data position."""
         import os
 
-        from fully_async.core.checkpoint import ROLLOUT_STATE, write_pickle
+        from fully_async.core.checkpoint import ROLLOUT_STATE, write_state
         from fully_async.actors.trainer import save_trainer_part
 
-        write_pickle(os.path.join(folder, ROLLOUT_STATE), {"stream": self.stream.state_dict()})
+        write_state(os.path.join(folder, ROLLOUT_STATE), {"stream": self.stream.state_dict()})
         save_trainer_part(self.backend, self.cfg, folder, self.state)
 
     def validate(self) -> dict:

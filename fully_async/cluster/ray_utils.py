@@ -1,6 +1,7 @@
 """Ray plumbing for the entry points (layer 2): start/join, resource checks, failure supervision."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -13,6 +14,48 @@ class RunFailed(RuntimeError):
     """An actor failed; the message names the actor and its root cause."""
 
 
+class Unresponsive(RunFailed):
+    """An actor did not answer the driver within the call's deadline."""
+
+
+UNRESPONSIVE = "not responding (its process is stopped, wedged, or holds the GIL)"
+
+
+class Calls:
+    """The driver's calls to its actors, none waited on longer than asked: at most one call per key (an actor and
+    its method) is outstanding; a poll that finds it unanswered returns at once and asks again only once the
+    actor answered, so a stopped actor neither blocks the driver nor collects a queue of calls, and nothing it
+    returns late (popped metrics) is lost.  `silent()` says who has not answered, and for how long."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, tuple[Any, float]] = {}
+
+    def poll(self, key: str, start: Callable[[], Any], wait_s: float = 0.0) -> tuple[bool, Any]:
+        """(True, result) when the call `key` answered within `wait_s` (`start()` issues it when none is
+        outstanding), else (False, None).  An actor's error is raised."""
+        import ray
+
+        if key not in self.pending:
+            self.pending[key] = (start(), time.monotonic())
+        ref, _ = self.pending[key]
+        if not ray.wait([ref], timeout=wait_s)[0]:
+            return False, None
+        del self.pending[key]
+        return True, ray.get(ref)
+
+    def get(self, key: str, start: Callable[[], Any], deadline_s: float) -> Any:
+        """The answer of `key`, waited on at most `deadline_s`; Unresponsive naming it otherwise."""
+        done, result = self.poll(key, start, deadline_s)
+        if not done:
+            raise Unresponsive(f"{key} did not answer within {deadline_s:g}s: {UNRESPONSIVE}")
+        return result
+
+    def silent(self) -> dict[str, float]:
+        """Seconds each outstanding call has waited so far."""
+        now = time.monotonic()
+        return {key: now - t0 for key, (_, t0) in self.pending.items()}
+
+
 def ray_get(refs: Any, timeout: Optional[float] = None) -> Any:
     """`ray.get`, imported lazily (modules that call actors stay importable without Ray)."""
     import ray
@@ -20,11 +63,67 @@ def ray_get(refs: Any, timeout: Optional[float] = None) -> Any:
     return ray.get(refs, timeout=timeout)
 
 
+@contextlib.contextmanager
+def ray_processes_in_own_session() -> Any:
+    """While Ray starts a local cluster, every process it spawns (GCS, raylet, agents; the raylet's workers inherit
+    its session) starts in a session of its own, so the signals a scheduler, `timeout` or `kill -- -PGID` send to
+    the job's process group, and a closed terminal's SIGHUP, reach only the driver, which then stops the run
+    gracefully and shuts Ray down itself.  Their lifetime stays bound to the driver: Ray starts them with
+    kernel fate-sharing (they die with the driver's process) and `ray.shutdown()` ends them.  Ray 2.x spawns them
+    all through `ray._private.services.ConsolePopen`; without it (another Ray) they start as before."""
+    try:
+        from ray._private import services
+        original = services.ConsolePopen
+    except (ImportError, AttributeError):  # pragma: no cover - a Ray that spawns differently
+        logger.warning("Ray's processes start in the driver's process group: a signal to the whole group reaches "
+                       "them too")
+        yield
+        return
+
+    class OwnSession(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("start_new_session", True)
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnSession
+    try:
+        yield
+    finally:
+        services.ConsolePopen = original
+
+
+def private_temp_root() -> str:
+    """`<tmp>/fully_async-<uid>/ray`: the root of the local Ray's session folders, inside a folder only this user
+    may enter (Ray makes its session folders, sockets and logs world-writable; inside a 0700 folder nobody else
+    reaches them)."""
+    import tempfile
+
+    parent = os.path.join(tempfile.gettempdir(), f"fully_async-{os.getuid()}")
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    st = os.lstat(parent)
+    if st.st_uid != os.getuid() or not os.path.isdir(parent) or os.path.islink(parent):
+        raise RunFailed(f"{parent} (the private root of this run's Ray sessions) is not a folder owned by this user; "
+                        "remove it or set TMPDIR to another folder")
+    os.chmod(parent, 0o700)
+    return os.path.join(parent, "ray")
+
+
+def session_dir() -> Optional[str]:
+    try:
+        import ray
+
+        return ray._private.worker._global_node.get_session_dir_path()
+    except Exception:  # noqa: BLE001 - a Ray that does not say
+        return None
+
+
 def start_ray(num_cpus_needed: int, env_vars: Optional[dict] = None, address: Optional[str] = None,
               namespace: Optional[str] = None) -> bool:
     """Join `address` (else `RAY_ADDRESS`) when set, else start a local Ray; returns True when we started it.
     `env_vars` reach every actor (the device's runtime variables, device.py); `namespace`: the job's own Ray
-    namespace (jobs sharing a cluster keep their actor names apart)."""
+    namespace (jobs sharing a cluster keep their actor names apart).  A local Ray is this run's own: it
+    advertises the loopback address, its processes are shielded from the job's process-group signals
+    (`ray_processes_in_own_session`) and its session folders are private to the user (`private_temp_root`)."""
     import ray
 
     if ray.is_initialized():
@@ -37,16 +136,44 @@ def start_ray(num_cpus_needed: int, env_vars: Optional[dict] = None, address: Op
         except ConnectionError as exc:
             raise RunFailed(f"cannot join the Ray cluster at {address}: {exc}") from None
         return False
-    ray.init(num_cpus=max(num_cpus_needed, os.cpu_count() or 1), include_dashboard=False, runtime_env=env,
-             log_to_driver=True)
+    with ray_processes_in_own_session():
+        ray.init(num_cpus=max(num_cpus_needed, os.cpu_count() or 1), include_dashboard=False, runtime_env=env,
+                 log_to_driver=True, _node_ip_address="127.0.0.1", _temp_dir=private_temp_root())
+    logger.info("local Ray started, its processes in a session of their own; session folder %s (in a 0700 folder)",
+                session_dir())
     return True
 
 
+CPU_PROCESSES_PER_CORE = 2  # CPU "devices" (each a process with its own model copy) a core runs usefully
+
+
+def check_cpu_devices(needs: dict[str, int], cores: Optional[int] = None) -> None:
+    """trainer.device=cpu on a Ray this run starts: every trainer rank and rollout replica is a process with its
+    own model copy; more than CPU_PROCESSES_PER_CORE per core only thrash (64 ranks on 2 cores never finish a
+    step).  Checked before Ray starts."""
+    cores = cores or os.cpu_count() or 1
+    want, limit = sum(needs.values()), CPU_PROCESSES_PER_CORE * cores
+    if want > limit:
+        detail = ", ".join(f"{k}={v}" for k, v in needs.items())
+        raise RunFailed(f"trainer.device=cpu: the config asks for {want} CPU devices ({detail}), each a process with "
+                        f"its own copy of the model, but this machine has {cores} cores (at most {limit} such "
+                        "processes); lower trainer.n_gpus_per_node / actor_rollout_ref.rollout.n_gpus_per_node, or "
+                        "join a larger Ray cluster (multi_job.ray_address / RAY_ADDRESS)")
+
+
 def check_resources(device: Any, needs: dict[str, int]) -> None:
-    """Fail before creating actors when Ray lacks the devices the config asks for."""
+    """Fail before creating actors when Ray lacks the devices the config asks for: accelerators of its kind, and on
+    CPU one core per trainer rank and rollout replica (each actor asks Ray for one; short of them, they would wait
+    for ever)."""
     import ray
 
     if not device.is_accelerator:
+        have, want = int(ray.cluster_resources().get("CPU", 0)), sum(needs.values())
+        if want > have:
+            detail = ", ".join(f"{k}={v}" for k, v in needs.items())
+            raise RunFailed(f"trainer.device=cpu: the config asks for {want} CPU devices ({detail}), one core each, "
+                            f"but the Ray cluster has {have} CPU; lower trainer.n_gpus_per_node / "
+                            "actor_rollout_ref.rollout.n_gpus_per_node or add nodes")
         return
     have = int(ray.cluster_resources().get(device.ray_resource, 0))
     want = sum(needs.values())
@@ -74,23 +201,28 @@ def is_secondary(exc: BaseException) -> bool:
     return isinstance(root_cause(exc), (rex.RayActorError, rex.ActorDiedError))
 
 
-def supervise(runs: dict[Any, str], until: str, on_tick: Callable[[], None], tick_s: float = 0.5) -> Any:
+def supervise(runs: dict[Any, str], until: str, on_tick: Callable[[], None], tick_s: float = 0.5,
+              deadline_s: Optional[float] = None, helpers: Optional[dict[str, Any]] = None) -> Any:
     """Wait for the run named `until` to finish while ticking (returns its result); raise RunFailed
-    on any failure, including one raised by `on_tick` (the watchdog).
+    on any failure, including one raised by `on_tick` (the watchdog), and Unresponsive when `deadline_s` passes.
 
-    When several actors fail together, report the one whose error is not just "actor died".
+    When several actors fail together, report the one whose error is not just "actor died"; when every error is
+    only that, an actor without a run() (`helpers`: the queue) that died is the cause and is named.
     """
     import ray
 
     pending = dict(runs)
+    t0 = time.monotonic()
     while True:
+        if deadline_s is not None and time.monotonic() - t0 > deadline_s:
+            raise Unresponsive(f"{until} did not finish within {deadline_s:g}s of being asked to stop: {UNRESPONSIVE}")
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=tick_s)
         for ref in ready:
             name = pending.pop(ref)
             try:
                 result = ray.get(ref)
             except Exception as exc:  # noqa: BLE001 - anything from an actor ends the run
-                raise RunFailed(_failure_message(name, exc, pending)) from None
+                raise RunFailed(_failure_message(name, exc, pending, helpers)) from None
             if name == until:
                 return result
             logger.warning("%s finished before %s", name, until)
@@ -105,11 +237,27 @@ def supervise(runs: dict[Any, str], until: str, on_tick: Callable[[], None], tic
                     ray.get(ref)
                 except Exception as run_exc:  # noqa: BLE001
                     name = pending.pop(ref)
-                    raise RunFailed(_failure_message(name, run_exc, pending)) from None
-            raise RunFailed(f"lost contact with an actor: {type(exc).__name__}: {exc}") from None
+                    raise RunFailed(_failure_message(name, run_exc, pending, helpers)) from None
+            raise RunFailed(dead_helper(helpers) or f"lost contact with an actor: {type(exc).__name__}: {exc}") from None
 
 
-def _failure_message(name: str, exc: BaseException, others: dict[Any, str]) -> str:
+def dead_helper(helpers: Optional[dict[str, Any]]) -> Optional[str]:
+    """'<name> died: <cause>' for the first of `helpers` (actors without a run()) that no longer answers."""
+    import ray
+
+    for name, handle in (helpers or {}).items():
+        try:
+            ray.get(handle.__ray_ready__.remote(), timeout=5)
+        except ray.exceptions.GetTimeoutError:
+            continue  # alive but busy: not the cause
+        except Exception as exc:  # noqa: BLE001 - dead: its death is the story
+            cause = root_cause(exc)
+            return f"{name} died: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+    return None
+
+
+def _failure_message(name: str, exc: BaseException, others: dict[Any, str],
+                     helpers: Optional[dict[str, Any]] = None) -> str:
     import ray
 
     failures = [(name, exc)]
@@ -121,6 +269,10 @@ def _failure_message(name: str, exc: BaseException, others: dict[Any, str]) -> s
             except Exception as other:  # noqa: BLE001
                 failures.append((others[ref], other))
     name, exc = next(((n, e) for n, e in failures if not is_secondary(e)), failures[0])
+    if is_secondary(exc):
+        helper = dead_helper(helpers)
+        if helper is not None:
+            return f"{helper} (then {name} failed calling it)"
     cause = root_cause(exc)
     return f"{name} failed: {type(cause).__name__}: {cause}"
 

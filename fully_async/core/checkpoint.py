@@ -5,9 +5,9 @@ its own part and reads it back on resume:
   actor/                 trainer: the model as a Hugging Face folder (save_pretrained)
   actor_optim.pt         trainer: optimizer, LR scheduler, RNG states (FSDP2: per-rank shard files)
   trainer_state.json     trainer: step, version, ids of every sample trained so far
-  rollout_state.pkl      rollouter: data-stream position, staleness counters, in-flight groups with
+  rollout_state.json     rollouter: data-stream position, staleness counters, in-flight groups with
                          their partial responses (tokens, log-probs, versions); sync mode: the stream
-  queue_state.pkl        queue: the groups generated but not yet trained
+  queue_state.json       queue: the groups generated but not yet trained
 The driver orchestrates it (launcher.take_checkpoint): every part goes into `.tmp_global_step_<v>`
 (`begin_checkpoint`), which is renamed when all are in (`commit_checkpoint`), so a crash mid-save never
 leaves a folder that looks finished; `latest_checkpointed_iteration.txt` (verl's name) names the
@@ -17,10 +17,13 @@ Integrity: the driver writes `config.json` (the run's resolved config) and then 
 file's relative path, size and sha256) as the last files before the rename.  Resume verifies the manifest
 of the checkpoint it picks (`find_resume_path`): a checkpoint that fails (a truncated or missing file) is
 set aside as `global_step_<v>.broken` and the newest intact older one is used; none intact: CheckpointError
-before Ray starts.  A checkpoint without a manifest (written before manifests existed) is accepted with a
-warning.  `check_resume_config` refuses changes, between the saved config and the new one, of the keys that
-give the saved state its meaning (config.RESUME_STATE_KEYS) unless trainer.resume_allow_config_change
-names them.
+before Ray starts.  A checkpoint without a manifest is not used (nothing says its files are complete): auto sets
+it aside like a damaged one, resume_from_path refuses it naming the command that writes its manifest.  Reading
+never runs code: weights are safetensors, optimizer files are read with `torch.load(weights_only=True)`, the
+rollouter's and the queue's state are JSON (`state_files.py`).  `check_resume_config` refuses changes, between
+the saved config and the new one, of the keys that give the saved state its meaning (config.RESUME_STATE_KEYS)
+unless trainer.resume_allow_config_change names them.  Resuming from an older step moves the newer checkpoints
+(another timeline) aside (`retire_abandoned`); retention keeps the one just written (`prune`).
 """
 from __future__ import annotations
 
@@ -28,17 +31,18 @@ import hashlib
 import json
 import logging
 import os
-import pickle
 import re
 import shutil
 from typing import Any, Callable, Optional
+
+from fully_async.core.state_files import CheckpointError, read_state, write_state  # noqa: F401 - part of this API
 
 logger = logging.getLogger("fully_async")
 
 LATEST = "latest_checkpointed_iteration.txt"
 TRAINER_STATE = "trainer_state.json"
-ROLLOUT_STATE = "rollout_state.pkl"
-QUEUE_STATE = "queue_state.pkl"
+ROLLOUT_STATE = "rollout_state.json"
+QUEUE_STATE = "queue_state.json"
 CONFIG = "config.json"
 MANIFEST = "manifest.json"
 HASH_CHUNK = 8 << 20  # bytes read at a time: files are hashed streaming, never loaded whole
@@ -85,9 +89,53 @@ def commit_checkpoint(root: str, version: int, tmp: str, keep: Optional[int] = N
         fh.write(str(version))
     os.replace(marker_tmp, os.path.join(root, LATEST))
     if keep is not None:
-        for old in list_checkpoints(root)[:-keep]:
-            shutil.rmtree(step_dir(root, old), ignore_errors=True)
+        prune(root, version, keep)
     return final
+
+
+def prune(root: str, version: int, keep: int) -> list[int]:
+    """Retention along the timeline being trained: keep checkpoint `version` (the one just written, which the
+    marker names) and the newest `keep - 1` older ones; delete the other older ones.  A newer folder is never
+    deleted here (it can only be another timeline's, which `retire_abandoned` moved away at start)."""
+    older = [v for v in list_checkpoints(root) if v < version]
+    doomed = older[:max(0, len(older) - (keep - 1))]
+    for old in doomed:
+        shutil.rmtree(step_dir(root, old), ignore_errors=True)
+    return doomed
+
+
+def checkpoint_version(path: str) -> int:
+    """The param version a checkpoint folder holds (its trainer_state.json)."""
+    return int(read_json(os.path.join(path, TRAINER_STATE))["version"])
+
+
+def retire_abandoned(root: str, resumed_version: int) -> Optional[str]:
+    """Resuming from version `resumed_version` (0: a fresh start) abandons every checkpoint of `root` newer than it:
+    the run trains another timeline from there, and retention or the next `resume_mode=auto` must not mix the two.
+    They are moved (never deleted) into `root/abandoned_after_<resumed_version>[_k]/` and the latest marker points at
+    the resumed one (or is removed on a fresh start); returns that folder, None when nothing was newer."""
+    newer = [v for v in list_checkpoints(root) if v > resumed_version]
+    if not newer:
+        return None
+    target, k = os.path.join(root, f"abandoned_after_{resumed_version}"), 1
+    while os.path.exists(target):
+        k += 1
+        target = os.path.join(root, f"abandoned_after_{resumed_version}_{k}")
+    os.makedirs(target)
+    for v in newer:
+        os.replace(step_dir(root, v), os.path.join(target, f"global_step_{v}"))
+    marker = os.path.join(root, LATEST)
+    left = [v for v in list_checkpoints(root) if v <= resumed_version]
+    if left:
+        with open(marker + ".tmp", "w") as fh:
+            fh.write(str(left[-1]))
+        os.replace(marker + ".tmp", marker)
+    elif os.path.exists(marker):
+        os.remove(marker)
+    logger.warning("checkpoints %s of %s are newer than the step this run starts from (%d): they belong to the "
+                   "abandoned timeline and were moved to %s (delete it when you no longer need them)",
+                   ", ".join(f"global_step_{v}" for v in newer), root, resumed_version, target)
+    return target
 
 
 def list_checkpoints(root: str) -> list[int]:
@@ -102,8 +150,6 @@ def list_checkpoints(root: str) -> list[int]:
     return sorted(found)
 
 
-class CheckpointError(RuntimeError):
-    """No checkpoint can be resumed from as asked (broken files, a config change that breaks saved state)."""
 
 
 def _files(folder: str) -> list[str]:
@@ -182,43 +228,48 @@ def _set_aside(folder: str) -> str:
     return target
 
 
+NO_MANIFEST_FIX = ("if you trust its files, write its manifest with `python -c \"from fully_async.core.checkpoint "
+                   "import write_manifest; write_manifest('{path}')\"`")
+
+
 def find_resume_path(trainer_cfg: Any) -> Optional[str]:
     """The checkpoint to resume from according to trainer.resume_mode (None: start fresh), its manifest
-    verified.  auto: a broken newest checkpoint is set aside (renamed global_step_<v>.broken, never deleted)
-    with a warning naming the bad files, and the newest intact older one is used; none intact, or a broken
-    resume_from_path: CheckpointError naming the files."""
+    verified.  auto: a newest checkpoint that is damaged or has no manifest (an interrupted or foreign folder:
+    nothing says its files are complete) is set aside (renamed global_step_<v>.broken, never deleted) with a warning
+    naming the problem, and the newest intact older one is used; none intact, or a resume_from_path that is
+    damaged or has no manifest: CheckpointError naming the files and what to do."""
     mode = trainer_cfg.resume_mode
     if mode == "disable":
         return None
     if mode == "resume_path":
         path = trainer_cfg.resume_from_path
         problems = verify_checkpoint(path)
+        if problems is None:
+            raise CheckpointError(f"checkpoint {path} (trainer.resume_from_path) has no {MANIFEST}, so nothing says "
+                                  f"its files are complete and unchanged; {NO_MANIFEST_FIX.format(path=path)}, "
+                                  "or resume from another checkpoint")
         if problems:
             raise CheckpointError(f"checkpoint {path} (trainer.resume_from_path) is damaged: "
                                   f"{'; '.join(problems)}")
-        if problems is None:
-            logger.warning("checkpoint %s has no %s (written by an older version): resuming without verifying "
-                           "its files", path, MANIFEST)
         return path
     root = trainer_cfg.default_local_dir
     broken: list[str] = []
     for version in reversed(list_checkpoints(root)):
         path = step_dir(root, version)
         problems = verify_checkpoint(path)
-        if problems is None:
-            logger.warning("checkpoint %s has no %s (written by an older version): resuming without verifying "
-                           "its files", path, MANIFEST)
+        if problems == []:
             return path
-        if not problems:
-            return path
+        problems = problems or [f"no {MANIFEST}"]
         aside = _set_aside(path)
         broken.append(f"{path}: {'; '.join(problems)}")
         logger.warning("checkpoint %s is damaged (%s); set aside as %s, trying the previous one", path,
                        "; ".join(problems), aside)
     if broken:
         raise CheckpointError(f"no intact checkpoint in {root} to resume from (trainer.resume_mode=auto): "
-                              f"{' | '.join(broken)}; the damaged folders were renamed *.broken; start fresh "
-                              "with trainer.resume_mode=disable or another trainer.default_local_dir")
+                              f"{' | '.join(broken)}; the folders were renamed *.broken (one without a manifest "
+                              f"can be trusted by hand: {NO_MANIFEST_FIX.format(path='<folder>')}, then rename it "
+                              "back); or start fresh with trainer.resume_mode=disable or another "
+                              "trainer.default_local_dir")
     return None
 
 
@@ -241,6 +292,9 @@ def _backend_of(flat: dict, strategy: Any) -> Any:
     return "fsdp2" if world > 1 else "torch"
 
 
+ASYNC_INERT_KEYS = ("data.train_batch_size",)  # RESUME_STATE_KEYS that async mode does not use
+
+
 def check_resume_config(path: str, new_config: dict, allow: Any = ()) -> None:
     """Refuse to resume from `path` when a key of config.RESUME_STATE_KEYS differs between the config saved
     there and `new_config` (both resolved, nested dicts) and is not named in `allow`
@@ -255,6 +309,8 @@ def check_resume_config(path: str, new_config: dict, allow: Any = ()) -> None:
     old, new = flatten(read_json(saved_path)), flatten(json.loads(json.dumps(new_config, default=str)))
     changed, accepted = [], []
     for key in RESUME_STATE_KEYS:
+        if key in ASYNC_INERT_KEYS and old.get("mode") == new.get("mode") == "async":
+            continue
         a, b = old.get(key), new.get(key)
         if key.endswith("_files"):
             a, b = (as_file_list(v) if v else v for v in (a, b))
@@ -282,40 +338,6 @@ def write_json(path: str, data: Any) -> None:
 def read_json(path: str) -> Any:
     with open(path) as fh:
         return json.load(fh)
-
-
-def write_pickle(path: str, data: Any) -> None:
-    with open(path, "wb") as fh:
-        pickle.dump(data, fh, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-# where pickled classes lived before the package was split into layers (checkpoints written then still resume)
-LEGACY_MODULES = {f"fully_async.{name}": f"fully_async.{layer}.{name}" for layer, names in {
-    "core": ("config", "types", "staleness", "data", "batch", "workload", "flops", "partial", "checkpoint"),
-    "telemetry": ("metrics", "timeline"),
-    "cluster": ("placement", "ray_utils"), "rollout": ("scheduler", "generation", "engines"),
-    "train": ("train_step", "backends"),
-    "actors": ("queue", "rollouter", "trainer", "sync_loop", "actor_setup"),
-    "run": ("launcher", "prepare", "hydra_setup", "run_logging")}.items() for name in names}
-# and where modules of core/ went when it was split by domain (algorithms, rewards, verl, planner, pool, telemetry)
-LEGACY_MODULES.update({"fully_async.core.algorithms": "fully_async.algorithms", "fully_async.core.rewards":
-                       "fully_async.rewards", "fully_async.core.metrics": "fully_async.telemetry.metrics",
-                       "fully_async.core.timeline": "fully_async.telemetry.timeline"})
-
-
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        for depth in (3, 2):
-            top = ".".join(module.split(".")[:depth])
-            if top in LEGACY_MODULES:
-                module = LEGACY_MODULES[top] + module[len(top):]
-                break
-        return super().find_class(module, name)
-
-
-def read_pickle(path: str) -> Any:
-    with open(path, "rb") as fh:
-        return _Unpickler(fh).load()  # our own checkpoint files only
 
 
 def dir_size_bytes(path: str) -> int:

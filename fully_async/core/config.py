@@ -380,6 +380,7 @@ RESUME_STATE_KEYS = (
     "actor_rollout_ref.rollout.n",
     "actor_rollout_ref.actor.strategy",
     "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "data.train_batch_size",          # sync mode's prompts per step (async mode ignores it: not compared there)
     "algorithm.adv_estimator",
     "data.train_files",
     "data.max_prompt_length",

@@ -4,8 +4,11 @@ valid values.  One function per section of the schema (`core/config.py`), then t
 `validate_with_data` adds the ones that need the dataset's size."""
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import os
+import typing
 from typing import Any
 
 from fully_async.core.config import (ADV_ESTIMATORS, PLACEMENTS, ATTN_IMPLEMENTATIONS, DEVICES, DTYPES, KL_TYPES, LOGGERS,
@@ -29,9 +32,75 @@ def _at_least(key: str, value: Any, low: float, strict: bool = False) -> None:
 
 def validate(cfg: Any) -> None:
     """Checks that need no data and no model; raises ConfigError naming the key.  Each section is checked by its
-    own function, then the checks that relate sections (each a small named function)."""
+    own function, then the checks that relate sections (each a small named function).  NaN and inf first: every
+    range check below compares, and a comparison with NaN is false."""
+    check_finite(cfg)
     for check in SECTION_CHECKS + CROSS_SECTION_CHECKS:
         check(cfg)
+
+
+# ------------------------------------------------------------------ finite numbers, by a walk over the schema
+def _numbers(schema: type, node: Any, prefix: str) -> typing.Iterator[tuple[str, Any]]:
+    """(key, value) of every number under `node`: the schema's fields (`FullyAsyncConfig` and its sections), and
+    whatever a free-form field (a dict or a list: override_config, engine kwargs) holds."""
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        key = f"{prefix}{f.name}"
+        value = node.get(f.name) if isinstance(node, dict) else getattr(node, f.name, None)
+        sub = next((t for t in (hints[f.name], *typing.get_args(hints[f.name])) if dataclasses.is_dataclass(t)),
+                   None)
+        if sub is not None and value is not None:
+            yield from _numbers(sub, value, key + ".")
+        else:
+            yield from _loose_numbers(value, key)
+
+
+def _loose_numbers(value: Any, key: str) -> typing.Iterator[tuple[str, Any]]:
+    if isinstance(value, bool):
+        return
+    if isinstance(value, (int, float)):
+        yield key, value
+    elif hasattr(value, "items"):
+        for k, v in value.items():
+            yield from _loose_numbers(v, f"{key}.{k}")
+    elif isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+        for i, v in enumerate(value):
+            yield from _loose_numbers(v, f"{key}[{i}]")
+
+
+def check_finite(cfg: Any) -> None:
+    """Every number of the config is finite: NaN passes every range check (a comparison with NaN is false) and
+    inf turns a timeout or a bound off; both fail late, inside an actor, without the key.  ConfigError names the
+    first key that is not."""
+    from fully_async.core.config import FullyAsyncConfig
+
+    for key, value in _numbers(FullyAsyncConfig, cfg, ""):
+        if not math.isfinite(value):
+            raise ConfigError(key, f"{value!r} is not a finite number (NaN and inf are refused; give a number, or "
+                              "null where the key allows it)")
+
+
+# ------------------------------------------------------------------ keys the chosen mode does not read
+def inert_overrides(cfg: Any, overrides: list[str]) -> list[str]:
+    """The command-line keys (`key=value`, `+key=value`) that do nothing with this config: `async_training.*` in
+    sync mode, `actor_rollout_ref.actor.megatron.*` unless strategy=megatron.  Each is logged as a warning naming
+    the key and why; returned for callers that report them (the doctor)."""
+    rules = []
+    if cfg.mode == "sync":
+        rules.append(("async_training.", "mode=sync runs the colocated synchronous loop: async_training.* is read "
+                                         "only in async mode"))
+    if cfg.actor_rollout_ref.actor.strategy != "megatron":
+        rules.append(("actor_rollout_ref.actor.megatron.",
+                      f"actor_rollout_ref.actor.strategy={cfg.actor_rollout_ref.actor.strategy}: the megatron "
+                      "layout is read only with strategy=megatron"))
+    found = []
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        for prefix, why in rules:
+            if key.startswith(prefix):
+                found.append(f"{key} has no effect: {why}")
+                logger.warning("%s", found[-1])
+    return found
 
 
 # ------------------------------------------------------------------ one function per section

@@ -93,8 +93,13 @@ def check_config(overrides: list[str]) -> tuple[Check, Any]:
     from fully_async.core.config_checks import validate
     from fully_async.run.hydra_setup import load_config
 
+    from fully_async.core.config_checks import inert_overrides
+
     cfg = load_config(overrides)
     validate(cfg)
+    inert = inert_overrides(cfg, overrides)
+    if inert:  # as the run warns
+        return Check("Hydra config", "WARN", "; ".join(inert), "drop these keys or change the mode/strategy"), cfg
     return Check("Hydra config", "PASS", f"mode={cfg.mode}, rollout={cfg.actor_rollout_ref.rollout.name}, "
                  f"device={cfg.trainer.device}"), cfg
 
@@ -168,6 +173,14 @@ def check_placement(cfg: Any) -> Check:
         detail = (f"async: {replicas} rollout replica(s) x {tp} device(s) + {ranks} trainer rank(s) = {need} "
                   f"{device.name} device(s)")
     if not device.is_accelerator:
+        from fully_async.cluster.ray_utils import RunFailed, check_cpu_devices
+        from fully_async.core.plan import RunPlan
+
+        plan = RunPlan.of(cfg)
+        try:  # as the run checks before it starts its own Ray
+            check_cpu_devices({"trainer": plan.trainer_devices, "rollout": plan.rollout_devices})
+        except RunFailed as exc:
+            return Check("placement", "FAIL", str(exc), "lower trainer.n_gpus_per_node / rollout.n_gpus_per_node")
         return Check("placement", "PASS", f"{detail} (on cpu a device is one core; {os.cpu_count()} here)")
     have = device.device_count()
     nodes = max(cfg.trainer.nnodes, cfg.rollout.nnodes if cfg.mode == "async" else 1)

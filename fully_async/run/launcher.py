@@ -5,8 +5,11 @@ Supervision is where "no hangs, no silent failures" lives:
     non-zero naming the actor and its root cause (ray_utils.supervise);
   * a watchdog fails the run, with the queue/counter/in-flight state, when neither side made
     progress for trainer.progress_timeout_s;
-  * SIGTERM/SIGINT ask the trainer to finish its step and checkpoint, then the run exits 128+signal; during
-    start-up (checks, Ray, actor creation) they stop it at once: one line, Ray shut down, exit 128+signal;
+  * SIGTERM/SIGINT/SIGHUP ask the trainer to finish its step and checkpoint (an emergency one when
+    trainer.save_freq=-1), then the run exits 128+signal; during start-up (checks, Ray, actor creation) they stop it
+    at once: one line, Ray shut down, exit 128+signal.  Ray's own processes run in a session of their own
+    (cluster/ray_utils.ray_processes_in_own_session), so a signal to the job's whole process group (a scheduler,
+    `timeout`, `kill -- -PGID`, a closed terminal) reaches only the driver, which stops the run and then Ray;
   * one run per folder: a lock in trainer.default_local_dir (and the TensorBoard run dir) is taken before
     anything else and released at exit (run_lock.py);
   * checkpoints: when the main actor asks for one (its run() waits), the driver has every actor write its
@@ -27,6 +30,7 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 from fully_async.core.plan import RunPlan
+from fully_async.run.watchdog import Watchdog
 from fully_async.core.workload import RESPONSE_LENGTHS, length_histogram
 
 logger = logging.getLogger("fully_async")
@@ -37,7 +41,8 @@ class RunInterrupted(RuntimeError):
         if starting:
             super().__init__(f"interrupted by {signal.Signals(signum).name} during start-up; nothing was trained")
         else:
-            super().__init__(f"interrupted by {signal.Signals(signum).name}; checkpoint: {checkpoint or 'none'}")
+            super().__init__(f"interrupted by {signal.Signals(signum).name}; checkpoint: {checkpoint}" if checkpoint
+                             else f"interrupted by {signal.Signals(signum).name}; nothing was saved (no checkpoint)")
         self.signum = signum
 
 
@@ -50,8 +55,25 @@ class StartInterrupted(BaseException):
         self.signum = signum
 
 
+# a scheduler's stop or preemption, `timeout`, Ctrl-C, a closed terminal: each ends the run with a checkpoint
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _detach_from_terminal() -> None:
+    """SIGHUP: the terminal is gone, and a write to it would fail (EIO) while the run saves its checkpoint; the
+    console goes to /dev/null from here (Hydra's main.log keeps every line)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        try:
+            if os.isatty(fd):
+                os.dup2(devnull, fd)
+        except OSError:
+            pass
+    os.close(devnull)
+
+
 class _Signals:
-    """SIGTERM/SIGINT while starting stop the run: during the driver's own checks (lock, data, checkpoint
+    """SIGTERM/SIGINT/SIGHUP while starting stop the run: during the driver's own checks (lock, data, checkpoint
     verification) the handler raises StartInterrupted where the driver is; from ray.init until the actors are
     ready it only records the signal and `check()` raises at the next stage or wait tick.  Either way it
     unwinds through launch's cleanup (Ray shut down, locks released).  Once running, signals are recorded for
@@ -65,7 +87,7 @@ class _Signals:
         #                     an exception raised inside Ray (its at-fork hooks, a blocking call in C) would be
         #                     swallowed or turned into another error
         self.start_signal: Optional[int] = None
-        self.old = {s: signal.signal(s, self.handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.old = {s: signal.signal(s, self.handle) for s in STOP_SIGNALS}
         self.old_unraisable = sys.unraisablehook
         sys.unraisablehook = self.unraisable
 
@@ -81,6 +103,8 @@ class _Signals:
             signal.signal(s, self.handle)
 
     def handle(self, signum: int, _frame: Any) -> None:
+        if signum == signal.SIGHUP:
+            _detach_from_terminal()
         first = not self.received
         self.received.append(signum)
         if self.starting and first:
@@ -127,50 +151,6 @@ def config_dict(typed_cfg: Any) -> dict:
     return dataclasses.asdict(typed_cfg)
 
 
-class Watchdog:
-    """Fails the run when the progress counters of every actor stood still for `timeout_s`."""
-
-    def __init__(self, actors: dict, timeout_s: float, poll_s: float = 5.0):
-        self.actors = actors
-        self.timeout_s = timeout_s
-        self.poll_s = min(poll_s, timeout_s / 4)
-        self.last_change = time.monotonic()
-        self.last_poll = 0.0
-        self.signature: Any = None
-
-    def state(self) -> dict:
-        import ray
-
-        out = {}
-        for name, handle in self.actors.items():
-            try:
-                out[name] = ray.get(handle.progress.remote(), timeout=5)
-            except Exception as exc:  # noqa: BLE001 - an unresponsive actor is part of the report
-                out[name] = f"not responding ({type(exc).__name__})"
-        return out
-
-    def check(self) -> None:
-        from fully_async.cluster.ray_utils import RunFailed
-
-        now = time.monotonic()
-        if now - self.last_poll < self.poll_s:
-            return
-        self.last_poll = now
-        state = self.state()
-        signature = {n: {k: v for k, v in s.items() if k in ("step", "engine_steps", "validations", "lease_polls")}
-                     if isinstance(s, dict) else s for n, s in state.items()}
-        if signature != self.signature:
-            self.signature, self.last_change = signature, now
-            return
-        if now - self.last_change > self.timeout_s:
-            raise RunFailed(f"no progress for {now - self.last_change:.0f}s (trainer.progress_timeout_s="
-                            f"{self.timeout_s:g}); state: {state}")
-
-    def touch(self) -> None:
-        """Something the counters do not show made progress (a checkpoint the driver itself took)."""
-        self.last_change = time.monotonic()
-
-
 def take_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, version: int,
                     get: Callable[[Any], Any], config: Optional[dict] = None) -> str:
     """The driver's side of the checkpoint the main actor asked for (its run() waits meanwhile): every actor
@@ -197,24 +177,35 @@ def take_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, version: in
     return path
 
 
-def serve_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, config: Optional[dict] = None) -> bool:
-    """Take the checkpoint the main actor waits for, if any; True when one was taken."""
+def serve_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, config: Optional[dict] = None,
+                     calls: Any = None, deadline_s: Optional[float] = None) -> bool:
+    """Take the checkpoint the main actor waits for, if any; True when one was taken.  Asking costs at most a
+    moment (an unanswered ask is looked at again next tick, `Calls`); each part of the checkpoint and its commit
+    are waited on at most `deadline_s` (trainer.progress_timeout_s)."""
     import ray
 
-    from fully_async.cluster.ray_utils import RunFailed, is_secondary, root_cause
+    from fully_async.cluster.ray_utils import Calls, RunFailed, is_secondary, root_cause
 
+    calls = calls if calls is not None else Calls()
     main = actors[main_actor]
-    version = ray.get(main.checkpoint_wanted.remote())
-    if version is None:
+    done, version = calls.poll(f"{main_actor}.checkpoint_wanted", main.checkpoint_wanted.remote, 0.1)
+    if not done or version is None:
         return False
+
+    def get(ref: Any) -> Any:
+        return ray.get(ref, timeout=deadline_s)
+
     try:
-        path = take_checkpoint(trainer_cfg, actors, main_actor, version, ray.get, config)
+        path = take_checkpoint(trainer_cfg, actors, main_actor, version, get, config)
     except Exception as exc:  # noqa: BLE001
         if is_secondary(exc):
             raise  # an actor died: supervise() reports its own error
         cause = root_cause(exc)
+        if isinstance(cause, ray.exceptions.GetTimeoutError):
+            raise RunFailed(f"checkpoint global_step_{version} failed: an actor did not write its part within "
+                            f"{deadline_s:g}s (trainer.progress_timeout_s); states: not saved") from None
         raise RunFailed(f"checkpoint global_step_{version} failed: {type(cause).__name__}: {cause}") from None
-    ray.get(main.checkpoint_done.remote(path))
+    calls.get(f"{main_actor}.checkpoint_done", lambda: main.checkpoint_done.remote(path), deadline_s or 60.0)
     return True
 
 
@@ -312,10 +303,10 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     taken."""
     import ray
 
-    from fully_async.core.checkpoint import check_resume_config, find_resume_path
+    from fully_async.core.checkpoint import check_resume_config, checkpoint_version, find_resume_path, retire_abandoned
     from fully_async.device import check_available, describe_hardware, get_device
     from fully_async.run.prepare import prepare
-    from fully_async.cluster.ray_utils import RunFailed, check_resources, kill_all, wait_ready
+    from fully_async.cluster.ray_utils import RunFailed, check_cpu_devices, check_resources, kill_all, wait_ready
     from fully_async.run.run_logging import RunLogger, open_metric_logger
 
     shared = cfg.multi_job.pool is not None
@@ -337,7 +328,12 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     if resume_path:
         check_resume_config(resume_path, saved_config, cfg.trainer.resume_allow_config_change)
         logger.info("resuming from %s", resume_path)
+    # the timeline trained from here: newer checkpoints (another timeline) leave retention's and auto's sight
+    retire_abandoned(cfg.trainer.default_local_dir, checkpoint_version(resume_path) if resume_path else 0)
     plan = RunPlan.of(cfg)
+    needs = {"trainer": plan.trainer_devices, **({"rollout": plan.rollout_devices} if plan.rollout_devices else {})}
+    if not device.is_accelerator and not shared and not (cfg.multi_job.ray_address or os.environ.get("RAY_ADDRESS")):
+        check_cpu_devices(needs)  # the Ray this run starts has as many CPUs as it is told: check before
     sink = open_metric_logger(cfg)  # trackers (wandb, ...) that cannot start fail here, before Ray
     teardown.on_error(lambda exc: sink.close(failed=not isinstance(exc, (RunInterrupted, StartInterrupted))))
     sig.check()
@@ -350,9 +346,6 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
         check_resources(device, {"trainer": plan.trainer_devices})
         teardown.callback(leave_pool, colocate(prep.cfg, device))
     else:
-        needs = {"trainer": plan.trainer_devices}
-        if plan.rollout_devices:
-            needs["rollout"] = plan.rollout_devices
         check_resources(device, needs)
     actors: dict = {}
     teardown.callback(_release_actors, cfg, actors)   # also what a create that failed half-way made
@@ -367,7 +360,8 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     if cfg.mode == "async" and (resume_path or cfg.actor_rollout_ref.rollout.load_format == "dummy"):
         ray.get(main.sync_initial_weights.remote())  # the engine must generate with these weights
     # every running actor reports its own metrics (async: the trainer its steps, the rollouter its validations)
-    run_log = RunLogger(cfg, prep.total_steps, list(runners.values()), hardware=describe_hardware(device), sink=sink)
+    run_log = RunLogger(cfg, prep.total_steps, list(runners.values()), hardware=describe_hardware(device), sink=sink,
+                        names=list(runners))
     result = _supervise(cfg, actors, runners, main_actor, run_log, sig.received, saved_config,
                         validate_at=prep.total_steps if prep.val else None)
     lengths = result.get("response_lengths") if isinstance(result, dict) else None
@@ -385,38 +379,39 @@ def _supervise(cfg: Any, actors: dict, runners: dict, main_actor: str, run_log: 
     """Run every actor until the main one returns (checkpoints, the stop on a signal, the watchdog on each tick),
     validate the final weights at step `validate_at` (unless validated there already), stop the others; the main
     actor's result."""
-    import ray
-
     from fully_async.cluster.ray_utils import supervise
 
     main = actors[main_actor]
-    watchdog = Watchdog(runners, cfg.trainer.progress_timeout_s)
+    calls = run_log.calls  # every call from the driver: none waited on past its deadline
+    deadline = cfg.trainer.progress_timeout_s  # for work an actor does (a checkpoint part, a validation)
+    answer = min(60.0, deadline)  # for a call an actor only has to answer (stop, request_stop)
+    watchdog = Watchdog(runners, cfg.trainer.progress_timeout_s, calls=calls)
     stop_sent = []
 
     def tick() -> None:
         run_log.drain()
-        if serve_checkpoint(cfg.trainer, actors, main_actor, saved_config):
+        if serve_checkpoint(cfg.trainer, actors, main_actor, saved_config, calls, deadline):
             watchdog.touch()  # the driver was busy with it: the counters had no chance to move
         if signals and not stop_sent:
             logger.warning("%s received: finishing the current step and saving a checkpoint",
                            signal.Signals(signals[0]).name)
-            ray.get(main.request_stop.remote())
+            calls.get(f"{main_actor}.request_stop", main.request_stop.remote, answer)
             stop_sent.append(True)
-        if not stop_sent:
-            watchdog.check()
+        watchdog.check()  # also while stopping: a side that stops answering then must not hang the exit
 
     runs = {a.run.remote(): name for name, a in runners.items()}
-    result = supervise(runs, until=main_actor, on_tick=tick)
-    run_log.drain()
+    helpers = {name: a for name, a in actors.items() if name not in runners}  # the queue: no run() of its own
+    result = supervise(runs, until=main_actor, on_tick=tick, helpers=helpers)
+    run_log.drain(deadline_s=answer)
     if not signals and validate_at is not None and not run_log.has_val_at(validate_at):
-        validator = actors.get("rollouter", main)
-        run_log.log_val(ray.get(validator.validate.remote()), validate_at)
+        name = "rollouter" if "rollouter" in actors else main_actor
+        run_log.log_val(calls.get(f"{name}.validate", actors[name].validate.remote, deadline), validate_at)
     others = {ref: name for ref, name in runs.items() if name != main_actor}
     for name in others.values():
-        ray.get(actors[name].stop.remote())
+        calls.get(f"{name}.stop", actors[name].stop.remote, answer)
     if others:
-        supervise(others, until=next(iter(others.values())), on_tick=lambda: None)
-    run_log.drain()
+        supervise(others, until=next(iter(others.values())), on_tick=lambda: None, deadline_s=deadline)
+    run_log.drain(deadline_s=answer)
     return result
 
 

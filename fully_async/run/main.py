@@ -126,6 +126,11 @@ def hydra_main(cfg: DictConfig) -> None:
     from fully_async.run.launcher import RunInterrupted
 
     try:
+        from hydra.core.hydra_config import HydraConfig
+
+        from fully_async.core.config_checks import inert_overrides
+
+        inert_overrides(cfg, list(HydraConfig.get().overrides.task))
         run(cfg)
     except RunInterrupted as exc:
         logger.error("%s", exc)

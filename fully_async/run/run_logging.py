@@ -61,11 +61,16 @@ def open_metric_logger(cfg: Any) -> MetricLogger:
 
 class RunLogger:
     def __init__(self, cfg: Any, total_steps: int, sources: list[Any], hardware: str = "",
-                 stream: Optional[TextIO] = None, sink: Optional[MetricLogger] = None):
+                 stream: Optional[TextIO] = None, sink: Optional[MetricLogger] = None,
+                 names: Optional[list[str]] = None):
         from tqdm import tqdm
+
+        from fully_async.cluster.ray_utils import Calls
 
         t = cfg.trainer
         self.sources = sources  # actor handles with pop_metrics() -> [(step, metrics)]
+        self.names = names or [f"source{i}" for i in range(len(sources))]
+        self.calls = Calls()  # an actor that does not answer is asked again only once it has
         self.stream = stream if stream is not None else sys.stdout
         self.total_steps = total_steps
         # a bar redraws itself with \r: only where a person watches a terminal
@@ -90,10 +95,18 @@ class RunLogger:
             print(line, file=self.stream, flush=True)
         log_to_files(line)
 
-    def drain(self) -> None:
-        import ray
-
-        for batch in ray.get([source.pop_metrics.remote() for source in self.sources]):
+    def drain(self, wait_s: float = 0.1, deadline_s: Optional[float] = None) -> None:
+        """Log what every source's outbox holds; a source that does not answer within `wait_s` is skipped this
+        time (its outbox waits for the next drain), or, with `deadline_s` (the last drain of a run), waited on
+        that long and then named (Unresponsive)."""
+        for name, source in zip(self.names, self.sources):
+            key, start = f"{name}.pop_metrics", source.pop_metrics.remote
+            if deadline_s is not None:
+                batch = self.calls.get(key, start, deadline_s)
+            else:
+                done, batch = self.calls.poll(key, start, wait_s)
+                if not done:
+                    continue
             for step, metrics in batch:
                 self._log(step, metrics)
 

@@ -54,7 +54,9 @@ def build_local_backend(cfg: FullyAsyncConfig, device: Any, optimizer_steps: int
 def load_trainer_weights(backend: Any, engine: Any, version: int) -> None:
     """Sync mode, every rank at once: the engine beside a trainer rank loads that rank's full parameters
     (FSDP2 all-gathers each one on every rank, so each engine reads its own copy as it is gathered)."""
-    engine.update_weights(backend.iter_full_parameters(), version)
+    from fully_async.weight_sync.guard import finite_stream
+
+    engine.update_weights(finite_stream(backend.iter_full_parameters(), version), version)
 
 
 class GroupBackend:

@@ -25,6 +25,8 @@ from typing import Any, Iterator
 
 import torch
 
+from fully_async.weight_sync.guard import finite_stream
+
 
 @dataclass
 class ParamMeta:
@@ -134,7 +136,7 @@ class CollectiveWeightSync:
         start = time.perf_counter()
         done = self.rollouter.receive_weights.remote(self.metas, self.buckets, str(self.dtype), version)
         nbytes = self.backend.stream_full_parameters(
-            lambda params: send(self.pg, params, self.metas, self.buckets, self.dtype))
+            lambda params: send(self.pg, finite_stream(params, version), self.metas, self.buckets, self.dtype))
         timings = ray.get(done)
         total = time.perf_counter() - start
         out = {f"timing_s/param_sync/{k}": v for k, v in timings.items()}

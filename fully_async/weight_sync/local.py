@@ -12,6 +12,8 @@ import math
 import time
 from typing import Any
 
+from fully_async.weight_sync.guard import check_finite
+
 
 class LocalWeightSync:
     def __init__(self, backend: Any, pool: Any, per_rank: bool, elem_bytes: int = 4):
@@ -28,7 +30,9 @@ class LocalWeightSync:
         if self.per_rank:
             self.pool.load_everywhere("load_trainer_weights", version)
         else:
-            self.pool.update_weights(self.backend.named_parameters_for_sync(), version)
+            named = self.backend.named_parameters_for_sync()
+            check_finite(named, version)
+            self.pool.update_weights(named, version)
         total = time.perf_counter() - start
         return {"timing_s/param_sync": total, "timing_s/param_sync/load": total,
                 "perf/param_sync_gbps": self.nbytes / 1e9 / max(total, 1e-9)}

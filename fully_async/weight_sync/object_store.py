@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
+from fully_async.weight_sync.guard import check_finite
+
 
 class ObjectStoreWeightSync:
     def __init__(self, backend: Any, rollouter: Any):
@@ -43,6 +45,7 @@ class ObjectStoreWeightSync:
         start = time.perf_counter()
         out = self.flush()
         named_tensors = self.backend.named_parameters_for_sync()
+        check_finite(named_tensors, version)
         gathered = time.perf_counter()
         ref = ray.put(named_tensors)
         # wrapped in a list so Ray hands the reference itself to the rollouter: every engine replica then

@@ -71,12 +71,12 @@ def test_trainer_killed_then_resume_loses_and_repeats_nothing(tmp_path, replicas
     os.kill(first.pids["trainer"], signal.SIGKILL)
     assert first.wait(120) == 1
     assert "trainer failed" in first.output
-    from fully_async.core.checkpoint import list_checkpoints, read_pickle
+    from fully_async.core.checkpoint import list_checkpoints, read_state
     saved = list_checkpoints(str(tmp_path / "ckpt"))
     assert saved and saved[-1] < 8
     resumed_from = saved[-1]
-    snap = read_pickle(str(tmp_path / "ckpt" / f"global_step_{resumed_from}" / "rollout_state.pkl"))
-    queued = read_pickle(str(tmp_path / "ckpt" / f"global_step_{resumed_from}" / "queue_state.pkl"))
+    snap = read_state(str(tmp_path / "ckpt" / f"global_step_{resumed_from}" / "rollout_state.json"))
+    queued = read_state(str(tmp_path / "ckpt" / f"global_step_{resumed_from}" / "queue_state.json"))
 
     second = Run(tmp_path, *args)
     assert second.wait(300) == 0, second.output[-4000:]
@@ -173,3 +173,24 @@ def test_failing_engine_replica_stops_the_run_naming_it(tmp_path):
     assert time.monotonic() - start < 150
     assert re.search(r"rollouter failed: ReplicaFailed: rollout engine replica 1 \(engine1\) failed: .*"
                      r"replica exploded on purpose", run.output), run.output[-3000:]
+
+
+def test_a_stopped_trainer_is_named_and_the_run_ends(tmp_path):
+    """kill -STOP of the trainer (a scheduler's suspend, a debugger, a reward holding the GIL): the watchdog, which
+    never waits on an actor, ends the run within trainer.progress_timeout_s plus a poll, naming the trainer."""
+    run = Run(tmp_path, *common(tmp_path, 200), "data.val_files=null", "trainer.progress_timeout_s=20")
+    run.wait_for(r"step 2 \|")
+    pid = run.pids["trainer"]
+    os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        rc = run.wait(60)
+    finally:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert rc == 1, run.output[-3000:]
+    assert time.monotonic() - t0 < 60
+    assert "trainer is not responding (its process is stopped" in run.output, run.output[-3000:]
+    assert "its last state: {" in run.output

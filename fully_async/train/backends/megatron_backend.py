@@ -376,7 +376,7 @@ class MegatronBackend:
 
     @torch.no_grad()
     def load(self, path: str) -> None:
-        extra = torch.load(self._ckpt_file(path), weights_only=False)
+        extra = torch.load(self._ckpt_file(path), weights_only=True)
         if tuple(extra["layout"]) != (self.tp, self.pp, self.dp):
             raise RuntimeError(f"checkpoint {path} was written with (tp, pp, dp)={tuple(extra['layout'])} but this "
                                f"run has {(self.tp, self.pp, self.dp)}: resume with the same actor.megatron sizes")

@@ -290,7 +290,7 @@ class TorchBackend:
     def load(self, path: str) -> None:
         if self.fsdp:
             fsdp.load_sharded(self.model, self.optimizer, path)
-            self._load_extra(torch.load(os.path.join(path, f"actor_extra_rank{self.rank}.pt"), weights_only=False))
+            self._load_extra(torch.load(os.path.join(path, f"actor_extra_rank{self.rank}.pt"), weights_only=True))
             return
         from safetensors.torch import load_file
 
@@ -305,7 +305,7 @@ class TorchBackend:
         if unexpected or set(missing) - tied:
             raise RuntimeError(f"checkpoint {path} does not match the model: missing {sorted(set(missing) - tied)}, "
                                f"unexpected {sorted(unexpected)}")
-        self._load_extra(torch.load(os.path.join(path, "actor_optim.pt"), weights_only=False))
+        self._load_extra(torch.load(os.path.join(path, "actor_optim.pt"), weights_only=True))
 
     def offload(self) -> None:
         """Move params (and grads, optimizer state, the reference model) to pinned host buffers reused from one

@@ -88,12 +88,12 @@ def test_rollouter_and_queue_parts_restore_partial_responses(monkeypatch, tmp_pa
     r1.save_part(folder)
     assert r1.held and not r1.scheduler.in_flight()  # parked, and holding until release()
     q1.q.save_part(folder)
-    snap = ck.read_pickle(os.path.join(folder, ck.ROLLOUT_STATE))
+    snap = ck.read_state(os.path.join(folder, ck.ROLLOUT_STATE))
     partial = {p.sample_id: list(p.token_ids) for p in snap["pending"]}
     admitted = r1.scheduler.staleness.state.admitted
     assert len(partial) == 2 * admitted and all(len(t) == 1 for t in partial.values())
     assert snap["stream"]["emitted"] == r1.scheduler.stream.num_emitted == admitted
-    assert ck.read_pickle(os.path.join(folder, ck.QUEUE_STATE)) == []
+    assert ck.read_state(os.path.join(folder, ck.QUEUE_STATE)) == []
     r1.release()
     assert not r1.held and r1.scheduler.in_flight() == len(partial)
 
@@ -121,7 +121,7 @@ def test_queue_reads_checkpoints_that_kept_its_groups_in_the_rollout_part(tmp_pa
     from fully_async.core.types import SampleGroup
 
     old = [SampleGroup(uid="g0", prompt_index=0, epoch=0, samples=[], admitted_version=0)]
-    ck.write_pickle(os.path.join(tmp_path, ck.ROLLOUT_STATE), {"stream": {}, "queue": old})
+    ck.write_state(os.path.join(tmp_path, ck.ROLLOUT_STATE), {"stream": {}, "queue": old})
     assert [g.uid for g in GroupQueue(str(tmp_path)).snapshot()] == ["g0"]
 
 
@@ -213,7 +213,7 @@ def test_driver_checkpoint_every_part_in_one_folder_that_appears_at_once(tmp_pat
 def test_a_folder_without_the_trainer_part_is_never_committed(tmp_path):
     root = str(tmp_path)
     tmp = ck.begin_checkpoint(root, 2)
-    ck.write_pickle(os.path.join(tmp, ck.QUEUE_STATE), [])
+    ck.write_state(os.path.join(tmp, ck.QUEUE_STATE), [])
     with pytest.raises(RuntimeError, match="not committed"):
         ck.commit_checkpoint(root, 2, tmp)
     assert ck.list_checkpoints(root) == [] and not os.path.exists(ck.step_dir(root, 2))
@@ -244,7 +244,7 @@ def test_checkpoints_pickled_before_the_layer_split_still_load(tmp_path):
     """A rollout_state.pkl written when PendingResponse lived in fully_async.partial loads after the move."""
     import pickle
 
-    from fully_async.core.checkpoint import read_pickle
+    from fully_async.core.checkpoint import read_state
     from fully_async.core.partial import PendingResponse
     from fully_async.core.types import SamplingParams
 
@@ -253,21 +253,22 @@ def test_checkpoints_pickled_before_the_layer_split_still_load(tmp_path):
     data = data.replace(b"fully_async.core.partial", b"fully_async.partial").replace(
         b"fully_async.core.types", b"fully_async.types")
     assert b"fully_async.core" not in data
-    path = tmp_path / "old.pkl"
+    path = tmp_path / "rollout_state.pkl"
     path.write_bytes(data)
-    assert read_pickle(str(path))["p"].prompt_ids == [1, 2]
+    assert read_state(str(path))["p"].prompt_ids == [1, 2]
+    assert read_state(str(tmp_path / ck.ROLLOUT_STATE))["p"].prompt_ids == [1, 2]  # the .json's older twin
 
 
-def _write_ckpt(root, v, config=None):
+def _write_ckpt(root, v, config=None, keep=None):
     def write(d):
         os.makedirs(os.path.join(d, "actor"))
         with open(os.path.join(d, "actor", "model.safetensors"), "wb") as fh:
             fh.write(os.urandom(4096))
-        ck.write_pickle(os.path.join(d, ck.ROLLOUT_STATE), {"pos": v, "pad": list(range(500))})
+        ck.write_state(os.path.join(d, ck.ROLLOUT_STATE), {"pos": v, "pad": list(range(500))})
         ck.write_json(os.path.join(d, ck.TRAINER_STATE), {"version": v})
     tmp = ck.begin_checkpoint(root, v)
     write(tmp)
-    return ck.commit_checkpoint(root, v, tmp, config=config)
+    return ck.commit_checkpoint(root, v, tmp, config=config, keep=keep)
 
 
 def _truncate(path):
@@ -322,13 +323,81 @@ def test_no_intact_checkpoint_fails_naming_the_files(tmp_path):
                                resume_from_path=ck.step_dir(root, 8)))
 
 
-def test_checkpoint_without_manifest_is_accepted_with_a_warning(tmp_path, caplog):
+def test_checkpoint_without_manifest_is_not_used(tmp_path, caplog):
+    """Nothing says the files of a folder without a manifest are complete: auto falls back to the previous
+    complete checkpoint (setting it aside), resume_from_path refuses it naming the command that writes one."""
     root = str(tmp_path)
+    older = _write_ckpt(root, 1)
     path = _write_ckpt(root, 2)
     os.remove(os.path.join(path, ck.MANIFEST))
+    _truncate(os.path.join(path, ck.ROLLOUT_STATE))  # the case that failed late: a truncated file, no manifest
+    with pytest.raises(ck.CheckpointError, match=f"{path} .*has no {ck.MANIFEST}.*write_manifest"):
+        ck.find_resume_path(_T(resume_mode="resume_path", default_local_dir=root, resume_from_path=path))
     with caplog.at_level("WARNING", logger="fully_async"):
-        assert ck.find_resume_path(_T(resume_mode="auto", default_local_dir=root, resume_from_path=None)) == path
-    assert ck.MANIFEST in caplog.text and "without verifying" in caplog.text
+        assert ck.find_resume_path(_T(resume_mode="auto", default_local_dir=root, resume_from_path=None)) == older
+    assert f"no {ck.MANIFEST}" in caplog.text and os.path.isdir(path + ".broken")
+    os.remove(os.path.join(older, ck.MANIFEST))
+    with pytest.raises(ck.CheckpointError, match="no intact checkpoint.*write_manifest"):
+        ck.find_resume_path(_T(resume_mode="auto", default_local_dir=root, resume_from_path=None))
+
+
+def test_state_files_round_trip_as_json_with_records_tuples_and_arrays(tmp_path):
+    import numpy as np
+
+    from fully_async.core.partial import PendingResponse
+    from fully_async.core.types import PromptRecord, Sample, SampleGroup, SamplingParams
+
+    rec = PromptRecord(3, [1, 2], "gsm8k", np.array(["7", "8"], dtype=object), {"split": "train", "k": np.int64(4)})
+    sample = Sample("u", "u/0", [1], [2, 3], [-0.5, float("-inf")], [0, 1], reward=1.0)
+    state = {"groups": {"u": (rec, 0, 2, [sample])}, "pending": [PendingResponse("u", "u/1", [1], SamplingParams())],
+             "queue": [SampleGroup("u", 3, 0, [sample], 1)], 7: "int key", "__odd": 1}
+    path = os.path.join(tmp_path, ck.ROLLOUT_STATE)
+    ck.write_state(path, state)
+    with open(path) as fh:
+        assert fh.read(1) == "{"  # JSON, not a pickle
+    got = ck.read_state(path)
+    g_rec, epoch, version, done = got["groups"]["u"]
+    assert (epoch, version) == (0, 2) and list(g_rec.ground_truth) == ["7", "8"] and g_rec.extra_info["k"] == 4
+    assert done == [sample] and got["pending"][0].params == SamplingParams() and got["queue"][0].samples == [sample]
+    assert got[7] == "int key" and got["__odd"] == 1
+    with pytest.raises(TypeError, match="cannot be written"):
+        ck.write_state(path, {"x": object()})
+
+
+def test_a_planted_state_pickle_runs_no_code(tmp_path):
+    """An older checkpoint's pickle is read by an unpickler that builds only the state's records."""
+    import pickle
+
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    (tmp_path / "queue_state.pkl").write_bytes(pickle.dumps([Evil()]))
+    with pytest.raises(ck.CheckpointError, match=r"queue_state.pkl .*names (posix|os)\.system.*refusing"):
+        ck.read_state(str(tmp_path / ck.QUEUE_STATE))
+    assert not marker.exists()
+
+
+def test_optimizer_files_are_read_without_code(tmp_path):
+    """torch.load(weights_only=True): a planted actor_optim.pt cannot run code either."""
+    import pickle
+
+    import torch
+
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"optimizer": Evil()}, str(tmp_path / "actor_optim.pt"), pickle_module=pickle)
+    src = open(os.path.join(os.path.dirname(ck.__file__), "..", "train", "backends", "torch_backend.py")).read()
+    assert "weights_only=False" not in src and src.count("weights_only=True") == 2
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(str(tmp_path / "actor_optim.pt"), weights_only=True)
+    assert not marker.exists()
 
 
 def test_resume_refuses_state_changing_config_keys_unless_allowed(tmp_path, caplog):
@@ -375,3 +444,37 @@ def test_resume_allow_config_change_names_checked_keys():
     validate(load_config(["trainer.resume_allow_config_change=[actor_rollout_ref.rollout.n]"]))
     with pytest.raises(ConfigError, match="trainer.resume_allow_config_change.*trainer.save_freq"):
         validate(load_config(["trainer.resume_allow_config_change=[trainer.save_freq]"]))
+
+
+def test_resuming_from_an_older_step_retires_the_abandoned_timeline(tmp_path):
+    """The issue's scenario: global_step_1..3 present, resume from global_step_1 with save_freq=1 and
+    max_ckpt_to_keep=1 for 2 steps.  The new global_step_2 survives, the old 2 and 3 are moved aside (not
+    deleted), the marker names the new step 2, and the next auto resume continues the new timeline."""
+    root = str(tmp_path)
+    for v in (1, 2, 3):
+        _write_ckpt(root, v)
+    old_2 = ck.read_json(os.path.join(ck.step_dir(root, 2), ck.MANIFEST))
+    aside = ck.retire_abandoned(root, ck.checkpoint_version(ck.step_dir(root, 1)))
+    assert ck.list_checkpoints(root) == [1] and open(os.path.join(root, ck.LATEST)).read() == "1"
+    assert sorted(os.listdir(aside)) == ["global_step_2", "global_step_3"]
+    new_2 = _write_ckpt(root, 2, keep=1)
+    assert ck.list_checkpoints(root) == [2] and open(os.path.join(root, ck.LATEST)).read() == "2"
+    assert ck.read_json(os.path.join(new_2, ck.MANIFEST)) != old_2  # the new timeline's step 2, not the old one
+    assert ck.find_resume_path(_T(resume_mode="auto", default_local_dir=root, resume_from_path=None)) == new_2
+    assert ck.retire_abandoned(root, 2) is None  # nothing newer: nothing moved
+
+
+def test_retention_never_deletes_the_checkpoint_just_written(tmp_path):
+    root = str(tmp_path)
+    for v in (1, 2, 5):
+        _write_ckpt(root, v)
+    _write_ckpt(root, 3, keep=2)  # a newer folder (5) is left alone; 3 and the newest older one (2) stay
+    assert ck.list_checkpoints(root) == [2, 3, 5] and open(os.path.join(root, ck.LATEST)).read() == "3"
+
+
+def test_a_fresh_start_moves_every_old_checkpoint_aside(tmp_path):
+    root = str(tmp_path)
+    _write_ckpt(root, 4)
+    aside = ck.retire_abandoned(root, 0)
+    assert ck.list_checkpoints(root) == [] and not os.path.exists(os.path.join(root, ck.LATEST))
+    assert os.listdir(aside) == ["global_step_4"] and aside.endswith("abandoned_after_0")

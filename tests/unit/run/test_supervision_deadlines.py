@@ -1,0 +1,101 @@
+"""The driver never blocks on an actor: a stopped actor (SIGSTOP) is named by the watchdog, with the last state it
+reported, and every other call from the driver (outboxes, the checkpoint ask, stop) returns within its deadline."""
+import os
+import signal
+import time
+
+import pytest
+import ray
+
+from fully_async.cluster.ray_utils import Calls, RunFailed, Unresponsive
+from fully_async.run.launcher import serve_checkpoint
+from fully_async.run.watchdog import Watchdog
+
+
+@ray.remote(num_cpus=0)
+class Side:
+    def __init__(self):
+        self.step = 0
+
+    def pid(self):
+        return os.getpid()
+
+    def progress(self):
+        self.step += 1 if self.step < 3 else 0  # moves three times, then stands still
+        return {"step": self.step, "queue": 2}
+
+    def pop_metrics(self):
+        return [(self.step, {"x": 1.0})]
+
+    def checkpoint_wanted(self):
+        return None
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"}})
+    yield
+    ray.shutdown()
+
+
+def test_a_stopped_actor_is_named_by_the_watchdog_and_blocks_nothing(ray_local):
+    trainer, rollouter = Side.remote(), Side.remote()
+    pid = ray.get(trainer.pid.remote())
+    dog = Watchdog({"trainer": trainer, "rollouter": rollouter}, timeout_s=3.0, poll_s=0.5)
+    dog.check()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        calls = Calls()
+        assert serve_checkpoint(None, {"trainer": trainer}, "trainer", calls=calls) is False  # asked, no answer
+        done, _ = calls.poll("trainer.pop_metrics", trainer.pop_metrics.remote, 0.2)
+        assert not done and time.monotonic() - t0 < 2.0
+        with pytest.raises(Unresponsive, match=r"trainer.pop_metrics did not answer within 0.5s.*stopped"):
+            calls.get("trainer.pop_metrics", trainer.pop_metrics.remote, 0.5)
+        with pytest.raises(RunFailed) as err:
+            while time.monotonic() - t0 < 30:
+                dog.check()
+                time.sleep(0.2)
+        elapsed = time.monotonic() - t0
+        msg = str(err.value)
+        assert "trainer is not responding (its process is stopped" in msg, msg
+        assert "its last state: {'step': 1, 'queue': 2}" in msg, msg
+        assert "rollouter" in msg and "progress_timeout_s=3" in msg
+        assert elapsed < 12, elapsed
+        assert sorted(calls.pending) == ["trainer.checkpoint_wanted", "trainer.pop_metrics"]  # one each, not a queue
+        assert list(dog.calls.pending) == ["trainer.progress"]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # once it answers again, the outstanding call's result is not lost
+    done, batch = calls.poll("trainer.pop_metrics", trainer.pop_metrics.remote, 10)
+    assert done and batch == [(1, {"x": 1.0})]
+
+
+@ray.remote(num_cpus=0)
+class Queue:
+    def get(self):
+        return 1
+
+
+@ray.remote(num_cpus=0)
+class Consumer:
+    def __init__(self, queue):
+        self.queue = queue
+
+    def run(self):
+        while True:
+            ray.get(self.queue.get.remote())
+            time.sleep(0.05)
+
+
+def test_a_dead_queue_is_reported_as_such_not_as_the_trainer(ray_local):
+    from fully_async.cluster.ray_utils import supervise
+
+    queue = Queue.remote()
+    trainer = Consumer.remote(queue)
+    runs = {trainer.run.remote(): "trainer"}
+    time.sleep(1)
+    ray.kill(queue, no_restart=True)
+    with pytest.raises(RunFailed, match=r"^queue died: .*\(then trainer failed calling it\)"):
+        supervise(runs, until="trainer", on_tick=lambda: None, helpers={"queue": queue})
