@@ -137,7 +137,9 @@ OUTPUT_KEYS = ("trainer.experiment_name", "trainer.default_local_dir")
 
 def config_diff(a: dict, b: dict, ignore: tuple[str, ...] = ("mode",) + OUTPUT_KEYS) -> list[tuple[str, Any, Any]]:
     """(key, value in a, value in b) for every dotted key whose values differ, except `ignore` (the mode and the
-    output locations)."""
+    output locations) and the keys a sync run does not read (async_only_keys: the bundled preset sets them for
+    async mode only)."""
+    ignore = tuple(ignore) + tuple(sorted(async_only_keys()))
     fa, fb = flatten(a), flatten(b)
     for flat, config in ((fa, a), (fb, b)):
         if "actor_rollout_ref.actor.strategy" in flat:
@@ -158,7 +160,7 @@ def check_diff(diff: list[tuple[str, Any, Any]], allow_diff: tuple[str, ...],
     """(differences that block the comparison, fair).  fair: equal total devices; then the PLACEMENT_KEYS
     may differ too.  With unequal totals a placement difference blocks (it is not a fair split either)."""
     fair = totals["async"] == totals["sync"]
-    allowed = set(allow_diff) | (set(PLACEMENT_KEYS) if fair else set()) | async_only_keys()
+    allowed = set(allow_diff) | (set(PLACEMENT_KEYS) if fair else set())
     return [d for d in diff if d[0] not in allowed], fair
 
 
