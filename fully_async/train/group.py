@@ -18,7 +18,7 @@ import torch
 
 from fully_async.cluster.ray_utils import ray_get
 from fully_async.core.batch import TrainBatch
-from fully_async.core.config import FullyAsyncConfig, actor_strategy
+from fully_async.core.config import FullyAsyncConfig, typed_config, actor_strategy
 from fully_async.core.plan import RunPlan
 from fully_async.train.backends import MiniBatch, StepResult, TrainBackend
 from fully_async.train.sharding import micro_count, shard_batch
@@ -190,7 +190,8 @@ def connect_trainer_group(cfg: FullyAsyncConfig, device: Any, optimizer_steps: i
         master = (master[0], store.port)
     workers = [ray.remote(worker).options(**(rank_options(r) if rank_options else worker_options),
                                           **in_bundle(placement, r)).remote(
-        cfg, r, world, master, optimizer_steps, engine_args) for r in range(1, world)]
+        typed_config(cfg), r, world, master, optimizer_steps, engine_args)   # resolved here: resolvers are the driver's
+        for r in range(1, world)]
     local = build_local_backend(cfg, device, optimizer_steps, 0, world, master, store)  # rendezvous with the workers
     ray.get([w.ready.remote() for w in workers])
     cls = ReplicatedGroupBackend if cfg.actor_rollout_ref.actor.strategy == "megatron" else GroupBackend
