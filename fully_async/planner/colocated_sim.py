@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from fully_async.core.staleness import StalenessManager
 from fully_async.core.trainer_state import TrainerState
-from fully_async.planner.sim_engine import AsyncSetup, SimResult, StageCosts, Workload, _group, _Replica, _Seq
+from fully_async.planner.sim_engine import (AsyncSetup, SimResult, StageCosts, Workload, _group, _Replica, _Seq,
+                                            fold_finished)
 
 
 class _ColocatedSim:
@@ -43,13 +44,7 @@ class _ColocatedSim:
         self.result = SimResult("colocated", 0, 0, 0.0)
 
     def _collect(self, i: int, t: float) -> None:
-        for s in self.replicas[i].advance(t):
-            g = self.groups[s.uid]
-            g[0] -= 1
-            g[1] += s.prompt + s.length
-            if g[0] == 0:
-                del self.groups[s.uid]
-                self.queue.append(g[1])
+        fold_finished(self.replicas[i].advance(t), self.groups, self.queue)
 
     def _admit(self, t: float) -> None:
         n = self.w.n

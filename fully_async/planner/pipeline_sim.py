@@ -46,7 +46,7 @@ import itertools
 from fully_async.core.staleness import StalenessManager
 from fully_async.core.trainer_state import TrainerState
 from fully_async.planner.sim_engine import (EPS, AsyncSetup, SimResult, StageCosts, Workload, _group,  # noqa: F401
-                                            _Replica, _Seq, generate_time)
+                                            _Replica, _Seq, fold_finished, generate_time)
 
 
 # ----------------------------------------------------------------------------------- async
@@ -95,13 +95,7 @@ class _AsyncSim:
         finished = self.replicas[i].advance(t)
         if finished:
             self._touch(i)
-        for s in finished:
-            g = self.groups[s.uid]
-            g[0] -= 1
-            g[1] += s.prompt + s.length
-            if g[0] == 0:
-                del self.groups[s.uid]
-                self.queue.append(g[1])
+        fold_finished(finished, self.groups, self.queue)
 
     # -- rollouter
     def _touch(self, i: int) -> None:

@@ -208,6 +208,18 @@ class _Replica:
         return out
 
 
+def fold_finished(finished: list[_Seq], groups: dict[str, list], queue: list[int]) -> None:
+    """Count finished responses against their groups ([responses left, tokens so far] by uid); a group whose last
+    response finished leaves `groups` and its tokens join `queue` (the trainer's queue, in completion order)."""
+    for s in finished:
+        g = groups[s.uid]
+        g[0] -= 1
+        g[1] += s.prompt + s.length
+        if g[0] == 0:
+            del groups[s.uid]
+            queue.append(g[1])
+
+
 def _group(work: Workload, index: int) -> tuple[str, list[_Seq]]:
     uid = f"e0-p{index}"
     return uid, [_Seq(uid, max(1, int(work.length(f"{uid}-s{j}"))), work.prompt_len) for j in range(work.n)]
