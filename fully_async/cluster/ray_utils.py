@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import time
 from typing import Any, Callable, Optional
 
@@ -194,6 +195,23 @@ def root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
+_RAISED = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Expired|Failed|Exit)?): (.+)$")
+
+
+def describe(exc: BaseException) -> str:
+    """'<Type>: <message>' of the user's exception behind a Ray error.  An actor whose constructor raised and that
+    was called after it died gives an ActorDiedError holding only the text of that RayTaskError (its traceback
+    included): the raised exception's last line is taken from it, so nobody reads a traceback from inside Ray."""
+    cause = root_cause(exc)
+    if getattr(cause, "actor_init_failed", False):
+        lines = [ln.strip() for ln in str(cause).splitlines() if ln.strip()]
+        for line in reversed(lines):
+            m = _RAISED.match(line)
+            if m and not line.startswith(("File ", "ray::")):
+                return f"{m.group(1)}: {m.group(2)}"
+    return f"{type(cause).__name__}: {cause}"
+
+
 def is_secondary(exc: BaseException) -> bool:
     """Errors that only say 'the other actor died' (the root cause is elsewhere)."""
     import ray.exceptions as rex
@@ -251,8 +269,7 @@ def dead_helper(helpers: Optional[dict[str, Any]]) -> Optional[str]:
         except ray.exceptions.GetTimeoutError:
             continue  # alive but busy: not the cause
         except Exception as exc:  # noqa: BLE001 - dead: its death is the story
-            cause = root_cause(exc)
-            return f"{name} died: {type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+            return f"{name} died: {describe(exc).splitlines()[0]}"
     return None
 
 
@@ -273,8 +290,7 @@ def _failure_message(name: str, exc: BaseException, others: dict[Any, str],
         helper = dead_helper(helpers)
         if helper is not None:
             return f"{helper} (then {name} failed calling it)"
-    cause = root_cause(exc)
-    return f"{name} failed: {type(cause).__name__}: {cause}"
+    return f"{name} failed: {describe(exc)}"
 
 
 def kill_all(handles: list[Any]) -> None:
@@ -304,6 +320,5 @@ def wait_ready(handles: dict[str, Any], timeout_s: Optional[float] = None,
         try:
             ray.get(ref, timeout=0 if timeout_s is not None else None)
         except Exception as exc:  # noqa: BLE001
-            cause = root_cause(exc)
-            raise RunFailed(f"{name} failed to start: {type(cause).__name__}: {cause}") from None
+            raise RunFailed(f"{name} failed to start: {describe(exc)}") from None
     return time.perf_counter() - start

@@ -184,7 +184,7 @@ def serve_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, config: Op
     are waited on at most `deadline_s` (trainer.progress_timeout_s)."""
     import ray
 
-    from fully_async.cluster.ray_utils import Calls, RunFailed, is_secondary, root_cause
+    from fully_async.cluster.ray_utils import Calls, RunFailed, describe, is_secondary, root_cause
 
     calls = calls if calls is not None else Calls()
     main = actors[main_actor]
@@ -204,7 +204,7 @@ def serve_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, config: Op
         if isinstance(cause, ray.exceptions.GetTimeoutError):
             raise RunFailed(f"checkpoint global_step_{version} failed: an actor did not write its part within "
                             f"{deadline_s:g}s (trainer.progress_timeout_s); states: not saved") from None
-        raise RunFailed(f"checkpoint global_step_{version} failed: {type(cause).__name__}: {cause}") from None
+        raise RunFailed(f"checkpoint global_step_{version} failed: {describe(exc)}") from None
     calls.get(f"{main_actor}.checkpoint_done", lambda: main.checkpoint_done.remote(path), deadline_s or 60.0)
     return True
 

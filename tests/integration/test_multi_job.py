@@ -251,15 +251,17 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head):
     b = Job(tmp_path, ray_head, "b", "multi_job.job_devices=[1]", "trainer.total_training_steps=5",
             "trainer.test_freq=-1")
     wrong = Job(tmp_path, ray_head, "d", "multi_job.devices=3", "multi_job.job_devices=[0]")
-    # e's lease limit is shorter than building its engine and trainer takes: revoked, and e fails saying so
+    # e's lease limit is shorter than its phases take (building, or its first train phase on a fast machine):
+    # revoked, and e fails saying so
     overstay = Job(tmp_path, ray_head, "e", "multi_job.max_lease_s=0.5", "multi_job.job_devices=[0]")
     assert wrong.wait(120) == 1, wrong.output[-3000:]
     assert "this pool has 2 device(s) but the job was configured for 3 (multi_job.devices)" in wrong.output
     assert "Traceback" not in wrong.output
     assert overstay.wait(180) == 1, overstay.output[-3000:]
-    assert "sync failed to start" in overstay.output
-    assert re.search(r"LeaseExpired: e/colocated: lease of \[0\] for phase 'setup' revoked after [0-9.]+s > "
-                     r"multi_job.max_lease_s=0.5: the phase overstayed", overstay.output), overstay.output[-3000:]
+    assert "Traceback" not in overstay.output, overstay.output[-3000:]
+    assert re.search(r"sync failed( to start)?: LeaseExpired: e/colocated: lease of \[0\] for phase '\w+' "
+                     r"revoked after [0-9.]+s > multi_job.max_lease_s=0.5: the phase overstayed",
+                     overstay.output), overstay.output[-3000:]
     a.wait_for(r"step 1 \|")
     b.wait_for(r"step 1 \|")
     killed_at = time.time()

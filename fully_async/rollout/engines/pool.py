@@ -229,11 +229,10 @@ class EnginePool:
         try:
             return get()
         except Exception as exc:  # noqa: BLE001 - named, with the replica's root cause
-            from fully_async.cluster.ray_utils import root_cause
+            from fully_async.cluster.ray_utils import describe
 
-            cause = root_cause(exc)
             raise ReplicaFailed(f"rollout engine replica {i} ({self.replicas[i].name}) failed: "
-                                f"{type(cause).__name__}: {cause}") from exc
+                                f"{describe(exc)}") from exc
 
     def _all(self, method: str, *args: Any) -> list[Any]:
         return self._concurrently(method, [args] * len(self.replicas))

@@ -99,3 +99,20 @@ def test_a_dead_queue_is_reported_as_such_not_as_the_trainer(ray_local):
     ray.kill(queue, no_restart=True)
     with pytest.raises(RunFailed, match=r"^queue died: .*\(then trainer failed calling it\)"):
         supervise(runs, until="trainer", on_tick=lambda: None, helpers={"queue": queue})
+
+
+def test_a_constructor_error_read_from_a_dead_actor_is_named_without_its_traceback():
+    # an actor whose __init__ raised, called after it died: Ray keeps only the RayTaskError's text, traceback and all
+    import ray.exceptions as rex
+
+    from fully_async.cluster.ray_utils import describe
+
+    text = ("The actor died because of an error raised in its creation task, ray::SyncWorker.__init__() (pid=1)\n"
+            "  File \"/x/fully_async/cluster/device_pool.py\", line 316, in release\n"
+            "    raise _unwrap(exc) from None\n"
+            "fully_async.pool.leases.LeaseExpired: e/colocated: lease of [0] for phase 'setup' revoked after 0.5s\n")
+    assert describe(rex.RayActorError("ab" * 8, text, True)) == \
+        "LeaseExpired: e/colocated: lease of [0] for phase 'setup' revoked after 0.5s"
+    assert describe(ValueError("bad: value")) == "ValueError: bad: value"
+    died = rex.RayActorError("ab" * 8, "The actor died unexpectedly before finishing this task.", False)
+    assert describe(died).startswith("RayActorError: ")
