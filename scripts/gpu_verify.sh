@@ -72,17 +72,20 @@ colocated)
         data.train_batch_size=64 actor_rollout_ref.rollout.n=8 actor_rollout_ref.rollout.max_num_seqs=${NSEQS:-256}
         benchmark.response_length=lognormal benchmark.ignore_eos=true actor_rollout_ref.rollout.free_cache_engine=false
         async_training.staleness_threshold=${STALENESS:-0.2} async_training.trigger_parameter_sync_step=${TRIGGER:-4}
-        trainer.total_training_steps=${STEPS:-6} trainer.resume_mode=disable trainer.progress_bar=false
+        trainer.resume_mode=disable trainer.progress_bar=false
         trainer.val_before_train=false trainer.test_freq=-1 trainer.logger=[console,tensorboard] trainer.timeline=true
         "trainer.default_local_dir=/tmp/ckpt")
   export CUDA_VISIBLE_DEVICES=0
-  TENSORBOARD_DIR=$OUT/runs/sync timeout ${RUN_LIMIT:-260} python3 -m fully_async.main mode=sync "${SEED[@]}" \
-      hydra.run.dir=/tmp/h_sync 2>&1 | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
+  [ "${SKIP_SYNC:-0}" = 1 ] || TENSORBOARD_DIR=$OUT/runs/sync timeout ${RUN_LIMIT:-260} python3 -m fully_async.main \
+      mode=sync "${SEED[@]}" trainer.total_training_steps=${SYNC_STEPS:-${STEPS:-6}} hydra.run.dir=/tmp/h_sync 2>&1 \
+      | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
   TENSORBOARD_DIR=$OUT/runs/colocated timeout ${RUN_LIMIT:-260} python3 -m fully_async.main mode=async \
-      async_training.placement=colocated rollout.n_gpus_per_node=0 "${SEED[@]}" hydra.run.dir=/tmp/h_colo 2>&1 \
+      async_training.placement=colocated rollout.n_gpus_per_node=0 "${SEED[@]}" trainer.total_training_steps=${STEPS:-6} \
+      hydra.run.dir=/tmp/h_colo ${COLO_EXTRA:-} 2>&1 \
       | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
   python3 scripts/compare_sync_async.py --from-logs $OUT/runs/colocated $OUT/runs/sync --out $OUT/compare \
-      --allow-diff async_training.placement 2>&1 | tail -30
+      --allow-diff async_training.placement --allow-diff trainer.total_training_steps --warmup-steps ${WARMUP:-1} \
+      2>&1 | tail -30
   ;;
 restructure)
   # after the loops were restructured (#22): every GPU test (engine, megatron parity with the one PPO update, packing,

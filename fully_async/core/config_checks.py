@@ -219,7 +219,13 @@ def _check_rollout(cfg: Any) -> None:
     if not rollout.calculate_log_probs:
         logger.warning("actor_rollout_ref.rollout.calculate_log_probs=false has no effect: the engines always "
                        "return the behaviour log-probs (partial rollouts and decoupled PPO need them)")
-    _choice("actor_rollout_ref.rollout.weight_sync", rollout.weight_sync, ("auto", "object_store", "collective"))
+    _choice("actor_rollout_ref.rollout.weight_sync", rollout.weight_sync,
+            ("auto", "object_store", "collective", "device_ipc"))
+    if rollout.weight_sync == "device_ipc" and not device_ipc_applies(cfg):
+        raise ConfigError("actor_rollout_ref.rollout.weight_sync", "device_ipc shares the trainer's weights with an "
+                          "engine on the same CUDA device: only mode=async async_training.placement=colocated "
+                          "trainer.device=cuda on one device (trainer.nnodes x trainer.n_gpus_per_node = 1); use "
+                          "auto, object_store or collective")
     _at_least("actor_rollout_ref.rollout.update_weights_bucket_megabytes", rollout.update_weights_bucket_megabytes, 1)
     if rollout.name == "vllm":
         _choice("actor_rollout_ref.rollout.load_format", rollout.load_format, ("auto", "dummy", "safetensors", "pt"))
@@ -546,6 +552,12 @@ def validate_with_data(cfg: Any, num_train_prompts: int) -> None:
         raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size",
                           f"a trainer step needs ppo_mini_batch_size x require_batches = {required} prompts "
                           f"but the training data has only {num_train_prompts}")
+
+
+def device_ipc_applies(cfg: Any) -> bool:
+    """Device IPC weight sync joins the trainer and the engine on one CUDA device: colocated async on one device."""
+    return (cfg.mode == "async" and cfg.async_training.placement == "colocated" and cfg.trainer.device == "cuda"
+            and cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node == 1)
 
 
 SECTION_CHECKS = (_check_mode, _check_trainer, _check_rollout_placement, _check_data, _check_model, _check_actor,

@@ -258,7 +258,12 @@ def _wall_us(start_perf: float, now_perf: float) -> float:
 
 
 def _share(named_tensors: Any, remote: bool, inline: bool) -> tuple[Any, Any]:
-    """(what remote replicas get, what inline replicas get): one object-store copy for all remotes."""
+    """(what remote replicas get, what inline replicas get): one object-store copy for all remotes (a device-IPC
+    handle goes to both as it is: each opens it where its engine runs)."""
+    from fully_async.weight_sync.device_ipc import SharedWeights
+
+    if isinstance(named_tensors, SharedWeights):
+        return named_tensors, named_tensors
     try:
         import ray
         is_ref = isinstance(named_tensors, ray.ObjectRef)

@@ -97,6 +97,10 @@ def engine_command(engine: Any, receiver: Any, method: str, args: tuple,
         out = extra[method](*args)
     elif method in RECEIVER_METHODS:
         out = getattr(receiver, method)(*args)
+    elif method == "update_weights":
+        from fully_async.weight_sync.device_ipc import open_weights
+
+        out = engine.update_weights(open_weights(args[0]), *args[1:])   # a device-IPC handle opens here
     elif method in ENGINE_METHODS:
         out = getattr(engine, method)(*args)
     else:
