@@ -56,7 +56,8 @@ memory)
       actor_rollout_ref.model.enable_gradient_checkpointing=true 2>&1 | grep -v "it/s\]" | tail -6
   ;;
 tests)
-  CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -15
+  CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py \
+      tests/gpu/test_device_ipc_cuda.py 2>&1 | tail -15
   ;;
 colocated)
   # colocated async against sync on ONE GPU (#27), the seed-003 shape: 0.5B-shaped bf16, 64 prompts x 8, lognormal

@@ -171,7 +171,7 @@ class RolloutConfig:
     #                                       cache slots by it); null: max_prompt_length + max_response_length
     pause_mode: str = "abort"             # abort | keep: how in-flight requests stop at a weight update
     weight_sync: str = "auto"             # auto | object_store | collective (NCCL/HCCL/gloo broadcast) | device_ipc
-    #                                       (CUDA IPC handles: colocated async on one CUDA device; auto picks it there)
+    #                                       (CUDA IPC handles: colocated async on one CUDA device, asked for by name)
     update_weights_bucket_megabytes: int = 512  # bucket size of the collective weight broadcast
 
 

@@ -3,21 +3,20 @@ broadcast (NCCL / HCCL / gloo), in-process for the colocated sync loop.  It impo
 cluster; rollout/, train/ and the actors import it."""
 from typing import Any
 
-from fully_async.core.config_checks import device_ipc_applies
 from fully_async.weight_sync.local import LocalWeightSync
 from fully_async.weight_sync.object_store import ObjectStoreWeightSync
 
 
 def build_weight_sync(cfg: Any, backend: Any, rollouter: Any, device: Any) -> Any:
-    """actor_rollout_ref.rollout.weight_sync: auto = device IPC for colocated async on one CUDA device (trainer and
-    engine share it: no copy through the host), else collective on accelerators, object store on CPU and on a
-    shared device pool (multi_job.pool: the rollouter takes an update while it waits for its lease and loads it
-    at its next turn, which a collective cannot wait for)."""
+    """actor_rollout_ref.rollout.weight_sync: auto = collective on accelerators, object store on CPU and on a
+    shared device pool (multi_job.pool, colocated async included: the rollouter takes an update while it waits for
+    its lease and loads it at its next turn, which a collective cannot wait for).  device_ipc (colocated async on one
+    CUDA device: CUDA IPC handles, no copy through the host) is asked for by name: auto picks it once it has been
+    measured on a GPU (tests/gpu/test_device_ipc_cuda.py, scripts/gpu_verify.sh colocated)."""
     rollout = cfg.actor_rollout_ref.rollout
     kind = rollout.weight_sync
     if kind == "auto":
-        kind = ("device_ipc" if device_ipc_applies(cfg) else
-                "collective" if device.is_accelerator and cfg.multi_job.pool is None else "object_store")
+        kind = "collective" if device.is_accelerator and cfg.multi_job.pool is None else "object_store"
     if kind == "device_ipc":
         from fully_async.device import parse_dtype
         from fully_async.weight_sync.device_ipc import DeviceIpcWeightSync

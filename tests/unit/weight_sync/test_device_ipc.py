@@ -13,19 +13,19 @@ class Backend:
     pass
 
 
-def test_auto_picks_device_ipc_for_colocated_async_on_one_cuda_device():
+def test_device_ipc_is_asked_for_by_name_and_auto_keeps_the_object_store():
     from fully_async.device import get_device
     from fully_async.weight_sync import ObjectStoreWeightSync, build_weight_sync
     from fully_async.weight_sync.device_ipc import DeviceIpcWeightSync
 
     cuda = get_device("cuda")
-    assert isinstance(build_weight_sync(load_config(COLOCATED), Backend(), None, cuda), DeviceIpcWeightSync)
-    # two devices: each engine would need its own rank's handle; the object store serves them (the launcher puts
-    # colocated async on its private pool before the trainer builds its weight sync)
-    two = load_config(COLOCATED + ["trainer.n_gpus_per_node=2", "multi_job.pool=colocated"])
-    assert isinstance(build_weight_sync(two, Backend(), None, cuda), ObjectStoreWeightSync)
-    forced = load_config(COLOCATED + ["actor_rollout_ref.rollout.weight_sync=object_store"])
-    assert isinstance(build_weight_sync(forced, Backend(), None, cuda), ObjectStoreWeightSync)
+    named = load_config(COLOCATED + ["actor_rollout_ref.rollout.weight_sync=device_ipc"])
+    validate(named)
+    assert isinstance(build_weight_sync(named, Backend(), None, cuda), DeviceIpcWeightSync)
+    # auto: the object store until device IPC has been measured on a GPU (the launcher puts colocated async on its
+    # private pool before the trainer builds its weight sync)
+    auto = load_config(COLOCATED + ["multi_job.pool=colocated"])
+    assert isinstance(build_weight_sync(auto, Backend(), None, cuda), ObjectStoreWeightSync)
 
 
 @pytest.mark.parametrize("overrides", [
