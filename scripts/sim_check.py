@@ -38,12 +38,14 @@ def _mean(values: list[float]) -> float:
 
 def stage_costs(run: Any) -> Any:
     """StageCosts of one run from its own logs (stage_costs.from_run_scalars)."""
-    from fully_async.planner.stage_costs import from_run_scalars
+    from compare_lib import placement_of
 
-    scalars = {tag: run.values(tag) for tag in run.scalars}
+    from fully_async.planner.stage_costs import aligned_scalars, from_run_scalars
+
+    scalars = aligned_scalars({tag: [(s, v) for s, _, v in run.series(tag)] for tag in run.scalars})
     # every step kept: the check compares with the run's whole average (compiling steps included)
     return from_run_scalars(scalars, run.mode, run.devices()["trainer"], source=f"run logs {run.log_dir}",
-                            outlier_ratio=None)
+                            outlier_ratio=None, placement=placement_of(run.config))
 
 
 def _workload(run: Any) -> Any:
@@ -64,8 +66,9 @@ def _workload(run: Any) -> Any:
 
 def predict(run: Any) -> dict:
     """Simulated tokens/s of the run from its own stage costs, next to the measured one."""
-    from compare_lib import tokens_per_s
+    from compare_lib import placement_of, tokens_per_s
 
+    from fully_async.planner.colocated_sim import simulate_colocated
     from fully_async.planner.pipeline_sim import AsyncSetup, simulate_async, simulate_sync
     from fully_async.planner.search import PipelineShape
 
@@ -73,7 +76,13 @@ def predict(run: Any) -> dict:
     cfg, work = _workload(run)
     shape = PipelineShape.of(cfg)
     d = run.devices()
-    if run.mode == "async":
+    if run.mode == "async" and placement_of(run.config) == "colocated":
+        sim = simulate_colocated(d["trainer"], AsyncSetup(replicas=d["trainer"], trainer_devices=d["trainer"],
+                                                          max_num_seqs=shape.max_num_seqs, required=shape.async_groups,
+                                                          staleness_threshold=shape.staleness_threshold,
+                                                          trigger_parameter_sync_step=shape.trigger,
+                                                          partial_rollout=shape.partial_rollout), costs, work)
+    elif run.mode == "async":
         sim = simulate_async(AsyncSetup(replicas=max(1, d["rollout"] // shape.rollout_tp), trainer_devices=d["trainer"],
                                         max_num_seqs=shape.max_num_seqs, required=shape.async_groups,
                                         staleness_threshold=shape.staleness_threshold,

@@ -9,9 +9,10 @@ differs from sync is that generation never waits for the tail:
             version), each whole to the replica with the most room.  The phase ends the moment `required`
             groups are complete; when the queue already holds them at the start, there is no phase.
   park      every unfinished response is parked with its tokens (counted in `interrupted`).
-  switch    engines sleep, the trainer onloads, the weights are reloaded after the update and the engines wake:
-            sync_step_s, the sync mode's per-step switch (charged every step; with trigger_parameter_sync_step > 1
-            the steps that push no weights pay it too, an upper bound).
+  switch    engines sleep, the trainer onloads, the engines wake: sync_step_s, the sync mode's per-step switch
+            (charged every step).
+  update    at the steps that push (every trigger_parameter_sync_step-th): weight_sync_s, the trainer's push and
+            the engines' load, one after the other on the same devices.
   train     `required` groups on N trainer devices; the trainer's push rule (core/trainer_state.TrainerState)
             decides when a param version ends, and the bound moves to it with the parked groups and the
             queued ones carried over.
@@ -104,6 +105,8 @@ class _ColocatedSim:
             res.step_ends.append(t)
             self.trainer.step += 1
             if self.trainer.push_due():
+                t += self.c.weight_sync_s
+                res.switch_s += self.c.weight_sync_s
                 self.trainer.bump_version()
                 self.bound.on_version(self.trainer.version, in_flight=len(self.groups), queued=len(self.queue))
                 res.max_admitted = max(res.max_admitted, self.bound.state.admitted)

@@ -15,7 +15,8 @@ Measured from a run's logs (`from_run_scalars`: a TensorBoard dir of one run, ei
   train_token_s   async: sum(timing_s/step - timing_s/gen - timing_s/param_sync) x trainer devices / tokens (the
                   trainer's busy time outside the weight push; timing_s/gen is its wait for groups); sync:
                   sum(timing_s/step - timing_s/gen - switch) x devices / tokens
-  weight_sync_s   async: mean timing_s/param_sync (the trainer's push; the engines load meanwhile)
+  weight_sync_s   async: mean timing_s/param_sync over the steps that pushed (the trainer's push; the engines load
+                  meanwhile), colocated: plus the mean timing_s/param_sync/load (the engines load on the same devices)
   sync_step_s     sync: mean(timing_s/param_sync + onload + offload + reward) (the colocated switch)
 Compiling steps are left out (`steady_steps`): a run's first steps compile (the trainer's layers, the engine's
 decode graphs) and cost several times a steady one -- averaged in, a max-1024 run on 1x H200 read train 51.5
@@ -146,11 +147,23 @@ def steady_steps(values: list[float], skip_steps: Optional[int] = None,
     return kept or list(range(n))
 
 
+def aligned_scalars(series: dict[str, list[tuple[int, float]]]) -> dict[str, list[float]]:
+    """Tag -> one value per trainer step (the steps timing_s/step was logged at), 0.0 where the tag was not logged:
+    a weight push is logged only at the steps that push (every trigger_parameter_sync_step-th), so its values must
+    not be paired with the first steps of the run."""
+    steps = [s for s, _ in series.get("timing_s/step", [])]
+    out = {}
+    for tag, points in series.items():
+        at = dict(points)
+        out[tag] = [at.get(s, 0.0) for s in steps]
+    return out
+
+
 def from_run_scalars(scalars: dict[str, list[float]], mode: str, trainer_devices: int, source: str = "run logs",
                      skip_steps: Optional[int] = None,
-                     outlier_ratio: Optional[float] = OUTLIER_RATIO) -> StageCosts:
-    """StageCosts of one run from its logged scalars (tag -> values in step order), its compiling steps left out
-    (module docstring; the source names the steps left out)."""
+                     outlier_ratio: Optional[float] = OUTLIER_RATIO, placement: str = "split") -> StageCosts:
+    """StageCosts of one run from its logged scalars (tag -> one value per step: aligned_scalars), its compiling
+    steps left out (module docstring; the source names the steps left out)."""
     engines = [[v for v in values if v > 0] for tag, values in sorted(scalars.items())
                if tag.startswith("fully_async/rollouter/engine_") and tag.endswith("/ms_per_step")]
     steps, gens = scalars.get("timing_s/step", []), scalars.get("timing_s/gen", [])
@@ -178,7 +191,13 @@ def from_run_scalars(scalars: dict[str, list[float]], mode: str, trainer_devices
     train_token_s = sum(busy[i] for i in kept) * trainer_devices / tokens
     side_s = _mean([side[i] for i in kept])
     if mode == "async":
-        return StageCosts(decode_step_s=_mean(per_step) / 1e3, train_token_s=train_token_s, weight_sync_s=side_s,
+        # per weight update (the steps that pushed); colocated also waits for the engines' load on the same devices
+        pushes = [side[i] for i in kept if side[i] > 0]
+        update_s = _mean(pushes) if pushes else 0.0
+        if placement == "colocated":
+            loads = [v for v in col("timing_s/param_sync/load") if v > 0]
+            update_s += _mean(loads) if loads else 0.0
+        return StageCosts(decode_step_s=_mean(per_step) / 1e3, train_token_s=train_token_s, weight_sync_s=update_s,
                           source=source)
     return StageCosts(decode_step_s=_mean(per_step) / 1e3, train_token_s=train_token_s, sync_step_s=side_s,
                       source=source)

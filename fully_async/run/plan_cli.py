@@ -169,7 +169,7 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
 
 def run_stage_costs(log_dir: str) -> tuple[Any, float]:
     """StageCosts measured by a run (its TensorBoard dir: scalars and config.json), and its mean prompt length."""
-    from fully_async.planner.stage_costs import from_run_scalars
+    from fully_async.planner.stage_costs import aligned_scalars, from_run_scalars
 
     config_path = os.path.join(log_dir, "config.json")
     if not os.path.isfile(config_path):
@@ -181,14 +181,16 @@ def run_stage_costs(log_dir: str) -> tuple[Any, float]:
 
     acc = EventAccumulator(log_dir, size_guidance={"scalars": 0})
     acc.Reload()
-    scalars = {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    series = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
     trainer = run_cfg["trainer"]["nnodes"] * run_cfg["trainer"]["n_gpus_per_node"]
+    placement = run_cfg.get("async_training", {}).get("placement", "split")
     try:
-        costs = from_run_scalars(scalars, run_cfg.get("mode", "async"), trainer,
-                                 source=f"measured: run logs {log_dir} ({run_cfg.get('mode')} mode)")
+        costs = from_run_scalars(aligned_scalars(series), run_cfg.get("mode", "async"), trainer,
+                                 source=f"measured: run logs {log_dir} ({run_cfg.get('mode')} mode)",
+                                 placement=placement)
     except ValueError as exc:
         raise ConfigError("plan.stage_costs", str(exc)) from exc
-    prompts = scalars.get("prompt_length/mean", [])
+    prompts = [v for _, v in series.get("prompt_length/mean", [])]
     return costs, (sum(prompts) / len(prompts) if prompts else 0.0)
 
 
