@@ -167,6 +167,37 @@ class ReplicatedGroupBackend(GroupBackend):
                                   lambda: self.local.forward_backward(mini))[0]
 
 
+def await_ranks(store: Any, workers: list[Any], timeout_s: Optional[float] = None, poll_s: float = 0.5) -> None:
+    """Rank 0, before it joins the process group: wait until ranks 1..W-1 have reached the rendezvous (each sets
+    its fsdp.arrived_key in the store), failing at once, naming the rank and its error, when one died on the way
+    (its actor's constructor raised, its process was killed).  init_process_group alone would wait for the dead
+    rank until the store's timeout (15 minutes)."""
+    import time
+
+    import ray
+
+    from fully_async.cluster.ray_utils import RunFailed, describe
+    from fully_async.train.backends.fsdp import STORE_TIMEOUT, arrived_key
+
+    limit = timeout_s if timeout_s is not None else STORE_TIMEOUT.total_seconds()
+    deadline = time.monotonic() + limit
+    ranks = {w.ready.remote(): r for r, w in enumerate(workers, start=1)}  # resolves only once the rank has joined
+    while True:
+        missing = [r for r in ranks.values() if not store.check([arrived_key(r)])]
+        if not missing:
+            return
+        done, _ = ray.wait(list(ranks), num_returns=len(ranks), timeout=poll_s)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - a rank that cannot join: name it
+                raise RunFailed(f"trainer rank {ranks[ref]} died before joining the trainer's process group: "
+                                f"{describe(exc)}") from None
+        if time.monotonic() > deadline:
+            raise RunFailed(f"trainer rank(s) {missing} did not reach the process group's rendezvous within "
+                            f"{limit:.0f}s; their actors are alive (still loading? check their logs)")
+
+
 def connect_trainer_group(cfg: FullyAsyncConfig, device: Any, optimizer_steps: int, master: tuple[str, int],
                           worker_options: dict, placement: Optional[Any] = None,
                           engine_args: Optional[tuple[list[int], int]] = None,
@@ -192,6 +223,8 @@ def connect_trainer_group(cfg: FullyAsyncConfig, device: Any, optimizer_steps: i
                                           **in_bundle(placement, r)).remote(
         typed_config(cfg), r, world, master, optimizer_steps, engine_args)   # resolved here: resolvers are the driver's
         for r in range(1, world)]
+    if store is not None:
+        await_ranks(store, workers)
     local = build_local_backend(cfg, device, optimizer_steps, 0, world, master, store)  # rendezvous with the workers
     ray.get([w.ready.remote() for w in workers])
     cls = ReplicatedGroupBackend if cfg.actor_rollout_ref.actor.strategy == "megatron" else GroupBackend

@@ -26,6 +26,11 @@ def master_store(addr: str, world: int) -> Any:
     return dist.TCPStore(addr, 0, world, is_master=True, wait_for_workers=False, timeout=STORE_TIMEOUT)
 
 
+def arrived_key(rank: int) -> str:
+    """The store key rank `rank` sets when it reaches the rendezvous (train/group.await_ranks)."""
+    return f"fully_async/arrived/{rank}"
+
+
 def init_process_group(device: Any, rank: int, world: int, addr: str, port: int, store: Optional[Any] = None) -> None:
     """The trainer's data-parallel world (one process per device) on the device's comm backend.  Rank 0 passes
     its `master_store`; the other ranks connect to it at addr:port."""
@@ -34,6 +39,7 @@ def init_process_group(device: Any, rank: int, world: int, addr: str, port: int,
     os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port))
     if store is None:
         store = dist.TCPStore(addr, port, world, is_master=False, timeout=STORE_TIMEOUT)
+        store.set(arrived_key(rank), "1")   # rank 0 watches for these while it checks that the ranks are alive
     kwargs = {"device_id": device.torch_device()} if device.is_accelerator else {}
     dist.init_process_group(device.comm_backend, store=store, rank=rank, world_size=world, **kwargs)
 

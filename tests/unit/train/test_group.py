@@ -84,3 +84,55 @@ def test_two_fsdp2_gloo_ranks_match_one_device(ray_cpus, mode, shared, extra):
             ray.kill(w)
         dist.destroy_process_group()
 
+
+
+class DiesBeforeTheRendezvous(TrainWorker):
+    """A rank whose set-up fails before it reaches the process group (a missing file, a bad config on that node)."""
+
+    def __init__(self, cfg, rank, world, master, optimizer_steps, engine_args=None):
+        raise FileNotFoundError(f"rank {rank}: /no/such/model/config.json")
+
+
+def test_a_rank_that_dies_before_the_rendezvous_is_named_at_once(ray_cpus):
+    import time
+
+    from fully_async.cluster.ray_utils import RunFailed
+
+    import sys
+
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the workers cannot import this test module
+    cfg = load_config(COMMON + ["actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=2"])
+    start = time.monotonic()
+    with pytest.raises(RunFailed, match=r"trainer rank 1 died before joining the trainer's process group: "
+                                        r"FileNotFoundError: rank 1: /no/such/model/config.json"):
+        connect_trainer_group(cfg, CPU, 10, ("127.0.0.1", free_port()), {"num_cpus": 1},
+                              worker=DiesBeforeTheRendezvous)
+    assert time.monotonic() - start < 60   # not the store's 15 minutes
+    assert not dist.is_initialized()
+
+
+def test_await_ranks_returns_once_every_rank_arrived_and_times_out_on_a_silent_one(ray_cpus):
+    import time
+
+    import ray
+
+    from fully_async.cluster.ray_utils import RunFailed
+    from fully_async.train.backends.fsdp import arrived_key
+    from fully_async.train.group import await_ranks
+
+    @ray.remote
+    class Silent:
+        def ready(self):
+            time.sleep(30)
+
+    store = dist.HashStore()
+    workers = [Silent.remote(), Silent.remote()]
+    store.set(arrived_key(1), "1")
+    with pytest.raises(RunFailed, match=r"trainer rank\(s\) \[2\] did not reach"):
+        await_ranks(store, workers, timeout_s=1.0, poll_s=0.2)
+    store.set(arrived_key(2), "1")
+    await_ranks(store, workers, timeout_s=1.0, poll_s=0.2)
+    for w in workers:
+        ray.kill(w)
