@@ -1,6 +1,7 @@
 """The driver never blocks on an actor: a stopped actor (SIGSTOP) is named by the watchdog, with the last state it
 reported, and every other call from the driver (outboxes, the checkpoint ask, stop) returns within its deadline."""
 import os
+import re
 import signal
 import time
 
@@ -116,3 +117,49 @@ def test_a_constructor_error_read_from_a_dead_actor_is_named_without_its_traceba
     assert describe(ValueError("bad: value")) == "ValueError: bad: value"
     died = rex.RayActorError("ab" * 8, "The actor died unexpectedly before finishing this task.", False)
     assert describe(died).startswith("RayActorError: ")
+
+
+@ray.remote(num_cpus=0, max_concurrency=2)   # as the rollouter: its run() and the driver's calls share the process
+class GilHolder:
+    """A reward function in the actor's own process (rewards' timeout_s=null) stuck in C code that never releases
+    the GIL: catastrophic regex backtracking."""
+
+    def __init__(self):
+        self.step = 0
+
+    def progress(self):
+        return {"step": self.step}
+
+    def pop_metrics(self):
+        return []
+
+    def checkpoint_wanted(self):
+        return None
+
+    def hold_gil(self, n):
+        import re
+
+        self.step += 1
+        return bool(re.match(r"(a+)+$", "a" * n + "b"))
+
+
+def test_an_actor_whose_reward_holds_the_gil_is_named_and_the_driver_never_blocks(ray_local):
+    holder, other = GilHolder.remote(), Side.remote()
+    ray.get([holder.progress.remote(), other.progress.remote()])
+    dog = Watchdog({"rollouter": holder, "trainer": other}, timeout_s=3.0, poll_s=0.5)
+    dog.check()
+    stuck = holder.hold_gil.remote(32)   # 2^32 backtracking steps: minutes, all inside one C call
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RunFailed) as err:
+            while time.monotonic() - t0 < 40:
+                dog.check()
+                assert serve_checkpoint(None, {"rollouter": holder}, "rollouter", calls=dog.calls) is False
+                time.sleep(0.2)
+        msg = str(err.value)
+        assert "rollouter is not responding" in msg and re.search(r"its last state: \{'step': [01]\}", msg), msg
+        assert time.monotonic() - t0 < 20
+    finally:
+        ray.kill(holder)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(stuck, timeout=30)
