@@ -392,14 +392,14 @@ def _check_sync_batch(cfg: Any) -> None:
 
 def _warn_async_offload(cfg: Any) -> None:
     """fsdp_config.{param,optimizer}_offload (and megatron.*_offload, mapped onto them) act between phases: sync
-    mode and a shared device pool offload while the engine generates; async mode with dedicated devices has no
+    mode, colocated async and a shared device pool offload while the engine generates; async mode with dedicated devices has no
     such phase, so only strategy=fsdp2's host-resident shards (CPUOffloadPolicy, params with their optimizer
     states) act there.  Every other combination is named once rather than passed over in silence."""
     from fully_async.core.config import actor_strategy
 
     off = cfg.actor_rollout_ref.actor.fsdp_config
-    if cfg.mode == "sync" or cfg.multi_job.pool is not None:
-        return
+    if cfg.mode == "sync" or cfg.multi_job.pool is not None or cfg.async_training.placement == "colocated":
+        return   # (colocated async: the trainer offloads while the engines generate on its devices)
     strategy = actor_strategy(cfg)
     for key in ("param_offload", "optimizer_offload"):
         if not getattr(off, key):
@@ -408,7 +408,7 @@ def _warn_async_offload(cfg: Any) -> None:
             continue
         logger.warning("actor_rollout_ref.actor.fsdp_config.%s=true has no effect in async mode with "
                        "strategy=%s (dedicated trainer devices: nothing offloads between phases); it acts in "
-                       "mode=sync, on a shared device pool (multi_job.pool), and with strategy=fsdp2 as "
+                       "mode=sync, in colocated async (async_training.placement=colocated), on a shared device pool (multi_job.pool), and with strategy=fsdp2 as "
                        "param_offload (shards and optimizer states kept in host memory)", key, strategy)
 
 

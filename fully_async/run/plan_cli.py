@@ -269,6 +269,10 @@ def device_plan(cfg: Any) -> list[str]:
     if cfg.mode == "sync":
         lines.append("rollout: colocated, one engine per trainer rank on that rank's device (generate, then train)")
         return _clip(lines)
+    if cfg.async_training.placement == "colocated":
+        lines.append("rollout: colocated async, one engine per trainer rank on that rank's device (the engines "
+                     "generate while the trainer waits, over-provisioned under the staleness bound)")
+        return _clip(lines)
     r_nodes, r_per, tp = cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node, rollout.tensor_model_parallel_size
     lines.append(f"rollout: {r_nodes} node(s) x {r_per} = {r_nodes * r_per} devices, {r_nodes * r_per // tp} "
                  f"replica(s) of tp={tp} ({rollout.name}, max_num_seqs={rollout.max_num_seqs} each)")
