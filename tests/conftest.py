@@ -7,6 +7,9 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# checkpoint manifests are signed with a per-user key (core/checkpoint.py): the tests' own, not the user's
+os.environ.setdefault("FULLY_ASYNC_CHECKPOINT_KEY", os.path.join(
+    __import__("tempfile").gettempdir(), f"fully_async_test_checkpoint_{os.getuid()}.key"))
 
 
 def build_random_model(path: str, seed: int = 0, vocab: int = 48, layers: int = 2) -> str:

@@ -14,7 +14,8 @@ leaves a folder that looks finished; `latest_checkpointed_iteration.txt` (verl's
 newest complete one.
 
 Integrity: the driver writes `config.json` (the run's resolved config) and then `manifest.json` (every
-file's relative path, size and sha256) as the last files before the rename.  Resume verifies the manifest
+file's relative path, size and sha256, signed with this user's key: `write_manifest`) as the last files before the
+rename.  Resume verifies the manifest
 of the checkpoint it picks (`find_resume_path`): a checkpoint that fails (a truncated or missing file) is
 set aside as `global_step_<v>.broken` and the newest intact older one is used; none intact: CheckpointError
 before Ray starts.  A checkpoint without a manifest is not used (nothing says its files are complete): auto sets
@@ -180,13 +181,72 @@ def _hash_all(folder: str, rels: list[str]) -> list[str]:
         return list(pool.map(sha256_file, paths))
 
 
+KEY_ENV = "FULLY_ASYNC_CHECKPOINT_KEY"   # path of the signing key; default ~/.config/fully_async/checkpoint.key
+
+
+def key_path() -> str:
+    return os.environ.get(KEY_ENV) or os.path.join(os.path.expanduser("~"), ".config", "fully_async",
+                                                   "checkpoint.key")
+
+
+def signing_key(create: bool) -> Optional[bytes]:
+    """This user's checkpoint signing key (32 random bytes, a file only its owner can read), made on first use when
+    `create`; None when there is none and `create` is false."""
+    path = key_path()
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        if not create:
+            return None
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    key = os.urandom(32)
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(key)
+    os.replace(path + ".tmp", path)
+    logger.info("checkpoint signing key created: %s (keep it with your checkpoints' machine; %s names another)",
+                path, KEY_ENV)
+    return key
+
+
+def _signature(key: bytes, files: dict) -> dict:
+    import hmac
+
+    body = json.dumps(files, sort_keys=True, separators=(",", ":")).encode()
+    return {"hmac_sha256": hmac.new(key, body, hashlib.sha256).hexdigest(),
+            "key_id": hashlib.sha256(key).hexdigest()[:16]}
+
+
+def _signature_problem(manifest: dict, folder: str) -> Optional[str]:
+    """Why the manifest's signature does not hold (None: it does), with what to do."""
+    import hmac
+
+    sig = manifest.get("signature")
+    if not isinstance(sig, dict) or "hmac_sha256" not in sig:
+        return (f"{MANIFEST} is not signed (written by hand or by an older version): nothing says this user's runs "
+                f"wrote it; {NO_MANIFEST_FIX.format(path=folder)}")
+    key = signing_key(create=False)
+    if key is None:
+        return (f"{MANIFEST} is signed with key {sig.get('key_id')} but there is no key at {key_path()} (copy the key "
+                f"of the machine that wrote it there, or point {KEY_ENV} at it)")
+    want = _signature(key, manifest["files"])
+    if not hmac.compare_digest(want["hmac_sha256"], str(sig["hmac_sha256"])):
+        return (f"{MANIFEST} signature does not verify with the key at {key_path()} (key id {want['key_id']}, the "
+                f"manifest's {sig.get('key_id')}): its file list was altered, or another key signed it; "
+                f"{NO_MANIFEST_FIX.format(path=folder)}")
+    return None
+
+
 def write_manifest(folder: str) -> dict:
-    """manifest.json: {"files": {relative path: {"size", "sha256"}}} of every other file in `folder`; written
-    last (through a temporary name), so its presence says every file it lists was complete."""
+    """manifest.json: {"files": {relative path: {"size", "sha256"}}, "signature"} of every other file in `folder`;
+    written last (through a temporary name), so its presence says every file it lists was complete.  The signature
+    (HMAC-SHA256 of the file list with this user's key, `signing_key`) says this user's run wrote it: someone who
+    can write into the checkpoint folder but cannot read the key cannot make a resume load altered files."""
     rels = [r for r in _files(folder) if r not in (MANIFEST, MANIFEST + ".tmp")]
     files = {r: {"size": os.path.getsize(os.path.join(folder, r)), "sha256": h}
              for r, h in zip(rels, _hash_all(folder, rels))}
-    manifest = {"format": 1, "files": files}
+    manifest = {"format": 1, "files": files, "signature": _signature(signing_key(create=True), files)}
     tmp = os.path.join(folder, MANIFEST + ".tmp")
     with open(tmp, "w") as fh:
         json.dump(manifest, fh, indent=1)
@@ -201,9 +261,13 @@ def verify_checkpoint(folder: str) -> Optional[list[str]]:
     if not os.path.isfile(path):
         return None
     try:
-        files = read_json(path)["files"]
+        manifest = read_json(path)
+        files = manifest["files"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return [f"{MANIFEST} unreadable ({exc})"]
+    unsigned = _signature_problem(manifest, folder)
+    if unsigned:
+        return [unsigned]
     problems, to_hash = [], []
     for rel, meta in sorted(files.items()):
         full = os.path.join(folder, rel)
@@ -228,8 +292,8 @@ def _set_aside(folder: str) -> str:
     return target
 
 
-NO_MANIFEST_FIX = ("if you trust its files, write its manifest with `python -c \"from fully_async.core.checkpoint "
-                   "import write_manifest; write_manifest('{path}')\"`")
+NO_MANIFEST_FIX = ("if you trust its files, write (and sign) its manifest with `python -c \"from "
+                   "fully_async.core.checkpoint import write_manifest; write_manifest('{path}')\"`")
 
 
 def find_resume_path(trainer_cfg: Any) -> Optional[str]:

@@ -1,4 +1,5 @@
 """Checkpoint folders, retention, backend state round trip, rollouter snapshot/restore."""
+import json
 import os
 
 import pytest
@@ -478,3 +479,34 @@ def test_a_fresh_start_moves_every_old_checkpoint_aside(tmp_path):
     aside = ck.retire_abandoned(root, 0)
     assert ck.list_checkpoints(root) == [] and not os.path.exists(os.path.join(root, ck.LATEST))
     assert os.listdir(aside) == ["global_step_4"] and aside.endswith("abandoned_after_0")
+
+
+def test_a_manifest_is_signed_and_an_altered_or_unsigned_one_is_not_trusted(tmp_path, monkeypatch):
+    """Someone who can write into the checkpoint folder but cannot read the key cannot make a resume load altered
+    files: rebuilding the checksums is not enough."""
+    monkeypatch.setenv(ck.KEY_ENV, str(tmp_path / "keys" / "k"))
+    path = str(tmp_path / "c")
+    os.makedirs(path)
+    with open(os.path.join(path, ck.TRAINER_STATE), "w") as fh:
+        fh.write('{"step": 1}')
+    manifest = ck.write_manifest(path)
+    assert oct(os.stat(tmp_path / "keys" / "k").st_mode & 0o777) == "0o600"
+    assert manifest["signature"]["key_id"] and ck.verify_checkpoint(path) == []
+    # a planted file with its checksum rebuilt in the manifest (the hash is public): the signature fails
+    with open(os.path.join(path, ck.TRAINER_STATE), "w") as fh:
+        fh.write('{"step": 9}')
+    forged = ck.read_json(os.path.join(path, ck.MANIFEST))
+    forged["files"][ck.TRAINER_STATE] = {"size": os.path.getsize(os.path.join(path, ck.TRAINER_STATE)),
+                                         "sha256": ck.sha256_file(os.path.join(path, ck.TRAINER_STATE))}
+    with open(os.path.join(path, ck.MANIFEST), "w") as fh:
+        json.dump(forged, fh)
+    [problem] = ck.verify_checkpoint(path)
+    assert "signature does not verify" in problem and "write_manifest" in problem
+    del forged["signature"]
+    with open(os.path.join(path, ck.MANIFEST), "w") as fh:
+        json.dump(forged, fh)
+    assert "is not signed" in ck.verify_checkpoint(path)[0]
+    ck.write_manifest(path)   # the owner trusts the files: re-signed
+    assert ck.verify_checkpoint(path) == []
+    monkeypatch.setenv(ck.KEY_ENV, str(tmp_path / "elsewhere"))   # another machine, no key: named
+    assert f"no key at {tmp_path / 'elsewhere'}" in ck.verify_checkpoint(path)[0]
