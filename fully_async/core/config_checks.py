@@ -93,6 +93,7 @@ def inert_overrides(cfg: Any, overrides: list[str]) -> list[str]:
         rules.append(("actor_rollout_ref.actor.megatron.",
                       f"actor_rollout_ref.actor.strategy={cfg.actor_rollout_ref.actor.strategy}: the megatron "
                       "layout is read only with strategy=megatron"))
+    rules += _inert_policy_loss_keys(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
     found = []
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
@@ -101,6 +102,19 @@ def inert_overrides(cfg: Any, overrides: list[str]) -> list[str]:
                 found.append(f"{key} has no effect: {why}")
                 logger.warning("%s", found[-1])
     return found
+
+
+# the parameters only one policy_loss.loss_mode reads (algorithms/policy_losses.py)
+_POLICY_LOSS_KEYS = {"vanilla": ("actor_rollout_ref.actor.clip_ratio_c",),
+                     "clip_cov": ("actor_rollout_ref.actor.policy_loss.clip_cov_",),
+                     "kl_cov": ("actor_rollout_ref.actor.policy_loss.kl_cov_ratio",
+                                "actor_rollout_ref.actor.policy_loss.ppo_kl_coef"),
+                     "sapo": ("actor_rollout_ref.actor.tau_",)}
+
+
+def _inert_policy_loss_keys(loss_mode: str) -> list[tuple[str, str]]:
+    return [(prefix, f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}: it is read only by loss_mode={mode}")
+            for mode, prefixes in _POLICY_LOSS_KEYS.items() if mode != loss_mode for prefix in prefixes]
 
 
 # ------------------------------------------------------------------ one function per section
