@@ -2,10 +2,11 @@
 
     loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl_loss
 
-`pg_loss` is the clipped (dual-clip) surrogate of `policy_loss`, weighted per token by the truncated
-decoupled-PPO importance weight when `async_training.decoupled_ppo`; `entropy` and `kl_loss`
-(`kl_penalty(logp, ref_logp, kl_loss_type)`) are aggregated like it, with `loss_agg_mode` over the
-mini-batch denominator `denom` (see `agg_loss`), so micro-batch losses sum to the mini-batch loss.
+`pg_loss` is the surrogate of `policy_loss.loss_mode` (policy_losses.py: vanilla is the clipped dual-clip PPO
+loss), weighted by the truncated decoupled-PPO importance weight when `async_training.decoupled_ppo`, over the
+mini-batch denominator of its own aggregation `pg_denom`; `entropy` and `kl_loss`
+(`kl_penalty(logp, ref_logp, kl_loss_type)`) are aggregated with `loss_agg_mode` over the mini-batch
+denominator `denom` (see `agg_loss`), so micro-batch losses sum to the mini-batch loss.
 
 Metrics (names in `actor_metric_names` order) are additive over the micro-batches of a mini-batch
 (and over data-parallel ranks): the aggregated terms already are (pg_loss, entropy, kl_loss), the
@@ -21,13 +22,20 @@ from typing import Any, Optional
 
 import torch
 
-from fully_async.algorithms.losses import PolicyLossInput, agg_denominator, agg_loss, kl_penalty, policy_loss
+from fully_async.algorithms.losses import agg_denominator, agg_loss, kl_penalty
+from fully_async.algorithms.policy_losses import PolicyLossInput, policy_agg_mode, policy_denominator, policy_loss
 from fully_async.core.config import clip_bounds
 
 
 def mini_batch_denominator(mask: torch.Tensor, actor: Any) -> float:
     """The `denom` every micro-batch of a mini-batch (response mask `mask`) passes to actor_loss."""
     return agg_denominator(mask, actor.loss_agg_mode, actor.loss_scale_factor)
+
+
+def mini_batch_policy_denominator(mask: torch.Tensor, actor: Any) -> float:
+    """The `pg_denom` every micro-batch of a mini-batch passes to actor_loss: the denominator of the policy loss
+    mode's own aggregation (gspo/sapo: sequences, geo_mean: rows; the others: loss_agg_mode's)."""
+    return policy_denominator(mask, actor.policy_loss.loss_mode, actor.loss_agg_mode, actor.loss_scale_factor)
 
 
 def actor_metric_names(actor: Any, async_training: Any, with_entropy: bool = True) -> list[str]:
@@ -56,14 +64,16 @@ class ActorLossOutput:
 def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], *, old_logp: torch.Tensor,
                advantages: torch.Tensor, mask: torch.Tensor, denom: Optional[float], rows_total: int, actor: Any,
                async_training: Any, ref_logp: Optional[torch.Tensor] = None,
-               rollout_logp: Optional[torch.Tensor] = None) -> ActorLossOutput:
+               rollout_logp: Optional[torch.Tensor] = None, pg_denom: Optional[float] = None) -> ActorLossOutput:
     """PPO actor loss of one micro-batch of B rows.
 
     logp, entropy: (B, T) under the current policy (entropy may be None when actor.entropy_coeff == 0;
     the actor/entropy metric is then left out).  old_logp, advantages, mask: (B, T); ref_logp is needed
     with actor.use_kl_loss, rollout_logp (behaviour) with async_training.decoupled_ppo.  denom: the
     mini-batch's token (token-mean) or sequence count (None: this micro-batch's own); rows_total: the
-    mini-batch's rows (metric shares).
+    mini-batch's rows (metric shares).  pg_denom: the policy loss's mini-batch denominator
+    (mini_batch_policy_denominator); None: `denom` when the mode aggregates with loss_agg_mode, else this
+    micro-batch's own.
     actor: the actor_rollout_ref.actor section; async_training: that section."""
     a, at = actor, async_training
     if entropy is None and a.entropy_coeff != 0:
@@ -73,10 +83,15 @@ def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], *, old_logp:
     if at.decoupled_ppo and rollout_logp is None:
         raise ValueError("actor_loss needs rollout_logp when async_training.decoupled_ppo is set")
     clip_low, clip_high = clip_bounds(a)
+    pl = a.policy_loss
+    if pg_denom is None and policy_agg_mode(pl.loss_mode, a.loss_agg_mode) == a.loss_agg_mode:
+        pg_denom = denom
     res = policy_loss(PolicyLossInput(
         logp=logp, old_logp=old_logp, advantages=advantages, mask=mask,
         clip_low=clip_low, clip_high=clip_high, clip_c=a.clip_ratio_c, agg_mode=a.loss_agg_mode,
-        denom=denom, behav_logp=rollout_logp if at.decoupled_ppo else None, behav_cap=at.behav_imp_weight_cap))
+        denom=pg_denom, behav_logp=rollout_logp if at.decoupled_ppo else None, behav_cap=at.behav_imp_weight_cap,
+        mode=pl.loss_mode, clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb, clip_cov_ub=pl.clip_cov_ub,
+        kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, tau_pos=a.tau_pos, tau_neg=a.tau_neg))
     loss = res.loss
     share = logp.shape[0] / rows_total
     metrics: dict[str, tuple[torch.Tensor, float]] = {"actor/pg_loss": (res.loss.detach(), 1.0)}

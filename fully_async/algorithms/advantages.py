@@ -1,16 +1,39 @@
-"""GRPO outcome advantages (verl's `compute_grpo_outcome_advantage`).
+"""The critic-free advantage estimators (algorithm.adv_estimator), as verl's core_algos computes them.
 
-Each response's score is normalised within its group (the n responses to one prompt):
-`(score - mean_group) / (std_group + eps)` with the unbiased std, or `score - mean_group` when
-`norm_adv_by_std_in_grpo=false` (Dr. GRPO).  A group of one response gets mean 0 and std 1, as in
-verl.  The advantage is broadcast to every response token.
+Every estimator reads an `AdvantageInput`: each response's outcome score (minus the in-reward KL sum when
+algorithm.use_kl_in_reward), its token-level rewards (the score on the last response token, minus the per-token
+KL penalty: only reinforce_plus_plus reads them token by token), the response mask and the group (prompt) of each
+response; it returns advantages (B, T), zero off the mask.  `compute_advantages` dispatches by name
+(`ESTIMATORS`; the valid names are core/config.py's ADV_ESTIMATORS).  eps is verl's fixed 1e-6.
+
+  grpo                  (score - group mean) / (group std + eps), unbiased std; `norm_adv_by_std_in_grpo=false`
+                        drops the division (Dr. GRPO).  A group of one: mean 0, std 1.
+  grpo_vectorized       the same with verl's vectorised statistics: the variance (sum of squares form) is floored
+                        at eps before the square root.  verl's trainer does not pass norm_adv_by_std_in_grpo to it
+                        (b178a3cd: it always divides); here the key acts, as its name says.
+  grpo_passk            Pass@k: only each group's best response gets (best - second best), over (group std + eps)
+                        with norm_adv_by_std_in_grpo; a group needs two responses.
+  rloo                  leave-one-out: (score - mean of the others) = (n score - sum) / (n - 1); a group of one
+                        keeps its raw score.
+  rloo_vectorized       the same, but a group of one gets 0 (verl's vectorised form).
+  opo                   score - length-weighted group mean (sum len * score / sum len); a group of one: baseline 0.
+  gpg                   alpha (score - group mean), alpha = batch size / responses with a non-zero score.
+  reinforce_plus_plus   discounted token returns (algorithm.gamma; the running return restarts at every token
+                        outside the mask), whitened over the batch's response tokens.
+  reinforce_plus_plus_baseline  (score - group mean) on every token, whitened over the batch's response tokens.
+
+remax needs a greedy baseline rollout per prompt, which the rollouters do not generate: it is refused by
+config_checks, as gae (a critic) is.
 """
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
+
+EPS = 1e-6
 
 
 def grpo_advantages(scores: torch.Tensor, group_ids: Sequence[str], response_mask: torch.Tensor,
@@ -31,3 +54,162 @@ def grpo_advantages(scores: torch.Tensor, group_ids: Sequence[str], response_mas
     if norm_adv_by_std:
         adv = adv / (std + eps)
     return adv.unsqueeze(-1) * response_mask  # (B, T)
+
+
+@dataclass
+class AdvantageInput:
+    scores: torch.Tensor           # (B,) outcome score per response (in-reward KL sum subtracted)
+    token_rewards: torch.Tensor    # (B, T) token-level rewards (token_level_rewards)
+    mask: torch.Tensor             # (B, T) 1 on response tokens
+    group_ids: Sequence[str]       # (B,) the prompt each response answers
+
+
+def token_level_rewards(scores: torch.Tensor, mask: torch.Tensor, penalty: Any = None) -> torch.Tensor:
+    """(B, T) rewards as verl's reward manager lays them out: each response's score on its last response token,
+    minus `penalty` (B, T) (the in-reward KL, beta * kl on the response tokens) when given."""
+    positions = torch.arange(mask.shape[-1], device=mask.device)
+    last = (mask.bool() * (positions + 1)).argmax(-1)           # the last response token of each row
+    rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    rewards[torch.arange(mask.shape[0], device=mask.device), last] = scores.float() * (mask.sum(-1) > 0)
+    return rewards if penalty is None else rewards - penalty
+
+
+# ----------------------------------------------------------------------------------- group statistics
+def _group_index(group_ids: Sequence[str], device: Any) -> tuple[torch.Tensor, int]:
+    """(B,) contiguous group number of each response, and the number of groups."""
+    number: dict[str, int] = {}
+    inv = [number.setdefault(gid, len(number)) for gid in group_ids]
+    return torch.tensor(inv, dtype=torch.long, device=device), len(number)
+
+
+def _group_sum(x: torch.Tensor, inv: torch.Tensor, groups: int) -> torch.Tensor:
+    return torch.zeros(groups, dtype=x.dtype, device=x.device).index_add_(0, inv, x)
+
+
+def _group_mean(scores: torch.Tensor, inv: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B,) mean of each response's group (0 for a group of one, as verl) and (B,) its size."""
+    count = _group_sum(torch.ones_like(scores), inv, groups)[inv]
+    mean = _group_sum(scores, inv, groups)[inv] / count
+    return torch.where(count > 1, mean, torch.zeros_like(mean)), count
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (torch.where(mask.bool(), x, 0.0) * mask).sum() / (mask.sum() + 1e-8)
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """verl_F.masked_whiten: (values - mean) / sqrt(var + 1e-8) over the masked entries, unbiased variance."""
+    tokens = mask.sum()
+    if tokens <= 1:
+        raise ValueError(f"whitening the advantages needs at least 2 response tokens in the batch (got {int(tokens)})")
+    mean = _masked_mean(values, mask)
+    var = _masked_mean((values - mean) ** 2, mask) * (tokens / (tokens - 1))
+    return (values - mean) * torch.rsqrt(var + 1e-8)
+
+
+# ----------------------------------------------------------------------------------- the estimators
+def _broadcast(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return adv.unsqueeze(-1) * mask
+
+
+def _grpo(inp: AdvantageInput, alg: Any) -> torch.Tensor:
+    return grpo_advantages(inp.scores, inp.group_ids, inp.mask, alg.norm_adv_by_std_in_grpo, EPS)
+
+
+def _grpo_vectorized(inp: AdvantageInput, alg: Any) -> torch.Tensor:
+    scores = inp.scores.float()
+    inv, groups = _group_index(inp.group_ids, scores.device)
+    count = _group_sum(torch.ones_like(scores), inv, groups)
+    s1, s2 = _group_sum(scores, inv, groups), _group_sum(scores * scores, inv, groups)
+    mean = s1 / count.clamp_min(1.0)
+    var = (s2 - s1 * s1 / count.clamp_min(1.0)) / (count - 1.0).clamp_min(1.0)
+    std = torch.sqrt(var.clamp(min=EPS))
+    single = count <= 1.0
+    mean, std = mean.masked_fill(single, 0.0), std.masked_fill(single, 1.0)
+    adv = scores - mean[inv]
+    if alg.norm_adv_by_std_in_grpo:
+        adv = adv / (std[inv] + EPS)
+    return _broadcast(adv, inp.mask)
+
+
+def _grpo_passk(inp: AdvantageInput, alg: Any) -> torch.Tensor:
+    scores = inp.scores.float()
+    adv = torch.zeros_like(scores)
+    members: dict[str, list[int]] = defaultdict(list)
+    for i, gid in enumerate(inp.group_ids):
+        members[gid].append(i)
+    for gid, idx in members.items():
+        if len(idx) < 2:
+            raise ValueError(f"grpo_passk needs at least 2 responses per prompt; group {gid!r} has {len(idx)}")
+        group = scores[idx]
+        top = torch.topk(group, 2)
+        best = top.values[0] - top.values[1]
+        if alg.norm_adv_by_std_in_grpo:
+            best = best / (group.std() + EPS)
+        adv[idx[int(top.indices[0])]] = best
+    return _broadcast(adv, inp.mask)
+
+
+def _rloo(inp: AdvantageInput, alg: Any, singleton_zero: bool = False) -> torch.Tensor:
+    scores = inp.scores.float()
+    inv, groups = _group_index(inp.group_ids, scores.device)
+    mean, count = _group_mean(scores, inv, groups)
+    scale = count / (count - 1).clamp_min(1)
+    adv = torch.where(count > 1, scores * scale - mean * scale, torch.zeros_like(scores) if singleton_zero else scores)
+    return _broadcast(adv, inp.mask)
+
+
+def _rloo_vectorized(inp: AdvantageInput, alg: Any) -> torch.Tensor:
+    return _rloo(inp, alg, singleton_zero=True)
+
+
+def _opo(inp: AdvantageInput, alg: Any) -> torch.Tensor:
+    scores = inp.scores.float()
+    lengths = inp.mask.sum(-1).to(scores.dtype)
+    inv, groups = _group_index(inp.group_ids, scores.device)
+    count = _group_sum(torch.ones_like(scores), inv, groups)[inv]
+    baseline = _group_sum(lengths * scores, inv, groups)[inv] / _group_sum(lengths, inv, groups)[inv]
+    return _broadcast(scores - torch.where(count > 1, baseline, torch.zeros_like(baseline)), inp.mask)
+
+
+def _gpg(inp: AdvantageInput, alg: Any) -> torch.Tensor:
+    scores = inp.scores.float()
+    alpha = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1)
+    inv, groups = _group_index(inp.group_ids, scores.device)
+    mean, _ = _group_mean(scores, inv, groups)
+    return _broadcast(alpha * (scores - mean), inp.mask)      # verl's f_norm is 1
+
+
+def _reinforce_plus_plus(inp: AdvantageInput, alg: Any) -> torch.Tensor:
+    rewards, mask = inp.token_rewards.float(), inp.mask.to(torch.float32)
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        running = rewards[:, t] + alg.gamma * running
+        returns[:, t] = running
+        running = running * mask[:, t]                    # restart outside the response (verl: after EOS)
+    return masked_whiten(returns, mask) * mask
+
+
+def _reinforce_plus_plus_baseline(inp: AdvantageInput, alg: Any) -> torch.Tensor:
+    scores = inp.scores.float()
+    inv, groups = _group_index(inp.group_ids, scores.device)
+    mean, _ = _group_mean(scores, inv, groups)
+    mask = inp.mask.to(torch.float32)
+    return masked_whiten(_broadcast(scores - mean, mask), mask) * mask
+
+
+ESTIMATORS: dict[str, Callable[[AdvantageInput, Any], torch.Tensor]] = {
+    "grpo": _grpo, "grpo_vectorized": _grpo_vectorized, "grpo_passk": _grpo_passk, "rloo": _rloo,
+    "rloo_vectorized": _rloo_vectorized, "opo": _opo, "gpg": _gpg, "reinforce_plus_plus": _reinforce_plus_plus,
+    "reinforce_plus_plus_baseline": _reinforce_plus_plus_baseline,
+}
+
+
+def compute_advantages(inp: AdvantageInput, alg: Any) -> torch.Tensor:
+    """(B, T) advantages of `alg.adv_estimator` (alg: the algorithm section: norm_adv_by_std_in_grpo, gamma)."""
+    fn = ESTIMATORS.get(alg.adv_estimator)
+    if fn is None:
+        raise ValueError(f"algorithm.adv_estimator {alg.adv_estimator!r} is not one of {sorted(ESTIMATORS)}")
+    with torch.no_grad():
+        return fn(inp, alg)

@@ -1,4 +1,4 @@
-"""PPO policy loss, KL estimators, entropy and loss aggregation (verl's core_algos semantics).
+"""KL estimators and loss aggregation (verl's core_algos semantics); the policy losses are policy_losses.py.
 
 Names follow AReaL: `logp` is the current policy being optimised, `old_logp` the PPO "old"
 (proximal) policy the ratio is taken against, `behav_logp` the policy that actually sampled the
@@ -12,7 +12,6 @@ Aggregation is written so that splitting a mini-batch into micro-batches and sum
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -98,53 +97,3 @@ def _kl_value(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Te
         return (kl.exp() - kl - 1).clamp(-10, 10)
     raise ValueError(f"kl type {kind!r} is not one of kl/k1, abs, mse/k2, low_var_kl/k3 (each also with a "
                      "trailing '+': straight-through k2 gradient)")
-
-
-@dataclass
-class PolicyLossInput:
-    logp: torch.Tensor                   # (B, T) current policy
-    old_logp: torch.Tensor               # (B, T) PPO old / proximal policy
-    advantages: torch.Tensor             # (B, T)
-    mask: torch.Tensor                   # (B, T) 1 on response tokens
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    clip_c: float = 3.0
-    agg_mode: str = "token-mean"
-    denom: Optional[float] = None        # mini-batch token/sequence count (see agg_loss)
-    behav_logp: Optional[torch.Tensor] = None  # (B, T) set for decoupled PPO
-    behav_cap: float = 5.0
-
-
-@dataclass
-class PolicyLossOutput:
-    loss: torch.Tensor
-    clipfrac: torch.Tensor
-    clipfrac_lower: torch.Tensor
-    ppo_kl: torch.Tensor
-    behav_weight_mean: Optional[torch.Tensor] = None
-
-
-def policy_loss(inp: PolicyLossInput) -> PolicyLossOutput:
-    """Clipped PPO surrogate with dual clip (verl `compute_policy_loss_vanilla`)."""
-    mask = inp.mask.to(inp.logp.dtype)
-    neg_kl = (inp.logp - inp.old_logp).clamp(-20.0, 20.0)
-    ratio = neg_kl.exp()
-    adv = inp.advantages
-    loss1 = -adv * ratio
-    loss2 = -adv * ratio.clamp(1.0 - inp.clip_low, 1.0 + inp.clip_high)
-    clipped = torch.maximum(loss1, loss2)
-    loss3 = -adv * inp.clip_c
-    dual = torch.minimum(loss3, clipped)
-    losses = torch.where(adv < 0, dual, clipped)
-    behav_mean = None
-    if inp.behav_logp is not None:
-        weight = (inp.old_logp - inp.behav_logp).clamp(-20.0, 20.0).exp().clamp(max=inp.behav_cap).detach()
-        losses = losses * weight
-        behav_mean = masked_mean(weight, mask).detach()
-    return PolicyLossOutput(
-        loss=agg_loss(losses, mask, inp.agg_mode, inp.denom),
-        clipfrac=masked_mean((loss2 > loss1).float(), mask).detach(),
-        clipfrac_lower=masked_mean(((clipped > loss3) & (adv < 0)).float(), mask).detach(),
-        ppo_kl=masked_mean(-neg_kl, mask).detach(),
-        behav_weight_mean=behav_mean,
-    )

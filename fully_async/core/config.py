@@ -100,6 +100,18 @@ class MegatronConfig:
 
 
 @dataclass
+class PolicyLossConfig:
+    """actor_rollout_ref.actor.policy_loss: which surrogate the actor minimises (algorithms/policy_losses.py) and
+    the parameters of the covariance losses, with verl's defaults."""
+    loss_mode: str = "vanilla"            # vanilla | gspo | sapo | gpg | clip_cov | kl_cov | geo_mean | cispo
+    clip_cov_ratio: float = 0.0002        # clip_cov: fraction of tokens whose gradient is detached
+    clip_cov_lb: float = 1.0              # clip_cov: covariance window the detached tokens are drawn from
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002          # kl_cov: fraction of tokens (largest covariance) given the KL penalty
+    ppo_kl_coef: float = 0.1              # kl_cov: coefficient of that |log-ratio| penalty
+
+
+@dataclass
 class ActorConfig:
     # fsdp (verl's default: torch on one trainer device, fsdp2 on several) | torch (one device) |
     # fsdp2 (data parallel, sharded) | megatron
@@ -116,6 +128,9 @@ class ActorConfig:
     clip_ratio_low: Optional[float] = None
     clip_ratio_high: Optional[float] = None
     clip_ratio_c: float = 3.0             # dual-clip bound for negative advantages (> 1)
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    tau_pos: float = 1.0                  # SAPO gate temperature for positive advantages
+    tau_neg: float = 1.05                 # SAPO gate temperature for non-positive advantages
     loss_agg_mode: str = "token-mean"     # token-mean | token-sum | seq-mean-token-sum | seq-mean-token-mean |
     #                                       seq-mean-token-sum-norm (Dr. GRPO)
     loss_scale_factor: Optional[int] = None  # seq-mean-token-sum-norm's constant; null: data.max_response_length
@@ -205,6 +220,7 @@ class KLCtrlConfig:
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True
+    gamma: float = 1.0                    # discount of reinforce_plus_plus's token returns (others have none)
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"                # estimator for the in-reward KL (same choices as kl_loss_type)
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
@@ -364,7 +380,12 @@ TRUNCATIONS = ("error", "left", "right", "middle")
 ROLLOUT_NAMES = ("hf", "vllm")
 STRATEGIES = ("fsdp", "torch", "fsdp2", "megatron")
 PLACEMENTS = ("split", "colocated", "elastic")
-ADV_ESTIMATORS = ("grpo",)
+# the critic-free estimators (algorithms/advantages.py); all but reinforce_plus_plus compare a response with the
+# other responses to its prompt, so they need rollout.n >= 2
+ADV_ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
+                  "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+GROUP_ADV_ESTIMATORS = tuple(e for e in ADV_ESTIMATORS if e != "reinforce_plus_plus")
+POLICY_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo")
 REWARD_MANAGERS = ("naive", "dapo")
 LOGGERS = ("console", "tensorboard", "wandb", "swanlab", "mlflow")
 DTYPES = ("float32", "bfloat16", "float16")

@@ -11,7 +11,7 @@ import os
 import typing
 from typing import Any
 
-from fully_async.core.config import (ADV_ESTIMATORS, PLACEMENTS, ATTN_IMPLEMENTATIONS, DEVICES, DTYPES, KL_TYPES, LOGGERS,
+from fully_async.core.config import (ADV_ESTIMATORS, GROUP_ADV_ESTIMATORS, POLICY_LOSS_MODES, PLACEMENTS, ATTN_IMPLEMENTATIONS, DEVICES, DTYPES, KL_TYPES, LOGGERS,
                                      LOSS_AGG_MODES, LR_SCHEDULER_TYPES, MODES, RESUME_STATE_KEYS, REWARD_MANAGERS,
                                      ROLLOUT_NAMES, STRATEGIES, TRUNCATIONS, ConfigError, as_file_list,
                                      overlong_reference_length)
@@ -93,6 +93,7 @@ def inert_overrides(cfg: Any, overrides: list[str]) -> list[str]:
         rules.append(("actor_rollout_ref.actor.megatron.",
                       f"actor_rollout_ref.actor.strategy={cfg.actor_rollout_ref.actor.strategy}: the megatron "
                       "layout is read only with strategy=megatron"))
+    rules += _inert_policy_loss_keys(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
     found = []
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
@@ -101,6 +102,19 @@ def inert_overrides(cfg: Any, overrides: list[str]) -> list[str]:
                 found.append(f"{key} has no effect: {why}")
                 logger.warning("%s", found[-1])
     return found
+
+
+# the parameters only one policy_loss.loss_mode reads (algorithms/policy_losses.py)
+_POLICY_LOSS_KEYS = {"vanilla": ("actor_rollout_ref.actor.clip_ratio_c",),
+                     "clip_cov": ("actor_rollout_ref.actor.policy_loss.clip_cov_",),
+                     "kl_cov": ("actor_rollout_ref.actor.policy_loss.kl_cov_ratio",
+                                "actor_rollout_ref.actor.policy_loss.ppo_kl_coef"),
+                     "sapo": ("actor_rollout_ref.actor.tau_",)}
+
+
+def _inert_policy_loss_keys(loss_mode: str) -> list[tuple[str, str]]:
+    return [(prefix, f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}: it is read only by loss_mode={mode}")
+            for mode, prefixes in _POLICY_LOSS_KEYS.items() if mode != loss_mode for prefix in prefixes]
 
 
 # ------------------------------------------------------------------ one function per section
@@ -187,6 +201,7 @@ def _check_actor(cfg: Any) -> None:
     _at_least("actor_rollout_ref.actor.optim.num_cycles", actor.optim.num_cycles, 0.0, strict=True)
     _at_least("actor_rollout_ref.actor.grad_clip", actor.grad_clip, 0.0, strict=True)
     _at_least("actor_rollout_ref.actor.clip_ratio_c", actor.clip_ratio_c, 1.0, strict=True)
+    _check_policy_loss(actor)
     for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
         value = getattr(actor, key)
         if value is not None:
@@ -195,6 +210,20 @@ def _check_actor(cfg: Any) -> None:
         _at_least("actor_rollout_ref.actor.loss_scale_factor", actor.loss_scale_factor, 0, strict=True)
     if actor.ppo_micro_batch_size_per_gpu is not None:  # larger than a mini-batch just means one micro-batch
         _at_least("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu, 1)
+
+
+def _check_policy_loss(actor: Any) -> None:
+    """actor.policy_loss.* and SAPO's temperatures (algorithms/policy_losses.py)."""
+    pl, key = actor.policy_loss, "actor_rollout_ref.actor.policy_loss"
+    _choice(f"{key}.loss_mode", pl.loss_mode, POLICY_LOSS_MODES)
+    for name in ("clip_cov_ratio", "kl_cov_ratio"):
+        if not 0.0 < getattr(pl, name) <= 1.0:
+            raise ConfigError(f"{key}.{name}", f"{getattr(pl, name)!r} must be in (0, 1] (a fraction of the tokens)")
+    if pl.clip_cov_lb >= pl.clip_cov_ub:
+        raise ConfigError(f"{key}.clip_cov_lb", f"{pl.clip_cov_lb!r} must be below clip_cov_ub={pl.clip_cov_ub!r}")
+    _at_least(f"{key}.ppo_kl_coef", pl.ppo_kl_coef, 0.0)
+    _at_least("actor_rollout_ref.actor.tau_pos", actor.tau_pos, 0.0, strict=True)
+    _at_least("actor_rollout_ref.actor.tau_neg", actor.tau_neg, 0.0, strict=True)
 
 
 def _check_rollout(cfg: Any) -> None:
@@ -236,8 +265,30 @@ def _check_rollout(cfg: Any) -> None:
                               f"{rollout.gpu_memory_utilization} must be in (0, 1]")
 
 
+# verl estimators that are not implemented, and why (the others: core/config.py ADV_ESTIMATORS)
+UNSUPPORTED_ESTIMATORS = {
+    "remax": "ReMax subtracts the reward of a greedy baseline response per prompt, which the rollouters do not "
+             "generate",
+    "gae": "GAE needs a critic (value model), which is not implemented",
+    "optimal_token_baseline": "the optimal-token-baseline estimators need the actor's sum of squared token "
+                              "probabilities, which the trainer does not compute",
+    "tir_optimal_token_baseline": "the optimal-token-baseline estimators need the actor's sum of squared token "
+                                  "probabilities, which the trainer does not compute",
+}
+
+
 def _check_algorithm(cfg: Any) -> None:
-    _choice("algorithm.adv_estimator", cfg.algorithm.adv_estimator, ADV_ESTIMATORS)
+    estimator = cfg.algorithm.adv_estimator
+    if estimator in UNSUPPORTED_ESTIMATORS:
+        raise ConfigError("algorithm.adv_estimator", f"{estimator!r} is not implemented: "
+                          f"{UNSUPPORTED_ESTIMATORS[estimator]}; use one of {list(ADV_ESTIMATORS)}")
+    _choice("algorithm.adv_estimator", estimator, ADV_ESTIMATORS)
+    gamma = cfg.algorithm.gamma
+    if not 0.0 <= gamma <= 1.0:
+        raise ConfigError("algorithm.gamma", f"{gamma!r} must be in [0, 1]")
+    if gamma != 1.0 and estimator != "reinforce_plus_plus":
+        raise ConfigError("algorithm.gamma", f"{gamma!r}: only adv_estimator=reinforce_plus_plus discounts; "
+                          f"{estimator} scores whole responses (use 1.0)")
     _choice("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_TYPES)
     ctrl = cfg.algorithm.kl_ctrl
     _choice("algorithm.kl_ctrl.type", ctrl.type, ("fixed", "adaptive"))
@@ -359,10 +410,12 @@ def _check_multi_job(cfg: Any) -> None:
 
 # ------------------------------------------------------------------ checks that relate sections
 def _check_grpo_group(cfg: Any) -> None:
-    n = cfg.actor_rollout_ref.rollout.n
-    if cfg.algorithm.adv_estimator == "grpo" and n < 2:
+    n, estimator = cfg.actor_rollout_ref.rollout.n, cfg.algorithm.adv_estimator
+    if estimator in GROUP_ADV_ESTIMATORS and n < 2:
         raise ConfigError("actor_rollout_ref.rollout.n",
-                          f"GRPO normalises rewards within a group, so it needs n >= 2 responses per prompt (got {n})")
+                          f"algorithm.adv_estimator={estimator} compares a response with the other responses to its "
+                          f"prompt, so it needs n >= 2 responses per prompt (got {n}); with n=1 use "
+                          "reinforce_plus_plus")
 
 
 def _check_sequence_budgets(cfg: Any) -> None:

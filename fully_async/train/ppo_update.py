@@ -20,7 +20,8 @@ from typing import Any, Optional
 
 import torch
 
-from fully_async.algorithms.actor_loss import ActorLossOutput, actor_loss, mini_batch_denominator
+from fully_async.algorithms.actor_loss import (ActorLossOutput, actor_loss, mini_batch_denominator,
+                                               mini_batch_policy_denominator)
 from fully_async.core.batch import TrainBatch
 from fully_async.core.config import FullyAsyncConfig
 from fully_async.train.backends import StepResult, TrainBackend
@@ -32,20 +33,22 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class MicroBatchLoss:
     """The PPO actor loss of one micro-batch, normalised to its mini-batch: `denom` is the mini-batch's token or
-    sequence count (actor.loss_agg_mode), `rows_total` its row count (the share of per-token mean metrics).
+    sequence count (actor.loss_agg_mode), `pg_denom` the policy loss mode's own (gspo/sapo: sequences, geo_mean:
+    rows), `rows_total` its row count (the share of per-token mean metrics).
     Sent with each mini-batch to every rank, so it holds only the two config sections it reads."""
 
     denom: float
     rows_total: int
     actor: Any              # actor_rollout_ref.actor
     async_training: Any     # async_training (decoupled PPO)
+    pg_denom: Optional[float] = None  # the policy loss mode's own mini-batch denominator (None: as actor_loss says)
 
     def __call__(self, mb: TrainBatch, logp: torch.Tensor, entropy: Optional[torch.Tensor]) -> ActorLossOutput:
         # logp, entropy: (B, L) under the current policy, on the micro-batch's device
         return actor_loss(logp, entropy, old_logp=mb.old_log_probs, advantages=mb.advantages, mask=mb.response_mask,
                           denom=self.denom, rows_total=self.rows_total, actor=self.actor,
                           async_training=self.async_training, ref_logp=mb.ref_log_probs,
-                          rollout_logp=mb.rollout_log_probs)
+                          rollout_logp=mb.rollout_log_probs, pg_denom=self.pg_denom)
 
 
 class UpdateMetrics:
@@ -103,7 +106,7 @@ def ppo_update(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatch,
         for start in range(0, len(batch), mini_size):
             mini = batch.select(order[start:start + mini_size])
             loss = MicroBatchLoss(mini_batch_denominator(mini.response_mask, actor), len(mini), actor,
-                                  cfg.async_training)
+                                  cfg.async_training, mini_batch_policy_denominator(mini.response_mask, actor))
             stats = backend.forward_backward(cut_mini_batch(mini, backend.data_parallel_size, actor, packed, loss))
             step = backend.optimizer_step(all(math.isfinite(v) for v in stats.values()))
             record_step(backend, step)

@@ -1,7 +1,8 @@
 """The one training step both modes run (layer 4): the async Trainer and the sync loop call `train_step`.
 
 Per step: build the padded batch of the groups' samples, compute the PPO "old" policy (the behaviour
-log-probs, or recomputed), reference log-probs when a KL term needs them, GRPO advantages, then the one
+log-probs, or recomputed), reference log-probs when a KL term needs them, the advantages of
+algorithm.adv_estimator, then the one
 PPO update (ppo_update.py: epochs x mini-batches x micro-batches through the backend's primitives), the
 bad-step check and the batch metrics.  One function, so the built-in sync-vs-async comparison compares the
 same step, and one place decides how many mini-batches a step has.
@@ -19,7 +20,7 @@ from typing import Any, Optional, Sequence
 
 from fully_async.core.plan import RunPlan
 from fully_async.core.config import FullyAsyncConfig
-from fully_async.algorithms import grpo_advantages, kl_penalty
+from fully_async.algorithms import AdvantageInput, compute_advantages, kl_penalty, token_level_rewards
 from fully_async.algorithms.kl_control import build_kl_controller
 from fully_async.core.batch import TrainBatch, build_batch
 from fully_async.core.flops import estimate_flops, match_device, mfu, peak_tflops, unsupported_reason
@@ -74,7 +75,7 @@ def prepare_batch(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatc
         diff = (batch.old_log_probs - batch.rollout_log_probs).abs() * batch.response_mask
         metrics["training/rollout_probs_diff_mean"] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
     timing["timing_s/old_log_prob"] = time.perf_counter() - t
-    scores = batch.scores
+    scores, penalty = batch.scores, None
     if actor.use_kl_loss or alg.use_kl_in_reward:
         t = time.perf_counter()
         with span("ref"):
@@ -85,6 +86,7 @@ def prepare_batch(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatc
             ctrl = kl_controller(backend, alg)
             beta = ctrl.value  # this step's coefficient; the controller then moves it (verl's apply_kl_penalty)
             scores = scores - beta * kl.sum(-1)
+            penalty = beta * kl                    # the per-token in-reward penalty (token-level rewards)
             per_response = kl.sum(-1) / batch.response_mask.sum(-1).clamp(min=1)  # (B,)
             current_kl = float(per_response.mean())
             ctrl.update(current_kl, n_steps=int(kl.shape[0]))
@@ -92,7 +94,9 @@ def prepare_batch(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatc
             metrics["actor/reward_kl_penalty_coeff"] = beta
     t = time.perf_counter()
     with span("adv"):
-        batch.advantages = grpo_advantages(scores, batch.group_ids, batch.response_mask, alg.norm_adv_by_std_in_grpo)
+        rewards = token_level_rewards(batch.scores, batch.response_mask, penalty)
+        batch.advantages = compute_advantages(AdvantageInput(scores, rewards, batch.response_mask, batch.group_ids),
+                                              alg)
     timing["timing_s/adv"] = time.perf_counter() - t
     metrics.update(reward_advantage_metrics(scores, batch.advantages, batch.response_mask))
     return metrics

@@ -188,15 +188,9 @@ RULES: list[Rule] = [
     _warn("actor_rollout_ref.actor.freeze_vision_tower", "text-only models"),
     _warn_if("actor_rollout_ref.actor.load_weight", _is(True), "true", "the actor always loads model.path",
              "the actor always loads actor_rollout_ref.model.path"),
-    _warn_if("actor_rollout_ref.actor.policy_loss.loss_mode", _is("vanilla"), "vanilla",
-             "the PPO clip (dual-clip) loss is the one implemented",
-             "only the vanilla PPO/GRPO clip loss is implemented"),
-    _warn("actor_rollout_ref.actor.policy_loss.*", "a parameter of a policy loss other than vanilla "
-          "(clip_cov/kl_cov/gpg/...), which is not implemented"),
     _warn_if("actor_rollout_ref.actor.ppo_micro_batch_size", _is(None), "null", "deprecated global micro batch",
              "use actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
     _warn("actor_rollout_ref.actor.router_replay.**", MOE),
-    _warn("actor_rollout_ref.actor.tau_*", "a parameter of verl's SAPO loss, which is not implemented"),
     _warn_if("actor_rollout_ref.actor.use_prefix_grouper", _is(False), "false", "no shared-prefix grouping",
              "shared-prefix grouping is not implemented; use false"),
     _warn("actor_rollout_ref.checkpoint_engine", "weights move by actor_rollout_ref.rollout.weight_sync"),
@@ -304,8 +298,6 @@ RULES: list[Rule] = [
              "more) is not implemented here yet (it belongs to the algorithms work); use false"),
     _warn("algorithm.filter_groups.*", "a parameter of DAPO's dynamic sampling, which is off "
           "(algorithm.filter_groups.enable=false; true is refused)"),
-    _warn_if("algorithm.gamma", _is(1, 1.0), "1.0", "GRPO has no discount (no GAE)",
-             "a discount needs GAE, which is not implemented (adv_estimator=grpo)"),
     _warn_if("algorithm.lam", _is(1, 1.0), "1.0", "GRPO has no GAE lambda", "GAE is not implemented"),
     _warn_if("algorithm.use_pf_ppo", _is(False), "false", "no preference-feedback reweighting",
              "PF-PPO is not implemented"),
@@ -440,7 +432,8 @@ DEFAULT_DIFFERENCES: dict[str, str] = {
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "the embedded engine has no tensor parallelism (> 1 "
     "is refused with rollout.name=hf in async mode); set it with rollout.name=vllm.  mode=sync runs one engine per "
     "trainer device at 1 whatever it says (a warning)",
-    "algorithm.adv_estimator": "gae needs a critic, which is not implemented; grpo is the estimator here",
+    "algorithm.adv_estimator": "gae needs a critic, which is not implemented; grpo is the default of the "
+    "critic-free estimators",
     "data.seed": "a fixed seed makes the prompt order reproducible and resumable; verl's null draws a fresh order",
     "data.train_files": "the bundled tiny task, so the no-argument run works offline",
     "data.val_files": "the bundled tiny task, so the no-argument run works offline",

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from fully_async.algorithms import actor_loss, actor_metric_names
-from fully_async.algorithms.losses import PolicyLossInput, agg_loss, kl_penalty, policy_loss
+from fully_async.algorithms.losses import agg_loss, kl_penalty
+from fully_async.algorithms.policy_losses import PolicyLossInput, policy_loss
+from fully_async.core.config import PolicyLossConfig
 from fully_async.core.batch import TrainBatch
 from fully_async.core.config import clip_bounds
 
@@ -21,7 +23,7 @@ MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 def configs(mode="token-mean", kl=False, entropy_coeff=0.0, decoupled=False, kl_type="low_var_kl"):
     actor = SimpleNamespace(clip_ratio=0.2, clip_ratio_low=0.15, clip_ratio_high=0.28, clip_ratio_c=3.0,
                             loss_agg_mode=mode, use_kl_loss=kl, kl_loss_coef=0.1, kl_loss_type=kl_type,
-                            entropy_coeff=entropy_coeff)
+                            entropy_coeff=entropy_coeff, policy_loss=PolicyLossConfig(), tau_pos=1.0, tau_neg=1.05)
     return actor, SimpleNamespace(decoupled_ppo=decoupled, behav_imp_weight_cap=1.5)
 
 

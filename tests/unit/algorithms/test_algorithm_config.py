@@ -1,0 +1,76 @@
+"""The estimator and policy-loss keys: bad values are ConfigErrors naming the key and the valid values (before any
+work), parameters of another loss mode are warned as inert, and the PPO update hands each micro-batch the
+denominator of the loss mode's own aggregation."""
+import pytest
+import torch
+
+from fully_async.core.config import ADV_ESTIMATORS, POLICY_LOSS_MODES, ConfigError
+from fully_async.core.config_checks import inert_overrides, validate
+from fully_async.run.hydra_setup import load_config
+
+
+def check(*overrides):
+    validate(load_config(list(overrides)))
+
+
+@pytest.mark.parametrize("estimator", ADV_ESTIMATORS)
+def test_every_estimator_validates(estimator):
+    check(f"algorithm.adv_estimator={estimator}")
+
+
+@pytest.mark.parametrize("mode", POLICY_LOSS_MODES)
+def test_every_loss_mode_validates(mode):
+    check(f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}")
+
+
+@pytest.mark.parametrize("overrides,key,says", [
+    (["algorithm.adv_estimator=bogus"], "algorithm.adv_estimator", "rloo_vectorized"),
+    (["algorithm.adv_estimator=remax"], "algorithm.adv_estimator", "greedy baseline"),
+    (["algorithm.adv_estimator=gae"], "algorithm.adv_estimator", "critic"),
+    (["algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n", "n >= 2"),
+    (["algorithm.adv_estimator=grpo_passk", "actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n",
+     "reinforce_plus_plus"),
+    (["algorithm.gamma=0.9"], "algorithm.gamma", "reinforce_plus_plus"),
+    (["algorithm.adv_estimator=reinforce_plus_plus", "algorithm.gamma=1.5"], "algorithm.gamma", "[0, 1]"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=ppo"], "actor_rollout_ref.actor.policy_loss.loss_mode",
+     "clip_cov"),
+    (["actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0"], "actor_rollout_ref.actor.policy_loss.clip_cov_ratio",
+     "(0, 1]"),
+    (["actor_rollout_ref.actor.policy_loss.clip_cov_lb=6"], "actor_rollout_ref.actor.policy_loss.clip_cov_lb",
+     "clip_cov_ub"),
+    (["actor_rollout_ref.actor.policy_loss.kl_cov_ratio=2"], "actor_rollout_ref.actor.policy_loss.kl_cov_ratio",
+     "(0, 1]"),
+    (["actor_rollout_ref.actor.tau_neg=0"], "actor_rollout_ref.actor.tau_neg", "> 0"),
+])
+def test_bad_values_name_the_key_and_what_is_valid(overrides, key, says):
+    with pytest.raises(ConfigError) as err:
+        check(*overrides)
+    assert err.value.key == key and says in str(err.value)
+
+
+def test_one_response_per_prompt_is_fine_for_reinforce_plus_plus_only():
+    check("algorithm.adv_estimator=reinforce_plus_plus", "actor_rollout_ref.rollout.n=1", "algorithm.gamma=0.99")
+
+
+def test_another_modes_parameters_are_warned_as_inert():
+    overrides = ["actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+                 "actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.001", "actor_rollout_ref.actor.tau_pos=2",
+                 "actor_rollout_ref.actor.clip_ratio_c=4", "actor_rollout_ref.actor.clip_ratio_high=0.3"]
+    found = inert_overrides(load_config(overrides), overrides)
+    assert [f.split(" ")[0] for f in found] == ["actor_rollout_ref.actor.policy_loss.clip_cov_ratio",
+                                                "actor_rollout_ref.actor.tau_pos",
+                                                "actor_rollout_ref.actor.clip_ratio_c"]
+    sapo = ["actor_rollout_ref.actor.policy_loss.loss_mode=sapo", "actor_rollout_ref.actor.tau_pos=2"]
+    assert inert_overrides(load_config(sapo), sapo) == []
+
+
+@pytest.mark.parametrize("mode,agg,expected", [
+    ("vanilla", "token-mean", 7.0), ("gspo", "token-mean", 3.0), ("sapo", "token-sum", 3.0),
+    ("geo_mean", "token-mean", 4.0), ("cispo", "seq-mean-token-sum", 3.0)])
+def test_the_policy_denominator_follows_the_modes_own_aggregation(mode, agg, expected):
+    from types import SimpleNamespace
+
+    from fully_async.algorithms.actor_loss import mini_batch_policy_denominator
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.0, 1.0, 1.0]])
+    actor = SimpleNamespace(policy_loss=SimpleNamespace(loss_mode=mode), loss_agg_mode=agg, loss_scale_factor=None)
+    assert mini_batch_policy_denominator(mask, actor) == expected
