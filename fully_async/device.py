@@ -53,6 +53,12 @@ class Device:
         if self.is_accelerator:
             self.module().synchronize()
 
+    def uuid(self, index: Optional[int] = None) -> str:
+        """The physical identity of device `index` (the current one by default): equal in two processes exactly
+        when they use the same device, whatever their visible-device variables number it."""
+        mod = self.module()
+        return str(mod.get_device_properties(mod.current_device() if index is None else index).uuid)
+
     def empty_cache(self) -> None:
         if self.is_accelerator:
             self.module().empty_cache()

@@ -35,12 +35,10 @@ class SharedWeights:
 
     def open(self) -> dict[str, Any]:
         """The named tensors, as views of the trainer's buffers mapped into this process (no copy)."""
-        import torch
-
         if os.getpid() == self.owner_pid:
             raise RuntimeError("SharedWeights.open() in the process that packed them: CUDA IPC joins two processes "
                                "(actor_rollout_ref.rollout.weight_sync=device_ipc is for colocated async)")
-        here = _device_uuid(torch.cuda.current_device())
+        here = _cuda().uuid()
         if here != self.device_uuid:
             raise RuntimeError(f"actor_rollout_ref.rollout.weight_sync=device_ipc: the trainer packed its weights on "
                                f"device {self.device_uuid} but this engine runs on {here}; device IPC needs both on "
@@ -72,10 +70,10 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _device_uuid(index: int) -> str:
-    import torch
+def _cuda() -> Any:
+    from fully_async.device import get_device
 
-    return str(torch.cuda.get_device_properties(index).uuid)
+    return get_device("cuda")
 
 
 class DeviceIpcWeightSync:
@@ -133,14 +131,13 @@ class DeviceIpcWeightSync:
             device = params[0][1].device
             self._flat = {dt: torch.empty(n, dtype=getattr(torch, dt), device=device) for dt, n in sizes.items()}
             self._handle = SharedWeights({dt: reduce_tensor(buf) for dt, buf in self._flat.items()}, layout,
-                                         _device_uuid(device.index if device.index is not None
-                                                      else torch.cuda.current_device()), os.getpid())
+                                         _cuda().uuid(device.index), os.getpid())
         for (name, t), (laid, dt, off, shape) in zip(params, self._handle.layout):
             if name != laid or tuple(t.shape) != shape:
                 raise RuntimeError(f"device_ipc weight sync: parameter {name} {tuple(t.shape)} does not match the "
                                    f"layout packed at the first push ({laid} {shape})")
             self._flat[dt][off:off + t.numel()].view(shape).copy_(t.detach())
-        torch.cuda.synchronize()   # packed before the lease can pass to the engine
+        _cuda().synchronize()   # packed before the lease can pass to the engine
         return self._handle
 
     def _check_finite(self, version: int) -> None:
