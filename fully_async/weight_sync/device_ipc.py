@@ -20,6 +20,7 @@ import time
 from typing import Any, Optional
 
 from fully_async.weight_sync.guard import check_finite
+from fully_async.weight_sync.object_store import PendingLoad
 
 
 class SharedWeights:
@@ -76,7 +77,7 @@ def _cuda() -> Any:
     return get_device("cuda")
 
 
-class DeviceIpcWeightSync:
+class DeviceIpcWeightSync(PendingLoad):
     """The trainer's side (see the module docstring): `push` packs and sends a handle, `flush` waits for the load."""
 
     def __init__(self, backend: Any, rollouter: Any, dtype: Any):
@@ -85,20 +86,6 @@ class DeviceIpcWeightSync:
         self.dtype = dtype                       # the rollout dtype (weights are cast once, when packed)
         self._flat: dict[str, Any] = {}          # dtype name -> the packed buffer (reused across pushes)
         self._handle: Optional[SharedWeights] = None
-        self._pending: Optional[Any] = None
-        self._pending_start = 0.0
-
-    def flush(self) -> dict[str, float]:
-        import ray
-
-        if self._pending is None:
-            return {}
-        start = time.perf_counter()
-        timings = ray.get(self._pending)
-        self._pending = None
-        out = {f"timing_s/param_sync/{k}": v for k, v in timings.items()}
-        out["timing_s/param_sync/wait"] = time.perf_counter() - start
-        return out
 
     def push(self, version: int) -> dict[str, float]:
         start = time.perf_counter()
@@ -107,11 +94,10 @@ class DeviceIpcWeightSync:
         self._check_finite(version)
         packed = time.perf_counter()
         self._pending = self.rollouter.update_weights.remote(handle, version)
-        self._pending_start = packed
+        self._pending_start, self._pending_bytes = packed, handle.nbytes
         out.update({"timing_s/param_sync": time.perf_counter() - start,
                     "timing_s/param_sync/gather": packed - start,
-                    "timing_s/param_sync/put": time.perf_counter() - packed,
-                    "perf/param_sync_gbps": handle.nbytes / 1e9 / max(packed - start, 1e-9)})
+                    "timing_s/param_sync/put": time.perf_counter() - packed})
         return out
 
     def _pack(self) -> SharedWeights:

@@ -17,13 +17,13 @@ from typing import Any, Optional
 from fully_async.weight_sync.guard import check_finite
 
 
-class ObjectStoreWeightSync:
-    def __init__(self, backend: Any, rollouter: Any):
-        self.backend = backend
-        self.rollouter = rollouter
-        self._pending: Optional[Any] = None    # the in-flight update_weights call
-        self._pending_bytes = 0
-        self._pending_start = 0.0
+class PendingLoad:
+    """The last push's update_weights call, not yet loaded (one at a time): `flush()` waits for it and returns the
+    engines' timings of it.  Shared by the transports whose push returns before the engines load."""
+
+    _pending: Optional[Any] = None    # the in-flight update_weights call
+    _pending_bytes = 0
+    _pending_start = 0.0
 
     def flush(self) -> dict[str, float]:
         """Wait for the previous push to be loaded; returns its engine-side timings."""
@@ -38,6 +38,12 @@ class ObjectStoreWeightSync:
         out["timing_s/param_sync/wait"] = time.perf_counter() - start
         out["perf/param_sync_gbps"] = self._pending_bytes / 1e9 / max(time.perf_counter() - self._pending_start, 1e-9)
         return out
+
+
+class ObjectStoreWeightSync(PendingLoad):
+    def __init__(self, backend: Any, rollouter: Any):
+        self.backend = backend
+        self.rollouter = rollouter
 
     def push(self, version: int) -> dict[str, float]:
         import ray
