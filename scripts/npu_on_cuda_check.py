@@ -12,9 +12,9 @@ actor_rollout_ref.model.use_remove_padding=true, actor_rollout_ref.model.path=/t
 
 --backend cpu runs the same comparison on a CPU machine (trainer.device=npu on the CPU stand-in vs cpu): a smoke
 test of the script, and there the curves must be identical.  Writes JSON: both runs' scalar curves (per step),
-the largest differences of pg_loss, entropy and grad_norm, the stand-in's log (fused-attention layouts, collective backends, any
-torch.cuda/nccl call on the CPU backend) and the return codes; exits 1 when a run failed or a curve differs
-beyond --atol + --rtol x its scale.
+the largest differences of pg_loss, entropy and grad_norm, the stand-in's log (fused-attention layouts,
+collective backends, any torch.cuda/nccl call on the CPU backend) and the return codes; exits 1 when a run
+failed or a curve differs beyond --atol + --rtol x its scale.
 """
 from __future__ import annotations
 
@@ -97,7 +97,8 @@ def main() -> int:
                        for t in COMPARED}
     ok = (result["npu"]["returncode"] == 0 and result[args.backend]["returncode"] == 0
           and not result["standin"]["violations"]
-          and all(d["steps"] == args.steps and d["max_abs"] <= atol + rtol * d["scale"] for d in result["diffs"].values()))
+          and all(d["steps"] == args.steps and d["max_abs"] <= atol + rtol * d["scale"]
+                  for d in result["diffs"].values()))
     result["ok"] = ok
     with open(args.out, "w") as fh:
         json.dump(result, fh, indent=1)
