@@ -16,10 +16,10 @@ STANDIN_DIR = os.path.join(REPO, "tests", "npu_standin")
 
 def standin_env(log_path: str, backend: str = "cpu", devices: int = 2, **extra: str) -> dict[str, str]:
     """os.environ plus the stand-in on PYTHONPATH (first, so `import torch_npu` and Ray's `import acl` find it)."""
-    env = dict(os.environ, FA_NPU_STANDIN_BACKEND=backend, FA_NPU_STANDIN_DEVICES=str(devices),
-               FA_NPU_STANDIN_LOG=log_path, **extra)
+    env = {k: v for k, v in os.environ.items() if k != "ASCEND_RT_VISIBLE_DEVICES"}   # the node's, unless given
+    env.update(FA_NPU_STANDIN_BACKEND=backend, FA_NPU_STANDIN_DEVICES=str(devices), FA_NPU_STANDIN_LOG=log_path,
+               **extra)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (STANDIN_DIR, REPO, os.environ.get("PYTHONPATH")) if p)
-    env.pop("ASCEND_RT_VISIBLE_DEVICES", None)
     return env
 
 
