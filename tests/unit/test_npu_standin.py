@@ -84,3 +84,22 @@ def test_the_poison_fails_a_torch_cuda_call_from_the_package(tmp_path):
     violations = [e for e in read_log(str(tmp_path / "log.jsonl")) if e["event"] == "violation"]
     assert [v["what"] for v in violations] == ["torch.cuda.synchronize"]
     assert "fully_async/device.py" in violations[0]["caller"]
+
+
+def test_npu_graphs_capture_thread_local_like_cuda(tmp_path):
+    """torch_npu's graph takes capture_error_mode as torch.cuda's does: the npu path asks for thread_local too (a
+    Ray actor's other threads keep using the device during a capture); a torch_npu without the argument gets
+    none.  The stand-in's CPU backend has no graphs, so its module is given a graph API here."""
+    r = run_standin(tmp_path, """
+        import torch, torch_npu
+        from fully_async.device import NPU
+        assert NPU.graphs() is None
+        def graph(npu_graph, pool=None, stream=None, capture_error_mode="global"): ...
+        def old_graph(npu_graph, pool=None, stream=None): ...
+        torch.npu.NPUGraph, torch.npu.graph_pool_handle = object, lambda: None
+        for fn in (graph, old_graph):
+            torch.npu.graph = fn
+            print(fn.__name__, NPU.graphs().capture_kwargs)
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "graph {'capture_error_mode': 'thread_local'}" in r.stdout and "old_graph {}" in r.stdout, r.stdout
