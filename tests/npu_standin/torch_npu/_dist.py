@@ -5,6 +5,7 @@ import functools
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from torch_npu import _standin
@@ -55,6 +56,9 @@ def _guard_nccl(fn: Any) -> Any:
             _standin.refuse(f"torch.distributed.{fn.__name__}(backend={backend!r})", caller)
         if caller:
             _standin.log("init_process_group", backend=str(backend), caller=caller)
+        device_id = kwargs.get("device_id")
+        if _standin.BACKEND == "cuda" and getattr(device_id, "type", None) == "npu":   # nccl binds a CUDA device
+            kwargs["device_id"] = torch.device("cuda", _standin.cuda_index(device_id.index or 0))
         return fn(*args, **kwargs)
     return guard
 

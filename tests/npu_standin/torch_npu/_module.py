@@ -26,7 +26,7 @@ def _index(device: Any = None) -> int:
 def backend_device(index: Optional[int] = None) -> torch.device:
     """Where a tensor asked for on npu:index lives."""
     i = _state["device"] if index is None else index
-    return torch.device("cuda", i) if _standin.BACKEND == "cuda" else torch.device("cpu")
+    return torch.device("cuda", _standin.cuda_index(i)) if _standin.BACKEND == "cuda" else torch.device("cpu")
 
 
 def device_count() -> int:
@@ -44,7 +44,7 @@ def set_device(device: Any) -> None:
                            f"(ASCEND_RT_VISIBLE_DEVICES={_standin.visible_ids()})")
     _state["device"] = i
     if _standin.BACKEND == "cuda":
-        torch.cuda.set_device(i)
+        torch.cuda.set_device(_standin.cuda_index(i))
     _standin.log("set_device", index=i, visible=_standin.visible_ids())
 
 
@@ -147,7 +147,10 @@ def _patch_pinned_empty() -> None:
     def pinned_empty(*args: Any, pin_memory: bool = False, **kwargs: Any) -> torch.Tensor:
         out = empty(*args, **kwargs)
         if pin_memory and _standin.BACKEND == "cuda":
-            return out.pin_memory(torch.device("cuda"))
+            try:  # torch's accelerator here is npu (PrivateUse1, no pinned allocator): name CUDA's
+                return out.pin_memory(torch.device("cuda"))
+            except (TypeError, RuntimeError) as exc:  # a torch without the argument: pageable, copies synchronous
+                _standin.log("pin_memory_unpinned", reason=str(exc)[:200])
         return out
 
     torch.empty = pinned_empty

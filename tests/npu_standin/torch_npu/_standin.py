@@ -25,12 +25,24 @@ def visible_ids() -> list[int]:
     return [int(x) for x in raw.split(",") if x.strip() not in ("", "NoDevFiles")]
 
 
+GPUS = int(os.environ.get("FA_NPU_STANDIN_CUDA_DEVICES", "1"))
+
+
+def _gpus_of_visible() -> list[int]:
+    """The node's GPUs this process's NPUs wrap onto (NPU id modulo the GPU count; several NPUs may share one)."""
+    return sorted({i % GPUS for i in visible_ids()})
+
+
+def cuda_index(npu_index: int) -> int:
+    """torch.cuda's index of npu:npu_index (indices into the visible devices on both sides)."""
+    gpu = visible_ids()[npu_index] % GPUS
+    return _gpus_of_visible().index(gpu) if "ASCEND_RT_VISIBLE_DEVICES" in os.environ else gpu
+
+
 def _map_cuda_devices() -> None:
-    """CUDA backend: show this process the GPUs its NPU ids wrap onto (several NPUs may share one GPU)."""
-    if BACKEND != "cuda" or "ASCEND_RT_VISIBLE_DEVICES" not in os.environ:
-        return
-    gpus = int(os.environ.get("FA_NPU_STANDIN_CUDA_DEVICES", "1"))
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i % gpus) for i in visible_ids())
+    """CUDA backend: show this process the GPUs its visible NPUs wrap onto."""
+    if BACKEND == "cuda" and "ASCEND_RT_VISIBLE_DEVICES" in os.environ:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in _gpus_of_visible())
 
 
 _map_cuda_devices()
