@@ -44,6 +44,9 @@ def read_curves(tb: str) -> dict[str, list[tuple[int, float]]]:
 
 
 COMPARED = ("actor/pg_loss", "actor/entropy", "actor/grad_norm")
+# CUDA compiles the trainer's layers and the engine's fused decode (inductor); the npu path runs them eagerly
+# (device.compile_backend): compare like with like unless --as-is
+LIKE_FOR_LIKE = ["actor_rollout_ref.actor.use_torch_compile=false", "actor_rollout_ref.rollout.fused_decode=false"]
 
 
 def curve_diff(a: dict, b: dict, tag: str) -> dict:
@@ -75,8 +78,11 @@ def main() -> int:
     ap.add_argument("--atol", type=float, default=None, help="default: 1e-3 on cuda, 0 on cpu")
     ap.add_argument("--rtol", type=float, default=None, help="of the curve's largest |value|; default: 2e-2 on "
                     "cuda (bf16), 0 on cpu")
+    ap.add_argument("--as-is", action="store_true", help="keep CUDA's torch.compile (not in the npu run)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
+    if not args.as_is:
+        args.overrides = LIKE_FOR_LIKE + args.overrides
     atol = args.atol if args.atol is not None else (1e-3 if args.backend == "cuda" else 0.0)
     rtol = args.rtol if args.rtol is not None else (2e-2 if args.backend == "cuda" else 0.0)
     work = tempfile.mkdtemp(prefix="npu_vs_")
