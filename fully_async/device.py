@@ -11,6 +11,7 @@ installed but CANN missing, importing it fails, and a CPU run must never pay for
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import resource
 from dataclasses import dataclass
@@ -114,8 +115,10 @@ class Device:
         cls = getattr(mod, "CUDAGraph" if self.name == "cuda" else "NPUGraph", None)
         if cls is None or not all(hasattr(mod, n) for n in ("graph", "graph_pool_handle", "Stream", "stream")):
             return None
-        # thread_local on CUDA: CUDA calls of other threads of this process (a Ray actor has several) may go on
-        return DeviceGraphs(mod, cls, {"capture_error_mode": "thread_local"} if self.name == "cuda" else {})
+        # thread_local: device calls of other threads of this process (a Ray actor has several) may go on during a
+        # capture; torch_npu's graph takes the same modes (aclmdlRICaptureMode), older ones have no such argument
+        local = "capture_error_mode" in inspect.signature(mod.graph).parameters
+        return DeviceGraphs(mod, cls, {"capture_error_mode": "thread_local"} if local else {})
 
     def compile_backend(self) -> Optional[str]:
         """The torch.compile backend that fuses a captured decode step's small kernels on this device, or None

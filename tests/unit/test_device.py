@@ -71,3 +71,29 @@ def test_npu_actors_get_hccl_port_ranges_unless_the_user_set_them(monkeypatch):
     assert dev.NPU.runtime_env_vars() == {"HCCL_HOST_SOCKET_PORT_RANGE": "auto",
                                           "HCCL_NPU_SOCKET_PORT_RANGE": "60000-60050"}
     assert dev.CUDA.runtime_env_vars() == {} and dev.CPU.runtime_env_vars() == {}
+
+
+def test_collective_backends_are_named_only_in_device_py():
+    """The npu path never names nccl (nor any backend): every process group comes from Device.comm_backend /
+    Device.new_group, so a platform's backend is chosen in one place."""
+    pattern = re.compile(r"[\"'](nccl|hccl|gloo)[\"']|ProcessGroup(NCCL|HCCL|Gloo)")
+    offenders = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if p.name != "device.py" and
+                 pattern.search(p.read_text())]
+    assert offenders == []
+
+
+def test_megatron_on_npu_without_mindspeed_names_the_fix(monkeypatch):
+    import builtins
+
+    from fully_async.train.backends.megatron_backend import _import_megatron
+
+    real_import = builtins.__import__
+
+    def fake_import(name, *a, **k):
+        if name.startswith("mindspeed"):
+            raise ImportError("No module named 'mindspeed'")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    with pytest.raises(RuntimeError, match=r"strategy=megatron on trainer.device=npu needs MindSpeed"):
+        _import_megatron(dev.NPU)

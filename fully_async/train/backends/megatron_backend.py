@@ -37,8 +37,15 @@ logger = logging.getLogger(__name__)
 
 
 def _import_megatron(device: Device) -> None:
+    """megatron-core, patched for Ascend by MindSpeed on npu (its adaptor must be imported before megatron is)."""
     if device.name == "npu":
-        import mindspeed.megatron_adaptor  # noqa: F401  (must precede the first megatron import)
+        try:
+            import mindspeed.megatron_adaptor  # noqa: F401  (must precede the first megatron import)
+        except ImportError as exc:
+            raise RuntimeError("actor_rollout_ref.actor.strategy=megatron on trainer.device=npu needs MindSpeed "
+                               "(Ascend's megatron adaptor, matching your megatron-core: "
+                               f"https://gitee.com/ascend/MindSpeed); import mindspeed.megatron_adaptor failed: {exc}"
+                               ) from exc
     import megatron.core  # noqa: F401
 
 

@@ -325,3 +325,26 @@ def test_the_vllm_that_vllm_ascend_pairs_with_passes_in_abort_mode_and_keep_is_r
     with pytest.raises(VLLMApiError, match=r"vLLM 0\.18\.0 lacks AsyncLLM.update_weight_version .*pause_mode=abort "
                                            r"works without it"):
         check_api("0.18.0", VLLM018AsyncLLM, AsyncEngineArgs, "keep")
+
+
+def test_a_vllm_without_a_keyword_or_engine_field_the_engine_passes_is_refused_naming_it():
+    """The start-up check covers the keyword arguments the engine passes (README: vLLM APIs the engine calls) and
+    every AsyncEngineArgs field it sets; the installed vLLM has them all."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    used = ("model", "skip_tokenizer_init", "dtype", "seed", "trust_remote_code", "tensor_parallel_size",
+            "gpu_memory_utilization", "max_num_batched_tokens", "enable_chunked_prefill", "enforce_eager",
+            "load_format", "max_model_len", "max_num_seqs", "logprobs_mode", "worker_extension_cls",
+            "enable_sleep_mode", "generation_config", "disable_log_stats", "cudagraph_capture_sizes")
+    check_api("0.32.0", AsyncLLM, AsyncEngineArgs, "keep", fields_used=used)
+
+    class OldReset(VLLM018AsyncLLM):
+        async def reset_prefix_cache(self): ...
+        async def collective_rpc(self, method, timeout=None, kwargs=None): ...
+
+    with pytest.raises(VLLMApiError, match=r"vLLM 0\.x lacks AsyncLLM\.reset_prefix_cache\(reset_running_requests="
+                                           r"\.\.\.\), AsyncLLM\.collective_rpc\(args=\.\.\.\)"):
+        check_api("0.x", OldReset, AsyncEngineArgs, "abort")
+    with pytest.raises(VLLMApiError, match=r"lacks AsyncEngineArgs\.no_such_field"):
+        check_api("0.x", VLLM018AsyncLLM, AsyncEngineArgs, "abort", fields_used=("model", "no_such_field"))

@@ -1,0 +1,116 @@
+"""The NPU path on a CUDA machine against the CUDA path: same run, same seed, losses side by side.
+
+Why: no Ascend node is at hand; the test-only NPU stand-in (tests/npu_standin) maps torch.npu, the `hccl` backend,
+ProcessGroupHCCL, NPU graphs (CUDA graphs) and npu_fusion_attention onto CUDA, so `trainer.device=npu` exercises
+every NPU-specific line of the package on real GPU kernels.  The first steps' losses of the npu run must equal the
+cuda run's within bf16 tolerance.  Each run is `python -m fully_async.main` (mode=sync, one device, fixed seed)
+in its own process; the npu one with the stand-in on PYTHONPATH (backend cuda) and Ray finding one NPU through
+the stand-in's acl.  Extra overrides go to both runs (e.g. actor_rollout_ref.actor.strategy=megatron,
+actor_rollout_ref.model.use_remove_padding=true, actor_rollout_ref.model.path=/tmp/m05).
+
+  python scripts/npu_on_cuda_check.py --out npu_vs_cuda.json [--steps 5] [--backend cuda] [override ...]
+
+--backend cpu runs the same comparison on a CPU machine (trainer.device=npu on the CPU stand-in vs cpu): a smoke
+test of the script, and there the curves must be identical.  Writes JSON: both runs' scalar curves (per step),
+the largest differences of pg_loss, entropy and grad_norm, the stand-in's log (fused-attention layouts,
+collective backends, any torch.cuda/nccl call on the CPU backend) and the return codes; exits 1 when a run
+failed or a curve differs beyond --atol + --rtol x its scale.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "tests"))
+
+from npu_standin_helpers import read_log, standin_env  # noqa: E402
+
+CURVES = ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/ppo_kl", "critic/score/mean",
+          "response_length/mean")
+
+
+def read_curves(tb: str) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(tb, size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in CURVES if t in tags}
+
+
+COMPARED = ("actor/pg_loss", "actor/entropy", "actor/grad_norm")
+# CUDA compiles the trainer's layers and the engine's fused decode (inductor); the npu path runs them eagerly
+# (device.compile_backend): compare like with like unless --as-is
+LIKE_FOR_LIKE = ["actor_rollout_ref.actor.use_torch_compile=false", "actor_rollout_ref.rollout.fused_decode=false"]
+
+
+def curve_diff(a: dict, b: dict, tag: str) -> dict:
+    """Largest |npu - reference| over the steps both runs logged, and the reference's largest |value|."""
+    pa, pb = dict(a.get(tag, [])), dict(b.get(tag, []))
+    common = sorted(set(pa) & set(pb))
+    return {"steps": len(common), "max_abs": max((abs(pa[s] - pb[s]) for s in common), default=float("inf")),
+            "scale": max((abs(pb[s]) for s in common), default=0.0)}
+
+
+def run(name: str, device: str, env: dict, work: str, steps: int, extra: list[str]) -> dict:
+    tb = os.path.join(work, name, "tb")
+    cmd = [sys.executable, "-m", "fully_async.main", "mode=sync", f"trainer.device={device}",
+           f"trainer.total_training_steps={steps}", "trainer.test_freq=-1", "trainer.val_before_train=false",
+           "trainer.progress_bar=false", "trainer.resume_mode=disable", "trainer.n_gpus_per_node=1",
+           f"trainer.default_local_dir={work}/{name}/ckpt", f"hydra.run.dir={work}/{name}/hydra", *extra]
+    r = subprocess.run(cmd, cwd=REPO, env=dict(env, TENSORBOARD_DIR=tb), capture_output=True, text=True)
+    out = {"cmd": cmd, "returncode": r.returncode, "tail": (r.stdout + r.stderr)[-3000:] if r.returncode else ""}
+    if r.returncode == 0:
+        out["curves"] = read_curves(tb)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--atol", type=float, default=None, help="default: 1e-3 on cuda, 0 on cpu")
+    ap.add_argument("--rtol", type=float, default=None, help="of the curve's largest |value|; default: 2e-2 on "
+                    "cuda (bf16), 0 on cpu")
+    ap.add_argument("--as-is", action="store_true", help="keep CUDA's torch.compile (not in the npu run)")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args()
+    if not args.as_is:
+        args.overrides = LIKE_FOR_LIKE + args.overrides
+    atol = args.atol if args.atol is not None else (1e-3 if args.backend == "cuda" else 0.0)
+    rtol = args.rtol if args.rtol is not None else (2e-2 if args.backend == "cuda" else 0.0)
+    work = tempfile.mkdtemp(prefix="npu_vs_")
+    log = os.path.join(work, "standin.jsonl")
+    base = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
+    npu_env = standin_env(log, backend=args.backend, devices=1, FA_NPU_STANDIN_CUDA_DEVICES="1")
+    result = {"backend": args.backend, "steps": args.steps, "overrides": args.overrides, "atol": atol, "rtol": rtol,
+              "npu": run("npu", "npu", npu_env, work, args.steps, args.overrides),
+              args.backend: run(args.backend, args.backend, base, work, args.steps, args.overrides)}
+    events = read_log(log)
+    result["standin"] = {
+        "violations": [e for e in events if e["event"] == "violation"],
+        "fused_attention": sorted({(e["layout"], e["causal"]) for e in events if e["event"] == "npu_fusion_attention"}),
+        "backends": sorted({e.get("name") or e.get("backend") for e in events
+                            if e["event"] in ("backend", "init_process_group")}),
+    }
+    result["diffs"] = {t: curve_diff(result["npu"].get("curves", {}), result[args.backend].get("curves", {}), t)
+                       for t in COMPARED}
+    ok = (result["npu"]["returncode"] == 0 and result[args.backend]["returncode"] == 0
+          and not result["standin"]["violations"]
+          and all(d["steps"] == args.steps and d["max_abs"] <= atol + rtol * d["scale"]
+                  for d in result["diffs"].values()))
+    result["ok"] = ok
+    with open(args.out, "w") as fh:
+        json.dump(result, fh, indent=1)
+    print(json.dumps({k: result[k] for k in ("ok", "diffs", "standin")}, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

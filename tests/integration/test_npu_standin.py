@@ -1,0 +1,123 @@
+"""The Ascend path end to end before it meets an NPU: `trainer.device=npu` runs under the test-only NPU stand-in
+(tests/npu_standin: torch.npu over CPU, an `hccl` process-group backend over gloo, Ray finding NPUs through a
+stand-in `acl`).  The default async and sync runs learn the bundled task; each actor sees its own NPU through
+ASCEND_RT_VISIBLE_DEVICES; the trainer world and the weight broadcast are built on `hccl`; the fused varlen attention
+goes through torch_npu.npu_fusion_attention; a run resumes from its checkpoint; the doctor reports an NPU node.
+The stand-in poisons torch.cuda and nccl for the package's own code: a call from fully_async fails the run and is
+logged, and every test asserts none was made."""
+import os
+
+import pytest
+
+from npu_standin_helpers import read_log, ray_npu_count, run_main, standin_env
+from tests_helpers import read_scalars
+
+pytestmark = pytest.mark.integration
+VAL = "val-core/arithmetic/reward/mean@1"
+
+
+@pytest.fixture
+def npu(tmp_path):
+    """The environment of a run under the stand-in (2 NPUs on this node), skipped where Ray cannot declare NPUs."""
+    log = str(tmp_path / "standin.jsonl")
+    env = standin_env(log, devices=2, TENSORBOARD_DIR=str(tmp_path / "tb"))
+    found = ray_npu_count(env)
+    if found != 2:
+        pytest.skip(f"this Ray cannot declare NPU resources through the stand-in's acl (found {found})")
+    return env, log
+
+
+def common(tmp_path, name: str = "run") -> list[str]:
+    return ["trainer.device=npu", "trainer.progress_bar=false", f"trainer.default_local_dir={tmp_path}/ckpt",
+            f"hydra.run.dir={tmp_path}/hydra_{name}"]
+
+
+def check_ok(r) -> None:
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+
+
+def check_learned(tb: str) -> None:
+    val = [v for _, v in sorted(read_scalars(tb)[VAL])]
+    assert val[-1] - val[0] >= 0.3 and val[-1] >= 0.8, val
+
+
+def actor_records(log: list[dict]) -> dict[int, dict]:
+    """Per Ray worker process (not the driver): the devices it saw and the collective backends it built."""
+    out: dict[int, dict] = {}
+    for rec in log:
+        proc = out.setdefault(rec["pid"], {"visible": None, "backends": [], "inits": [], "driver": False})
+        if rec["event"] == "import":
+            proc["visible"] = rec["ASCEND_RT_VISIBLE_DEVICES"]
+            proc["driver"] = rec["argv0"] != "default_worker.py"
+        elif rec["event"] == "backend":
+            proc["backends"].append((rec["name"], rec["rank"], rec["size"]))
+        elif rec["event"] == "init_process_group":
+            proc["inits"].append(rec["backend"])
+    return {pid: p for pid, p in out.items() if not p["driver"]}
+
+
+def check_no_cuda_or_nccl(log: list[dict]) -> None:
+    bad = [r for r in log if r["event"] == "violation"]
+    assert not bad, bad
+    assert all(r["backend"] == "hccl" for r in log if r["event"] == "init_process_group"), log
+
+
+def test_async_run_learns_with_an_npu_per_actor_and_hccl_weight_sync(npu, tmp_path):
+    env, log_path = npu
+    check_ok(run_main(env, *common(tmp_path)))
+    check_learned(str(tmp_path / "tb"))
+    log = read_log(log_path)
+    check_no_cuda_or_nccl(log)
+    actors = actor_records(log)
+    # the trainer and the rollouter: one NPU each, Ray's NPU ids 0 and 1 (ASCEND_RT_VISIBLE_DEVICES)
+    assert sorted(p["visible"] for p in actors.values()) == ["0", "1"], actors
+    # the weight broadcast group: trainer rank 0 + the engine, both ProcessGroupHCCL
+    groups = sorted(b for p in actors.values() for b in p["backends"])
+    assert groups == [("hccl", 0, 2), ("hccl", 1, 2)], groups
+
+
+def test_sync_run_learns_on_two_npus_over_hccl_with_fused_varlen_attention(npu, tmp_path):
+    env, log_path = npu
+    check_ok(run_main(env, *common(tmp_path), "mode=sync", "trainer.n_gpus_per_node=2",
+                      "actor_rollout_ref.model.use_remove_padding=true", "trainer.total_training_steps=30"))
+    check_learned(str(tmp_path / "tb"))
+    log = read_log(log_path)
+    check_no_cuda_or_nccl(log)
+    actors = actor_records(log)
+    ranks = [p for p in actors.values() if p["inits"]]
+    assert sorted(p["visible"] for p in ranks) == ["0", "1"], actors     # one NPU per trainer rank
+    assert all(p["inits"] == ["hccl"] for p in ranks), ranks             # FSDP's world on hccl
+    fused = {(r["layout"], r["causal"]) for r in log if r["event"] == "npu_fusion_attention"}
+    assert ("TND", True) in fused, fused     # packed rows: transformers' flash_attention_2 -> npu_fusion_attention
+
+
+def test_async_run_resumes_from_its_checkpoint_on_npu(npu, tmp_path):
+    env, log_path = npu
+    base = [*common(tmp_path), "trainer.save_freq=2", "trainer.test_freq=-1", "trainer.val_before_train=false"]
+    check_ok(run_main(env, *base, "trainer.total_training_steps=4", "trainer.resume_mode=disable",
+                      "hydra.run.dir=" + str(tmp_path / "h1")))
+    assert os.path.isdir(tmp_path / "ckpt" / "global_step_4"), os.listdir(tmp_path / "ckpt")
+    env2 = dict(env, TENSORBOARD_DIR=str(tmp_path / "tb2"))
+    r = run_main(env2, *base, "trainer.total_training_steps=6", "trainer.resume_mode=auto",
+                 "hydra.run.dir=" + str(tmp_path / "h2"))
+    check_ok(r)
+    assert "resuming from" in r.stdout + r.stderr and "global_step_4" in r.stdout + r.stderr
+    steps = [s for s, _ in read_scalars(str(tmp_path / "tb2"))["actor/pg_loss"]]
+    assert steps == [5, 6], steps                 # the resumed run trains only the remaining steps
+    check_no_cuda_or_nccl(read_log(log_path))
+
+
+def test_doctor_reports_an_npu_node(npu, tmp_path):
+    env, log_path = npu
+    env = dict(env, ASCEND_TOOLKIT_HOME="/usr/local/Ascend/ascend-toolkit/latest")   # what CANN's set_env.sh sets
+    r = run_main(env, "trainer.device=npu", module="fully_async.doctor", timeout=240)
+    out = r.stdout
+    assert r.returncode == 0 and "0 FAIL" in out, out + r.stderr[-2000:]
+    lines = {line.split()[1]: line for line in out.splitlines() if line[:4] in ("PASS", "WARN", "FAIL", "SKIP")}
+    assert "trainer.device=auto -> npu" in lines["torch"], out
+    assert lines["CUDA"].startswith("SKIP"), out
+    assert ("torch_npu 2.10.0.post4+standin, CANN at /usr/local/Ascend/ascend-toolkit/latest, 2 NPU(s), "
+            "ASCEND_RT_VISIBLE_DEVICES=all") in lines["torch_npu"], out
+    assert "'NPU': 2.0" in lines["Ray"], out
+    assert "= 2 npu device(s); this host sees 2" in lines["placement"], out
+    check_no_cuda_or_nccl(read_log(log_path))

@@ -1,0 +1,107 @@
+"""The test-only NPU stand-in (tests/npu_standin) itself: it stays out of this process and the package, places npu
+tensors on its backend, honours ASCEND_RT_VISIBLE_DEVICES, computes npu_fusion_attention as attention does, and
+its torch.cuda / nccl poison fails a call from the package.  Each check runs in a child process: registering
+torch.npu cannot be undone."""
+import importlib.util
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+from npu_standin_helpers import REPO, read_log, standin_env
+
+PKG = pathlib.Path(REPO) / "fully_async"
+
+
+def run_standin(tmp_path, code: str, **env: str) -> subprocess.CompletedProcess:
+    e = standin_env(str(tmp_path / "log.jsonl"), **env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, env=e, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_the_standin_is_only_on_the_path_tests_give_it():
+    spec = importlib.util.find_spec("torch_npu")                  # None here, or a real torch_npu on an Ascend box
+    assert spec is None or "npu_standin" not in (spec.origin or ""), spec
+    assert not [p for p in sys.path if "npu_standin" in p]
+    assert not [p for p in PKG.rglob("*.py") if "npu_standin" in p.read_text()]   # the package never names it
+
+
+def test_npu_device_module_tensors_and_visible_devices(tmp_path):
+    r = run_standin(tmp_path, """
+        import torch, torch_npu
+        from fully_async.device import NPU, get_device
+        assert get_device("auto") is NPU and NPU.device_count() == 1, NPU.device_count()
+        NPU.set_device(0)
+        x = torch.ones(3, device=NPU.torch_device()) + torch.nn.Linear(3, 3).to(NPU.torch_device()).weight.sum()
+        g = torch.Generator(device=NPU.torch_device()).manual_seed(1)
+        assert isinstance(g, torch.Generator) and torch.rand(2, generator=g).shape == (2,)
+        assert set(NPU.memory_stats()) == {"host_rss_gib", "allocated_gib", "reserved_gib", "max_allocated_gib"}
+        assert NPU.graphs() is None                              # the CPU backend has no device graphs
+        try:
+            NPU.set_device(1)
+        except RuntimeError as exc:
+            print("refused:", exc)
+        print("ok", x.device)
+    """, ASCEND_RT_VISIBLE_DEVICES="3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "refused: npu set_device(1): only 1 NPU(s) visible (ASCEND_RT_VISIBLE_DEVICES=[3])" in r.stdout
+    assert "ok cpu" in r.stdout
+
+
+def test_npu_fusion_attention_matches_sdpa(tmp_path):
+    r = run_standin(tmp_path, """
+        import torch, torch.nn.functional as F, torch_npu
+        torch.manual_seed(0)
+        q, k, v = torch.randn(2, 5, 4, 8), torch.randn(2, 5, 2, 8), torch.randn(2, 5, 2, 8)   # B S N D, GQA 4:2
+        mask = torch.ones(2048, 2048).triu(1).bool()
+        out = torch_npu.npu_fusion_attention(q, k, v, 4, "BSND", atten_mask=mask, scale=0.3, sparse_mode=3)[0]
+        ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(2, 1),
+                                             v.transpose(1, 2).repeat_interleave(2, 1), is_causal=True, scale=0.3)
+        assert torch.allclose(out, ref.transpose(1, 2), atol=1e-6)
+        # TND: the two batch rows packed (lengths 5, 5) attend only within themselves
+        tnd = torch_npu.npu_fusion_attention(q.reshape(10, 4, 8), k.reshape(10, 2, 8), v.reshape(10, 2, 8), 4,
+                                             "TND", atten_mask=mask, scale=0.3, actual_seq_qlen=(5, 10),
+                                             actual_seq_kvlen=(5, 10), sparse_mode=3)[0]
+        assert torch.allclose(tnd, out.reshape(10, 4, 8), atol=1e-6)
+        print("ok")
+    """)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+def test_the_poison_fails_a_torch_cuda_call_from_the_package(tmp_path):
+    r = run_standin(tmp_path, """
+        import torch, torch_npu
+        torch.cuda.is_available()                      # a probe, allowed
+        from fully_async.device import CUDA
+        try:
+            CUDA.synchronize()
+        except RuntimeError as exc:
+            print("refused:", exc)
+        import torch.distributed as dist
+        print(dist.Backend.backend_list.count("hccl"), dist.is_hccl_available())
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "refused: NPU stand-in: the npu path called torch.cuda.synchronize at" in r.stdout, r.stdout
+    assert "1 True" in r.stdout
+    violations = [e for e in read_log(str(tmp_path / "log.jsonl")) if e["event"] == "violation"]
+    assert [v["what"] for v in violations] == ["torch.cuda.synchronize"]
+    assert "fully_async/device.py" in violations[0]["caller"]
+
+
+def test_npu_graphs_capture_thread_local_like_cuda(tmp_path):
+    """torch_npu's graph takes capture_error_mode as torch.cuda's does: the npu path asks for thread_local too (a
+    Ray actor's other threads keep using the device during a capture); a torch_npu without the argument gets
+    none.  The stand-in's CPU backend has no graphs, so its module is given a graph API here."""
+    r = run_standin(tmp_path, """
+        import torch, torch_npu
+        from fully_async.device import NPU
+        assert NPU.graphs() is None
+        def graph(npu_graph, pool=None, stream=None, capture_error_mode="global"): ...
+        def old_graph(npu_graph, pool=None, stream=None): ...
+        torch.npu.NPUGraph, torch.npu.graph_pool_handle = object, lambda: None
+        for fn in (graph, old_graph):
+            torch.npu.graph = fn
+            print(fn.__name__, NPU.graphs().capture_kwargs)
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "graph {'capture_error_mode': 'thread_local'}" in r.stdout and "old_graph {}" in r.stdout, r.stdout
