@@ -113,6 +113,7 @@ class PolicyLossInput:
     denom: Optional[float] = None        # mini-batch token/sequence count (see agg_loss)
     behav_logp: Optional[torch.Tensor] = None  # (B, T) set for decoupled PPO
     behav_cap: float = 5.0
+    is_weights: Optional[torch.Tensor] = None  # (B, T) rollout correction's weights (rollout_correction.py)
 
 
 @dataclass
@@ -141,6 +142,8 @@ def policy_loss(inp: PolicyLossInput) -> PolicyLossOutput:
         weight = (inp.old_logp - inp.behav_logp).clamp(-20.0, 20.0).exp().clamp(max=inp.behav_cap).detach()
         losses = losses * weight
         behav_mean = masked_mean(weight, mask).detach()
+    if inp.is_weights is not None:
+        losses = losses * inp.is_weights
     return PolicyLossOutput(
         loss=agg_loss(losses, mask, inp.agg_mode, inp.denom),
         clipfrac=masked_mean((loss2 > loss1).float(), mask).detach(),
