@@ -299,6 +299,12 @@ RULES: list[Rule] = [
     _warn("actor_rollout_ref.rollout.trace.**", "rollout tracing backends are not wired; trainer.timeline=true "
           "traces the phases"),
     # ---------------------------------------------------------------- algorithm
+    _warn_if("algorithm.rollout_correction.rollout_rs_threshold_lower", _is(None), "null", "an older verl's key: "
+             "the k1 options take their lower bound in rollout_rs_threshold ('lower_upper')",
+             "give the bound in algorithm.rollout_correction.rollout_rs_threshold as 'lower_upper'"),
+    _warn_if("algorithm.rollout_correction.rollout_token_veto_threshold", _is(None), "null", "an older verl's key: "
+             "no per-token veto", "reject with algorithm.rollout_correction.rollout_rs (token_k1 with a lower "
+             "bound, or seq_max_k2 / seq_max_k3) instead"),
     _warn_if("algorithm.gamma", _is(1, 1.0), "1.0", "GRPO has no discount (no GAE)",
              "a discount needs GAE, which is not implemented (adv_estimator=grpo)"),
     _warn_if("algorithm.lam", _is(1, 1.0), "1.0", "GRPO has no GAE lambda", "GAE is not implemented"),
