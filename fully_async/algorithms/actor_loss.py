@@ -36,8 +36,10 @@ def bypass_rejection(rollout_correction: Any) -> bool:
 
 
 def mini_batch_denominator(mask: torch.Tensor, actor: Any) -> float:
-    """The `denom` every micro-batch of a mini-batch (response mask `mask`) passes to actor_loss."""
-    return agg_denominator(mask, actor.loss_agg_mode, actor.loss_scale_factor)
+    """The `denom` every micro-batch of a mini-batch (response mask `mask`) passes to actor_loss; 1 for a mini-batch
+    without a token (every one rejected by algorithm.rollout_correction.rollout_rs), whose loss is then 0, not 0/0."""
+    denom = agg_denominator(mask, actor.loss_agg_mode, actor.loss_scale_factor)
+    return denom if denom > 0 else 1.0
 
 
 def actor_metric_names(actor: Any, async_training: Any, with_entropy: bool = True,
