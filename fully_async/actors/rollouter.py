@@ -8,7 +8,9 @@ and push them to the queue.  Its own metrics go out on the shortest path: per tr
 metrics outbox, `pop_metrics`).  Other callers (the trainer's weight push, the driver's validation,
 checkpoint part and stop) never touch the engines: they enqueue a command that the loop executes
 between two engine steps and wait for its result.  That keeps weight updates, interrupts and
-validation strictly ordered with generation.
+validation strictly ordered with generation.  With DAPO's dynamic sampling (algorithm.filter_groups) a scored
+group whose responses all agree is dropped here, before the queue: counted (and checkpointed) as filtered, its
+admission slot freed for another prompt.
 """
 from __future__ import annotations
 

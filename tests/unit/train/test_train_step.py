@@ -79,9 +79,10 @@ def test_rollout_correction_token_weights_are_decoupled_ppos(random_model_dir, t
     update, bit for bit; the step recomputes the old policy for them and logs verl's rollout_corr/* metrics."""
     common = [f"trainer.default_local_dir={tmp_path}", "actor_rollout_ref.actor.ppo_epochs=2"]
     runs = {}
-    for name, extra in (("rollout_is", ["algorithm.rollout_correction.rollout_is=token",
-                                        "algorithm.rollout_correction.rollout_is_threshold=2.0"]),
-                        ("decoupled", ["async_training.decoupled_ppo=true", "async_training.behav_imp_weight_cap=2.0"])):
+    variants = {"rollout_is": ["algorithm.rollout_correction.rollout_is=token",
+                               "algorithm.rollout_correction.rollout_is_threshold=2.0"],
+                "decoupled": ["async_training.decoupled_ppo=true", "async_training.behav_imp_weight_cap=2.0"]}
+    for name, extra in variants.items():
         cfg, backend = backend_for(random_model_dir, *common, *extra)
         metrics, _ = train_step(backend, cfg, as_groups(make_samples()), 0, step=1, version=0)
         runs[name] = metrics, {k: v.detach().clone() for k, v in backend.model.named_parameters()}
