@@ -1,6 +1,7 @@
 """DAPO's dynamic sampling end to end on the bundled tiny task, in both modes: groups whose responses all score
 the same are dropped, more prompts are generated, and every prompt the run consumed is trained exactly once (all
-its n responses) or counted as filtered -- across a checkpoint and resume too."""
+its n responses) or counted as filtered -- across a checkpoint and resume too.  verl's rollout correction runs in
+the same runs (its decoupled mode in async, its bypass mode in sync) and logs its metrics every step."""
 import collections
 
 import pytest
@@ -47,14 +48,23 @@ def check_accounting(summary):
     return trained, filtered
 
 
+# verl's rollout correction rides along: decoupled token weights + rejection (async), bypass-mode rejection (sync)
+RC = "algorithm.rollout_correction."
+CORRECTION = {"async": [f"{RC}rollout_is=token", f"{RC}rollout_rs=seq_max_k3", f"{RC}rollout_rs_threshold=0.5"],
+              "sync": [f"{RC}bypass_mode=true", f"{RC}rollout_rs=token_k1", f"{RC}rollout_rs_threshold=1.5"]}
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_every_consumed_prompt_is_trained_once_or_filtered(ray_session, tmp_path, monkeypatch, mode):
     from fully_async.run.main import run
 
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
-    summary = run(config(tmp_path, mode))
+    summary = run(config(tmp_path, mode, *CORRECTION[mode]))
     trained, filtered = check_accounting(summary)
     scalars = read_scalars(str(tmp_path / "tb"))
+    steps = [s for s, _ in scalars["actor/pg_loss"]]
+    assert [s for s, _ in scalars["rollout_corr/rollout_rs_masked_fraction"]] == steps
+    assert ("rollout_corr/rollout_is_mean" in scalars) == (mode == "async")
     per_step = [v for _, v in scalars["train/num_filtered_groups"]]
     assert sum(per_step) == len(filtered) or mode == "async"   # async: the rollouter's windows, the last may lag
     assert scalars["fully_async/count/filtered_groups"][-1][1] <= len(filtered)
