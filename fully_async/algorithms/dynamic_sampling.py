@@ -4,8 +4,10 @@ A GRPO group whose n responses all score the same has zero advantage everywhere,
 only dilutes the batch.  With `filter_groups.enable` such a group is dropped after scoring and more prompts are
 generated in its place until the step has its groups.  The per-response value compared is `metric`:
 
-  acc               the scorer's `acc` (DAPO's math scorer returns it)
-  score             the scorer's `score` when it returns one, else the reward
+  acc               the scorer's `acc` (DAPO's math scorer returns it; a scorer without one is refused at its first
+                    group, where verl's DAPO manager would take a float score as acc)
+  score             the scorer's `score` when it returns one, else the reward (verl: the score before DAPO's
+                    overlong penalty; here, with reward_model.overlong_buffer on, after it)
   seq_reward        the response's reward (verl: the sum of its token-level scores)
   seq_final_reward  the reward after the in-reward KL penalty (verl: token-level rewards); here the penalty is
                     applied by the trainer after filtering, so it is the reward (config_checks refuses it
