@@ -8,7 +8,9 @@ and push them to the queue.  Its own metrics go out on the shortest path: per tr
 metrics outbox, `pop_metrics`).  Other callers (the trainer's weight push, the driver's validation,
 checkpoint part and stop) never touch the engines: they enqueue a command that the loop executes
 between two engine steps and wait for its result.  That keeps weight updates, interrupts and
-validation strictly ordered with generation.
+validation strictly ordered with generation.  With DAPO's dynamic sampling (algorithm.filter_groups) a scored
+group whose responses all agree is dropped here, before the queue: counted (and checkpointed) as filtered, its
+admission slot freed for another prompt.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Any, Callable, Optional
 
 from fully_async.core.config import FullyAsyncConfig
 from fully_async.actors.actor_setup import MetricsOutbox
+from fully_async.algorithms.dynamic_sampling import GroupFilter
 from fully_async.rollout.generation import make_group, score_samples, validate
 from fully_async.telemetry.metrics import rollouter_version_metrics, rollouter_window_metrics
 from fully_async.cluster.ray_utils import ray_get
@@ -82,6 +85,10 @@ class Rollouter(MetricsOutbox):
             SamplingParams(r.temperature, r.top_p, r.top_k, cfg.data.max_response_length),
             max_in_flight=self.pool.capacity, partial_rollout=cfg.async_training.partial_rollout,
             on_complete=self._push, lengths=self.lengths)
+        # DAPO's dynamic sampling: groups whose responses all agree never reach the queue
+        self.filter = GroupFilter.from_config(cfg, self.scheduler.staleness.required)
+        if self.filter is not None:
+            self.scheduler.stats["filtered_groups"] = 0
         self.val_records = val_records
         test_freq = cfg.rollout.test_freq if cfg.rollout.test_freq is not None else cfg.trainer.test_freq
         self.test_freq = test_freq
@@ -105,7 +112,9 @@ class Rollouter(MetricsOutbox):
         if resume_path is not None:
             from fully_async.core.checkpoint import ROLLOUT_STATE, read_state
 
-            self.scheduler.load_state_dict(read_state(os.path.join(resume_path, ROLLOUT_STATE)))
+            saved = read_state(os.path.join(resume_path, ROLLOUT_STATE))
+            self.scheduler.load_state_dict(saved)
+            self._load_filter(saved.get("filter"))
             logger.info("rollouter resumed: %d prompts already emitted, %d groups in flight (%d partial responses)",
                         stream.num_emitted, len(self.scheduler.groups), len(self.scheduler.pending))
 
@@ -178,6 +187,11 @@ class Rollouter(MetricsOutbox):
 
     def get_timeline(self) -> list[dict]:
         return self.timeline.drain() + self.pool.drain_timeline()
+
+    def filtered_groups(self) -> list[str]:
+        """The uids of the groups dynamic sampling dropped so far (checkpointed runs included): with the trainer's
+        trained samples they account for every prompt generated."""
+        return self._call(lambda: list(self.filter.filtered_uids) if self.filter is not None else [])
 
     def ready(self) -> bool:
         return True
@@ -336,8 +350,27 @@ class Rollouter(MetricsOutbox):
             for g in complete:
                 score_samples(self.tokenizer, self.reward, g.record, g.samples)
                 groups.append(make_group(g.uid, g.record, g.epoch, g.admitted_version, g.samples))
+        groups = self._filter(groups)
         self._pushed = self._stats()
-        ray_get(self.queue.put_many.remote(groups))
+        if groups:
+            ray_get(self.queue.put_many.remote(groups))
+
+    def _filter(self, groups: list[SampleGroup]) -> list[SampleGroup]:
+        """Dynamic sampling: the groups to train.  A dropped group frees its admission slot (the staleness bound
+        counts only groups that can be trained), so another prompt takes its place; it is counted, not lost."""
+        if self.filter is None:
+            return groups
+        kept, dropped = self.filter.split(groups)
+        if dropped:
+            self.scheduler.staleness.on_filtered(len(dropped))
+            self.scheduler.stats["filtered_groups"] += len(dropped)
+        return kept
+
+    def _load_filter(self, state: Optional[dict]) -> None:
+        """The dynamic-sampling counts of a checkpoint (none in one taken without it: counts start at 0)."""
+        if self.filter is not None and state is not None:
+            self.filter.load_state_dict(state)
+            self.scheduler.stats["filtered_groups"] = self.filter.filtered
 
     def _stats(self) -> dict:
         """Cumulative counters (step windows are differences of two of them)."""
@@ -403,7 +436,10 @@ class Rollouter(MetricsOutbox):
         from fully_async.core.checkpoint import ROLLOUT_STATE, write_state
 
         self.scheduler.park()  # in-flight requests' partial state goes into the checkpoint
-        write_state(os.path.join(folder, ROLLOUT_STATE), self.scheduler.state_dict())
+        state = self.scheduler.state_dict()
+        if self.filter is not None:
+            state["filter"] = self.filter.state_dict()
+        write_state(os.path.join(folder, ROLLOUT_STATE), state)
         self.held = True
 
     def _release(self) -> None:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from fully_async.core.config import FullyAsyncConfig
 from fully_async.actors.actor_setup import DriverFacing
+from fully_async.algorithms.dynamic_sampling import GroupFilter
 from fully_async.telemetry.metrics import StaleCounter
 from fully_async.rollout.generation import group_pendings, make_group, run_to_completion, score_samples, validate
 from fully_async.core.types import PromptRecord, SamplingParams
@@ -84,12 +85,17 @@ class SyncWorker(DriverFacing):
         self.lengths = LengthProfile.from_config(cfg)
         self.stream = PromptStream(train_records, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
                                    total_epochs=cfg.trainer.total_epochs, total_prompts=cfg.rollout.total_rollout_steps)
+        # DAPO's dynamic sampling: groups whose responses all agree are dropped and more prompts drawn
+        self.filter = GroupFilter.from_config(cfg, cfg.data.train_batch_size)
         if resume_path:
             import os
 
             from fully_async.core.checkpoint import ROLLOUT_STATE, read_state
 
-            self.stream.load_state_dict(read_state(os.path.join(resume_path, ROLLOUT_STATE))["stream"])
+            saved = read_state(os.path.join(resume_path, ROLLOUT_STATE))
+            self.stream.load_state_dict(saved["stream"])
+            if self.filter is not None and saved.get("filter") is not None:
+                self.filter.load_state_dict(saved["filter"])
         self.val_records = val_records
         self.num_devices = num_devices
         self.pad_token_id = pad_token_id
@@ -171,8 +177,15 @@ class SyncWorker(DriverFacing):
         from fully_async.core.checkpoint import ROLLOUT_STATE, write_state
         from fully_async.actors.trainer import save_trainer_part
 
-        write_state(os.path.join(folder, ROLLOUT_STATE), {"stream": self.stream.state_dict()})
+        state = {"stream": self.stream.state_dict()}
+        if self.filter is not None:
+            state["filter"] = self.filter.state_dict()
+        write_state(os.path.join(folder, ROLLOUT_STATE), state)
         save_trainer_part(self.backend, self.cfg, folder, self.state)
+
+    def filtered_groups(self) -> list[str]:
+        """The uids of the groups dynamic sampling dropped so far (checkpointed runs included)."""
+        return list(self.filter.filtered_uids) if self.filter is not None else []
 
     def validate(self) -> dict:
         """Validation on the engines' newest weights (in a phase of its own unless one holds the engines already)."""
@@ -191,30 +204,14 @@ class SyncWorker(DriverFacing):
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict:
-        from fully_async.telemetry.metrics import engine_metrics
-
         cfg, state = self.cfg, self.state
         if cfg.trainer.val_before_train and self.val_records and state.step == 0:
             self._emit(0, self.validate())
         while not state.done() and not self.stream.exhausted and not self._stop_requested:
             t_step = time.perf_counter()
-            groups_in = self._draw_groups()
-            # ---- rollout phase: engines on (trainer off), generate
-            t = time.perf_counter()
-            with self._engines_phase("rollout") as (ph, switch):
-                offload_s = time.perf_counter() - t
-                engines_before = self.pool.engine_stats()
-                t = time.perf_counter()
-                with ph.span("generate"), self.timeline.span("generate"):
-                    run_to_completion(self.pool, [p for *_, ps in groups_in for p in ps])
-                gen_s = time.perf_counter() - t
-                metrics = self._memory("generate")
-                metrics.update(engine_metrics(self.pool.engine_stats(), engines_before, gen_s))
-            metrics.update(switch)
-            # ---- reward, holding nothing
-            t = time.perf_counter()
-            groups = self._score_groups(groups_in)
-            reward_s = time.perf_counter() - t
+            groups, metrics = self._rollout()
+            if not groups:   # dynamic sampling dropped every group the data had left
+                break
             # ---- train phase: trainer on (engines off), update, checkpoint when due, weight update
             t = time.perf_counter()
             with self.turns.phase("trainer", "train") as (ph, switch):
@@ -230,10 +227,56 @@ class SyncWorker(DriverFacing):
                     metrics.update(self._push(ph, "train"))
             metrics.update(switch)
             metrics.update(self._memory("param_sync"))
-            metrics.update({"timing_s/gen": gen_s, "timing_s/reward": reward_s, "timing_s/onload": onload_s,
-                            "timing_s/offload": offload_s})
+            metrics["timing_s/onload"] = onload_s
             self._end_step(metrics, time.perf_counter() - t_step)  # validation excluded, as in async mode
         return self._result()
+
+    def _rollout(self) -> tuple[list, dict]:
+        """The step's scored groups and the rollout's metrics: one round of train_batch_size prompts; with dynamic
+        sampling (algorithm.filter_groups) rounds of the prompts still missing until train_batch_size groups are
+        kept (each round's survivors only fill what is missing, so every drawn prompt is trained once or counted
+        as filtered, all on the current weights), bounded by max_num_gen_batches train batches of prompts."""
+        groups: list = []
+        metrics: dict = {"timing_s/gen": 0.0, "timing_s/reward": 0.0, "timing_s/offload": 0.0}
+        rounds = filtered = 0
+        while len(groups) < self.cfg.data.train_batch_size and not self._stop_requested:
+            groups_in = self._draw_groups(self.cfg.data.train_batch_size - len(groups))
+            if not groups_in:
+                break
+            rounds += 1
+            self._generate(groups_in, metrics)
+            t = time.perf_counter()
+            scored = self._score_groups(groups_in)
+            metrics["timing_s/reward"] += time.perf_counter() - t
+            if self.filter is None:
+                return scored, metrics
+            kept, dropped = self.filter.split(scored)
+            groups += kept
+            filtered += len(dropped)
+        if self.filter is not None:
+            if len(groups) < self.cfg.data.train_batch_size:
+                self.filter.end_step()
+            metrics.update({"train/num_gen_batches": rounds, "train/num_filtered_groups": filtered,
+                            "fully_async/count/filtered_groups": self.filter.filtered})
+        return groups, metrics
+
+    def _generate(self, groups_in: list[tuple], metrics: dict) -> None:
+        """A rollout phase: engines on (trainer off), generate `groups_in`; its metrics into `metrics` (times
+        summed over the step's rounds)."""
+        from fully_async.telemetry.metrics import engine_metrics
+
+        t = time.perf_counter()
+        with self._engines_phase("rollout") as (ph, switch):
+            metrics["timing_s/offload"] += time.perf_counter() - t
+            engines_before = self.pool.engine_stats()
+            t = time.perf_counter()
+            with ph.span("generate"), self.timeline.span("generate"):
+                run_to_completion(self.pool, [p for *_, ps in groups_in for p in ps])
+            gen_s = time.perf_counter() - t
+            metrics["timing_s/gen"] += gen_s
+            metrics.update(self._memory("generate"))
+            metrics.update(engine_metrics(self.pool.engine_stats(), engines_before, gen_s))
+        metrics.update(switch)
 
     def _train(self, groups: list) -> dict:
         """The step's update (train_step.py, as async mode's); its samples are recorded as trained."""
@@ -268,10 +311,10 @@ class SyncWorker(DriverFacing):
         return self.state.result(self.last_checkpoint, self._stop_requested)
 
     # ------------------------------------------------------------------ batches and metrics
-    def _draw_groups(self) -> list[tuple]:
-        """The next batch's prompts as (uid, record, epoch, pending responses)."""
+    def _draw_groups(self, count: int) -> list[tuple]:
+        """The next `count` prompts as (uid, record, epoch, pending responses)."""
         groups_in = []
-        for _ in range(self.cfg.data.train_batch_size):
+        for _ in range(count):
             item = self.stream.next()
             if item is None:
                 break

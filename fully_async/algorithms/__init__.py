@@ -1,6 +1,7 @@
 """RL math on plain tensors (layer 1; no Ray): the critic-free advantage estimators, the policy-loss family and its
-aggregation modes, the one actor loss every backend runs, the in-reward KL controller, the LR schedule, token sampling.  It
-imports only core; the trainer side (train/), the engines' sampling (rollout/) and the layers above import it."""
+aggregation modes, the one actor loss every backend runs, the in-reward KL controller, the LR schedule, token sampling,
+DAPO's dynamic sampling (dynamic_sampling.py) and verl's rollout correction (rollout_correction.py).  It imports only
+core; the trainer side (train/), the engines' sampling (rollout/) and the layers above import it."""
 from fully_async.algorithms.actor_loss import ActorLossOutput, actor_loss, actor_metric_names
 from fully_async.algorithms.advantages import AdvantageInput, compute_advantages, grpo_advantages, token_level_rewards
 from fully_async.algorithms.losses import agg_loss, kl_penalty, masked_mean

@@ -24,25 +24,41 @@ import torch
 
 from fully_async.algorithms.losses import agg_denominator, agg_loss, kl_penalty
 from fully_async.algorithms.policy_losses import PolicyLossInput, policy_agg_mode, policy_denominator, policy_loss
+from fully_async.algorithms.rollout_correction import rejection_mask
 from fully_async.core.config import clip_bounds
+
+BYPASS_RS_METRIC = "rollout_corr/rollout_rs_masked_fraction"
+
+
+def bypass_rejection(rollout_correction: Any) -> bool:
+    """Rollout rejection sampling in the loss (verl's bypass mode: the behaviour policy is the old one, tokens are
+    rejected against the current policy, on every micro-batch)."""
+    rc = rollout_correction
+    return rc is not None and bool(rc.bypass_mode) and rc.rollout_rs is not None
 
 
 def mini_batch_denominator(mask: torch.Tensor, actor: Any) -> float:
-    """The `denom` every micro-batch of a mini-batch (response mask `mask`) passes to actor_loss."""
-    return agg_denominator(mask, actor.loss_agg_mode, actor.loss_scale_factor)
+    """The `denom` every micro-batch of a mini-batch (response mask `mask`) passes to actor_loss; 1 for a mini-batch
+    without a token (every one rejected by algorithm.rollout_correction.rollout_rs), whose loss is then 0, not 0/0."""
+    denom = agg_denominator(mask, actor.loss_agg_mode, actor.loss_scale_factor)
+    return denom if denom > 0 else 1.0
 
 
 def mini_batch_policy_denominator(mask: torch.Tensor, actor: Any) -> float:
     """The `pg_denom` every micro-batch of a mini-batch passes to actor_loss: the denominator of the policy loss
-    mode's own aggregation (gspo/sapo: sequences, geo_mean: rows; the others: loss_agg_mode's)."""
-    return policy_denominator(mask, actor.policy_loss.loss_mode, actor.loss_agg_mode, actor.loss_scale_factor)
+    mode's own aggregation (gspo/sapo: sequences, geo_mean: rows; the others: loss_agg_mode's); 1 without a token,
+    as mini_batch_denominator."""
+    denom = policy_denominator(mask, actor.policy_loss.loss_mode, actor.loss_agg_mode, actor.loss_scale_factor)
+    return denom if denom > 0 else 1.0
 
 
-def actor_metric_names(actor: Any, async_training: Any, with_entropy: bool = True) -> list[str]:
+def actor_metric_names(actor: Any, async_training: Any, with_entropy: bool = True,
+                       rollout_correction: Any = None) -> list[str]:
     """The metric keys `actor_loss` returns for this config, in order."""
     names = ["actor/pg_loss"] + ["actor/entropy"] * with_entropy
     names += ["actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"]
     names += ["actor/behav_imp_weight"] * bool(async_training.decoupled_ppo)
+    names += [BYPASS_RS_METRIC] * bypass_rejection(rollout_correction)
     names += ["actor/kl_loss"] * bool(actor.use_kl_loss)
     return names
 
@@ -64,7 +80,8 @@ class ActorLossOutput:
 def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], *, old_logp: torch.Tensor,
                advantages: torch.Tensor, mask: torch.Tensor, denom: Optional[float], rows_total: int, actor: Any,
                async_training: Any, ref_logp: Optional[torch.Tensor] = None,
-               rollout_logp: Optional[torch.Tensor] = None, pg_denom: Optional[float] = None) -> ActorLossOutput:
+               rollout_logp: Optional[torch.Tensor] = None, pg_denom: Optional[float] = None,
+               is_weights: Optional[torch.Tensor] = None, rollout_correction: Any = None) -> ActorLossOutput:
     """PPO actor loss of one micro-batch of B rows.
 
     logp, entropy: (B, T) under the current policy (entropy may be None when actor.entropy_coeff == 0;
@@ -73,7 +90,9 @@ def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], *, old_logp:
     mini-batch's token (token-mean) or sequence count (None: this micro-batch's own); rows_total: the
     mini-batch's rows (metric shares).  pg_denom: the policy loss's mini-batch denominator
     (mini_batch_policy_denominator); None: `denom` when the mode aggregates with loss_agg_mode, else this
-    micro-batch's own.
+    micro-batch's own.  is_weights: (B, T) rollout correction's importance weights (decoupled mode, computed once
+    per step); rollout_correction: algorithm.rollout_correction, read for bypass-mode rejection (which needs
+    rollout_logp).
     actor: the actor_rollout_ref.actor section; async_training: that section."""
     a, at = actor, async_training
     if entropy is None and a.entropy_coeff != 0:
@@ -83,6 +102,14 @@ def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], *, old_logp:
     if at.decoupled_ppo and rollout_logp is None:
         raise ValueError("actor_loss needs rollout_logp when async_training.decoupled_ppo is set")
     clip_low, clip_high = clip_bounds(a)
+    rejected = None
+    if bypass_rejection(rollout_correction):
+        if rollout_logp is None:
+            raise ValueError("actor_loss needs rollout_logp for rollout_correction.bypass_mode rejection sampling")
+        kept, _ = rejection_mask((logp.detach() - rollout_logp), mask, rollout_correction.rollout_rs,
+                                 rollout_correction.rollout_rs_threshold)
+        rejected = ((mask - kept).float().sum() / mask.float().sum().clamp(min=1)).detach()
+        mask = kept
     pl = a.policy_loss
     if pg_denom is None and policy_agg_mode(pl.loss_mode, a.loss_agg_mode) == a.loss_agg_mode:
         pg_denom = denom
@@ -90,8 +117,9 @@ def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], *, old_logp:
         logp=logp, old_logp=old_logp, advantages=advantages, mask=mask,
         clip_low=clip_low, clip_high=clip_high, clip_c=a.clip_ratio_c, agg_mode=a.loss_agg_mode,
         denom=pg_denom, behav_logp=rollout_logp if at.decoupled_ppo else None, behav_cap=at.behav_imp_weight_cap,
-        mode=pl.loss_mode, clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb, clip_cov_ub=pl.clip_cov_ub,
-        kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, tau_pos=a.tau_pos, tau_neg=a.tau_neg))
+        is_weights=is_weights, mode=pl.loss_mode, clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb,
+        clip_cov_ub=pl.clip_cov_ub, kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, tau_pos=a.tau_pos,
+        tau_neg=a.tau_neg))
     loss = res.loss
     share = logp.shape[0] / rows_total
     metrics: dict[str, tuple[torch.Tensor, float]] = {"actor/pg_loss": (res.loss.detach(), 1.0)}
@@ -105,6 +133,8 @@ def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], *, old_logp:
     metrics["actor/ppo_kl"] = (res.ppo_kl, share)
     if res.behav_weight_mean is not None:
         metrics["actor/behav_imp_weight"] = (res.behav_weight_mean, share)
+    if rejected is not None:
+        metrics[BYPASS_RS_METRIC] = (rejected, share)
     if a.use_kl_loss:
         kl = agg_loss(kl_penalty(logp, ref_logp, a.kl_loss_type), mask, a.loss_agg_mode, denom)
         loss = loss + a.kl_loss_coef * kl

@@ -30,6 +30,8 @@ rollout_is_weights: per token in every mode but geo_mean, which weighs each sequ
 tokens' weights (as verl's geo_mean does).  The mode's own ratio stays proximal-vs-current, so the clipping (or
 gating) bounds the step from the proximal policy and w corrects for the behaviour policy that sampled.  With
 async_training.use_rollout_log_probs and no decoupled PPO, old_logp is the behaviour policy and w is not applied.
+algorithm.rollout_correction's importance weights (`is_weights`, computed once per step) are applied at the same
+place, the same way.
 """
 from __future__ import annotations
 
@@ -70,6 +72,7 @@ class PolicyLossInput:
     denom: Optional[float] = None        # mini-batch denominator of the mode's aggregation (policy_denominator)
     behav_logp: Optional[torch.Tensor] = None  # (B, T) set for decoupled PPO
     behav_cap: float = 5.0
+    is_weights: Optional[torch.Tensor] = None  # (B, T) rollout correction's weights (rollout_correction.py)
     mode: str = "vanilla"                # policy_loss.loss_mode
     clip_cov_ratio: float = 0.0002
     clip_cov_lb: float = 1.0
@@ -228,16 +231,20 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {
 
 
 def policy_loss(inp: PolicyLossInput) -> PolicyLossOutput:
-    """The `inp.mode` surrogate of one micro-batch, with the decoupled-PPO weight when `inp.behav_logp` is set."""
+    """The `inp.mode` surrogate of one micro-batch, with the decoupled-PPO weight when `inp.behav_logp` is set and
+    rollout correction's `inp.is_weights` when given (config_checks refuses the two together for token weights:
+    they are the same weight)."""
     fn = POLICY_LOSSES.get(inp.mode)
     if fn is None:
         raise ValueError(f"actor_rollout_ref.actor.policy_loss.loss_mode {inp.mode!r} is not one of "
                          f"{list(POLICY_LOSSES)}")
     mask = inp.mask.to(inp.logp.dtype)
-    weight = None
+    behav = weight = None
     if inp.behav_logp is not None:
-        weight = (inp.old_logp - inp.behav_logp).clamp(-20.0, 20.0).exp().clamp(max=inp.behav_cap).detach()
+        behav = weight = (inp.old_logp - inp.behav_logp).clamp(-20.0, 20.0).exp().clamp(max=inp.behav_cap).detach()
+    if inp.is_weights is not None:   # rollout correction's weights: where verl applies rollout_is_weights
+        weight = inp.is_weights if weight is None else weight * inp.is_weights
     out = fn(inp, mask, weight)
-    if weight is not None:
-        out.behav_weight_mean = masked_mean(weight, mask).detach()
+    if behav is not None:
+        out.behav_weight_mean = masked_mean(behav, mask).detach()
     return out

@@ -25,6 +25,7 @@ class TrainBatch:
     old_log_probs: Optional[torch.Tensor] = None   # (B, L) PPO old/proximal policy
     ref_log_probs: Optional[torch.Tensor] = None   # (B, L)
     advantages: Optional[torch.Tensor] = None      # (B, L)
+    rollout_is_weights: Optional[torch.Tensor] = None  # (B, L) algorithm.rollout_correction's truncated weights
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -217,6 +217,28 @@ class KLCtrlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling (verl's algorithm.filter_groups; algorithms/dynamic_sampling.py): a group whose
+    `metric` is the same for all its n responses is dropped and more prompts are generated in its place."""
+    enable: bool = False
+    metric: Optional[str] = None          # acc | score | seq_reward | seq_final_reward (required when enabled)
+    max_num_gen_batches: int = 0          # prompts drawn for one step, in train batches, before failing (<= 0: no cap)
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """verl's rollout correction (algorithms/rollout_correction.py): importance weights and rejection of tokens or
+    responses by the trainer's old policy against the engine's behaviour policy."""
+    rollout_is: Optional[str] = None      # null | token | sequence: truncated importance weights in the loss
+    rollout_is_threshold: float = 2.0     # upper truncation of the importance weights
+    rollout_is_batch_normalize: bool = False  # weights divided by their batch mean
+    rollout_rs: Optional[str] = None      # null | comma list of token_k1..3, seq_{sum,mean}_k1..3, seq_max_k2..3
+    rollout_rs_threshold: Optional[Any] = None  # one per option (or one for all); k1: "lower_upper" or upper
+    bypass_mode: bool = False             # old policy = behaviour log-probs (no recomputation); RS in the loss
+    loss_type: str = "ppo_clip"           # bypass_mode's loss: ppo_clip (reinforce is refused)
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True
@@ -224,6 +246,8 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"                # estimator for the in-reward KL (same choices as kl_loss_type)
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 # ----------------------------------------------------------------------------------- trainer / rollout placement
@@ -391,6 +415,10 @@ LOGGERS = ("console", "tensorboard", "wandb", "swanlab", "mlflow")
 DTYPES = ("float32", "bfloat16", "float16")
 MODES = ("async", "sync")
 LR_SCHEDULER_TYPES = ("constant", "cosine")
+FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
+ROLLOUT_IS_LEVELS = ("token", "sequence")
+ROLLOUT_RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
+                      "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "varlen", "flex_attention", "flash_attention_2", "flash_attention_3")
 
 
@@ -455,3 +483,48 @@ def typed_config(cfg: Any) -> FullyAsyncConfig:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(FullyAsyncConfig), cfg))
+
+
+def rs_options(spec: str) -> list[str]:
+    """The rejection options of `rollout_rs`, in order, duplicates removed; unknown ones are refused."""
+    options: list[str] = []
+    for opt in (o.strip() for o in str(spec).split(",")):
+        if not opt:
+            continue
+        if opt not in ROLLOUT_RS_OPTIONS:
+            raise ValueError(f"algorithm.rollout_correction.rollout_rs: {opt!r} is not one of "
+                             f"{', '.join(ROLLOUT_RS_OPTIONS)}")
+        if opt not in options:
+            options.append(opt)
+    if not options:
+        raise ValueError("algorithm.rollout_correction.rollout_rs names no option")
+    return options
+
+
+def rs_thresholds(options: list[str], spec: Any) -> dict[str, tuple[Optional[float], float]]:
+    """option -> (lower, upper): one entry for all options or one per option (comma-separated).  k1 options bound
+    the ratio ("lower_upper", or an upper whose reciprocal is the lower); k2/k3 take one positive upper bound."""
+    key = "algorithm.rollout_correction.rollout_rs_threshold"
+    if spec is None:
+        raise ValueError(f"{key} is required with rollout_rs")
+    parts = [str(spec)] if isinstance(spec, (int, float)) else [p.strip() for p in str(spec).split(",") if p.strip()]
+    if len(parts) not in (1, len(options)):
+        raise ValueError(f"{key}={spec!r}: give one threshold for all {len(options)} rollout_rs options or one each")
+    parts = parts * len(options) if len(parts) == 1 else parts
+    out: dict[str, tuple[Optional[float], float]] = {}
+    for opt, part in zip(options, parts):
+        try:
+            if opt.endswith("k1"):
+                lower, upper = (float(x) for x in part.split("_", 1)) if "_" in part else (1.0 / float(part),
+                                                                                          float(part))
+                if lower <= 0 or upper <= 0:
+                    raise ValueError
+                out[opt] = (lower, upper)
+            else:
+                if "_" in part or float(part) <= 0:
+                    raise ValueError
+                out[opt] = (None, float(part))
+        except (ValueError, ZeroDivisionError):
+            raise ValueError(f"{key}: {part!r} is not a valid threshold for {opt} (k1: a positive 'lower_upper' "
+                             f"ratio pair or upper ratio; k2/k3: one positive number)") from None
+    return out

@@ -15,6 +15,7 @@ from fully_async.core.config import (ADV_ESTIMATORS, GROUP_ADV_ESTIMATORS, POLIC
                                      LOSS_AGG_MODES, LR_SCHEDULER_TYPES, MODES, RESUME_STATE_KEYS, REWARD_MANAGERS,
                                      ROLLOUT_NAMES, STRATEGIES, TRUNCATIONS, ConfigError, as_file_list,
                                      overlong_reference_length)
+from fully_async.core.config import FILTER_METRICS, ROLLOUT_IS_LEVELS, rs_options, rs_thresholds
 from fully_async.core.plan import RunPlan
 
 logger = logging.getLogger(__name__)
@@ -613,10 +614,50 @@ def device_ipc_applies(cfg: Any) -> bool:
             and cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node == 1)
 
 
+def _check_filter_groups(cfg: Any) -> None:
+    """DAPO's dynamic sampling: a metric to compare, and one this run can compute before training."""
+    fg = cfg.algorithm.filter_groups
+    if not fg.enable:
+        return
+    if fg.metric is None:
+        raise ConfigError("algorithm.filter_groups.metric", f"is required with filter_groups.enable=true: one of "
+                          f"{', '.join(FILTER_METRICS)}")
+    _choice("algorithm.filter_groups.metric", fg.metric, FILTER_METRICS)
+    if fg.metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
+        raise ConfigError("algorithm.filter_groups.metric", "seq_final_reward with algorithm.use_kl_in_reward: the "
+                          "in-reward KL penalty is applied by the trainer after groups are filtered; use seq_reward")
+
+
+def _check_rollout_correction(cfg: Any) -> None:
+    """verl's rollout correction: valid levels and thresholds, and the one combination that would weight twice."""
+    rc, at = cfg.algorithm.rollout_correction, cfg.async_training
+    key = "algorithm.rollout_correction"
+    if rc.rollout_is is not None:
+        _choice(f"{key}.rollout_is", rc.rollout_is, ROLLOUT_IS_LEVELS)
+        _at_least(f"{key}.rollout_is_threshold", rc.rollout_is_threshold, 0.0, strict=True)
+    if rc.rollout_rs is not None:
+        try:
+            rs_thresholds(rs_options(rc.rollout_rs), rc.rollout_rs_threshold)
+        except ValueError as exc:
+            raise ConfigError(f"{key}.rollout_rs", str(exc)) from None
+    _choice(f"{key}.loss_type", rc.loss_type, ("ppo_clip",))   # verl's reinforce loss is not implemented
+    if rc.rollout_is is None and rc.rollout_rs is None:
+        return
+    if not at.use_rollout_log_probs:
+        raise ConfigError(key, "needs async_training.use_rollout_log_probs=true (the behaviour log-probs)")
+    if rc.bypass_mode and at.decoupled_ppo:
+        raise ConfigError(f"{key}.bypass_mode", "bypass mode takes the behaviour log-probs as the old policy, "
+                          "async_training.decoupled_ppo recomputes it: choose one")
+    if rc.rollout_is is not None and at.decoupled_ppo:
+        raise ConfigError(f"{key}.rollout_is", "async_training.decoupled_ppo already weights each token by the "
+                          "truncated behaviour->old ratio (rollout_is=token with behav_imp_weight_cap): both would "
+                          "weight twice; keep one (rollout_rs goes with either)")
+
+
 SECTION_CHECKS = (_check_mode, _check_trainer, _check_rollout_placement, _check_data, _check_model, _check_actor,
                   _check_rollout, _check_algorithm, _check_async_training, _warn_pure_low_precision, _check_reward,
                   _check_benchmark,
                   _check_multi_job)
 CROSS_SECTION_CHECKS = (_check_grpo_group, _check_sequence_budgets, _check_sync_batch, _check_trainer_world,
                         _validate_attention, _validate_rollout_layout,
-                        _check_overlong_buffer, _warn_inert_keys)
+                        _check_overlong_buffer, _check_filter_groups, _check_rollout_correction, _warn_inert_keys)

@@ -80,6 +80,13 @@ class StalenessManager:
         self.state.admitted += count
         self.state.total_admitted += count
 
+    def on_filtered(self, count: int = 1) -> None:
+        """Groups dropped by dynamic sampling (algorithm.filter_groups) after they completed: they will never be
+        trained, so they free their admission slots and the bound counts only groups that can be trained.
+        (`total_admitted` keeps them: it counts prompts consumed.)"""
+        self.state.admitted = max(0, self.state.admitted - count)
+        self._paused = self._paused and count == 0
+
     def on_version(self, version: int, in_flight: int, queued: int) -> None:
         """A new param version arrived: groups not yet trained on count against its budget."""
         carried = in_flight + queued

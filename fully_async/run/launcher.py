@@ -264,6 +264,16 @@ def _ray_session(cfg: Any, sig: _Signals, plan: RunPlan, device: Any) -> Iterato
             ray.shutdown()
 
 
+def filtered_groups(cfg: Any, actor: Any) -> list[str]:
+    """The groups dynamic sampling dropped (algorithm.filter_groups; the rollouter's or the sync worker's count):
+    with the trained samples they account for every prompt the run generated."""
+    import ray
+
+    if not cfg.algorithm.filter_groups.enable:
+        return []
+    return ray.get(actor.filtered_groups.remote())
+
+
 def _release_actors(cfg: Any, actors: dict) -> None:
     """The actors' timelines (trainer.timeline), then the actors and their placement groups (a Ray session shared
     with the caller gets its resources back)."""
@@ -369,6 +379,7 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
         run_log.sink.write_json(RESPONSE_LENGTHS, length_histogram(lengths))
     summary = run_log.finish(time.perf_counter() - t_start)
     summary["trained_sample_ids"] = result.get("trained_sample_ids", []) if isinstance(result, dict) else []
+    summary["filtered_group_uids"] = filtered_groups(cfg, actors.get("rollouter", main))
     if sig.received:
         raise RunInterrupted(sig.received[0], result.get("checkpoint") if isinstance(result, dict) else None)
     return summary

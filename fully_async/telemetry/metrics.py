@@ -116,6 +116,9 @@ def rollouter_window_metrics(current: dict, previous: dict) -> dict[str, float]:
     m = {"fully_async/count/total_generated_samples": current["generated_samples"],
          "fully_async/count/staleness_samples": current["staleness_samples"],
          "fully_async/rollouter/bound_pauses": current["bound_pauses"]}
+    if "filtered_groups" in current:   # dynamic sampling (algorithm.filter_groups): dropped in the window, in all
+        m["train/num_filtered_groups"] = current["filtered_groups"] - previous.get("filtered_groups", 0)
+        m["fully_async/count/filtered_groups"] = current["filtered_groups"]
     wall = current["wall_s"] - previous.get("wall_s", 0.0)
     if previous and wall > 0:
         m["fully_async/rollouter/idle_ratio"] = min(1.0, (current["idle_s"] - previous["idle_s"]) / wall)

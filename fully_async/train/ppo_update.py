@@ -42,13 +42,15 @@ class MicroBatchLoss:
     actor: Any              # actor_rollout_ref.actor
     async_training: Any     # async_training (decoupled PPO)
     pg_denom: Optional[float] = None  # the policy loss mode's own mini-batch denominator (None: as actor_loss says)
+    rollout_correction: Any = None  # algorithm.rollout_correction (bypass-mode rejection in the loss)
 
     def __call__(self, mb: TrainBatch, logp: torch.Tensor, entropy: Optional[torch.Tensor]) -> ActorLossOutput:
         # logp, entropy: (B, L) under the current policy, on the micro-batch's device
         return actor_loss(logp, entropy, old_logp=mb.old_log_probs, advantages=mb.advantages, mask=mb.response_mask,
                           denom=self.denom, rows_total=self.rows_total, actor=self.actor,
                           async_training=self.async_training, ref_logp=mb.ref_log_probs,
-                          rollout_logp=mb.rollout_log_probs, pg_denom=self.pg_denom)
+                          rollout_logp=mb.rollout_log_probs, pg_denom=self.pg_denom,
+                          is_weights=mb.rollout_is_weights, rollout_correction=self.rollout_correction)
 
 
 class UpdateMetrics:
@@ -106,7 +108,8 @@ def ppo_update(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatch,
         for start in range(0, len(batch), mini_size):
             mini = batch.select(order[start:start + mini_size])
             loss = MicroBatchLoss(mini_batch_denominator(mini.response_mask, actor), len(mini), actor,
-                                  cfg.async_training, mini_batch_policy_denominator(mini.response_mask, actor))
+                                  cfg.async_training, mini_batch_policy_denominator(mini.response_mask, actor),
+                                  cfg.algorithm.rollout_correction)
             stats = backend.forward_backward(cut_mini_batch(mini, backend.data_parallel_size, actor, packed, loss))
             step = backend.optimizer_step(all(math.isfinite(v) for v in stats.values()))
             record_step(backend, step)

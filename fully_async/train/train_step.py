@@ -67,7 +67,7 @@ def prepare_batch(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatc
     span = timeline.span if timeline is not None else (lambda name: contextlib.nullcontext())
     metrics: dict[str, float] = {}
     t = time.perf_counter()
-    if at.use_rollout_log_probs and not at.decoupled_ppo:
+    if at.use_rollout_log_probs and not recomputes_old_policy(cfg):
         batch.old_log_probs = batch.rollout_log_probs
     else:
         with span("old_log_prob"):
@@ -75,6 +75,7 @@ def prepare_batch(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatc
         diff = (batch.old_log_probs - batch.rollout_log_probs).abs() * batch.response_mask
         metrics["training/rollout_probs_diff_mean"] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
     timing["timing_s/old_log_prob"] = time.perf_counter() - t
+    metrics.update(apply_rollout_correction(alg.rollout_correction, batch))
     scores, penalty = batch.scores, None
     if actor.use_kl_loss or alg.use_kl_in_reward:
         t = time.perf_counter()
@@ -99,6 +100,28 @@ def prepare_batch(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatc
                                               alg)
     timing["timing_s/adv"] = time.perf_counter() - t
     metrics.update(reward_advantage_metrics(scores, batch.advantages, batch.response_mask))
+    return metrics
+
+
+def recomputes_old_policy(cfg: FullyAsyncConfig) -> bool:
+    """Whether the trainer recomputes the old policy: decoupled PPO, or verl's rollout correction in its decoupled
+    mode (bypass_mode=false: weights and rejection compare the trainer's old policy with the behaviour one)."""
+    from fully_async.algorithms.rollout_correction import active
+
+    rc = cfg.algorithm.rollout_correction
+    return bool(cfg.async_training.decoupled_ppo) or (active(rc) and not rc.bypass_mode)
+
+
+def apply_rollout_correction(rc: Any, batch: TrainBatch) -> dict[str, float]:
+    """algorithm.rollout_correction in its decoupled mode, once per step and before the advantages (as verl):
+    the truncated importance weights go into the batch and rejected tokens leave its response mask."""
+    from fully_async.algorithms.rollout_correction import active, correct_batch
+
+    if not active(rc) or rc.bypass_mode:
+        return {}
+    weights, batch.response_mask, metrics = correct_batch(batch.old_log_probs, batch.rollout_log_probs,
+                                                          batch.response_mask, rc)
+    batch.rollout_is_weights = weights
     return metrics
 
 

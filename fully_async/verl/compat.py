@@ -125,6 +125,8 @@ def translate(overrides: list[str]) -> Translation:
         if found is None and in_schema(key):
             if key in SCALAR_AS_LIST and isinstance(ov.value(), str):
                 line = f"{line.split('=', 1)[0]}=[{line.split('=', 1)[1]}]"
+            if line.startswith("+") and not line.startswith("++"):
+                line = "+" + line   # verl adds a key its YAML lacks (+algorithm.filter_groups.metric); ours has it
             out.append(line)
             continue
         if found is None:

@@ -293,24 +293,16 @@ RULES: list[Rule] = [
     _warn("actor_rollout_ref.rollout.trace.**", "rollout tracing backends are not wired; trainer.timeline=true "
           "traces the phases"),
     # ---------------------------------------------------------------- algorithm
-    _warn_if("algorithm.filter_groups.enable", _is(False, None), "false", "no dynamic sampling: every generated "
-             "group is trained", "DAPO's dynamic sampling (dropping groups whose rewards all agree and generating "
-             "more) is not implemented here yet (it belongs to the algorithms work); use false"),
-    _warn("algorithm.filter_groups.*", "a parameter of DAPO's dynamic sampling, which is off "
-          "(algorithm.filter_groups.enable=false; true is refused)"),
+    _warn_if("algorithm.rollout_correction.rollout_rs_threshold_lower", _is(None), "null", "an older verl's key: "
+             "the k1 options take their lower bound in rollout_rs_threshold ('lower_upper')",
+             "give the bound in algorithm.rollout_correction.rollout_rs_threshold as 'lower_upper'"),
+    _warn_if("algorithm.rollout_correction.rollout_token_veto_threshold", _is(None), "null", "an older verl's key: "
+             "no per-token veto", "reject with algorithm.rollout_correction.rollout_rs (token_k1 with a lower "
+             "bound, or seq_max_k2 / seq_max_k3) instead"),
     _warn_if("algorithm.lam", _is(1, 1.0), "1.0", "GRPO has no GAE lambda", "GAE is not implemented"),
     _warn_if("algorithm.use_pf_ppo", _is(False), "false", "no preference-feedback reweighting",
              "PF-PPO is not implemented"),
     _warn("algorithm.pf_ppo.*", "PF-PPO is not implemented (use_pf_ppo=false)"),
-    _warn_if("algorithm.rollout_correction.rollout_is", _is(None), "null", "no rollout importance sampling",
-             "use async_training.decoupled_ppo=true with async_training.behav_imp_weight_cap (truncated "
-             "behaviour->proximal importance weights)"),
-    _warn_if("algorithm.rollout_correction.rollout_rs", _is(None), "null", "no rejection sampling",
-             "rollout rejection sampling is not implemented"),
-    _warn_if("algorithm.rollout_correction.bypass_mode", _is(False), "false", "off",
-             "use async_training.use_rollout_log_probs=true (the behaviour log-probs as the old policy)"),
-    _warn("algorithm.rollout_correction.*", "a parameter of rollout_is/rollout_rs, which are not implemented "
-          "(async_training.decoupled_ppo is)"),
     # ---------------------------------------------------------------- async_training
     _warn("async_training.checkpoint_engine.**", "weights move by actor_rollout_ref.rollout.weight_sync "
           "(auto|object_store|collective) in buckets of rollout.update_weights_bucket_megabytes"),
@@ -356,7 +348,8 @@ RULES: list[Rule] = [
     _warn("data.video_key", "text-only data"),
     _warn("data.image_patch_size", "text-only data"),
     _warn("data.gen_batch_size", "the rollouter admits prompts one at a time under the staleness bound "
-          "(async) or generates data.train_batch_size per step (sync)"),
+          "(async) or generates data.train_batch_size per step (sync; with algorithm.filter_groups, further rounds "
+          "draw only the groups still missing, so none is generated and left untrained)"),
     _warn("data.dataloader_num_workers", "the data is read and tokenised once in the driver"),
     _warn("data.filter_overlong_prompts_workers", "the data is read and tokenised once in the driver"),
     _warn("data.use_shm", "data is read from local files"),
@@ -458,7 +451,6 @@ DEFAULT_DIFFERENCES: dict[str, str] = {
 SCRIPT_REFUSALS: list[tuple[str, str]] = [
     ("critic (adv_estimator=gae) or another estimator", r"algorithm\.adv_estimator|critic\..*"),
     ("Ulysses sequence parallel > 1", r".*\.ulysses_sequence_parallel_size"),
-    ("DAPO dynamic sampling (filter_groups.enable=true)", r"algorithm\.filter_groups\.enable"),
     ("model-based reward (reward_model.enable=true)", r"reward_model\.enable"),
     ("LoRA", r"actor_rollout_ref\.model\.lora.*"),
     ("multi-turn / tool datasets (data.custom_cls)", r"data\.custom_cls\..*"),
@@ -466,7 +458,6 @@ SCRIPT_REFUSALS: list[tuple[str, str]] = [
     ("megatron dist checkpoints", r".*\.megatron\.(use_dist_checkpointing|dist_checkpointing_path)"),
     ("interleaved pipeline (virtual pipeline stages)", r".*\.virtual_pipeline_model_parallel_size"),
     ("PF-PPO", r"algorithm\.use_pf_ppo"),
-    ("rollout rejection sampling", r"algorithm\.rollout_correction\.rollout_rs"),
     ("chat-template arguments (gpt-oss reasoning_effort)", r"data\.apply_chat_template_kwargs.*"),
     ("rollout engines other than hf and vllm (sglang, trtllm)", r"actor_rollout_ref\.rollout\.name"),
     ("context parallelism", r".*\.megatron\.context_parallel_size"),

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Synchronous (colocated) baseline: DAPO-style GRPO, Qwen3-4B on DAPO-Math-17k (AIME 2024 validation); 8 or 16 devices.
+# DAPO's dynamic sampling is on, as in verl's DAPO recipe: groups whose 16 responses all agree on acc are dropped
+# and more prompts generated in their place (algorithm.filter_groups, at most 10 batches of prompts per step).
 # Trainer: megatron tp=2 pp=1 + distributed optimizer; rollout: vLLM, one engine per trainer rank, asleep while training.
 #
 #   MODEL_PATH=/models/Qwen3-4B DATA_DIR=~/data/dapo N_DEVICES=8 bash recipes/qwen3_4b_dapo_math/sync.sh [key=value ...]
@@ -57,6 +59,7 @@ python -m "${ENTRY:-fully_async.main}" --config-name=fully_async_ppo_megatron_tr
   actor_rollout_ref.rollout.top_p=1.0 actor_rollout_ref.rollout.val_kwargs.do_sample=true actor_rollout_ref.rollout.val_kwargs.temperature=1.0 actor_rollout_ref.rollout.val_kwargs.top_p=0.7 \
   reward_model.reward_manager=dapo \
   reward_model.overlong_buffer.enable=true reward_model.overlong_buffer.len=2048 reward_model.overlong_buffer.penalty_factor=1.0 \
+  algorithm.filter_groups.enable=true algorithm.filter_groups.metric=acc algorithm.filter_groups.max_num_gen_batches=10 \
   actor_rollout_ref.rollout.n=16 \
   actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
   actor_rollout_ref.rollout.free_cache_engine=true \

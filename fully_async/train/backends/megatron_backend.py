@@ -275,7 +275,8 @@ class MegatronBackend:
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        keys = actor_metric_names(self.actor_cfg, self.cfg.async_training)
+        keys = actor_metric_names(self.actor_cfg, self.cfg.async_training,
+                                  rollout_correction=self.cfg.algorithm.rollout_correction)
         loss_fn = partial(self._ppo_loss, loss=mini.loss, scale=len(mbs) * self.dp)
         stats = torch.zeros(len(keys), dtype=torch.float32, device=self.torch_device)
         for i, s in enumerate(self._schedule(self.model, mbs, loss_fn, forward_only=False)):

@@ -5,6 +5,7 @@ embedded engine at the end of the train phase, or (an engine that cannot load as
 that needs the engines; each phase reports its durations and memory (fakes for the pool, engines, trainer)."""
 import collections
 import contextlib
+from types import SimpleNamespace
 
 import pytest
 
@@ -91,8 +92,9 @@ def worker(monkeypatch, request):
     w.stream = type("S", (), {"exhausted": False})()
     w.num_devices, w.pad_token_id, w.last_checkpoint, w._validations = 1, 0, None, 0
     w.stale = StaleCounter()
-    w._draw_groups = lambda: []
-    w._score_groups = lambda groups_in: rec.events.append(("reward",)) or []
+    w.filter = None
+    w._draw_groups = lambda count: [("e0-p0", None, 0, [])]
+    w._score_groups = lambda groups_in: rec.events.append(("reward",)) or [SimpleNamespace(samples=[])]
     w._init_driver_facing()
     monkeypatch.setattr("fully_async.actors.sync_loop.SyncWorker._validate",
                         lambda self: rec.events.append(("validate",)) or {"val-core/x/reward/mean@1": 1.0})

@@ -1,5 +1,6 @@
 """The one training step both modes run: mini-batch count, metrics, and the same numbers from the same batch."""
 import pytest
+import torch
 
 from fully_async.train.train_step import num_mini_batches, train_step
 from fully_async.core.types import SampleGroup
@@ -71,3 +72,37 @@ def test_verl_batch_metric_families_are_logged(random_model_dir):
     assert metrics["prompt_length/max"] == max(prompts) and metrics["prompt_length/min"] == min(prompts)
     assert metrics["prompt_length/clip_ratio"] == 0.0
     assert metrics["training/global_step"] == 7 and metrics["training/epoch"] == max(g.epoch for g in groups)
+
+
+def test_rollout_correction_token_weights_are_decoupled_ppos(random_model_dir, tmp_path):
+    """verl's decoupled-mode token weights truncated at 2 are decoupled PPO's with behav_imp_weight_cap=2: the same
+    update, bit for bit; the step recomputes the old policy for them and logs verl's rollout_corr/* metrics."""
+    common = [f"trainer.default_local_dir={tmp_path}", "actor_rollout_ref.actor.ppo_epochs=2"]
+    runs = {}
+    variants = {"rollout_is": ["algorithm.rollout_correction.rollout_is=token",
+                               "algorithm.rollout_correction.rollout_is_threshold=2.0"],
+                "decoupled": ["async_training.decoupled_ppo=true", "async_training.behav_imp_weight_cap=2.0"]}
+    for name, extra in variants.items():
+        cfg, backend = backend_for(random_model_dir, *common, *extra)
+        metrics, _ = train_step(backend, cfg, as_groups(make_samples()), 0, step=1, version=0)
+        runs[name] = metrics, {k: v.detach().clone() for k, v in backend.model.named_parameters()}
+    (m_is, w_is), (m_dec, w_dec) = runs["rollout_is"], runs["decoupled"]
+    assert all(torch.equal(w_is[k], w_dec[k]) for k in w_is)
+    assert m_is["actor/pg_loss"] == m_dec["actor/pg_loss"]
+    assert "timing_s/old_log_prob" in m_is and m_is["rollout_corr/rollout_is_max"] <= 2.0
+    assert {"rollout_corr/kl", "rollout_corr/chi2_seq", "rollout_corr/rollout_is_eff_sample_size"} <= set(m_is)
+    assert not any(k.startswith("rollout_corr/") for k in m_dec)
+
+
+@pytest.mark.parametrize("bypass", [False, True])
+def test_rollout_rejection_of_every_token_leaves_no_policy_gradient(random_model_dir, tmp_path, bypass):
+    """The behaviour log-probs of make_samples (-1 per token) are far above a random model's (~ -log vocab): a ratio
+    bound of [0.9, 1.1] rejects every token, once per step (decoupled) or in the loss (bypass)."""
+    cfg, backend = backend_for(random_model_dir, f"trainer.default_local_dir={tmp_path}",
+                               "algorithm.rollout_correction.rollout_rs=token_k1",
+                               "algorithm.rollout_correction.rollout_rs_threshold='0.9_1.1'",
+                               f"algorithm.rollout_correction.bypass_mode={str(bypass).lower()}")
+    metrics, _ = train_step(backend, cfg, as_groups(make_samples()), 0, step=1, version=0)
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] == 1.0
+    assert metrics["actor/pg_loss"] == 0.0
+    assert ("timing_s/old_log_prob" in metrics) and (("rollout_corr/kl" in metrics) != bypass)

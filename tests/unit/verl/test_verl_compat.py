@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from fully_async.core.config import ConfigError, FullyAsyncConfig, typed_config
 from fully_async.verl.compat import (DEFAULT_DIFFERENCES, HONOURED, MAPPED, REFUSED, WARNED, classify,
                                           find_rule, read_tsv, render, translate)
+from fully_async.core.config_checks import validate
 from fully_async.run.hydra_setup import load_config
 
 TSV = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, "docs", "verl_config_keys.tsv")
@@ -78,7 +79,6 @@ def test_every_verl_key_is_honoured_warned_or_refused(status, caplog):
 @pytest.mark.parametrize("line,key,alternative", [
     ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
      "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "use 1"),
-    ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.enable", "algorithms work"),
     ("+reward.reward_kwargs.foo=1", "reward.reward_kwargs.foo", "custom_reward_function.reward_kwargs"),
     ("+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true", "reward_model.reward_kwargs.max_resp_len",
      "verl's DAPO reward manager asserts"),
@@ -208,15 +208,46 @@ def test_fsdp_size_is_accepted_at_minus_one_and_at_the_trainer_world_size():
         in str(err.value)
 
 
-def test_dapo_filter_groups_off_and_the_newer_reward_spelling_are_accepted():
-    out = translate(["algorithm.filter_groups.enable=false", "+algorithm.filter_groups.metric=acc",
+def test_dapo_dynamic_sampling_and_the_newer_reward_spelling_are_honoured():
+    out = translate(["algorithm.filter_groups.enable=true", "+algorithm.filter_groups.metric=acc",
                      "+algorithm.filter_groups.max_num_gen_batches=10", "+reward.reward_manager.name=dapo",
                      "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
                      "+reward.reward_kwargs.overlong_buffer_cfg.len=4", "+reward.reward_kwargs.max_resp_len=8"])
-    assert len(out.warnings) == 3 and all("filter_groups" in w for w in out.warnings)
+    assert not [w for w in out.warnings if "filter_groups" in w]
     cfg = typed_config(load_config(out.overrides))
-    ob = cfg.reward_model.overlong_buffer
+    validate(cfg)
+    fg, ob = cfg.algorithm.filter_groups, cfg.reward_model.overlong_buffer
+    assert (fg.enable, fg.metric, fg.max_num_gen_batches) == (True, "acc", 10)
     assert (cfg.reward_model.reward_manager, ob.enable, ob.len, ob.max_resp_len) == ("dapo", True, 4, 8)
+
+
+@pytest.mark.parametrize("overrides,key,message", [
+    (["algorithm.filter_groups.enable=true"], "algorithm.filter_groups.metric", "is required"),
+    (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=pass"], "algorithm.filter_groups.metric",
+     "seq_final_reward"),
+    (["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_final_reward",
+      "algorithm.use_kl_in_reward=true"], "algorithm.filter_groups.metric", "use seq_reward"),
+    (["algorithm.rollout_correction.rollout_is=tokens"], "algorithm.rollout_correction.rollout_is", "sequence"),
+    (["algorithm.rollout_correction.rollout_rs=token_k2"], "algorithm.rollout_correction.rollout_rs",
+     "rollout_rs_threshold is required"),
+    (["algorithm.rollout_correction.rollout_rs=seq_max_k1", "algorithm.rollout_correction.rollout_rs_threshold=2"],
+     "algorithm.rollout_correction.rollout_rs", "not one of"),
+    (["algorithm.rollout_correction.loss_type=reinforce"], "algorithm.rollout_correction.loss_type", "ppo_clip"),
+    (["algorithm.rollout_correction.rollout_is=token", "async_training.decoupled_ppo=true"],
+     "algorithm.rollout_correction.rollout_is", "weight twice"),
+    (["algorithm.rollout_correction.rollout_rs=token_k3", "algorithm.rollout_correction.rollout_rs_threshold=1",
+      "algorithm.rollout_correction.bypass_mode=true", "async_training.decoupled_ppo=true"],
+     "algorithm.rollout_correction.bypass_mode", "choose one"),
+])
+def test_dynamic_sampling_and_rollout_correction_refuse_bad_values_naming_the_key(overrides, key, message):
+    with pytest.raises(ConfigError) as err:
+        validate(load_config(overrides))
+    assert err.value.key == key and message in str(err.value)
+
+
+def test_rollout_rejection_goes_with_decoupled_ppo():
+    validate(load_config(["algorithm.rollout_correction.rollout_rs=token_k3", "async_training.decoupled_ppo=true",
+                          "algorithm.rollout_correction.rollout_rs_threshold=0.5"]))
 
 
 @pytest.mark.parametrize("name,mode,strategy,manager", [

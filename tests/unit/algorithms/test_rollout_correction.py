@@ -1,0 +1,98 @@
+"""Rollout correction against verl's own helper (tests/fixtures/verl_rollout_corr.json, written by
+scripts/gen_verl_rollout_corr_vectors.py from verl's rollout_corr_helper.py), and its place in the loss."""
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fully_async.algorithms.actor_loss import BYPASS_RS_METRIC, actor_loss, actor_metric_names
+from fully_async.algorithms.rollout_correction import correct_batch, rejection_mask
+from fully_async.core.config import ConfigError, PolicyLossConfig, rs_options, rs_thresholds
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "verl_rollout_corr.json")
+CASES = json.load(open(FIXTURE))["cases"]
+
+
+def rc(**kw):
+    base = dict(rollout_is=None, rollout_is_threshold=2.0, rollout_is_batch_normalize=False, rollout_rs=None,
+                rollout_rs_threshold=None, bypass_mode=False, loss_type="ppo_clip")
+    return SimpleNamespace(**dict(base, **kw))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_weights_mask_and_metrics_match_verl(case):
+    t = {k: torch.tensor(case[k], dtype=torch.float64) for k in ("old", "rollout", "mask")}
+    cfg = rc(**{k: case[k] for k in ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize",
+                                     "rollout_rs", "rollout_rs_threshold")})
+    weights, mask, metrics = correct_batch(t["old"], t["rollout"], t["mask"], cfg)
+    if case["weights"] is None:
+        assert weights is None
+    else:
+        torch.testing.assert_close(weights, torch.tensor(case["weights"], dtype=torch.float64), rtol=1e-12,
+                                   atol=1e-12)
+    assert mask.tolist() == case["new_mask"]
+    assert sorted(metrics) == sorted(case["metrics"])
+    for key, want in case["metrics"].items():
+        assert metrics[key] == pytest.approx(want, rel=1e-9, abs=1e-12), key
+
+
+def test_the_fixture_exercises_truncation_and_rejection():
+    """A parity test over cases where nothing happens could not fail: the vectors truncate and reject."""
+    by_name = {c["name"]: c for c in CASES}
+    w = torch.tensor(by_name["token_is"]["weights"])
+    assert float(w.max()) == 2.0                                        # truncated at rollout_is_threshold
+    for name in ("rs_token_k1", "rs_seq_max_k2", "rs_two_options"):
+        c = by_name[name]
+        assert 0 < sum(map(sum, c["new_mask"])) < sum(map(sum, c["mask"])), name
+
+
+def test_invalid_options_and_thresholds_name_the_key():
+    with pytest.raises(ValueError, match="rollout_rs: 'seq_max_k1'"):
+        rs_options("token_k1,seq_max_k1")
+    with pytest.raises(ValueError, match="rollout_rs_threshold"):
+        rs_thresholds(["token_k2"], "0.5_2")          # k2 takes one upper bound
+    with pytest.raises(ValueError, match="one threshold for all 2"):
+        rs_thresholds(["token_k1", "token_k2"], "1.5,2,3")
+    assert rs_thresholds(["token_k1", "seq_sum_k3"], 2) == {"token_k1": (0.5, 2.0), "seq_sum_k3": (None, 2.0)}
+    assert issubclass(ConfigError, ValueError)
+
+
+def loss_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(3, 5, generator=g)
+    return dict(old_logp=logp - 0.05 * torch.randn(3, 5, generator=g), advantages=torch.randn(3, 5, generator=g),
+                mask=torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0]], dtype=torch.float32)), logp
+
+
+ACTOR = SimpleNamespace(entropy_coeff=0.0, use_kl_loss=False, clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None,
+                        clip_ratio_c=3.0, loss_agg_mode="token-mean", kl_loss_type="low_var_kl", kl_loss_coef=0.0,
+                        policy_loss=PolicyLossConfig(), tau_pos=1.0, tau_neg=1.05)
+AT = SimpleNamespace(decoupled_ppo=False, behav_imp_weight_cap=5.0)
+
+
+def test_importance_weights_multiply_the_surrogate_per_token():
+    d, logp = loss_inputs()
+    plain = actor_loss(logp, None, denom=None, rows_total=3, actor=ACTOR, async_training=AT, **d)
+    weights = torch.full((3, 5), 0.5)
+    weighted = actor_loss(logp, None, denom=None, rows_total=3, actor=ACTOR, async_training=AT, is_weights=weights,
+                          **d)
+    torch.testing.assert_close(weighted.loss, 0.5 * plain.loss)
+
+
+def test_bypass_rejection_drops_tokens_against_the_current_policy_in_the_loss():
+    d, logp = loss_inputs(seed=1)
+    rollout = logp.clone()
+    rollout[0, 1] -= 2.0                     # one token far off: exp(2) > upper 1.5
+    cfg = rc(bypass_mode=True, rollout_rs="token_k1", rollout_rs_threshold=1.5)
+    out = actor_loss(logp, None, denom=float(d["mask"].sum()), rows_total=3, actor=ACTOR, async_training=AT,
+                     rollout_logp=rollout, rollout_correction=cfg, **d)
+    kept, _ = rejection_mask(logp - rollout, d["mask"], "token_k1", 1.5)
+    assert kept[0, 1] == 0 and kept.sum() == d["mask"].sum() - 1
+    want = actor_loss(logp, None, denom=float(d["mask"].sum()), rows_total=3, actor=ACTOR, async_training=AT,
+                      **dict(d, mask=kept))
+    torch.testing.assert_close(out.loss, want.loss)
+    names = actor_metric_names(ACTOR, AT, with_entropy=False, rollout_correction=cfg)
+    assert list(out.metrics) == names and names[-1] == BYPASS_RS_METRIC
+    assert out.metric_floats()[BYPASS_RS_METRIC] == pytest.approx(1 / float(d["mask"].sum()))
