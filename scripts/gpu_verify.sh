@@ -104,7 +104,8 @@ elastic)
 import sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 acc = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0}); acc.Reload()
-for tag in sorted(t for t in acc.Tags()["scalars"] if t.startswith("fully_async/elastic/") or t == "trainer/idle_ratio"):
+tags = acc.Tags()["scalars"]
+for tag in sorted(t for t in tags if t.startswith("fully_async/elastic/") or t == "trainer/idle_ratio"):
     vals = [e.value for e in acc.Scalars(tag)][1:] or [0.0]   # steady steps: the first (compiling) one left out
     print(f"{tag:45s} mean {sum(vals) / len(vals):.4g}")
 PY

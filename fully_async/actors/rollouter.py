@@ -140,8 +140,8 @@ class Rollouter(MetricsOutbox):
     # Elastic trainer devices (async_training.placement=elastic; the trainer's side is residency.Elastic): while the
     # trainer waits for samples its devices' engines join this pool, and leave it before the trainer trains.
     def lend_engines(self, engines: list[tuple[str, Any, bool]], version: int) -> dict:
-        """The trainer lends its engines ((name, actor, threaded) triples, each an EngineHost holding the trainer's weights of
-        `version`, loaded in its own process) to this pool until `reclaim_engines`."""
+        """The trainer lends its engines ((name, actor, threaded) triples, each an EngineHost holding the trainer's
+        weights of `version`, loaded in its own process) to this pool until `reclaim_engines`."""
         return self._call(lambda: self._lend(engines, version))
 
     def reclaim_engines(self) -> dict:

@@ -40,9 +40,9 @@ class LocalWeightSync:
 
 class ElasticWeightSync:
     """async_training.placement=elastic: every push goes to the rollouter (`remote`: object store or collective) and
-    into the engines beside the trainer's ranks (`engines`: their pool), each loading its own rank's parameters in its
-    own process (train/group.load_trainer_weights), so those engines always hold exactly the pushed version -- also after later
-    training steps that push nothing (trigger_parameter_sync_step > 1)."""
+    into the engines beside the trainer's ranks (`engines`: their pool), each loading its own rank's parameters in
+    its own process (train/group.load_trainer_weights), so those engines always hold exactly the pushed version --
+    also after later training steps that push nothing (trigger_parameter_sync_step > 1)."""
 
     def __init__(self, remote: Any, engines: Any):
         self.remote = remote
