@@ -57,8 +57,8 @@ def test_elastic_learns_as_sync_does_and_trains_each_sample_once(ray_session, tm
 
 def test_elastic_preemption_parks_partials_that_resume_and_a_checkpoint_resumes(ray_session, tmp_path, monkeypatch):
     """Two trainer ranks (both engines lent; rank 1's in its worker), responses long enough to be in flight when the
-    trainer's batch is ready: reclaiming parks them and they finish on the rollout replica.  A 4-step run saves at
-    steps 2 and 4; a second run resumes from step 2's checkpoint (partial responses parked in it) for 8 steps: its
+    trainer's batch is ready: reclaiming parks them and they finish on the rollout replica.  A 6-step run saves at
+    steps 2, 4 and 6; a second run resumes from step 2's checkpoint (partial responses parked in it) for 8 steps: its
     first two steps are the first run's, and it trains every sample once."""
     from fully_async.core.checkpoint import ROLLOUT_STATE, read_state
     from fully_async.run.main import run
@@ -67,13 +67,14 @@ def test_elastic_preemption_parks_partials_that_resume_and_a_checkpoint_resumes(
             "benchmark.ignore_eos=true", "benchmark.response_length=lognormal", "data.max_response_length=48",
             "trainer.progress_bar=false",
             "trainer.test_freq=-1", "trainer.save_freq=2", f"trainer.default_local_dir={tmp_path}/ck",
-            "trainer.val_before_train=false"]
+            "trainer.val_before_train=false",
+            "async_training.staleness_threshold=2"]   # far ahead: responses in flight at every reclaim and save
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "first"))
-    first = run(load_config([*base, "trainer.total_training_steps=4", "trainer.resume_mode=disable"]))
+    first = run(load_config([*base, "trainer.total_training_steps=6", "trainer.resume_mode=disable"]))
     scalars = read_scalars(str(tmp_path / "first"))
     assert total(scalars, "fully_async/elastic/parked") > 0, "no response was in flight on a reclaimed engine"
     assert total(scalars, "fully_async/rollouter/engine_2/tokens") > 0   # rank 1's engine generated too
-    assert len(first["trained_sample_ids"]) == len(set(first["trained_sample_ids"])) == 4 * 16 * 8
+    assert len(first["trained_sample_ids"]) == len(set(first["trained_sample_ids"])) == 6 * 16 * 8
     ckpt = os.path.join(tmp_path, "ck", "global_step_2")   # mid-run: responses were in flight
     pending = read_state(os.path.join(ckpt, ROLLOUT_STATE))["pending"]
     assert pending and all(len(p.versions) == len(p.token_ids) for p in pending)

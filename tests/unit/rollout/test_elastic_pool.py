@@ -77,3 +77,33 @@ def test_weight_loads_sleep_and_wake_up_reach_only_the_pools_own_replicas():
     assert own.loads == [3] and lent.loads == [] and not lent.asleep
     assert pool.version == 3
     assert pool.leave(indices) == [] and pool.capacity == 4
+
+
+def test_partials_parked_from_a_reclaimed_replica_survive_a_checkpoint_and_continue_exactly():
+    """A checkpoint right after a reclaim (the trainer saves after its step): the partial responses handed back by
+    the lent replica are in the snapshot; a fresh scheduler restored from it finishes them exactly, each group once."""
+    import pickle
+
+    pool, sched, own, lent, done = setup()
+    indices = lend(pool, sched, lent)
+    sched.admit()
+    for _ in range(3):
+        sched.step()
+    sched.take_back(pool.leave(indices), resume=False)        # held: a checkpoint is being taken
+    sched.max_in_flight = pool.capacity
+    sched.park()
+    state = pickle.loads(pickle.dumps(sched.state_dict()))
+    partial = [p for p in state["pending"] if p.token_ids]
+    assert partial and all(p.num_interruptions for p in partial)
+    before = [g.uid for g in done]
+    pool2, sched2, _, _, done2 = setup()
+    sched2.load_state_dict(state)
+    sched2.resume()
+    while not sched2.exhausted:
+        sched2.admit()
+        sched2.step()
+    uids = before + [g.uid for g in done2]
+    assert sorted(uids) == sorted(f"e0-p{i}" for i in range(12))
+    for g in done + done2:
+        for s in g.samples:
+            assert s.response_ids == expected_response(s.sample_id, MAX_TOKENS), s.sample_id
