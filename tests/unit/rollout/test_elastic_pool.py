@@ -107,3 +107,45 @@ def test_partials_parked_from_a_reclaimed_replica_survive_a_checkpoint_and_conti
     for g in done + done2:
         for s in g.samples:
             assert s.response_ids == expected_response(s.sample_id, MAX_TOKENS), s.sample_id
+
+
+class _Method:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def remote(self, *args):
+        """A submit's object ref; an engine call's ref with .future(), as Ray's."""
+        self.log.append((self.name, args))
+        ref = f"ref-{len(self.log)}"
+        if self.name == "engine_call":
+            return type("Ref", (), {"future": lambda _self: ref})()
+        return ref
+
+
+class _Actor:
+    def __init__(self, log):
+        self.submit, self.engine_call = _Method("submit", log), _Method("engine_call", log)
+
+
+def test_a_command_to_a_threaded_engine_host_waits_for_the_submissions_before_it(monkeypatch):
+    """The elastic trainer's rank 0 runs calls on several threads, out of order: an interrupt must not overtake the
+    requests it has to hand back, so its replica waits for the earlier submissions first (others need not)."""
+    import ray
+
+    from fully_async.rollout.engines.replica import RemoteReplica
+
+    log = []
+    monkeypatch.setattr(ray, "get", lambda refs: log.append(("get", tuple(refs))))
+    threaded = RemoteReplica(_Actor(log), "trainer_engine0", threaded=True)
+    threaded.submit(["a"])
+    threaded.submit(["b"])
+    threaded.call("interrupt")
+    assert [e[0] for e in log] == ["submit", "submit", "get", "engine_call"]
+    assert log[2] == ("get", ("ref-1", "ref-2"))
+    threaded.call("sleep", 1)
+    assert log[-2][0] == "engine_call" and log[-1][0] == "engine_call"   # nothing left to wait for
+    log.clear()
+    plain = RemoteReplica(_Actor(log), "engine1")
+    plain.submit(["a"])
+    plain.call("interrupt")
+    assert [e[0] for e in log] == ["submit", "engine_call"]   # an actor of one thread runs calls in order
