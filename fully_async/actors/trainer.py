@@ -4,7 +4,9 @@ Per step: wait for `required_samples` groups (that wait is the trainer's idle ti
 both modes share (train_step.py: batch, old/ref log-probs, advantages, mini-batch updates).  Every
 `trigger_parameter_sync_step` steps the weights go to the rollouter and the param version
 increments.  Metrics, with the rollouter's own metrics of the step (asked for right after the take),
-accumulate in a list the driver drains (`pop_metrics`).
+accumulate in a list the driver drains (`pop_metrics`).  With async_training.placement=elastic the wait is also
+when its devices' engines generate for the rollouter (residency.Elastic lends them; its `hold` before the step takes
+them back).
 """
 from __future__ import annotations
 
