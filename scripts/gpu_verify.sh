@@ -8,6 +8,8 @@
 #   bash scripts/gpu_verify.sh mfu                        (#12: megatron vs torch parity, packed update MFU: 1 GPU)
 #   bash scripts/gpu_verify.sh multijob                   (#15: two jobs share one GPU under the pool's leases; 1 GPU)
 #   bash scripts/gpu_verify.sh memory                     (memory model vs measured peak, trainer + engine, #16: 1 GPU)
+#   bash scripts/gpu_verify.sh colocated                  (colocated async vs sync, seed-003 shape, #27: 1 GPU)
+#   bash scripts/gpu_verify.sh elastic                    (elastic vs split async vs sync, #27: N=2 or 4 GPUs)
 #
 # Expects the offline bundle in .gpubundle/ (../shared/tools/offline_bundle.sh) plus the tiny task
 # as jsonl in .gpubundle/data/.  Model: a Qwen2.5-0.5B-shaped Qwen2 with random weights and the
@@ -87,6 +89,30 @@ colocated)
   python3 scripts/compare_sync_async.py --from-logs $OUT/runs/colocated $OUT/runs/sync --out $OUT/compare \
       --allow-diff async_training.placement --allow-diff trainer.total_training_steps --warmup-steps ${WARMUP:-1} \
       2>&1 | tail -30
+  ;;
+elastic)
+  # elastic trainer devices (#27 item 2) against split async and sync at equal devices (N, default 2), one
+  # invocation: the split SPLIT (default 1 rollout device) for both async placements, the engine-pool workload above
+  # (lognormal lengths, a rollout-bound pipeline, so the trainer waits and lends its engines).  The elastic run's
+  # fully_async/elastic/* metrics (busy_ratio, trainer_idle_ratio against trainer/idle_ratio, parked, tokens) show
+  # what the lent engines did
+  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  N=${DEVICES:-2}
+  export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((N - 1)))
+  timeout 560 python3 scripts/compare_sync_async.py --devices "$N" --placements split,elastic --split ${SPLIT:-1} \
+      --threshold ${REWARD_THRESHOLD:-0.0} --out /tmp/pool/elastic$N "${POOL[@]}" \
+      2>&1 | grep -v "it/s\]" | grep -E -v "^\[(async|sync|bench)\] " | tail -60
+  cp /tmp/pool/elastic$N/placements.json "$OUT/elastic${N}_placements.json" 2>/dev/null
+  for p in split elastic; do cp "/tmp/pool/elastic$N/$p/report.md" "$OUT/elastic${N}_$p.md" 2>/dev/null; done
+  python3 - "/tmp/pool/elastic$N/runs/async_elastic" <<'PY' 2>&1 | tail -12
+import sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0}); acc.Reload()
+tags = acc.Tags()["scalars"]
+for tag in sorted(t for t in tags if t.startswith("fully_async/elastic/") or t == "trainer/idle_ratio"):
+    vals = [e.value for e in acc.Scalars(tag)][1:] or [0.0]   # steady steps: the first (compiling) one left out
+    print(f"{tag:45s} mean {sum(vals) / len(vals):.4g}")
+PY
   ;;
 restructure)
   # after the loops were restructured (#22): every GPU test (engine, megatron parity with the one PPO update, packing,

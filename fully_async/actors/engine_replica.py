@@ -55,3 +55,30 @@ def build_async_pool(cfg: FullyAsyncConfig, device: Any, eos_token_ids: list[int
         replicas = [RemoteReplica(actor, name) for name, actor in actors.items()]
         logger.info("rollout: %d engine replicas x %d device(s) each", k, tp)
     return EnginePool(replicas, r.max_num_seqs, timeline=cfg.trainer.timeline)
+
+
+def host_trainer_engines(host: Any, cfg: FullyAsyncConfig, device: Any, backend: Any,
+                         engine_args: tuple[list[int], int, int]) -> tuple[Any, list[tuple[str, Any, bool]]]:
+    """async_training.placement=elastic: rank 0 (`host`, the Trainer actor, an EngineHost) hosts an engine beside its
+    trainer rank as ranks 1.. do in their TrainWorkers.  Returns the pool over them that the trainer commands (weight
+    loads of each rank's own parameters in its own process, sleep, wake-up) and what it lends the rollouter: (name,
+    actor, threaded) per engine (rank 0's actor runs calls on several threads: see RemoteReplica)."""
+    import ray
+
+    from fully_async.rollout.engines import build_engine
+    from fully_async.rollout.engines.pool import EnginePool
+    from fully_async.rollout.engines.replica import HostedReplica, RemoteReplica
+    from fully_async.train.group import load_trainer_weights
+
+    eos_token_ids, pad_token_id, first_replica = engine_args
+    local = getattr(backend, "local", backend)   # rank 0's own backend inside a GroupBackend
+    engine = build_engine(cfg, device, eos_token_ids, pad_token_id, replica=first_replica)
+    host._host_engine(engine, device, "trainer_engine0",
+                      extra={"load_trainer_weights": lambda version: load_trainer_weights(local, engine, version)})
+    lendable = [("trainer_engine0", ray.get_runtime_context().current_actor, True)]
+    lendable += [(f"trainer_engine{r}", w, False) for r, w in enumerate(getattr(backend, "workers", []), start=1)]
+    replicas = [HostedReplica(host, "trainer_engine0")]
+    replicas += [RemoteReplica(actor, name) for name, actor, _ in lendable[1:]]
+    pool = EnginePool(replicas, cfg.actor_rollout_ref.rollout.max_num_seqs, timeline=False)
+    pool.sleep(1)   # asleep until first lent: the trainer works on these devices
+    return pool, lendable

@@ -21,6 +21,11 @@ The residency decides whether and when the transitions run:
     inside a `Dedicated` or a `PoolLease`.  `phase("engines" | "trainer", name)` puts the other tenant off and this
     one on.  On dedicated devices the tenant that ran stays on until the other needs the devices; on a pool both
     are off whenever the lease goes back.
+  * `Elastic`: split async's trainer devices lent to the rollouter while the trainer waits for samples
+    (async_training.placement=elastic): a `Turns` on the trainer's own devices whose engine tenant, the engines on
+    the trainer's ranks, works in the rollouter's pool.  `wanted()` is true while they are not lent (the rollout
+    pool can use them whenever the trainer waits), `give_back` lends them, `hold` takes them back (their in-flight
+    responses parked as partial rollouts, continued on the rollout devices) before the trainer works.
 """
 from __future__ import annotations
 
@@ -274,6 +279,76 @@ class Turns:
             yield ph, metrics
             if self.shared:
                 metrics.update(self.put_off(ph, tenant, name))
+
+
+class Elastic:
+    """The trainer's side of placement=elastic.  `lend(ph, phase)` puts the trainer's engines to work in the
+    rollouter's pool, `reclaim(ph, phase)` takes them back; both return metrics.  The trainer stays on its devices
+    throughout (offloading it is refused for elastic: config_checks), so its own transitions (`attach`) never run.
+    The metrics of a lend ride with those of the reclaim that ends it (`hold`'s), so a trainer step reports the lend
+    of the wait before it."""
+
+    polls = 0
+    holding = True
+    current = NO_PHASE
+
+    def __init__(self, lend: Transition, reclaim: Transition, lent_poll_s: float = 0.5, poll_s: float = 0.05):
+        nothing: Transition = lambda ph, phase: {}   # noqa: E731 - the trainer tenant stays on its devices
+        self.turns = Turns(Dedicated(), engines=(lend, reclaim), trainer=(nothing, nothing))
+        self.turns.on["engines"] = False     # the engines come up asleep, not lent
+        self.lent_poll_s, self.unlent_poll_s = lent_poll_s, poll_s
+        self._lend_metrics: dict = {}
+
+    @property
+    def lent(self) -> bool:
+        return self.turns.on["engines"]
+
+    @property
+    def poll_s(self) -> float:
+        """A trainer still holding its engines looks at its queue again soon: a short queue lends them at once."""
+        return self.lent_poll_s if self.lent else self.unlent_poll_s
+
+    def attach(self, on: Transition, off: Transition) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def setup(self) -> Iterator[Any]:
+        yield NO_PHASE
+
+    def hold(self, phase: str, serve: Optional[Callable[[], None]] = None) -> Optional[dict]:
+        """The trainer's turn: its engines leave the rollout pool; the metrics of the lend that ends here."""
+        if not self.lent:
+            return {}
+        metrics, self._lend_metrics = self._lend_metrics, {}
+        metrics.update(self.turns.put_off(NO_PHASE, "engines", phase))
+        return metrics
+
+    def wanted(self, min_held_s: float = 0.0) -> bool:
+        return not self.lent
+
+    def give_back(self, why: str) -> dict:
+        """Lend the engines ("done": the run ends, take them back for good)."""
+        if why == "done":
+            return self.hold(why) or {}
+        self._lend_metrics.update(self.turns.put_on(NO_PHASE, "engines", why))
+        return {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[Any]:
+        self.hold(name)
+        yield NO_PHASE
+
+    def keep(self, update: Any) -> bool:
+        return False
+
+    def take_kept(self) -> Any:
+        return None
+
+    def has_kept(self) -> bool:
+        return False
+
+    def pop_metrics(self) -> dict:
+        return {}
 
 
 def pool_residency(cfg: FullyAsyncConfig, side: str) -> Optional[Any]:

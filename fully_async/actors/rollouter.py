@@ -102,7 +102,10 @@ class Rollouter(MetricsOutbox):
         self.held = False  # a checkpoint is being taken: nothing is generated or pushed until release()
         self.loop_running = False
         self._loop_lock = threading.Lock()
-        self.stats = {"idle_s": 0.0, "wall_s": 0.0, "version": 0, "validations": 0}
+        self.stats = {"idle_s": 0.0, "wall_s": 0.0, "version": 0, "validations": 0, "elastic_lends": 0,
+                      "elastic_parked": 0}
+        self._lent: list[int] = []   # pool indices of the trainer's engines while it lends them (placement=elastic)
+        self._lent_from: Optional[tuple[float, list[dict]]] = None
         self._pushed: dict = {}        # the counters as of the last push (the end of the current step window)
         self._window_start: dict = {}  # the counters that ended the previous trainer step's window
         self._version_mark: Optional[tuple[float, float]] = None  # (time, idle_s) the current param version began
@@ -142,6 +145,19 @@ class Rollouter(MetricsOutbox):
         """Pause, then load buckets as they arrive from trainer rank 0."""
         load = functools.partial(self.pool.receive_weights, metas, buckets, dtype, version)
         return self._call(lambda: self._update(load, version))
+
+    # Elastic trainer devices (async_training.placement=elastic; the trainer's side is residency.Elastic): while the
+    # trainer waits for samples its devices' engines join this pool, and leave it before the trainer trains.
+    def lend_engines(self, engines: list[tuple[str, Any, bool]], version: int) -> dict:
+        """The trainer lends its engines ((name, actor, threaded) triples, each an EngineHost holding the trainer's
+        weights of `version`, loaded in its own process) to this pool until `reclaim_engines`."""
+        return self._call(lambda: self._lend(engines, version))
+
+    def reclaim_engines(self) -> dict:
+        """The trainer's batch is ready: its engines leave the pool; what they had in flight is parked as partial
+        responses (tokens and per-token versions kept) and continues on this pool's own replicas.  Returns what
+        the lent engines did over the lend (`fully_async/elastic/...`)."""
+        return self._call(self._reclaim)
 
     def validate(self) -> dict:
         """Validation on the current weights, for the caller (the driver's final one; not put in the outbox)."""
@@ -430,6 +446,36 @@ class Rollouter(MetricsOutbox):
         if resume:
             self.scheduler.resume()
         return metrics
+
+    # ------------------------------------------------------------------ elastic: the trainer's engines lent
+    def _lend(self, engines: list[tuple[str, Any, bool]], version: int) -> dict:
+        from fully_async.rollout.engines.replica import RemoteReplica
+
+        if version != self.pool.version:   # the trainer flushes its push before it lends: a mismatch is a bug
+            raise RuntimeError(f"elastic: the trainer lends engines holding version {version} but the rollout pool "
+                               f"holds {self.pool.version}")
+        self._lent = self.pool.join([RemoteReplica(actor, name, threaded) for name, actor, threaded in engines])
+        self.scheduler.max_in_flight = self.pool.capacity
+        self._lent_from = (time.perf_counter(), [dict(s) for s in self.pool.engine_stats()])
+        self.stats["elastic_lends"] += 1
+        return {}
+
+    def _reclaim(self) -> dict:
+        if not self._lent:
+            return {}
+        sched, lent = self.scheduler, self._lent
+        # they continue on this pool's own replicas (during a checkpoint's hold: at its release)
+        parked = sched.take_back(self.pool.leave(lent), resume=not self.held)
+        sched.max_in_flight = self.pool.capacity
+        start, stats0 = self._lent_from
+        now = self.pool.engine_stats()
+        self.stats["elastic_parked"] += parked
+        self._lent, self._lent_from = [], None
+        return {"fully_async/elastic/lent_s": time.perf_counter() - start,
+                "fully_async/elastic/parked": float(parked),
+                "fully_async/elastic/busy_s": sum(now[i]["busy_s"] - stats0[i]["busy_s"] for i in lent),
+                "fully_async/elastic/tokens": float(sum(now[i]["tokens"] - stats0[i]["tokens"] for i in lent)),
+                "fully_async/elastic/finished": float(sum(now[i]["finished"] - stats0[i]["finished"] for i in lent))}
 
     # ------------------------------------------------------------------ checkpoint
     def _save_part(self, folder: str) -> None:

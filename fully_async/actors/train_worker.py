@@ -46,12 +46,12 @@ class TrainWorker(EngineHost):
     """Ray actor for data-parallel ranks >= 1: a backend that rank 0 calls method by method (one remote
     method per backend method the group forwards, each checked against the Protocol).
 
-    In sync mode it also hosts this rank's rollout engine (EngineHost: submit / poll / engine_call), so
-    sync mode generates on every trainer device; the engine loads this rank's own gathered parameters
-    (`load_trainer_weights`), so no weight crosses processes."""
+    In sync mode (and async placement=elastic) it also hosts this rank's rollout engine (EngineHost: submit / poll /
+    engine_call), so sync mode generates on every trainer device (elastic: while the trainer waits); the engine loads
+    this rank's own gathered parameters (`load_trainer_weights`), so no weight crosses processes."""
 
     def __init__(self, cfg: FullyAsyncConfig, rank: int, world: int, master: tuple[str, int], optimizer_steps: int,
-                 engine_args: Optional[tuple[list[int], int]] = None):
+                 engine_args: Optional[tuple[list[int], int, int]] = None):
         from fully_async.actors.actor_setup import actor_init
 
         self.cfg, self.device = actor_init(cfg, f"trainer-rank{rank}")
@@ -59,7 +59,8 @@ class TrainWorker(EngineHost):
         if engine_args is not None:
             from fully_async.rollout.engines import build_engine
 
-            engine = build_engine(self.cfg, self.device, *engine_args, replica=rank)
+            eos_token_ids, pad_token_id, first_replica = engine_args
+            engine = build_engine(self.cfg, self.device, eos_token_ids, pad_token_id, replica=first_replica + rank)
             self._host_engine(engine, self.device, f"engine{rank}",
                               extra={"load_trainer_weights": lambda version: load_trainer_weights(
                                   self.backend, engine, version)})

@@ -4,7 +4,9 @@ Per step: wait for `required_samples` groups (that wait is the trainer's idle ti
 both modes share (train_step.py: batch, old/ref log-probs, advantages, mini-batch updates).  Every
 `trigger_parameter_sync_step` steps the weights go to the rollouter and the param version
 increments.  Metrics, with the rollouter's own metrics of the step (asked for right after the take),
-accumulate in a list the driver drains (`pop_metrics`).
+accumulate in a list the driver drains (`pop_metrics`).  With async_training.placement=elastic the wait is also
+when its devices' engines generate for the rollouter (residency.Elastic lends them; its `hold` before the step takes
+them back).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from fully_async.actors.actor_setup import DriverFacing
 from fully_async.cluster.ray_utils import ray_get
 from fully_async.telemetry.metrics import StaleCounter
 from fully_async.core.trainer_state import TrainerState
+from fully_async.rollout.engines.replica import EngineHost
 from fully_async.train.backends import TrainBackend
 from fully_async.core.staleness import required_samples
 from fully_async.train.train_step import train_step
@@ -43,22 +46,31 @@ def load_trainer_state(path: str) -> dict:
     return read_json(os.path.join(path, TRAINER_STATE))
 
 
-class Trainer(DriverFacing):
+class Trainer(DriverFacing, EngineHost):
+    """Rank 0 of the trainer group.  With async_training.placement=elastic it also hosts an engine beside its rank, as
+    ranks 1.. do in their TrainWorkers (EngineHost: the rollouter's pool drives it while it is lent; residency.Elastic
+    decides when), which loads the trainer's weights in this process at every push."""
+
     def __init__(self, cfg: FullyAsyncConfig, queue: Any, rollouter: Any, total_steps: int, num_devices: int,
-                 pad_token_id: int, resume_path: Optional[str] = None, placement: Optional[Any] = None):
+                 pad_token_id: int, resume_path: Optional[str] = None, placement: Optional[Any] = None,
+                 eos_token_ids: Optional[list[int]] = None):
         from fully_async.actors.actor_setup import actor_init
-        from fully_async.actors.residency import Dedicated, pool_residency, rank_options
+        from fully_async.actors.residency import Dedicated, Elastic, pool_residency, rank_options
         from fully_async.cluster.network import free_port, node_ip
         from fully_async.telemetry.timeline import Timeline
         from fully_async.actors.train_worker import TrainWorker
+        from fully_async.cluster.placement import rollout_layout
         from fully_async.train.group import connect_trainer_group, total_optimizer_steps
         from fully_async.weight_sync import build_weight_sync
 
         self.cfg, self.device = actor_init(cfg, "trainer")
         cfg = self.cfg
         at = cfg.async_training
-        # the trainer's devices: its own, or a lease on a shared pool it holds for its steps and gives back when wanted
-        self.residency = pool_residency(cfg, "train") or Dedicated()
+        self.elastic = at.placement == "elastic"
+        # the trainer's devices: its own, or a lease on a shared pool it holds for its steps and gives back when
+        # wanted, or (elastic) its own with their engines lent to the rollouter while it waits for samples
+        self.residency = (Elastic(self._lend, self._reclaim) if self.elastic
+                          else pool_residency(cfg, "train") or Dedicated())
         off = cfg.actor_rollout_ref.actor.fsdp_config
         # between its turns on the devices the trainer offloads on a pool shared with other jobs, and, colocated with
         # its own engines, when the config asks (as sync mode: the engines sleep, the trainer stays unless told)
@@ -74,10 +86,17 @@ class Trainer(DriverFacing):
         optimizer_steps = total_optimizer_steps(cfg, total_steps, at.require_batches)
         with self.residency.setup():   # building loads onto the devices: on a pool, under a lease
             # rank 0 of the data-parallel group; ranks 1..W-1 are spawned (one device each) and joined here
+            engine_args = (eos_token_ids or [], pad_token_id, rollout_layout(cfg)[0]) if self.elastic else None
             self.backend = connect_trainer_group(cfg, self.device, optimizer_steps, (node_ip(), free_port()),
-                                                 self.device.ray_actor_options(1), placement,
+                                                 self.device.ray_actor_options(1), placement, engine_args=engine_args,
                                                  rank_options=rank_options(cfg, self.device), worker=TrainWorker)
             self.weight_sync = build_weight_sync(cfg, self.backend, rollouter, self.device)
+            if self.elastic:   # the engines beside the ranks load each push in their own processes
+                from fully_async.actors.engine_replica import host_trainer_engines
+                from fully_async.weight_sync import ElasticWeightSync
+
+                self.engines, self.lendable = host_trainer_engines(self, cfg, self.device, self.backend, engine_args)
+                self.weight_sync = ElasticWeightSync(self.weight_sync, self.engines)
             if resume_path:
                 self.state.load_json(load_trainer_state(resume_path))
                 self.backend.load(resume_path)
@@ -98,6 +117,28 @@ class Trainer(DriverFacing):
                 m["multi_job/train/lease_wait_s"] = ph.waited_s
             return m
         return run
+
+    # ------------------------------------------------------------------ elastic: the engines on this side's devices
+    def _lend(self, ph: Any, phase: str) -> dict:
+        """The engines wake and join the rollouter's pool.  They hold the pushed version (loaded at the push), and
+        the rollouter's own engines must too before the two generate side by side: the push is flushed first."""
+        start = time.perf_counter()
+        metrics = self.weight_sync.flush()
+        with self.timeline.span("elastic_lend"):
+            self.engines.wake_up()
+            ray_get(self.rollouter.lend_engines.remote(self.lendable, self.state.version))
+        metrics["fully_async/elastic/lend_s"] = time.perf_counter() - start
+        return metrics
+
+    def _reclaim(self, ph: Any, phase: str) -> dict:
+        """The engines leave the rollouter's pool (their in-flight responses parked there) and sleep: the trainer
+        works on these devices now."""
+        start = time.perf_counter()
+        with self.timeline.span("elastic_reclaim"):
+            metrics = ray_get(self.rollouter.reclaim_engines.remote())
+            self.engines.sleep(1)
+        metrics["fully_async/elastic/reclaim_s"] = time.perf_counter() - start
+        return metrics
 
     def sync_initial_weights(self) -> dict:
         """Send the current weights as the current version (random dummy engine weights, or a resume)."""
@@ -143,6 +184,7 @@ class Trainer(DriverFacing):
             step_s = now - last_end
             last_end = now
             metrics.update(self._pipeline_metrics(wait_s, step_s, metrics["perf/total_num_tokens"]))
+            metrics.update(self._elastic_metrics(metrics, wait_s, step_s))
             metrics.update(ray_get(rollouter_metrics))
             if residency.wanted() and not self._keeps_turn():
                 metrics.update(residency.give_back("wanted"))
@@ -156,8 +198,9 @@ class Trainer(DriverFacing):
 
     def _keeps_turn(self) -> bool:
         """Colocated with its own engines, the trainer keeps the devices while the next step's samples are already
-        queued (on a pool shared with other jobs it gives a wanted lease back after every step)."""
-        if self.cfg.async_training.placement != "colocated" or self.state.done():
+        queued (on a pool shared with other jobs it gives a wanted lease back after every step); elastic, it lends
+        its engines only when the next step's samples are not."""
+        if self.cfg.async_training.placement not in ("colocated", "elastic") or self.state.done():
             return False
         return ray_get(self.queue.size.remote()) >= self.required
 
@@ -200,3 +243,13 @@ class Trainer(DriverFacing):
         return {"timing_s/gen": wait_s, "fully_async/total_wait_time": wait_s, "timing_s/step": step_s,
                 "perf/time_per_step": step_s, "perf/throughput": tokens / step_s / self.num_devices,
                 "trainer/idle_ratio": min(1.0, wait_s / step_s)}
+
+    def _elastic_metrics(self, metrics: dict, wait_s: float, step_s: float) -> dict:
+        """Elastic: how much of the step the trainer's devices generated (`fully_async/elastic/busy_ratio`: the lent
+        engines' seconds with work per device) and how much they idled after all (`.../trainer_idle_ratio`, against
+        `trainer/idle_ratio`, the wait without lending)."""
+        if not self.elastic or step_s <= 0:
+            return {}
+        per_device = metrics.get("fully_async/elastic/busy_s", 0.0) / max(1, len(self.lendable))
+        return {"fully_async/elastic/busy_ratio": min(1.0, per_device / step_s),
+                "fully_async/elastic/trainer_idle_ratio": max(0.0, min(1.0, (wait_s - per_device) / step_s))}

@@ -304,7 +304,8 @@ class AsyncTrainingConfig:
     # devices, the trainer on its own) | colocated (no rollout devices: every trainer device also hosts an engine and
     # the two take turns; generation is over-provisioned under the staleness bound and, once a step's groups are
     # complete, unfinished responses are parked and continue on the new weights) | elastic (split, and every
-    # trainer device also hosts an engine that generates while its trainer waits for samples)
+    # trainer device also hosts an embedded engine that joins the rollout pool while its trainer waits for samples
+    # and is pre-empted when the batch is ready, its unfinished responses parked and continued on the rollout devices)
     placement: str = "split"
 
 

@@ -329,6 +329,37 @@ def _check_async_training(cfg: Any) -> None:
     if at.placement == "colocated" and cfg.mode == "async" and rollout_devices:
         raise ConfigError("async_training.placement", "colocated runs every engine on the trainer's devices: set "
                           f"rollout.n_gpus_per_node=0 (now rollout.nnodes x n_gpus_per_node = {rollout_devices})")
+    if at.placement == "elastic" and cfg.mode == "async":
+        _check_elastic(cfg)
+
+
+def _check_elastic(cfg: Any) -> None:
+    """placement=elastic: an embedded engine beside every trainer rank, on that rank's device, loading that rank's
+    parameters in its process and lent to the rollout pool while the trainer waits; the trainer stays on its
+    devices meanwhile."""
+    rollout, fsdp = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor.fsdp_config
+    if rollout.name == "vllm":
+        raise ConfigError("actor_rollout_ref.rollout.name", "vllm: placement=elastic lends an embedded engine beside "
+                          "each trainer rank (it loads the rank's weights in its own process); use hf (or an "
+                          "embedded engine class 'package.module:Class'), or placement=split / colocated with vllm")
+    tp = rollout.tensor_model_parallel_size
+    if tp > 1:
+        raise ConfigError("actor_rollout_ref.rollout.tensor_model_parallel_size", f"{tp}: placement=elastic runs one "
+                          "engine per trainer device (and on the rollout devices the same engine); use 1")
+    for key in ("param_offload", "optimizer_offload"):
+        if getattr(fsdp, key):
+            raise ConfigError(f"actor_rollout_ref.actor.fsdp_config.{key}", "true: with placement=elastic the trainer "
+                              "stays on its devices while their engines generate (the engines sleep while it trains); "
+                              "set it false, or use placement=colocated, which offloads between turns")
+    from fully_async.core.config import actor_strategy
+
+    if actor_strategy(cfg) == "megatron":
+        raise ConfigError("actor_rollout_ref.actor.strategy", "megatron: placement=elastic has each trainer rank's "
+                          "engine load that rank's full parameters, which megatron ranks do not hold; use fsdp/fsdp2 "
+                          "or torch, or placement=split")
+    if cfg.multi_job.pool is not None:
+        raise ConfigError("multi_job.pool", f"{cfg.multi_job.pool!r}: placement=elastic lends this run's own trainer "
+                          "devices to its rollouter; on a device pool shared with other jobs use placement=split")
 
 
 def _check_reward(cfg: Any) -> None:

@@ -19,6 +19,7 @@ What it owns:
       drain  (no partial rollout): finish everything on the old weights first --
     then the staleness bound moves to the new version, counting the groups still in flight or queued
     as carried over;
+  * engines that leave (`take_back`, placement=elastic): what they held is parked and continues elsewhere;
   * snapshot / restore of everything not yet handed to `on_complete`, for checkpoints.
 Nothing is dropped and nothing is generated twice: every admitted response is, at any time, in exactly
 one of `pending` (in the engine or parked) or a completed group.
@@ -189,6 +190,19 @@ class RolloutScheduler:
         if parked:
             self.engine.submit([p.request() for p in parked])
         return len(parked)
+
+    def take_back(self, outputs: list[GenOutput], resume: bool) -> int:
+        """Outputs handed back by engines that left (placement=elastic: the trainer's engines, reclaimed for its
+        step): finished ones complete their groups, partial ones are parked -- tokens, behaviour log-probs and
+        per-token versions kept, as at a weight update -- and, with `resume`, continue on the engines that remain.
+        Returns how many were parked."""
+        before = len(self.parked)
+        self.handle(outputs)
+        parked = len(self.parked) - before
+        self.stats["interrupted_samples"] += parked
+        if resume:
+            self.resume()
+        return parked
 
     def drain(self) -> None:
         """Generate until the engine holds nothing (finishes in-flight work on the current weights)."""

@@ -172,6 +172,8 @@ def check_placement(cfg: Any) -> Check:
         need = ranks + replicas * tp
         detail = (f"async: {replicas} rollout replica(s) x {tp} device(s) + {ranks} trainer rank(s) = {need} "
                   f"{device.name} device(s)")
+        if cfg.async_training.placement == "elastic":
+            detail += " (elastic: each trainer rank also hosts an engine, lent to the rollout pool while it waits)"
     if not device.is_accelerator:
         from fully_async.cluster.ray_utils import RunFailed, check_cpu_devices
         from fully_async.core.plan import RunPlan

@@ -59,9 +59,11 @@ def create_async_actors(cfg: Any, prep: Any, device: Any, resume_path: Optional[
         prep.cfg, queue, prep.train, prep.val, prep.eos_token_ids, prep.pad_token_id, resume_path,
         roll_pg if replicas > 1 else None)
     # the trainer actor is data-parallel rank 0 (bundle 0); it spawns ranks 1..n_train-1 into bundles 1..
-    trainer = ray.remote(Trainer).options(max_concurrency=3, **train_opts).remote(
+    # threads: its loop and the driver's calls; elastic, also the rollouter's polls and commands of its engine
+    trainer = ray.remote(Trainer).options(max_concurrency=8 if plan.placement == "elastic" else 3,
+                                          **train_opts).remote(
         prep.cfg, queue, rollouter, prep.total_steps, n_train + n_roll, prep.pad_token_id, resume_path,
-        train_pg)
+        train_pg, prep.eos_token_ids)
     return {"trainer": trainer, "rollouter": rollouter, "queue": queue}
 
 

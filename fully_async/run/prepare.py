@@ -261,10 +261,6 @@ def prepare(cfg: Any) -> Prepared:
     from omegaconf import OmegaConf
 
     validate(cfg)
-    if cfg.mode == "async" and cfg.async_training.placement == "elastic":
-        # the planner simulates it (python -m fully_async.plan); the runtime does not exist yet
-        raise ConfigError("async_training.placement", "'elastic' is planned (python -m fully_async.plan) but cannot "
-                          "run yet; use split (default) or colocated (with rollout.n_gpus_per_node=0)")
     check_trackers_installed(cfg.trainer.logger)
     model_conf = check_model_folder(cfg)
     check_parallel_layout(cfg, model_conf)

@@ -200,10 +200,11 @@ def await_ranks(store: Any, workers: list[Any], timeout_s: Optional[float] = Non
 
 def connect_trainer_group(cfg: FullyAsyncConfig, device: Any, optimizer_steps: int, master: tuple[str, int],
                           worker_options: dict, placement: Optional[Any] = None,
-                          engine_args: Optional[tuple[list[int], int]] = None,
+                          engine_args: Optional[tuple[list[int], int, int]] = None,
                           rank_options: Optional[Callable[[int], dict]] = None, *, worker: type) -> TrainBackend:
     """Rank 0's backend: spawns W-1 `worker`s (the TrainWorker class; rank r in bundle r of `placement`), joins the
-    process group with them, wraps them.  `engine_args` (eos ids, pad id): each worker also hosts an engine.
+    process group with them, wraps them.  `engine_args` (eos ids, pad id, the engine replica index of rank 0: seeds
+    differ per replica): each worker also hosts an engine.
     `rank_options(r)`: rank r's Ray options instead of `worker_options` (a shared device pool pins each rank
     to its own pool device)."""
     import ray

@@ -3,7 +3,7 @@ broadcast (NCCL / HCCL / gloo), in-process for the colocated sync loop.  It impo
 cluster; rollout/, train/ and the actors import it."""
 from typing import Any
 
-from fully_async.weight_sync.local import LocalWeightSync
+from fully_async.weight_sync.local import ElasticWeightSync, LocalWeightSync
 from fully_async.weight_sync.object_store import ObjectStoreWeightSync
 
 
@@ -29,4 +29,4 @@ def build_weight_sync(cfg: Any, backend: Any, rollouter: Any, device: Any) -> An
     return ObjectStoreWeightSync(backend, rollouter)
 
 
-__all__ = ["LocalWeightSync", "ObjectStoreWeightSync", "build_weight_sync"]
+__all__ = ["ElasticWeightSync", "LocalWeightSync", "ObjectStoreWeightSync", "build_weight_sync"]

@@ -36,3 +36,24 @@ class LocalWeightSync:
         total = time.perf_counter() - start
         return {"timing_s/param_sync": total, "timing_s/param_sync/load": total,
                 "perf/param_sync_gbps": self.nbytes / 1e9 / max(total, 1e-9)}
+
+
+class ElasticWeightSync:
+    """async_training.placement=elastic: every push goes to the rollouter (`remote`: object store or collective) and
+    into the engines beside the trainer's ranks (`engines`: their pool), each loading its own rank's parameters in
+    its own process (train/group.load_trainer_weights), so those engines always hold exactly the pushed version --
+    also after later training steps that push nothing (trigger_parameter_sync_step > 1)."""
+
+    def __init__(self, remote: Any, engines: Any):
+        self.remote = remote
+        self.engines = engines
+
+    def flush(self) -> dict[str, float]:
+        return self.remote.flush()
+
+    def push(self, version: int) -> dict[str, float]:
+        out = self.remote.push(version)
+        start = time.perf_counter()
+        self.engines.load_everywhere("load_trainer_weights", version)
+        out["timing_s/param_sync/elastic_load"] = time.perf_counter() - start
+        return out

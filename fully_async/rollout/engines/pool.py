@@ -21,6 +21,12 @@ replica reads the same object; the collective path is one broadcast group of 1 +
 replicas, each joining at its own rank offset; `sleep`/`wake_up` go to all.  The pool's `version`
 changes only after every replica loaded, so every replica stamps tokens with the same version.
 
+Lent replicas (async_training.placement=elastic): `join(replicas)` adds engines another side owns (the
+engines on the trainer's devices) while that side lends them; they take requests like the pool's own, but weight
+loads, sleep / wake-up and the weight-broadcast group stay with their owner (it loads them in its own process).
+`leave(indices)` takes them out again: what they held comes back, finished or aborted (partial), and no request
+goes to them until they join again.  `capacity` counts only the replicas that take requests now.
+
 Observability: per replica the tokens it generated and the time it had work (`busy_s`, from the pool's
 view: a request assigned and not yet returned), plus one timeline track per replica.
 """
@@ -46,7 +52,10 @@ class EnginePool:
     def __init__(self, replicas: list[Any], max_num_seqs: int, timeline: bool = False, version: int = 0):
         if not replicas:
             raise ValueError("an engine pool needs at least one replica")
-        self.replicas = replicas
+        self.replicas = list(replicas)
+        self.own = len(replicas)      # the pool's own replicas; those after them are lent (`join`)
+        self.active = [True] * len(replicas)   # which replicas take requests now
+        self._lent: dict[str, int] = {}        # a lent replica's name -> its index
         self.max_num_seqs = max_num_seqs
         self.version = version
         self.last_update_timings: dict[str, float] = {}
@@ -60,14 +69,16 @@ class EnginePool:
         self.tokens = [0] * k
         self.busy_s = [0.0] * k
         self._busy_since: list[Optional[float]] = [None] * k
+        self.finished = [0] * k                              # responses each replica finished (not aborted)
+        self._timeline_on = timeline
         self.timelines = [Timeline(f"engine_{i}", timeline) for i in range(k)]
         self._keeps: Optional[bool] = None
 
     # ------------------------------------------------------------------ contract
     @property
     def capacity(self) -> int:
-        """Sequences the pool decodes at once (K x max_num_seqs)."""
-        return self.max_num_seqs * len(self.replicas)
+        """Sequences the pool decodes at once (K x max_num_seqs, K: the replicas taking requests now)."""
+        return self.max_num_seqs * sum(self.active)
 
     @property
     def keeps_in_flight(self) -> bool:
@@ -123,11 +134,11 @@ class EnginePool:
         """Every replica loads the same tensors (a dict, pairs, or a Ray ObjectRef of a dict)."""
         if self.num_in_flight() and not self.keeps_in_flight:
             raise RuntimeError("EnginePool.update_weights() with requests in flight: interrupt() or drain first")
-        remote = any(not r.in_process for r in self.replicas)
-        ref, local = _share(named_tensors, remote, any(r.in_process for r in self.replicas))
+        own = self.replicas[:self.own]   # lent replicas load their owner's weights in their owner's process
+        ref, local = _share(named_tensors, any(not r.in_process for r in own), any(r.in_process for r in own))
         self._settle()
         futures = [(i, rep.call("update_weights", local if rep.in_process else ref, version))
-                   for i, rep in enumerate(self.replicas)]
+                   for i, rep in enumerate(own)]
         self._loaded(version, [self._result(i, fut.result) for i, fut in futures])
 
     def sleep(self, level: int = 1) -> None:
@@ -139,6 +150,44 @@ class EnginePool:
     def load_everywhere(self, command: str, version: int) -> None:
         """Run a replica-side loading command (e.g. sync mode's 'load_trainer_weights') on all, then stamp."""
         self._loaded(version, self._all(command, version))
+
+    # ------------------------------------------------------------------ lent replicas
+    def join(self, replicas: list[Any]) -> list[int]:
+        """Lent replicas (named handles, see replica.py) take requests from now on; a replica lent before (the same
+        name) comes back at its old index.  Returns their indices."""
+        indices = []
+        for rep in replicas:
+            i = self._lent.get(rep.name)
+            if i is None:
+                i = self._lent[rep.name] = len(self.replicas)
+                self.replicas.append(rep)
+                self.active.append(False)
+                self._assigned.append(set())
+                self.tokens.append(0)
+                self.finished.append(0)
+                self.busy_s.append(0.0)
+                self._busy_since.append(None)
+                self.timelines.append(Timeline(f"engine_{i}", self._timeline_on))
+            self.active[i] = True
+            indices.append(i)
+        self._dispatch()
+        return indices
+
+    def leave(self, indices: list[int]) -> list[GenOutput]:
+        """Lent replicas stop taking requests and hand back what they hold: outputs they finished and the partial
+        (aborted) outputs of the rest, with any outputs of other replicas already gathered."""
+        for i in indices:
+            self.active[i] = False
+        self._settle()
+        outputs, self._ready = self._ready, []
+        futures = {i: self.replicas[i].call("interrupt") for i in indices if self._assigned[i]}
+        for i, fut in futures.items():
+            outputs += self._result(i, fut.result)
+        self._retire(outputs)
+        for i in indices:   # a group whose home left goes to the least-loaded replica from now on
+            for group in [g for g, (rep, _) in self._group_home.items() if rep == i]:
+                del self._group_home[group]
+        return outputs
 
     # ------------------------------------------------------------------ collective weight sync
     def weight_receivers(self) -> int:
@@ -161,7 +210,7 @@ class EnginePool:
         for i, rep in enumerate(self.replicas):
             counters = getattr(rep, "counters", None)
             busy = self.busy_s[i] + (now - self._busy_since[i] if self._busy_since[i] is not None else 0.0)
-            stats.append({"tokens": self.tokens[i], "busy_s": busy,
+            stats.append({"tokens": self.tokens[i], "busy_s": busy, "finished": self.finished[i],
                           "iterations": counters.iterations if counters else 0,
                           "engine_s": counters.engine_s if counters else 0.0})
         return stats
@@ -175,9 +224,9 @@ class EnginePool:
 
     def _choose(self, req: GenRequest) -> Optional[int]:
         home = self._group_home.get(req.group_id) if req.group_id else None
-        if home is not None and self._room(home[0]) > 0:
+        if home is not None and self.active[home[0]] and self._room(home[0]) > 0:
             return home[0]
-        free = [i for i in range(len(self.replicas)) if self._room(i) > 0]
+        free = [i for i in range(len(self.replicas)) if self.active[i] and self._room(i) > 0]
         return min(free, key=lambda i: (len(self._assigned[i]), i)) if free else None
 
     def _dispatch(self) -> None:
@@ -207,6 +256,7 @@ class EnginePool:
             i, group = where
             self._assigned[i].discard(out.request_id)
             self.tokens[i] += len(out.token_ids)
+            self.finished[i] += out.finish_reason != "abort"
             home = self._group_home.get(group)
             if home is not None:
                 if home[1] <= 1:
@@ -235,16 +285,17 @@ class EnginePool:
                                 f"{describe(exc)}") from exc
 
     def _all(self, method: str, *args: Any) -> list[Any]:
-        return self._concurrently(method, [args] * len(self.replicas))
+        return self._concurrently(method, [args] * self.own)
 
     def _concurrently(self, method: str, per_replica: list[tuple]) -> list[Any]:
-        """Call every replica, remote ones first so inline ones cannot block a rendezvous."""
+        """Call every own replica (lent ones are their owner's to command), remote ones first so inline ones cannot
+        block a rendezvous."""
         self._settle()
-        order = sorted(range(len(self.replicas)), key=lambda i: self.replicas[i].inline)
+        order = sorted(range(self.own), key=lambda i: self.replicas[i].inline)
         futures = {}
         for i in order:
             futures[i] = self.replicas[i].call(method, *per_replica[i])
-        return [self._result(i, futures[i].result) for i in range(len(self.replicas))]
+        return [self._result(i, futures[i].result) for i in range(self.own)]
 
     def _loaded(self, version: int, timings: list[dict[str, float]]) -> None:
         """Every replica loaded `version`; the slowest replica's timing of each phase is the pool's."""

@@ -141,16 +141,26 @@ class RemoteReplica:
     inline = False
     in_process = False   # weights reach it through one shared object-store copy
 
-    def __init__(self, actor: Any, name: str):
+    def __init__(self, actor: Any, name: str, threaded: bool = False):
         self.actor = actor
         self.name = name
         self.counters = IterationCounters()   # as of the last poll
+        # a threaded actor (the elastic trainer's rank 0) runs calls out of order: a command waits until the
+        # submissions made before it have run, so an interrupt never overtakes the requests it must hand back
+        self.threaded = threaded
+        self._unacked: list = []
 
     def submit(self, requests: list[GenRequest]) -> None:
-        self.actor.submit.remote(requests)  # ordered before every later call (the actor runs one at a time)
+        ref = self.actor.submit.remote(requests)  # ordered before every later call (the actor runs one at a time)
+        if self.threaded:
+            self._unacked.append(ref)
 
     def poll(self, timeout_s: float) -> concurrent.futures.Future:
         """Future of the outputs finished meanwhile; the engine's iteration counters ride along."""
+        if self._unacked:   # submissions that have run need no waiting for any more
+            import ray
+
+            self._unacked = ray.wait(self._unacked, num_returns=len(self._unacked), timeout=0)[1]
         inner, outer = self.actor.poll.remote(timeout_s).future(), concurrent.futures.Future()
 
         def unpack(fut: concurrent.futures.Future) -> None:
@@ -165,6 +175,11 @@ class RemoteReplica:
         return outer
 
     def call(self, method: str, *args: Any) -> concurrent.futures.Future:
+        if self._unacked:
+            import ray
+
+            ray.get(self._unacked)
+            self._unacked = []
         return self.actor.engine_call.remote(method, *args).future()
 
 
@@ -207,7 +222,10 @@ class EngineDriver:
 
     def interrupt(self) -> list[GenOutput]:
         """Unpolled finished outputs plus the partial outputs of everything in flight."""
-        return self.call(lambda engine: self.take_outputs() + engine.interrupt()).result()
+        return self.interrupt_later().result()
+
+    def interrupt_later(self) -> concurrent.futures.Future:
+        return self.call(lambda engine: self.take_outputs() + engine.interrupt())
 
     def close(self) -> None:
         with self._cv:
@@ -279,9 +297,28 @@ class EngineHost:
         return {"outputs": outputs, "counters": vars(self._driver.counters).copy()}
 
     def engine_call(self, method: str, *args: Any) -> Any:
+        return self.engine_future(method, *args).result()
+
+    def engine_future(self, method: str, *args: Any) -> concurrent.futures.Future:
+        """`engine_call` without waiting (the host's own process commands its engine so: HostedReplica)."""
         if method == "interrupt":
-            return self._driver.interrupt()
+            return self._driver.interrupt_later()
         if method == "init_weight_group" and isinstance(self._receiver, ProcessReceiver):
-            return self._receiver.init_weight_group(*args)  # a rendezvous, not an engine call
-        return self._driver.call(
-            lambda engine: engine_command(engine, self._receiver, method, args, self._extra)).result()
+            return done_future(lambda: self._receiver.init_weight_group(*args))  # a rendezvous, not an engine call
+        return self._driver.call(lambda engine: engine_command(engine, self._receiver, method, args, self._extra))
+
+
+class HostedReplica:
+    """The engine of an EngineHost in this very process, as its own actor commands it (the elastic trainer's rank 0:
+    weight loads, sleep, wake-up while the engine is not lent).  Commands only: requests come through the pool that
+    borrows the engine (a RemoteReplica of the same actor)."""
+
+    inline = False
+    in_process = True
+
+    def __init__(self, host: EngineHost, name: str):
+        self.host = host
+        self.name = name
+
+    def call(self, method: str, *args: Any) -> concurrent.futures.Future:
+        return self.host.engine_future(method, *args)

@@ -4,7 +4,7 @@ import ast
 import contextlib
 import os
 
-from fully_async.actors.residency import Dedicated, PoolLease, Stopped, Turns
+from fully_async.actors.residency import Dedicated, Elastic, PoolLease, Stopped, Turns
 
 
 class FakeClient:
@@ -105,6 +105,26 @@ def test_turns_switch_tenants_and_on_a_pool_both_leave_with_the_lease():
         assert switch["multi_job/rollout/lease_wait_s"] == 0.5
     assert log == [("engines", "off", "setup"), ("trainer", "off", "setup"), ("engines", "on", "rollout"),
                    ("engines", "off", "rollout")]
+
+
+def test_elastic_lends_the_engines_while_the_trainer_waits_and_reclaims_them_for_its_work():
+    """The trainer's loop calls wanted/give_back while it waits and hold before it works (trainer.py): the engines
+    are lent exactly while it waits, and a step's metrics carry the lend before it with the reclaim."""
+    log = []
+    el = Elastic(lend=lambda ph, phase: log.append(("lend", phase)) or {"lend_s": 1.0},
+                 reclaim=lambda ph, phase: log.append(("reclaim", phase)) or {"parked": 3.0})
+    attached(el, log)                        # the trainer stays on its devices: its own transitions never run
+    with el.setup():
+        pass
+    assert el.hold("train") == {} and el.wanted() and el.poll_s == 0.05 and not el.lent
+    assert el.give_back("waiting") == {} and el.lent and not el.wanted() and el.poll_s == 0.5
+    assert el.give_back("waiting") == {}     # lent already: nothing runs again
+    assert el.hold("train") == {"lend_s": 1.0, "parked": 3.0} and not el.lent
+    assert el.hold("train") == {}            # held already (a save, the weight push)
+    el.give_back("wanted")
+    assert el.give_back("done") == {"lend_s": 1.0, "parked": 3.0}   # the run ends: reclaimed for good
+    assert log == [("lend", "waiting"), ("reclaim", "train"), ("lend", "wanted"), ("reclaim", "done")]
+    assert not el.keep("update") and el.take_kept() is None and el.pop_metrics() == {}
 
 
 def test_no_loop_is_varied_by_a_subclass():

@@ -203,11 +203,20 @@ def test_megatron_layout_that_does_not_split_the_model():
         prep("actor_rollout_ref.actor.strategy=megatron", "trainer.device=cpu")
 
 
-def test_elastic_placement_is_refused_before_anything_loads():
-    """The planner simulates placement=elastic; a run refuses it naming the key and what does run."""
+@pytest.mark.parametrize("override,match", [
+    ("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.name.*vllm.*embedded engine"),
+    ("actor_rollout_ref.actor.fsdp_config.param_offload=true", "fsdp_config.param_offload.*elastic.*stays on"),
+    ("actor_rollout_ref.actor.fsdp_config.optimizer_offload=true", "fsdp_config.optimizer_offload"),
+    ("actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.strategy.*megatron.*elastic"),
+    ("multi_job.pool=p", "multi_job.pool.*elastic.*split"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.tensor_model_parallel_size"),
+])
+def test_elastic_refuses_what_cannot_work_naming_the_key(override, match):
+    """placement=elastic runs an embedded engine beside each trainer rank that loads the rank's parameters in its
+    process while the trainer stays on its devices: what contradicts that is refused before anything loads."""
     from fully_async.core.config import ConfigError
+    from fully_async.core.config_checks import validate
     from fully_async.run.hydra_setup import load_config
-    from fully_async.run.prepare import prepare
 
-    with pytest.raises(ConfigError, match="async_training.placement.*elastic.*colocated"):
-        prepare(load_config(["async_training.placement=elastic"]))
+    with pytest.raises(ConfigError, match=match):
+        validate(load_config(["async_training.placement=elastic", override]))
