@@ -9,7 +9,7 @@ import logging
 import math
 import os
 import typing
-from typing import Any
+from typing import Any, Optional
 
 from fully_async.core.config import (ADV_ESTIMATORS, GROUP_ADV_ESTIMATORS, POLICY_LOSS_MODES, PLACEMENTS, ATTN_IMPLEMENTATIONS, DEVICES, DTYPES, KL_TYPES, LOGGERS,
                                      LOSS_AGG_MODES, LR_SCHEDULER_TYPES, MODES, RESUME_STATE_KEYS, REWARD_MANAGERS,
@@ -477,9 +477,9 @@ def _check_sync_batch(cfg: Any) -> None:
 
 def _warn_async_offload(cfg: Any) -> None:
     """fsdp_config.{param,optimizer}_offload (and megatron.*_offload, mapped onto them) act between phases: sync
-    mode, colocated async and a shared device pool offload while the engine generates; async mode with dedicated devices has no
-    such phase, so only strategy=fsdp2's host-resident shards (CPUOffloadPolicy, params with their optimizer
-    states) act there.  Every other combination is named once rather than passed over in silence."""
+    mode, colocated async and a shared device pool offload while the engine generates; async mode with dedicated
+    devices has no such phase, so only strategy=fsdp2's host-resident shards (CPUOffloadPolicy, params with their
+    optimizer states) act there.  Every other combination is named once rather than passed over in silence."""
     from fully_async.core.config import actor_strategy
 
     off = cfg.actor_rollout_ref.actor.fsdp_config
@@ -493,8 +493,9 @@ def _warn_async_offload(cfg: Any) -> None:
             continue
         logger.warning("actor_rollout_ref.actor.fsdp_config.%s=true has no effect in async mode with "
                        "strategy=%s (dedicated trainer devices: nothing offloads between phases); it acts in "
-                       "mode=sync, in colocated async (async_training.placement=colocated), on a shared device pool (multi_job.pool), and with strategy=fsdp2 as "
-                       "param_offload (shards and optimizer states kept in host memory)", key, strategy)
+                       "mode=sync, in colocated async (async_training.placement=colocated), on a shared device pool "
+                       "(multi_job.pool), and with strategy=fsdp2 as param_offload (shards and optimizer states kept "
+                       "in host memory)", key, strategy)
 
 
 def _warn_async_train_batch_size(cfg: Any) -> None:
@@ -637,6 +638,21 @@ def validate_with_data(cfg: Any, num_train_prompts: int) -> None:
         raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size",
                           f"a trainer step needs ppo_mini_batch_size x require_batches = {required} prompts "
                           f"but the training data has only {num_train_prompts}")
+
+
+def placement_refusal(cfg: Any, placement: str) -> Optional[str]:
+    """Why the run would refuse async_training.placement=`placement` for this config's engine and trainer (None: it
+    would run it): the planner recommends only placements the runtime takes."""
+    try:
+        if placement == "elastic":
+            _check_elastic(cfg)
+        elif placement == "colocated" and cfg.actor_rollout_ref.rollout.tensor_model_parallel_size > 1:
+            raise ConfigError("actor_rollout_ref.rollout.tensor_model_parallel_size",
+                              f"{cfg.actor_rollout_ref.rollout.tensor_model_parallel_size}: colocated async runs one "
+                              "engine per trainer rank on that rank's device; use 1")
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def device_ipc_applies(cfg: Any) -> bool:

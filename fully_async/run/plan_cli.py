@@ -238,8 +238,13 @@ def memory_section(cfg: Any, shape: Shape, spec: DeviceSpec, opts: PlanOptions) 
     mode_fits = {"sync": colocated_fits, "colocated": colocated_fits,
                  "elastic": (elastic_row or rows[0])["verdict"] != "does not fit",
                  "split": fits if cfg.mode == "async" else True}
+    # which async placements the run would take with this engine and trainer (the recommendation's other filter)
+    from fully_async.core.config_checks import placement_refusal
+
+    refusals = {m: placement_refusal(cfg, m) for m in ("colocated", "elastic")}
     return {"device": spec.name, "capacity_gib": spec.memory_gib, "params": shape.params(), "roles": rows,
-            "fits": fits, "sync_alternative": sync_row, "elastic_alternative": elastic_row, "mode_fits": mode_fits}
+            "fits": fits, "sync_alternative": sync_row, "elastic_alternative": elastic_row, "mode_fits": mode_fits,
+            "mode_refusals": {m: why for m, why in refusals.items() if why}}
 
 
 def _ranges(items: list[int]) -> str:

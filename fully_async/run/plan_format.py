@@ -98,9 +98,11 @@ def _recommendation(report: dict) -> list[str]:
     from fully_async.planner.search import recommend
 
     fits = report["memory"]["mode_fits"]
+    refused = report["memory"].get("mode_refusals", {})
+    allowed = {m: fits.get(m, True) and m not in refused for m in set(fits) | set(refused)}
     out = []
     for res in report["throughput"]["results"]:
-        mode, speedup = recommend(res, fits)
+        mode, speedup = recommend(res, allowed)
         fastest, _ = recommend(res)
         if mode is None:
             out.append(f"  {res['devices']} devices: no mode simulated fits (see memory)")
@@ -112,7 +114,9 @@ def _recommendation(report: dict) -> list[str]:
         line = f"  {res['devices']} devices: {mode} ({_placement(mode, res)})"
         line += f" predicted {speedup:.2f}x sync's tokens/s" if speedup else ""
         line += f"; {ratios}" if ratios else ""
-        if fastest != mode:
+        if fastest != mode and fastest in refused:
+            line += f"; {fastest} would be faster but the run refuses it as configured ({refused[fastest]})"
+        elif fastest != mode:
             line += f"; {fastest} would be faster but does not fit as configured (see memory: offload, shard more)"
         if not fits.get("sync", True) and mode != "sync":
             line += "; sync as configured does not fit either (the ratios are to sync as if it fit)"

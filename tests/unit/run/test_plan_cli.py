@@ -158,3 +158,31 @@ def test_a_mode_that_does_not_fit_is_not_recommended():
     assert "colocated would be faster but does not fit" in line
     report["memory"]["mode_fits"]["colocated"] = True
     assert _recommendation(report)[0].startswith("  8 devices: colocated (8) predicted 1.50x")
+
+
+def test_a_placement_the_run_would_refuse_is_never_recommended():
+    """vLLM engines cannot be lent (elastic) and tensor-parallel engines cannot sit beside one trainer rank each
+    (colocated): the planner simulates them but recommends only what the run takes, saying why."""
+    from fully_async.core.config_checks import placement_refusal
+    from fully_async.run.hydra_setup import load_config
+
+    vllm_tp2 = load_config(["mode=async", "actor_rollout_ref.rollout.name=vllm",
+                            "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+    assert "rollout.name" in placement_refusal(vllm_tp2, "elastic")
+    assert "tensor_model_parallel_size" in placement_refusal(vllm_tp2, "colocated")
+    assert placement_refusal(load_config(["mode=async"]), "elastic") is None
+    assert placement_refusal(load_config(["mode=async"]), "colocated") is None
+
+
+def test_the_recommendation_skips_refused_placements():
+    from fully_async.run.plan_format import _recommendation
+
+    split = {"rollout_devices": 2, "trainer_devices": 6}
+    res = {"devices": 8,
+           "modes": {"sync": {"steady_tokens_per_s": 100.0}, "split": dict(split, steady_tokens_per_s=120.0),
+                     "elastic": dict(split, steady_tokens_per_s=150.0), "colocated": {"steady_tokens_per_s": 90.0}}}
+    report = {"memory": {"mode_fits": {"sync": True, "colocated": True, "elastic": True, "split": True},
+                         "mode_refusals": {"elastic": "vllm engines cannot be lent"}},
+              "throughput": {"results": [res]}}
+    [line] = _recommendation(report)
+    assert line.startswith("  8 devices: split") and "elastic would be faster but the run refuses it" in line
