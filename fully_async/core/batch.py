@@ -25,6 +25,8 @@ class TrainBatch:
     old_log_probs: Optional[torch.Tensor] = None   # (B, L) PPO old/proximal policy
     ref_log_probs: Optional[torch.Tensor] = None   # (B, L)
     advantages: Optional[torch.Tensor] = None      # (B, L)
+    values: Optional[torch.Tensor] = None          # (B, L) the critic's values before its update (gae)
+    returns: Optional[torch.Tensor] = None         # (B, L) GAE returns, the critic's targets (gae)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -179,12 +179,7 @@ def _check_actor(cfg: Any) -> None:
     _choice("actor_rollout_ref.actor.dtype", actor.dtype, DTYPES)
     _at_least("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size, 1)
     _at_least("actor_rollout_ref.actor.ppo_epochs", actor.ppo_epochs, 1)
-    _at_least("actor_rollout_ref.actor.optim.lr", actor.optim.lr, 0.0)
-    _choice("actor_rollout_ref.actor.optim.lr_scheduler_type", actor.optim.lr_scheduler_type, LR_SCHEDULER_TYPES)
-    if not 0.0 <= actor.optim.min_lr_ratio <= 1.0:
-        raise ConfigError("actor_rollout_ref.actor.optim.min_lr_ratio",
-                          f"{actor.optim.min_lr_ratio!r} must be in [0, 1] (a fraction of optim.lr)")
-    _at_least("actor_rollout_ref.actor.optim.num_cycles", actor.optim.num_cycles, 0.0, strict=True)
+    _check_optim("actor_rollout_ref.actor.optim", actor.optim)
     _at_least("actor_rollout_ref.actor.grad_clip", actor.grad_clip, 0.0, strict=True)
     _at_least("actor_rollout_ref.actor.clip_ratio_c", actor.clip_ratio_c, 1.0, strict=True)
     for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
@@ -195,6 +190,55 @@ def _check_actor(cfg: Any) -> None:
         _at_least("actor_rollout_ref.actor.loss_scale_factor", actor.loss_scale_factor, 0, strict=True)
     if actor.ppo_micro_batch_size_per_gpu is not None:  # larger than a mini-batch just means one micro-batch
         _at_least("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu, 1)
+
+
+def _check_optim(prefix: str, optim: Any) -> None:
+    """An optimizer section (the actor's, the critic's): lr, schedule type, cosine floor and cycles."""
+    _at_least(f"{prefix}.lr", optim.lr, 0.0)
+    _choice(f"{prefix}.lr_scheduler_type", optim.lr_scheduler_type, LR_SCHEDULER_TYPES)
+    if not 0.0 <= optim.min_lr_ratio <= 1.0:
+        raise ConfigError(f"{prefix}.min_lr_ratio", f"{optim.min_lr_ratio!r} must be in [0, 1] (a fraction of "
+                          "optim.lr)")
+    _at_least(f"{prefix}.num_cycles", optim.num_cycles, 0.0, strict=True)
+
+
+def _check_critic(cfg: Any) -> None:
+    """The critic section, read only when a critic is trained (uses_critic); algorithm.gamma / lam, and
+    trainer.critic_warmup, whose meaning needs a critic."""
+    from fully_async.core.config import uses_critic
+
+    alg, critic = cfg.algorithm, cfg.critic
+    if alg.adv_estimator == "gae" and critic.enable is False:
+        raise ConfigError("critic.enable", "false, but algorithm.adv_estimator=gae needs a value model: set "
+                          "critic.enable=true (or null) or use algorithm.adv_estimator=grpo")
+    for key in ("gamma", "lam"):
+        if not 0.0 <= getattr(alg, key) <= 1.0:
+            raise ConfigError(f"algorithm.{key}", f"{getattr(alg, key)!r} must be in [0, 1]")
+    _at_least("trainer.critic_warmup", cfg.trainer.critic_warmup, 0)
+    if not uses_critic(cfg):
+        if cfg.trainer.critic_warmup > 0:
+            raise ConfigError("trainer.critic_warmup", "there is no critic to warm up (algorithm.adv_estimator="
+                              f"{alg.adv_estimator}, critic.enable={critic.enable}); use 0")
+        return
+    if critic.strategy == "megatron" or cfg.actor_rollout_ref.actor.strategy == "megatron":
+        key = "critic.strategy" if critic.strategy == "megatron" else "actor_rollout_ref.actor.strategy"
+        raise ConfigError(key, "a critic (algorithm.adv_estimator=gae or critic.enable=true) is built by the torch "
+                          "/ fsdp2 backend only: use strategy fsdp, fsdp2 or torch for the actor and the critic")
+    _choice("critic.strategy", critic.strategy, ("fsdp", "torch", "fsdp2"))
+    _check_optim("critic.optim", critic.optim)
+    _choice("critic.loss_agg_mode", critic.loss_agg_mode, LOSS_AGG_MODES)
+    _at_least("critic.ppo_mini_batch_size", critic.ppo_mini_batch_size, 1)
+    _at_least("critic.ppo_epochs", critic.ppo_epochs, 1)
+    _at_least("critic.cliprange_value", critic.cliprange_value, 0.0)
+    _at_least("critic.grad_clip", critic.grad_clip, 0.0, strict=True)
+    for key in ("ppo_micro_batch_size_per_gpu", "forward_micro_batch_size_per_gpu"):
+        if getattr(critic, key) is not None:
+            _at_least(f"critic.{key}", getattr(critic, key), 1)
+    need = cfg.data.max_prompt_length + cfg.data.max_response_length
+    for key in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):
+        if critic.use_dynamic_bsz and getattr(critic, key) < need:
+            raise ConfigError(f"critic.{key}", f"{getattr(critic, key)} cannot hold one sequence of "
+                              f"max_prompt_length + max_response_length = {need} tokens")
 
 
 def _check_rollout(cfg: Any) -> None:
@@ -549,8 +593,8 @@ def validate_with_data(cfg: Any, num_train_prompts: int) -> None:
 
 
 SECTION_CHECKS = (_check_mode, _check_trainer, _check_rollout_placement, _check_data, _check_model, _check_actor,
-                  _check_rollout, _check_algorithm, _check_async_training, _warn_pure_low_precision, _check_reward,
-                  _check_benchmark,
+                  _check_rollout, _check_algorithm, _check_critic, _check_async_training, _warn_pure_low_precision,
+                  _check_reward, _check_benchmark,
                   _check_multi_job)
 CROSS_SECTION_CHECKS = (_check_grpo_group, _check_sequence_budgets, _check_sync_batch, _check_trainer_world,
                         _validate_attention, _validate_rollout_layout,

@@ -1,9 +1,16 @@
 """The one training step both modes run (layer 4): the async Trainer and the sync loop call `train_step`.
 
 Per step: build the padded batch of the groups' samples, compute the PPO "old" policy (the behaviour
-log-probs, or recomputed), reference log-probs when a KL term needs them, GRPO advantages, then the one
+log-probs, or recomputed), reference log-probs when a KL term needs them, the advantages, then the one
 PPO update (ppo_update.py: epochs x mini-batches x micro-batches through the backend's primitives), the
-bad-step check and the batch metrics.  One function, so the built-in sync-vs-async comparison compares the
+bad-step check and the batch metrics.
+
+Advantages: GRPO's, or with algorithm.adv_estimator=gae the critic's: it computes the values of the batch (the
+old values, before its update), GAE (algorithm.gamma / lam) gives advantages and returns, then the critic is
+updated and, from step trainer.critic_warmup on, the actor (verl's order and rule).  In async mode the values
+are computed here, by the trainer, on the staleness-bounded batch as it is trained (as verl's fully-async
+trainer computes its old values): the critic that judges a sample is the one of the step that trains on it,
+whatever param version generated it.  One function, so the built-in sync-vs-async comparison compares the
 same step, and one place decides how many mini-batches a step has.
 """
 from __future__ import annotations
@@ -18,15 +25,16 @@ import time
 from typing import Any, Optional, Sequence
 
 from fully_async.core.plan import RunPlan
-from fully_async.core.config import FullyAsyncConfig
+from fully_async.core.config import FullyAsyncConfig, uses_critic
 from fully_async.algorithms import grpo_advantages, kl_penalty
+from fully_async.algorithms.gae import gae_advantages, token_level_rewards, value_metrics
 from fully_async.algorithms.kl_control import build_kl_controller
 from fully_async.core.batch import TrainBatch, build_batch
 from fully_async.core.flops import estimate_flops, match_device, mfu, peak_tflops, unsupported_reason
 from fully_async.telemetry.metrics import batch_metrics
 from fully_async.core.types import Sample, SampleGroup
 from fully_async.train.backends import TrainBackend
-from fully_async.train.ppo_update import ppo_update
+from fully_async.train.ppo_update import critic_update, ppo_update
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +52,19 @@ def train_step(backend: TrainBackend, cfg: FullyAsyncConfig, groups: Sequence[Sa
     timing: dict[str, float] = {}
     batch = build_batch(samples, pad_token_id)
     metrics = prepare_batch(backend, cfg, batch, timing, timeline)
-    t = time.perf_counter()
-    with span("update_actor"):
-        metrics.update(ppo_update(backend, cfg, batch, num_mini_batches(
-            len(groups), cfg.actor_rollout_ref.actor.ppo_mini_batch_size)))
-    timing["timing_s/update_actor"] = time.perf_counter() - t
-    metrics.update(actor_perf_metrics(cfg, batch.seq_lengths, timing["timing_s/update_actor"]))
+    if uses_critic(cfg):
+        t = time.perf_counter()
+        with span("update_critic"):
+            metrics.update(critic_update(backend, cfg, batch, num_mini_batches(len(groups),
+                                                                               cfg.critic.ppo_mini_batch_size)))
+        timing["timing_s/update_critic"] = time.perf_counter() - t
+    if cfg.trainer.critic_warmup <= step:   # verl: the actor waits while the critic warms up
+        t = time.perf_counter()
+        with span("update_actor"):
+            metrics.update(ppo_update(backend, cfg, batch, num_mini_batches(
+                len(groups), cfg.actor_rollout_ref.actor.ppo_mini_batch_size)))
+        timing["timing_s/update_actor"] = time.perf_counter() - t
+        metrics.update(actor_perf_metrics(cfg, batch.seq_lengths, timing["timing_s/update_actor"]))
     check_bad_steps(backend, cfg, step, samples)
     metrics.update(timing)
     metrics.update(batch_metrics(samples, version, cfg.data.max_response_length, cfg.data.max_prompt_length))
@@ -74,7 +89,7 @@ def prepare_batch(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatc
         diff = (batch.old_log_probs - batch.rollout_log_probs).abs() * batch.response_mask
         metrics["training/rollout_probs_diff_mean"] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
     timing["timing_s/old_log_prob"] = time.perf_counter() - t
-    scores = batch.scores
+    kl, beta = None, 0.0
     if actor.use_kl_loss or alg.use_kl_in_reward:
         t = time.perf_counter()
         with span("ref"):
@@ -84,18 +99,43 @@ def prepare_batch(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatc
             kl = kl_penalty(batch.old_log_probs, batch.ref_log_probs, alg.kl_penalty) * batch.response_mask
             ctrl = kl_controller(backend, alg)
             beta = ctrl.value  # this step's coefficient; the controller then moves it (verl's apply_kl_penalty)
-            scores = scores - beta * kl.sum(-1)
             per_response = kl.sum(-1) / batch.response_mask.sum(-1).clamp(min=1)  # (B,)
             current_kl = float(per_response.mean())
             ctrl.update(current_kl, n_steps=int(kl.shape[0]))
             metrics["actor/reward_kl_penalty"] = current_kl
             metrics["actor/reward_kl_penalty_coeff"] = beta
+    if uses_critic(cfg):
+        t = time.perf_counter()
+        with span("values"):
+            batch.values = backend.compute_values(batch)
+        timing["timing_s/values"] = time.perf_counter() - t
     t = time.perf_counter()
     with span("adv"):
-        batch.advantages = grpo_advantages(scores, batch.group_ids, batch.response_mask, alg.norm_adv_by_std_in_grpo)
+        scores = fill_advantages(batch, alg, kl, beta)
     timing["timing_s/adv"] = time.perf_counter() - t
     metrics.update(reward_advantage_metrics(scores, batch.advantages, batch.response_mask))
+    if batch.values is not None:
+        metrics.update(value_metrics(batch.values, batch.returns, batch.response_mask))
     return metrics
+
+
+def fill_advantages(batch: TrainBatch, alg: Any, kl: Optional[Any], beta: float) -> Any:
+    """batch.advantages (and with a critic batch.returns) by algorithm.adv_estimator; returns the (B,) rewards
+    they were computed from (the scores, minus beta x the response's KL when `kl` is given).
+
+    gae: token-level rewards (the score on the last response token, minus the per-token KL penalty) and the
+    critic's batch.values.  grpo: group-normalised scores; a critic trained beside it (critic.enable=true) gets
+    the advantages as its returns, as verl's GRPO estimator returns them."""
+    if alg.adv_estimator == "gae":
+        rewards = token_level_rewards(batch.scores, batch.response_mask, kl, beta)
+        batch.advantages, batch.returns = gae_advantages(rewards, batch.values, batch.response_mask, alg.gamma,
+                                                         alg.lam)
+        return rewards.sum(-1)
+    scores = batch.scores if kl is None else batch.scores - beta * kl.sum(-1)
+    batch.advantages = grpo_advantages(scores, batch.group_ids, batch.response_mask, alg.norm_adv_by_std_in_grpo)
+    if batch.values is not None:
+        batch.returns = batch.advantages
+    return scores
 
 
 def kl_controller(backend: TrainBackend, alg: Any) -> Any:
