@@ -221,9 +221,11 @@ def _check_critic(cfg: Any) -> None:
                               f"{alg.adv_estimator}, critic.enable={critic.enable}); use 0")
         return
     if critic.strategy == "megatron" or cfg.actor_rollout_ref.actor.strategy == "megatron":
-        key = "critic.strategy" if critic.strategy == "megatron" else "actor_rollout_ref.actor.strategy"
+        key = ("critic.strategy" if critic.strategy == "megatron" else
+               "algorithm.adv_estimator" if alg.adv_estimator == "gae" else "critic.enable")
         raise ConfigError(key, "a critic (algorithm.adv_estimator=gae or critic.enable=true) is built by the torch "
-                          "/ fsdp2 backend only: use strategy fsdp, fsdp2 or torch for the actor and the critic")
+                          "/ fsdp2 backend only, and strategy=megatron has none: use actor_rollout_ref.actor.strategy "
+                          "and critic.strategy fsdp, fsdp2 or torch (or algorithm.adv_estimator=grpo)")
     _choice("critic.strategy", critic.strategy, ("fsdp", "torch", "fsdp2"))
     _check_optim("critic.optim", critic.optim)
     _choice("critic.loss_agg_mode", critic.loss_agg_mode, LOSS_AGG_MODES)

@@ -518,7 +518,8 @@ DEFAULT_DIFFERENCES: dict[str, str] = {
 # (reason as docs/verl_compat.md lists it, a regex of the key the refusal names).  A refusal naming another key
 # fails that test.
 SCRIPT_REFUSALS: list[tuple[str, str]] = [
-    ("advantage estimators other than grpo and gae", r"algorithm\.adv_estimator"),
+    ("advantage estimators other than grpo and gae; gae (a critic) with strategy=megatron",
+     r"algorithm\.adv_estimator|critic\.strategy"),
     ("Ulysses sequence parallel > 1", r".*\.ulysses_sequence_parallel_size"),
     ("DAPO dynamic sampling (filter_groups.enable=true)", r"algorithm\.filter_groups\.enable"),
     ("model-based reward (reward_model.enable=true)", r"reward_model\.enable"),
