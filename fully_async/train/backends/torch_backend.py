@@ -287,6 +287,8 @@ class TorchBackend:
             return StepResult(None, scheduler.get_last_lr()[0])
         optimizer.step()
         scheduler.step()
+        if which == "critic":   # its gradients would otherwise stay allocated through the actor's update
+            optimizer.zero_grad(set_to_none=True)
         return StepResult(grad_norm, scheduler.get_last_lr()[0])
 
     # ------------------------------------------------------------------ weights
