@@ -13,7 +13,7 @@ from typing import Any, Optional
 import torch
 
 from fully_async.algorithms.actor_loss import ActorLossOutput
-from fully_async.algorithms.losses import agg_loss
+from fully_async.algorithms.losses import agg_denominator, agg_loss
 
 VALUE_METRICS = ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean")
 
@@ -70,6 +70,12 @@ def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tens
     advantages = torch.stack(reversed_adv[::-1], dim=1)
     returns = advantages + values
     return masked_whiten(advantages, mask), returns
+
+
+def value_loss_denominator(mask: torch.Tensor, critic: Any, max_response_length: int) -> float:
+    """The `denom` every micro-batch of a critic mini-batch (response mask `mask`) passes to value_loss: its
+    tokens or sequences by critic.loss_agg_mode (seq-mean-token-sum-norm's constant: data.max_response_length)."""
+    return agg_denominator(mask, critic.loss_agg_mode, max_response_length)
 
 
 def value_loss(vpreds: torch.Tensor, *, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,

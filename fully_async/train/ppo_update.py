@@ -25,8 +25,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from fully_async.algorithms.actor_loss import ActorLossOutput, actor_loss, mini_batch_denominator
-from fully_async.algorithms.gae import value_loss
-from fully_async.algorithms.losses import agg_denominator
+from fully_async.algorithms.gae import value_loss, value_loss_denominator
 from fully_async.core.batch import TrainBatch
 from fully_async.core.config import FullyAsyncConfig
 from fully_async.train.backends import StepResult, TrainBackend
@@ -130,7 +129,7 @@ def critic_update(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatc
     critic = cfg.critic
 
     def loss(mini: TrainBatch) -> MicroBatchValueLoss:
-        denom = agg_denominator(mini.response_mask, critic.loss_agg_mode, cfg.data.max_response_length)
+        denom = value_loss_denominator(mini.response_mask, critic, cfg.data.max_response_length)
         return MicroBatchValueLoss(denom, len(mini), critic)
 
     return update_loop(backend, cfg, batch, num_mini_batches, critic, loss, "critic")

@@ -104,22 +104,23 @@ def prepare_batch(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatc
             ctrl.update(current_kl, n_steps=int(kl.shape[0]))
             metrics["actor/reward_kl_penalty"] = current_kl
             metrics["actor/reward_kl_penalty_coeff"] = beta
-    if uses_critic(cfg):
+    critic = uses_critic(cfg)
+    if critic:
         t = time.perf_counter()
         with span("values"):
             batch.values = backend.compute_values(batch)
         timing["timing_s/values"] = time.perf_counter() - t
     t = time.perf_counter()
     with span("adv"):
-        scores = fill_advantages(batch, alg, kl, beta)
+        scores = fill_advantages(batch, alg, kl, beta, critic)
     timing["timing_s/adv"] = time.perf_counter() - t
     metrics.update(reward_advantage_metrics(scores, batch.advantages, batch.response_mask))
-    if batch.values is not None:
+    if critic:
         metrics.update(value_metrics(batch.values, batch.returns, batch.response_mask))
     return metrics
 
 
-def fill_advantages(batch: TrainBatch, alg: Any, kl: Optional[Any], beta: float) -> Any:
+def fill_advantages(batch: TrainBatch, alg: Any, kl: Optional[Any], beta: float, critic: bool) -> Any:
     """batch.advantages (and with a critic batch.returns) by algorithm.adv_estimator; returns the (B,) rewards
     they were computed from (the scores, minus beta x the response's KL when `kl` is given).
 
@@ -133,7 +134,7 @@ def fill_advantages(batch: TrainBatch, alg: Any, kl: Optional[Any], beta: float)
         return rewards.sum(-1)
     scores = batch.scores if kl is None else batch.scores - beta * kl.sum(-1)
     batch.advantages = grpo_advantages(scores, batch.group_ids, batch.response_mask, alg.norm_adv_by_std_in_grpo)
-    if batch.values is not None:
+    if critic:
         batch.returns = batch.advantages
     return scores
 
