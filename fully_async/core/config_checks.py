@@ -83,8 +83,8 @@ def check_finite(cfg: Any) -> None:
 # ------------------------------------------------------------------ keys the chosen mode does not read
 def inert_overrides(cfg: Any, overrides: list[str]) -> list[str]:
     """The command-line keys (`key=value`, `+key=value`) that do nothing with this config: `async_training.*` in
-    sync mode, `actor_rollout_ref.actor.megatron.*` unless strategy=megatron.  Each is logged as a warning naming
-    the key and why; returned for callers that report them (the doctor)."""
+    sync mode, `actor_rollout_ref.actor.megatron.*` unless strategy=megatron, `critic.*` without a critic.  Each is
+    logged as a warning naming the key and why; returned for callers that report them (the doctor)."""
     rules = []
     if cfg.mode == "sync":
         rules.append(("async_training.", "mode=sync runs the colocated synchronous loop: async_training.* is read "
@@ -93,6 +93,11 @@ def inert_overrides(cfg: Any, overrides: list[str]) -> list[str]:
         rules.append(("actor_rollout_ref.actor.megatron.",
                       f"actor_rollout_ref.actor.strategy={cfg.actor_rollout_ref.actor.strategy}: the megatron "
                       "layout is read only with strategy=megatron"))
+    from fully_async.core.config import uses_critic
+
+    if not uses_critic(cfg):
+        rules.append(("critic.", f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} trains no critic: "
+                                 "critic.* is read only with adv_estimator=gae or critic.enable=true"))
     found = []
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")

@@ -55,3 +55,13 @@ def test_verls_gae_spellings_translate():
     validate(cfg)
     assert (cfg.critic.optim.lr, cfg.critic.grad_clip, cfg.trainer.critic_warmup) == (2e-5, 0.5, 1)
     assert (cfg.algorithm.gamma, cfg.algorithm.lam) == (0.99, 0.95)
+
+
+def test_critic_keys_without_a_critic_are_warned_as_inert():
+    from fully_async.core.config_checks import inert_overrides
+
+    overrides = ["critic.optim.lr=1e-4"]
+    assert inert_overrides(load_config(overrides), overrides) == [
+        "critic.optim.lr has no effect: algorithm.adv_estimator=grpo trains no critic: critic.* is read only with "
+        "adv_estimator=gae or critic.enable=true"]
+    assert inert_overrides(load_config([*GAE, *overrides]), overrides) == []
