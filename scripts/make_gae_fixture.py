@@ -1,11 +1,12 @@
-"""Reference vectors for GAE and the clipped value loss, computed by verl's own functions (tests/fixtures/gae_verl.json).
+"""Reference vectors for GAE and the clipped value loss from verl's own functions (tests/fixtures/gae_verl.json).
 
 verl's `compute_gae_advantage_return`, `compute_value_loss` and `agg_loss` (verl/trainer/ppo/core_algos.py) and the
 masked helpers they call (verl/utils/torch_functional.py) are read from a verl checkout and executed as they are,
 lifted out of their modules by `ast` so that nothing else of verl (Ray, its config classes) has to import.  The
 inputs use verl's (B, response_length) layout, right-padded responses.
 
-    python scripts/make_gae_fixture.py --verl-git-dir /work/.mirror/volcengine+verl/repo [--out tests/fixtures/gae_verl.json]
+    python scripts/make_gae_fixture.py --verl-git-dir /work/.mirror/volcengine+verl/repo \
+        [--out tests/fixtures/gae_verl.json]
 """
 from __future__ import annotations
 

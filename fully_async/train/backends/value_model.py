@@ -4,8 +4,8 @@ A `ValueModel` belongs to a `TorchBackend` (torch or one FSDP2 rank): it lives o
 same way and computes in the same dtype as the actor, so the trainer's process group, the data-parallel group
 (train/group.py), checkpoints and offloading carry it with the actor.  The model is the critic's trunk
 (critic.model.path, else the actor's model) with a scalar head: Hugging Face's `...ForTokenClassification` with
-one label and no dropout, as verl builds it (the head newly initialised).  The value of response token t is the head's output
-at position t - 1, the state before the token was generated (verl: `values[:, -response_length - 1:-1]`).
+one label and no dropout, as verl builds it (the head newly initialised).  The value of response token t is the
+head's output at position t - 1, the state before the token was generated (verl: `values[:, -response_length - 1:-1]`).
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ GAE = ["algorithm.adv_estimator=gae"]
 
 def test_gae_is_valid_and_the_critic_follows_the_actors_keys_as_in_verl():
     cfg = load_config([*GAE, "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_epochs=2",
-                       "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean", "critic.ppo_max_token_len_per_gpu=999"])
+                       "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+                       "critic.ppo_max_token_len_per_gpu=999"])
     validate(cfg)
     c = typed_config(cfg).critic
     assert uses_critic(cfg) and c.enable is None and c.optim.lr == 1e-5 and c.cliprange_value == 0.5

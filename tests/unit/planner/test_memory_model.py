@@ -234,8 +234,9 @@ def test_a_critic_adds_its_sharded_state_but_not_a_second_set_of_activations():
         pytest.approx(16 * pc / 8)
     assert gae.total - plain.total == pytest.approx(16 * pc / 8)
     # while the engine generates, the critic's state stays resident as the actor's does (offloaded alike)
-    trainer = RoleMemory("trainer", {"params": 1.0, "grads": 1.0, "optimizer": 2.0, "critic_params": 1.0,
-                                     "critic_grads": 1.0, "critic_optimizer": 2.0, "activations": 1.0}, strategy="fsdp2")
+    parts = {"params": 1.0, "grads": 1.0, "optimizer": 2.0, "critic_params": 1.0, "critic_grads": 1.0,
+             "critic_optimizer": 2.0, "activations": 1.0}
+    trainer = RoleMemory("trainer", parts, strategy="fsdp2")
     engine = RoleMemory("engine", {"weights": 50.0})
     kept = colocated_memory(cfg(*base, "algorithm.adv_estimator=gae",
                                 "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"), trainer, engine)
