@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(qwen2_5_1_5b_gsm8k qwen2_5_7b_gsm8k qwen2_5_7b_math qwen3_4b_dapo_math qwen3_8b_dapo_math)
+[ ${#names[@]} -gt 0 ] || names=(qwen2_5_1_5b_gsm8k qwen2_5_1_5b_gsm8k_ppo qwen2_5_7b_gsm8k qwen2_5_7b_math qwen3_4b_dapo_math qwen3_8b_dapo_math)
 # the output must not depend on this machine: the model by its built-in shape name, data that is nowhere
 export DATA_DIR=/nonexistent/data
 for name in "${names[@]}"; do

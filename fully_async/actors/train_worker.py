@@ -81,8 +81,12 @@ class TrainWorker(EngineHost):
         return self.backend.forward_backward(mini)
 
     @forwards_to_backend
-    def optimizer_step(self, finite: bool) -> StepResult:
-        return self.backend.optimizer_step(finite)
+    def optimizer_step(self, finite: bool, which: str = "actor") -> StepResult:
+        return self.backend.optimizer_step(finite, which)
+
+    @forwards_to_backend
+    def compute_values(self, batch: TrainBatch, num_micro: Optional[int] = None) -> torch.Tensor:
+        return self.backend.compute_values(batch, num_micro=num_micro)
 
     @forwards_to_backend
     def named_parameters_for_sync(self) -> dict[str, torch.Tensor]:

@@ -26,6 +26,8 @@ class TrainBatch:
     ref_log_probs: Optional[torch.Tensor] = None   # (B, L)
     advantages: Optional[torch.Tensor] = None      # (B, L)
     rollout_is_weights: Optional[torch.Tensor] = None  # (B, L) algorithm.rollout_correction's truncated weights
+    values: Optional[torch.Tensor] = None          # (B, L) the critic's values before its update (gae)
+    returns: Optional[torch.Tensor] = None         # (B, L) GAE returns, the critic's targets (gae)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -242,12 +242,45 @@ class RolloutCorrectionConfig:
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True
-    gamma: float = 1.0                    # discount of reinforce_plus_plus's token returns (others have none)
+    gamma: float = 1.0                    # discount: gae's and reinforce_plus_plus's token returns (others have none)
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"                # estimator for the in-reward KL (same choices as kl_loss_type)
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    lam: float = 1.0                      # gae: lambda of Generalized Advantage Estimation
+
+
+# ----------------------------------------------------------------------------------- critic (adv_estimator=gae)
+@dataclass
+class CriticModelConfig:
+    path: Optional[str] = None            # HF folder of the value model's trunk; null: actor_rollout_ref.model.path
+    trust_remote_code: bool = "${actor_rollout_ref.model.trust_remote_code}"  # type: ignore[assignment]
+    override_config: dict[str, Any] = field(default_factory=dict)  # HF config fields to override for the critic
+    enable_gradient_checkpointing: bool = True
+
+
+@dataclass
+class CriticConfig:
+    """verl's critic.*: the value model of PPO with algorithm.adv_estimator=gae (train/backends/value_model.py).
+
+    Built in the trainer process next to the actor, by the actor's backend (torch or fsdp2, the same sharding and
+    dtype), with its own AdamW and LR schedule.  Mini-batches count prompts (groups), as the actor's."""
+    enable: Optional[bool] = None         # null: a critic exactly when algorithm.adv_estimator=gae
+    strategy: str = "fsdp"                # fsdp | torch | fsdp2: the actor's backend builds it (megatron: refused)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    ppo_mini_batch_size: int = "${actor_rollout_ref.actor.ppo_mini_batch_size}"  # type: ignore[assignment]
+    ppo_micro_batch_size_per_gpu: Optional[int] = None  # responses per forward/backward; null: whole mini-batch
+    forward_micro_batch_size_per_gpu: Optional[int] = "${.ppo_micro_batch_size_per_gpu}"  # type: ignore
+    use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
+    ppo_max_token_len_per_gpu: int = 32768  # token budget per micro-batch with use_dynamic_bsz
+    forward_max_token_len_per_gpu: int = "${.ppo_max_token_len_per_gpu}"  # type: ignore[assignment]
+    ppo_epochs: int = "${actor_rollout_ref.actor.ppo_epochs}"  # type: ignore[assignment]
+    shuffle: bool = "${actor_rollout_ref.actor.shuffle}"  # type: ignore[assignment]
+    cliprange_value: float = 0.5          # new values stay within old values +- this in the clipped value loss
+    loss_agg_mode: str = "${actor_rollout_ref.actor.loss_agg_mode}"  # type: ignore[assignment]
+    grad_clip: float = 1.0                # max global grad norm of the critic
 
 
 # ----------------------------------------------------------------------------------- trainer / rollout placement
@@ -275,6 +308,8 @@ class TrainerConfig:
     progress_timeout_s: float = 1800.0    # fail when neither trainer nor rollouter progressed this long
     max_bad_steps: int = 3                # consecutive steps with NaN/inf loss before the run fails
     timeline: bool = False                # write a Chrome/Perfetto trace of each actor's phases
+    critic_warmup: int = 0                # gae: the actor is updated from step critic_warmup on (verl's
+    #                                       `critic_warmup <= global_steps`); earlier steps train the critic only
     device_peak_tflops: Optional[float] = None  # bf16 dense peak TFLOP/s of one trainer device for perf/mfu/actor;
     #                                             null: looked up from the device name (flops.py), no MFU if unknown
 
@@ -387,6 +422,7 @@ class FullyAsyncConfig:
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutPlacementConfig = field(default_factory=RolloutPlacementConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
@@ -405,11 +441,11 @@ TRUNCATIONS = ("error", "left", "right", "middle")
 ROLLOUT_NAMES = ("hf", "vllm")
 STRATEGIES = ("fsdp", "torch", "fsdp2", "megatron")
 PLACEMENTS = ("split", "colocated", "elastic")
-# the critic-free estimators (algorithms/advantages.py); all but reinforce_plus_plus compare a response with the
-# other responses to its prompt, so they need rollout.n >= 2
+# the advantage estimators: gae needs a critic (critic.*); the critic-free ones (algorithms/advantages.py) all but
+# reinforce_plus_plus compare a response with the other responses to its prompt, so they need rollout.n >= 2
 ADV_ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
-                  "reinforce_plus_plus", "reinforce_plus_plus_baseline")
-GROUP_ADV_ESTIMATORS = tuple(e for e in ADV_ESTIMATORS if e != "reinforce_plus_plus")
+                  "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae")
+GROUP_ADV_ESTIMATORS = tuple(e for e in ADV_ESTIMATORS if e not in ("reinforce_plus_plus", "gae"))
 POLICY_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo")
 REWARD_MANAGERS = ("naive", "dapo")
 LOGGERS = ("console", "tensorboard", "wandb", "swanlab", "mlflow")
@@ -467,6 +503,12 @@ def actor_strategy(cfg: Any) -> str:
     if strategy == "fsdp":
         return "fsdp2" if RunPlan.of(cfg).trainer_devices > 1 else "torch"
     return strategy
+
+
+def uses_critic(cfg: Any) -> bool:
+    """A value model is trained: critic.enable, or when null, algorithm.adv_estimator=gae (verl's rule)."""
+    enable = cfg.critic.enable
+    return bool(enable) if enable is not None else cfg.algorithm.adv_estimator == "gae"
 
 
 def clip_bounds(actor: Any) -> tuple[float, float]:

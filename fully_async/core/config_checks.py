@@ -84,8 +84,8 @@ def check_finite(cfg: Any) -> None:
 # ------------------------------------------------------------------ keys the chosen mode does not read
 def inert_overrides(cfg: Any, overrides: list[str]) -> list[str]:
     """The command-line keys (`key=value`, `+key=value`) that do nothing with this config: `async_training.*` in
-    sync mode, `actor_rollout_ref.actor.megatron.*` unless strategy=megatron.  Each is logged as a warning naming
-    the key and why; returned for callers that report them (the doctor)."""
+    sync mode, `actor_rollout_ref.actor.megatron.*` unless strategy=megatron, `critic.*` without a critic.  Each is
+    logged as a warning naming the key and why; returned for callers that report them (the doctor)."""
     rules = []
     if cfg.mode == "sync":
         rules.append(("async_training.", "mode=sync runs the colocated synchronous loop: async_training.* is read "
@@ -95,6 +95,11 @@ def inert_overrides(cfg: Any, overrides: list[str]) -> list[str]:
                       f"actor_rollout_ref.actor.strategy={cfg.actor_rollout_ref.actor.strategy}: the megatron "
                       "layout is read only with strategy=megatron"))
     rules += _inert_policy_loss_keys(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
+    from fully_async.core.config import uses_critic
+
+    if not uses_critic(cfg):
+        rules.append(("critic.", f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} trains no critic: "
+                                 "critic.* is read only with adv_estimator=gae or critic.enable=true"))
     found = []
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
@@ -194,12 +199,7 @@ def _check_actor(cfg: Any) -> None:
     _choice("actor_rollout_ref.actor.dtype", actor.dtype, DTYPES)
     _at_least("actor_rollout_ref.actor.ppo_mini_batch_size", actor.ppo_mini_batch_size, 1)
     _at_least("actor_rollout_ref.actor.ppo_epochs", actor.ppo_epochs, 1)
-    _at_least("actor_rollout_ref.actor.optim.lr", actor.optim.lr, 0.0)
-    _choice("actor_rollout_ref.actor.optim.lr_scheduler_type", actor.optim.lr_scheduler_type, LR_SCHEDULER_TYPES)
-    if not 0.0 <= actor.optim.min_lr_ratio <= 1.0:
-        raise ConfigError("actor_rollout_ref.actor.optim.min_lr_ratio",
-                          f"{actor.optim.min_lr_ratio!r} must be in [0, 1] (a fraction of optim.lr)")
-    _at_least("actor_rollout_ref.actor.optim.num_cycles", actor.optim.num_cycles, 0.0, strict=True)
+    _check_optim("actor_rollout_ref.actor.optim", actor.optim)
     _at_least("actor_rollout_ref.actor.grad_clip", actor.grad_clip, 0.0, strict=True)
     _at_least("actor_rollout_ref.actor.clip_ratio_c", actor.clip_ratio_c, 1.0, strict=True)
     _check_policy_loss(actor)
@@ -225,6 +225,56 @@ def _check_policy_loss(actor: Any) -> None:
     _at_least(f"{key}.ppo_kl_coef", pl.ppo_kl_coef, 0.0)
     _at_least("actor_rollout_ref.actor.tau_pos", actor.tau_pos, 0.0, strict=True)
     _at_least("actor_rollout_ref.actor.tau_neg", actor.tau_neg, 0.0, strict=True)
+
+
+def _check_optim(prefix: str, optim: Any) -> None:
+    """An optimizer section (the actor's, the critic's): lr, schedule type, cosine floor and cycles."""
+    _at_least(f"{prefix}.lr", optim.lr, 0.0)
+    _choice(f"{prefix}.lr_scheduler_type", optim.lr_scheduler_type, LR_SCHEDULER_TYPES)
+    if not 0.0 <= optim.min_lr_ratio <= 1.0:
+        raise ConfigError(f"{prefix}.min_lr_ratio", f"{optim.min_lr_ratio!r} must be in [0, 1] (a fraction of "
+                          "optim.lr)")
+    _at_least(f"{prefix}.num_cycles", optim.num_cycles, 0.0, strict=True)
+
+
+def _check_critic(cfg: Any) -> None:
+    """The critic section, read only when a critic is trained (uses_critic); algorithm.gamma / lam, and
+    trainer.critic_warmup, whose meaning needs a critic."""
+    from fully_async.core.config import uses_critic
+
+    alg, critic = cfg.algorithm, cfg.critic
+    if alg.adv_estimator == "gae" and critic.enable is False:
+        raise ConfigError("critic.enable", "false, but algorithm.adv_estimator=gae needs a value model: set "
+                          "critic.enable=true (or null) or use algorithm.adv_estimator=grpo")
+    if not 0.0 <= alg.lam <= 1.0:
+        raise ConfigError("algorithm.lam", f"{alg.lam!r} must be in [0, 1]")
+    _at_least("trainer.critic_warmup", cfg.trainer.critic_warmup, 0)
+    if not uses_critic(cfg):
+        if cfg.trainer.critic_warmup > 0:
+            raise ConfigError("trainer.critic_warmup", "there is no critic to warm up (algorithm.adv_estimator="
+                              f"{alg.adv_estimator}, critic.enable={critic.enable}); use 0")
+        return
+    if critic.strategy == "megatron" or cfg.actor_rollout_ref.actor.strategy == "megatron":
+        key = ("critic.strategy" if critic.strategy == "megatron" else
+               "algorithm.adv_estimator" if alg.adv_estimator == "gae" else "critic.enable")
+        raise ConfigError(key, "a critic (algorithm.adv_estimator=gae or critic.enable=true) is built by the torch "
+                          "/ fsdp2 backend only, and strategy=megatron has none: use actor_rollout_ref.actor.strategy "
+                          "and critic.strategy fsdp, fsdp2 or torch (or algorithm.adv_estimator=grpo)")
+    _choice("critic.strategy", critic.strategy, ("fsdp", "torch", "fsdp2"))
+    _check_optim("critic.optim", critic.optim)
+    _choice("critic.loss_agg_mode", critic.loss_agg_mode, LOSS_AGG_MODES)
+    _at_least("critic.ppo_mini_batch_size", critic.ppo_mini_batch_size, 1)
+    _at_least("critic.ppo_epochs", critic.ppo_epochs, 1)
+    _at_least("critic.cliprange_value", critic.cliprange_value, 0.0)
+    _at_least("critic.grad_clip", critic.grad_clip, 0.0, strict=True)
+    for key in ("ppo_micro_batch_size_per_gpu", "forward_micro_batch_size_per_gpu"):
+        if getattr(critic, key) is not None:
+            _at_least(f"critic.{key}", getattr(critic, key), 1)
+    need = cfg.data.max_prompt_length + cfg.data.max_response_length
+    for key in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):
+        if critic.use_dynamic_bsz and getattr(critic, key) < need:
+            raise ConfigError(f"critic.{key}", f"{getattr(critic, key)} cannot hold one sequence of "
+                              f"max_prompt_length + max_response_length = {need} tokens")
 
 
 def _check_rollout(cfg: Any) -> None:
@@ -270,7 +320,6 @@ def _check_rollout(cfg: Any) -> None:
 UNSUPPORTED_ESTIMATORS = {
     "remax": "ReMax subtracts the reward of a greedy baseline response per prompt, which the rollouters do not "
              "generate",
-    "gae": "GAE needs a critic (value model), which is not implemented",
     "optimal_token_baseline": "the optimal-token-baseline estimators need the actor's sum of squared token "
                               "probabilities, which the trainer does not compute",
     "tir_optimal_token_baseline": "the optimal-token-baseline estimators need the actor's sum of squared token "
@@ -287,9 +336,12 @@ def _check_algorithm(cfg: Any) -> None:
     gamma = cfg.algorithm.gamma
     if not 0.0 <= gamma <= 1.0:
         raise ConfigError("algorithm.gamma", f"{gamma!r} must be in [0, 1]")
-    if gamma != 1.0 and estimator != "reinforce_plus_plus":
-        raise ConfigError("algorithm.gamma", f"{gamma!r}: only adv_estimator=reinforce_plus_plus discounts; "
+    if gamma != 1.0 and estimator not in ("reinforce_plus_plus", "gae"):
+        raise ConfigError("algorithm.gamma", f"{gamma!r}: only adv_estimator=gae and reinforce_plus_plus discount; "
                           f"{estimator} scores whole responses (use 1.0)")
+    if cfg.algorithm.lam != 1.0 and estimator != "gae":
+        logger.warning("algorithm.lam=%r has no effect: only adv_estimator=gae has a lambda (%s has none)",
+                       cfg.algorithm.lam, estimator)
     _choice("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_TYPES)
     ctrl = cfg.algorithm.kl_ctrl
     _choice("algorithm.kl_ctrl.type", ctrl.type, ("fixed", "adaptive"))
@@ -702,8 +754,8 @@ def _check_rollout_correction(cfg: Any) -> None:
 
 
 SECTION_CHECKS = (_check_mode, _check_trainer, _check_rollout_placement, _check_data, _check_model, _check_actor,
-                  _check_rollout, _check_algorithm, _check_async_training, _warn_pure_low_precision, _check_reward,
-                  _check_benchmark,
+                  _check_rollout, _check_algorithm, _check_critic, _check_async_training, _warn_pure_low_precision,
+                  _check_reward, _check_benchmark,
                   _check_multi_job)
 CROSS_SECTION_CHECKS = (_check_grpo_group, _check_sequence_budgets, _check_sync_batch, _check_trainer_world,
                         _validate_attention, _validate_rollout_layout,

@@ -13,6 +13,12 @@ What is counted, per device, in bytes (P = parameters of the device's shard, h/I
   trainer, strategy megatron  bf16 params 2P + float32 grad buffer 4P + float32 master and moments 12P
                             (sharded over dp with use_distributed_optimizer), P = the largest pipeline stage's
                             parameters / tensor parallel size (stage 0 holds the embedding)
+  critic                    (algorithm.adv_estimator=gae) the value model's params, grads and AdamW moments, held the
+                            same way as the actor's (fsdp2 16 x Pc / dp, torch 4 x Pc x bytes(dtype)), Pc = P
+                            without an untied lm_head (the value head has one output); its grads counted as resident
+                            (an upper bound: they are freed after each critic step).  Its activations are not added:
+                            the critic's and the actor's updates run one after the other, and the actor's (with
+                            the logits) are the larger.  The critic's shape is taken as the actor's
   activations               one micro-batch (ppo_max_token_len_per_gpu tokens with use_dynamic_bsz, else
                             ppo_micro_batch_size_per_gpu x (max_prompt_length + max_response_length)); per
                             token and layer the tensors autograd keeps for backward, counted with saved-tensor
@@ -45,6 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fully_async.core.config import uses_critic
 from fully_async.planner.hardware import Shape
 
 GIB = 1024 ** 3
@@ -169,6 +176,9 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
             mem.parts["ref_params"] = cbytes * P
         mem.note = f"torch, one device, params/grads/AdamW in {actor.dtype}"
         tokens = micro_batch_tokens(cfg, dp)
+    if uses_critic(cfg) and strategy != "megatron":   # megatron with a critic is refused by config_checks
+        mem.parts.update(critic_memory(shape, strategy, dp, cbytes))
+        mem.note += "; critic (value model) beside the actor"
     # the torch backend (torch and fsdp2) compiles each decoder layer where the device has inductor: CUDA
     # (train/backends/torch_backend.compile_decoder_layers); NPU and CPU, and megatron, run the layers eagerly
     compiled = bool(actor.use_torch_compile) and cfg.trainer.device == "cuda" and strategy != "megatron"
@@ -182,6 +192,14 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
     mem.note += f"; micro-batch {tokens} tokens" + (", gradient checkpointing" if model.enable_gradient_checkpointing
                                                      else "") + (", compiled layers" if compiled else "")
     return mem
+
+
+def critic_memory(shape: Shape, strategy: str, dp: int, cbytes: int) -> dict[str, float]:
+    """The critic's resident parts on one trainer device (module docstring: critic)."""
+    pc = shape.params() - (0 if shape.tied else shape.vocab * shape.hidden)
+    if strategy == "fsdp2":
+        return {"critic_params": 4 * pc / dp, "critic_grads": 4 * pc / dp, "critic_optimizer": 8 * pc / dp}
+    return {"critic_params": cbytes * pc, "critic_grads": cbytes * pc, "critic_optimizer": 2 * cbytes * pc}
 
 
 # the decode graphs' memory pool plus the cuBLAS workspaces of the two capture streams, measured on 1x H100
@@ -224,11 +242,12 @@ def engine_memory(cfg: Any, shape: Shape, capacity_bytes: float) -> RoleMemory:
 def colocated_memory(cfg: Any, trainer: RoleMemory, engine: RoleMemory) -> RoleMemory:
     """Sync mode: one device holds both (module docstring)."""
     off = cfg.actor_rollout_ref.actor.fsdp_config
-    keep = {k: v for k, v in trainer.parts.items() if k in ("params", "grads", "ref_params", "gathered_layers")}
+    keep = {k: v for k, v in trainer.parts.items() if k in ("params", "grads", "ref_params", "gathered_layers",
+                                                            "critic_params", "critic_grads")}
     if off.param_offload:
         keep = {k: v for k, v in keep.items() if k == "gathered_layers"}
     if not off.optimizer_offload:
-        keep["optimizer"] = trainer.parts.get("optimizer", 0.0)
+        keep.update({k: v for k, v in trainer.parts.items() if k in ("optimizer", "critic_optimizer")})
     if trainer.strategy in ("torch", "megatron") and (off.param_offload or off.optimizer_offload):
         keep = {}   # these backends' offload() moves everything (params, grads, optimizer, reference) at once
     gen = engine.total + sum(keep.values())

@@ -25,7 +25,7 @@ import os
 import sys
 from typing import Any, Optional
 
-from fully_async.core.config import ConfigError
+from fully_async.core.config import ConfigError, uses_critic
 from fully_async.planner.hardware import DEVICES, DeviceSpec, Shape, known_shape
 from fully_async.planner.memory_model import GIB, colocated_memory, engine_memory, trainer_memory, verdict
 from fully_async.run.plan_format import format_text
@@ -119,6 +119,8 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
     mp = actor.megatron.tensor_model_parallel_size * actor.megatron.pipeline_model_parallel_size \
         if actor.strategy == "megatron" else 1
     extra = int(bool(actor.use_kl_loss)) + int(not cfg.async_training.use_rollout_log_probs)
+    if uses_critic(cfg):   # its values forward, its update (3 forwards' worth) and its recompute (checkpointing)
+        extra += 4 + int(bool(cfg.critic.model.enable_gradient_checkpointing))
     prompt = opts.prompt_length or max(1, cfg.data.max_prompt_length // 2)
     rollout = cfg.actor_rollout_ref.rollout
     off = actor.fsdp_config

@@ -81,7 +81,7 @@ def rollouter_version_metrics(version_s: float, idle_s: float) -> dict[str, floa
 
 
 CONSOLE_KEYS = (("critic/score/mean", "reward"), ("val-core", "val"), ("actor/pg_loss", "pg_loss"),
-                ("actor/grad_norm", "gnorm"), ("response_length/mean", "resp_len"),
+                ("actor/grad_norm", "gnorm"), ("critic/vf_loss", "vf_loss"), ("response_length/mean", "resp_len"),
                 ("fully_async/staleness/mean", "stale"), ("perf/throughput", "tok/s/dev"),
                 ("trainer/idle_ratio", "t_idle"), ("fully_async/rollouter/idle_ratio", "r_idle"),
                 ("timing_s/step", "step_s"))

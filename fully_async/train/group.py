@@ -107,6 +107,21 @@ class GroupBackend:
                         sub.log_prob_max_token_len_per_gpu, self.cfg.actor_rollout_ref.model.use_remove_padding)
         parts = self._with_workers([w.compute_log_probs.remote(s, which, k) for w, s in zip(self.workers, shards[1:])],
                                    lambda: self.local.compute_log_probs(shards[0], which, num_micro=k))
+        return self._gather_rows(batch, rows, parts)
+
+    def compute_values(self, batch: TrainBatch) -> torch.Tensor:
+        """The critic's values, each rank its own rows with the pass count all ranks agreed on."""
+        c = self.cfg.critic
+        rows, shards = shard_batch(batch, self.world)
+        k = micro_count(shards, c.forward_micro_batch_size_per_gpu, c.use_dynamic_bsz, c.forward_max_token_len_per_gpu,
+                        self.cfg.actor_rollout_ref.model.use_remove_padding)
+        parts = self._with_workers([w.compute_values.remote(s, k) for w, s in zip(self.workers, shards[1:])],
+                                   lambda: self.local.compute_values(shards[0], num_micro=k))
+        return self._gather_rows(batch, rows, parts)
+
+    @staticmethod
+    def _gather_rows(batch: TrainBatch, rows: list[list[int]], parts: list[torch.Tensor]) -> torch.Tensor:
+        """(B, L) of `batch` from each rank's rows (`rows[r]`) and its part (`parts[r]`, trimmed to its longest)."""
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         for idx, part in zip(rows, parts):
             if idx:
@@ -120,10 +135,10 @@ class GroupBackend:
                                      lambda: self.local.forward_backward(mini.for_rank(0)))
         return {key: sum(r.get(key, 0.0) for r in results) for key in results[0]}
 
-    def optimizer_step(self, finite: bool) -> StepResult:
+    def optimizer_step(self, finite: bool, which: str = "actor") -> StepResult:
         """Every rank steps (or skips) together: the norm is global; rank 0's report."""
-        return self._with_workers([w.optimizer_step.remote(finite) for w in self.workers],
-                                  lambda: self.local.optimizer_step(finite))[0]
+        return self._with_workers([w.optimizer_step.remote(finite, which) for w in self.workers],
+                                  lambda: self.local.optimizer_step(finite, which))[0]
 
     def named_parameters_for_sync(self) -> dict[str, torch.Tensor]:
         return self._with_workers([w.named_parameters_for_sync.remote() for w in self.workers],

@@ -8,6 +8,10 @@ numbers: gradients accumulate over the micro-batches and the optimizer steps onc
 gradient norm skips that step (the gradients are dropped) and is counted in `actor/bad_steps` and on the backend
 (`train_step.check_bad_steps` fails after trainer.max_bad_steps in a row).
 
+The critic (algorithm.adv_estimator=gae) is updated by the same loop (`critic_update`): critic.ppo_epochs passes of
+critic.ppo_mini_batch_size groups, its micro-batch keys, the clipped value loss (`algorithms/gae.value_loss`) and
+its own optimizer step (`optimizer_step(finite, "critic")`); its metrics are critic/*.
+
 The backend only does what depends on the strategy (TrainBackend: `forward_backward`, `optimizer_step`); this
 loop, the loss and the metrics are written once, so torch, FSDP2, megatron and the data-parallel group agree.
 """
@@ -16,12 +20,13 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from fully_async.algorithms.actor_loss import (ActorLossOutput, actor_loss, mini_batch_denominator,
                                                mini_batch_policy_denominator)
+from fully_async.algorithms.gae import value_loss, value_loss_denominator
 from fully_async.core.batch import TrainBatch
 from fully_async.core.config import FullyAsyncConfig
 from fully_async.train.backends import StepResult, TrainBackend
@@ -53,11 +58,28 @@ class MicroBatchLoss:
                           is_weights=mb.rollout_is_weights, rollout_correction=self.rollout_correction)
 
 
-class UpdateMetrics:
-    """actor/* means over the optimizer steps (each metric is already summed over its mini-batch), the grad norm
-    mean over the steps taken, the number skipped, and the learning rate after the last step."""
+@dataclass(frozen=True)
+class MicroBatchValueLoss:
+    """The critic's clipped value loss of one micro-batch, normalised to its mini-batch (as MicroBatchLoss):
+    `denom` from critic.loss_agg_mode, `rows_total` the mini-batch's rows."""
 
-    def __init__(self) -> None:
+    denom: float
+    rows_total: int
+    critic: Any             # the critic section (cliprange_value, loss_agg_mode)
+
+    def __call__(self, mb: TrainBatch, values: torch.Tensor, _: Optional[torch.Tensor]) -> ActorLossOutput:
+        # values: (B, L) under the critic being trained, on the micro-batch's device
+        return value_loss(values, old_values=mb.values, returns=mb.returns, mask=mb.response_mask,
+                          cliprange_value=self.critic.cliprange_value, loss_agg_mode=self.critic.loss_agg_mode,
+                          denom=self.denom, share=values.shape[0] / self.rows_total)
+
+
+class UpdateMetrics:
+    """<prefix>/* means over the optimizer steps (each metric is already summed over its mini-batch), the grad
+    norm mean over the steps taken, the number skipped, and the learning rate after the last step."""
+
+    def __init__(self, prefix: str = "actor") -> None:
+        self.prefix = prefix
         self.sums: dict[str, float] = {}
         self.norms: list[float] = []
         self.steps = 0
@@ -77,9 +99,9 @@ class UpdateMetrics:
     def result(self) -> dict[str, float]:
         metrics = {key: value / self.steps for key, value in self.sums.items()}
         if self.norms:
-            metrics["actor/grad_norm"] = sum(self.norms) / len(self.norms)
-        metrics["actor/bad_steps"] = float(self.bad)
-        metrics["actor/lr"] = self.lr
+            metrics[f"{self.prefix}/grad_norm"] = sum(self.norms) / len(self.norms)
+        metrics[f"{self.prefix}/bad_steps"] = float(self.bad)
+        metrics[f"{self.prefix}/lr"] = self.lr
         return metrics
 
 
@@ -98,20 +120,47 @@ def ppo_update(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatch,
     """`actor.ppo_epochs` passes over `batch` in `num_mini_batches` optimizer steps each; returns the actor/*
     metrics.  `batch` carries old log-probs and advantages (and reference log-probs for the KL loss)."""
     actor = cfg.actor_rollout_ref.actor
+
+    def loss(mini: TrainBatch) -> MicroBatchLoss:
+        return MicroBatchLoss(mini_batch_denominator(mini.response_mask, actor), len(mini), actor, cfg.async_training,
+                              mini_batch_policy_denominator(mini.response_mask, actor),
+                              cfg.algorithm.rollout_correction)
+
+    return update_loop(backend, cfg, batch, num_mini_batches, actor, loss, "actor")
+
+
+def critic_update(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatch,
+                  num_mini_batches: int) -> dict[str, float]:
+    """`critic.ppo_epochs` passes over `batch` (carrying the critic's old values and the GAE returns) in
+    `num_mini_batches` critic optimizer steps each; returns the critic/* metrics."""
+    critic = cfg.critic
+
+    def loss(mini: TrainBatch) -> MicroBatchValueLoss:
+        denom = value_loss_denominator(mini.response_mask, critic, cfg.data.max_response_length)
+        return MicroBatchValueLoss(denom, len(mini), critic)
+
+    return update_loop(backend, cfg, batch, num_mini_batches, critic, loss, "critic")
+
+
+def update_loop(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatch, num_mini_batches: int,
+                section: Any, make_loss: Callable[[TrainBatch], Any], which: str) -> dict[str, float]:
+    """`section.ppo_epochs` passes over `batch`, each shuffled when `section.shuffle` and cut into
+    `num_mini_batches` mini-batches of `which` (actor | critic), one optimizer step each.  `section` (the actor's
+    or the critic's config) also gives the micro-batch keys; `make_loss(mini)` the loss of a mini-batch."""
     packed = bool(cfg.actor_rollout_ref.model.use_remove_padding)
     mini_size = math.ceil(len(batch) / num_mini_batches)
-    metrics = UpdateMetrics()
-    for _ in range(actor.ppo_epochs):
+    metrics = UpdateMetrics(which)
+    for _ in range(section.ppo_epochs):
         order = list(range(len(batch)))
-        if actor.shuffle:
+        if section.shuffle:
             backend.rng.shuffle(order)
         for start in range(0, len(batch), mini_size):
             mini = batch.select(order[start:start + mini_size])
-            loss = MicroBatchLoss(mini_batch_denominator(mini.response_mask, actor), len(mini), actor,
-                                  cfg.async_training, mini_batch_policy_denominator(mini.response_mask, actor),
-                                  cfg.algorithm.rollout_correction)
-            stats = backend.forward_backward(cut_mini_batch(mini, backend.data_parallel_size, actor, packed, loss))
-            step = backend.optimizer_step(all(math.isfinite(v) for v in stats.values()))
+            cut = cut_mini_batch(mini, backend.data_parallel_size, section, packed, make_loss(mini), which)
+            stats = backend.forward_backward(cut)
+            finite = all(math.isfinite(v) for v in stats.values())
+            # the actor's step keeps the one-argument call every backend (and test double) has served
+            step = backend.optimizer_step(finite) if which == "actor" else backend.optimizer_step(finite, which)
             record_step(backend, step)
             metrics.add(stats, step)
     return metrics.result()

@@ -41,9 +41,11 @@ def micro_count(shards: list[TrainBatch], micro: Optional[int], dynamic: bool, b
     return max(len(micro_batches(s, micro, dynamic, budget, packed)) for s in shards)
 
 
-def cut_mini_batch(mini: TrainBatch, world: int, actor: Any, packed: bool, loss: MicroLoss) -> MiniBatch:
+def cut_mini_batch(mini: TrainBatch, world: int, actor: Any, packed: bool, loss: MicroLoss,
+                   model: str = "actor") -> MiniBatch:
     """`mini` cut for `world` data-parallel ranks, each shard into actor.ppo_micro_batch_size_per_gpu rows (or
-    actor.ppo_max_token_len_per_gpu tokens with actor.use_dynamic_bsz), padded with dummies to a common count."""
+    actor.ppo_max_token_len_per_gpu tokens with actor.use_dynamic_bsz), padded with dummies to a common count.
+    `actor` is the section of the model the mini-batch updates (`model`: the critic's has the same keys)."""
     _, shards = shard_batch(mini, world)
     splits = [micro_batches(s, actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz,
                             actor.ppo_max_token_len_per_gpu, packed) for s in shards]
@@ -52,4 +54,4 @@ def cut_mini_batch(mini: TrainBatch, world: int, actor: Any, packed: bool, loss:
     for shard, split in zip(shards, splits):
         dummies = [masked(shard.select(split[0][:1]))] * (count - len(split))
         micro.append([shard.select(idx) for idx in split] + dummies)
-    return MiniBatch(micro=micro, real=[len(split) for split in splits], loss=loss)
+    return MiniBatch(micro=micro, real=[len(split) for split in splits], loss=loss, model=model)

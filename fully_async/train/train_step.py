@@ -4,7 +4,14 @@ Per step: build the padded batch of the groups' samples, compute the PPO "old" p
 log-probs, or recomputed), reference log-probs when a KL term needs them, the advantages of
 algorithm.adv_estimator, then the one
 PPO update (ppo_update.py: epochs x mini-batches x micro-batches through the backend's primitives), the
-bad-step check and the batch metrics.  One function, so the built-in sync-vs-async comparison compares the
+bad-step check and the batch metrics.
+
+Advantages: GRPO's, or with algorithm.adv_estimator=gae the critic's: it computes the values of the batch (the
+old values, before its update), GAE (algorithm.gamma / lam) gives advantages and returns, then the critic is
+updated and, from step trainer.critic_warmup on, the actor (verl's order and rule).  In async mode the values
+are computed here, by the trainer, on the staleness-bounded batch as it is trained (as verl's fully-async
+trainer computes its old values): the critic that judges a sample is the one of the step that trains on it,
+whatever param version generated it.  One function, so the built-in sync-vs-async comparison compares the
 same step, and one place decides how many mini-batches a step has.
 """
 from __future__ import annotations
@@ -19,15 +26,16 @@ import time
 from typing import Any, Optional, Sequence
 
 from fully_async.core.plan import RunPlan
-from fully_async.core.config import FullyAsyncConfig
+from fully_async.core.config import FullyAsyncConfig, uses_critic
 from fully_async.algorithms import AdvantageInput, compute_advantages, kl_penalty, token_level_rewards
+from fully_async.algorithms.gae import gae_advantages, value_metrics
 from fully_async.algorithms.kl_control import build_kl_controller
 from fully_async.core.batch import TrainBatch, build_batch
 from fully_async.core.flops import estimate_flops, match_device, mfu, peak_tflops, unsupported_reason
 from fully_async.telemetry.metrics import batch_metrics
 from fully_async.core.types import Sample, SampleGroup
 from fully_async.train.backends import TrainBackend
-from fully_async.train.ppo_update import ppo_update
+from fully_async.train.ppo_update import critic_update, ppo_update
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +53,19 @@ def train_step(backend: TrainBackend, cfg: FullyAsyncConfig, groups: Sequence[Sa
     timing: dict[str, float] = {}
     batch = build_batch(samples, pad_token_id)
     metrics = prepare_batch(backend, cfg, batch, timing, timeline)
-    t = time.perf_counter()
-    with span("update_actor"):
-        metrics.update(ppo_update(backend, cfg, batch, num_mini_batches(
-            len(groups), cfg.actor_rollout_ref.actor.ppo_mini_batch_size)))
-    timing["timing_s/update_actor"] = time.perf_counter() - t
-    metrics.update(actor_perf_metrics(cfg, batch.seq_lengths, timing["timing_s/update_actor"]))
+    if uses_critic(cfg):
+        t = time.perf_counter()
+        with span("update_critic"):
+            metrics.update(critic_update(backend, cfg, batch, num_mini_batches(len(groups),
+                                                                               cfg.critic.ppo_mini_batch_size)))
+        timing["timing_s/update_critic"] = time.perf_counter() - t
+    if cfg.trainer.critic_warmup <= step:   # verl: the actor waits while the critic warms up
+        t = time.perf_counter()
+        with span("update_actor"):
+            metrics.update(ppo_update(backend, cfg, batch, num_mini_batches(
+                len(groups), cfg.actor_rollout_ref.actor.ppo_mini_batch_size)))
+        timing["timing_s/update_actor"] = time.perf_counter() - t
+        metrics.update(actor_perf_metrics(cfg, batch.seq_lengths, timing["timing_s/update_actor"]))
     check_bad_steps(backend, cfg, step, samples)
     metrics.update(timing)
     metrics.update(batch_metrics(samples, version, cfg.data.max_response_length, cfg.data.max_prompt_length))
@@ -93,13 +108,20 @@ def prepare_batch(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatc
             ctrl.update(current_kl, n_steps=int(kl.shape[0]))
             metrics["actor/reward_kl_penalty"] = current_kl
             metrics["actor/reward_kl_penalty_coeff"] = beta
+    critic = uses_critic(cfg)
+    if critic:
+        t = time.perf_counter()
+        with span("values"):
+            batch.values = backend.compute_values(batch)
+        timing["timing_s/values"] = time.perf_counter() - t
     t = time.perf_counter()
     with span("adv"):
         rewards = token_level_rewards(batch.scores, batch.response_mask, penalty)
-        batch.advantages = compute_advantages(AdvantageInput(scores, rewards, batch.response_mask, batch.group_ids),
-                                              alg)
+        scores = fill_advantages(batch, alg, scores, rewards, critic)
     timing["timing_s/adv"] = time.perf_counter() - t
     metrics.update(reward_advantage_metrics(scores, batch.advantages, batch.response_mask))
+    if critic:
+        metrics.update(value_metrics(batch.values, batch.returns, batch.response_mask))
     return metrics
 
 
@@ -123,6 +145,23 @@ def apply_rollout_correction(rc: Any, batch: TrainBatch) -> dict[str, float]:
                                                           batch.response_mask, rc)
     batch.rollout_is_weights = weights
     return metrics
+
+
+def fill_advantages(batch: TrainBatch, alg: Any, scores: Any, rewards: Any, critic: bool) -> Any:
+    """batch.advantages (and with a critic batch.returns) by algorithm.adv_estimator, from the (B,) `scores` (minus
+    the in-reward KL) or the (B, T) token-level `rewards`; returns the (B,) rewards the metrics report.
+
+    gae: the token-level rewards and the critic's batch.values (returns: the critic's targets).  The critic-free
+    estimators (algorithms/advantages.py): a critic trained beside them (critic.enable=true) gets the advantages
+    as its returns, as verl's estimators return them."""
+    if alg.adv_estimator == "gae":
+        batch.advantages, batch.returns = gae_advantages(rewards, batch.values, batch.response_mask, alg.gamma,
+                                                         alg.lam)
+        return rewards.sum(-1)
+    batch.advantages = compute_advantages(AdvantageInput(scores, rewards, batch.response_mask, batch.group_ids), alg)
+    if critic:
+        batch.returns = batch.advantages
+    return scores
 
 
 def kl_controller(backend: TrainBackend, alg: Any) -> Any:

@@ -69,7 +69,8 @@ def _refuse(pattern: str, note: str) -> Rule:
     return Rule(pattern, REFUSED, note)
 
 
-NO_CRITIC = "there is no critic here (algorithm.adv_estimator=grpo needs no value model)"
+CRITIC_FOLLOWS = ("the critic is built by the actor's backend (train/backends/value_model.py): the actor's strategy, "
+                  "sharding, dtype, offload and packing (actor_rollout_ref.actor.*, actor_rollout_ref.model.*)")
 NO_RM = ("there is no model-based reward here (rewards are rule-based or custom_reward_function.path); "
          "reward_model.enable=true is refused")
 PROFILER = "verl's profilers are not wired here; trainer.timeline=true writes a Perfetto trace of every actor"
@@ -82,6 +83,62 @@ DENSE_ONLY = ("the megatron backend trains dense Qwen2/Llama models (an MoE mode
               "have no expert layers for expert parallelism to split")
 # our list-valued keys that verl also takes as one string (`trainer.logger=console`)
 SCALAR_AS_LIST = ("trainer.logger",)
+
+
+# critic.* keys outside our schema (core/config.py CriticConfig holds the honoured ones)
+CRITIC_RULES: list[Rule] = [
+    _map("critic.optim.clip_grad", "critic.grad_clip", "verl's optimizer-level name of critic.grad_clip"),
+    _map("critic.optim.lr_decay_style", "critic.optim.lr_scheduler_type", "verl's megatron name of "
+         "lr_scheduler_type", allowed=_is("constant", "cosine"), allowed_doc="constant|cosine",
+         refusal="only constant and cosine decay are implemented (critic.optim.lr_scheduler_type)"),
+    _map("critic.optim.warmup_style", "critic.optim.lr_scheduler_type", "verl's deprecated name of "
+         "lr_scheduler_type (null: unset)", allowed=_is(None, "constant", "cosine"),
+         allowed_doc="null|constant|cosine", refusal="only constant and cosine are implemented", null_unset=True),
+    _warn_if("critic.optim.optimizer", _is("AdamW", "adamw", "adam"), "AdamW", "the critic's optimizer is torch's "
+             "AdamW", "only AdamW is implemented"),
+    _warn_if("critic.optim.optimizer_impl", _is("torch.optim"), "torch.optim", "the critic's optimizer is "
+             "torch.optim.AdamW", "only torch.optim's AdamW is implemented"),
+    _warn_if("critic.optim.lr_warmup_init", _is(0, 0.0), "0.0", "the warm-up starts from lr 0, as verl's default",
+             "warm-up from a non-zero lr is not implemented"),
+    _warn_if("critic.optim.min_lr", _is(0, 0.0), "0.0", "the floor is min_lr_ratio (cosine)",
+             "use critic.optim.min_lr_ratio (a fraction of lr)"),
+    _warn_if("critic.optim.weight_decay_incr_style", _is("constant"), "constant", "a constant weight decay",
+             "only a constant weight decay is implemented"),
+    _warn("critic.optim.**", "a megatron optimizer option: the critic's AdamW takes critic.optim.{lr, betas, "
+          "weight_decay, lr_warmup_steps(_ratio), lr_scheduler_type, min_lr_ratio, num_cycles}"),
+    _warn_if("critic.ppo_micro_batch_size", _is(None), "null", "deprecated global micro batch",
+             "use critic.ppo_micro_batch_size_per_gpu"),
+    _warn_if("critic.forward_micro_batch_size", _is(None), "null", "deprecated global micro batch",
+             "use critic.forward_micro_batch_size_per_gpu"),
+    _warn("critic.rollout_n", "actor_rollout_ref.rollout.n is the responses per prompt"),
+    _warn("critic.data_loader_seed", "mini-batches are cut from the trainer's shuffle RNG (trainer.seed), as the "
+          "actor's"),
+    _warn("critic.checkpoint.**", "a checkpoint always holds the critic's weights, optimizer and LR schedule, "
+          "next to the actor's"),
+    _warn_if("critic.load_weight", _is(True), "true", "the critic's trunk is critic.model.path (or the actor's "
+             "model)", "a randomly initialised critic trunk is not implemented"),
+    _warn("critic.model.tokenizer_path", "the actor's tokenizer prepares every batch the critic sees"),
+    _warn_if("critic.model.external_lib", _is(None), "null", "no external model library",
+             "external model libraries are not implemented"),
+    _warn_if("critic.model.lora_rank", _is(0), "0", "no LoRA", "LoRA is not implemented"),
+    _warn_if("critic.model.lora.rank", _is(0), "0", "no LoRA", "LoRA is not implemented"),
+    _warn("critic.model.lora.**", "LoRA is not implemented (lora_rank=0)"),
+    _warn("critic.model.lora_*", "LoRA is not implemented (lora_rank=0)"),
+    _warn("critic.model.target_modules", "LoRA is not implemented (lora_rank=0)"),
+    _warn_if("critic.model.tiled_mlp.enabled", _is(False), "false", "no tiled MLP",
+             "the tiled MLP is not implemented"),
+    _warn("critic.model.tiled_mlp.**", "the tiled MLP is not implemented"),
+    _warn_if("critic.model.enable_activation_offload", _is(False), "false", "no activation offload",
+             "activation offload is not implemented"),
+    _warn("critic.model.use_shm", "models are read from a local folder"),
+    _warn("critic.model.use_remove_padding", CRITIC_FOLLOWS),
+    _warn("critic.model.fsdp_config.**", CRITIC_FOLLOWS),
+    _warn("critic.model.override_config.model_config", "verl's megatron critic override; HF config fields go "
+          "directly under critic.model.override_config"),
+    _warn("critic.model.override_config.moe_config.**", MOE),
+    _warn("critic.megatron.**", CRITIC_FOLLOWS + "; a megatron critic is not implemented (strategy=megatron with "
+          "a critic is refused)"),
+]
 
 
 RULES: list[Rule] = [
@@ -299,7 +356,6 @@ RULES: list[Rule] = [
     _warn_if("algorithm.rollout_correction.rollout_token_veto_threshold", _is(None), "null", "an older verl's key: "
              "no per-token veto", "reject with algorithm.rollout_correction.rollout_rs (token_k1 with a lower "
              "bound, or seq_max_k2 / seq_max_k3) instead"),
-    _warn_if("algorithm.lam", _is(1, 1.0), "1.0", "GRPO has no GAE lambda", "GAE is not implemented"),
     _warn_if("algorithm.use_pf_ppo", _is(False), "false", "no preference-feedback reweighting",
              "PF-PPO is not implemented"),
     _warn("algorithm.pf_ppo.*", "PF-PPO is not implemented (use_pf_ppo=false)"),
@@ -310,10 +366,7 @@ RULES: list[Rule] = [
          "policy's log-probs is decoupled PPO here"),
     _warn("async_training.use_trainer_do_validate", "the rollouter validates on its own engines"),
     # ---------------------------------------------------------------- critic, reward model
-    _warn_if("critic.enable", _is(None, False), "null|false", NO_CRITIC,
-             "there is no critic: use algorithm.adv_estimator=grpo"),
-    _warn_if("trainer.critic_warmup", _is(0), "0", NO_CRITIC, "there is no critic to warm up; use 0"),
-    _warn("critic.**", NO_CRITIC),
+    *CRITIC_RULES,
     _warn_if("reward_model.enable", _is(False), "false", NO_RM,
              "a reward model is not implemented: use custom_reward_function.path/name"),
     _map("reward_model.reward_kwargs.overlong_buffer_cfg.*", "reward_model.overlong_buffer.{0}",
@@ -381,7 +434,8 @@ RULES: list[Rule] = [
     _warn("trainer.esi_redundant_time", "no elastic-instance save deadline; SIGTERM always checkpoints"),
     _warn("trainer.log_val_generations", "validation generations are not logged; val-core/* metrics are"),
     _map("trainer.max_actor_ckpt_to_keep", "trainer.max_ckpt_to_keep"),
-    _warn("trainer.max_critic_ckpt_to_keep", NO_CRITIC),
+    _warn("trainer.max_critic_ckpt_to_keep", "the critic is saved in the actor's checkpoint folder: "
+          "trainer.max_ckpt_to_keep prunes both"),
     _warn("trainer.ray_wait_register_center_timeout", "actors are awaited with their own readiness checks"),
     _warn_if("trainer.rollout_data_dir", _is(None), "null", "generations are not dumped",
              "dumping generations is not implemented"),
@@ -402,7 +456,7 @@ RULES: list[Rule] = [
 
 # dict-valued schema fields that take any sub-key (`+a.b.c=...`)
 OPEN_DICTS = ("actor_rollout_ref.model.override_config", "actor_rollout_ref.actor.megatron.override_transformer_config",
-              "custom_reward_function.reward_kwargs")
+              "custom_reward_function.reward_kwargs", "critic.model.override_config")
 
 
 # Keys of our schema whose default is not verl's, each with the reason.  tests/unit/verl/test_verl_compat.py
@@ -425,8 +479,10 @@ DEFAULT_DIFFERENCES: dict[str, str] = {
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "the embedded engine has no tensor parallelism (> 1 "
     "is refused with rollout.name=hf in async mode); set it with rollout.name=vllm.  mode=sync runs one engine per "
     "trainer device at 1 whatever it says (a warning)",
-    "algorithm.adv_estimator": "gae needs a critic, which is not implemented; grpo is the default of the "
-    "critic-free estimators",
+    "algorithm.adv_estimator": "grpo, the estimator of verl's fully-async recipes, needs no critic; gae (PPO with a "
+    "critic) is implemented: set algorithm.adv_estimator=gae",
+    "critic.model.path": "null: the critic's trunk is actor_rollout_ref.model.path (verl's example path is a "
+    "placeholder)",
     "data.seed": "a fixed seed makes the prompt order reproducible and resumable; verl's null draws a fresh order",
     "data.train_files": "the bundled tiny task, so the no-argument run works offline",
     "data.val_files": "the bundled tiny task, so the no-argument run works offline",
@@ -449,7 +505,8 @@ DEFAULT_DIFFERENCES: dict[str, str] = {
 # (reason as docs/verl_compat.md lists it, a regex of the key the refusal names).  A refusal naming another key
 # fails that test.
 SCRIPT_REFUSALS: list[tuple[str, str]] = [
-    ("critic (adv_estimator=gae) or another estimator", r"algorithm\.adv_estimator|critic\..*"),
+    ("advantage estimators other than grpo and gae; gae (a critic) with strategy=megatron",
+     r"algorithm\.adv_estimator|critic\.strategy"),
     ("Ulysses sequence parallel > 1", r".*\.ulysses_sequence_parallel_size"),
     ("model-based reward (reward_model.enable=true)", r"reward_model\.enable"),
     ("LoRA", r"actor_rollout_ref\.model\.lora.*"),

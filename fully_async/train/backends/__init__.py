@@ -34,7 +34,8 @@ class MiniBatch:
 
     micro: list[Optional[list[TrainBatch]]]   # [dp rank] -> its micro-batches; None: not sent to this process
     real: list[int]                           # [dp rank] -> how many of them are real (the rest are dummies)
-    loss: MicroLoss
+    loss: MicroLoss                           # critic: called with the (B, L) values and no entropy
+    model: str = "actor"                      # the model this mini-batch updates: actor | critic
 
     def shard(self, rank: int) -> tuple[list[TrainBatch], int]:
         """(micro-batches, real count) of data-parallel rank `rank`."""
@@ -72,16 +73,21 @@ class TrainBackend(Protocol):
 
     def compute_log_probs(self, batch: TrainBatch, which: str = "actor") -> torch.Tensor: ...
 
-    def forward_backward(self, mini: MiniBatch) -> dict[str, float]:
-        """Zero the gradients, then forward + backward `mini.loss` over this backend's micro-batches of `mini`
-        (gradients accumulate); returns the additive actor/* metrics of the real micro-batches, summed over the
-        mini-batch (every data-parallel rank, every pipeline stage)."""
+    def compute_values(self, batch: TrainBatch) -> torch.Tensor:
+        """(B, L) values of `batch` under the critic (algorithm.adv_estimator=gae), 0 off the response."""
         ...
 
-    def optimizer_step(self, finite: bool) -> StepResult:
-        """Clip to actor.grad_clip and step the optimizer and the LR schedule, unless `finite` is False (the loss
-        or a metric was non-finite) or the global grad norm is: then drop the gradients.  Every rank gets the same
-        `finite`, so all ranks take or skip the step together."""
+    def forward_backward(self, mini: MiniBatch) -> dict[str, float]:
+        """Zero the gradients of `mini.model` (the actor or the critic), then forward + backward `mini.loss` over
+        this backend's micro-batches of `mini` (gradients accumulate); returns the additive actor/* (critic/*)
+        metrics of the real micro-batches, summed over the mini-batch (every data-parallel rank, every pipeline
+        stage)."""
+        ...
+
+    def optimizer_step(self, finite: bool, which: str = "actor") -> StepResult:
+        """Clip to the grad_clip of `which` (actor | critic) and step its optimizer and LR schedule, unless
+        `finite` is False (the loss or a metric was non-finite) or the global grad norm is: then drop the
+        gradients.  Every rank gets the same `finite`, so all ranks take or skip the step together."""
         ...
 
     def named_parameters_for_sync(self) -> dict[str, torch.Tensor]: ...
@@ -105,6 +111,8 @@ class ShardedTrainBackend(TrainBackend, Protocol):
 
     def compute_log_probs(self, batch: TrainBatch, which: str = "actor",
                           num_micro: Optional[int] = None) -> torch.Tensor: ...
+
+    def compute_values(self, batch: TrainBatch, num_micro: Optional[int] = None) -> torch.Tensor: ...
 
     def iter_full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]: ...
 

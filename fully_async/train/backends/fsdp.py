@@ -78,20 +78,20 @@ def full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
         yield name, full.detach()
 
 
-def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
-    """Model + optimizer with torch.distributed.checkpoint: each rank writes its own shards."""
+def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str, name: str = "fsdp") -> None:
+    """Model + optimizer with torch.distributed.checkpoint into path/name: each rank writes its own shards."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     msd, osd = get_state_dict(model, optimizer)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(path, "fsdp"))
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(path, name))
 
 
-def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
+def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str, name: str = "fsdp") -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     msd, osd = get_state_dict(model, optimizer)
     state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=os.path.join(path, "fsdp"))
+    dcp.load(state, checkpoint_id=os.path.join(path, name))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -284,9 +284,17 @@ class MegatronBackend:
                 stats += s
         return {k: float(v) for k, v in zip(keys, self._sum_replicas(stats).cpu())}
 
-    def optimizer_step(self, finite: bool) -> StepResult:
+    def compute_values(self, batch: TrainBatch) -> torch.Tensor:
+        """No critic with strategy=megatron: config_checks refuses algorithm.adv_estimator=gae / critic.enable
+        with it before anything is built; reaching here is a bug."""
+        raise RuntimeError("strategy=megatron builds no critic (algorithm.adv_estimator=gae is refused with it)")
+
+    def optimizer_step(self, finite: bool, which: str = "actor") -> StepResult:
         """Global grad norm over tp/pp(/dp) before clipping; megatron's step clips to grad_clip and copies into
-        the params.  The LR follows the schedule by taken steps."""
+        the params.  The LR follows the schedule by taken steps.  There is no critic here (config_checks refuses
+        one with strategy=megatron)."""
+        if which != "actor":
+            raise ValueError(f"strategy=megatron has no {which} model to step")
         grad_norm = None
         if finite:
             self.optimizer.prepare_grads()

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from fully_async.core.config import FullyAsyncConfig, actor_strategy
+from fully_async.core.config import FullyAsyncConfig, actor_strategy, uses_critic
 from fully_async.algorithms.lr_schedule import lr_lambda, warmup_steps
 from fully_async.train.backends import MiniBatch, StepResult, fsdp, varlen_attention
 from fully_async.train.backends.token_stats import enable_fused_head, token_stats
@@ -30,18 +30,16 @@ logger = logging.getLogger(__name__)
 varlen_attention.register()
 
 
-def token_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: float,
-                    with_entropy: bool = False, packed: bool = False, fused: bool = False
-                    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(B, L) log p(input_ids[t] | <t) at logits / temperature (0 at t = 0), and optionally entropy.
+def model_inputs(batch: TrainBatch, packed: bool) -> tuple[dict[str, Any], torch.Tensor, Callable]:
+    """(forward keyword arguments, the (B, L) or packed (1, T) input ids, to_rows) of `batch`.
 
     packed (model.use_remove_padding): the rows' real tokens go back to back in one (1, T) row with
     position_ids restarting at 0 per sequence and no attention mask; transformers then keeps the
     sequences apart: the sequence boundaries go along as FlashAttentionKwargs (used by "varlen" and
     flash_attention_2), and sdpa/eager build a block-diagonal mask from the positions.  No pad
-    token is computed.  Results are scattered back to the padded (B, L) layout.
-    fused (model.use_fused_kernels, a model prepared by token_stats.enable_fused_head): the model returns
-    the per-token values from its hidden states and lm_head weight; no logits tensor exists whole."""
+    token is computed.  `to_rows(values)` takes per-position outputs (flattened, in the inputs' layout), shifts
+    them one position right (position t gets the output of position t - 1: what was known before token t) and
+    scatters them back to the padded (B, L) layout."""
     mask = batch.attention_mask
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     if packed:
@@ -51,7 +49,29 @@ def token_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: floa
     else:
         ids = batch.input_ids
         inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
-    # row t of the logits predicts token t + 1; the last row's (wrapped) target is dropped below
+
+    def to_rows(values: torch.Tensor) -> torch.Tensor:
+        values = torch.nn.functional.pad(values.view(ids.shape)[:, :-1], (1, 0))
+        if not packed:
+            return values
+        # a sequence's first position would get the previous sequence's last output: not a real value
+        values = values[0].masked_fill(pos[0] == 0, 0.0)
+        return values.new_zeros(mask.shape).masked_scatter(keep, values)
+
+    return inputs, ids, to_rows
+
+
+def token_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: float,
+                    with_entropy: bool = False, packed: bool = False, fused: bool = False
+                    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(B, L) log p(input_ids[t] | <t) at logits / temperature (0 at t = 0), and optionally entropy.
+
+    packed (model.use_remove_padding): one packed row, no pad token computed (model_inputs); results are
+    scattered back to the padded (B, L) layout.
+    fused (model.use_fused_kernels, a model prepared by token_stats.enable_fused_head): the model returns
+    the per-token values from its hidden states and lm_head weight; no logits tensor exists whole."""
+    inputs, ids, to_rows = model_inputs(batch, packed)
+    # row t of the logits predicts token t + 1; the last row's (wrapped) target is dropped by to_rows
     targets = torch.roll(ids, -1, dims=1)
     temperature = temperature if temperature > 0 else 1.0
     if fused:
@@ -59,21 +79,7 @@ def token_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: floa
     else:
         logits = model(**inputs).logits
         logp, ent = token_stats(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), temperature, with_entropy)
-
-    def shift(values: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.pad(values.view(ids.shape)[:, :-1], (1, 0))
-
-    logp = shift(logp)
-    ent = shift(ent) if with_entropy else None
-    if not packed:
-        return logp, ent
-
-    def unpack(packed_values: torch.Tensor) -> torch.Tensor:
-        # a sequence's first token was "predicted" from the previous sequence's last: not a real value
-        values = packed_values[0].masked_fill(pos[0] == 0, 0.0)
-        return values.new_zeros(mask.shape).masked_scatter(keep, values)
-
-    return unpack(logp), (unpack(ent) if ent is not None else None)
+    return to_rows(logp), (to_rows(ent) if with_entropy else None)
 
 
 def model_overrides(model_cfg: Any, device: Device) -> dict[str, Any]:
@@ -106,6 +112,24 @@ def compile_decoder_layers(model: torch.nn.Module, device: Device) -> bool:
     for layer in layers:
         layer.compile(backend=backend, dynamic=None)
     return True
+
+
+def load_hf_weights(model: torch.nn.Module, folder: str) -> None:
+    """Load the *.safetensors of a Hugging Face folder into `model`; every key must match (tied weights may be
+    missing)."""
+    from safetensors.torch import load_file
+
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"checkpoint folder {folder} has no *.safetensors")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(f))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"checkpoint {folder} does not match the model: missing {sorted(set(missing) - tied)}, "
+                           f"unexpected {sorted(unexpected)}")
 
 
 class TorchBackend:
@@ -156,6 +180,11 @@ class TorchBackend:
         self.warmup_steps = warmup_steps(optim, total_optimizer_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim, total_optimizer_steps))
         self.temperature = arr.rollout.temperature
+        self.critic: Optional[Any] = None   # the value model (algorithm.adv_estimator=gae), value_model.ValueModel
+        if uses_critic(cfg):
+            from fully_async.train.backends.value_model import ValueModel
+
+            self.critic = ValueModel(cfg, device, total_optimizer_steps, self.fsdp, compute_dtype)
         self.rng = random.Random(cfg.trainer.seed)   # the PPO update's shuffle
         self.num_bad_steps = 0          # total optimizer steps skipped for a non-finite loss/grad (ppo_update counts)
         self.consecutive_bad_steps = 0  # reset by every good optimizer step
@@ -185,21 +214,55 @@ class TorchBackend:
         model.train(was_training)
         return out
 
+    @torch.no_grad()
+    def compute_values(self, batch: TrainBatch, num_micro: Optional[int] = None) -> torch.Tensor:
+        """(B, L) values of `batch` under the critic (0 off the response), in critic.forward_* micro-batches;
+        `num_micro` forces that many passes (sharded ranks must run the same number)."""
+        critic = self._critic()
+        c = critic.settings
+        splits = micro_batches(batch, c.forward_micro_batch_size_per_gpu, c.use_dynamic_bsz,
+                               c.forward_max_token_len_per_gpu, self.packed)
+        return critic.values(batch, pad_micro_batches(splits, num_micro), self.torch_device, self.packed)
+
+    def _critic(self) -> Any:
+        if self.critic is None:
+            raise RuntimeError("values requested but no critic was built (algorithm.adv_estimator=gae or "
+                               "critic.enable=true builds one)")
+        return self.critic
+
+    def _trainee(self, which: str) -> tuple[torch.nn.Module, torch.optim.Optimizer, Any, float]:
+        """(model, optimizer, LR schedule, grad clip) of the actor or the critic."""
+        if which == "actor":
+            return self.model, self.optimizer, self.scheduler, self.actor_cfg.grad_clip
+        if which == "critic":
+            critic = self._critic()
+            return critic.model, critic.optimizer, critic.scheduler, critic.grad_clip
+        raise ValueError(f"which={which!r} is not 'actor' or 'critic'")
+
+    def _forward(self, which: str, mb: TrainBatch) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The update's per-token outputs of one micro-batch: the actor's log-probs and entropy, or the
+        critic's values (and no entropy)."""
+        if which == "critic":
+            from fully_async.train.backends.value_model import token_values
+
+            return token_values(self._critic().model, mb, self.packed), None
+        return token_log_probs(self.model, mb, self.temperature, with_entropy=True, packed=self.packed,
+                               fused=self.fused)
+
     # ------------------------------------------------------------------ update (driven by train/ppo_update.py)
     def forward_backward(self, mini: MiniBatch) -> dict[str, float]:
-        """Forward + backward of `mini.loss` over this rank's micro-batches, gradients accumulating from zero.
+        """Forward + backward of `mini.loss` over this rank's micro-batches of `mini.model` (the actor or the
+        critic), gradients accumulating from zero.
 
         Each micro-batch's loss is already normalised to the whole mini-batch, so the sum over micro-batches
         (and over ranks) is the mini-batch loss; under FSDP2 it is multiplied by the world size to undo the
         data-parallel gradient averaging.  Returns the additive metrics of the real micro-batches."""
         micro, real = mini.shard(self.dp_rank)
         out: dict[str, float] = {}
-        self.optimizer.zero_grad(set_to_none=True)
+        self._trainee(mini.model)[1].zero_grad(set_to_none=True)
         for i, mb in enumerate(micro):
             mb = mb.to(self.torch_device)
-            logp, ent = token_log_probs(self.model, mb, self.temperature, with_entropy=True, packed=self.packed,
-                                        fused=self.fused)
-            res = mini.loss(mb, logp, ent)
+            res = mini.loss(mb, *self._forward(mini.model, mb))
             # backward even for a non-finite loss or a dummy: every rank must run the same collectives; the
             # update then skips the step on all ranks together
             (res.loss * float(self.data_parallel_size)).backward()
@@ -209,20 +272,24 @@ class TorchBackend:
                 out[key] = out.get(key, 0.0) + float(value)
         return out
 
-    def optimizer_step(self, finite: bool) -> StepResult:
-        """Clip, check the global grad norm, step the optimizer and the LR schedule; or drop the gradients."""
+    def optimizer_step(self, finite: bool, which: str = "actor") -> StepResult:
+        """Clip, check the global grad norm, step the optimizer and the LR schedule of the actor or the critic;
+        or drop the gradients."""
+        model, optimizer, scheduler, grad_clip = self._trainee(which)
         grad_norm = None
         if finite:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.actor_cfg.grad_clip)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor holding the global norm
                 norm = norm.full_tensor()
             grad_norm = float(norm) if torch.isfinite(norm) else None
         if grad_norm is None:
-            self.optimizer.zero_grad(set_to_none=True)
-            return StepResult(None, self.scheduler.get_last_lr()[0])
-        self.optimizer.step()
-        self.scheduler.step()
-        return StepResult(grad_norm, self.scheduler.get_last_lr()[0])
+            optimizer.zero_grad(set_to_none=True)
+            return StepResult(None, scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+        if which == "critic":   # its gradients would otherwise stay allocated through the actor's update
+            optimizer.zero_grad(set_to_none=True)
+        return StepResult(grad_norm, scheduler.get_last_lr()[0])
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
@@ -260,10 +327,13 @@ class TorchBackend:
         return extra
 
     def save(self, path: str) -> None:
-        """actor/ as a Hugging Face folder (directly exportable) + optimizer/scheduler/RNG states.
+        """actor/ as a Hugging Face folder (directly exportable) + optimizer/scheduler/RNG states; with a critic
+        also its weights, optimizer and LR schedule (save_critic).
 
         FSDP2: every rank writes its shards (torch.distributed.checkpoint) and its own RNG file;
         rank 0 also writes the gathered Hugging Face folder."""
+        if self.critic is not None:
+            self.save_critic(path)
         if not self.fsdp:
             self.model.save_pretrained(os.path.join(path, "actor"), safe_serialization=True)
             torch.save(self._extra_state(True), os.path.join(path, "actor_optim.pt"))
@@ -279,6 +349,34 @@ class TorchBackend:
             self.model.config.save_pretrained(actor)
             save_file({k: v.contiguous() for k, v in full.items()}, os.path.join(actor, "model.safetensors"))
 
+    def save_critic(self, path: str) -> None:
+        """critic/ (a Hugging Face folder of the value model, one device) and critic_optim.pt (optimizer and LR
+        schedule); FSDP2: every rank writes its shards to fsdp_critic/ and its schedule to
+        critic_extra_rank<r>.pt."""
+        critic = self._critic()
+        if not self.fsdp:
+            critic.model.save_pretrained(os.path.join(path, "critic"), safe_serialization=True)
+            torch.save({"optimizer": critic.optimizer.state_dict(), **critic.state()},
+                       os.path.join(path, "critic_optim.pt"))
+            return
+        fsdp.save_sharded(critic.model, critic.optimizer, path, "fsdp_critic")
+        torch.save(critic.state(), os.path.join(path, f"critic_extra_rank{self.rank}.pt"))
+
+    def load_critic(self, path: str) -> None:
+        """What save_critic wrote; a checkpoint without a critic is an error naming the folder."""
+        critic = self._critic()
+        if not os.path.isdir(os.path.join(path, "fsdp_critic" if self.fsdp else "critic")):
+            raise FileNotFoundError(f"checkpoint {path} has no critic (it was saved by a run without one): resume "
+                                    "with the same algorithm.adv_estimator / critic.enable, or start afresh")
+        if self.fsdp:
+            fsdp.load_sharded(critic.model, critic.optimizer, path, "fsdp_critic")
+            extra = torch.load(os.path.join(path, f"critic_extra_rank{self.rank}.pt"), weights_only=True)
+        else:
+            load_hf_weights(critic.model, os.path.join(path, "critic"))
+            extra = torch.load(os.path.join(path, "critic_optim.pt"), weights_only=True)
+            critic.optimizer.load_state_dict(extra["optimizer"])
+        critic.scheduler.load_state_dict(extra["scheduler"])
+
     def _load_extra(self, extra: dict) -> None:
         if "optimizer" in extra:
             self.optimizer.load_state_dict(extra["optimizer"])
@@ -288,23 +386,13 @@ class TorchBackend:
         self.num_bad_steps = extra["num_bad_steps"]
 
     def load(self, path: str) -> None:
+        if self.critic is not None:
+            self.load_critic(path)
         if self.fsdp:
             fsdp.load_sharded(self.model, self.optimizer, path)
             self._load_extra(torch.load(os.path.join(path, f"actor_extra_rank{self.rank}.pt"), weights_only=True))
             return
-        from safetensors.torch import load_file
-
-        files = sorted(glob.glob(os.path.join(path, "actor", "*.safetensors")))
-        if not files:
-            raise FileNotFoundError(f"checkpoint {path} has no actor/*.safetensors")
-        state: dict[str, torch.Tensor] = {}
-        for f in files:
-            state.update(load_file(f))
-        missing, unexpected = self.model.load_state_dict(state, strict=False)
-        tied = set(getattr(self.model, "_tied_weights_keys", None) or [])
-        if unexpected or set(missing) - tied:
-            raise RuntimeError(f"checkpoint {path} does not match the model: missing {sorted(set(missing) - tied)}, "
-                               f"unexpected {sorted(unexpected)}")
+        load_hf_weights(self.model, os.path.join(path, "actor"))
         self._load_extra(torch.load(os.path.join(path, "actor_optim.pt"), weights_only=True))
 
     def offload(self) -> None:
@@ -315,10 +403,10 @@ class TorchBackend:
                 from fully_async.core.host_offload import HostOffload
 
                 self._host = HostOffload()
-            for m in (self.model, self.ref_model):
-                if m is not None:
-                    self._host.module_to_host(m)
-            self._host.state_to_host(self.optimizer)
+            for m in self._models():
+                self._host.module_to_host(m)
+            for optimizer in self._optimizers():
+                self._host.state_to_host(optimizer)
             self.device.synchronize()   # the copies are in the host buffers before the device memory goes back
             self.device.empty_cache()
 
@@ -327,7 +415,15 @@ class TorchBackend:
             from fully_async.core.host_offload import HostOffload
 
             host = self._host or HostOffload()
-            for m in (self.model, self.ref_model):
-                if m is not None:
-                    host.module_to_device(m, self.torch_device)
-            host.state_to_device(self.optimizer, self.torch_device)
+            for m in self._models():
+                host.module_to_device(m, self.torch_device)
+            for optimizer in self._optimizers():
+                host.state_to_device(optimizer, self.torch_device)
+
+    def _models(self) -> list[torch.nn.Module]:
+        """Every model this backend holds: the actor, the reference, the critic (those built)."""
+        critic = self.critic.model if self.critic is not None else None
+        return [m for m in (self.model, self.ref_model, critic) if m is not None]
+
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.optimizer] + ([self.critic.optimizer] if self.critic is not None else [])

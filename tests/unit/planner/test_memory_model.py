@@ -6,8 +6,8 @@ import shutil
 import pytest
 
 from fully_async.planner.hardware import MODEL_SHAPES, Shape, known_shape
-from fully_async.planner.memory_model import GIB, activation_bytes, colocated_memory, engine_memory, trainer_memory, \
-    verdict
+from fully_async.planner.memory_model import GIB, RoleMemory, activation_bytes, colocated_memory, engine_memory, \
+    trainer_memory, verdict
 from fully_async.run.hydra_setup import load_config
 
 # parameter counts of the released checkpoints (safetensors metadata on the Hub)
@@ -221,3 +221,24 @@ def test_the_fused_head_chunk_is_the_trainers():
 
     assert memory_model.DEVICE_CHUNK_ELEMS == token_stats.DEVICE_CHUNK_ELEMS
     assert memory_model.EAGER_CHUNK_ELEMS == token_stats.EAGER_CHUNK_ELEMS
+
+
+def test_a_critic_adds_its_sharded_state_but_not_a_second_set_of_activations():
+    """algorithm.adv_estimator=gae: the value model's params, grads and AdamW moments beside the actor's (Qwen2.5-7B
+    has an untied lm_head, which the value model lacks); the actor's activations and logits stay the peak's."""
+    base = ["actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.dtype=bfloat16"]
+    plain = trainer_memory(cfg(*base), SHAPE, 8)
+    gae = trainer_memory(cfg(*base, "algorithm.adv_estimator=gae"), SHAPE, 8)
+    pc = P - SHAPE.vocab * SHAPE.hidden
+    assert gae.parts["critic_params"] + gae.parts["critic_grads"] + gae.parts["critic_optimizer"] == \
+        pytest.approx(16 * pc / 8)
+    assert gae.total - plain.total == pytest.approx(16 * pc / 8)
+    # while the engine generates, the critic's state stays resident as the actor's does (offloaded alike)
+    parts = {"params": 1.0, "grads": 1.0, "optimizer": 2.0, "critic_params": 1.0, "critic_grads": 1.0,
+             "critic_optimizer": 2.0, "activations": 1.0}
+    trainer = RoleMemory("trainer", parts, strategy="fsdp2")
+    engine = RoleMemory("engine", {"weights": 50.0})
+    kept = colocated_memory(cfg(*base, "algorithm.adv_estimator=gae",
+                                "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"), trainer, engine)
+    assert kept.note.startswith("peak while generating")
+    assert "trainer.critic_params" in kept.parts and "trainer.critic_optimizer" not in kept.parts
