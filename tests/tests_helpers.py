@@ -27,6 +27,12 @@ def read_scalars(logdir):
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
+def first_and_last_val(logdir, tag="val-core/arithmetic/reward/mean@1"):
+    """(first, last) validation reward of a TensorBoard run directory, by step."""
+    vals = dict(read_scalars(logdir)[tag])
+    return vals[min(vals)], vals[max(vals)]
+
+
 def ray_session(num_cpus: int, **env: str):
     """A local Ray for one test module (use with `yield from` in a module-scoped fixture)."""
     import ray

@@ -23,10 +23,6 @@ def ray_session():
     yield from tests_helpers.ray_session(num_cpus=3)
 
 
-def final_val(tb):
-    vals = dict(read_scalars(tb)["val-core/arithmetic/reward/mean@1"])
-    return vals[0], vals[max(vals)]
-
 
 def test_colocated_learns_as_sync_does_and_trains_each_sample_once(ray_session, tmp_path, monkeypatch):
     from fully_async.run.main import run
@@ -37,7 +33,7 @@ def test_colocated_learns_as_sync_does_and_trains_each_sample_once(ray_session, 
         summary = run(load_config([*COMMON, *extra, f"trainer.default_local_dir={tmp_path}/ck_{name}"]))
         ids = summary["trained_sample_ids"]
         assert summary["steps"] == STEPS and len(ids) == len(set(ids)) == STEPS * 16 * 8, name
-        got[name] = final_val(str(tmp_path / name))
+        got[name] = tests_helpers.first_and_last_val(str(tmp_path / name))
     (sync_before, sync_after), (colo_before, colo_after) = got["sync"], got["colocated"]
     assert colo_after - colo_before > 0.3, got                 # it learns
     assert colo_after >= sync_after - 0.1, got                  # as well as sync at equal steps
