@@ -137,3 +137,13 @@ def test_every_package_opens_with_what_lives_there_and_who_may_import_it():
         assert os.path.exists(init), f"{top}/ has no __init__.py"
         doc = ast.get_docstring(ast.parse(open(init).read())) or ""
         assert "import" in doc and len(doc) > 120, f"{top}/__init__.py does not say what lives there and who imports it"
+
+
+def test_test_modules_have_unique_basenames():
+    """pytest imports test modules by basename (no packages under tests/): two files of one name fail collection."""
+    import collections
+
+    tests = os.path.abspath(os.path.join(PKG, os.pardir, "tests"))
+    names = collections.Counter(f for _, _, files in os.walk(tests) for f in files
+                                if f.startswith("test_") and f.endswith(".py"))
+    assert [n for n, k in names.items() if k > 1] == []
