@@ -281,16 +281,12 @@ class Turns:
                 metrics.update(self.put_off(ph, tenant, name))
 
 
-class Elastic:
-    """The trainer's side of placement=elastic.  `lend(ph, phase)` puts the trainer's engines to work in the
+class Elastic(Dedicated):
+    """The trainer's side of placement=elastic (its own devices, always held: Dedicated's keep / kept / metrics).  `lend(ph, phase)` puts the trainer's engines to work in the
     rollouter's pool, `reclaim(ph, phase)` takes them back; both return metrics.  The trainer stays on its devices
     throughout (offloading it is refused for elastic: config_checks), so its own transitions (`attach`) never run.
     The metrics of a lend ride with those of the reclaim that ends it (`hold`'s), so a trainer step reports the lend
     of the wait before it."""
-
-    polls = 0
-    holding = True
-    current = NO_PHASE
 
     def __init__(self, lend: Transition, reclaim: Transition, lent_poll_s: float = 0.5, poll_s: float = 0.05):
         nothing: Transition = lambda ph, phase: {}   # noqa: E731 - the trainer tenant stays on its devices
@@ -307,13 +303,6 @@ class Elastic:
     def poll_s(self) -> float:
         """A trainer still holding its engines looks at its queue again soon: a short queue lends them at once."""
         return self.lent_poll_s if self.lent else self.unlent_poll_s
-
-    def attach(self, on: Transition, off: Transition) -> None:
-        pass
-
-    @contextlib.contextmanager
-    def setup(self) -> Iterator[Any]:
-        yield NO_PHASE
 
     def hold(self, phase: str, serve: Optional[Callable[[], None]] = None) -> Optional[dict]:
         """The trainer's turn: its engines leave the rollout pool; the metrics of the lend that ends here."""
@@ -337,18 +326,6 @@ class Elastic:
     def phase(self, name: str) -> Iterator[Any]:
         self.hold(name)
         yield NO_PHASE
-
-    def keep(self, update: Any) -> bool:
-        return False
-
-    def take_kept(self) -> Any:
-        return None
-
-    def has_kept(self) -> bool:
-        return False
-
-    def pop_metrics(self) -> dict:
-        return {}
 
 
 def pool_residency(cfg: FullyAsyncConfig, side: str) -> Optional[Any]:

@@ -195,7 +195,7 @@ def root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
-_RAISED = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Expired|Failed|Exit)?): (.+)$")
+_RAISED = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Za-z_]\w*): (.+)$")   # "pkg.module.ExcType: message"
 
 
 def describe(exc: BaseException) -> str:

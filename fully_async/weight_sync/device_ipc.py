@@ -15,6 +15,7 @@ device UUID and refuses otherwise, naming it.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Any, Optional
@@ -46,13 +47,6 @@ class SharedWeights:
                                "the same device (use object_store)")
         return views({dt: rebuild(*args) for dt, (rebuild, args) in self.buffers.items()}, self.layout)
 
-    @property
-    def nbytes(self) -> int:
-        import torch
-
-        return sum(_numel(shape) * torch.empty((), dtype=getattr(torch, dt)).element_size()
-                   for _, dt, _, shape in self.layout)
-
 
 def open_weights(named_tensors: Any) -> Any:
     """What an engine loads: a SharedWeights handle opened in this process, anything else as it is."""
@@ -61,14 +55,7 @@ def open_weights(named_tensors: Any) -> Any:
 
 def views(flat: dict[str, Any], layout: list[tuple[str, str, int, tuple[int, ...]]]) -> dict[str, Any]:
     """Each parameter as a view of its dtype's flat buffer."""
-    return {name: flat[dt][off:off + _numel(shape)].view(shape) for name, dt, off, shape in layout}
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
+    return {name: flat[dt][off:off + math.prod(shape)].view(shape) for name, dt, off, shape in layout}
 
 
 def _cuda() -> Any:
@@ -94,7 +81,8 @@ class DeviceIpcWeightSync(PendingLoad):
         self._check_finite(version)
         packed = time.perf_counter()
         self._pending = self.rollouter.update_weights.remote(handle, version)
-        self._pending_start, self._pending_bytes = packed, handle.nbytes
+        self._pending_start = packed
+        self._pending_bytes = sum(b.numel() * b.element_size() for b in self._flat.values())
         out.update({"timing_s/param_sync": time.perf_counter() - start,
                     "timing_s/param_sync/gather": packed - start,
                     "timing_s/param_sync/put": time.perf_counter() - packed})

@@ -13,6 +13,7 @@ from fully_async.train.backends.torch_backend import TorchBackend
 from fully_async.train.group import connect_trainer_group
 from fully_async.train.ppo_update import critic_update
 from fully_async.train.train_step import prepare_batch
+import tests_helpers
 from tests_helpers import tiny_samples
 
 COMMON = ["actor_rollout_ref.rollout.n=3", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
@@ -22,11 +23,7 @@ COMMON = ["actor_rollout_ref.rollout.n=3", "actor_rollout_ref.actor.ppo_mini_bat
 
 @pytest.fixture(scope="module")
 def ray_cpus():
-    import ray
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1"}})
-    yield
-    ray.shutdown()
+    yield from tests_helpers.ray_session(num_cpus=4)
 
 
 def test_two_fsdp2_ranks_train_the_critic_as_one_device_and_restore_it(ray_cpus, tmp_path):
