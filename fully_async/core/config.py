@@ -184,7 +184,10 @@ class RolloutConfig:
     load_format: str = "auto"             # auto | dummy (random init; real weights arrive from the trainer)
     max_model_len: Optional[int] = None   # tokens per sequence (both engines; the embedded one sizes its KV
     #                                       cache slots by it); null: max_prompt_length + max_response_length
-    pause_mode: str = "abort"             # abort | keep: how in-flight requests stop at a weight update
+    pause_mode: str = "abort"             # abort | keep: in-flight requests at a weight update (partial_rollout):
+    #                                       abort parks them and resumes prompt + partial on the new weights (the
+    #                                       KV re-prefilled: exact); keep continues them on the new weights over the
+    #                                       KV cache the old ones wrote (no re-prefill; both engines)
     weight_sync: str = "auto"             # auto | object_store | collective (NCCL/HCCL/gloo broadcast) | device_ipc
     #                                       (CUDA IPC handles: colocated async on one CUDA device, asked for by name)
     update_weights_bucket_megabytes: int = 512  # bucket size of the collective weight broadcast

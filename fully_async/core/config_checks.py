@@ -307,9 +307,13 @@ def _check_rollout(cfg: Any) -> None:
                           "trainer.device=cuda on one device (trainer.nnodes x trainer.n_gpus_per_node = 1); use "
                           "auto, object_store or collective")
     _at_least("actor_rollout_ref.rollout.update_weights_bucket_megabytes", rollout.update_weights_bucket_megabytes, 1)
+    _choice("actor_rollout_ref.rollout.pause_mode", rollout.pause_mode, ("abort", "keep"))
+    if rollout.pause_mode == "keep" and (cfg.mode != "async" or not cfg.async_training.partial_rollout):
+        logger.warning("actor_rollout_ref.rollout.pause_mode=keep has no effect %s: nothing is in flight at a "
+                       "weight update", "in sync mode" if cfg.mode != "async" else
+                       "with async_training.partial_rollout=false (in-flight work finishes on the old weights)")
     if rollout.name == "vllm":
         _choice("actor_rollout_ref.rollout.load_format", rollout.load_format, ("auto", "dummy", "safetensors", "pt"))
-        _choice("actor_rollout_ref.rollout.pause_mode", rollout.pause_mode, ("abort", "keep"))
         _at_least("actor_rollout_ref.rollout.max_num_batched_tokens", rollout.max_num_batched_tokens, 1)
         if not 0.0 < rollout.gpu_memory_utilization <= 1.0:
             raise ConfigError("actor_rollout_ref.rollout.gpu_memory_utilization",

@@ -87,8 +87,10 @@ def inert_keys(cfg: Any) -> list[tuple[str, Any, str]]:
     """(key, value, why) of every MODE_ONLY key (not checked elsewhere) set away from its schema default in a mode
     where it does nothing.  A pool job is also its own mode: keys of its mode that act there too are not named."""
     out = []
+    # colocated async runs on a private pool of the trainer's devices (engines and trainer take turns, as on a pool)
+    on_pool = cfg.multi_job.pool is not None or (cfg.mode == ASYNC and cfg.async_training.placement == "colocated")
     for key, rule in MODE_ONLY.items():
-        if rule.checked_elsewhere or acts(rule, str(cfg.mode), cfg.multi_job.pool is not None):
+        if rule.checked_elsewhere or acts(rule, str(cfg.mode), on_pool):
             continue
         value = _get(cfg, key)
         if value != _default(key):

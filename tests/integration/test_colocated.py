@@ -61,3 +61,25 @@ def test_colocated_stop_at_a_checkpoint_and_resume_lose_and_repeat_nothing(ray_s
     assert len(ids) == len(set(ids)) == 8 * 16 * 8
     state = json.load(open(os.path.join(ckpt, "trainer_state.json")))
     assert state["step"] == 4
+
+
+def test_colocated_keep_mode_continues_responses_across_updates(ray_session, tmp_path, monkeypatch):
+    """pause_mode=keep with the embedded engine: responses in flight at a weight update continue on the new weights
+    without being parked (tokens of two versions in one response), every sample trained once.  Long synthetic
+    responses (lognormal up to 48 tokens, EOS ignored) and a loose staleness bound keep responses in flight when the
+    trainer takes its turn."""
+    from fully_async.run.main import run
+
+    steps = 6
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "keep"))
+    summary = run(load_config([f"trainer.total_training_steps={steps}", "trainer.progress_bar=false",
+                               "trainer.test_freq=-1", "trainer.resume_mode=disable", "trainer.val_before_train=false",
+                               *COLOCATED, "actor_rollout_ref.rollout.pause_mode=keep",
+                               "actor_rollout_ref.rollout.free_cache_engine=false", "data.max_response_length=48",
+                               "benchmark.response_length=lognormal", "benchmark.ignore_eos=true",
+                               "async_training.staleness_threshold=2", f"trainer.default_local_dir={tmp_path}/ck_keep"]))
+    ids = summary["trained_sample_ids"]
+    assert summary["steps"] == steps and len(ids) == len(set(ids)) == steps * 16 * 8
+    scalars = read_scalars(str(tmp_path / "keep"))
+    assert max(v for _, v in scalars["fully_async/partial/max_partial_span"]) >= 1   # a response spans an update
+    assert max(v for _, v in scalars["fully_async/partial/total_partial_num"]) > 0

@@ -16,7 +16,8 @@ def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: 
                      trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
                      max_model_len=rollout.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length,
                      enforce_eager=rollout.enforce_eager, graph_batch_sizes=rollout.cudagraph_capture_sizes,
-                     free_cache_engine=rollout.free_cache_engine, fused_decode=rollout.fused_decode)
+                     free_cache_engine=rollout.free_cache_engine, fused_decode=rollout.fused_decode,
+                     keep_in_flight=rollout.pause_mode == "keep")
     if ":" in rollout.name:  # a user engine "package.module:Class" with HFEngine's constructor
         import importlib
 

@@ -165,7 +165,7 @@ class HFEngine:
                  eos_token_ids: Optional[list[int]] = None, pad_token_id: int = 0, seed: int = 1,
                  trust_remote_code: bool = False, max_model_len: Optional[int] = None, enforce_eager: bool = True,
                  graph_batch_sizes: Optional[list[int]] = None, free_cache_engine: bool = True,
-                 fused_decode: bool = True, split_kv: Optional[bool] = None):
+                 fused_decode: bool = True, split_kv: Optional[bool] = None, keep_in_flight: bool = False):
         from transformers import AutoModelForCausalLM
 
         start = time.perf_counter()
@@ -199,6 +199,12 @@ class HFEngine:
         self._truncates = np.zeros(max_num_seqs, dtype=bool)   # samples with top-k or top-p < 1
         self._tok = np.zeros((max_num_seqs, 0), dtype=np.int64)
         self._lp = np.zeros((max_num_seqs, 0), dtype=np.float64)
+        # the param version of each recorded token, and of the logits each slot samples its next token from (a
+        # keep-mode update lands between a step's decode and the next step's sampling: that token is the old one's)
+        self._ver = np.zeros((max_num_seqs, 0), dtype=np.int64)
+        self._logit_ver = np.zeros(max_num_seqs, dtype=np.int64)
+        self.keep_in_flight = keep_in_flight
+        self.last_update_timings: dict[str, float] = {}
         self.max_model_len = max_model_len or 256
         self._cache: Optional[_SlotCache] = None
         self._state: Optional[dict[str, torch.Tensor]] = None  # per-slot device tensors, see _buffers()
@@ -264,10 +270,11 @@ class HFEngine:
         with torch.inference_mode():
             self._admit()
             host = self._sample()
+            sampled_from = self._logit_ver.copy()   # the versions of the logits this step sampled from
             if self.device.is_accelerator:
                 self._decode()
-                return self._retire(host)
-            finished = self._retire(host)      # cpu: no overlap to win; decode only the rows still running
+                return self._retire(host, sampled_from)
+            finished = self._retire(host, sampled_from)  # cpu: no overlap to win; decode only the rows still running
             if self._occ.any():
                 self._decode()
         return finished
@@ -280,11 +287,27 @@ class HFEngine:
         self.waiting = deque()
         return out
 
+    @property
+    def keeps_in_flight(self) -> bool:
+        """update_weights() may run with requests in flight (actor_rollout_ref.rollout.pause_mode=keep): they
+        continue on the new weights with the KV cache the old ones wrote, every token stamped with the version
+        whose logits it was sampled from (the behaviour log-probs are those of the tokens as sampled)."""
+        return self.keep_in_flight
+
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
-        if self.num_in_flight():
-            raise RuntimeError("HFEngine.update_weights() with requests in flight: interrupt() or drain first")
-        load_named_tensors(self.model, named_tensors)   # in place: the captured graphs read the same storage
+        kept = self.num_in_flight()
+        if kept and not self.keep_in_flight:
+            raise RuntimeError("HFEngine.update_weights() with requests in flight: interrupt() or drain first "
+                               "(or set actor_rollout_ref.rollout.pause_mode=keep)")
+        start = time.perf_counter()
+        # in place: the captured graphs read the same storage; on an accelerator the copy is ordered after the
+        # decode step the last collect() queued on the same stream
+        load_named_tensors(self.model, named_tensors)
         self.version = version
+        if self.keep_in_flight:
+            self.last_update_timings = {"pause": 0.0, "load": time.perf_counter() - start, "resume": 0.0}
+            if kept:
+                logger.info("embedded engine: weights v%d loaded with %d requests kept in flight", version, kept)
 
     def sleep(self, level: int = 1) -> None:
         """Free device memory for the colocated trainer (rollout.free_cache_engine=true): drop the KV cache and
@@ -346,6 +369,7 @@ class HFEngine:
             grow = capacity - self._tok.shape[1]
             self._tok = np.pad(self._tok, ((0, 0), (0, grow)))
             self._lp = np.pad(self._lp, ((0, 0), (0, grow)))
+            self._ver = np.pad(self._ver, ((0, 0), (0, grow)))
         if self._state is None:
             dev, s = self.torch_device, self.max_num_seqs
             vocab = self.lm_head.weight.shape[0]
@@ -397,6 +421,7 @@ class HFEngine:
         self._occ[slot_ids] = True
         self._len[slot_ids] = lens
         self._gen[slot_ids] = 0
+        self._logit_ver[slot_ids] = self.version
         self._max[slot_ids] = [p.max_tokens for p in params]
         self._truncates[slot_ids] = [p.top_k > 0 or p.top_p < 1.0 for p in params]
 
@@ -407,7 +432,7 @@ class HFEngine:
     def _output(self, i: int, reason: str) -> GenOutput:
         n = int(self._gen[i])
         return GenOutput(self.slots[i].request_id, self._tok[i, :n].tolist(), self._lp[i, :n].tolist(),
-                         [self.version] * n, reason)
+                         self._ver[i, :n].tolist(), reason)
 
     def _sample(self) -> Callable[[], np.ndarray]:
         """Sample one token per slot below hi into the device state; returns how to wait for (tokens, log-probs)
@@ -435,8 +460,8 @@ class HFEngine:
             return pinned
         return wait
 
-    def _retire(self, wait: Callable[[], np.ndarray]) -> list[GenOutput]:
-        """Record this step's tokens and log-probs per slot; free the slots that hit EOS or max_tokens."""
+    def _retire(self, wait: Callable[[], np.ndarray], versions: np.ndarray) -> list[GenOutput]:
+        """Record this step's tokens, log-probs and versions per slot; free the slots that hit EOS or max_tokens."""
         host = wait()
         hi = host.shape[1]
         rows = np.flatnonzero(self._occ[:hi])
@@ -444,6 +469,7 @@ class HFEngine:
         at = self._gen[rows]
         self._tok[rows, at] = step_tokens
         self._lp[rows, at] = host[1, rows]
+        self._ver[rows, at] = versions[rows]
         self._gen[rows] += 1
         eos = np.isin(step_tokens, self._eos)
         done = eos | (self._gen[rows] >= self._max[rows])
@@ -458,6 +484,7 @@ class HFEngine:
         rows = np.flatnonzero(self._occ[:hi])
         span = int(self._len[rows].max()) + 1          # the longest running sequence, its new token included
         self._len[rows] += 1
+        self._logit_ver[rows] = self.version
         if self._graph_api is None:
             self._decode_step(hi, span)
             return

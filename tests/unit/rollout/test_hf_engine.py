@@ -73,6 +73,37 @@ def test_update_weights_changes_outputs_and_version(random_model_dir):
         eng.update_weights(new, 8)
 
 
+def test_keep_mode_continues_in_flight_requests_on_the_new_weights(random_model_dir, hf_model):
+    """pause_mode=keep: a request in flight at an update continues over the KV cache the old weights wrote; the
+    token sampled from logits computed before the update is the old version's, every later one the new's, and the
+    tokens and log-probs are those of the old model's cache continued by the new model."""
+    import copy
+
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=4, eos_token_ids=[], pad_token_id=0, keep_in_flight=True)
+    assert eng.keeps_in_flight
+    prompt = PROMPTS[0]
+    eng.submit([GenRequest("a", prompt, GREEDY)])
+    for _ in range(4):
+        assert eng.collect() == []
+    torch.manual_seed(0)
+    new = {k: torch.randn_like(v) * 0.3 for k, v in eng.model.named_parameters()}
+    eng.update_weights(new, version=5)
+    assert eng.num_in_flight() == 1 and set(eng.last_update_timings) == {"pause", "load", "resume"}
+    out = run_all(eng, [])["a"]
+    assert out.finish_reason == "length" and len(out.token_ids) == 10
+    assert out.versions == [0] * 5 + [5] * 5
+    new_model = copy.deepcopy(hf_model)
+    new_model.load_state_dict(new, strict=False)
+    toks = out.token_ids
+    with torch.no_grad():
+        old = hf_model(torch.tensor([prompt + toks[:4]]), use_cache=True)
+        cont = new_model(torch.tensor([toks[4:]]), past_key_values=old.past_key_values)
+    logits = torch.cat([old.logits[0, len(prompt) - 1:], cont.logits[0, :-1]]).float()
+    assert logits.argmax(-1).tolist() == toks
+    lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(toks)[:, None]).squeeze(1)
+    assert torch.allclose(lp, torch.tensor(out.log_probs), atol=1e-4)
+
+
 def test_sampling_respects_max_tokens_and_eos(random_model_dir):
     eng = HFEngine(random_model_dir, CPU, max_num_seqs=4, eos_token_ids=list(range(48)), pad_token_id=0)
     out = run_all(eng, [GenRequest("e", PROMPTS[0], SamplingParams(1.0, 1.0, -1, 5))])["e"]
