@@ -78,17 +78,21 @@ colocated)
         trainer.resume_mode=disable trainer.progress_bar=false
         trainer.val_before_train=false trainer.test_freq=-1 trainer.logger=[console,tensorboard] trainer.timeline=true
         "trainer.default_local_dir=/tmp/ckpt")
+  # RUNS: where the runs' logs go (default $OUT/runs); SKIP_SYNC=1 RUNS=<an earlier call's, same warm machine>
+  # compares a new colocated variant (TAG names it, COLO_EXTRA its overrides) with that call's sync run
   export CUDA_VISIBLE_DEVICES=0
-  [ "${SKIP_SYNC:-0}" = 1 ] || TENSORBOARD_DIR=$OUT/runs/sync timeout ${RUN_LIMIT:-260} python3 -m fully_async.main \
+  RUNS=${RUNS:-$OUT/runs}; COLO=$RUNS/colocated${TAG:+_$TAG}
+  [ "${SKIP_SYNC:-0}" = 1 ] || TENSORBOARD_DIR=$RUNS/sync timeout ${RUN_LIMIT:-260} python3 -m fully_async.main \
       mode=sync "${SEED[@]}" trainer.total_training_steps=${SYNC_STEPS:-${STEPS:-6}} hydra.run.dir=/tmp/h_sync 2>&1 \
       | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
-  TENSORBOARD_DIR=$OUT/runs/colocated timeout ${RUN_LIMIT:-260} python3 -m fully_async.main mode=async \
+  TENSORBOARD_DIR=$COLO timeout ${RUN_LIMIT:-260} python3 -m fully_async.main mode=async \
       async_training.placement=colocated rollout.n_gpus_per_node=0 "${SEED[@]}" trainer.total_training_steps=${STEPS:-6} \
       hydra.run.dir=/tmp/h_colo ${COLO_EXTRA:-} 2>&1 \
       | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
-  python3 scripts/compare_sync_async.py --from-logs $OUT/runs/colocated $OUT/runs/sync --out $OUT/compare \
-      --allow-diff async_training.placement --allow-diff trainer.total_training_steps --warmup-steps ${WARMUP:-1} \
-      2>&1 | tail -30
+  python3 scripts/compare_sync_async.py --from-logs $COLO $RUNS/sync --out $OUT/compare${TAG:+_$TAG} \
+      --allow-diff async_training.placement --allow-diff trainer.total_training_steps \
+      --allow-diff actor_rollout_ref.rollout.weight_sync --warmup-steps ${WARMUP:-1} 2>&1 | tail -30
+  tar czf "$OUT/runs${TAG:+_$TAG}.tgz" -C "$RUNS" sync "$(basename "$COLO")" 2>/dev/null
   ;;
 elastic)
   # elastic trainer devices (#27 item 2) against split async and sync at equal devices (N, default 2), one

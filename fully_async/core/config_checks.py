@@ -308,10 +308,9 @@ def _check_rollout(cfg: Any) -> None:
                           "auto, object_store or collective")
     _at_least("actor_rollout_ref.rollout.update_weights_bucket_megabytes", rollout.update_weights_bucket_megabytes, 1)
     _choice("actor_rollout_ref.rollout.pause_mode", rollout.pause_mode, ("abort", "keep"))
-    if rollout.pause_mode == "keep" and (cfg.mode != "async" or not cfg.async_training.partial_rollout):
-        logger.warning("actor_rollout_ref.rollout.pause_mode=keep has no effect %s: nothing is in flight at a "
-                       "weight update", "in sync mode" if cfg.mode != "async" else
-                       "with async_training.partial_rollout=false (in-flight work finishes on the old weights)")
+    if rollout.pause_mode == "keep" and cfg.mode == "async" and not cfg.async_training.partial_rollout:
+        logger.warning("actor_rollout_ref.rollout.pause_mode=keep has no effect with async_training.partial_rollout="
+                       "false: in-flight work finishes on the old weights before an update")
     if rollout.name == "vllm":
         _choice("actor_rollout_ref.rollout.load_format", rollout.load_format, ("auto", "dummy", "safetensors", "pt"))
         _at_least("actor_rollout_ref.rollout.max_num_batched_tokens", rollout.max_num_batched_tokens, 1)

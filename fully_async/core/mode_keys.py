@@ -47,6 +47,8 @@ MODE_ONLY: dict[str, ModeOnly] = {
     "actor_rollout_ref.rollout.update_weights_bucket_megabytes": ModeOnly(
         (ASYNC,), "sync mode loads each rank's weights into its own engine in process, and a pool job's weights go "
         "through the object store (no broadcast buckets)", on_pool_too=False),
+    "actor_rollout_ref.rollout.pause_mode": ModeOnly(
+        (ASYNC,), "sync mode updates weights between phases, with nothing in flight"),
     "actor_rollout_ref.rollout.free_cache_engine": ModeOnly(
         (SYNC, POOL), "async engines on their own devices never sleep (nothing else needs their memory)"),
     "data.train_batch_size": ModeOnly((SYNC,), "a trainer step is ppo_mini_batch_size x require_batches",
