@@ -10,6 +10,7 @@
 #   bash scripts/gpu_verify.sh memory                     (memory model vs measured peak, trainer + engine, #16: 1 GPU)
 #   bash scripts/gpu_verify.sh colocated                  (colocated async vs sync, seed-003 shape, #27: 1 GPU)
 #   bash scripts/gpu_verify.sh elastic                    (elastic vs split async vs sync, #27: N=2 or 4 GPUs)
+#   bash scripts/gpu_verify.sh seed                       (#28: sync vs split/elastic/colocated, seed-003 shape, N GPUs)
 #
 # Expects the offline bundle in .gpubundle/ (../shared/tools/offline_bundle.sh) plus the tiny task
 # as jsonl in .gpubundle/data/.  Model: a Qwen2.5-0.5B-shaped Qwen2 with random weights and the
@@ -117,6 +118,34 @@ for tag in sorted(t for t in tags if t.startswith("fully_async/elastic/") or t =
     vals = [e.value for e in acc.Scalars(tag)][1:] or [0.0]   # steady steps: the first (compiling) one left out
     print(f"{tag:45s} mean {sum(vals) / len(vals):.4g}")
 PY
+  ;;
+seed)
+  # the multi-GPU comparison (#28) at the seed-003 shape: N GPUs (DEVICES, default 2), 64 x N prompts x 8 per step (the
+  # batch grows with the devices), lognormal lengths up to 3072, EOS ignored, packed trainer with dynamic batch size,
+  # staleness 0.2, trigger 4, 256 slots per engine; sync against each async placement in PLACEMENTS (default
+  # split,elastic,colocated) at the split SPLIT (default 1 rollout device), one invocation.  A second call on the
+  # same warm machine may add placements against the first call's sync run: SYNC_LOG=/tmp/pool/seed$N/runs/sync
+  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  N=${DEVICES:-2}
+  export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((N - 1)))
+  B=$((64 * N))
+  SEEDN=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
+         data.val_files=null data.max_prompt_length=16 data.max_response_length=${MAXLEN:-3072}
+         actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16 actor_rollout_ref.actor.optim.lr=1e-6
+         actor_rollout_ref.model.use_remove_padding=true actor_rollout_ref.actor.use_dynamic_bsz=true
+         actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768 actor_rollout_ref.actor.ppo_mini_batch_size=$B
+         data.train_batch_size=$B actor_rollout_ref.rollout.n=8 actor_rollout_ref.rollout.max_num_seqs=${NSEQS:-256}
+         benchmark.response_length=lognormal benchmark.ignore_eos=true actor_rollout_ref.rollout.free_cache_engine=false
+         async_training.staleness_threshold=${STALENESS:-0.2} async_training.trigger_parameter_sync_step=${TRIGGER:-4}
+         trainer.total_training_steps=${STEPS:-6} trainer.progress_bar=false trainer.val_before_train=false
+         trainer.test_freq=-1 trainer.logger=[console,tensorboard] "trainer.default_local_dir=/tmp/ckpt" ${EXTRA:-})
+  D=/tmp/pool/seed$N${TAG:+_$TAG}
+  timeout ${LIMIT:-570} python3 scripts/compare_sync_async.py --devices "$N" --placements ${PLACEMENTS:-split,elastic,colocated} \
+      $([ "${PLACEMENTS:-split}" = colocated ] || echo --split ${SPLIT:-1}) --threshold 0.0 --warmup-steps ${WARMUP:-1} --out $D ${SYNC_LOG:+--sync-log $SYNC_LOG} \
+      "${SEEDN[@]}" 2>&1 | grep -v "it/s\]" | grep -E -v "^\[(async|sync|bench)[a-z_]*\] " | tail -50
+  cp $D/placements.json "$OUT/seed${N}${TAG:+_$TAG}_placements.json" 2>/dev/null
+  tar czf "$OUT/seed${N}${TAG:+_$TAG}_runs.tgz" -C $D runs 2>/dev/null
+  grep -h -E "Error|Traceback" $D/logs/*.log 2>/dev/null | head -10
   ;;
 restructure)
   # after the loops were restructured (#22): every GPU test (engine, megatron parity with the one PPO update, packing,

@@ -11,9 +11,12 @@ keeps only the logits and the targets for backward, and recomputes softmax per c
     entropy = lse - sum(p * y)
     d logp / dy = onehot(target) - p,   d entropy / dy = -p * (y - sum(p * y))
 
-Values are computed in float32 (float64 for float64 logits), exactly as before.  On CUDA the
-per-chunk math is compiled (torch.compile fuses it into a few passes over the chunk); elsewhere
-it runs eagerly.
+Values are computed in float32 (float64 for float64 logits), exactly as before.  Where the trainer's
+device compiles (`compiled`: the backend passes `Device.compile_backend() is not None`, i.e. CUDA with
+Triton; without it, tensors on CUDA) the per-chunk math is compiled (torch.compile fuses it into a few
+passes over the chunk); elsewhere it runs eagerly.  The configured device decides, not the tensors'
+device type: `trainer.device=npu` runs eagerly as on an Ascend NPU also where the NPU stand-in
+(tests/npu_standin) puts its tensors on CUDA.
 
 `hidden_stats` goes one step further (actor_rollout_ref.model.use_fused_kernels): it takes the
 decoder's hidden states and the lm_head weight, so not even the (N, V) logits in the model's dtype
@@ -75,13 +78,17 @@ def _backward_chunk(logits: torch.Tensor, targets: torch.Tensor, g_logp: torch.T
     return (d / temperature).to(logits.dtype)
 
 
+def _compiled(compiled: Optional[bool], t: torch.Tensor) -> bool:
+    return t.device.type == "cuda" if compiled is None else bool(compiled)
+
+
 @functools.lru_cache(maxsize=None)
-def _kernels(device_type: str) -> tuple[Callable, Callable]:
-    """On CUDA, compiled with automatic dynamic shapes: the row count becomes symbolic once a second one is seen,
+def _kernels(compiled: bool) -> tuple[Callable, Callable]:
+    """Compiled (where the trainer's device compiles) with automatic dynamic shapes: the row count becomes symbolic once a second one is seen,
     the vocabulary size never changes and stays a constant, so the reductions over it get a static loop
     (measured on one H100, 0.5B shape: with `dynamic=True` each chunk's kernel ran ~9x slower than its memory
     traffic needs)."""
-    if device_type == "cuda":
+    if compiled:
         return (torch.compile(_forward_chunk, dynamic=None), torch.compile(_backward_chunk, dynamic=None))
     return _forward_chunk, _backward_chunk
 
@@ -93,15 +100,15 @@ def _step(rows: int, vocab: int, chunk_elems: int) -> int:
 class _TokenStats(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
-                chunk_elems: int):
+                chunk_elems: int, compiled: bool):
         n, vocab = logits.shape
-        forward_chunk, _ = _kernels(logits.device.type)
+        forward_chunk, _ = _kernels(compiled)
         step = _step(n, vocab, chunk_elems)
         parts = [forward_chunk(logits[s:s + step], targets[s:s + step], temperature, with_entropy)
                  for s in range(0, n, step)]
         logp = torch.cat([lp for lp, _ in parts])
         ctx.save_for_backward(logits, targets)
-        ctx.temperature, ctx.with_entropy, ctx.chunk_elems = temperature, with_entropy, chunk_elems
+        ctx.temperature, ctx.with_entropy, ctx.chunk_elems, ctx.compiled = temperature, with_entropy, chunk_elems, compiled
         if with_entropy:
             return logp, torch.cat([e for _, e in parts])
         ent = logp.new_zeros(0)   # autograd.Function outputs are tensors: an empty, non-differentiable placeholder
@@ -112,7 +119,7 @@ class _TokenStats(torch.autograd.Function):
     def backward(ctx, g_logp: torch.Tensor, g_ent: Optional[torch.Tensor]):
         logits, targets = ctx.saved_tensors
         n, vocab = logits.shape
-        _, backward_chunk = _kernels(logits.device.type)
+        _, backward_chunk = _kernels(ctx.compiled)
         with_entropy = ctx.with_entropy and g_ent is not None and g_ent.numel() > 0
         if g_logp is None:
             g_logp = torch.zeros(n, dtype=torch.float32, device=logits.device)
@@ -122,21 +129,21 @@ class _TokenStats(torch.autograd.Function):
             grad[s:s + step] = backward_chunk(logits[s:s + step], targets[s:s + step], g_logp[s:s + step],
                                               g_ent[s:s + step] if with_entropy else g_logp[s:s + step],
                                               ctx.temperature, with_entropy)
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 class _HiddenStats(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float,
-                with_entropy: bool, chunk_elems: int):
+                with_entropy: bool, chunk_elems: int, compiled: bool):
         n, vocab = hidden.shape[0], weight.shape[0]
-        forward_chunk, _ = _kernels(hidden.device.type)
+        forward_chunk, _ = _kernels(compiled)
         step = _step(n, vocab, chunk_elems)
         parts = [forward_chunk(hidden[s:s + step] @ weight.t(), targets[s:s + step], temperature, with_entropy)
                  for s in range(0, n, step)]
         logp = torch.cat([lp for lp, _ in parts])
         ctx.save_for_backward(hidden, weight, targets)
-        ctx.temperature, ctx.with_entropy, ctx.chunk_elems = temperature, with_entropy, chunk_elems
+        ctx.temperature, ctx.with_entropy, ctx.chunk_elems, ctx.compiled = temperature, with_entropy, chunk_elems, compiled
         if with_entropy:
             return logp, torch.cat([e for _, e in parts])
         ent = logp.new_zeros(0)
@@ -147,7 +154,7 @@ class _HiddenStats(torch.autograd.Function):
     def backward(ctx, g_logp: torch.Tensor, g_ent: Optional[torch.Tensor]):
         hidden, weight, targets = ctx.saved_tensors
         n, vocab = hidden.shape[0], weight.shape[0]
-        _, backward_chunk = _kernels(hidden.device.type)
+        _, backward_chunk = _kernels(ctx.compiled)
         with_entropy = ctx.with_entropy and g_ent is not None and g_ent.numel() > 0
         if g_logp is None:
             g_logp = torch.zeros(n, dtype=torch.float32, device=hidden.device)
@@ -165,16 +172,16 @@ class _HiddenStats(torch.autograd.Function):
                 grad_h[s:s + step] = d @ weight
             if need_w:
                 grad_w += (d.t() @ h).to(grad_w.dtype)
-        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None
+        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None, None
 
 
 def hidden_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                 with_entropy: bool = False, chunk_elems: Optional[int] = None
+                 with_entropy: bool = False, chunk_elems: Optional[int] = None, compiled: Optional[bool] = None
                  ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """hidden (N, H), lm_head weight (V, H), targets (N,) -> what token_stats(hidden @ weight.T, ...) returns,
     without the (N, V) logits ever existing whole (see the module docstring)."""
     logp, ent = _HiddenStats.apply(hidden, weight, targets, float(temperature), with_entropy,
-                                   _chunk_elems(chunk_elems, hidden.device.type))
+                                   _chunk_elems(chunk_elems, hidden.device.type), _compiled(compiled, hidden))
     return logp, (ent if with_entropy else None)
 
 
@@ -196,22 +203,26 @@ def _fused_forward(self: torch.nn.Module, *args, fa_targets: Optional[torch.Tens
         return type(self).forward(self, *args, **kwargs)
     hidden = self.get_decoder()(*args, **kwargs).last_hidden_state
     return hidden_stats(hidden.reshape(-1, hidden.shape[-1]), self.get_output_embeddings().weight,
-                        fa_targets.reshape(-1), fa_temperature, fa_with_entropy)
+                        fa_targets.reshape(-1), fa_temperature, fa_with_entropy,
+                        compiled=getattr(self, "_fa_compiled", None))
 
 
-def enable_fused_head(model: torch.nn.Module) -> bool:
+def enable_fused_head(model: torch.nn.Module, compiled: Optional[bool] = None) -> bool:
     """Let `model(..., fa_targets=...)` return per-token log-probs/entropy without materialising logits
     (actor_rollout_ref.model.use_fused_kernels).  Returns False, changing nothing, for a model whose logits are
     not a plain lm_head projection.  The patch is per instance and holds no references (deepcopy-safe)."""
     if not fused_head_supported(model):
         return False
     model.forward = types.MethodType(_fused_forward, model)
+    model._fa_compiled = compiled   # the trainer's device decides whether the chunk math compiles (see top)
     return True
 
 
 def token_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False,
-                chunk_elems: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """logits (N, V), targets (N,) -> log p(target) (N,) and, if asked, the entropy (N,), at logits / T."""
+                chunk_elems: Optional[int] = None, compiled: Optional[bool] = None
+                ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """logits (N, V), targets (N,) -> log p(target) (N,) and, if asked, the entropy (N,), at logits / T.
+    compiled: whether the chunk math is compiled (the trainer's device decides; None: tensors on CUDA)."""
     logp, ent = _TokenStats.apply(logits, targets, float(temperature), with_entropy,
-                                  _chunk_elems(chunk_elems, logits.device.type))
+                                  _chunk_elems(chunk_elems, logits.device.type), _compiled(compiled, logits))
     return logp, (ent if with_entropy else None)

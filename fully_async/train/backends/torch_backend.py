@@ -62,14 +62,15 @@ def model_inputs(batch: TrainBatch, packed: bool) -> tuple[dict[str, Any], torch
 
 
 def token_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: float,
-                    with_entropy: bool = False, packed: bool = False, fused: bool = False
-                    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                    with_entropy: bool = False, packed: bool = False, fused: bool = False,
+                    compiled: Optional[bool] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(B, L) log p(input_ids[t] | <t) at logits / temperature (0 at t = 0), and optionally entropy.
 
     packed (model.use_remove_padding): one packed row, no pad token computed (model_inputs); results are
     scattered back to the padded (B, L) layout.
     fused (model.use_fused_kernels, a model prepared by token_stats.enable_fused_head): the model returns
-    the per-token values from its hidden states and lm_head weight; no logits tensor exists whole."""
+    the per-token values from its hidden states and lm_head weight; no logits tensor exists whole.
+    compiled: token_stats' chunk math compiled (the trainer's device decides; None: where the logits are on CUDA)."""
     inputs, ids, to_rows = model_inputs(batch, packed)
     # row t of the logits predicts token t + 1; the last row's (wrapped) target is dropped by to_rows
     targets = torch.roll(ids, -1, dims=1)
@@ -78,7 +79,8 @@ def token_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: floa
         logp, ent = model(**inputs, fa_targets=targets, fa_temperature=temperature, fa_with_entropy=with_entropy)
     else:
         logits = model(**inputs).logits
-        logp, ent = token_stats(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), temperature, with_entropy)
+        logp, ent = token_stats(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), temperature, with_entropy,
+                                compiled=compiled)
     return to_rows(logp), (to_rows(ent) if with_entropy else None)
 
 
@@ -160,8 +162,10 @@ class TorchBackend:
         need_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if need_ref else None
         # lm_head folded into the chunked log-prob/entropy (no logits tensor), where the model allows it
+        # the chunked log-prob math compiles where this device compiles (trainer.device=npu: never, as on Ascend)
+        self.chunk_compiled = device.compile_backend() is not None
         self.fused = arr.model.use_fused_kernels and all(
-            enable_fused_head(m) for m in (self.model, self.ref_model) if m is not None)
+            enable_fused_head(m, self.chunk_compiled) for m in (self.model, self.ref_model) if m is not None)
         if arr.model.use_fused_kernels and not self.fused:
             logger.warning("actor_rollout_ref.model.use_fused_kernels: %s's logits are not a plain lm_head projection "
                            "(bias, soft-capping or scaling); computing full logits", arr.model.path)
@@ -208,7 +212,8 @@ class TorchBackend:
                                sub.log_prob_max_token_len_per_gpu, self.packed)
         for idx, dummy in pad_micro_batches(splits, num_micro):
             mb = batch.select(idx).to(self.torch_device)
-            logp, _ = token_log_probs(model, mb, self.temperature, packed=self.packed, fused=self.fused)
+            logp, _ = token_log_probs(model, mb, self.temperature, packed=self.packed, fused=self.fused,
+                                      compiled=self.chunk_compiled)
             if not dummy:
                 out[idx, :logp.shape[1]] = logp.float().cpu()
         model.train(was_training)
@@ -247,7 +252,7 @@ class TorchBackend:
 
             return token_values(self._critic().model, mb, self.packed), None
         return token_log_probs(self.model, mb, self.temperature, with_entropy=True, packed=self.packed,
-                               fused=self.fused)
+                               fused=self.fused, compiled=self.chunk_compiled)
 
     # ------------------------------------------------------------------ update (driven by train/ppo_update.py)
     def forward_backward(self, mini: MiniBatch) -> dict[str, float]:

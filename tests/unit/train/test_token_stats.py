@@ -87,3 +87,40 @@ def test_extreme_logits_match_float64():
     assert (logp.double() - ref_logp).abs().max() < 2e-6 and (ent.double() - ref_ent).abs().max() < 2e-6
     logp_h, ent_h = hidden_stats(torch.eye(64), x.t().contiguous(), t, 1.0, with_entropy=True)  # I @ x^T^T = x
     assert (logp_h.double() - ref_logp).abs().max() < 2e-6 and (ent_h.double() - ref_ent).abs().max() < 2e-6
+
+
+def test_the_callers_device_decides_whether_the_chunk_math_compiles(monkeypatch):
+    """compiled=False runs eagerly whatever the tensors' device (trainer.device=npu under the NPU stand-in has its
+    tensors on CUDA, and an Ascend NPU runs this eagerly); compiled=True goes through torch.compile, both ways the
+    same values; the fused head carries its model's setting."""
+    from fully_async.train.backends import token_stats as ts
+
+    compiled = []
+
+    def fake_compile(fn, **kwargs):
+        compiled.append(fn.__name__)
+        return fn
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    ts._kernels.cache_clear()
+    try:
+        x = torch.randn(6, 11, dtype=torch.float64, requires_grad=True)
+        t = torch.randint(0, 11, (6,))
+        eager = ts.token_stats(x, t, 0.9, True, compiled=False)
+        assert compiled == []
+        fused = ts.token_stats(x, t, 0.9, True, compiled=True)
+        assert compiled == ["_forward_chunk", "_backward_chunk"]
+        assert torch.equal(eager[0], fused[0]) and torch.equal(eager[1], fused[1])
+    finally:
+        ts._kernels.cache_clear()
+
+
+def test_torch_backend_compiles_the_chunk_math_only_where_its_device_compiles(random_model_dir):
+    from fully_async.device import CPU
+    from fully_async.run.hydra_setup import load_config
+    from fully_async.train.backends.torch_backend import TorchBackend
+
+    cfg = load_config([f"actor_rollout_ref.model.path={random_model_dir}",
+                       "actor_rollout_ref.model.use_fused_kernels=true"])
+    backend = TorchBackend(cfg, CPU, total_optimizer_steps=1)
+    assert backend.chunk_compiled is False and CPU.compile_backend() is None
+    assert backend.fused and backend.model._fa_compiled is False
