@@ -13,7 +13,7 @@ class Backend:
     pass
 
 
-def test_device_ipc_is_asked_for_by_name_and_auto_keeps_the_object_store():
+def test_device_ipc_by_name_and_by_auto_on_one_cuda_device():
     from fully_async.device import get_device
     from fully_async.weight_sync import ObjectStoreWeightSync, build_weight_sync
     from fully_async.weight_sync.device_ipc import DeviceIpcWeightSync
@@ -22,10 +22,13 @@ def test_device_ipc_is_asked_for_by_name_and_auto_keeps_the_object_store():
     named = load_config(COLOCATED + ["actor_rollout_ref.rollout.weight_sync=device_ipc"])
     validate(named)
     assert isinstance(build_weight_sync(named, Backend(), None, cuda), DeviceIpcWeightSync)
-    # auto: the object store until device IPC has been measured on a GPU (the launcher puts colocated async on its
-    # private pool before the trainer builds its weight sync)
+    # auto (the launcher puts colocated async on its private pool before the trainer builds its weight sync): device
+    # IPC with the embedded engine on one CUDA device; the object store on several devices and for vLLM engines
     auto = load_config(COLOCATED + ["multi_job.pool=colocated"])
-    assert isinstance(build_weight_sync(auto, Backend(), None, cuda), ObjectStoreWeightSync)
+    assert isinstance(build_weight_sync(auto, Backend(), None, cuda), DeviceIpcWeightSync)
+    for other in (["trainer.n_gpus_per_node=2"], ["actor_rollout_ref.rollout.name=vllm"]):
+        cfg = load_config(COLOCATED + ["multi_job.pool=colocated", *other])
+        assert isinstance(build_weight_sync(cfg, Backend(), None, cuda), ObjectStoreWeightSync), other
 
 
 @pytest.mark.parametrize("overrides", [
