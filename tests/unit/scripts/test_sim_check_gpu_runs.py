@@ -69,3 +69,18 @@ def test_a_push_logged_every_fourth_step_is_not_paired_with_the_first_steps():
 
     series = {"timing_s/step": [(s, 10.0) for s in range(1, 9)], "timing_s/param_sync": [(4, 2.0), (8, 3.0)]}
     assert aligned_scalars(series)["timing_s/param_sync"] == [0, 0, 0, 2.0, 0, 0, 0, 3.0]
+
+
+def test_one_gpu_colocated_keep_mode_with_device_ipc_within_15_percent():
+    """1x H100, the same seed-003 shape with device-IPC weight sync and pause_mode=keep (PROVENANCE.md): each run
+    simulated from its own logs, every step averaged as measured; an update costs what device IPC costs (packing and
+    loading on the same device, a few tens of milliseconds) instead of the object store's seconds."""
+    from compare_lib import read_run
+    from sim_check import predict
+
+    runs = os.path.join(FIX, "h100_1dev_seed003_keep_ipc")
+    out = {r["mode"]: r for r in (predict(read_run(os.path.join(runs, m))) for m in ("colocated", "sync"))}
+    for mode, r in out.items():
+        assert abs(r["error"]) < 0.15, (mode, r["predicted"]["tokens_per_s"], r["measured_tokens_per_s"])
+    assert out["async"]["costs"]["weight_sync_s"] < 0.1
+    assert out["async"]["measured_tokens_per_s"] > 1.6 * out["sync"]["measured_tokens_per_s"]
