@@ -125,6 +125,8 @@ seed)
   # staleness 0.2, trigger 4, 256 slots per engine; sync against each async placement in PLACEMENTS (default
   # split,elastic,colocated) at the split SPLIT (default 1 rollout device), one invocation.  A second call on the
   # same warm machine may add placements against the first call's sync run: SYNC_LOG=/tmp/pool/seed$N/runs/sync
+  # (colocated with device-IPC weight sync on every rank: PLACEMENTS=colocated TAG=ipc
+  #  EXTRA=actor_rollout_ref.rollout.weight_sync=device_ipc, inert in the sync run)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
   N=${DEVICES:-2}
   export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((N - 1)))

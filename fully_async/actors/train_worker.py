@@ -56,6 +56,7 @@ class TrainWorker(EngineHost):
 
         self.cfg, self.device = actor_init(cfg, f"trainer-rank{rank}")
         self.backend = build_local_backend(self.cfg, self.device, optimizer_steps, rank, world, master)
+        self._ipc: Optional[Any] = None   # device-IPC weight sync: this rank's packed buffers (pack_shared_weights)
         if engine_args is not None:
             from fully_async.rollout.engines import build_engine
 
@@ -95,6 +96,15 @@ class TrainWorker(EngineHost):
     @forwards_to_backend
     def stream_full_parameters(self, consumer: Optional[Callable[[Any], Any]]) -> Any:
         return self.backend.stream_full_parameters(consumer)
+
+    def pack_shared_weights(self, dtype: Any) -> Any:
+        """This rank's part of a device-IPC push (GroupBackend.pack_shared_weights): its gathered full parameters
+        packed into its own device's buffer (kept across pushes); returns the handle."""
+        from fully_async.weight_sync.device_ipc import IpcPacker
+
+        if self._ipc is None:
+            self._ipc = IpcPacker(dtype)
+        return self._ipc.pack(self.backend.iter_full_parameters())
 
     @forwards_to_backend
     def save(self, path: str) -> None:

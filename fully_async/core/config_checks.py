@@ -301,11 +301,12 @@ def _check_rollout(cfg: Any) -> None:
                        "return the behaviour log-probs (partial rollouts and decoupled PPO need them)")
     _choice("actor_rollout_ref.rollout.weight_sync", rollout.weight_sync,
             ("auto", "object_store", "collective", "device_ipc"))
-    if rollout.weight_sync == "device_ipc" and not device_ipc_applies(cfg):
-        raise ConfigError("actor_rollout_ref.rollout.weight_sync", "device_ipc shares the trainer's weights with an "
-                          "engine on the same CUDA device: only mode=async async_training.placement=colocated "
-                          "trainer.device=cuda on one device (trainer.nnodes x trainer.n_gpus_per_node = 1); use "
-                          "auto, object_store or collective")
+    if rollout.weight_sync == "device_ipc" and cfg.mode == "async" and not device_ipc_applies(cfg):
+        raise ConfigError("actor_rollout_ref.rollout.weight_sync", "device_ipc shares each trainer rank's weights with "
+                          "the engine on the same CUDA device: only mode=async async_training.placement=colocated "
+                          "trainer.device=cuda on one node (trainer.nnodes=1), a strategy whose ranks gather full "
+                          "parameters (torch, fsdp, fsdp2; not megatron) and the embedded engine (rollout.name=hf); "
+                          "use auto, object_store or collective")
     _at_least("actor_rollout_ref.rollout.update_weights_bucket_megabytes", rollout.update_weights_bucket_megabytes, 1)
     _choice("actor_rollout_ref.rollout.pause_mode", rollout.pause_mode, ("abort", "keep"))
     if rollout.pause_mode == "keep" and cfg.mode == "async" and not cfg.async_training.partial_rollout:
@@ -711,9 +712,13 @@ def placement_refusal(cfg: Any, placement: str) -> Optional[str]:
 
 
 def device_ipc_applies(cfg: Any) -> bool:
-    """Device IPC weight sync joins the trainer and the engine on one CUDA device: colocated async on one device."""
+    """Device IPC weight sync joins each trainer rank and the engine on its CUDA device: colocated async on one node,
+    ranks that gather full parameters, engines that load a dict of device tensors in their own process."""
+    from fully_async.core.config import actor_strategy
+
     return (cfg.mode == "async" and cfg.async_training.placement == "colocated" and cfg.trainer.device == "cuda"
-            and cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node == 1)
+            and cfg.trainer.nnodes == 1 and actor_strategy(cfg) in ("torch", "fsdp2")
+            and cfg.actor_rollout_ref.rollout.name != "vllm")
 
 
 def _check_filter_groups(cfg: Any) -> None:

@@ -47,6 +47,8 @@ MODE_ONLY: dict[str, ModeOnly] = {
     "actor_rollout_ref.rollout.update_weights_bucket_megabytes": ModeOnly(
         (ASYNC,), "sync mode loads each rank's weights into its own engine in process, and a pool job's weights go "
         "through the object store (no broadcast buckets)", on_pool_too=False),
+    "actor_rollout_ref.rollout.weight_sync": ModeOnly(
+        (ASYNC,), "sync mode loads each rank's own gathered weights into the engine in its process (no transport)"),
     "actor_rollout_ref.rollout.pause_mode": ModeOnly(
         (ASYNC,), "sync mode updates weights between phases, with nothing in flight"),
     "actor_rollout_ref.rollout.free_cache_engine": ModeOnly(

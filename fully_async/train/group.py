@@ -147,6 +147,13 @@ class GroupBackend:
     def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         return self.local.param_shapes()
 
+    def pack_shared_weights(self, packer: Any) -> list[Any]:
+        """Device-IPC weight sync (weight_sync/device_ipc.py) on every rank at once: each packs the full parameters
+        it gathers into a buffer on its own device (rank 0 into `packer`, ranks >= 1 into their own); the handles in
+        rank order."""
+        return self._with_workers([w.pack_shared_weights.remote(packer.dtype) for w in self.workers],
+                                  lambda: packer.pack(self.local.iter_full_parameters()))
+
     def stream_full_parameters(self, consumer: Optional[Callable[[Any], Any]]) -> Any:
         return self._with_workers([w.stream_full_parameters.remote(None) for w in self.workers],
                                   lambda: self.local.stream_full_parameters(consumer))[0]
