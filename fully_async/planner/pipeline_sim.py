@@ -146,8 +146,9 @@ class _AsyncSim:
 
     # -- trainer
     def _try_train(self, t: float) -> None:
-        if self.trainer_busy or self.syncing or self.draining or len(self.queue) < self.s.required:
-            return
+        if (self.trainer.done() or self.trainer_busy or self.syncing or self.draining
+                or len(self.queue) < self.s.required):
+            return   # (a step past the run's last would count tokens no step time pays for)
         taken, self.queue = self.queue[:self.s.required], self.queue[self.s.required:]
         self.result.tokens += sum(taken)
         self.result.step_tokens.append(sum(taken))

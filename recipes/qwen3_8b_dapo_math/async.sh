@@ -15,15 +15,20 @@
 #   DEVICE=cuda:          NVIDIA H100 80 GB (8 per host), CUDA + vllm + megatron-core.
 # Data: verl's recipe/dapo/prepare_dapo_data.sh (dapo-math-17k.parquet: data_source math_dapo; aime-2024.parquet: aime) into $DATA_DIR.
 # Rollout + trainer split per DEVICE:N_DEVICES, chosen with the planner (plan_<device>_<n>.txt here, from
-# `ENTRY=fully_async.plan DEVICE=<device> N_DEVICES=<n> bash recipes/qwen3_8b_dapo_math/async.sh`): npu 8: 4+4, npu 16: 12+4, cuda 8: 4+4, cuda 16: 12+4.
+# `ENTRY=fully_async.plan DEVICE=<device> N_DEVICES=<n> bash recipes/qwen3_8b_dapo_math/async.sh`): npu 8: colocated on 8, npu 16: 12+4, cuda 8: 4+4, cuda 16: 12+4.
 # Compare with sync.sh (same knobs; mode=sync, all devices colocated) using scripts/compare_sync_async.py --from-logs.
 set -euo pipefail
 MODEL_PATH="${MODEL_PATH:-$HOME/models/Qwen3-8B}"
 DATA_DIR="${DATA_DIR:-$HOME/data/dapo}"
 DEVICE="${DEVICE:-npu}"
 N_DEVICES="${N_DEVICES:-8}"
+ROLLOUT_TP=2 GPU_MEM=0.8
 case "$DEVICE:$N_DEVICES" in
-  npu:8) PLACE=(rollout.nnodes=1 rollout.n_gpus_per_node=4 trainer.nnodes=1 trainer.n_gpus_per_node=4) ;;   # 4 rollout + 4 trainer
+  # npu 8: colocated async (every NPU an engine and a trainer rank taking turns; the trainer offloads while its NPU
+  # generates): the planner's pick among the placements the run takes here; split with TP-2 engines was 0.93x sync
+  npu:8) PLACE=(async_training.placement=colocated rollout.n_gpus_per_node=0 trainer.nnodes=1 trainer.n_gpus_per_node=8
+                actor_rollout_ref.actor.megatron.param_offload=true actor_rollout_ref.actor.megatron.optimizer_offload=true)
+         ROLLOUT_TP=1 GPU_MEM=0.5 ;;
   npu:16) PLACE=(rollout.nnodes=2 rollout.n_gpus_per_node=6 trainer.nnodes=1 trainer.n_gpus_per_node=4) ;;   # 12 rollout + 4 trainer
   cuda:8) PLACE=(rollout.nnodes=1 rollout.n_gpus_per_node=4 trainer.nnodes=1 trainer.n_gpus_per_node=4) ;;   # 4 rollout + 4 trainer
   cuda:16) PLACE=(rollout.nnodes=2 rollout.n_gpus_per_node=6 trainer.nnodes=1 trainer.n_gpus_per_node=4) ;;   # 12 rollout + 4 trainer
@@ -64,8 +69,8 @@ python -m "${ENTRY:-fully_async.main}" --config-name=fully_async_ppo_megatron_tr
   reward_model.overlong_buffer.enable=true reward_model.overlong_buffer.len=2048 reward_model.overlong_buffer.penalty_factor=1.0 \
   algorithm.filter_groups.enable=true algorithm.filter_groups.metric=acc algorithm.filter_groups.max_num_gen_batches=10 \
   actor_rollout_ref.rollout.n=16 \
-  actor_rollout_ref.rollout.tensor_model_parallel_size=2 \
-  actor_rollout_ref.rollout.gpu_memory_utilization=0.8 \
+  actor_rollout_ref.rollout.tensor_model_parallel_size="$ROLLOUT_TP" \
+  actor_rollout_ref.rollout.gpu_memory_utilization="$GPU_MEM" \
   async_training.staleness_threshold=0.5 \
   async_training.trigger_parameter_sync_step=4 \
   async_training.require_batches=1 \
