@@ -59,13 +59,17 @@ class Run:
     def values(self, tag: str) -> list[float]:
         return [v for _, _, v in self.series(tag)]
 
-    def after(self, warmup_steps: int) -> "Run":
-        """This run without the points of its first `warmup_steps` trainer steps (compiles, first allocations):
-        the steady steps both modes' throughput is read from when --warmup-steps is given."""
-        if warmup_steps <= 0:
+    def after(self, warmup_steps: int, tail_steps: int = 0) -> "Run":
+        """This run without the points of its first `warmup_steps` trainer steps (compiles, first allocations) and of
+        its last `tail_steps` (the end of the run: the rollouter has admitted the run's last prompts, so the last
+        step waits for its own slowest responses, once per run): the steady steps both modes' throughput is read from
+        when --warmup-steps / --tail-steps are given."""
+        if warmup_steps <= 0 and tail_steps <= 0:
             return self
-        first = min((s for pts in self.scalars.values() for s, _, _ in pts), default=0)
-        kept = {tag: [p for p in pts if p[0] >= first + warmup_steps] for tag, pts in self.scalars.items()}
+        steps = [s for s, _, _ in self.series("timing_s/step")] or [s for pts in self.scalars.values() for s, _, _ in pts]
+        first, last = min(steps, default=0), max(steps, default=0)
+        kept = {tag: [p for p in pts if first + warmup_steps <= p[0] <= last - tail_steps]
+                for tag, pts in self.scalars.items()}
         return Run(self.log_dir, kept, self.first_wall, self.config, self.summary)
 
     def devices(self) -> dict:
@@ -243,13 +247,16 @@ def _mean(values: list[float]) -> Optional[float]:
     return sum(values) / len(values) if values else None
 
 
-def run_stats(run: Run, threshold: float, ceiling: Optional[float] = None, warmup_steps: int = 0) -> dict:
+def run_stats(run: Run, threshold: float, ceiling: Optional[float] = None, warmup_steps: int = 0,
+              tail_steps: int = 0) -> dict:
     """The numbers of one run for the side-by-side table: throughput, step times and idle ratios over the steps after
-    the first `warmup_steps` (all steps: `tokens_per_s_all_steps`), the validation curve over the whole run."""
-    whole, run = run, run.after(warmup_steps)
+    the first `warmup_steps` and before the last `tail_steps` (all steps: `tokens_per_s_all_steps`), the validation
+    curve over the whole run."""
+    whole, run = run, run.after(warmup_steps, tail_steps)
     step_s = run.values("timing_s/step")
     if not step_s:
-        raise CompareError(f"{run.log_dir}: no trainer step after the first {warmup_steps} (--warmup-steps)")
+        raise CompareError(f"{run.log_dir}: no trainer step after the first {warmup_steps} (--warmup-steps) and before "
+                           f"the last {tail_steps} (--tail-steps)")
     devices = run.devices()
     tps = tokens_per_s(run)
     samples = samples_per_step(run)
@@ -264,7 +271,7 @@ def run_stats(run: Run, threshold: float, ceiling: Optional[float] = None, warmu
         "val_first": vals[0][2] if vals else None, "val_final": vals[-1][2] if vals else None,
         "val_best": max(p[2] for p in vals) if vals else None,
         "time_to_threshold_s": reached[1] - run.first_wall if reached else None,
-        "warmup_steps": warmup_steps, "tokens_per_s_all_steps": tokens_per_s(whole),
+        "warmup_steps": warmup_steps, "tail_steps": tail_steps, "tokens_per_s_all_steps": tokens_per_s(whole),
         "trainer_idle_ratio": _mean(run.values("trainer/idle_ratio")),
         "rollouter_idle_ratio": _mean(run.values("fully_async/rollouter/idle_ratio")),
         "staleness_mean": _mean(run.values("fully_async/staleness/mean")),
@@ -324,9 +331,9 @@ ROWS = (  # (key, label, format)
 
 def build_table(runs: dict[str, Run], threshold: float, bench: Optional[dict] = None,
                 config_diff_rows: Optional[list] = None, split: Optional[dict] = None,
-                dp_efficiency: float = 1.0, warmup_steps: int = 0) -> dict:
+                dp_efficiency: float = 1.0, warmup_steps: int = 0, tail_steps: int = 0) -> dict:
     """table.json content: per-mode stats, async/sync ratios, the headline speedups, devices and split."""
-    stats = {mode: run_stats(run, threshold, run_ceiling(run, bench, dp_efficiency), warmup_steps)
+    stats = {mode: run_stats(run, threshold, run_ceiling(run, bench, dp_efficiency), warmup_steps, tail_steps)
              for mode, run in runs.items()}
     a, s = stats["async"], stats["sync"]
     ratio = {}
@@ -546,9 +553,11 @@ def write_report(out_dir: str, table: dict, runs: dict[str, Run], plots: dict[st
               "means over steps.  Neither mode counts validation in a step's time: sync validates after the "
               "step's clock stops (timing_s/testing), async validates on the rollouter, outside the trainer's step."]
     warm = table["modes"]["async"].get("warmup_steps") or 0
-    if warm:
+    tail = table["modes"]["async"].get("tail_steps") or 0
+    if warm or tail:
         lines[-1] += (f"  Throughput, step times, idle ratios and staleness leave out each run's first {warm} step(s) "
-                      "(compiles, first allocations; --warmup-steps); 'every step' keeps them.")
+                      f"(compiles, first allocations; --warmup-steps) and last {tail} (the end of the run, where the "
+                      "last step waits for its own tail; --tail-steps); 'every step' keeps them.")
     lines += ["", "## Plots", ""]
     lines += [f"![{name}]({fname})" for name, fname in plots.items()]
     path = os.path.join(out_dir, "report.md")

@@ -198,7 +198,7 @@ def refuse(message: str) -> int:
 
 def compare(dirs: list[str], out_dir: str, threshold: float, bench: Any, allow_diff: tuple[str, ...] = (),
             split: Optional[dict] = None, dp_efficiency: float = 1.0,
-            warmup_steps: int = 0) -> tuple[int, Optional[dict]]:
+            warmup_steps: int = 0, tail_steps: int = 0) -> tuple[int, Optional[dict]]:
     """Compare two run dirs; returns (exit code, table).  `bench`: None, a result dict, or config -> dict.
     `split`: choose_split's result for the async run (None: derived from the runs when bench is given)."""
     runs = [read_run(d) for d in dirs]
@@ -223,7 +223,7 @@ def compare(dirs: list[str], out_dir: str, threshold: float, bench: Any, allow_d
                              dp_efficiency, force=d["rollout"], forced_by=f"the async run's split {d['rollout']}+"
                              f"{d['trainer']}")
     os.makedirs(out_dir, exist_ok=True)
-    table = build_table(by_mode, threshold, bench, diff, split, dp_efficiency, warmup_steps)
+    table = build_table(by_mode, threshold, bench, diff, split, dp_efficiency, warmup_steps, tail_steps)
     plots = make_plots(by_mode, out_dir, threshold)
     write_report(out_dir, table, by_mode, plots)
     with open(os.path.join(out_dir, "table.json"), "w") as fh:
@@ -241,6 +241,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--warmup-steps", type=int, default=0, metavar="K",
                     help="read throughput, step times and idle ratios from the steps after each run's first K (their "
                          "compiles and first allocations; the every-step figure is reported too; default 0)")
+    ap.add_argument("--tail-steps", type=int, default=0, metavar="K",
+                    help="and from the steps before each run's last K (the end of the run: once the rollouter has "
+                         "admitted the run's last prompts, its last step waits for its own slowest responses; default 0)")
     ap.add_argument("--devices", type=int, help="total devices N of each mode (default: trainer.n_gpus_per_node "
                     "of the overrides, else 2)")
     ap.add_argument("--placements", metavar="P[,P...]", help="async placements to compare with sync: split, "
@@ -289,7 +292,8 @@ def from_logs(args: argparse.Namespace, out_dir: str) -> int:
 
     bench = saved_bench(args.bench_json) if args.bench_json else (measure if args.bench else None)
     rc, _ = compare(list(args.from_logs), out_dir, args.threshold, bench,
-                    tuple(args.allow_diff), dp_efficiency=args.dp_efficiency, warmup_steps=args.warmup_steps)
+                    tuple(args.allow_diff), dp_efficiency=args.dp_efficiency, warmup_steps=args.warmup_steps,
+                    tail_steps=args.tail_steps)
     return rc
 
 
@@ -356,7 +360,7 @@ def run_both(args: argparse.Namespace, out_dir: str) -> int:
             pair_dir = rep_dir if len(placements) == 1 else os.path.join(rep_dir, p)
             rc, table = compare([dirs[run_name("async", p)], dirs["sync"]], pair_dir, args.threshold, bench,
                                 tuple(args.allow_diff), split if p != "colocated" else None, args.dp_efficiency,
-                                args.warmup_steps)
+                                args.warmup_steps, args.tail_steps)
             if rc:
                 return rc
             tables[p].append(table)
