@@ -135,6 +135,8 @@ class ThreadReplica:
     def call(self, method: str, *args: Any) -> concurrent.futures.Future:
         if method == "interrupt":
             return self.pool_exec.submit(self.driver.interrupt)
+        if method in ("hold", "release"):
+            return self.pool_exec.submit(lambda: self.driver.hold(method == "hold").result())
         return self.pool_exec.submit(
             lambda: self.driver.call(lambda e: engine_command(e, None, method, args)).result())
 

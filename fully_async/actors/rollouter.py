@@ -64,8 +64,10 @@ class Rollouter(MetricsOutbox):
         self._gen_from: Optional[float] = None   # wall time the engines came on (a pool's generate span)
         self._yields = 0                         # times the engines gave a wanted pool lease back
         # colocated with engines that keep their cache while asleep (free_cache_engine=false): responses in flight
-        # wait through the trainer's turn with their KV cache (exact: no weights change meanwhile; a weight update
-        # parks them and they continue on the new weights from prompt + partial response, as in split async)
+        # wait through the trainer's turn with their KV cache, held (engines in their own actors stop advancing them:
+        # the turn is the trainer's alone, on one device or several); exact: no weights change meanwhile; a weight
+        # update parks them and they continue on the new weights from prompt + partial response, as in split async
+        # (pause_mode=keep: they continue over their KV cache)
         self._keeps_in_flight = (cfg.async_training.placement == "colocated"
                                  and not cfg.actor_rollout_ref.rollout.free_cache_engine)
         self.queue = queue
@@ -315,6 +317,8 @@ class Rollouter(MetricsOutbox):
                 self._apply_weights(load, version)
         if not self.held:   # (a checkpoint's hold resumes them at its release)
             self.scheduler.resume()
+        if self._keeps_in_flight:
+            self.pool.release()   # the responses kept through the trainer's turn go on
         self._gen_from = time.time()
         return m
 
@@ -331,6 +335,7 @@ class Rollouter(MetricsOutbox):
         self._yields += 1
         if self._keeps_in_flight and why != "done":
             self._gen_from = None
+            self.pool.hold()   # engines in their own actors would go on decoding in the trainer's turn otherwise
             return {"multi_job/rollout/yields": self._yields, "fully_async/rollouter/kept_in_flight":
                     float(sched.in_flight())}
         if sched.partial_rollout or why == "done":

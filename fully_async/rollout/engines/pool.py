@@ -147,6 +147,14 @@ class EnginePool:
     def wake_up(self) -> None:
         self._all("wake_up")
 
+    def hold(self) -> None:
+        """Engines in their own driver threads stop advancing their requests (kept in flight, KV cache kept) until
+        `release()`; engines in this thread advance only when collect() runs anyway."""
+        self._all("hold")
+
+    def release(self) -> None:
+        self._all("release")
+
     def load_everywhere(self, command: str, version: int) -> None:
         """Run a replica-side loading command (e.g. sync mode's 'load_trainer_weights') on all, then stamp."""
         self._loaded(version, self._all(command, version))

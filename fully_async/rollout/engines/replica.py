@@ -83,6 +83,9 @@ def weight_receiver(engine: Any, device: Any) -> Any:
 ENGINE_METHODS = ("update_weights", "sleep", "wake_up")
 RECEIVER_METHODS = ("weight_receivers", "init_weight_group", "receive_weights")
 LOADS = ("update_weights", "receive_weights", "load_trainer_weights")  # return the engine's update timings
+# an engine in its own driver thread stops advancing its requests ("hold") and goes on ("release"), requests and KV
+# cache kept: colocated async's engines while the trainer has its turn on their devices
+HOLDS = ("hold", "release")
 
 
 def engine_command(engine: Any, receiver: Any, method: str, args: tuple,
@@ -93,6 +96,8 @@ def engine_command(engine: Any, receiver: Any, method: str, args: tuple,
         return engine.interrupt()
     if method == "keeps_in_flight":
         return bool(getattr(engine, "keeps_in_flight", False))
+    if method in HOLDS:   # an engine in its caller's thread advances only when the caller collects: nothing to hold
+        return None
     if extra and method in extra:
         out = extra[method](*args)
     elif method in RECEIVER_METHODS:
@@ -193,6 +198,7 @@ class EngineDriver:
         self._outbox: list[GenOutput] = []
         self._error: Optional[BaseException] = None
         self._closed = False
+        self._held = False   # requests in flight wait (read and written on the driver thread only)
         self.counters = IterationCounters()
         self._thread = threading.Thread(target=self._run, name=f"{name}-driver", daemon=True)
         self._thread.start()
@@ -219,6 +225,13 @@ class EngineDriver:
         with self._cv:
             out, self._outbox = self._outbox, []
         return out
+
+    def hold(self, held: bool) -> concurrent.futures.Future:
+        """From the next iteration on, the engine stops advancing what it has in flight (held) or goes on; the future
+        is done once the iteration running now has finished.  Submissions and calls still run while held."""
+        def set_held(_engine: Any) -> None:
+            self._held = held
+        return self.call(set_held)
 
     def interrupt(self) -> list[GenOutput]:
         """Unpolled finished outputs plus the partial outputs of everything in flight."""
@@ -248,7 +261,7 @@ class EngineDriver:
         try:
             while True:
                 with self._cv:
-                    while not self._inbox and not self._closed and not engine.num_in_flight():
+                    while not self._inbox and not self._closed and (self._held or not engine.num_in_flight()):
                         self._cv.wait()
                     if self._closed:
                         return
@@ -262,7 +275,7 @@ class EngineDriver:
                         fut.set_result(arg(engine))
                     except BaseException as exc:  # noqa: BLE001 - the caller gets it
                         fut.set_exception(exc)
-                if engine.num_in_flight():
+                if engine.num_in_flight() and not self._held:
                     start = time.perf_counter()
                     outputs = engine.collect()
                     self.counters.add(time.perf_counter() - start)
@@ -303,6 +316,8 @@ class EngineHost:
         """`engine_call` without waiting (the host's own process commands its engine so: HostedReplica)."""
         if method == "interrupt":
             return self._driver.interrupt_later()
+        if method in HOLDS:
+            return self._driver.hold(method == "hold")
         if method == "init_weight_group" and isinstance(self._receiver, ProcessReceiver):
             return done_future(lambda: self._receiver.init_weight_group(*args))  # a rendezvous, not an engine call
         return self._driver.call(lambda engine: engine_command(engine, self._receiver, method, args, self._extra))

@@ -181,3 +181,40 @@ def test_an_inline_replica_is_not_held_up_by_slow_remote_ones():
     assert time.monotonic() - start < 0.4, "the inline engine waited on the remote polls"
     run_all(pool)
     slow.close()
+
+
+def test_a_held_driver_keeps_its_requests_without_advancing_them():
+    """Colocated async on several devices: while the trainer has its turn, the engines in their own actors hold their
+    requests (in flight, not advanced) and go on when released; calls still run while held."""
+    class Slow(ScriptedEngine):
+        def collect(self, timeout_s=0.05):
+            time.sleep(0.01)
+            return super().collect(timeout_s)
+
+    engine = Slow(max_num_seqs=2, fixed_len=30)
+    driver = EngineDriver(engine)
+    long = SamplingParams(1.0, 1.0, -1, 40)
+    driver.submit([GenRequest(f"a-s{j}", [10, 20, 30], long, group_id="a") for j in range(2)])
+    driver.hold(True).result(timeout=5)
+    before = driver.counters.iterations
+    time.sleep(0.3)
+    assert driver.counters.iterations == before
+    assert driver.call(lambda e: e.num_in_flight()).result(timeout=5) == 2   # kept, and calls still run
+    assert driver.poll(0.05) == []
+    driver.hold(False).result(timeout=5)
+    outs = []
+    deadline = time.monotonic() + 10
+    while len(outs) < 2 and time.monotonic() < deadline:
+        outs += driver.poll(0.05)
+    assert sorted(o.request_id for o in outs) == ["a-s0", "a-s1"] and driver.counters.iterations > before
+    driver.close()
+
+
+def test_the_pool_holds_engines_in_their_own_threads_and_leaves_inline_ones_to_their_caller():
+    remote = ThreadReplica(ScriptedEngine(max_num_seqs=2, fixed_len=30), "engine1")
+    pool = EnginePool([InlineReplica(ScriptedEngine(max_num_seqs=2), None), remote], max_num_seqs=2)
+    pool.hold()
+    assert remote.driver._held
+    pool.release()
+    assert not remote.driver._held
+    remote.close()
