@@ -84,8 +84,8 @@ class OffloadConfig:
     """verl's actor_rollout_ref.actor.fsdp_config.*offload: host offload between training phases."""
     param_offload: bool = False           # params (and grads) to host memory while the engine generates
     optimizer_offload: bool = False       # optimizer states to host memory while the engine generates
-    fsdp_size: int = -1                   # ranks one FSDP2 group shards over: -1 or the trainer world (hybrid
-    #                                       sharding groups are not implemented)
+    fsdp_size: int = -1                   # ranks one FSDP2 group shards over: -1 = the trainer world; a divisor of
+    #                                       it: hybrid sharding (sharded within groups of that size, replicated across)
 
 
 @dataclass

@@ -589,10 +589,16 @@ def _check_trainer_world(cfg: Any) -> None:
     if actor.strategy == "megatron":
         _validate_megatron(cfg, world)
     fsdp_size = actor.fsdp_config.fsdp_size
-    if fsdp_size not in (-1, world):
+    if fsdp_size != -1 and (fsdp_size < 1 or world % fsdp_size):
         raise ConfigError("actor_rollout_ref.actor.fsdp_config.fsdp_size",
-                          f"{fsdp_size}: hybrid sharding groups are not implemented; use -1 or the trainer world "
-                          f"size {world} (trainer.nnodes x trainer.n_gpus_per_node: FSDP2 shards over all of it)")
+                          f"{fsdp_size} must divide the trainer world size {world} (trainer.nnodes x "
+                          "trainer.n_gpus_per_node): hybrid sharding groups of that many ranks; or -1 to shard over "
+                          "all of them")
+    from fully_async.core.config import actor_strategy
+
+    if fsdp_size not in (-1, world) and actor_strategy(cfg) != "fsdp2":
+        logger.warning("actor_rollout_ref.actor.fsdp_config.fsdp_size=%s has no effect with strategy %s (FSDP2's "
+                       "hybrid sharding)", fsdp_size, actor_strategy(cfg))
     if world > 1 and actor.ppo_mini_batch_size * n < world:
         raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size",
                           f"a mini-batch of {actor.ppo_mini_batch_size} x n={n} responses cannot give each "

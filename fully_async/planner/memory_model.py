@@ -151,6 +151,8 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
     mem = RoleMemory("trainer")
     layers = shape.layers
     strategy = _strategy(actor.strategy, dp)
+    size = actor.fsdp_config.fsdp_size
+    shard = size if 0 < size < dp and dp % size == 0 else dp   # FSDP2's shard group (hybrid sharding: fsdp_size)
     mem.strategy = strategy
     if strategy == "megatron":
         m = actor.megatron
@@ -164,11 +166,13 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
         mem.note = f"megatron tp={tp} pp={pp} dp={dp}" + (", distributed optimizer" if opt_shard > 1 else "")
         tokens = micro_batch_tokens(cfg, dp) // tp if m.sequence_parallel else micro_batch_tokens(cfg, dp)
     elif strategy == "fsdp2":
-        mem.parts.update(params=4 * P / dp, grads=4 * P / dp, optimizer=8 * P / dp,
+        # sharded over the world, or (fsdp_size, verl's hybrid sharding) within groups of fsdp_size ranks
+        mem.parts.update(params=4 * P / shard, grads=4 * P / shard, optimizer=8 * P / shard,
                          gathered_layers=2 * shape.layer_params() * cbytes)
         if ref:
-            mem.parts["ref_params"] = 4 * P / dp
-        mem.note = f"fsdp2 over dp={dp} (float32 master, compute in {actor.dtype})"
+            mem.parts["ref_params"] = 4 * P / shard
+        mem.note = (f"fsdp2 over dp={dp}" + (f", hybrid: sharded within groups of {shard}" if shard < dp else "")
+                    + f" (float32 master, compute in {actor.dtype})")
         tokens = micro_batch_tokens(cfg, dp)
     else:
         mem.parts.update(params=cbytes * P, grads=cbytes * P, optimizer=2 * cbytes * P)
@@ -177,7 +181,7 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
         mem.note = f"torch, one device, params/grads/AdamW in {actor.dtype}"
         tokens = micro_batch_tokens(cfg, dp)
     if uses_critic(cfg) and strategy != "megatron":   # megatron with a critic is refused by config_checks
-        mem.parts.update(critic_memory(shape, strategy, dp, cbytes))
+        mem.parts.update(critic_memory(shape, strategy, shard, cbytes))
         mem.note += "; critic (value model) beside the actor"
     # the torch backend (torch and fsdp2) compiles each decoder layer where the device has inductor: CUDA
     # (train/backends/torch_backend.compile_decoder_layers); NPU and CPU, and megatron, run the layers eagerly

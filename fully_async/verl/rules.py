@@ -518,7 +518,6 @@ SCRIPT_REFUSALS: list[tuple[str, str]] = [
     ("chat-template arguments (gpt-oss reasoning_effort)", r"data\.apply_chat_template_kwargs.*"),
     ("rollout engines other than hf and vllm (sglang, trtllm)", r"actor_rollout_ref\.rollout\.name"),
     ("context parallelism", r".*\.megatron\.context_parallel_size"),
-    ("hybrid FSDP sharding (fsdp_size below the trainer world)", r".*\.fsdp_config\.fsdp_size"),
     ("float16 megatron training", r"actor_rollout_ref\.actor\.dtype"),
     ("config missing from verl itself", r"--config-name"),
     ("an override Hydra cannot parse (in verl too)", r"hydra-grammar"),

@@ -2,6 +2,10 @@
 
 `fully_shard` is applied to every decoder layer and then to the root, so parameters live sharded
 across the data-parallel ranks and are all-gathered layer by layer during forward/backward.  With
+`fsdp_config.fsdp_size` below the world (verl's hybrid sharding, HSDP) the ranks form groups of that size:
+parameters are sharded within a group and replicated across groups (a 2-D device mesh, replicate x shard),
+gradients reduce-scattered within a group and all-reduced across groups: the same averaged gradient as full
+sharding, more memory per device, less traffic between groups (nodes).  With
 `actor.dtype=bfloat16` the master weights stay float32 and compute runs in bf16
 (MixedPrecisionPolicy); `fsdp_config.param_offload` keeps shards in host memory (CPUOffloadPolicy).
 Works on every comm backend the device layer names: gloo (CPU, what CI runs), nccl, hccl.
@@ -44,10 +48,33 @@ def init_process_group(device: Any, rank: int, world: int, addr: str, port: int,
     dist.init_process_group(device.comm_backend, store=store, rank=rank, world_size=world, **kwargs)
 
 
-def shard_model(model: torch.nn.Module, compute_dtype: torch.dtype, offload: bool) -> torch.nn.Module:
+_MESHES: dict[tuple[str, int], Any] = {}
+
+
+def shard_mesh(device_type: str, shard_size: int) -> Optional[Any]:
+    """The replicate x shard device mesh of hybrid sharding (shard groups of `shard_size` consecutive ranks), or None
+    for full sharding (-1 or the whole world).  Made once per process (the actor, reference and critic share it)."""
+    world = dist.get_world_size()
+    if shard_size in (-1, world):
+        return None
+    if shard_size < 1 or world % shard_size:
+        raise ValueError(f"actor_rollout_ref.actor.fsdp_config.fsdp_size={shard_size} must divide the trainer world "
+                         f"{world}")
+    key = (device_type, shard_size)
+    if key not in _MESHES:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        _MESHES[key] = init_device_mesh(device_type, (world // shard_size, shard_size),
+                                        mesh_dim_names=("replicate", "shard"))
+    return _MESHES[key]
+
+
+def shard_model(model: torch.nn.Module, compute_dtype: torch.dtype, offload: bool,
+                mesh: Optional[Any] = None) -> torch.nn.Module:
+    """FSDP2 over the whole world, or hybrid over `mesh` (shard_mesh)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {} if mesh is None else {"mesh": mesh}
     if compute_dtype != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     if offload:

@@ -59,7 +59,8 @@ class ValueModel:
         self.model.train()
         if fsdp:
             offload = arr.actor.fsdp_config.param_offload and device.is_accelerator
-            fsdp_helpers.shard_model(self.model, compute_dtype, offload)
+            mesh = fsdp_helpers.shard_mesh(device.torch_device().type, arr.actor.fsdp_config.fsdp_size)
+            fsdp_helpers.shard_model(self.model, compute_dtype, offload, mesh)
         if arr.actor.use_torch_compile:
             compile_decoder_layers(self.model, device)
         optim = critic.optim

@@ -45,8 +45,10 @@ PACKED = ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.
                                  "actor_rollout_ref.actor.fsdp_config.param_offload=true"]),
     # packed ranks with token-budget micro-batches (packed == padded is tests/unit/test_remove_padding.py)
     ("token-mean", PACKED, []),
+    # verl's hybrid sharding (fsdp_size below the world): shard groups of 1 rank, replicated across 2
+    ("token-mean", [], ["actor_rollout_ref.actor.fsdp_config.fsdp_size=1"]),
 ])
-def test_two_fsdp2_gloo_ranks_match_one_device(ray_cpus, mode, shared, extra):
+def test_two_fsdp2_gloo_ranks_match_one_device(ray_cpus, tmp_path, mode, shared, extra):
     samples = tiny_samples(groups=4, n=3)   # 12 responses, 2 mini-batches of 6, 3 rows per rank
     single_cfg = load_config(COMMON + [f"actor_rollout_ref.actor.loss_agg_mode={mode}", *shared])
     single = TorchBackend(single_cfg, CPU, 10)
@@ -60,6 +62,8 @@ def test_two_fsdp2_gloo_ranks_match_one_device(ray_cpus, mode, shared, extra):
     try:
         assert isinstance(group, GroupBackend) and group.world == 2 == group.data_parallel_size
         assert group.rng is group.local.rng          # rank 0 shuffles for all ranks, from its checkpointed RNG
+        meshes = {tuple(p.device_mesh.shape) for p in group.local.model.parameters()}
+        assert meshes == ({(2, 1)} if "actor_rollout_ref.actor.fsdp_config.fsdp_size=1" in extra else {(2,)})
         batch2 = build_batch(samples)
         prepare_batch(group, cfg, batch2, {})
         assert torch.allclose(batch2.old_log_probs, batch.old_log_probs, atol=1e-5)
@@ -72,6 +76,12 @@ def test_two_fsdp2_gloo_ranks_match_one_device(ray_cpus, mode, shared, extra):
             # Adam divides by sqrt(v): gradients that are ~0 (e.g. k_proj.bias, which softmax ignores) turn
             # reduction-order rounding into up to ~1e-5 differences; 1e-4 is 1% of one lr=0.01 step
             assert torch.allclose(full[name], p.detach(), atol=1e-4), name
+        if "actor_rollout_ref.actor.fsdp_config.fsdp_size=1" in extra:   # hybrid shards save and restore too
+            group.save(str(tmp_path))
+            ppo_update(group, cfg, batch2, num_mini_batches=2)
+            group.load(str(tmp_path))
+            for name, t in group.named_parameters_for_sync().items():
+                assert torch.equal(t, full[name]), name
         # a last batch smaller than the world: the rank without rows runs a masked dummy, nothing hangs
         tiny = build_batch(tiny_samples(groups=1, n=1))
         prepare_batch(group, cfg, tiny, {})

@@ -196,17 +196,21 @@ def test_every_value_a_verl_key_cannot_honour_is_refused_naming_the_key_and_the_
     assert guarded > 60
 
 
-def test_fsdp_size_is_accepted_at_minus_one_and_at_the_trainer_world_size():
+def test_fsdp_size_is_accepted_at_minus_one_and_at_every_divisor_of_the_trainer_world():
+    """-1 or the world: full sharding; a divisor: verl's hybrid sharding (tests/unit/train/test_group.py trains it);
+    anything else is refused naming the key."""
     from fully_async.core.config_checks import validate
     for line, world in (("actor_rollout_ref.actor.fsdp_config.fsdp_size=-1", 2),
                         ("actor_rollout_ref.actor.fsdp_config.fsdp_size=2", 2),
-                        ("actor_rollout_ref.actor.fsdp_config.fsdp_size=1", 1)):
+                        ("actor_rollout_ref.actor.fsdp_config.fsdp_size=1", 1),
+                        ("actor_rollout_ref.actor.fsdp_config.fsdp_size=2", 4)):
         validate(load_config([line, f"trainer.n_gpus_per_node={world}", "actor_rollout_ref.actor.strategy=fsdp"]))
-    with pytest.raises(ConfigError) as err:
-        validate(load_config(["actor_rollout_ref.actor.fsdp_config.fsdp_size=2", "trainer.n_gpus_per_node=4",
-                              "actor_rollout_ref.actor.strategy=fsdp2"]))
-    assert err.value.key == "actor_rollout_ref.actor.fsdp_config.fsdp_size" and "use -1 or the trainer world size 4" \
-        in str(err.value)
+    for bad in (3, 0):
+        with pytest.raises(ConfigError) as err:
+            validate(load_config([f"actor_rollout_ref.actor.fsdp_config.fsdp_size={bad}", "trainer.n_gpus_per_node=4",
+                                  "actor_rollout_ref.actor.strategy=fsdp2"]))
+        assert err.value.key == "actor_rollout_ref.actor.fsdp_config.fsdp_size"
+        assert "must divide the trainer world size 4" in str(err.value)
 
 
 def test_dapo_dynamic_sampling_and_the_newer_reward_spelling_are_honoured():
