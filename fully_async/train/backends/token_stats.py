@@ -84,8 +84,9 @@ def _compiled(compiled: Optional[bool], t: torch.Tensor) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _kernels(compiled: bool) -> tuple[Callable, Callable]:
-    """Compiled (where the trainer's device compiles) with automatic dynamic shapes: the row count becomes symbolic once a second one is seen,
-    the vocabulary size never changes and stays a constant, so the reductions over it get a static loop
+    """Compiled (where the trainer's device compiles) with automatic dynamic shapes: the row count becomes symbolic
+    once a second one is seen, the vocabulary size never changes and stays a constant, so the reductions over it get
+    a static loop
     (measured on one H100, 0.5B shape: with `dynamic=True` each chunk's kernel ran ~9x slower than its memory
     traffic needs)."""
     if compiled:
@@ -108,7 +109,8 @@ class _TokenStats(torch.autograd.Function):
                  for s in range(0, n, step)]
         logp = torch.cat([lp for lp, _ in parts])
         ctx.save_for_backward(logits, targets)
-        ctx.temperature, ctx.with_entropy, ctx.chunk_elems, ctx.compiled = temperature, with_entropy, chunk_elems, compiled
+        ctx.temperature, ctx.with_entropy, ctx.chunk_elems = temperature, with_entropy, chunk_elems
+        ctx.compiled = compiled
         if with_entropy:
             return logp, torch.cat([e for _, e in parts])
         ent = logp.new_zeros(0)   # autograd.Function outputs are tensors: an empty, non-differentiable placeholder
@@ -143,7 +145,8 @@ class _HiddenStats(torch.autograd.Function):
                  for s in range(0, n, step)]
         logp = torch.cat([lp for lp, _ in parts])
         ctx.save_for_backward(hidden, weight, targets)
-        ctx.temperature, ctx.with_entropy, ctx.chunk_elems, ctx.compiled = temperature, with_entropy, chunk_elems, compiled
+        ctx.temperature, ctx.with_entropy, ctx.chunk_elems = temperature, with_entropy, chunk_elems
+        ctx.compiled = compiled
         if with_entropy:
             return logp, torch.cat([e for _, e in parts])
         ent = logp.new_zeros(0)
