@@ -66,7 +66,8 @@ class Run:
         when --warmup-steps / --tail-steps are given."""
         if warmup_steps <= 0 and tail_steps <= 0:
             return self
-        steps = [s for s, _, _ in self.series("timing_s/step")] or [s for pts in self.scalars.values() for s, _, _ in pts]
+        steps = ([s for s, _, _ in self.series("timing_s/step")]
+                 or [s for pts in self.scalars.values() for s, _, _ in pts])
         first, last = min(steps, default=0), max(steps, default=0)
         kept = {tag: [p for p in pts if first + warmup_steps <= p[0] <= last - tail_steps]
                 for tag, pts in self.scalars.items()}

@@ -243,7 +243,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "compiles and first allocations; the every-step figure is reported too; default 0)")
     ap.add_argument("--tail-steps", type=int, default=0, metavar="K",
                     help="and from the steps before each run's last K (the end of the run: once the rollouter has "
-                         "admitted the run's last prompts, its last step waits for its own slowest responses; default 0)")
+                         "admitted the run's last prompts, its last step waits for its own slowest responses; "
+                         "default 0)")
     ap.add_argument("--devices", type=int, help="total devices N of each mode (default: trainer.n_gpus_per_node "
                     "of the overrides, else 2)")
     ap.add_argument("--placements", metavar="P[,P...]", help="async placements to compare with sync: split, "

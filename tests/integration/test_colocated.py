@@ -77,7 +77,8 @@ def test_colocated_keep_mode_continues_responses_across_updates(ray_session, tmp
                                *COLOCATED, "actor_rollout_ref.rollout.pause_mode=keep",
                                "actor_rollout_ref.rollout.free_cache_engine=false", "data.max_response_length=48",
                                "benchmark.response_length=lognormal", "benchmark.ignore_eos=true",
-                               "async_training.staleness_threshold=2", f"trainer.default_local_dir={tmp_path}/ck_keep"]))
+                               "async_training.staleness_threshold=2",
+                               f"trainer.default_local_dir={tmp_path}/ck_keep"]))
     ids = summary["trained_sample_ids"]
     assert summary["steps"] == steps and len(ids) == len(set(ids)) == steps * 16 * 8
     scalars = read_scalars(str(tmp_path / "keep"))
