@@ -16,7 +16,7 @@ device compiles (`compiled`: the backend passes `Device.compile_backend() is not
 Triton; without it, tensors on CUDA) the per-chunk math is compiled (torch.compile fuses it into a few
 passes over the chunk); elsewhere it runs eagerly.  The configured device decides, not the tensors'
 device type: `trainer.device=npu` runs eagerly as on an Ascend NPU also where the NPU stand-in
-(tests/npu_standin) puts its tensors on CUDA.
+of the tests puts its tensors on CUDA.
 
 `hidden_stats` goes one step further (actor_rollout_ref.model.use_fused_kernels): it takes the
 decoder's hidden states and the lm_head weight, so not even the (N, V) logits in the model's dtype
