@@ -9,8 +9,8 @@ from fully_async.weight_sync.object_store import ObjectStoreWeightSync
 
 def build_weight_sync(cfg: Any, backend: Any, rollouter: Any, device: Any) -> Any:
     """actor_rollout_ref.rollout.weight_sync: auto = device_ipc for colocated async on one CUDA device with the
-    embedded engine (CUDA IPC handles, no copy through the host: 1x H100, 0.5B shape, 0.02 s to pack and 0.005 s to
-    load an update, where the object store took ~2 s on the trainer's turn and ~1.5 s to load), else collective on
+    embedded engine (CUDA IPC handles, no copy through the host: 0.02 s to pack and 0.005 s to load an update, 0.5B
+    shape, 1x H100; the object store took ~2 s on the trainer's turn and ~1.5 s to load, 1x H200), else collective on
     accelerators, object store on CPU and on a shared device pool (multi_job.pool, colocated async on several
     devices included: the rollouter takes an update while it waits for its lease and loads it at its next turn,
     which a collective cannot wait for).  device_ipc on several devices of one node (each rank's handle to the

@@ -203,7 +203,10 @@ class HFEngine:
         # keep-mode update lands between a step's decode and the next step's sampling: that token is the old one's)
         self._ver = np.zeros((max_num_seqs, 0), dtype=np.int64)
         self._logit_ver = np.zeros(max_num_seqs, dtype=np.int64)
-        self.keep_in_flight = keep_in_flight
+        # update_weights() may run with requests in flight (actor_rollout_ref.rollout.pause_mode=keep): they continue
+        # on the new weights with the KV cache the old ones wrote, every token stamped with the version whose logits
+        # it was sampled from (the behaviour log-probs are those of the tokens as sampled)
+        self.keeps_in_flight = keep_in_flight
         self.last_update_timings: dict[str, float] = {}
         self.max_model_len = max_model_len or 256
         self._cache: Optional[_SlotCache] = None
@@ -287,16 +290,9 @@ class HFEngine:
         self.waiting = deque()
         return out
 
-    @property
-    def keeps_in_flight(self) -> bool:
-        """update_weights() may run with requests in flight (actor_rollout_ref.rollout.pause_mode=keep): they
-        continue on the new weights with the KV cache the old ones wrote, every token stamped with the version
-        whose logits it was sampled from (the behaviour log-probs are those of the tokens as sampled)."""
-        return self.keep_in_flight
-
     def update_weights(self, named_tensors: NamedTensors, version: int) -> None:
         kept = self.num_in_flight()
-        if kept and not self.keep_in_flight:
+        if kept and not self.keeps_in_flight:
             raise RuntimeError("HFEngine.update_weights() with requests in flight: interrupt() or drain first "
                                "(or set actor_rollout_ref.rollout.pause_mode=keep)")
         start = time.perf_counter()
@@ -304,7 +300,7 @@ class HFEngine:
         # decode step the last collect() queued on the same stream
         load_named_tensors(self.model, named_tensors)
         self.version = version
-        if self.keep_in_flight:
+        if self.keeps_in_flight:
             self.last_update_timings = {"pause": 0.0, "load": time.perf_counter() - start, "resume": 0.0}
             if kept:
                 logger.info("embedded engine: weights v%d loaded with %d requests kept in flight", version, kept)

@@ -53,13 +53,11 @@ _MESHES: dict[tuple[str, int], Any] = {}
 
 def shard_mesh(device_type: str, shard_size: int) -> Optional[Any]:
     """The replicate x shard device mesh of hybrid sharding (shard groups of `shard_size` consecutive ranks), or None
-    for full sharding (-1 or the whole world).  Made once per process (the actor, reference and critic share it)."""
+    for full sharding (-1 or the whole world).  Made once per process (the actor, reference and critic share it);
+    config_checks has refused a size that does not divide the world."""
     world = dist.get_world_size()
     if shard_size in (-1, world):
         return None
-    if shard_size < 1 or world % shard_size:
-        raise ValueError(f"actor_rollout_ref.actor.fsdp_config.fsdp_size={shard_size} must divide the trainer world "
-                         f"{world}")
     key = (device_type, shard_size)
     if key not in _MESHES:
         from torch.distributed.device_mesh import init_device_mesh
