@@ -121,9 +121,14 @@ class Job:
 
     def wait_for(self, pattern, timeout=180):
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.proc.poll() is None:
+        while time.monotonic() < deadline:
+            ended = self.proc.poll() is not None
+            if ended:
+                self._reader.join(10)   # all it printed before the pattern is judged
             if re.search(pattern, self.output):
                 return
+            if ended:
+                break
             time.sleep(0.2)
         raise AssertionError(f"{self.name}: {pattern!r} never appeared:\n{self.output[-3000:]}")
 
@@ -246,14 +251,12 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head):
     # c must still be running when it is killed, however slow the machine: far more steps than the test waits for
     c = Job(tmp_path, ray_head, "c", "trainer.total_training_steps=1000", "trainer.test_freq=-1")
     c.wait_for(r"step 2 \|")
-    a = Job(tmp_path, ray_head, "a", "multi_job.job_devices=[0]", "trainer.total_training_steps=5",
-            "trainer.test_freq=-1")
-    b = Job(tmp_path, ray_head, "b", "multi_job.job_devices=[1]", "trainer.total_training_steps=5",
-            "trainer.test_freq=-1")
     wrong = Job(tmp_path, ray_head, "d", "multi_job.devices=3", "multi_job.job_devices=[0]")
-    # e's lease limit is shorter than its phases take (building, or its first train phase on a fast machine):
-    # revoked, and e fails saying so
-    overstay = Job(tmp_path, ray_head, "e", "multi_job.max_lease_s=0.5", "multi_job.job_devices=[0]")
+    # e's lease limit is shorter than its phases take on any machine (building on a slow one; on a fast one its
+    # train phase, made long by 40 PPO epochs: a few seconds where one epoch takes 0.1 s): revoked, and e fails
+    # saying so
+    overstay = Job(tmp_path, ray_head, "e", "multi_job.max_lease_s=0.5", "multi_job.job_devices=[0]",
+                   "actor_rollout_ref.actor.ppo_epochs=40")
     assert wrong.wait(120) == 1, wrong.output[-3000:]
     assert "this pool has 2 device(s) but the job was configured for 3 (multi_job.devices)" in wrong.output
     assert "Traceback" not in wrong.output
@@ -262,6 +265,11 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head):
     assert re.search(r"sync failed( to start)?: LeaseExpired: e/colocated: lease of \[0\] for phase '\w+' "
                      r"revoked after [0-9.]+s > multi_job.max_lease_s=0.5: the phase overstayed",
                      overstay.output), overstay.output[-3000:]
+    # a and b start once d and e are done (however long e's phase took, they are still running when c is killed)
+    a = Job(tmp_path, ray_head, "a", "multi_job.job_devices=[0]", "trainer.total_training_steps=5",
+            "trainer.test_freq=-1")
+    b = Job(tmp_path, ray_head, "b", "multi_job.job_devices=[1]", "trainer.total_training_steps=5",
+            "trainer.test_freq=-1")
     a.wait_for(r"step 1 \|")
     b.wait_for(r"step 1 \|")
     killed_at = time.time()
