@@ -52,12 +52,19 @@ def mini_batch_policy_denominator(mask: torch.Tensor, actor: Any) -> float:
     return denom if denom > 0 else 1.0
 
 
+def decoupled_weights(async_training: Any, rollout_correction: Any) -> bool:
+    """Decoupled PPO weights each token by its truncated behaviour->proximal ratio, unless rollout correction's
+    importance weights (rollout_is, decoupled mode) are on: those replace it (verl's compute_prox_log_prob)."""
+    rc = rollout_correction
+    return bool(async_training.decoupled_ppo) and (rc is None or rc.rollout_is is None or rc.bypass_mode)
+
+
 def actor_metric_names(actor: Any, async_training: Any, with_entropy: bool = True,
                        rollout_correction: Any = None) -> list[str]:
     """The metric keys `actor_loss` returns for this config, in order."""
     names = ["actor/pg_loss"] + ["actor/entropy"] * with_entropy
     names += ["actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"]
-    names += ["actor/behav_imp_weight"] * bool(async_training.decoupled_ppo)
+    names += ["actor/behav_imp_weight"] * decoupled_weights(async_training, rollout_correction)
     names += [BYPASS_RS_METRIC] * bypass_rejection(rollout_correction)
     names += ["actor/kl_loss"] * bool(actor.use_kl_loss)
     return names
@@ -116,7 +123,8 @@ def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], *, old_logp:
     res = policy_loss(PolicyLossInput(
         logp=logp, old_logp=old_logp, advantages=advantages, mask=mask,
         clip_low=clip_low, clip_high=clip_high, clip_c=a.clip_ratio_c, agg_mode=a.loss_agg_mode,
-        denom=pg_denom, behav_logp=rollout_logp if at.decoupled_ppo else None, behav_cap=at.behav_imp_weight_cap,
+        denom=pg_denom, behav_logp=rollout_logp if at.decoupled_ppo and is_weights is None else None,
+        behav_cap=at.behav_imp_weight_cap,
         is_weights=is_weights, mode=pl.loss_mode, clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb,
         clip_cov_ub=pl.clip_cov_ub, kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, tau_pos=a.tau_pos,
         tau_neg=a.tau_neg))

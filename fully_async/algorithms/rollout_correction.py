@@ -16,9 +16,10 @@ Two modes, as verl's:
   decoupled (bypass_mode=false): the trainer recomputes the old policy once per step, the weights and the mask are
       computed then (`correct_batch`), the weights multiply the clipped surrogate per token and the mask gates the
       loss and the advantages.  This is what our `async_training.decoupled_ppo` does with rollout_is=token and
-      behav_imp_weight_cap as the threshold; the two are therefore not combined for the weights (config_checks
-      refuses decoupled_ppo with rollout_is, which would weight twice) but rejection sampling goes with either:
-      decoupled_ppo=true + rollout_rs keeps decoupled PPO's weights and adds verl's mask.
+      behav_imp_weight_cap as the threshold; the two are not combined for the weights: decoupled_ppo with
+      rollout_is (verl's compute_prox_log_prob with rollout correction) takes rollout correction's weights instead
+      of decoupled PPO's own (warned), and rejection sampling goes with either: decoupled_ppo=true + rollout_rs
+      keeps decoupled PPO's weights and adds verl's mask.
   bypass (bypass_mode=true): the behaviour log-probs are the old policy (no recomputation: our default
       use_rollout_log_probs=true, decoupled_ppo=false); the PPO ratio itself carries the correction, so no weight
       is applied (loss_type=ppo_clip; verl computes one for its metrics only), and rejection sampling runs in the

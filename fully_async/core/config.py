@@ -145,6 +145,9 @@ class ActorConfig:
     #                                       kernels) and the chunked log-prob/entropy; no effect on cpu/npu
     fsdp_config: OffloadConfig = field(default_factory=OffloadConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    ulysses_sequence_parallel_size: int = 1   # fsdp2: groups of this many ranks split each packed micro-batch's
+    #                                           tokens (attention heads across the group: train/backends/ulysses.py);
+    #                                           the reference model and the critic run at the same size
 
 
 @dataclass
@@ -233,7 +236,8 @@ class RolloutCorrectionConfig:
     """verl's rollout correction (algorithms/rollout_correction.py): importance weights and rejection of tokens or
     responses by the trainer's old policy against the engine's behaviour policy."""
     rollout_is: Optional[str] = None      # null | token | sequence: truncated importance weights in the loss
-    rollout_is_threshold: float = 2.0     # upper truncation of the importance weights
+    rollout_is_threshold: Optional[float] = 2.0   # upper truncation of the importance weights (null: only with
+    #                                               rollout_is=null)
     rollout_is_batch_normalize: bool = False  # weights divided by their batch mean
     rollout_rs: Optional[str] = None      # null | comma list of token_k1..3, seq_{sum,mean}_k1..3, seq_max_k2..3
     rollout_rs_threshold: Optional[Any] = None  # one per option (or one for all); k1: "lower_upper" or upper
@@ -506,6 +510,11 @@ def actor_strategy(cfg: Any) -> str:
     if strategy == "fsdp":
         return "fsdp2" if RunPlan.of(cfg).trainer_devices > 1 else "torch"
     return strategy
+
+
+def sequence_parallel_size(cfg: Any) -> int:
+    """actor.ulysses_sequence_parallel_size where it acts (strategy fsdp2: train/backends/ulysses.py), else 1."""
+    return cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size if actor_strategy(cfg) == "fsdp2" else 1
 
 
 def uses_critic(cfg: Any) -> bool:

@@ -271,10 +271,15 @@ def _check_critic(cfg: Any) -> None:
         if getattr(critic, key) is not None:
             _at_least(f"critic.{key}", getattr(critic, key), 1)
     need = cfg.data.max_prompt_length + cfg.data.max_response_length
+    sp = max(1, cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size)   # the critic runs at the actor's
     for key in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):
-        if critic.use_dynamic_bsz and getattr(critic, key) < need:
-            raise ConfigError(f"critic.{key}", f"{getattr(critic, key)} cannot hold one sequence of "
+        if critic.use_dynamic_bsz and getattr(critic, key) * sp < need:
+            raise ConfigError(f"critic.{key}", f"{getattr(critic, key)}{_times_sp(sp)} cannot hold one sequence of "
                               f"max_prompt_length + max_response_length = {need} tokens")
+
+
+def _times_sp(sp: int) -> str:
+    return f" x ulysses_sequence_parallel_size={sp}" if sp > 1 else ""
 
 
 def _check_rollout(cfg: Any) -> None:
@@ -510,9 +515,10 @@ def _check_sequence_budgets(cfg: Any) -> None:
     """A dynamic micro-batch and the vLLM context must hold one whole sequence."""
     arr = cfg.actor_rollout_ref
     need = cfg.data.max_prompt_length + cfg.data.max_response_length
-    if arr.actor.use_dynamic_bsz and arr.actor.ppo_max_token_len_per_gpu < need:
+    sp = max(1, arr.actor.ulysses_sequence_parallel_size)   # a sequence-parallel group shares its devices' budgets
+    if arr.actor.use_dynamic_bsz and arr.actor.ppo_max_token_len_per_gpu * sp < need:
         raise ConfigError("actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-                          f"{arr.actor.ppo_max_token_len_per_gpu} cannot hold one sequence of "
+                          f"{arr.actor.ppo_max_token_len_per_gpu}{_times_sp(sp)} cannot hold one sequence of "
                           f"max_prompt_length + max_response_length = {need} tokens")
     if arr.rollout.name == "vllm" and arr.rollout.max_model_len is not None and arr.rollout.max_model_len < need:
         raise ConfigError("actor_rollout_ref.rollout.max_model_len",
@@ -599,10 +605,31 @@ def _check_trainer_world(cfg: Any) -> None:
     if fsdp_size not in (-1, world) and actor_strategy(cfg) != "fsdp2":
         logger.warning("actor_rollout_ref.actor.fsdp_config.fsdp_size=%s has no effect with strategy %s (FSDP2's "
                        "hybrid sharding)", fsdp_size, actor_strategy(cfg))
-    if world > 1 and actor.ppo_mini_batch_size * n < world:
+    _check_sequence_parallel(cfg, world)
+    dp = world // max(1, actor.ulysses_sequence_parallel_size)
+    if dp > 1 and actor.ppo_mini_batch_size * n < dp:
         raise ConfigError("actor_rollout_ref.actor.ppo_mini_batch_size",
                           f"a mini-batch of {actor.ppo_mini_batch_size} x n={n} responses cannot give each "
-                          f"of the {world} data-parallel ranks at least one")
+                          f"of the {dp} data-parallel ranks at least one")
+
+
+def _check_sequence_parallel(cfg: Any, world: int) -> None:
+    """Ulysses: fsdp strategies, groups that divide the trainer's ranks, packed micro-batches."""
+    arr = cfg.actor_rollout_ref
+    sp, key = arr.actor.ulysses_sequence_parallel_size, "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+    _at_least(key, sp, 1)
+    if sp == 1:
+        return
+    if arr.actor.strategy == "megatron":
+        raise ConfigError(key, f"{sp}: Ulysses sequence parallelism is for the fsdp strategies; megatron splits "
+                               "long sequences with context parallelism (megatron.context_parallel_size), which is "
+                               "not implemented: use 1")
+    if world % sp:
+        raise ConfigError(key, f"{sp} must divide the trainer world size {world} (trainer.nnodes x "
+                               "trainer.n_gpus_per_node): groups of that many ranks split each micro-batch")
+    if not arr.model.use_remove_padding:
+        raise ConfigError(key, f"{sp} splits packed micro-batches: set actor_rollout_ref.model.use_remove_padding="
+                               "true (verl's Ulysses scripts all do)")
 
 
 def _check_overlong_buffer(cfg: Any) -> None:
@@ -742,7 +769,7 @@ def _check_filter_groups(cfg: Any) -> None:
 
 
 def _check_rollout_correction(cfg: Any) -> None:
-    """verl's rollout correction: valid levels and thresholds, and the one combination that would weight twice."""
+    """verl's rollout correction: valid levels and thresholds, and the combinations of it with decoupled PPO."""
     rc, at = cfg.algorithm.rollout_correction, cfg.async_training
     key = "algorithm.rollout_correction"
     if rc.rollout_is is not None:
@@ -762,9 +789,10 @@ def _check_rollout_correction(cfg: Any) -> None:
         raise ConfigError(f"{key}.bypass_mode", "bypass mode takes the behaviour log-probs as the old policy, "
                           "async_training.decoupled_ppo recomputes it: choose one")
     if rc.rollout_is is not None and at.decoupled_ppo:
-        raise ConfigError(f"{key}.rollout_is", "async_training.decoupled_ppo already weights each token by the "
-                          "truncated behaviour->old ratio (rollout_is=token with behav_imp_weight_cap): both would "
-                          "weight twice; keep one (rollout_rs goes with either)")
+        logger.warning("%s.rollout_is=%s with async_training.decoupled_ppo (verl: compute_prox_log_prob): the "
+                       "recomputed old policy is decoupled PPO's proximal one, and rollout correction's weights "
+                       "(truncated at rollout_is_threshold=%s) replace decoupled PPO's own (behav_imp_weight_cap=%s "
+                       "is not used), as verl", key, rc.rollout_is, rc.rollout_is_threshold, at.behav_imp_weight_cap)
 
 
 SECTION_CHECKS = (_check_mode, _check_trainer, _check_rollout_placement, _check_data, _check_model, _check_actor,

@@ -173,7 +173,10 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
             mem.parts["ref_params"] = 4 * P / shard
         mem.note = (f"fsdp2 over dp={dp}" + (f", hybrid: sharded within groups of {shard}" if shard < dp else "")
                     + f" (float32 master, compute in {actor.dtype})")
-        tokens = micro_batch_tokens(cfg, dp)
+        sp = actor.ulysses_sequence_parallel_size if dp % actor.ulysses_sequence_parallel_size == 0 else 1
+        # Ulysses: a group of sp devices shares one micro-batch (a token budget is per device already)
+        tokens = micro_batch_tokens(cfg, dp // sp) // (1 if actor.use_dynamic_bsz else sp)
+        mem.note += f", Ulysses sp={sp}" if sp > 1 else ""
     else:
         mem.parts.update(params=cbytes * P, grads=cbytes * P, optimizer=2 * cbytes * P)
         if ref:

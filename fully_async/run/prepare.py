@@ -98,8 +98,16 @@ def check_sync_rollout_tp(cfg: Any, model_conf: Any) -> None:
 
 
 def check_parallel_layout(cfg: Any, model_conf: Any) -> None:
-    """strategy=megatron: the model's sizes must split over tensor/pipeline ranks (else megatron asserts)."""
+    """strategy=megatron: the model's sizes must split over tensor/pipeline ranks (else megatron asserts); Ulysses:
+    the attention heads over the sequence-parallel group."""
+    from fully_async.core.config import sequence_parallel_size
+
     actor = cfg.actor_rollout_ref.actor
+    sp = sequence_parallel_size(cfg)
+    if sp > 1 and model_conf.num_attention_heads % sp:
+        raise ConfigError("actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+                          f"{sp}: {cfg.actor_rollout_ref.model.path}'s {model_conf.num_attention_heads} attention "
+                          "heads do not split over the sequence-parallel group (use a divisor of them)")
     if actor.strategy != "megatron":
         return
     tp, pp = actor.megatron.tensor_model_parallel_size, actor.megatron.pipeline_model_parallel_size
@@ -120,6 +128,7 @@ def check_attention(cfg: Any, model_conf: Any) -> None:
     """override_config names real HF config fields; the attention kernel exists and can train on this device."""
     import importlib.util
 
+    from fully_async.core.config import sequence_parallel_size
     from fully_async.train.backends.torch_backend import model_overrides
     from fully_async.device import get_device
 
@@ -135,6 +144,10 @@ def check_attention(cfg: Any, model_conf: Any) -> None:
     key = "actor_rollout_ref.model.override_config.attn_implementation"
     if device.name == "cpu" and impl not in ("sdpa", "eager", "varlen"):
         raise ConfigError(key, f"{impl} cannot train on the CPU (no backward there); use varlen, sdpa or eager")
+    if sequence_parallel_size(cfg) > 1 and impl != "varlen" and not impl.startswith("flash_attention"):
+        raise ConfigError(key, f"{impl} cannot run under Ulysses sequence parallelism (ulysses_sequence_parallel_size="
+                               f"{sequence_parallel_size(cfg)}): it needs a kernel that takes the packed sequences' "
+                               "boundaries: varlen or flash_attention_2")
     if impl.startswith("flash_attention") and device.name == "cuda":
         package = "flash_attn" if impl == "flash_attention_2" else "flash_attn_interface"
         if importlib.util.find_spec(package) is None:

@@ -18,7 +18,7 @@ import torch
 
 from fully_async.cluster.ray_utils import ray_get
 from fully_async.core.batch import TrainBatch
-from fully_async.core.config import FullyAsyncConfig, typed_config, actor_strategy
+from fully_async.core.config import FullyAsyncConfig, typed_config, actor_strategy, sequence_parallel_size
 from fully_async.core.plan import RunPlan
 from fully_async.train.backends import MiniBatch, StepResult, TrainBackend
 from fully_async.train.sharding import micro_count, shard_batch
@@ -60,17 +60,21 @@ def load_trainer_weights(backend: Any, engine: Any, version: int) -> None:
 
 
 class GroupBackend:
-    """`TrainBackend` over rank 0's local backend and the workers of ranks 1..W-1 (strategy fsdp2)."""
+    """`TrainBackend` over rank 0's local backend and the workers of ranks 1..W-1 (strategy fsdp2).
+
+    With Ulysses (sp > 1) the sp consecutive ranks of a sequence-parallel group get the same data-parallel shard
+    (rank r: shard r // sp) and the group's first rank's results stand for it (backends/ulysses.py)."""
 
     def __init__(self, local: Any, workers: list[Any], cfg: FullyAsyncConfig):
         self.local = local
         self.workers = workers
         self.world = len(workers) + 1
         self.cfg = cfg
+        self.sp = sequence_parallel_size(cfg)
 
     @property
     def data_parallel_size(self) -> int:
-        return self.world
+        return self.world // self.sp
 
     @property
     def rng(self) -> random.Random:
@@ -102,26 +106,28 @@ class GroupBackend:
 
     def compute_log_probs(self, batch: TrainBatch, which: str = "actor") -> torch.Tensor:
         sub = self.cfg.actor_rollout_ref.rollout if which == "actor" else self.cfg.actor_rollout_ref.ref
-        rows, shards = shard_batch(batch, self.world)
+        rows, shards = shard_batch(batch, self.data_parallel_size)
         k = micro_count(shards, sub.log_prob_micro_batch_size_per_gpu, sub.log_prob_use_dynamic_bsz,
-                        sub.log_prob_max_token_len_per_gpu, self.cfg.actor_rollout_ref.model.use_remove_padding)
-        parts = self._with_workers([w.compute_log_probs.remote(s, which, k) for w, s in zip(self.workers, shards[1:])],
+                        sub.log_prob_max_token_len_per_gpu * self.sp, self.cfg.actor_rollout_ref.model.use_remove_padding)
+        parts = self._with_workers([w.compute_log_probs.remote(shards[r // self.sp], which, k)
+                                    for r, w in enumerate(self.workers, start=1)],
                                    lambda: self.local.compute_log_probs(shards[0], which, num_micro=k))
-        return self._gather_rows(batch, rows, parts)
+        return self._gather_rows(batch, rows, parts[::self.sp])
 
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
-        """The critic's values, each rank its own rows with the pass count all ranks agreed on."""
+        """The critic's values, each data-parallel shard its own rows with the pass count all ranks agreed on."""
         c = self.cfg.critic
-        rows, shards = shard_batch(batch, self.world)
-        k = micro_count(shards, c.forward_micro_batch_size_per_gpu, c.use_dynamic_bsz, c.forward_max_token_len_per_gpu,
-                        self.cfg.actor_rollout_ref.model.use_remove_padding)
-        parts = self._with_workers([w.compute_values.remote(s, k) for w, s in zip(self.workers, shards[1:])],
+        rows, shards = shard_batch(batch, self.data_parallel_size)
+        k = micro_count(shards, c.forward_micro_batch_size_per_gpu, c.use_dynamic_bsz,
+                        c.forward_max_token_len_per_gpu * self.sp, self.cfg.actor_rollout_ref.model.use_remove_padding)
+        parts = self._with_workers([w.compute_values.remote(shards[r // self.sp], k)
+                                    for r, w in enumerate(self.workers, start=1)],
                                    lambda: self.local.compute_values(shards[0], num_micro=k))
-        return self._gather_rows(batch, rows, parts)
+        return self._gather_rows(batch, rows, parts[::self.sp])
 
     @staticmethod
     def _gather_rows(batch: TrainBatch, rows: list[list[int]], parts: list[torch.Tensor]) -> torch.Tensor:
-        """(B, L) of `batch` from each rank's rows (`rows[r]`) and its part (`parts[r]`, trimmed to its longest)."""
+        """(B, L) of `batch` from each shard's rows (`rows[s]`) and its part (`parts[s]`, trimmed to its longest)."""
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         for idx, part in zip(rows, parts):
             if idx:
@@ -129,8 +135,9 @@ class GroupBackend:
         return out
 
     def forward_backward(self, mini: MiniBatch) -> dict[str, float]:
-        """Each rank gets only its own shard; the additive metrics summed over ranks, in rank order."""
-        results = self._with_workers([w.forward_backward.remote(mini.for_rank(r))
+        """Each rank gets only its own shard (a sequence-parallel group, the same one); the additive metrics summed
+        over ranks, in rank order (a group's other ranks report none)."""
+        results = self._with_workers([w.forward_backward.remote(mini.for_rank(r // self.sp))
                                       for r, w in enumerate(self.workers, start=1)],
                                      lambda: self.local.forward_backward(mini.for_rank(0)))
         return {key: sum(r.get(key, 0.0) for r in results) for key in results[0]}

@@ -28,7 +28,7 @@ from fully_async.algorithms.actor_loss import (ActorLossOutput, actor_loss, mini
                                                mini_batch_policy_denominator)
 from fully_async.algorithms.gae import value_loss, value_loss_denominator
 from fully_async.core.batch import TrainBatch
-from fully_async.core.config import FullyAsyncConfig
+from fully_async.core.config import FullyAsyncConfig, sequence_parallel_size
 from fully_async.train.backends import StepResult, TrainBackend
 from fully_async.train.sharding import cut_mini_batch
 
@@ -148,6 +148,7 @@ def update_loop(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatch,
     `num_mini_batches` mini-batches of `which` (actor | critic), one optimizer step each.  `section` (the actor's
     or the critic's config) also gives the micro-batch keys; `make_loss(mini)` the loss of a mini-batch."""
     packed = bool(cfg.actor_rollout_ref.model.use_remove_padding)
+    sp = sequence_parallel_size(cfg)   # Ulysses: a micro-batch's token budget is per device, sp devices share it
     mini_size = math.ceil(len(batch) / num_mini_batches)
     metrics = UpdateMetrics(which)
     for _ in range(section.ppo_epochs):
@@ -156,7 +157,7 @@ def update_loop(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatch,
             backend.rng.shuffle(order)
         for start in range(0, len(batch), mini_size):
             mini = batch.select(order[start:start + mini_size])
-            cut = cut_mini_batch(mini, backend.data_parallel_size, section, packed, make_loss(mini), which)
+            cut = cut_mini_batch(mini, backend.data_parallel_size, section, packed, make_loss(mini), which, sp)
             stats = backend.forward_backward(cut)
             finite = all(math.isfinite(v) for v in stats.values())
             # the actor's step keeps the one-argument call every backend (and test double) has served

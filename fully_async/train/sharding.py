@@ -42,13 +42,14 @@ def micro_count(shards: list[TrainBatch], micro: Optional[int], dynamic: bool, b
 
 
 def cut_mini_batch(mini: TrainBatch, world: int, actor: Any, packed: bool, loss: MicroLoss,
-                   model: str = "actor") -> MiniBatch:
+                   model: str = "actor", sp: int = 1) -> MiniBatch:
     """`mini` cut for `world` data-parallel ranks, each shard into actor.ppo_micro_batch_size_per_gpu rows (or
-    actor.ppo_max_token_len_per_gpu tokens with actor.use_dynamic_bsz), padded with dummies to a common count.
+    actor.ppo_max_token_len_per_gpu tokens with actor.use_dynamic_bsz: x sp, the sequence-parallel devices that
+    share a shard, as verl), padded with dummies to a common count.
     `actor` is the section of the model the mini-batch updates (`model`: the critic's has the same keys)."""
     _, shards = shard_batch(mini, world)
     splits = [micro_batches(s, actor.ppo_micro_batch_size_per_gpu, actor.use_dynamic_bsz,
-                            actor.ppo_max_token_len_per_gpu, packed) for s in shards]
+                            actor.ppo_max_token_len_per_gpu * sp, packed) for s in shards]
     count = max(len(split) for split in splits)
     micro: list[Optional[list[TrainBatch]]] = []
     for shard, split in zip(shards, splits):

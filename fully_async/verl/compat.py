@@ -9,7 +9,7 @@ the config, so `--cfg job`, `fully_async.doctor` and the run see the same config
 * warned:  accepted with one warning saying why it has no effect here, then dropped;
 * refused: a ConfigError naming the key and what to use instead (before Ray starts).
 
-A rule may accept only some values (`ulysses_sequence_parallel_size=1` is warned, 2 is refused), and a key
+A rule may accept only some values (`rollout.data_parallel_size=1` is warned, 2 is refused), and a key
 that neither the schema nor verl knows (`+trainer.typo=3`) is refused with the nearest valid names.
 The rules themselves are the table in verl/rules.py.
 """

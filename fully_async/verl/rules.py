@@ -76,7 +76,8 @@ NO_RM = ("there is no model-based reward here (rewards are rule-based or custom_
 PROFILER = "verl's profilers are not wired here; trainer.timeline=true writes a Perfetto trace of every actor"
 TARGET = "verl's dataclass target; our sections are typed by fully_async/core/config.py"
 REF_FOLLOWS = "the reference model lives in the trainer next to the actor and uses the actor's layout and dtype"
-SP = "sequence parallelism (Ulysses) is not implemented"
+SP = ("the reference model and the critic run at actor_rollout_ref.actor.ulysses_sequence_parallel_size (one "
+      "sequence-parallel layout per trainer: the numbers do not depend on it)")
 ONE = (_is(1, None), "1")
 MOE = "mixture-of-experts parallelism is not implemented (the megatron backend trains dense Qwen2/Llama)"
 DENSE_ONLY = ("the megatron backend trains dense Qwen2/Llama models (an MoE model is refused when it loads), which "
@@ -146,7 +147,9 @@ RULES: list[Rule] = [
     _warn("**._target_", TARGET),
     _warn("**.profiler.**", PROFILER),
     _warn("global_profiler.**", PROFILER),
-    _warn_if("**.ulysses_sequence_parallel_size", *ONE, SP, "use 1"),
+    _warn("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size", "verl's engine-worker copy: the size "
+          "is actor_rollout_ref.actor.ulysses_sequence_parallel_size"),
+    _warn("**.ulysses_sequence_parallel_size", SP),
     _warn("**.use_torch_compile", "compilation is set once, by actor_rollout_ref.actor.use_torch_compile (each "
           "decoder layer of the actor and of the reference model, torch/fsdp2 on CUDA); the embedded engine's "
           "decode follows actor_rollout_ref.rollout.fused_decode / enforce_eager"),
@@ -187,6 +190,13 @@ RULES: list[Rule] = [
          "verl's FSDP compute dtype is our actor.dtype (default float32, verl's bf16; on one trainer device a bf16 "
          "actor keeps bf16 parameters and AdamW states where verl keeps float32 masters: warned at start)",
          convert=lambda v: {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(v, v)),
+    _map("actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype", "actor_rollout_ref.actor.dtype",
+         "verl's FSDP1 mixed-precision compute dtype is our actor.dtype (float32 master weights)",
+         convert=lambda v: {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(v, v)),
+    _warn("actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype", "FSDP2 reduces gradients in float32 "
+          "(more precise than a bf16 reduction)"),
+    _warn("actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype", "buffers (the rotary tables) stay in "
+          "float32"),
     _warn("actor_rollout_ref.actor.fsdp_config.model_dtype", "FSDP2 keeps float32 master weights and computes "
           "in actor_rollout_ref.actor.dtype"),
     _warn("actor_rollout_ref.actor.fsdp_config.strategy", "set actor_rollout_ref.actor.strategy (fsdp maps to "
@@ -341,6 +351,9 @@ RULES: list[Rule] = [
              "quantised rollouts are not implemented"),
     _warn_if("actor_rollout_ref.rollout.quantization_config_file", _is(None), "null", "no quantised rollout",
              "quantised rollouts are not implemented"),
+    _warn("actor_rollout_ref.rollout.enable_sleep_mode", "an engine sleeps (gives its device memory back) exactly "
+          "when it shares devices with the trainer: sync and colocated modes and a shared device pool; engines on "
+          "their own devices never do"),
     _warn("actor_rollout_ref.rollout.scheduling_policy", "requests are served first come, first served"),
     _warn("actor_rollout_ref.rollout.skip_dump_dir", "rollout skipping is not implemented"),
     _warn_if("actor_rollout_ref.rollout.skip_rollout", _is(False), "false", "every step generates",
@@ -507,7 +520,6 @@ DEFAULT_DIFFERENCES: dict[str, str] = {
 SCRIPT_REFUSALS: list[tuple[str, str]] = [
     ("advantage estimators other than grpo and gae; gae (a critic) with strategy=megatron",
      r"algorithm\.adv_estimator|critic\.strategy"),
-    ("Ulysses sequence parallel > 1", r".*\.ulysses_sequence_parallel_size"),
     ("model-based reward (reward_model.enable=true)", r"reward_model\.enable"),
     ("LoRA", r"actor_rollout_ref\.model\.lora.*"),
     ("multi-turn / tool datasets (data.custom_cls)", r"data\.custom_cls\..*"),
@@ -518,6 +530,9 @@ SCRIPT_REFUSALS: list[tuple[str, str]] = [
     ("chat-template arguments (gpt-oss reasoning_effort)", r"data\.apply_chat_template_kwargs.*"),
     ("rollout engines other than hf and vllm (sglang, trtllm)", r"actor_rollout_ref\.rollout\.name"),
     ("context parallelism", r".*\.megatron\.context_parallel_size"),
+    ("quantised (fp8) rollouts", r"actor_rollout_ref\.rollout\.quantization"),
+    ("rollout-correction keys verl itself no longer has (a recipe older than its rollout_correction API)",
+     r"algorithm\.rollout_correction\.(rollout_rs_threshold_lower|rollout_token_veto_threshold)"),
     ("float16 megatron training", r"actor_rollout_ref\.actor\.dtype"),
     ("config missing from verl itself", r"--config-name"),
     ("an override Hydra cannot parse (in verl too)", r"hydra-grammar"),

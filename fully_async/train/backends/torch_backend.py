@@ -19,9 +19,9 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from fully_async.core.config import FullyAsyncConfig, actor_strategy, uses_critic
+from fully_async.core.config import FullyAsyncConfig, actor_strategy, sequence_parallel_size, uses_critic
 from fully_async.algorithms.lr_schedule import lr_lambda, warmup_steps
-from fully_async.train.backends import MiniBatch, StepResult, fsdp, varlen_attention
+from fully_async.train.backends import MiniBatch, StepResult, fsdp, ulysses, varlen_attention
 from fully_async.train.backends.token_stats import enable_fused_head, token_stats
 from fully_async.core.batch import TrainBatch, micro_batches
 from fully_async.device import Device, parse_dtype
@@ -70,10 +70,13 @@ def token_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: floa
     scattered back to the padded (B, L) layout.
     fused (model.use_fused_kernels, a model prepared by token_stats.enable_fused_head): the model returns
     the per-token values from its hidden states and lm_head weight; no logits tensor exists whole.
-    compiled: token_stats' chunk math compiled (the trainer's device decides; None: where the logits are on CUDA)."""
+    compiled: token_stats' chunk math compiled (the trainer's device decides; None: where the logits are on CUDA).
+    Under sequence parallelism (ulysses.setup) this rank computes its slice of the packed row and the values are
+    gathered over its group."""
     inputs, ids, to_rows = model_inputs(batch, packed)
     # row t of the logits predicts token t + 1; the last row's (wrapped) target is dropped by to_rows
     targets = torch.roll(ids, -1, dims=1)
+    inputs, targets, gather = sequence_split(model, inputs, targets)
     temperature = temperature if temperature > 0 else 1.0
     if fused:
         logp, ent = model(**inputs, fa_targets=targets, fa_temperature=temperature, fa_with_entropy=with_entropy)
@@ -81,14 +84,28 @@ def token_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: floa
         logits = model(**inputs).logits
         logp, ent = token_stats(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), temperature, with_entropy,
                                 compiled=compiled)
-    return to_rows(logp), (to_rows(ent) if with_entropy else None)
+    return to_rows(gather(logp)), (to_rows(gather(ent)) if with_entropy else None)
 
 
-def model_overrides(model_cfg: Any, device: Device) -> dict[str, Any]:
+def sequence_split(model: torch.nn.Module, inputs: dict[str, Any], targets: torch.Tensor
+                   ) -> tuple[dict[str, Any], torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """(inputs, targets, gather) of this rank for `model`: its slice of the packed row where the model attends
+    with "ulysses" (ulysses.split_packed), else all of it (gather: identity)."""
+    sp = ulysses.current()
+    if sp is None or getattr(model.config, "_attn_implementation", None) != ulysses.NAME:
+        return inputs, targets, lambda values: values
+    return ulysses.split_packed(inputs, targets, sp)
+
+
+def model_overrides(model_cfg: Any, device: Device, sp: int = 1) -> dict[str, Any]:
     """from_pretrained keyword arguments: actor_rollout_ref.model.override_config (HF config fields) and
-    the attention kernel (override_config.attn_implementation, else the device's choice, see device.py)."""
+    the attention kernel (override_config.attn_implementation, else the device's choice, see device.py).
+    sp > 1 (Ulysses, after every rank called ulysses.setup with that kernel): "ulysses", which runs it per head
+    group."""
     overrides = dict(model_cfg.override_config or {})
     overrides.setdefault("attn_implementation", device.attn_implementation(model_cfg.use_remove_padding))
+    if sp > 1:
+        overrides["attn_implementation"] = ulysses.NAME
     return overrides
 
 
@@ -146,16 +163,23 @@ class TorchBackend:
         torch.manual_seed(cfg.trainer.seed)
         self.fsdp = actor_strategy(cfg) == "fsdp2"
         self.rank = dist.get_rank() if dist.is_initialized() else 0
-        # FSDP2 ranks are the data-parallel ranks of one process group; plain torch is a world of one
-        self.data_parallel_size = dist.get_world_size() if self.fsdp and dist.is_initialized() else 1
-        self.dp_rank = self.rank if self.fsdp else 0
+        # FSDP2 ranks are one process group; plain torch is a world of one.  With Ulysses the sp consecutive ranks of
+        # a group share a data-parallel shard (ulysses.py): world / sp shards, gradients scaled by the whole world
+        self.sp = sequence_parallel_size(cfg)
+        self.world = dist.get_world_size() if self.fsdp and dist.is_initialized() else 1
+        self.data_parallel_size = self.world // self.sp
+        self.dp_rank = self.rank // self.sp if self.fsdp else 0
+        self.reports = self.rank % self.sp == 0   # the group's first rank reports the (identical) metrics
         compute_dtype = parse_dtype(arr.actor.dtype)
         # FSDP2 keeps float32 master weights and computes in actor.dtype; plain torch trains in actor.dtype
         self.packed = arr.model.use_remove_padding
         self._host: Optional[Any] = None   # pinned host buffers of offload(), made at the first one
+        if self.sp > 1:   # every rank joins its group before any model uses the "ulysses" attention
+            ulysses.setup(self.sp, model_overrides(arr.model, device)["attn_implementation"])
         self.model = AutoModelForCausalLM.from_pretrained(
             arr.model.path, dtype=torch.float32 if self.fsdp else compute_dtype,
-            trust_remote_code=arr.model.trust_remote_code, **model_overrides(arr.model, device)).to(self.torch_device)
+            trust_remote_code=arr.model.trust_remote_code, **model_overrides(arr.model, device, self.sp)
+        ).to(self.torch_device)
         if arr.model.enable_gradient_checkpointing:   # non-reentrant, as verl: torch.compile traces through it
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
@@ -189,7 +213,7 @@ class TorchBackend:
         if uses_critic(cfg):
             from fully_async.train.backends.value_model import ValueModel
 
-            self.critic = ValueModel(cfg, device, total_optimizer_steps, self.fsdp, compute_dtype)
+            self.critic = ValueModel(cfg, device, total_optimizer_steps, self.fsdp, compute_dtype, self.sp)
         self.rng = random.Random(cfg.trainer.seed)   # the PPO update's shuffle
         self.num_bad_steps = 0          # total optimizer steps skipped for a non-finite loss/grad (ppo_update counts)
         self.consecutive_bad_steps = 0  # reset by every good optimizer step
@@ -210,7 +234,7 @@ class TorchBackend:
         model.eval()
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
         splits = micro_batches(batch, sub.log_prob_micro_batch_size_per_gpu, sub.log_prob_use_dynamic_bsz,
-                               sub.log_prob_max_token_len_per_gpu, self.packed)
+                               sub.log_prob_max_token_len_per_gpu * self.sp, self.packed)
         for idx, dummy in pad_micro_batches(splits, num_micro):
             mb = batch.select(idx).to(self.torch_device)
             logp, _ = token_log_probs(model, mb, self.temperature, packed=self.packed, fused=self.fused,
@@ -227,7 +251,7 @@ class TorchBackend:
         critic = self._critic()
         c = critic.settings
         splits = micro_batches(batch, c.forward_micro_batch_size_per_gpu, c.use_dynamic_bsz,
-                               c.forward_max_token_len_per_gpu, self.packed)
+                               c.forward_max_token_len_per_gpu * self.sp, self.packed)
         return critic.values(batch, pad_micro_batches(splits, num_micro), self.torch_device, self.packed)
 
     def _critic(self) -> Any:
@@ -262,7 +286,8 @@ class TorchBackend:
 
         Each micro-batch's loss is already normalised to the whole mini-batch, so the sum over micro-batches
         (and over ranks) is the mini-batch loss; under FSDP2 it is multiplied by the world size to undo the
-        data-parallel gradient averaging.  Returns the additive metrics of the real micro-batches."""
+        data-parallel gradient averaging (with Ulysses by the whole world: ulysses.py).  Returns the additive metrics
+        of the real micro-batches (none from a sequence-parallel group's other ranks: they are the first's)."""
         micro, real = mini.shard(self.dp_rank)
         out: dict[str, float] = {}
         self._trainee(mini.model)[1].zero_grad(set_to_none=True)
@@ -271,8 +296,8 @@ class TorchBackend:
             res = mini.loss(mb, *self._forward(mini.model, mb))
             # backward even for a non-finite loss or a dummy: every rank must run the same collectives; the
             # update then skips the step on all ranks together
-            (res.loss * float(self.data_parallel_size)).backward()
-            if i >= real:   # a dummy (zero mask): every metric of it is 0
+            (res.loss * float(self.world)).backward()
+            if i >= real or not self.reports:   # a dummy (zero mask): every metric of it is 0
                 continue
             for key, value in res.metric_floats().items():
                 out[key] = out.get(key, 0.0) + float(value)

@@ -27,17 +27,20 @@ def critic_optimizer_steps(cfg: Any, actor_optimizer_steps: int) -> int:
 
 
 def token_values(model: torch.nn.Module, batch: TrainBatch, packed: bool) -> torch.Tensor:
-    """(B, L) float32 values: position t holds the head's output at t - 1 (0 at t = 0)."""
-    from fully_async.train.backends.torch_backend import model_inputs
+    """(B, L) float32 values: position t holds the head's output at t - 1 (0 at t = 0).  Under sequence parallelism
+    this rank computes its slice of the packed row and the values are gathered over its group."""
+    from fully_async.train.backends.torch_backend import model_inputs, sequence_split
 
-    inputs, _, to_rows = model_inputs(batch, packed)
-    return to_rows(model(**inputs).logits.squeeze(-1).float())
+    inputs, ids, to_rows = model_inputs(batch, packed)
+    inputs, _, gather = sequence_split(model, inputs, ids)
+    return to_rows(gather(model(**inputs).logits.squeeze(-1).float()))
 
 
 class ValueModel:
     """The critic's model, optimizer and LR schedule, with the settings its backend's optimizer step reads."""
 
-    def __init__(self, cfg: Any, device: Any, actor_optimizer_steps: int, fsdp: bool, compute_dtype: torch.dtype):
+    def __init__(self, cfg: Any, device: Any, actor_optimizer_steps: int, fsdp: bool, compute_dtype: torch.dtype,
+                 sp: int = 1):
         from transformers import AutoConfig, AutoModelForTokenClassification
 
         from fully_async.train.backends.torch_backend import compile_decoder_layers, model_overrides
@@ -45,9 +48,11 @@ class ValueModel:
 
         critic, arr = cfg.critic, cfg.actor_rollout_ref
         self.path = critic.model.path or arr.model.path
-        overrides = model_overrides(arr.model, device)
+        overrides = model_overrides(arr.model, device, sp)   # sp > 1: the actor's Ulysses groups (ulysses.py)
         overrides.update(critic.model.override_config or {})
         attn = overrides.pop("attn_implementation")
+        if sp > 1:   # the actor's kernel under the Ulysses groups, whatever critic.model.override_config says
+            attn = model_overrides(arr.model, device, sp)["attn_implementation"]
         config = AutoConfig.from_pretrained(self.path, trust_remote_code=critic.model.trust_remote_code, **overrides)
         config.num_labels = 1
         config.classifier_dropout = 0.0   # a deterministic value head, as verl builds it

@@ -81,6 +81,23 @@ def test_importance_weights_multiply_the_surrogate_per_token():
     torch.testing.assert_close(weighted.loss, 0.5 * plain.loss)
 
 
+def test_rollout_is_weights_replace_decoupled_ppos_own_as_verls_compute_prox_log_prob():
+    d, logp = loss_inputs(seed=2)
+    rollout = d["old_logp"] - 0.3                      # behaviour != proximal: decoupled PPO would weight by e^0.3
+    decoupled = SimpleNamespace(decoupled_ppo=True, behav_imp_weight_cap=5.0)
+    cfg = rc(rollout_is="token", rollout_is_threshold=2.0)
+    weights = torch.full((3, 5), 0.7)                  # rollout correction's (computed once per step)
+    out = actor_loss(logp, None, denom=None, rows_total=3, actor=ACTOR, async_training=decoupled,
+                     rollout_logp=rollout, is_weights=weights, rollout_correction=cfg, **d)
+    want = actor_loss(logp, None, denom=None, rows_total=3, actor=ACTOR, async_training=AT, is_weights=weights, **d)
+    torch.testing.assert_close(out.loss, want.loss)    # weighted once, by rollout correction
+    assert list(out.metrics) == actor_metric_names(ACTOR, decoupled, with_entropy=False, rollout_correction=cfg)
+    assert "actor/behav_imp_weight" not in out.metrics
+    alone = actor_loss(logp, None, denom=None, rows_total=3, actor=ACTOR, async_training=decoupled,
+                       rollout_logp=rollout, rollout_correction=rc(), **d)   # without rollout_is: its own weights
+    assert "actor/behav_imp_weight" in alone.metrics and not torch.allclose(alone.loss, want.loss)
+
+
 def test_bypass_rejection_drops_tokens_against_the_current_policy_in_the_loss():
     d, logp = loss_inputs(seed=1)
     rollout = logp.clone()

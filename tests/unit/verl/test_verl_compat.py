@@ -79,8 +79,7 @@ def test_every_verl_key_is_honoured_warned_or_refused(status, caplog):
 
 
 @pytest.mark.parametrize("line,key,alternative", [
-    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-     "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "use 1"),
+    ("actor_rollout_ref.rollout.data_parallel_size=2", "actor_rollout_ref.rollout.data_parallel_size", "use 1"),
     ("+reward.reward_kwargs.foo=1", "reward.reward_kwargs.foo", "custom_reward_function.reward_kwargs"),
     ("+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true", "reward_model.reward_kwargs.max_resp_len",
      "verl's DAPO reward manager asserts"),
@@ -238,8 +237,6 @@ def test_dapo_dynamic_sampling_and_the_newer_reward_spelling_are_honoured():
     (["algorithm.rollout_correction.rollout_rs=seq_max_k1", "algorithm.rollout_correction.rollout_rs_threshold=2"],
      "algorithm.rollout_correction.rollout_rs", "not one of"),
     (["algorithm.rollout_correction.loss_type=reinforce"], "algorithm.rollout_correction.loss_type", "ppo_clip"),
-    (["algorithm.rollout_correction.rollout_is=token", "async_training.decoupled_ppo=true"],
-     "algorithm.rollout_correction.rollout_is", "weight twice"),
     (["algorithm.rollout_correction.rollout_rs=token_k3", "algorithm.rollout_correction.rollout_rs_threshold=1",
       "algorithm.rollout_correction.bypass_mode=true", "async_training.decoupled_ppo=true"],
      "algorithm.rollout_correction.bypass_mode", "choose one"),

@@ -1,0 +1,184 @@
+"""Ulysses sequence parallelism (train/backends/ulysses.py) on gloo ranks: the split attention equals the unsplit one
+(values and gradients, grouped-query heads fewer than the group), and a trainer of 2 ranks at
+ulysses_sequence_parallel_size=2 (and 4 ranks: 2 data-parallel shards) compute the same log-probs, values, updates and weights as one device."""
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from fully_async.actors.train_worker import TrainWorker
+from fully_async.cluster.network import free_port
+from fully_async.core.batch import build_batch
+from fully_async.device import CPU
+from fully_async.run.hydra_setup import load_config
+from fully_async.train.backends import ulysses, varlen_attention
+from fully_async.train.backends.torch_backend import TorchBackend
+from fully_async.train.group import GroupBackend, connect_trainer_group
+from fully_async.train.ppo_update import critic_update, ppo_update
+from fully_async.train.train_step import prepare_batch
+import tests_helpers
+from tests_helpers import tiny_samples
+
+SP = 2
+
+
+def _attention_rank(rank: int, port: int, heads: int, kv_heads: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=SP)
+    try:
+        ulysses.setup(SP, "varlen")
+        g = torch.Generator().manual_seed(0)
+        total, dim = 12, 8                                   # three packed sequences: 5, 4 and 3 tokens
+        pos = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2]])
+        q = torch.randn(1, heads, total, dim, generator=g, requires_grad=True)
+        k = torch.randn(1, kv_heads, total, dim, generator=g, requires_grad=True)
+        v = torch.randn(1, kv_heads, total, dim, generator=g, requires_grad=True)
+        w = torch.randn(1, total, heads, dim, generator=g)
+        kwargs = varlen_attention.packed_kwargs(pos)
+        ref, _ = varlen_attention.varlen_attention_forward(None, q, k, v, None, scaling=0.3, **kwargs)
+        (ref * w).sum().backward()
+        n = total // SP
+        mine = slice(rank * n, (rank + 1) * n)
+        lq, lk, lv = (t.detach()[:, :, mine].clone().requires_grad_(True) for t in (q, k, v))
+        out, _ = ulysses.attention_forward(None, lq, lk, lv, None, scaling=0.3, position_ids=pos[:, mine], **kwargs)
+        (out * w[:, mine]).sum().backward()
+        torch.save({"out": (out, ref[:, mine]), "dq": (lq.grad, q.grad[:, :, mine]),
+                    "dk": (lk.grad, k.grad[:, :, mine]), "dv": (lv.grad, v.grad[:, :, mine])},
+                   os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        ulysses.teardown()
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])   # 1: fewer key/value heads than the group, repeated first
+def test_split_attention_equals_the_whole_rows(tmp_path, kv_heads):
+    mp.spawn(_attention_rank, args=(free_port(), 4, kv_heads, str(tmp_path)), nprocs=SP)
+    for rank in range(SP):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        for name, (mine, ref) in got.items():
+            # the key/value gradient of one rank's tokens is summed over every rank's queries: the whole row's
+            assert torch.allclose(mine, ref, atol=1e-5), (rank, name, (mine - ref).abs().max())
+
+
+@pytest.fixture(scope="module")
+def ray_cpus():
+    yield from tests_helpers.ray_session(num_cpus=4)
+
+
+COMMON = ["actor_rollout_ref.actor.optim.lr=0.01", "actor_rollout_ref.rollout.n=3",
+          "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.use_kl_loss=true",
+          "async_training.use_rollout_log_probs=false", "actor_rollout_ref.model.use_remove_padding=true",
+          "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16",
+          "data.max_prompt_length=4", "data.max_response_length=4", "algorithm.adv_estimator=gae",
+          "critic.optim.lr=0.01", "critic.ppo_micro_batch_size_per_gpu=2", "algorithm.gamma=0.99",
+          "algorithm.lam=0.95"]
+
+
+@pytest.mark.parametrize("world", [2, 4])   # 4: two data-parallel shards of two sequence-parallel ranks each
+def test_ranks_at_sequence_parallel_2_match_one_device(ray_cpus, world):
+    samples = tiny_samples(groups=4, n=3)   # 12 responses, 2 mini-batches of 6
+    single_cfg = load_config(COMMON)
+    single = TorchBackend(single_cfg, CPU, 10)
+    batch = build_batch(samples)
+    prepare_batch(single, single_cfg, batch, {})
+    ref_critic = critic_update(single, single_cfg, batch, num_mini_batches=2)
+    ref_actor = ppo_update(single, single_cfg, batch, num_mini_batches=2)
+
+    cfg = load_config(COMMON + ["actor_rollout_ref.actor.strategy=fsdp2", f"trainer.n_gpus_per_node={world}",
+                                f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={SP}"])
+    group = connect_trainer_group(cfg, CPU, 10, ("127.0.0.1", free_port()), {"num_cpus": 1}, worker=TrainWorker)
+    try:
+        assert isinstance(group, GroupBackend) and group.world == world and group.data_parallel_size == world // SP
+        assert group.local.model.config._attn_implementation == ulysses.NAME
+        batch2 = build_batch(samples)
+        prepare_batch(group, cfg, batch2, {})
+        for name in ("old_log_probs", "ref_log_probs", "values", "advantages"):
+            assert torch.allclose(getattr(batch2, name), getattr(batch, name), atol=1e-5), name
+        got_critic = critic_update(group, cfg, batch2, num_mini_batches=2)
+        for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm"):
+            assert got_critic[key] == pytest.approx(ref_critic[key], rel=1e-4, abs=1e-6), key
+        got = ppo_update(group, cfg, batch2, num_mini_batches=2)
+        for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac"):
+            assert got[key] == pytest.approx(ref_actor[key], rel=1e-4, abs=1e-6), key
+        full = group.named_parameters_for_sync()
+        for name, p in single.model.named_parameters():
+            assert torch.allclose(full[name], p.detach(), atol=1e-4), name
+        assert torch.allclose(group.compute_log_probs(batch2), single.compute_log_probs(batch), atol=1e-5)
+    finally:
+        import ray
+        for w in group.workers:
+            ray.kill(w)
+        ulysses.teardown()
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ([], "must divide the trainer world size 1"),
+    (["trainer.n_gpus_per_node=2", "actor_rollout_ref.model.use_remove_padding=false"], "use_remove_padding=true"),
+    (["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=megatron"], "context parallelism"),
+    (["trainer.n_gpus_per_node=3"], "must divide the trainer world size 3"),
+])
+def test_sequence_parallel_configs_that_cannot_run_are_refused_naming_the_key(overrides, message):
+    from fully_async.core.config import ConfigError
+    from fully_async.core.config_checks import validate
+
+    cfg = load_config(["actor_rollout_ref.model.use_remove_padding=true", "trainer.device=cuda",
+                       "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", *overrides])
+    with pytest.raises(ConfigError, match=message) as err:
+        validate(cfg)
+    assert err.value.key == "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+
+
+def test_a_sequence_parallel_group_shares_its_devices_token_budgets_as_verl():
+    from fully_async.core.config import ConfigError
+    from fully_async.core.config_checks import validate
+
+    base = ["actor_rollout_ref.model.use_remove_padding=true", "trainer.device=cuda", "trainer.n_gpus_per_node=4",
+            "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=3000",
+            "data.max_prompt_length=1024", "data.max_response_length=4096"]
+    validate(load_config(base + ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"]))   # 2 x 3000 >= 5120
+    with pytest.raises(ConfigError, match=r"3000 cannot hold one sequence"):
+        validate(load_config(base))
+
+
+def test_the_heads_must_split_over_the_group_and_the_kernel_take_boundaries():
+    from types import SimpleNamespace
+
+    from fully_async.core.config import ConfigError
+    from fully_async.run.prepare import check_attention, check_parallel_layout
+
+    cfg = load_config(["actor_rollout_ref.model.use_remove_padding=true", "trainer.n_gpus_per_node=8",
+                       "actor_rollout_ref.actor.ulysses_sequence_parallel_size=8"])
+    with pytest.raises(ConfigError, match="4 attention heads do not split"):
+        check_parallel_layout(cfg, SimpleNamespace(num_attention_heads=4))
+    check_parallel_layout(cfg, SimpleNamespace(num_attention_heads=16))
+    sdpa = load_config(["actor_rollout_ref.model.use_remove_padding=true", "trainer.n_gpus_per_node=2",
+                        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa"])
+    with pytest.raises(ConfigError, match="sdpa cannot run under Ulysses"):
+        check_attention(sdpa, SimpleNamespace())
+
+
+def test_verl_scripts_reference_and_critic_sizes_follow_the_actors(caplog):
+    cfg = load_config(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                       "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2"])
+    assert cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 2
+    assert "critic.ulysses_sequence_parallel_size" in caplog.text and "run at actor_rollout_ref.actor" in caplog.text
+
+
+def test_the_memory_model_gives_each_device_of_a_group_its_share_of_the_micro_batch():
+    import json
+
+    from fully_async.core.config import asset_path, typed_config
+    from fully_async.planner.hardware import Shape
+    from fully_async.planner.memory_model import trainer_memory
+
+    shape = Shape.of(json.load(open(asset_path("tiny_arithmetic/model/config.json"))))
+    base = ["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.model.use_remove_padding=true"]
+    acts = {sp: trainer_memory(typed_config(load_config(base + [f"actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+                                                                f"={sp}"])), shape, 4).parts["activations"]
+            for sp in (1, 2)}
+    assert acts[2] == pytest.approx(acts[1] / 2)
