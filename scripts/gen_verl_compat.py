@@ -63,7 +63,8 @@ def render() -> str:
            "nearest valid keys.", "",
            f"**{len(rows)} keys: {counts[HONOURED]} honoured ({counts[HONOURED] - mapped} by name, {mapped} mapped "
            f"onto our keys), {counts['warned']} warned ({guarded} of them refuse values they cannot honour, e.g. "
-           f"`ulysses_sequence_parallel_size=2`), {counts['refused']} refused at verl's default value.**", "",
+           f"`actor_rollout_ref.rollout.data_parallel_size=2`), {counts['refused']} refused at verl's default value.**",
+           "",
            "## Defaults that differ from verl's", "",
            "The schema's defaults are verl's, so a ported script that leaves a key unset gets verl's value, except "
            "for these (each deliberate).  `python -m fully_async.main` without `data.train_files` runs the bundled "
@@ -76,6 +77,12 @@ def render() -> str:
     for key, why in sorted(DEFAULT_DIFFERENCES.items()):
         out.append(f"| `{key}` | `{_cell(_short(tsv[key]))}` | `{_cell(_short(json.dumps(schema_default(key))))}` "
                    f"| {_cell(why)} |")
+    from fully_async.verl.rules import VALUE_MAPS
+    out += ["", "## verl values served by another value (warned)", "", "| key | verl's value | runs as | why |",
+            "| --- | --- | --- | --- |"]
+    for key, values in VALUE_MAPS.items():
+        for value, (ours, why) in values.items():
+            out.append(f"| `{key}` | `{value}` | `{ours}` | {_cell(why)} |")
     out += ["", "## Keys verl scripts add with `+`", "", "| override | status | note |", "| --- | --- | --- |"]
     for shown, key in PLUS_FORMS:
         status, note = classify(key)

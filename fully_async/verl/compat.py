@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from fully_async.core.config import ConfigError, FullyAsyncConfig
 from fully_async.verl.rules import (DEFAULT_DIFFERENCES, MAPPED, OPEN_DICTS, REFUSED, RULES, SCALAR_AS_LIST,
-                                         WARNED, Rule)
+                                         VALUE_MAPS, WARNED, Rule)
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +123,12 @@ def translate(overrides: list[str]) -> Translation:
             out.append("++" + line.lstrip("+"))
             continue
         if found is None and in_schema(key):
+            served = VALUE_MAPS.get(key, {}).get(str(ov.value()))
+            if served is not None:   # a verl value served here by another one (sglang -> vllm)
+                msg = f"{key}={ov.value()} runs as {key}={served[0]}: {served[1]}"
+                logger.warning("%s", msg)
+                warnings.append(msg)
+                line = f"{line.split('=', 1)[0]}={served[0]}"
             if key in SCALAR_AS_LIST and isinstance(ov.value(), str):
                 line = f"{line.split('=', 1)[0]}=[{line.split('=', 1)[1]}]"
             if line.startswith("+") and not line.startswith("++"):

@@ -467,6 +467,16 @@ RULES: list[Rule] = [
              "the transfer queue is not implemented"),
 ]
 
+# values of our schema's keys that verl scripts use and that are served here by another value (warned): key ->
+# {verl's value: (ours, why)}
+VALUE_MAPS: dict[str, dict[str, tuple[str, str]]] = {
+    "actor_rollout_ref.rollout.name": {
+        name: ("vllm", f"{label} is not an engine here: the rollout runs on vLLM (vLLM-Ascend on NPU) with the same "
+                       "sampling parameters (temperature, top_p, top_k, n, lengths), so the samples come from the same "
+                       f"distribution; {label}'s own engine options (engine_kwargs.{name}.*) are dropped")
+        for name, label in (("sglang", "SGLang"), ("trtllm", "TensorRT-LLM"))},
+}
+
 # dict-valued schema fields that take any sub-key (`+a.b.c=...`)
 OPEN_DICTS = ("actor_rollout_ref.model.override_config", "actor_rollout_ref.actor.megatron.override_transformer_config",
               "custom_reward_function.reward_kwargs", "critic.model.override_config")

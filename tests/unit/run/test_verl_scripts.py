@@ -20,7 +20,8 @@ DOC = os.path.join(ROOT, "docs", "verl_compat.md")
 # what a port changes besides the module name: the paths (to ones that exist here) and the device
 PATHS = {"data.train_files": asset_path("tiny_arithmetic/data/train.parquet"),
          "data.val_files": asset_path("tiny_arithmetic/data/val.parquet"),
-         "actor_rollout_ref.model.path": asset_path("tiny_arithmetic/model")}
+         "actor_rollout_ref.model.path": asset_path("tiny_arithmetic/model"),
+         "custom_reward_function.path": os.path.join(ROOT, "tests", "fixtures", "verl_reward_fn.py")}
 from fully_async.verl.rules import SCRIPT_REFUSALS as REASONS
 
 

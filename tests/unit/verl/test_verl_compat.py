@@ -299,3 +299,13 @@ def test_offload_that_does_nothing_in_async_mode_is_named(lines, warned, caplog)
         validate(load_config(lines + ["actor_rollout_ref.actor.strategy=fsdp"]))
     got = [r.getMessage() for r in caplog.records if "offload" in r.getMessage()]
     assert [m.split("=")[0].rsplit(".", 1)[1] for m in got] == warned
+
+
+@pytest.mark.parametrize("name", ["sglang", "trtllm"])
+def test_sglang_and_trtllm_rollouts_run_on_vllm_with_a_warning(name):
+    from fully_async.verl.compat import translate
+
+    out = translate([f"actor_rollout_ref.rollout.name={name}", "actor_rollout_ref.rollout.temperature=0.7"])
+    assert out.overrides == ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.temperature=0.7"]
+    assert len(out.warnings) == 1 and f"name={name} runs as actor_rollout_ref.rollout.name=vllm" in out.warnings[0]
+    assert typed_config(load_config([f"actor_rollout_ref.rollout.name={name}"])).actor_rollout_ref.rollout.name == "vllm"
