@@ -47,6 +47,9 @@ class DataConfig:
     train_batch_size: int = 1024          # prompts per step in sync mode (async uses ppo_mini_batch_size)
     skip_invalid_rows: bool = False       # drop rows with an empty prompt/data_source or (rule rewards) no ground
     #                                       truth, with a count; false: such a row is an error naming file and row
+    # extra arguments of the tokenizer's chat template for chat prompts (verl's key: gpt-oss's reasoning_effort,
+    # Qwen3's enable_thinking, ...)
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------------- actor/rollout/ref
@@ -246,6 +249,12 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class PFPPOConfig:
+    reweight_method: str = "pow"          # pow | max_min | max_random
+    weight_pow: float = 2.0               # pow: the exponent of |score|
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     norm_adv_by_std_in_grpo: bool = True
@@ -256,6 +265,8 @@ class AlgorithmConfig:
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     lam: float = 1.0                      # gae: lambda of Generalized Advantage Estimation
+    use_pf_ppo: bool = False              # gae: resample each step's batch by reward (algorithms/pf_ppo.py)
+    pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
 
 
 # ----------------------------------------------------------------------------------- critic (adv_estimator=gae)
@@ -306,7 +317,8 @@ class TrainerConfig:
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     seed: int = 1                         # torch seed of trainer and engine
     progress_bar: bool = True
-    save_freq: int = -1                   # checkpoint every N param versions and at the end (-1: only on SIGTERM/SIGINT)
+    save_freq: int = -1                   # checkpoint every N param versions and at the end (-1: only on
+    #                                       SIGTERM/SIGINT)
     resume_mode: str = "auto"             # auto (latest in default_local_dir) | disable | resume_path
     resume_from_path: Optional[str] = None  # a global_step_<v> folder, with resume_mode=resume_path
     max_ckpt_to_keep: Optional[int] = None  # keep the newest N checkpoints (null: all)

@@ -336,12 +336,23 @@ UNSUPPORTED_ESTIMATORS = {
 }
 
 
+def _check_pf_ppo(alg: Any) -> None:
+    """PF-PPO: a known reweighting; verl applies it with gae only (elsewhere it is warned, as it does nothing)."""
+    from fully_async.algorithms.pf_ppo import REWEIGHT_METHODS
+
+    _choice("algorithm.pf_ppo.reweight_method", alg.pf_ppo.reweight_method, REWEIGHT_METHODS)
+    if alg.use_pf_ppo and alg.adv_estimator != "gae":
+        logger.warning("algorithm.use_pf_ppo=true has no effect with algorithm.adv_estimator=%s: verl resamples by "
+                       "reward after gae advantages only", alg.adv_estimator)
+
+
 def _check_algorithm(cfg: Any) -> None:
     estimator = cfg.algorithm.adv_estimator
     if estimator in UNSUPPORTED_ESTIMATORS:
         raise ConfigError("algorithm.adv_estimator", f"{estimator!r} is not implemented: "
                           f"{UNSUPPORTED_ESTIMATORS[estimator]}; use one of {list(ADV_ESTIMATORS)}")
     _choice("algorithm.adv_estimator", estimator, ADV_ESTIMATORS)
+    _check_pf_ppo(cfg.algorithm)
     gamma = cfg.algorithm.gamma
     if not 0.0 <= gamma <= 1.0:
         raise ConfigError("algorithm.gamma", f"{gamma!r} must be in [0, 1]")

@@ -124,13 +124,15 @@ def _to_python(value: Any) -> Any:
     return value
 
 
-def _prompt_text(prompt: Any, tokenizer: Any, index: int, prompt_key: str) -> str:
+def _prompt_text(prompt: Any, tokenizer: Any, index: int, prompt_key: str,
+                 template_kwargs: Optional[dict] = None) -> str:
     prompt = _to_python(prompt)
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list) and all(isinstance(m, dict) and "content" in m for m in prompt):
         if getattr(tokenizer, "chat_template", None):
-            return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+            return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False,
+                                                 **(template_kwargs or {}))
         return "\n".join(str(m["content"]) for m in prompt)
     raise DataError(f"row {index}: column '{prompt_key}' must be a string or a list of "
                     f"{{'role', 'content'}} messages, got {type(prompt).__name__}: {prompt!r:.200}")
@@ -154,8 +156,9 @@ def truncate_ids(ids: list[int], max_len: int, truncation: str) -> list[int]:
 def load_prompts(files: list[str], tokenizer: Any, *, prompt_key: str = "prompt", max_prompt_length: int,
                  truncation: str = "error", filter_overlong_prompts: bool = False,
                  reward_fn_key: str = "data_source", require_ground_truth: bool = False,
-                 skip_invalid_rows: bool = False) -> list[PromptRecord]:
-    """Read, check and tokenise verl-format prompts; `index` is the row in the concatenated files.
+                 skip_invalid_rows: bool = False, chat_template_kwargs: Optional[dict] = None) -> list[PromptRecord]:
+    """Read, check and tokenise verl-format prompts; `index` is the row in the concatenated files.  Chat prompts
+    go through the tokenizer's chat template with `chat_template_kwargs` (data.apply_chat_template_kwargs).
 
     Every row is checked (row_problem): a bad row is an error naming its file, row and column, or with
     `skip_invalid_rows` (data.skip_invalid_rows) it is dropped and counted."""
@@ -176,7 +179,8 @@ def load_prompts(files: list[str], tokenizer: Any, *, prompt_key: str = "prompt"
     invalid: list[tuple[int, str, str]] = []  # (row index, column, problem)
     for index, row in enumerate(rows):
         problem = row_problem(row, prompt_key, reward_fn_key, require_ground_truth)
-        text = _prompt_text(row[prompt_key], tokenizer, index, prompt_key) if problem is None else ""
+        text = "" if problem is not None else _prompt_text(row[prompt_key], tokenizer, index, prompt_key,
+                                                           chat_template_kwargs)
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"]) if problem is None else []
         if problem is None and not ids:
             problem = (prompt_key, "tokenizes to no tokens (an empty prompt)")

@@ -264,7 +264,8 @@ def load_datasets(cfg: Any, tokenizer: Any) -> tuple[list[PromptRecord], list[Pr
     kwargs = dict(prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
                   truncation=data.truncation, filter_overlong_prompts=data.filter_overlong_prompts,
                   reward_fn_key=data.reward_fn_key, skip_invalid_rows=data.skip_invalid_rows,
-                  require_ground_truth=not cfg.custom_reward_function.path)  # rule rewards score against it
+                  require_ground_truth=not cfg.custom_reward_function.path,  # rule rewards score against it
+                  chat_template_kwargs=dict(data.apply_chat_template_kwargs or {}))
     train = load_prompts(as_file_list(data.train_files), tokenizer, **kwargs)
     val = load_prompts(as_file_list(data.val_files), tokenizer, **kwargs) if data.val_files else []
     return train, val

@@ -53,6 +53,7 @@ def train_step(backend: TrainBackend, cfg: FullyAsyncConfig, groups: Sequence[Sa
     timing: dict[str, float] = {}
     batch = build_batch(samples, pad_token_id)
     metrics = prepare_batch(backend, cfg, batch, timing, timeline)
+    batch = pf_ppo_resample(cfg, batch, step, metrics)
     if uses_critic(cfg):
         t = time.perf_counter()
         with span("update_critic"):
@@ -73,6 +74,19 @@ def train_step(backend: TrainBackend, cfg: FullyAsyncConfig, groups: Sequence[Sa
     metrics["training/global_step"] = step
     metrics["training/epoch"] = max(g.epoch for g in groups)
     return metrics, samples
+
+
+def pf_ppo_resample(cfg: FullyAsyncConfig, batch: TrainBatch, step: int, metrics: dict) -> TrainBatch:
+    """algorithm.use_pf_ppo with gae (verl applies it there only): the batch resampled by reward (algorithms/pf_ppo.py);
+    the samples themselves stay counted once.  Otherwise `batch`."""
+    alg = cfg.algorithm
+    if not (alg.use_pf_ppo and alg.adv_estimator == "gae"):
+        return batch
+    from fully_async.algorithms.pf_ppo import pf_ppo_rows
+
+    rows = pf_ppo_rows(batch.scores, alg.pf_ppo.reweight_method, alg.pf_ppo.weight_pow, cfg.trainer.seed, step)
+    metrics["pf_ppo/unique_rows_fraction"] = len(set(rows)) / max(1, len(rows))
+    return batch.select(rows)
 
 
 def prepare_batch(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatch, timing: dict,

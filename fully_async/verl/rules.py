@@ -369,9 +369,6 @@ RULES: list[Rule] = [
     _warn_if("algorithm.rollout_correction.rollout_token_veto_threshold", _is(None), "null", "an older verl's key: "
              "no per-token veto", "reject with algorithm.rollout_correction.rollout_rs (token_k1 with a lower "
              "bound, or seq_max_k2 / seq_max_k3) instead"),
-    _warn_if("algorithm.use_pf_ppo", _is(False), "false", "no preference-feedback reweighting",
-             "PF-PPO is not implemented"),
-    _warn("algorithm.pf_ppo.*", "PF-PPO is not implemented (use_pf_ppo=false)"),
     # ---------------------------------------------------------------- async_training
     _warn("async_training.checkpoint_engine.**", "weights move by actor_rollout_ref.rollout.weight_sync "
           "(auto|object_store|collective) in buckets of rollout.update_weights_bucket_megabytes"),
@@ -423,10 +420,6 @@ RULES: list[Rule] = [
     _warn("data.val_batch_size", "validation submits every prompt at once to the engines"),
     _warn("data.validation_shuffle", "validation prompts keep their file order"),
     _warn("data.tool_config_path", "multi-turn / tool rollouts are not implemented"),
-    _refuse("data.apply_chat_template_kwargs.**", "extra chat-template arguments (gpt-oss's reasoning_effort, "
-            "Qwen3's enable_thinking, ...) are not implemented; put the default in the tokenizer's chat_template"),
-    _warn_if("data.apply_chat_template_kwargs", _falsy, "{}", "the chat template gets no extra arguments",
-             "extra chat-template arguments are not implemented"),
     _warn_if("data.tokenizer", _is(None), "null", "the tokenizer is model.path's",
              "put the tokenizer in actor_rollout_ref.model.path"),
     _warn_if("data.train_max_samples", _is(-1, None), "-1", "every training row is used",
@@ -479,7 +472,7 @@ VALUE_MAPS: dict[str, dict[str, tuple[str, str]]] = {
 
 # dict-valued schema fields that take any sub-key (`+a.b.c=...`)
 OPEN_DICTS = ("actor_rollout_ref.model.override_config", "actor_rollout_ref.actor.megatron.override_transformer_config",
-              "custom_reward_function.reward_kwargs", "critic.model.override_config")
+              "custom_reward_function.reward_kwargs", "critic.model.override_config", "data.apply_chat_template_kwargs")
 
 
 # Keys of our schema whose default is not verl's, each with the reason.  tests/unit/verl/test_verl_compat.py
@@ -536,8 +529,6 @@ SCRIPT_REFUSALS: list[tuple[str, str]] = [
     ("code sandbox rewards", r"reward_model\.sandbox_fusion\..*"),
     ("megatron dist checkpoints", r".*\.megatron\.(use_dist_checkpointing|dist_checkpointing_path)"),
     ("interleaved pipeline (virtual pipeline stages)", r".*\.virtual_pipeline_model_parallel_size"),
-    ("PF-PPO", r"algorithm\.use_pf_ppo"),
-    ("chat-template arguments (gpt-oss reasoning_effort)", r"data\.apply_chat_template_kwargs.*"),
     ("rollout engines other than hf and vllm (sglang, trtllm)", r"actor_rollout_ref\.rollout\.name"),
     ("context parallelism", r".*\.megatron\.context_parallel_size"),
     ("quantised (fp8) rollouts", r"actor_rollout_ref\.rollout\.quantization"),

@@ -284,3 +284,19 @@ def test_a_missing_ground_truth_is_fine_for_a_custom_reward(tmp_path):
     data[0]["reward_model"] = {"style": "model"}
     path = write_parquet(tmp_path / "a.parquet", data)
     assert len(load_prompts([path], CharTokenizer(), max_prompt_length=64, require_ground_truth=False)) == 2
+
+
+def test_chat_template_arguments_reach_the_template_as_verls_apply_chat_template_kwargs(tmp_path):
+    from transformers import AutoTokenizer
+
+    from fully_async.core.config import asset_path
+    from fully_async.run.hydra_setup import load_config
+
+    tok = AutoTokenizer.from_pretrained(asset_path("tiny_arithmetic/model"))
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}|{{ reasoning_effort | default('none') }}"
+    f = write_parquet(tmp_path / "t.parquet", rows(1))
+    (plain,) = load_prompts([f], tok, max_prompt_length=64)
+    (high,) = load_prompts([f], tok, max_prompt_length=64, chat_template_kwargs={"reasoning_effort": "high"})
+    assert (plain.raw_prompt, high.raw_prompt) == ("q0|none", "q0|high")
+    cfg = load_config(["+data.apply_chat_template_kwargs.reasoning_effort=medium"])   # verl's spelling
+    assert dict(cfg.data.apply_chat_template_kwargs) == {"reasoning_effort": "medium"}
