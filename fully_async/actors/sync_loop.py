@@ -30,7 +30,8 @@ from fully_async.core.config import FullyAsyncConfig
 from fully_async.actors.actor_setup import DriverFacing
 from fully_async.algorithms.dynamic_sampling import GroupFilter
 from fully_async.telemetry.metrics import StaleCounter
-from fully_async.rollout.generation import group_pendings, make_group, run_to_completion, score_samples, validate
+from fully_async.rollout.generation import (group_pendings, make_group, run_to_completion, score_samples,
+                                            score_with_reward_model, validate, validation_metrics, validation_samples)
 from fully_async.core.types import PromptRecord, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -70,6 +71,11 @@ class SyncWorker(DriverFacing):
         self.state = TrainerState.of(cfg, total_steps)
         self.tokenizer = build_tokenizer(cfg)
         self.reward = build_reward_manager(cfg)
+        self.rm_inputs: Optional[Any] = None   # reward_model.enable: the reward model's tokens (the backend scores)
+        if cfg.reward_model.enable:
+            from fully_async.rewards.reward_model import RewardModelInputs
+
+            self.rm_inputs = RewardModelInputs(cfg, self.tokenizer)
         minis = cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size
         with self.turns.setup():   # building loads the engines and the trainer onto the devices
             self.backend = connect_trainer_group(cfg, self.device, total_optimizer_steps(cfg, total_steps, minis),
@@ -188,19 +194,33 @@ class SyncWorker(DriverFacing):
         return list(self.filter.filtered_uids) if self.filter is not None else []
 
     def validate(self) -> dict:
-        """Validation on the engines' newest weights (in a phase of its own unless one holds the engines already)."""
+        """Validation on the engines' newest weights (in a phase of its own unless one holds the engines already);
+        with a reward model, its scoring follows in a trainer phase of its own."""
+        start = time.perf_counter()
         if self.turns.holding and self.turns.on["engines"]:
-            return self._validate()
-        with self._engines_phase("validate") as (ph, switch):
-            with ph.span("validate"):
-                metrics = self._validate()
-        return dict(metrics, **switch)
-
-    def _validate(self) -> dict:
-        with self.timeline.span("validate"):
-            metrics = validate(self.pool, self.tokenizer, self.reward, self.val_records, self.cfg, self.state.version)
+            out, switch = self._validate(), {}
+        else:
+            with self._engines_phase("validate") as (ph, switch):
+                with ph.span("validate"):
+                    out = self._validate()
+        if self.rm_inputs is not None:   # `out`: the unscored responses, scored now
+            self._model_scores(out)
+            out = validation_metrics(out, self.cfg.actor_rollout_ref.rollout.val_kwargs.n, time.perf_counter() - start)
         self._validations += 1
-        return metrics
+        return dict(out, **switch)
+
+    def _validate(self) -> Any:
+        """The validation metrics; with a reward model, the unscored (record, samples) pairs instead."""
+        with self.timeline.span("validate"):
+            if self.rm_inputs is not None:
+                return validation_samples(self.pool, self.val_records, self.cfg, self.state.version)
+            return validate(self.pool, self.tokenizer, self.reward, self.val_records, self.cfg, self.state.version)
+
+    def _model_scores(self, pairs: list) -> None:
+        """reward_model.enable: the samples of `pairs` scored by the reward model, with the trainer on the devices
+        (a phase of its own; the engines are off meanwhile)."""
+        with self.turns.phase("trainer", "reward") as (ph, _), ph.span("reward_model"):
+            score_with_reward_model(self.rm_inputs, pairs, self.backend.compute_rm_scores)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict:
@@ -327,9 +347,12 @@ class SyncWorker(DriverFacing):
     def _score_groups(self, groups_in: list[tuple]) -> list:
         groups = []
         with self.timeline.span("reward"):
-            for uid, rec, epoch, ps in groups_in:
-                samples = [p.to_sample() for p in ps]
-                score_samples(self.tokenizer, self.reward, rec, samples)
+            pairs = [(rec, [p.to_sample() for p in ps]) for _, rec, _, ps in groups_in]
+            if self.rm_inputs is not None:
+                self._model_scores(pairs)
+            for (uid, rec, epoch, _), (_, samples) in zip(groups_in, pairs):
+                if self.rm_inputs is None:
+                    score_samples(self.tokenizer, self.reward, rec, samples)
                 groups.append(make_group(uid, rec, epoch, self.state.version, samples))
         return groups
 

@@ -90,6 +90,10 @@ class TrainWorker(EngineHost):
         return self.backend.compute_values(batch, num_micro=num_micro)
 
     @forwards_to_backend
+    def compute_rm_scores(self, batch: TrainBatch, num_micro: Optional[int] = None) -> torch.Tensor:
+        return self.backend.compute_rm_scores(batch, num_micro=num_micro)
+
+    @forwards_to_backend
     def named_parameters_for_sync(self) -> dict[str, torch.Tensor]:
         return self.backend.named_parameters_for_sync()
 

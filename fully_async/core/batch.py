@@ -74,6 +74,18 @@ def build_batch(samples: Sequence[Sample], pad_token_id: int = 0) -> TrainBatch:
     return TrainBatch(ids, attn, resp, logp, scores, [s.uid for s in samples])
 
 
+def token_rows(rows: Sequence[Sequence[int]], pad_token_id: int = 0) -> TrainBatch:
+    """Right-padded rows of token ids with nothing else (a reward model's inputs: no response, no log-probs)."""
+    length = max(len(r) for r in rows)
+    ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), length), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.tensor(list(r), dtype=torch.long)
+        attn[i, :len(r)] = 1
+    zeros = torch.zeros((len(rows), length), dtype=torch.float32)
+    return TrainBatch(ids, attn, zeros, zeros.clone(), torch.zeros(len(rows)), [str(i) for i in range(len(rows))])
+
+
 def split_fixed(n: int, size: int) -> list[list[int]]:
     return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
 

@@ -375,7 +375,26 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class RewardModelModelConfig:
+    path: Optional[str] = None            # HF folder of the reward model (a ...ForSequenceClassification, one label)
+    # the policy's tokenizer: responses are decoded and re-templated with the reward model's own chat template (verl's
+    # _switch_chat_template); null: the reward model reads the policy's token ids as they are
+    input_tokenizer: Optional[str] = "${actor_rollout_ref.model.path}"
+    trust_remote_code: bool = False
+    override_config: dict[str, Any] = field(default_factory=dict)   # HF config fields of the reward model
+
+
+@dataclass
 class RewardModelConfig:
+    # score each response with a reward model: its output at the last token replaces the rule/custom reward (verl's
+    # reward managers return rm_scores as they are); run by the trainer's backend in mode=sync (train/backends/
+    # reward_model.py)
+    enable: bool = False
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    micro_batch_size_per_gpu: Optional[int] = None   # responses per forward pass (null: a rank's whole share)
+    max_length: Optional[int] = None      # reward-model tokens kept per response, from the left (null: all)
+    use_dynamic_bsz: bool = "${critic.use_dynamic_bsz}"   # type: ignore[assignment]
+    forward_max_token_len_per_gpu: int = "${critic.forward_max_token_len_per_gpu}"   # type: ignore[assignment]
     reward_manager: str = "naive"         # naive | dapo
     timeout_s: Optional[float] = 300.0    # seconds one call of a custom reward function may take (it runs in a
     #                                       worker process); over it the run fails naming it. null/0: no limit

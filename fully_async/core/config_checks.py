@@ -11,24 +11,17 @@ import os
 import typing
 from typing import Any, Optional
 
-from fully_async.core.config import (ADV_ESTIMATORS, GROUP_ADV_ESTIMATORS, POLICY_LOSS_MODES, PLACEMENTS, ATTN_IMPLEMENTATIONS, DEVICES, DTYPES, KL_TYPES, LOGGERS,
-                                     LOSS_AGG_MODES, LR_SCHEDULER_TYPES, MODES, RESUME_STATE_KEYS, REWARD_MANAGERS,
-                                     ROLLOUT_NAMES, STRATEGIES, TRUNCATIONS, ConfigError, as_file_list,
+from fully_async.core.config import (POLICY_LOSS_MODES, PLACEMENTS, ATTN_IMPLEMENTATIONS, DEVICES, DTYPES, KL_TYPES,
+                                     LOGGERS, LOSS_AGG_MODES, LR_SCHEDULER_TYPES, MODES, RESUME_STATE_KEYS,
+                                     REWARD_MANAGERS, ROLLOUT_NAMES, STRATEGIES, TRUNCATIONS, ConfigError, as_file_list,
                                      overlong_reference_length)
-from fully_async.core.config import FILTER_METRICS, ROLLOUT_IS_LEVELS, rs_options, rs_thresholds
+from fully_async.core.algorithm_checks import (_at_least, _choice, check_algorithm, check_filter_groups,
+                                               check_grpo_group, check_reward_model, check_rollout_correction)
 from fully_async.core.plan import RunPlan
 
 logger = logging.getLogger(__name__)
 
 
-def _choice(key: str, value: Any, choices: tuple) -> None:
-    if value not in choices:
-        raise ConfigError(key, f"{value!r} is not one of {list(choices)}")
-
-
-def _at_least(key: str, value: Any, low: float, strict: bool = False) -> None:
-    if value is None or (value <= low if strict else value < low):
-        raise ConfigError(key, f"{value!r} must be {'>' if strict else '>='} {low}")
 
 
 def validate(cfg: Any) -> None:
@@ -325,50 +318,6 @@ def _check_rollout(cfg: Any) -> None:
                               f"{rollout.gpu_memory_utilization} must be in (0, 1]")
 
 
-# verl estimators that are not implemented, and why (the others: core/config.py ADV_ESTIMATORS)
-UNSUPPORTED_ESTIMATORS = {
-    "remax": "ReMax subtracts the reward of a greedy baseline response per prompt, which the rollouters do not "
-             "generate",
-    "optimal_token_baseline": "the optimal-token-baseline estimators need the actor's sum of squared token "
-                              "probabilities, which the trainer does not compute",
-    "tir_optimal_token_baseline": "the optimal-token-baseline estimators need the actor's sum of squared token "
-                                  "probabilities, which the trainer does not compute",
-}
-
-
-def _check_pf_ppo(alg: Any) -> None:
-    """PF-PPO: a known reweighting; verl applies it with gae only (elsewhere it is warned, as it does nothing)."""
-    from fully_async.algorithms.pf_ppo import REWEIGHT_METHODS
-
-    _choice("algorithm.pf_ppo.reweight_method", alg.pf_ppo.reweight_method, REWEIGHT_METHODS)
-    if alg.use_pf_ppo and alg.adv_estimator != "gae":
-        logger.warning("algorithm.use_pf_ppo=true has no effect with algorithm.adv_estimator=%s: verl resamples by "
-                       "reward after gae advantages only", alg.adv_estimator)
-
-
-def _check_algorithm(cfg: Any) -> None:
-    estimator = cfg.algorithm.adv_estimator
-    if estimator in UNSUPPORTED_ESTIMATORS:
-        raise ConfigError("algorithm.adv_estimator", f"{estimator!r} is not implemented: "
-                          f"{UNSUPPORTED_ESTIMATORS[estimator]}; use one of {list(ADV_ESTIMATORS)}")
-    _choice("algorithm.adv_estimator", estimator, ADV_ESTIMATORS)
-    _check_pf_ppo(cfg.algorithm)
-    gamma = cfg.algorithm.gamma
-    if not 0.0 <= gamma <= 1.0:
-        raise ConfigError("algorithm.gamma", f"{gamma!r} must be in [0, 1]")
-    if gamma != 1.0 and estimator not in ("reinforce_plus_plus", "gae"):
-        raise ConfigError("algorithm.gamma", f"{gamma!r}: only adv_estimator=gae and reinforce_plus_plus discount; "
-                          f"{estimator} scores whole responses (use 1.0)")
-    if cfg.algorithm.lam != 1.0 and estimator != "gae":
-        logger.warning("algorithm.lam=%r has no effect: only adv_estimator=gae has a lambda (%s has none)",
-                       cfg.algorithm.lam, estimator)
-    _choice("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_TYPES)
-    ctrl = cfg.algorithm.kl_ctrl
-    _choice("algorithm.kl_ctrl.type", ctrl.type, ("fixed", "adaptive"))
-    if ctrl.type == "adaptive":
-        _at_least("algorithm.kl_ctrl.horizon", ctrl.horizon, 0, strict=True)
-        _at_least("algorithm.kl_ctrl.target_kl", ctrl.target_kl, 0.0, strict=True)
-
 
 def _warn_pure_low_precision(cfg: Any) -> None:
     """One trainer device (strategy torch) in bf16/fp16 keeps its parameters and AdamW states in that dtype: say so
@@ -513,15 +462,6 @@ def _check_multi_job(cfg: Any) -> None:
 
 
 # ------------------------------------------------------------------ checks that relate sections
-def _check_grpo_group(cfg: Any) -> None:
-    n, estimator = cfg.actor_rollout_ref.rollout.n, cfg.algorithm.adv_estimator
-    if estimator in GROUP_ADV_ESTIMATORS and n < 2:
-        raise ConfigError("actor_rollout_ref.rollout.n",
-                          f"algorithm.adv_estimator={estimator} compares a response with the other responses to its "
-                          f"prompt, so it needs n >= 2 responses per prompt (got {n}); with n=1 use "
-                          "reinforce_plus_plus")
-
-
 def _check_sequence_budgets(cfg: Any) -> None:
     """A dynamic micro-batch and the vLLM context must hold one whole sequence."""
     arr = cfg.actor_rollout_ref
@@ -765,51 +705,11 @@ def device_ipc_applies(cfg: Any) -> bool:
             and cfg.actor_rollout_ref.rollout.name != "vllm")
 
 
-def _check_filter_groups(cfg: Any) -> None:
-    """DAPO's dynamic sampling: a metric to compare, and one this run can compute before training."""
-    fg = cfg.algorithm.filter_groups
-    if not fg.enable:
-        return
-    if fg.metric is None:
-        raise ConfigError("algorithm.filter_groups.metric", f"is required with filter_groups.enable=true: one of "
-                          f"{', '.join(FILTER_METRICS)}")
-    _choice("algorithm.filter_groups.metric", fg.metric, FILTER_METRICS)
-    if fg.metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
-        raise ConfigError("algorithm.filter_groups.metric", "seq_final_reward with algorithm.use_kl_in_reward: the "
-                          "in-reward KL penalty is applied by the trainer after groups are filtered; use seq_reward")
-
-
-def _check_rollout_correction(cfg: Any) -> None:
-    """verl's rollout correction: valid levels and thresholds, and the combinations of it with decoupled PPO."""
-    rc, at = cfg.algorithm.rollout_correction, cfg.async_training
-    key = "algorithm.rollout_correction"
-    if rc.rollout_is is not None:
-        _choice(f"{key}.rollout_is", rc.rollout_is, ROLLOUT_IS_LEVELS)
-        _at_least(f"{key}.rollout_is_threshold", rc.rollout_is_threshold, 0.0, strict=True)
-    if rc.rollout_rs is not None:
-        try:
-            rs_thresholds(rs_options(rc.rollout_rs), rc.rollout_rs_threshold)
-        except ValueError as exc:
-            raise ConfigError(f"{key}.rollout_rs", str(exc)) from None
-    _choice(f"{key}.loss_type", rc.loss_type, ("ppo_clip",))   # verl's reinforce loss is not implemented
-    if rc.rollout_is is None and rc.rollout_rs is None:
-        return
-    if not at.use_rollout_log_probs:
-        raise ConfigError(key, "needs async_training.use_rollout_log_probs=true (the behaviour log-probs)")
-    if rc.bypass_mode and at.decoupled_ppo:
-        raise ConfigError(f"{key}.bypass_mode", "bypass mode takes the behaviour log-probs as the old policy, "
-                          "async_training.decoupled_ppo recomputes it: choose one")
-    if rc.rollout_is is not None and at.decoupled_ppo:
-        logger.warning("%s.rollout_is=%s with async_training.decoupled_ppo (verl: compute_prox_log_prob): the "
-                       "recomputed old policy is decoupled PPO's proximal one, and rollout correction's weights "
-                       "(truncated at rollout_is_threshold=%s) replace decoupled PPO's own (behav_imp_weight_cap=%s "
-                       "is not used), as verl", key, rc.rollout_is, rc.rollout_is_threshold, at.behav_imp_weight_cap)
-
-
 SECTION_CHECKS = (_check_mode, _check_trainer, _check_rollout_placement, _check_data, _check_model, _check_actor,
-                  _check_rollout, _check_algorithm, _check_critic, _check_async_training, _warn_pure_low_precision,
+                  _check_rollout, check_algorithm, _check_critic, _check_async_training, _warn_pure_low_precision,
                   _check_reward, _check_benchmark,
                   _check_multi_job)
-CROSS_SECTION_CHECKS = (_check_grpo_group, _check_sequence_budgets, _check_sync_batch, _check_trainer_world,
+CROSS_SECTION_CHECKS = (check_grpo_group, _check_sequence_budgets, _check_sync_batch, _check_trainer_world,
                         _validate_attention, _validate_rollout_layout,
-                        _check_overlong_buffer, _check_filter_groups, _check_rollout_correction, _warn_inert_keys)
+                        _check_overlong_buffer, check_filter_groups, check_rollout_correction, check_reward_model,
+                        _warn_inert_keys)

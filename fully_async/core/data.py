@@ -200,8 +200,10 @@ def load_prompts(files: list[str], tokenizer: Any, *, prompt_key: str = "prompt"
             extra_info = {}
         elif not isinstance(extra_info, dict):
             raise DataError(f"row {index}: 'extra_info' must be a dict, got {type(extra_info).__name__}")
+        prompt = _to_python(row[prompt_key])
         records.append(PromptRecord(index=index, prompt_ids=ids, data_source=str(row[reward_fn_key]),
-                                    ground_truth=ground_truth, extra_info=extra_info, raw_prompt=text))
+                                    ground_truth=ground_truth, extra_info=extra_info, raw_prompt=text,
+                                    messages=prompt if isinstance(prompt, list) else None))
 
     if invalid:
         index, column, what = invalid[0]

@@ -7,7 +7,7 @@ Ray's object store and can be checkpointed as-is.  Per-token lists (`response_id
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 
 @dataclass
@@ -20,6 +20,8 @@ class PromptRecord:
     ground_truth: Any               # reward_model.ground_truth
     extra_info: dict = field(default_factory=dict)
     raw_prompt: str = ""            # the prompt text after the chat template (for logging)
+    messages: Optional[list] = None  # the prompt's chat messages (None: a plain-string prompt); a reward model
+    #                                  re-templates them (reward_model.model.input_tokenizer)
 
 
 @dataclass

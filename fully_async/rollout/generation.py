@@ -7,7 +7,7 @@ so its numbers are comparable across modes.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from fully_async.rollout.engines.base import run_requests
 from fully_async.core.partial import PendingResponse
@@ -30,6 +30,21 @@ def score_samples(tokenizer: Any, reward: Any, record: PromptRecord, samples: Se
         s.data_source = record.data_source
 
 
+def score_with_reward_model(inputs: Any, pairs: Sequence[tuple[PromptRecord, Sequence[Sample]]],
+                            scorer: Callable[[Any], Any]) -> None:
+    """reward_model.enable: every sample's reward is the reward model's score, replacing the rule/custom function as
+    verl's reward managers do (`inputs`: rewards/reward_model.RewardModelInputs builds its tokens; `scorer` runs the
+    rows on the trainer's backend and returns (B,) scores)."""
+    from fully_async.core.batch import token_rows
+
+    rows = [(rec, s) for rec, samples in pairs for s in samples]
+    if not rows:
+        return
+    scores = scorer(token_rows([inputs.ids(rec, s) for rec, s in rows]))
+    for (rec, s), score in zip(rows, scores.tolist()):
+        s.reward, s.reward_extra, s.data_source = float(score), {}, rec.data_source
+
+
 def make_group(uid: str, record: PromptRecord, epoch: int, version: int, samples: list[Sample]) -> SampleGroup:
     return SampleGroup(uid, record.index, epoch, sorted(samples, key=lambda s: s.sample_id), version)
 
@@ -47,24 +62,36 @@ def validate(engine: Any, tokenizer: Any, reward: Any, records: Sequence[PromptR
              version: int) -> dict[str, float]:
     """`val-core/<data_source>/reward/mean@<n>` with val_kwargs sampling (greedy by default)."""
     start = time.perf_counter()
+    pairs = validation_samples(engine, records, cfg, version)
+    for rec, samples in pairs:
+        score_samples(tokenizer, reward, rec, samples)
+    return validation_metrics(pairs, cfg.actor_rollout_ref.rollout.val_kwargs.n, time.perf_counter() - start)
+
+
+def validation_samples(engine: Any, records: Sequence[PromptRecord], cfg: Any,
+                       version: int) -> list[tuple[PromptRecord, list[Sample]]]:
+    """The validation responses (val_kwargs sampling, greedy by default), unscored, per record."""
     vk = cfg.actor_rollout_ref.rollout.val_kwargs
     params = SamplingParams(vk.temperature if vk.do_sample else 0.0, vk.top_p, vk.top_k,
                             cfg.data.max_response_length)
     pendings = [(rec, group_pendings(f"val-v{version}-{rec.index}", rec, vk.n, params)) for rec in records]
     run_to_completion(engine, [p for _, ps in pendings for p in ps])
+    return [(rec, [p.to_sample() for p in ps]) for rec, ps in pendings]
+
+
+def validation_metrics(pairs: Sequence[tuple[PromptRecord, list[Sample]]], n: int, seconds: float) -> dict[str, float]:
+    """val-core/<data_source>/reward|acc/mean@<n> and the mean response length of scored validation samples."""
     scores: dict[str, list[float]] = {}
     accs: dict[str, list[float]] = {}
     lengths = []
-    for rec, ps in pendings:
-        samples = [p.to_sample() for p in ps]
-        score_samples(tokenizer, reward, rec, samples)
+    for rec, samples in pairs:
         scores.setdefault(rec.data_source, []).extend(s.reward for s in samples)
         # verl logs val-core/<ds>/acc/mean@N when the scorer returns an `acc` (DAPO, aime...)
         accs.setdefault(rec.data_source, []).extend(float(s.reward_extra["acc"]) for s in samples
                                                     if isinstance(s.reward_extra.get("acc"), (bool, int, float)))
         lengths.extend(len(s.response_ids) for s in samples)
-    metrics = {f"val-core/{ds}/reward/mean@{vk.n}": sum(v) / len(v) for ds, v in scores.items()}
-    metrics.update({f"val-core/{ds}/acc/mean@{vk.n}": sum(v) / len(v) for ds, v in accs.items() if v})
+    metrics = {f"val-core/{ds}/reward/mean@{n}": sum(v) / len(v) for ds, v in scores.items()}
+    metrics.update({f"val-core/{ds}/acc/mean@{n}": sum(v) / len(v) for ds, v in accs.items() if v})
     metrics["val-aux/response_length/mean"] = sum(lengths) / max(len(lengths), 1)
-    metrics["timing_s/testing"] = time.perf_counter() - start
+    metrics["timing_s/testing"] = seconds
     return metrics

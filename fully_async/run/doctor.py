@@ -114,10 +114,15 @@ def check_device(cfg: Any) -> Check:
 
 
 def check_data(cfg: Any) -> Check:
-    """The run's own data path (prepare.load_datasets: every row checked) and its reward probe."""
-    from fully_async.run.prepare import load_datasets, load_tokenizer, probe_rewards
+    """The run's own data path (prepare.load_datasets: every row checked) and its reward probe (a reward model: its
+    folder and, re-templating, the prompts' chat messages)."""
+    from fully_async.run.prepare import check_reward_model, load_datasets, load_tokenizer, probe_rewards
 
     train, val = load_datasets(cfg, load_tokenizer(cfg))
+    if cfg.reward_model.enable:
+        check_reward_model(cfg, train + val)
+        return Check("data + reward", "PASS", f"train {len(train)} prompts, val {len(val)}; every row valid; reward "
+                     f"model {cfg.reward_model.model.path} loads")
     probe_rewards(cfg, train + val)
     sources = sorted({r.data_source for r in train + val})
     return Check("data + reward", "PASS", f"train {len(train)} prompts, val {len(val)}; every row valid; reward "

@@ -155,6 +155,42 @@ def check_attention(cfg: Any, model_conf: Any) -> None:
                               "varlen (torch's own varlen kernel) or sdpa")
 
 
+def check_reward_model(cfg: Any, records: list[PromptRecord]) -> None:
+    """reward_model.enable, before Ray: the reward model's folder holds a config, weights and (re-templating) a
+    tokenizer with a chat template, and the prompts are chat messages to re-template."""
+    import glob
+    import os
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    rm = cfg.reward_model
+    key = "reward_model.model.path"
+    try:
+        AutoConfig.from_pretrained(rm.model.path, trust_remote_code=rm.model.trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - any parse/arch error means "not a model"
+        raise ConfigError(key, f"{rm.model.path}: config.json is not a loadable Hugging Face config ({exc})") from None
+    if not any(glob.glob(os.path.join(rm.model.path, pat)) for pat in ("*.safetensors", "*.bin", "*.pt")):
+        raise ConfigError(key, f"{rm.model.path} has a config.json but no weight files (*.safetensors or *.bin)")
+    if rm.model.input_tokenizer is None:
+        return
+    try:
+        template = AutoTokenizer.from_pretrained(rm.model.path, trust_remote_code=rm.model.trust_remote_code
+                                                 ).chat_template
+    except Exception as exc:  # noqa: BLE001 - the tokenizer cannot load
+        raise ConfigError(key, f"{rm.model.path}: its tokenizer does not load ({exc}); the responses are "
+                               "re-templated with it (reward_model.model.input_tokenizer=null reads the policy's "
+                               "tokens instead)") from None
+    if not template:
+        raise ConfigError("reward_model.model.input_tokenizer", f"set, but {rm.model.path}'s tokenizer has no chat "
+                          "template to re-template the responses with: set reward_model.model.input_tokenizer=null "
+                          "(the reward model reads the policy's tokens) or use a reward model with a chat template")
+    plain = next((r for r in records if r.messages is None), None)
+    if plain is not None:
+        raise ConfigError("reward_model.model.input_tokenizer", f"set, but prompt {plain.index} (column "
+                          f"'{cfg.data.prompt_key}') is a plain string, not chat messages to re-template: set "
+                          "reward_model.model.input_tokenizer=null (the reward model reads the policy's tokens)")
+
+
 def probe_rewards(cfg: Any, records: list[PromptRecord]) -> None:
     """Call the reward function once per data_source (ground truth as the response) before Ray.
 
@@ -264,7 +300,8 @@ def load_datasets(cfg: Any, tokenizer: Any) -> tuple[list[PromptRecord], list[Pr
     kwargs = dict(prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
                   truncation=data.truncation, filter_overlong_prompts=data.filter_overlong_prompts,
                   reward_fn_key=data.reward_fn_key, skip_invalid_rows=data.skip_invalid_rows,
-                  require_ground_truth=not cfg.custom_reward_function.path,  # rule rewards score against it
+                  # rule rewards score against it
+                  require_ground_truth=not (cfg.custom_reward_function.path or cfg.reward_model.enable),
                   chat_template_kwargs=dict(data.apply_chat_template_kwargs or {}))
     train = load_prompts(as_file_list(data.train_files), tokenizer, **kwargs)
     val = load_prompts(as_file_list(data.val_files), tokenizer, **kwargs) if data.val_files else []
@@ -283,7 +320,10 @@ def prepare(cfg: Any) -> Prepared:
     tokenizer = load_tokenizer(cfg)
     train, val = load_datasets(cfg, tokenizer)
     validate_with_data(cfg, len(train))
-    probe_rewards(cfg, train)
+    if cfg.reward_model.enable:
+        check_reward_model(cfg, train + val)
+    else:
+        probe_rewards(cfg, train)
 
     apply_bundled_task_preset(cfg)
     plan = RunPlan.of(cfg).with_data(cfg, len(train))

@@ -104,26 +104,41 @@ class GroupBackend:
         mine = local()
         return [mine] + ray_get(refs)
 
+    def _per_shard(self, method: str, batch: TrainBatch, micro: Optional[int], dynamic: bool, budget: int,
+                   *args: Any) -> tuple[list[list[int]], list[torch.Tensor]]:
+        """(rows, parts) of `method` run by every rank on its data-parallel shard of `batch` (a sequence-parallel
+        group: the same one) with the pass count all ranks agreed on (`micro` rows, or `budget` tokens per device
+        with `dynamic`); one part per shard, its group's first rank's."""
+        rows, shards = shard_batch(batch, self.data_parallel_size)
+        k = micro_count(shards, micro, dynamic, budget * self.sp, self.cfg.actor_rollout_ref.model.use_remove_padding)
+        parts = self._with_workers([getattr(w, method).remote(shards[r // self.sp], *args, k)
+                                    for r, w in enumerate(self.workers, start=1)],
+                                   lambda: getattr(self.local, method)(shards[0], *args, num_micro=k))
+        return rows, parts[::self.sp]
+
     def compute_log_probs(self, batch: TrainBatch, which: str = "actor") -> torch.Tensor:
         sub = self.cfg.actor_rollout_ref.rollout if which == "actor" else self.cfg.actor_rollout_ref.ref
-        rows, shards = shard_batch(batch, self.data_parallel_size)
-        k = micro_count(shards, sub.log_prob_micro_batch_size_per_gpu, sub.log_prob_use_dynamic_bsz,
-                        sub.log_prob_max_token_len_per_gpu * self.sp, self.cfg.actor_rollout_ref.model.use_remove_padding)
-        parts = self._with_workers([w.compute_log_probs.remote(shards[r // self.sp], which, k)
-                                    for r, w in enumerate(self.workers, start=1)],
-                                   lambda: self.local.compute_log_probs(shards[0], which, num_micro=k))
-        return self._gather_rows(batch, rows, parts[::self.sp])
+        rows, parts = self._per_shard("compute_log_probs", batch, sub.log_prob_micro_batch_size_per_gpu,
+                                      sub.log_prob_use_dynamic_bsz, sub.log_prob_max_token_len_per_gpu, which)
+        return self._gather_rows(batch, rows, parts)
 
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
-        """The critic's values, each data-parallel shard its own rows with the pass count all ranks agreed on."""
+        """The critic's values, each data-parallel shard its own rows."""
         c = self.cfg.critic
-        rows, shards = shard_batch(batch, self.data_parallel_size)
-        k = micro_count(shards, c.forward_micro_batch_size_per_gpu, c.use_dynamic_bsz,
-                        c.forward_max_token_len_per_gpu * self.sp, self.cfg.actor_rollout_ref.model.use_remove_padding)
-        parts = self._with_workers([w.compute_values.remote(shards[r // self.sp], k)
-                                    for r, w in enumerate(self.workers, start=1)],
-                                   lambda: self.local.compute_values(shards[0], num_micro=k))
-        return self._gather_rows(batch, rows, parts[::self.sp])
+        rows, parts = self._per_shard("compute_values", batch, c.forward_micro_batch_size_per_gpu, c.use_dynamic_bsz,
+                                      c.forward_max_token_len_per_gpu)
+        return self._gather_rows(batch, rows, parts)
+
+    def compute_rm_scores(self, batch: TrainBatch) -> torch.Tensor:
+        """(B,) reward-model scores, each data-parallel shard its own rows."""
+        rm = self.cfg.reward_model
+        rows, parts = self._per_shard("compute_rm_scores", batch, rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz,
+                                      rm.forward_max_token_len_per_gpu)
+        out = torch.zeros(len(batch), dtype=torch.float32)
+        for idx, part in zip(rows, parts):
+            if idx:
+                out[idx] = part
+        return out
 
     @staticmethod
     def _gather_rows(batch: TrainBatch, rows: list[list[int]], parts: list[torch.Tensor]) -> torch.Tensor:

@@ -71,8 +71,11 @@ def _refuse(pattern: str, note: str) -> Rule:
 
 CRITIC_FOLLOWS = ("the critic is built by the actor's backend (train/backends/value_model.py): the actor's strategy, "
                   "sharding, dtype, offload and packing (actor_rollout_ref.actor.*, actor_rollout_ref.model.*)")
-NO_RM = ("there is no model-based reward here (rewards are rule-based or custom_reward_function.path); "
-         "reward_model.enable=true is refused")
+RM = ("the reward model is built and run by the trainer's backend (reward_model.enable, model.path, "
+      "model.input_tokenizer, micro_batch_size_per_gpu, max_length, use_dynamic_bsz, forward_max_token_len_per_gpu)")
+RM_SERVED = ("the reward model is scored by a forward pass of the trainer's backend, between generation and the "
+             "update: the same scores (its output at the last token) that verl's reward loop serves from a vLLM "
+             "server")
 PROFILER = "verl's profilers are not wired here; trainer.timeline=true writes a Perfetto trace of every actor"
 TARGET = "verl's dataclass target; our sections are typed by fully_async/core/config.py"
 REF_FOLLOWS = "the reference model lives in the trainer next to the actor and uses the actor's layout and dtype"
@@ -377,8 +380,6 @@ RULES: list[Rule] = [
     _warn("async_training.use_trainer_do_validate", "the rollouter validates on its own engines"),
     # ---------------------------------------------------------------- critic, reward model
     *CRITIC_RULES,
-    _warn_if("reward_model.enable", _is(False), "false", NO_RM,
-             "a reward model is not implemented: use custom_reward_function.path/name"),
     _map("reward_model.reward_kwargs.overlong_buffer_cfg.*", "reward_model.overlong_buffer.{0}",
          "verl's DAPO reward_kwargs spelling of our reward_model.overlong_buffer"),
     _map("reward_model.reward_kwargs.max_resp_len", "reward_model.overlong_buffer.max_resp_len",
@@ -388,7 +389,18 @@ RULES: list[Rule] = [
     _warn_if("reward_model.sandbox_fusion.url", _is(None), "null", "no sandbox",
              "code sandboxes are not wired: score code with custom_reward_function.path"),
     _warn("reward_model.launch_reward_fn_async", "rewards are scored in the rollouter as each group finishes"),
-    _warn("reward_model.**", NO_RM),
+    _warn("reward_model.use_reward_loop", RM_SERVED),
+    _warn("reward_model.rollout.**", RM_SERVED),
+    _warn("reward_model.num_workers", RM_SERVED),
+    _warn("reward_model.enable_resource_pool", RM_SERVED + ", on the trainer's devices"),
+    _warn("reward_model.model.use_remove_padding", "the reward model packs as the actor "
+          "(actor_rollout_ref.model.use_remove_padding)"),
+    _warn("reward_model.model.fsdp_config.**", "the reward model is sharded and offloaded as the actor "
+          "(actor_rollout_ref.actor.fsdp_config.*)"),
+    _warn("reward_model.strategy", "the reward model runs on the actor's strategy (torch / fsdp2)"),
+    _warn_if("reward_model.micro_batch_size", _is(None), "null", "deprecated global micro batch",
+             "use reward_model.micro_batch_size_per_gpu"),
+    _warn("reward_model.**", RM),
     _map("reward.reward_manager.name", "reward_model.reward_manager", "verl's newer spelling of "
          "reward_model.reward_manager"),
     _map("reward.reward_kwargs.overlong_buffer_cfg.*", "reward_model.overlong_buffer.{0}",
@@ -472,7 +484,8 @@ VALUE_MAPS: dict[str, dict[str, tuple[str, str]]] = {
 
 # dict-valued schema fields that take any sub-key (`+a.b.c=...`)
 OPEN_DICTS = ("actor_rollout_ref.model.override_config", "actor_rollout_ref.actor.megatron.override_transformer_config",
-              "custom_reward_function.reward_kwargs", "critic.model.override_config", "data.apply_chat_template_kwargs")
+              "custom_reward_function.reward_kwargs", "critic.model.override_config", "data.apply_chat_template_kwargs",
+              "reward_model.model.override_config")
 
 
 # Keys of our schema whose default is not verl's, each with the reason.  tests/unit/verl/test_verl_compat.py
@@ -497,6 +510,7 @@ DEFAULT_DIFFERENCES: dict[str, str] = {
     "trainer device at 1 whatever it says (a warning)",
     "algorithm.adv_estimator": "grpo, the estimator of verl's fully-async recipes, needs no critic; gae (PPO with a "
     "critic) is implemented: set algorithm.adv_estimator=gae",
+    "reward_model.model.path": "null: required with reward_model.enable=true (verl's is an example path)",
     "critic.model.path": "null: the critic's trunk is actor_rollout_ref.model.path (verl's example path is a "
     "placeholder)",
     "data.seed": "a fixed seed makes the prompt order reproducible and resumable; verl's null draws a fresh order",
@@ -523,7 +537,7 @@ DEFAULT_DIFFERENCES: dict[str, str] = {
 SCRIPT_REFUSALS: list[tuple[str, str]] = [
     ("advantage estimators other than grpo and gae; gae (a critic) with strategy=megatron",
      r"algorithm\.adv_estimator|critic\.strategy"),
-    ("model-based reward (reward_model.enable=true)", r"reward_model\.enable"),
+    ("a reward model with strategy=megatron", r"reward_model\.enable"),
     ("LoRA", r"actor_rollout_ref\.model\.lora.*"),
     ("multi-turn / tool datasets (data.custom_cls)", r"data\.custom_cls\..*"),
     ("code sandbox rewards", r"reward_model\.sandbox_fusion\..*"),

@@ -214,6 +214,11 @@ class TorchBackend:
             from fully_async.train.backends.value_model import ValueModel
 
             self.critic = ValueModel(cfg, device, total_optimizer_steps, self.fsdp, compute_dtype, self.sp)
+        self.reward_model: Optional[Any] = None   # reward_model.enable: reward_model.RewardModel
+        if cfg.reward_model.enable:
+            from fully_async.train.backends.reward_model import RewardModel
+
+            self.reward_model = RewardModel(cfg, device, self.fsdp, compute_dtype, self.sp)
         self.rng = random.Random(cfg.trainer.seed)   # the PPO update's shuffle
         self.num_bad_steps = 0          # total optimizer steps skipped for a non-finite loss/grad (ppo_update counts)
         self.consecutive_bad_steps = 0  # reset by every good optimizer step
@@ -253,6 +258,16 @@ class TorchBackend:
         splits = micro_batches(batch, c.forward_micro_batch_size_per_gpu, c.use_dynamic_bsz,
                                c.forward_max_token_len_per_gpu * self.sp, self.packed)
         return critic.values(batch, pad_micro_batches(splits, num_micro), self.torch_device, self.packed)
+
+    def compute_rm_scores(self, batch: TrainBatch, num_micro: Optional[int] = None) -> torch.Tensor:
+        """(B,) reward-model scores of `batch` (the reward model's own tokens, one row per response), in
+        reward_model.* micro-batches; `num_micro` forces that many passes (sharded ranks run the same number)."""
+        if self.reward_model is None:
+            raise RuntimeError("reward-model scores requested but no reward model was built (reward_model.enable)")
+        rm = self.reward_model.settings
+        splits = micro_batches(batch, rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz,
+                               rm.forward_max_token_len_per_gpu * self.sp, self.packed)
+        return self.reward_model.scores(batch, pad_micro_batches(splits, num_micro), self.torch_device, self.packed)
 
     def _critic(self) -> Any:
         if self.critic is None:
@@ -452,9 +467,10 @@ class TorchBackend:
                 host.state_to_device(optimizer, self.torch_device)
 
     def _models(self) -> list[torch.nn.Module]:
-        """Every model this backend holds: the actor, the reference, the critic (those built)."""
+        """Every model this backend holds: the actor, the reference, the critic, the reward model (those built)."""
         critic = self.critic.model if self.critic is not None else None
-        return [m for m in (self.model, self.ref_model, critic) if m is not None]
+        rm = self.reward_model.model if self.reward_model is not None else None
+        return [m for m in (self.model, self.ref_model, critic, rm) if m is not None]
 
     def _optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.optimizer] + ([self.critic.optimizer] if self.critic is not None else [])

@@ -21,7 +21,8 @@ ROWS = read_tsv(TSV)
 SENSIBLE = {"actor_rollout_ref.rollout.name": "hf", "data.seed": 1, "trainer.default_local_dir": "checkpoints/x",
             "actor_rollout_ref.ref.strategy": "fsdp", "actor_rollout_ref.actor.checkpoint.load_contents": ["model"],
             "critic.checkpoint.load_contents": ["model"],
-            "critic.forward_max_token_len_per_gpu": 32768,
+            "critic.forward_max_token_len_per_gpu": 32768, "reward_model.forward_max_token_len_per_gpu": 32768,
+            "reward_model.use_dynamic_bsz": False,
             "critic.optim.warmup_style": "cosine",
             "actor_rollout_ref.actor.optim.warmup_style": "cosine"}  # null there means unset (a warning)
 
@@ -88,7 +89,6 @@ def test_every_verl_key_is_honoured_warned_or_refused(status, caplog):
     ("actor_rollout_ref.actor.optim.lr_decay_style=wsd", "actor_rollout_ref.actor.optim.lr_decay_style",
      "lr_scheduler_type"),
     ("critic.model.lora_rank=8", "critic.model.lora_rank", "LoRA"),
-    ("reward_model.enable=true", "reward_model.enable", "custom_reward_function.path"),
     ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_rank", "LoRA"),
     ("actor_rollout_ref.rollout.do_sample=false", "actor_rollout_ref.rollout.do_sample", "temperature=0"),
     ("+reward_model.reward_kwargs.foo=1", "reward_model.reward_kwargs.foo", "custom_reward_function.reward_kwargs"),

@@ -1,0 +1,142 @@
+"""The algorithm's part of the config validation (layer 0, core/config_checks.py runs it): the advantage estimator,
+KL control, PF-PPO, DAPO's dynamic sampling, verl's rollout correction and the reward model, each raising
+`ConfigError` naming the key and the valid values."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fully_async.core.config import (ADV_ESTIMATORS, FILTER_METRICS, GROUP_ADV_ESTIMATORS, KL_TYPES, ROLLOUT_IS_LEVELS,
+                                     ConfigError, rs_options, rs_thresholds)
+
+logger = logging.getLogger(__name__)
+
+
+def _choice(key: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(key, f"{value!r} is not one of {list(choices)}")
+
+
+def _at_least(key: str, value: Any, low: float, strict: bool = False) -> None:
+    if value is None or (value <= low if strict else value < low):
+        raise ConfigError(key, f"{value!r} must be {'>' if strict else '>='} {low}")
+
+
+# verl estimators that are not implemented, and why (the others: core/config.py ADV_ESTIMATORS)
+UNSUPPORTED_ESTIMATORS = {
+    "remax": "ReMax subtracts the reward of a greedy baseline response per prompt, which the rollouters do not "
+             "generate",
+    "optimal_token_baseline": "the optimal-token-baseline estimators need the actor's sum of squared token "
+                              "probabilities, which the trainer does not compute",
+    "tir_optimal_token_baseline": "the optimal-token-baseline estimators need the actor's sum of squared token "
+                                  "probabilities, which the trainer does not compute",
+}
+
+
+def check_pf_ppo(alg: Any) -> None:
+    """PF-PPO: a known reweighting; verl applies it with gae only (elsewhere it is warned, as it does nothing)."""
+    from fully_async.algorithms.pf_ppo import REWEIGHT_METHODS
+
+    _choice("algorithm.pf_ppo.reweight_method", alg.pf_ppo.reweight_method, REWEIGHT_METHODS)
+    if alg.use_pf_ppo and alg.adv_estimator != "gae":
+        logger.warning("algorithm.use_pf_ppo=true has no effect with algorithm.adv_estimator=%s: verl resamples by "
+                       "reward after gae advantages only", alg.adv_estimator)
+
+
+def check_algorithm(cfg: Any) -> None:
+    estimator = cfg.algorithm.adv_estimator
+    if estimator in UNSUPPORTED_ESTIMATORS:
+        raise ConfigError("algorithm.adv_estimator", f"{estimator!r} is not implemented: "
+                          f"{UNSUPPORTED_ESTIMATORS[estimator]}; use one of {list(ADV_ESTIMATORS)}")
+    _choice("algorithm.adv_estimator", estimator, ADV_ESTIMATORS)
+    check_pf_ppo(cfg.algorithm)
+    gamma = cfg.algorithm.gamma
+    if not 0.0 <= gamma <= 1.0:
+        raise ConfigError("algorithm.gamma", f"{gamma!r} must be in [0, 1]")
+    if gamma != 1.0 and estimator not in ("reinforce_plus_plus", "gae"):
+        raise ConfigError("algorithm.gamma", f"{gamma!r}: only adv_estimator=gae and reinforce_plus_plus discount; "
+                          f"{estimator} scores whole responses (use 1.0)")
+    if cfg.algorithm.lam != 1.0 and estimator != "gae":
+        logger.warning("algorithm.lam=%r has no effect: only adv_estimator=gae has a lambda (%s has none)",
+                       cfg.algorithm.lam, estimator)
+    _choice("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_TYPES)
+    ctrl = cfg.algorithm.kl_ctrl
+    _choice("algorithm.kl_ctrl.type", ctrl.type, ("fixed", "adaptive"))
+    if ctrl.type == "adaptive":
+        _at_least("algorithm.kl_ctrl.horizon", ctrl.horizon, 0, strict=True)
+        _at_least("algorithm.kl_ctrl.target_kl", ctrl.target_kl, 0.0, strict=True)
+
+
+def check_grpo_group(cfg: Any) -> None:
+    n, estimator = cfg.actor_rollout_ref.rollout.n, cfg.algorithm.adv_estimator
+    if estimator in GROUP_ADV_ESTIMATORS and n < 2:
+        raise ConfigError("actor_rollout_ref.rollout.n",
+                          f"algorithm.adv_estimator={estimator} compares a response with the other responses to its "
+                          f"prompt, so it needs n >= 2 responses per prompt (got {n}); with n=1 use "
+                          "reinforce_plus_plus")
+
+
+def check_filter_groups(cfg: Any) -> None:
+    """DAPO's dynamic sampling: a metric to compare, and one this run can compute before training."""
+    fg = cfg.algorithm.filter_groups
+    if not fg.enable:
+        return
+    if fg.metric is None:
+        raise ConfigError("algorithm.filter_groups.metric", f"is required with filter_groups.enable=true: one of "
+                          f"{', '.join(FILTER_METRICS)}")
+    _choice("algorithm.filter_groups.metric", fg.metric, FILTER_METRICS)
+    if fg.metric == "seq_final_reward" and cfg.algorithm.use_kl_in_reward:
+        raise ConfigError("algorithm.filter_groups.metric", "seq_final_reward with algorithm.use_kl_in_reward: the "
+                          "in-reward KL penalty is applied by the trainer after groups are filtered; use seq_reward")
+
+
+def check_rollout_correction(cfg: Any) -> None:
+    """verl's rollout correction: valid levels and thresholds, and the combinations of it with decoupled PPO."""
+    rc, at = cfg.algorithm.rollout_correction, cfg.async_training
+    key = "algorithm.rollout_correction"
+    if rc.rollout_is is not None:
+        _choice(f"{key}.rollout_is", rc.rollout_is, ROLLOUT_IS_LEVELS)
+        _at_least(f"{key}.rollout_is_threshold", rc.rollout_is_threshold, 0.0, strict=True)
+    if rc.rollout_rs is not None:
+        try:
+            rs_thresholds(rs_options(rc.rollout_rs), rc.rollout_rs_threshold)
+        except ValueError as exc:
+            raise ConfigError(f"{key}.rollout_rs", str(exc)) from None
+    _choice(f"{key}.loss_type", rc.loss_type, ("ppo_clip",))   # verl's reinforce loss is not implemented
+    if rc.rollout_is is None and rc.rollout_rs is None:
+        return
+    if not at.use_rollout_log_probs:
+        raise ConfigError(key, "needs async_training.use_rollout_log_probs=true (the behaviour log-probs)")
+    if rc.bypass_mode and at.decoupled_ppo:
+        raise ConfigError(f"{key}.bypass_mode", "bypass mode takes the behaviour log-probs as the old policy, "
+                          "async_training.decoupled_ppo recomputes it: choose one")
+    if rc.rollout_is is not None and at.decoupled_ppo:
+        logger.warning("%s.rollout_is=%s with async_training.decoupled_ppo (verl: compute_prox_log_prob): the "
+                       "recomputed old policy is decoupled PPO's proximal one, and rollout correction's weights "
+                       "(truncated at rollout_is_threshold=%s) replace decoupled PPO's own (behav_imp_weight_cap=%s "
+                       "is not used), as verl", key, rc.rollout_is, rc.rollout_is_threshold, at.behav_imp_weight_cap)
+
+
+def check_reward_model(cfg: Any) -> None:
+    """reward_model.enable: a model path, mode=sync and a torch/fsdp2 trainer (its backend scores the responses)."""
+    rm = cfg.reward_model
+    if not rm.enable:
+        return
+    if not rm.model.path:
+        raise ConfigError("reward_model.model.path", "is required with reward_model.enable=true: the Hugging Face "
+                          "folder of the reward model (a ...ForSequenceClassification with one label)")
+    if cfg.mode != "sync":
+        raise ConfigError("reward_model.enable", f"true with mode={cfg.mode}: the reward model is run by the "
+                          "trainer's backend between generation and the update, which mode=sync does (verl's "
+                          "examples with a reward model are synchronous); use mode=sync or rule/custom rewards")
+    if cfg.actor_rollout_ref.actor.strategy == "megatron":
+        raise ConfigError("reward_model.enable", "true with strategy=megatron: the reward model is built by the "
+                          "torch / fsdp2 backend only; use actor_rollout_ref.actor.strategy=fsdp")
+    if rm.micro_batch_size_per_gpu is not None:
+        _at_least("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu, 1)
+    if rm.max_length is not None:
+        _at_least("reward_model.max_length", rm.max_length, 1)
+    if cfg.custom_reward_function.path:
+        logger.warning("custom_reward_function.path=%s is not used: with reward_model.enable=true the reward model's "
+                       "scores are the rewards (as verl's reward managers return rm_scores)",
+                       cfg.custom_reward_function.path)
