@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-REWEIGHT_METHODS = ("pow", "max_min", "max_random")
+from fully_async.core.config import PF_PPO_REWEIGHT_METHODS as REWEIGHT_METHODS
 
 
 def pf_ppo_weights(scores: torch.Tensor, method: str, weight_pow: float) -> torch.Tensor:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fully_async.core.config import (ADV_ESTIMATORS, FILTER_METRICS, GROUP_ADV_ESTIMATORS, KL_TYPES, ROLLOUT_IS_LEVELS,
-                                     ConfigError, rs_options, rs_thresholds)
+from fully_async.core.config import (ADV_ESTIMATORS, FILTER_METRICS, GROUP_ADV_ESTIMATORS, KL_TYPES,
+                                     PF_PPO_REWEIGHT_METHODS, ROLLOUT_IS_LEVELS, ConfigError, rs_options,
+                                     rs_thresholds)
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +36,7 @@ UNSUPPORTED_ESTIMATORS = {
 
 def check_pf_ppo(alg: Any) -> None:
     """PF-PPO: a known reweighting; verl applies it with gae only (elsewhere it is warned, as it does nothing)."""
-    from fully_async.algorithms.pf_ppo import REWEIGHT_METHODS
-
-    _choice("algorithm.pf_ppo.reweight_method", alg.pf_ppo.reweight_method, REWEIGHT_METHODS)
+    _choice("algorithm.pf_ppo.reweight_method", alg.pf_ppo.reweight_method, PF_PPO_REWEIGHT_METHODS)
     if alg.use_pf_ppo and alg.adv_estimator != "gae":
         logger.warning("algorithm.use_pf_ppo=true has no effect with algorithm.adv_estimator=%s: verl resamples by "
                        "reward after gae advantages only", alg.adv_estimator)

@@ -67,6 +67,13 @@ class ModelConfig:
     # fold lm_head into the chunked log-prob/entropy: the (tokens x vocab) logits never exist whole (verl's key;
     # our default is true: the same float32 math, less memory; models with biased/soft-capped heads fall back)
     use_fused_kernels: bool = True
+    # LoRA (torch / fsdp2; train/backends/lora.py): rank > 0 trains low-rank adapters on the frozen model, merged into
+    # the weights the engines get; lora_adapter_path starts from a saved peft adapter (its r, alpha, targets)
+    lora_rank: int = 0
+    lora_alpha: float = 16
+    target_modules: Any = "all-linear"    # all-linear | a list of module names (suffixes) | a regex string
+    exclude_modules: Any = None           # null | a list of module names (suffixes) | a regex string, as peft
+    lora_adapter_path: Optional[str] = None
 
 
 @dataclass
@@ -246,6 +253,9 @@ class RolloutCorrectionConfig:
     rollout_rs_threshold: Optional[Any] = None  # one per option (or one for all); k1: "lower_upper" or upper
     bypass_mode: bool = False             # old policy = behaviour log-probs (no recomputation); RS in the loss
     loss_type: str = "ppo_clip"           # bypass_mode's loss: ppo_clip (reinforce is refused)
+
+
+PF_PPO_REWEIGHT_METHODS = ("pow", "max_min", "max_random")   # algorithms/pf_ppo.py
 
 
 @dataclass

@@ -182,6 +182,14 @@ def _check_model(cfg: Any) -> None:
         raise ConfigError("actor_rollout_ref.model.path",
                           f"{model_path!r} is not a local Hugging Face model folder (no config.json); "
                           "download the model first (this package never fetches weights at run time)")
+    model = cfg.actor_rollout_ref.model
+    _at_least("actor_rollout_ref.model.lora_rank", model.lora_rank, 0)
+    if (model.lora_rank or model.lora_adapter_path) and cfg.actor_rollout_ref.actor.strategy == "megatron":
+        key = "actor_rollout_ref.model.lora_rank" if model.lora_rank else "actor_rollout_ref.model.lora_adapter_path"
+        raise ConfigError(key, "LoRA is implemented for the torch / fsdp2 strategies; strategy=megatron trains the "
+                               "full model (use actor_rollout_ref.actor.strategy=fsdp)")
+    if model.lora_rank:
+        _at_least("actor_rollout_ref.model.lora_alpha", model.lora_alpha, 0.0, strict=True)
 
 
 def _check_actor(cfg: Any) -> None:

@@ -183,6 +183,13 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
             mem.parts["ref_params"] = cbytes * P
         mem.note = f"torch, one device, params/grads/AdamW in {actor.dtype}"
         tokens = micro_batch_tokens(cfg, dp)
+    rank = model.lora_rank
+    if rank and strategy != "megatron":   # LoRA: only the adapters (all linear layers at most) have grads and AdamW
+        q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+        adapter = shape.layers * rank * (7 * shape.hidden + 2 * q + 2 * kv + 3 * shape.intermediate)
+        share = shard if strategy == "fsdp2" else 1
+        mem.parts.update(grads=4 * adapter / share, optimizer=8 * adapter / share)
+        mem.note += f"; LoRA rank {rank}: grads and AdamW for {adapter / 1e6:.1f}M adapter parameters"
     if uses_critic(cfg) and strategy != "megatron":   # megatron with a critic is refused by config_checks
         mem.parts.update(critic_memory(shape, strategy, shard, cbytes))
         mem.note += "; critic (value model) beside the actor"

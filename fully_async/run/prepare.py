@@ -155,6 +155,23 @@ def check_attention(cfg: Any, model_conf: Any) -> None:
                               "varlen (torch's own varlen kernel) or sdpa")
 
 
+def check_lora_adapter(cfg: Any) -> None:
+    """actor_rollout_ref.model.lora_adapter_path, before Ray: a peft LoRA adapter folder with its weights."""
+    import os
+
+    from fully_async.train.backends.lora import ADAPTER_WEIGHTS, read_adapter_config
+
+    path = cfg.actor_rollout_ref.model.lora_adapter_path
+    if not path:
+        return
+    try:
+        read_adapter_config(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError("actor_rollout_ref.model.lora_adapter_path", str(exc)) from None
+    if not os.path.isfile(os.path.join(path, ADAPTER_WEIGHTS)):
+        raise ConfigError("actor_rollout_ref.model.lora_adapter_path", f"{path} has no {ADAPTER_WEIGHTS}")
+
+
 def check_reward_model(cfg: Any, records: list[PromptRecord]) -> None:
     """reward_model.enable, before Ray: the reward model's folder holds a config, weights and (re-templating) a
     tokenizer with a chat template, and the prompts are chat messages to re-template."""
@@ -317,6 +334,7 @@ def prepare(cfg: Any) -> Prepared:
     check_parallel_layout(cfg, model_conf)
     check_sync_rollout_tp(cfg, model_conf)
     check_attention(cfg, model_conf)
+    check_lora_adapter(cfg)
     tokenizer = load_tokenizer(cfg)
     train, val = load_datasets(cfg, tokenizer)
     validate_with_data(cfg, len(train))

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from fully_async.core.config import FullyAsyncConfig, actor_strategy, sequence_parallel_size, uses_critic
 from fully_async.algorithms.lr_schedule import lr_lambda, warmup_steps
-from fully_async.train.backends import MiniBatch, StepResult, fsdp, ulysses, varlen_attention
+from fully_async.train.backends import MiniBatch, StepResult, fsdp, lora, ulysses, varlen_attention
 from fully_async.train.backends.token_stats import enable_fused_head, token_stats
 from fully_async.core.batch import TrainBatch, micro_batches
 from fully_async.device import Device, parse_dtype
@@ -185,6 +185,13 @@ class TorchBackend:
         self.model.train()
         need_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False) if need_ref else None
+        # LoRA: adapters on the frozen actor (the reference above is the base model), from a saved adapter or fresh
+        self.lora = lora.lora_settings(arr.model)
+        self.lora_targets: list[str] = []
+        if self.lora is not None:
+            self.lora_targets = lora.apply_lora(self.model, *self.lora)
+            if arr.model.lora_adapter_path:
+                lora.load_adapter(self.model, arr.model.lora_adapter_path)
         # lm_head folded into the chunked log-prob/entropy (no logits tensor), where the model allows it
         # the chunked log-prob math compiles where this device compiles (trainer.device=npu: never, as on Ascend)
         self.chunk_compiled = device.compile_backend() is not None
@@ -204,7 +211,8 @@ class TorchBackend:
         self.compiled = arr.actor.use_torch_compile and all(
             compile_decoder_layers(m, device) for m in (self.model, self.ref_model) if m is not None)
         optim = arr.actor.optim
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
+        trainable = [p for p in self.model.parameters() if p.requires_grad]   # LoRA: the adapters only
+        self.optimizer = torch.optim.AdamW(trainable, lr=optim.lr, betas=tuple(optim.betas),
                                            weight_decay=optim.weight_decay)
         self.warmup_steps = warmup_steps(optim, total_optimizer_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim, total_optimizer_steps))
@@ -346,8 +354,10 @@ class TorchBackend:
         return {name: t.to("cpu", copy=True) for name, t in self.iter_full_parameters() if self.rank == 0}
 
     def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
-        """Names and full (unsharded) shapes, in the order iter_full_parameters yields them."""
-        return [(name, tuple(p.shape)) for name, p in self.model.named_parameters()]
+        """Names and full (unsharded) shapes, in the order iter_full_parameters yields them (LoRA: the merged
+        model's)."""
+        return [(name, tuple(p.shape)) for name, p in self.model.named_parameters()
+                if not name.endswith((".lora_A", ".lora_B"))]
 
     def stream_full_parameters(self, consumer: Optional[Callable[[Any], Any]]) -> Any:
         """Rank 0 hands the full-parameter iterator to `consumer`; other ranks only join the gathers."""
@@ -359,7 +369,12 @@ class TorchBackend:
         return 0
 
     def iter_full_parameters(self):
-        """(name, full tensor on the device) per parameter; all ranks iterate under FSDP2."""
+        """(name, full tensor on the device) per parameter; all ranks iterate under FSDP2.  LoRA: the merged model's
+        parameters (lora.merged_parameters)."""
+        raw = self._raw_full_parameters()
+        return lora.merged_parameters(self.model, raw) if self.lora is not None else raw
+
+    def _raw_full_parameters(self):
         if self.fsdp:
             return fsdp.full_parameters(self.model)
         return ((name, p.detach()) for name, p in self.model.named_parameters())
@@ -377,23 +392,50 @@ class TorchBackend:
         also its weights, optimizer and LR schedule (save_critic).
 
         FSDP2: every rank writes its shards (torch.distributed.checkpoint) and its own RNG file;
-        rank 0 also writes the gathered Hugging Face folder."""
+        rank 0 also writes the gathered Hugging Face folder.  LoRA: actor/ is the merged model and actor/lora_adapter/
+        the adapter (peft's format), which is what a resume loads onto the base."""
         if self.critic is not None:
             self.save_critic(path)
-        if not self.fsdp:
+        if not self.fsdp and self.lora is None:
             self.model.save_pretrained(os.path.join(path, "actor"), safe_serialization=True)
             torch.save(self._extra_state(True), os.path.join(path, "actor_optim.pt"))
             return
-        from safetensors.torch import save_file
-
-        full = self.named_parameters_for_sync()
+        full = self._save_merged_and_adapter(path) if self.lora is not None else self.named_parameters_for_sync()
+        if not self.fsdp:   # LoRA on one device: the adapter's optimizer state with the rest
+            torch.save(self._extra_state(True), os.path.join(path, "actor_optim.pt"))
+            return
         fsdp.save_sharded(self.model, self.optimizer, path)
         torch.save(self._extra_state(False), os.path.join(path, f"actor_extra_rank{self.rank}.pt"))
+        if self.rank == 0 and self.lora is None:
+            self._save_hf_folder(path, full)
+
+    def _save_hf_folder(self, path: str, full: dict[str, torch.Tensor]) -> None:
+        """actor/: a Hugging Face folder of the (gathered, merged) full parameters."""
+        from safetensors.torch import save_file
+
+        actor = os.path.join(path, "actor")
+        os.makedirs(actor, exist_ok=True)
+        self.model.config.save_pretrained(actor)
+        save_file({k: v.contiguous() for k, v in full.items()}, os.path.join(actor, "model.safetensors"))
+
+    def _save_merged_and_adapter(self, path: str) -> dict[str, torch.Tensor]:
+        """LoRA: actor/ (the merged model, a plain Hugging Face folder) and actor/lora_adapter/ (peft's format) from
+        one pass over the full parameters (every rank iterates under FSDP2; rank 0 writes); the merged parameters."""
+        adapter: list[tuple[str, torch.Tensor]] = []
+
+        def tap(named):
+            for name, tensor in named:
+                if name.endswith((".lora_A", ".lora_B")) and self.rank == 0:
+                    adapter.append((name, tensor.cpu()))
+                yield name, tensor
+
+        full = {name: t.to("cpu", copy=True) for name, t in lora.merged_parameters(self.model, tap(
+            self._raw_full_parameters())) if self.rank == 0}
         if self.rank == 0:
-            actor = os.path.join(path, "actor")
-            os.makedirs(actor, exist_ok=True)
-            self.model.config.save_pretrained(actor)
-            save_file({k: v.contiguous() for k, v in full.items()}, os.path.join(actor, "model.safetensors"))
+            self._save_hf_folder(path, full)
+            lora.save_adapter(os.path.join(path, "actor", "lora_adapter"), lora.adapter_state(adapter), *self.lora[:2],
+                              self.lora_targets, self.cfg.actor_rollout_ref.model.path)
+        return full
 
     def save_critic(self, path: str) -> None:
         """critic/ (a Hugging Face folder of the value model, one device) and critic_optim.pt (optimizer and LR
@@ -438,7 +480,10 @@ class TorchBackend:
             fsdp.load_sharded(self.model, self.optimizer, path)
             self._load_extra(torch.load(os.path.join(path, f"actor_extra_rank{self.rank}.pt"), weights_only=True))
             return
-        load_hf_weights(self.model, os.path.join(path, "actor"))
+        if self.lora is not None:   # the base is the model's own; the checkpoint's adapter goes on it
+            lora.load_adapter(self.model, os.path.join(path, "actor", "lora_adapter"))
+        else:
+            load_hf_weights(self.model, os.path.join(path, "actor"))
         self._load_extra(torch.load(os.path.join(path, "actor_optim.pt"), weights_only=True))
 
     def offload(self) -> None:

@@ -89,7 +89,6 @@ def test_every_verl_key_is_honoured_warned_or_refused(status, caplog):
     ("actor_rollout_ref.actor.optim.lr_decay_style=wsd", "actor_rollout_ref.actor.optim.lr_decay_style",
      "lr_scheduler_type"),
     ("critic.model.lora_rank=8", "critic.model.lora_rank", "LoRA"),
-    ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_rank", "LoRA"),
     ("actor_rollout_ref.rollout.do_sample=false", "actor_rollout_ref.rollout.do_sample", "temperature=0"),
     ("+reward_model.reward_kwargs.foo=1", "reward_model.reward_kwargs.foo", "custom_reward_function.reward_kwargs"),
     ("+trainer.typo=3", "trainer.typo", "not a key of fully_async's schema"),
