@@ -71,7 +71,22 @@ def check_model_folder(cfg: Any) -> Any:
     if not weights:
         raise ConfigError("actor_rollout_ref.model.path",
                           f"{model.path} has a config.json but no weight files (*.safetensors or *.bin)")
+    check_causal_lm(model.path, conf, model.trust_remote_code)
     return conf
+
+
+def check_causal_lm(path: str, conf: Any, trust_remote_code: bool) -> None:
+    """The trainer and the embedded engine load the model as a causal LM (AutoModelForCausalLM): a family transformers
+    does not load that way (a vision-language model such as qwen2_5_vl, an encoder) is refused here, naming it."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    remote = trust_remote_code and "AutoModelForCausalLM" in (getattr(conf, "auto_map", None) or {})
+    if conf.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or remote:
+        return
+    raise ConfigError("actor_rollout_ref.model.path",
+                      f"{path} is a {conf.model_type} model ({', '.join(getattr(conf, 'architectures', None) or [])}),"
+                      " which transformers does not load as a causal LM: only text-only causal LMs train here "
+                      "(vision-language models are not implemented)")
 
 
 def check_sync_rollout_tp(cfg: Any, model_conf: Any) -> None:

@@ -80,6 +80,19 @@ def test_model_path_with_garbage_config(tmp_path):
         prep(f"actor_rollout_ref.model.path={tmp_path}")
 
 
+def test_a_vision_language_model_is_refused_naming_its_family(tmp_path):
+    import json
+
+    conf = json.load(open(os.path.join(MODEL, "config.json")))
+    conf.update(model_type="qwen2_5_vl", architectures=["Qwen2_5_VLForConditionalGeneration"])
+    (tmp_path / "config.json").write_text(json.dumps(conf))
+    shutil.copy(os.path.join(MODEL, "model.safetensors"), tmp_path / "model.safetensors")
+    with pytest.raises(ConfigError, match=r"is a qwen2_5_vl model \(Qwen2_5_VLForConditionalGeneration\), which "
+                                          r"transformers does not load as a causal LM") as err:
+        prep(f"actor_rollout_ref.model.path={tmp_path}")
+    assert err.value.key == "actor_rollout_ref.model.path"
+
+
 def test_model_path_without_weights(tmp_path):
     shutil.copy(os.path.join(MODEL, "config.json"), tmp_path / "config.json")
     with pytest.raises(ConfigError, match="no weight files"):
