@@ -23,8 +23,9 @@ from typing import Any, Optional
 import torch
 
 from fully_async.algorithms.losses import agg_denominator, agg_loss, kl_penalty
-from fully_async.algorithms.policy_losses import PolicyLossInput, policy_agg_mode, policy_denominator, policy_loss
-from fully_async.algorithms.rollout_correction import rejection_mask
+from fully_async.algorithms.policy_losses import (PolicyLossInput, policy_agg_mode, policy_denominator, policy_loss,
+                                                  reinforce_loss)
+from fully_async.algorithms.rollout_correction import is_weights as correction_weights, rejection_mask
 from fully_async.core.config import clip_bounds
 
 BYPASS_RS_METRIC = "rollout_corr/rollout_rs_masked_fraction"
@@ -35,6 +36,13 @@ def bypass_rejection(rollout_correction: Any) -> bool:
     rejected against the current policy, on every micro-batch)."""
     rc = rollout_correction
     return rc is not None and bool(rc.bypass_mode) and rc.rollout_rs is not None
+
+
+def bypass_reinforce(rollout_correction: Any) -> bool:
+    """verl's bypass mode with loss_type=reinforce: REINFORCE with explicit importance weights instead of the clipped
+    surrogate."""
+    rc = rollout_correction
+    return rc is not None and bool(rc.bypass_mode) and rc.loss_type == "reinforce"
 
 
 def mini_batch_denominator(mask: torch.Tensor, actor: Any) -> float:
@@ -120,14 +128,17 @@ def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], *, old_logp:
     pl = a.policy_loss
     if pg_denom is None and policy_agg_mode(pl.loss_mode, a.loss_agg_mode) == a.loss_agg_mode:
         pg_denom = denom
-    res = policy_loss(PolicyLossInput(
-        logp=logp, old_logp=old_logp, advantages=advantages, mask=mask,
-        clip_low=clip_low, clip_high=clip_high, clip_c=a.clip_ratio_c, agg_mode=a.loss_agg_mode,
-        denom=pg_denom, behav_logp=rollout_logp if at.decoupled_ppo and is_weights is None else None,
-        behav_cap=at.behav_imp_weight_cap,
-        is_weights=is_weights, mode=pl.loss_mode, clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb,
-        clip_cov_ub=pl.clip_cov_ub, kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, tau_pos=a.tau_pos,
-        tau_neg=a.tau_neg))
+    if bypass_reinforce(rollout_correction):
+        res = _bypass_reinforce(logp, rollout_logp, advantages, mask, rollout_correction, a.loss_agg_mode, pg_denom)
+    else:
+        res = policy_loss(PolicyLossInput(
+            logp=logp, old_logp=old_logp, advantages=advantages, mask=mask,
+            clip_low=clip_low, clip_high=clip_high, clip_c=a.clip_ratio_c, agg_mode=a.loss_agg_mode,
+            denom=pg_denom, behav_logp=rollout_logp if at.decoupled_ppo and is_weights is None else None,
+            behav_cap=at.behav_imp_weight_cap,
+            is_weights=is_weights, mode=pl.loss_mode, clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb,
+            clip_cov_ub=pl.clip_cov_ub, kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, tau_pos=a.tau_pos,
+            tau_neg=a.tau_neg))
     loss = res.loss
     share = logp.shape[0] / rows_total
     metrics: dict[str, tuple[torch.Tensor, float]] = {"actor/pg_loss": (res.loss.detach(), 1.0)}
@@ -148,3 +159,16 @@ def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], *, old_logp:
         loss = loss + a.kl_loss_coef * kl
         metrics["actor/kl_loss"] = (kl.detach(), 1.0)
     return ActorLossOutput(loss=loss, metrics=metrics)
+
+
+def _bypass_reinforce(logp: torch.Tensor, rollout_logp: Optional[torch.Tensor], advantages: torch.Tensor,
+                      mask: torch.Tensor, rc: Any, agg_mode: str, denom: Optional[float]) -> Any:
+    """Bypass mode's REINFORCE: the importance weights of the current policy against the behaviour one (rollout_is;
+    detached, on this micro-batch, as verl computes them in the loss) times -A log pi."""
+    if rollout_logp is None:
+        raise ValueError("actor_loss needs rollout_logp for rollout_correction.loss_type=reinforce")
+    weights = None
+    if rc.rollout_is is not None:
+        weights, _ = correction_weights(logp.detach() - rollout_logp, mask, rc.rollout_is, rc.rollout_is_threshold,
+                                        rc.rollout_is_batch_normalize)
+    return reinforce_loss(logp, rollout_logp, advantages, mask, weights, agg_mode, denom)

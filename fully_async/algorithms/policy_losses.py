@@ -102,6 +102,18 @@ def _out(loss: torch.Tensor, clipfrac: torch.Tensor, clipfrac_lower: torch.Tenso
                             ppo_kl=ppo_kl.detach())
 
 
+def reinforce_loss(logp: torch.Tensor, behav_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                   is_weights: Optional[torch.Tensor], agg_mode: str, denom: Optional[float]) -> PolicyLossOutput:
+    """verl's bypass-mode REINFORCE (rollout_correction.loss_type=reinforce, core_algos.compute_policy_loss_reinforce):
+    -A log pi per token, times the truncated importance weight pi / pi_behaviour when rollout_is is set (detached),
+    no clipping; ppo_kl is the mean of behaviour - current log-probs."""
+    losses = -advantages * logp
+    if is_weights is not None:
+        losses = losses * is_weights
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    return _out(agg_loss(losses, mask, agg_mode, denom), zero, zero, masked_mean(behav_logp - logp.detach(), mask))
+
+
 def _zero(inp: PolicyLossInput) -> torch.Tensor:
     return torch.zeros((), dtype=inp.logp.dtype, device=inp.logp.device)
 

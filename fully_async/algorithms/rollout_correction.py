@@ -22,8 +22,10 @@ Two modes, as verl's:
       keeps decoupled PPO's weights and adds verl's mask.
   bypass (bypass_mode=true): the behaviour log-probs are the old policy (no recomputation: our default
       use_rollout_log_probs=true, decoupled_ppo=false); the PPO ratio itself carries the correction, so no weight
-      is applied (loss_type=ppo_clip; verl computes one for its metrics only), and rejection sampling runs in the
-      loss on every micro-batch against the current policy (`rejection_mask`).
+      is applied (loss_type=ppo_clip; verl computes one for its metrics only) -- or, with loss_type=reinforce,
+      the clipped surrogate gives way to -A log pi times the truncated weight of the current policy against the
+      behaviour one (computed in the loss, per micro-batch: actor_loss._bypass_reinforce) -- and rejection sampling
+      runs in the loss on every micro-batch against the current policy (`rejection_mask`).
 
 Metrics are verl's names under `rollout_corr/`: the weights' statistics, the rejected fractions per option and
 overall, and the off-policy diagnostics (kl, k3_kl, perplexities, chi2).

@@ -101,7 +101,14 @@ def check_rollout_correction(cfg: Any) -> None:
             rs_thresholds(rs_options(rc.rollout_rs), rc.rollout_rs_threshold)
         except ValueError as exc:
             raise ConfigError(f"{key}.rollout_rs", str(exc)) from None
-    _choice(f"{key}.loss_type", rc.loss_type, ("ppo_clip",))   # verl's reinforce loss is not implemented
+    _choice(f"{key}.loss_type", rc.loss_type, ("ppo_clip", "reinforce"))
+    if rc.loss_type == "reinforce" and not rc.bypass_mode:
+        logger.warning("%s.loss_type=reinforce has no effect with bypass_mode=false: verl reads it in bypass mode "
+                       "only (the decoupled mode keeps the clipped surrogate)", key)
+    loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    if rc.loss_type == "reinforce" and rc.bypass_mode and loss_mode != "vanilla":
+        raise ConfigError(f"{key}.loss_type", "reinforce replaces the policy loss in bypass mode (as verl's "
+                          "bypass_mode loss): set actor_rollout_ref.actor.policy_loss.loss_mode=vanilla")
     if rc.rollout_is is None and rc.rollout_rs is None:
         return
     if not at.use_rollout_log_probs:

@@ -252,7 +252,7 @@ class RolloutCorrectionConfig:
     rollout_rs: Optional[str] = None      # null | comma list of token_k1..3, seq_{sum,mean}_k1..3, seq_max_k2..3
     rollout_rs_threshold: Optional[Any] = None  # one per option (or one for all); k1: "lower_upper" or upper
     bypass_mode: bool = False             # old policy = behaviour log-probs (no recomputation); RS in the loss
-    loss_type: str = "ppo_clip"           # bypass_mode's loss: ppo_clip (reinforce is refused)
+    loss_type: str = "ppo_clip"           # bypass_mode's loss: ppo_clip | reinforce (-A log pi x the IS weight)
 
 
 PF_PPO_REWEIGHT_METHODS = ("pow", "max_min", "max_random")   # algorithms/pf_ppo.py

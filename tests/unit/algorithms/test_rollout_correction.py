@@ -98,6 +98,27 @@ def test_rollout_is_weights_replace_decoupled_ppos_own_as_verls_compute_prox_log
     assert "actor/behav_imp_weight" in alone.metrics and not torch.allclose(alone.loss, want.loss)
 
 
+@pytest.mark.parametrize("level", [None, "token", "sequence"])
+def test_bypass_reinforce_is_verls_importance_weighted_policy_gradient(level):
+    from fully_async.algorithms.rollout_correction import is_weights
+
+    d, logp = loss_inputs(seed=3)
+    logp = logp.clone().requires_grad_(True)
+    rollout = d["old_logp"]                           # bypass: the behaviour log-probs are the old policy
+    cfg = rc(bypass_mode=True, loss_type="reinforce", rollout_is=level, rollout_is_threshold=1.5)
+    out = actor_loss(logp, None, denom=None, rows_total=3, actor=ACTOR, async_training=AT, rollout_logp=rollout,
+                     rollout_correction=cfg, **d)
+    # verl b178a3cd core_algos.compute_policy_loss_reinforce: -A * log_prob * w, agg_loss; w from
+    # compute_rollout_correction_and_rejection_mask(old=current (detached), rollout) in the loss
+    w = is_weights(logp.detach() - rollout, d["mask"], level, 1.5)[0] if level else torch.ones_like(logp)
+    want = (-d["advantages"] * logp * w * d["mask"]).sum() / d["mask"].sum()      # token-mean
+    torch.testing.assert_close(out.loss, want)
+    kl = ((rollout - logp.detach()) * d["mask"]).sum() / d["mask"].sum()
+    assert out.metric_floats()["actor/ppo_kl"] == pytest.approx(float(kl), rel=1e-5)
+    out.loss.backward()
+    torch.testing.assert_close(logp.grad, -d["advantages"] * w * d["mask"] / d["mask"].sum())   # no clipping
+
+
 def test_bypass_rejection_drops_tokens_against_the_current_policy_in_the_loss():
     d, logp = loss_inputs(seed=1)
     rollout = logp.clone()
