@@ -159,6 +159,7 @@ def _repeat_kv(key: torch.Tensor, value: torch.Tensor, size: int) -> tuple[torch
     return key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
 
 
+@torch.compiler.disable   # compiled decoder layers (actor.use_torch_compile) run the collectives eagerly
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: Optional[torch.Tensor], **kwargs: Any) -> tuple[torch.Tensor, None]:
     """query (1, Hq, T/sp, D), key/value (1, Hkv, T/sp, D) of this rank's tokens -> (1, T/sp, Hq, D): all heads of
