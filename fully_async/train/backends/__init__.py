@@ -77,11 +77,6 @@ class TrainBackend(Protocol):
         """(B, L) values of `batch` under the critic (algorithm.adv_estimator=gae), 0 off the response."""
         ...
 
-    def compute_rm_scores(self, batch: TrainBatch) -> torch.Tensor:
-        """(B,) reward-model scores (reward_model.enable; torch / fsdp2): `batch` holds the reward model's own tokens,
-        one row per response, and a score is its output at the row's last token."""
-        ...
-
     def forward_backward(self, mini: MiniBatch) -> dict[str, float]:
         """Zero the gradients of `mini.model` (the actor or the critic), then forward + backward `mini.loss` over
         this backend's micro-batches of `mini` (gradients accumulate); returns the additive actor/* (critic/*)
@@ -119,7 +114,10 @@ class ShardedTrainBackend(TrainBackend, Protocol):
 
     def compute_values(self, batch: TrainBatch, num_micro: Optional[int] = None) -> torch.Tensor: ...
 
-    def compute_rm_scores(self, batch: TrainBatch, num_micro: Optional[int] = None) -> torch.Tensor: ...
+    def compute_rm_scores(self, batch: TrainBatch, num_micro: Optional[int] = None) -> torch.Tensor:
+        """(B,) reward-model scores (reward_model.enable, torch / fsdp2 only): `batch` holds the reward model's own
+        tokens, one row per response, and a score is its output at the row's last token."""
+        ...
 
     def iter_full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]: ...
 

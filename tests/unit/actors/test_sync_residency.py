@@ -93,6 +93,7 @@ def worker(monkeypatch, request):
     w.num_devices, w.pad_token_id, w.last_checkpoint, w._validations = 1, 0, None, 0
     w.stale = StaleCounter()
     w.filter = None
+    w.rm_inputs = None   # rule rewards (a reward model scores in a trainer phase of its own)
     w._draw_groups = lambda count: [("e0-p0", None, 0, [])]
     w._score_groups = lambda groups_in: rec.events.append(("reward",)) or [SimpleNamespace(samples=[])]
     w._init_driver_facing()
