@@ -99,7 +99,8 @@ def lora_settings(model_cfg: Any) -> Optional[tuple[int, float, Any, Any]]:
     if model_cfg.lora_rank > 0:
         targets = model_cfg.target_modules
         exclude = model_cfg.exclude_modules
-        return (model_cfg.lora_rank, float(model_cfg.lora_alpha), targets if isinstance(targets, str) else list(targets),
+        return (model_cfg.lora_rank, float(model_cfg.lora_alpha),
+                targets if isinstance(targets, str) else list(targets),
                 exclude if exclude is None or isinstance(exclude, str) else list(exclude))
     return None
 
@@ -177,8 +178,9 @@ def load_adapter(model: torch.nn.Module, folder: str) -> None:
             wanted[f"{PEFT_PREFIX}{owner}.{leaf}.weight"] = param
     missing, unused = sorted(set(wanted) - set(state)), sorted(set(state) - set(wanted))
     if missing or unused:
+        more = lambda names: "..." if len(names) > 4 else ""   # noqa: E731
         raise RuntimeError(f"adapter {folder} does not match the model's LoRA layers: missing {missing[:4]}"
-                           f"{'...' if len(missing) > 4 else ''}, unused {unused[:4]}{'...' if len(unused) > 4 else ''}")
+                           f"{more(missing)}, unused {unused[:4]}{more(unused)}")
     with torch.no_grad():
         for key, param in wanted.items():
             value = state[key].to(param.dtype)

@@ -83,8 +83,8 @@ def test_inputs_are_retemplated_with_the_reward_models_chat_template_or_the_poli
 @pytest.mark.parametrize("overrides,key,message", [
     (["reward_model.enable=true"], "reward_model.model.path", "is required"),
     (["reward_model.enable=true", "reward_model.model.path=/rm", "mode=async"], "reward_model.enable", "mode=sync"),
-    (["reward_model.enable=true", "reward_model.model.path=/rm", "mode=sync", "actor_rollout_ref.actor.strategy=megatron",
-      "trainer.device=cuda"], "reward_model.enable", "torch / fsdp2"),
+    (["reward_model.enable=true", "reward_model.model.path=/rm", "mode=sync",
+      "actor_rollout_ref.actor.strategy=megatron", "trainer.device=cuda"], "reward_model.enable", "torch / fsdp2"),
 ])
 def test_a_reward_model_that_cannot_run_is_refused_naming_the_key(overrides, key, message):
     with pytest.raises(ConfigError, match=message) as err:
@@ -123,7 +123,8 @@ def test_a_sync_runs_rewards_and_validation_are_the_reward_models(tmp_path, monk
     next(session)
     try:
         summary = run(load_config(["mode=sync", "reward_model.enable=true", f"reward_model.model.path={path}",
-                                   "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.progress_bar=false",
+                                   "trainer.total_training_steps=2", "trainer.test_freq=2",
+                                   "trainer.progress_bar=false",
                                    f"trainer.default_local_dir={tmp_path}/ck", "trainer.resume_mode=disable"]))
     finally:
         next(session, None)

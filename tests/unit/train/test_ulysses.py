@@ -1,6 +1,7 @@
 """Ulysses sequence parallelism (train/backends/ulysses.py) on gloo ranks: the split attention equals the unsplit one
 (values and gradients, grouped-query heads fewer than the group), and a trainer of 2 ranks at
-ulysses_sequence_parallel_size=2 (and 4 ranks: 2 data-parallel shards) compute the same log-probs, values, updates and weights as one device."""
+ulysses_sequence_parallel_size=2 (and 4 ranks: 2 data-parallel shards) compute the same log-probs, values, updates
+and weights as one device."""
 import os
 
 import pytest
@@ -163,7 +164,8 @@ def test_the_heads_must_split_over_the_group_and_the_kernel_take_boundaries():
 
 def test_verl_scripts_reference_and_critic_sizes_follow_the_actors(caplog):
     cfg = load_config(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-                       "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2", "critic.ulysses_sequence_parallel_size=2"])
+                       "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2",
+                       "critic.ulysses_sequence_parallel_size=2"])
     assert cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 2
     assert "critic.ulysses_sequence_parallel_size" in caplog.text and "run at actor_rollout_ref.actor" in caplog.text
 
@@ -178,7 +180,7 @@ def test_the_memory_model_gives_each_device_of_a_group_its_share_of_the_micro_ba
     shape = Shape.of(json.load(open(asset_path("tiny_arithmetic/model/config.json"))))
     base = ["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
             "actor_rollout_ref.model.use_remove_padding=true"]
-    acts = {sp: trainer_memory(typed_config(load_config(base + [f"actor_rollout_ref.actor.ulysses_sequence_parallel_size"
-                                                                f"={sp}"])), shape, 4).parts["activations"]
+    key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+    acts = {sp: trainer_memory(typed_config(load_config(base + [f"{key}={sp}"])), shape, 4).parts["activations"]
             for sp in (1, 2)}
     assert acts[2] == pytest.approx(acts[1] / 2)

@@ -309,4 +309,5 @@ def test_sglang_and_trtllm_rollouts_run_on_vllm_with_a_warning(name):
     out = translate([f"actor_rollout_ref.rollout.name={name}", "actor_rollout_ref.rollout.temperature=0.7"])
     assert out.overrides == ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.temperature=0.7"]
     assert len(out.warnings) == 1 and f"name={name} runs as actor_rollout_ref.rollout.name=vllm" in out.warnings[0]
-    assert typed_config(load_config([f"actor_rollout_ref.rollout.name={name}"])).actor_rollout_ref.rollout.name == "vllm"
+    cfg = typed_config(load_config([f"actor_rollout_ref.rollout.name={name}"]))
+    assert cfg.actor_rollout_ref.rollout.name == "vllm"
