@@ -345,16 +345,15 @@ class SyncWorker(DriverFacing):
         return groups_in
 
     def _score_groups(self, groups_in: list[tuple]) -> list:
-        groups = []
         with self.timeline.span("reward"):
             pairs = [(rec, [p.to_sample() for p in ps]) for _, rec, _, ps in groups_in]
             if self.rm_inputs is not None:
                 self._model_scores(pairs)
-            for (uid, rec, epoch, _), (_, samples) in zip(groups_in, pairs):
-                if self.rm_inputs is None:
+            else:
+                for rec, samples in pairs:
                     score_samples(self.tokenizer, self.reward, rec, samples)
-                groups.append(make_group(uid, rec, epoch, self.state.version, samples))
-        return groups
+        return [make_group(uid, rec, epoch, self.state.version, samples)
+                for (uid, rec, epoch, _), (_, samples) in zip(groups_in, pairs)]
 
     def _with_step_metrics(self, metrics: dict, step_s: float) -> dict:
         """The step's time, throughput and idle ratios (validation excluded, as in async mode)."""

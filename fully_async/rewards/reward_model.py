@@ -25,10 +25,6 @@ class RewardModelInputs:
 
             self.tokenizer = AutoTokenizer.from_pretrained(rm.model.path, trust_remote_code=rm.model.trust_remote_code)
 
-    @property
-    def retemplates(self) -> bool:
-        return self.tokenizer is not None
-
     def ids(self, record: PromptRecord, sample: Sample) -> list[int]:
         """The reward model's input tokens for `sample`, a response to `record`."""
         if self.tokenizer is None:

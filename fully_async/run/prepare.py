@@ -55,23 +55,26 @@ def eos_ids(tokenizer: Any, model_path: str, vocab_size: Optional[int] = None) -
 
 
 def check_model_folder(cfg: Any) -> Any:
-    """A model path must hold a loadable config and weight files; errors name the key and the path."""
+    """The actor's model path must hold a loadable config and weight files of a causal LM; errors name the key."""
+    model = cfg.actor_rollout_ref.model
+    conf = check_hf_folder(model.path, model.trust_remote_code, "actor_rollout_ref.model.path")
+    check_causal_lm(model.path, conf, model.trust_remote_code)
+    return conf
+
+
+def check_hf_folder(path: str, trust_remote_code: bool, key: str) -> Any:
+    """A Hugging Face model folder: a loadable config (returned) and weight files; errors name `key` and the path."""
     import glob
     import os
 
     from transformers import AutoConfig
 
-    model = cfg.actor_rollout_ref.model
     try:
-        conf = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+        conf = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as exc:  # noqa: BLE001 - any parse/arch error means "not a model"
-        raise ConfigError("actor_rollout_ref.model.path",
-                          f"{model.path}: config.json is not a loadable Hugging Face config ({exc})") from None
-    weights = [f for pat in ("*.safetensors", "*.bin", "*.pt") for f in glob.glob(os.path.join(model.path, pat))]
-    if not weights:
-        raise ConfigError("actor_rollout_ref.model.path",
-                          f"{model.path} has a config.json but no weight files (*.safetensors or *.bin)")
-    check_causal_lm(model.path, conf, model.trust_remote_code)
+        raise ConfigError(key, f"{path}: config.json is not a loadable Hugging Face config ({exc})") from None
+    if not any(glob.glob(os.path.join(path, pat)) for pat in ("*.safetensors", "*.bin", "*.pt")):
+        raise ConfigError(key, f"{path} has a config.json but no weight files (*.safetensors or *.bin)")
     return conf
 
 
@@ -190,19 +193,11 @@ def check_lora_adapter(cfg: Any) -> None:
 def check_reward_model(cfg: Any, records: list[PromptRecord]) -> None:
     """reward_model.enable, before Ray: the reward model's folder holds a config, weights and (re-templating) a
     tokenizer with a chat template, and the prompts are chat messages to re-template."""
-    import glob
-    import os
-
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
     rm = cfg.reward_model
     key = "reward_model.model.path"
-    try:
-        AutoConfig.from_pretrained(rm.model.path, trust_remote_code=rm.model.trust_remote_code)
-    except Exception as exc:  # noqa: BLE001 - any parse/arch error means "not a model"
-        raise ConfigError(key, f"{rm.model.path}: config.json is not a loadable Hugging Face config ({exc})") from None
-    if not any(glob.glob(os.path.join(rm.model.path, pat)) for pat in ("*.safetensors", "*.bin", "*.pt")):
-        raise ConfigError(key, f"{rm.model.path} has a config.json but no weight files (*.safetensors or *.bin)")
+    check_hf_folder(rm.model.path, rm.model.trust_remote_code, key)
     if rm.model.input_tokenizer is None:
         return
     try:

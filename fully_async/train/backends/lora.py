@@ -134,7 +134,7 @@ def merged_parameters(model: torch.nn.Module, named: Iterable[tuple[str, torch.T
 
 def adapter_state(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """peft's adapter keys of the (full) lora_A / lora_B tensors in `named`."""
-    return {f"{PEFT_PREFIX}{name.rsplit('.', 1)[0]}.{name.rsplit('.', 1)[1]}.weight": t.detach().cpu().contiguous()
+    return {f"{PEFT_PREFIX}{name}.weight": t.detach().cpu().contiguous()
             for name, t in named if name.endswith((".lora_A", ".lora_B"))}
 
 
@@ -171,11 +171,8 @@ def load_adapter(model: torch.nn.Module, folder: str) -> None:
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     state = load_file(os.path.join(folder, ADAPTER_WEIGHTS))
-    wanted = {}
-    for name, param in model.named_parameters():
-        if name.endswith((".lora_A", ".lora_B")):
-            owner, leaf = name.rsplit(".", 1)
-            wanted[f"{PEFT_PREFIX}{owner}.{leaf}.weight"] = param
+    wanted = {f"{PEFT_PREFIX}{name}.weight": param for name, param in model.named_parameters()
+              if name.endswith((".lora_A", ".lora_B"))}
     missing, unused = sorted(set(wanted) - set(state)), sorted(set(state) - set(wanted))
     if missing or unused:
         more = lambda names: "..." if len(names) > 4 else ""   # noqa: E731

@@ -37,11 +37,8 @@ class RewardModel:
         from fully_async.train.backends.torch_backend import model_overrides
 
         rm, arr = cfg.reward_model, cfg.actor_rollout_ref
-        overrides = model_overrides(arr.model, device)
-        overrides.update(rm.model.override_config or {})
-        attn = model_overrides(arr.model, device, sp)["attn_implementation"] if sp > 1 else \
-            overrides["attn_implementation"]
-        overrides.pop("attn_implementation")
+        overrides = model_overrides(arr.model, device, sp, rm.model.override_config)
+        attn = overrides.pop("attn_implementation")
         config = AutoConfig.from_pretrained(rm.model.path, trust_remote_code=rm.model.trust_remote_code, **overrides)
         config.num_labels = 1
         config.classifier_dropout = 0.0

@@ -97,12 +97,13 @@ def sequence_split(model: torch.nn.Module, inputs: dict[str, Any], targets: torc
     return ulysses.split_packed(inputs, targets, sp)
 
 
-def model_overrides(model_cfg: Any, device: Device, sp: int = 1) -> dict[str, Any]:
-    """from_pretrained keyword arguments: actor_rollout_ref.model.override_config (HF config fields) and
-    the attention kernel (override_config.attn_implementation, else the device's choice, see device.py).
-    sp > 1 (Ulysses, after every rank called ulysses.setup with that kernel): "ulysses", which runs it per head
-    group."""
+def model_overrides(model_cfg: Any, device: Device, sp: int = 1, own: Optional[dict] = None) -> dict[str, Any]:
+    """from_pretrained keyword arguments: actor_rollout_ref.model.override_config (HF config fields), then `own`
+    (a critic's or reward model's override_config), and the attention kernel (their attn_implementation, else the
+    device's choice, see device.py).  sp > 1 (Ulysses, after every rank called ulysses.setup with the actor's
+    kernel): "ulysses", which runs that kernel per head group, whatever `own` says."""
     overrides = dict(model_cfg.override_config or {})
+    overrides.update(own or {})
     overrides.setdefault("attn_implementation", device.attn_implementation(model_cfg.use_remove_padding))
     if sp > 1:
         overrides["attn_implementation"] = ulysses.NAME

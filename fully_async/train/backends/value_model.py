@@ -48,11 +48,8 @@ class ValueModel:
 
         critic, arr = cfg.critic, cfg.actor_rollout_ref
         self.path = critic.model.path or arr.model.path
-        overrides = model_overrides(arr.model, device, sp)   # sp > 1: the actor's Ulysses groups (ulysses.py)
-        overrides.update(critic.model.override_config or {})
+        overrides = model_overrides(arr.model, device, sp, critic.model.override_config)
         attn = overrides.pop("attn_implementation")
-        if sp > 1:   # the actor's kernel under the Ulysses groups, whatever critic.model.override_config says
-            attn = model_overrides(arr.model, device, sp)["attn_implementation"]
         config = AutoConfig.from_pretrained(self.path, trust_remote_code=critic.model.trust_remote_code, **overrides)
         config.num_labels = 1
         config.classifier_dropout = 0.0   # a deterministic value head, as verl builds it
