@@ -20,6 +20,7 @@ not set rollout.n_gpus_per_node or an nnodes other than 1):
              engine that generates while the trainer waits): DIR/runs/async_elastic;
   colocated  `async_training.placement=colocated rollout.n_gpus_per_node=0 trainer.n_gpus_per_node=N`: every device
              an engine and a trainer rank taking turns, as sync, over-provisioned (DIR/runs/async_colocated).
+`--placement-override P:KEY=VALUE` adds an override to placement P's run only (the key may then differ from sync).
 At --devices 1 only sync and colocated exist.  With one placement the comparison is written into DIR as before;
 with several, each pair into DIR/<placement>/ and a summary of all of them (tokens/s, x sync, per-step generating /
 train / switch seconds) is printed and written to DIR/placements.json.
@@ -264,6 +265,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--from-logs", nargs=2, metavar=("RUN_A", "RUN_B"), help="compare two TensorBoard run dirs")
     ap.add_argument("--allow-diff", action="append", default=[], metavar="KEY",
                     help="a dotted config key allowed to differ (listed in the report); repeatable")
+    ap.add_argument("--placement-override", action="append", default=[], metavar="P:KEY=VALUE",
+                    help="an override of one async placement's run only, allowed to differ from sync and listed in "
+                         "the report (e.g. colocated:actor_rollout_ref.rollout.weight_sync=device_ipc); repeatable")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides passed to both runs")
     args = ap.parse_intermixed_args(argv)
     out_dir = os.path.abspath(args.out)
@@ -283,8 +287,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 def from_logs(args: argparse.Namespace, out_dir: str) -> int:
     """--from-logs: compare two saved runs (with --bench, measured on the async run's config)."""
-    if args.overrides or args.devices is not None or args.split is not None:
-        return refuse("overrides, --devices and --split are only used when this script runs the two modes "
+    if args.overrides or args.devices is not None or args.split is not None or args.placement_override:
+        return refuse("overrides, --devices, --split and --placement-override are only used when this script runs the two modes "
                       "itself; --from-logs takes the devices from the runs")
 
     def measure(cfg: dict) -> dict:
@@ -310,13 +314,30 @@ def saved_bench(path: str) -> dict:
     return bench
 
 
-def plan_runs(devices: int, placements: list[str], rollout: Optional[int], overrides: list[str]) -> list[tuple]:
+def parse_placement_overrides(items: list[str], placements: list[str]) -> dict[str, list[str]]:
+    """--placement-override P:KEY=VALUE (repeatable) -> {placement: [KEY=VALUE, ...]}: overrides of one async
+    placement's run only (e.g. colocated with device-IPC weight sync, which the split run refuses).  Raises
+    ValueError naming the flag."""
+    out: dict[str, list[str]] = {}
+    for item in items:
+        placement, _, override = item.partition(":")
+        if placement not in placements or "=" not in override or not override.split("=", 1)[0]:
+            raise ValueError(f"--placement-override {item!r}: expected P:KEY=VALUE with P one of the runs' placements "
+                             f"({','.join(placements)})")
+        if _key(override) in ("mode", PLACEMENT_KEY, "trainer.n_gpus_per_node", "rollout.n_gpus_per_node"):
+            raise ValueError(f"--placement-override {item!r}: {_key(override)} is set per run by this script")
+        out.setdefault(placement, []).append(override)
+    return out
+
+
+def plan_runs(devices: int, placements: list[str], rollout: Optional[int], overrides: list[str],
+              extra: Optional[dict[str, list[str]]] = None) -> list[tuple]:
     """(name, mode, placement, overrides) of every run: sync, then each async placement (rollout: the split's
-    rollout devices, used by split and elastic)."""
+    rollout devices, used by split and elastic; extra: a placement's own overrides, last so they win)."""
     runs = [("sync", "sync", "split", overrides + mode_overrides("sync", devices, 0, overrides))]
     for p in placements:
         runs.append((run_name("async", p), "async", p,
-                     overrides + mode_overrides("async", devices, rollout or 0, overrides, p)))
+                     overrides + mode_overrides("async", devices, rollout or 0, overrides, p) + (extra or {}).get(p, [])))
     return runs
 
 
@@ -325,6 +346,7 @@ def run_both(args: argparse.Namespace, out_dir: str) -> int:
     try:
         devices, overrides = plan_devices(args.overrides, args.devices)
         placements = parse_placements(args.placements, devices)
+        extra = parse_placement_overrides(args.placement_override, placements)
         needs_split = bool(set(placements) & {"split", "elastic"})
         if needs_split:   # flag check before anything runs (no ceilings yet: a forced split needs none)
             choose_split(devices, None, None, args.dp_efficiency, force=1 if args.split is None else args.split)
@@ -345,7 +367,7 @@ def run_both(args: argparse.Namespace, out_dir: str) -> int:
     repeats = args.repeats or default_repeats(overrides)
     if repeats > 1 and args.sync_log:
         return refuse("--sync-log reuses one sync run, so repeats would not measure its spread: use --repeats 1")
-    runs = plan_runs(devices, placements, split["rollout"] if split else None, overrides)
+    runs = plan_runs(devices, placements, split["rollout"] if split else None, overrides, extra)
     tables: dict[str, list[dict]] = {p: [] for p in placements}
     busy: list[str] = []
     for i in range(repeats):
@@ -359,8 +381,9 @@ def run_both(args: argparse.Namespace, out_dir: str) -> int:
             dirs[name] = run_mode(mode, run_overrides, rep_dir, name)
         for p in placements:
             pair_dir = rep_dir if len(placements) == 1 else os.path.join(rep_dir, p)
+            allowed = tuple(args.allow_diff) + tuple(_key(o) for o in extra.get(p, []))
             rc, table = compare([dirs[run_name("async", p)], dirs["sync"]], pair_dir, args.threshold, bench,
-                                tuple(args.allow_diff), split if p != "colocated" else None, args.dp_efficiency,
+                                allowed, split if p != "colocated" else None, args.dp_efficiency,
                                 args.warmup_steps, args.tail_steps)
             if rc:
                 return rc

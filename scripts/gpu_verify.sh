@@ -11,6 +11,7 @@
 #   bash scripts/gpu_verify.sh colocated                  (colocated async vs sync, seed-003 shape, #27: 1 GPU)
 #   bash scripts/gpu_verify.sh elastic                    (elastic vs split async vs sync, #27: N=2 or 4 GPUs)
 #   bash scripts/gpu_verify.sh seed                       (#28: sync vs split/elastic/colocated, seed-003 shape, N GPUs)
+#   bash scripts/gpu_verify.sh features                   (#24/#26: Ulysses over NCCL, LoRA, reward model, NPU path: 2 GPUs)
 #
 # Expects the offline bundle in .gpubundle/ (../shared/tools/offline_bundle.sh) plus the tiny task
 # as jsonl in .gpubundle/data/.  Model: a Qwen2.5-0.5B-shaped Qwen2 with random weights and the
@@ -125,8 +126,8 @@ seed)
   # staleness 0.2, trigger 4, 256 slots per engine; sync against each async placement in PLACEMENTS (default
   # split,elastic,colocated) at the split SPLIT (default 1 rollout device), one invocation.  A second call on the
   # same warm machine may add placements against the first call's sync run: SYNC_LOG=/tmp/pool/seed$N/runs/sync
-  # (colocated with device-IPC weight sync on every rank: PLACEMENTS=colocated TAG=ipc
-  #  EXTRA=actor_rollout_ref.rollout.weight_sync=device_ipc, inert in the sync run)
+  # POVR: overrides of one placement's run only, P:KEY=VALUE separated by spaces (compare_sync_async.py
+  # --placement-override), e.g. POVR="colocated:actor_rollout_ref.rollout.weight_sync=device_ipc"
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
   N=${DEVICES:-2}
   export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((N - 1)))
@@ -143,11 +144,43 @@ seed)
          trainer.test_freq=-1 trainer.logger=[console,tensorboard] "trainer.default_local_dir=/tmp/ckpt" ${EXTRA:-})
   D=/tmp/pool/seed$N${TAG:+_$TAG}
   timeout ${LIMIT:-570} python3 scripts/compare_sync_async.py --devices "$N" --placements ${PLACEMENTS:-split,elastic,colocated} \
-      $([ "${PLACEMENTS:-split}" = colocated ] || echo --split ${SPLIT:-1}) --threshold 0.0 --warmup-steps ${WARMUP:-1} --out $D ${SYNC_LOG:+--sync-log $SYNC_LOG} \
+      $([ "${PLACEMENTS:-split}" = colocated ] || echo --split ${SPLIT:-1}) \
+      $(for o in ${POVR:-}; do echo --placement-override "$o"; done) --threshold 0.0 --warmup-steps ${WARMUP:-1} --out $D ${SYNC_LOG:+--sync-log $SYNC_LOG} \
       "${SEEDN[@]}" 2>&1 | grep -v "it/s\]" | grep -E -v "^\[(async|sync|bench)[a-z_]*\] " | tail -50
   cp $D/placements.json "$OUT/seed${N}${TAG:+_$TAG}_placements.json" 2>/dev/null
   tar czf "$OUT/seed${N}${TAG:+_$TAG}_runs.tgz" -C $D runs 2>/dev/null
   grep -h -E "Error|Traceback" $D/logs/*.log 2>/dev/null | head -10
+  ;;
+features)
+  # #24 and #26 on GPUs: Ulysses sequence parallelism over NCCL against one GPU (float32 parity, bf16 FlashAttention
+  # varlen) and in a 2-GPU sync run; LoRA (async) and a reward model (sync) runs on the bundled task; the NPU path
+  # (the tests' stand-in over CUDA) against the CUDA path, packed; device-IPC tests on 2 GPUs.  Learning runs print
+  # their first and last validation reward
+  export CUDA_VISIBLE_DEVICES=0,1
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_ulysses_cuda.py tests/gpu/test_device_ipc_cuda.py \
+      2>&1 | tail -15
+  TINY=("${PRESET[@]}" trainer.device=cuda data.train_files=.gpubundle/data/train.jsonl
+        data.val_files=.gpubundle/data/val.jsonl trainer.progress_bar=false trainer.resume_mode=disable
+        trainer.logger=[console,tensorboard] "trainer.default_local_dir=/tmp/ckpt" trainer.total_training_steps=${STEPS:-40})
+  val() { python3 -c "import sys; sys.path.insert(0, 'tests'); from tests_helpers import first_and_last_val as f; \
+print('$1: val reward first/last', f(sys.argv[1]))" "$OUT/runs/$1"; }
+  TENSORBOARD_DIR=$OUT/runs/lora_async timeout 150 python3 -m fully_async.main mode=async "${TINY[@]}" \
+      actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.model.lora_alpha=32 actor_rollout_ref.actor.optim.lr=3e-3 \
+      trainer.save_freq=40 hydra.run.dir=/tmp/h_lora 2>&1 | grep -E "run finished|Error" | tail -4
+  val lora_async; ls /tmp/ckpt/*/actor/lora_adapter 2>&1 | head -3
+  TENSORBOARD_DIR=$OUT/runs/ulysses_sync timeout 200 python3 -m fully_async.main mode=sync "${TINY[@]}" \
+      trainer.n_gpus_per_node=2 actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.model.use_remove_padding=true \
+      actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 actor_rollout_ref.actor.dtype=bfloat16 \
+      hydra.run.dir=/tmp/h_sp 2>&1 | grep -E "run finished|Error" | tail -4
+  val ulysses_sync
+  python3 -c "import sys, pathlib; sys.path[:0] = ['tests', 'tests/unit/train']; from test_reward_model import \
+make_reward_model as m; m(pathlib.Path('/tmp/rm'), kind='token', bias=0.375)"
+  TENSORBOARD_DIR=$OUT/runs/reward_model timeout 150 python3 -m fully_async.main mode=sync "${TINY[@]}" \
+      trainer.total_training_steps=4 reward_model.enable=true reward_model.model.path=/tmp/rm hydra.run.dir=/tmp/h_rm \
+      2>&1 | grep -E "^step|run finished|Error" | tail -6
+  CUDA_VISIBLE_DEVICES=0 timeout 240 python3 scripts/npu_on_cuda_check.py --out "$OUT/npu_vs_cuda.json" --steps 4 \
+      actor_rollout_ref.model.use_remove_padding=true 2>&1 | tail -12
+  tar czf "$OUT/features_runs.tgz" -C "$OUT" runs 2>/dev/null; rm -rf "$OUT/runs"
   ;;
 restructure)
   # after the loops were restructured (#22): every GPU test (engine, megatron parity with the one PPO update, packing,

@@ -318,10 +318,10 @@ def _wall_us(start_perf: float, now_perf: float) -> float:
 
 def _share(named_tensors: Any, remote: bool, inline: bool) -> tuple[Any, Any]:
     """(what remote replicas get, what inline replicas get): one object-store copy for all remotes (a device-IPC
-    handle goes to both as it is: each opens it where its engine runs)."""
-    from fully_async.weight_sync.device_ipc import SharedWeights
+    handle, or the handles of every trainer rank, goes to both as it is: each opens it where its engine runs)."""
+    from fully_async.weight_sync.device_ipc import SharedWeights, SharedWeightsByDevice
 
-    if isinstance(named_tensors, SharedWeights):
+    if isinstance(named_tensors, (SharedWeights, SharedWeightsByDevice)):
         return named_tensors, named_tensors
     try:
         import ray

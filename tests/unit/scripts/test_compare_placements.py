@@ -46,7 +46,19 @@ def test_every_placement_at_four_devices_shares_the_split_and_the_sync_run():
                                        "async_training.placement=colocated", "actor_rollout_ref.actor.strategy=fsdp2"]
 
 
+def test_a_placement_override_goes_to_that_placements_run_only_and_last():
+    extra = cs.parse_placement_overrides(["colocated:actor_rollout_ref.rollout.weight_sync=device_ipc",
+                                          "colocated:actor_rollout_ref.rollout.pause_mode=keep"], ["split", "colocated"])
+    runs = {name: o for name, _, _, o in cs.plan_runs(2, ["split", "colocated"], 1, ["a.b=1"], extra)}
+    assert runs["async_colocated"][-2:] == ["actor_rollout_ref.rollout.weight_sync=device_ipc",
+                                            "actor_rollout_ref.rollout.pause_mode=keep"]
+    assert not any("weight_sync" in o for o in runs["async"] + runs["sync"])
+
+
 @pytest.mark.parametrize("argv,words", [
+    (["--devices", "2", "--placements", "split", "--placement-override", "colocated:a.b=1"], "--placement-override"),
+    (["--devices", "2", "--placement-override", "split:trainer.n_gpus_per_node=1"], "set per run by this script"),
+    (["--devices", "2", "--placement-override", "split:novalue"], "P:KEY=VALUE"),
     (["--devices", "1", "--placements", "split"], "split and elastic need a rollout and a trainer"),
     (["--devices", "2", "--placements", "colocated", "--split", "1"], "only split and elastic"),
     (["--devices", "2", "async_training.placement=elastic"], "pass --placements instead"),

@@ -9,18 +9,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from fully_async.actors.train_worker import TrainWorker
 from fully_async.cluster.network import free_port
-from fully_async.core.batch import build_batch
 from fully_async.device import CPU
 from fully_async.run.hydra_setup import load_config
 from fully_async.train.backends import ulysses, varlen_attention
-from fully_async.train.backends.torch_backend import TorchBackend
-from fully_async.train.group import GroupBackend, connect_trainer_group
-from fully_async.train.ppo_update import critic_update, ppo_update
-from fully_async.train.train_step import prepare_batch
 import tests_helpers
-from tests_helpers import tiny_samples
+from ulysses_parity import check_parity
 
 SP = 2
 
@@ -68,51 +62,9 @@ def ray_cpus():
     yield from tests_helpers.ray_session(num_cpus=4)
 
 
-COMMON = ["actor_rollout_ref.actor.optim.lr=0.01", "actor_rollout_ref.rollout.n=3",
-          "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.use_kl_loss=true",
-          "async_training.use_rollout_log_probs=false", "actor_rollout_ref.model.use_remove_padding=true",
-          "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16",
-          "data.max_prompt_length=4", "data.max_response_length=4", "algorithm.adv_estimator=gae",
-          "critic.optim.lr=0.01", "critic.ppo_micro_batch_size_per_gpu=2", "algorithm.gamma=0.99",
-          "algorithm.lam=0.95"]
-
-
 @pytest.mark.parametrize("world", [2, 4])   # 4: two data-parallel shards of two sequence-parallel ranks each
 def test_ranks_at_sequence_parallel_2_match_one_device(ray_cpus, world):
-    samples = tiny_samples(groups=4, n=3)   # 12 responses, 2 mini-batches of 6
-    single_cfg = load_config(COMMON)
-    single = TorchBackend(single_cfg, CPU, 10)
-    batch = build_batch(samples)
-    prepare_batch(single, single_cfg, batch, {})
-    ref_critic = critic_update(single, single_cfg, batch, num_mini_batches=2)
-    ref_actor = ppo_update(single, single_cfg, batch, num_mini_batches=2)
-
-    cfg = load_config(COMMON + ["actor_rollout_ref.actor.strategy=fsdp2", f"trainer.n_gpus_per_node={world}",
-                                f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={SP}"])
-    group = connect_trainer_group(cfg, CPU, 10, ("127.0.0.1", free_port()), {"num_cpus": 1}, worker=TrainWorker)
-    try:
-        assert isinstance(group, GroupBackend) and group.world == world and group.data_parallel_size == world // SP
-        assert group.local.model.config._attn_implementation == ulysses.NAME
-        batch2 = build_batch(samples)
-        prepare_batch(group, cfg, batch2, {})
-        for name in ("old_log_probs", "ref_log_probs", "values", "advantages"):
-            assert torch.allclose(getattr(batch2, name), getattr(batch, name), atol=1e-5), name
-        got_critic = critic_update(group, cfg, batch2, num_mini_batches=2)
-        for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm"):
-            assert got_critic[key] == pytest.approx(ref_critic[key], rel=1e-4, abs=1e-6), key
-        got = ppo_update(group, cfg, batch2, num_mini_batches=2)
-        for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac"):
-            assert got[key] == pytest.approx(ref_actor[key], rel=1e-4, abs=1e-6), key
-        full = group.named_parameters_for_sync()
-        for name, p in single.model.named_parameters():
-            assert torch.allclose(full[name], p.detach(), atol=1e-4), name
-        assert torch.allclose(group.compute_log_probs(batch2), single.compute_log_probs(batch), atol=1e-5)
-    finally:
-        import ray
-        for w in group.workers:
-            ray.kill(w)
-        ulysses.teardown()
-        dist.destroy_process_group()
+    check_parity(CPU, world, {"num_cpus": 1}, [])
 
 
 @pytest.mark.parametrize("overrides,message", [

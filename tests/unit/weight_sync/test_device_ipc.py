@@ -141,3 +141,16 @@ def test_sync_mode_warns_the_transport_inert(caplog):
     with caplog.at_level("WARNING"):
         validate(load_config(["mode=sync", "trainer.device=cuda", "actor_rollout_ref.rollout.weight_sync=device_ipc"]))
     assert "actor_rollout_ref.rollout.weight_sync=device_ipc has no effect in sync mode" in caplog.text
+
+
+def test_the_engine_pool_hands_device_ipc_handles_to_every_replica_as_they_are():
+    """A handle (or every rank's) is never copied into the object store: each replica opens it on its own device
+    (the first 2-GPU run failed here: the pool iterated the handles of both ranks as if they were tensors)."""
+    from fully_async.rollout.engines.pool import _share
+    from fully_async.weight_sync import device_ipc
+
+    one = device_ipc.SharedWeights({}, [], "GPU-0", owner_pid=0)
+    both = device_ipc.SharedWeightsByDevice([one, device_ipc.SharedWeights({}, [], "GPU-1", owner_pid=0)])
+    for handle in (one, both):
+        for remote, inline in ((True, False), (False, True), (True, True)):
+            assert _share(handle, remote, inline) == (handle, handle)
