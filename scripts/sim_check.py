@@ -82,12 +82,13 @@ def predict(run: Any) -> dict:
                                                           staleness_threshold=shape.staleness_threshold,
                                                           trigger_parameter_sync_step=shape.trigger,
                                                           partial_rollout=shape.partial_rollout), costs, work)
-    elif run.mode == "async":
+    elif run.mode == "async":   # split, or elastic: an engine per trainer device group joins while the trainer waits
+        elastic = d["trainer"] // shape.rollout_tp if placement_of(run.config) == "elastic" else 0
         sim = simulate_async(AsyncSetup(replicas=max(1, d["rollout"] // shape.rollout_tp), trainer_devices=d["trainer"],
                                         max_num_seqs=shape.max_num_seqs, required=shape.async_groups,
                                         staleness_threshold=shape.staleness_threshold,
                                         trigger_parameter_sync_step=shape.trigger,
-                                        partial_rollout=shape.partial_rollout), costs, work)
+                                        partial_rollout=shape.partial_rollout, elastic_replicas=elastic), costs, work)
     else:
         sim = simulate_sync(d["trainer"], shape.sync_groups, shape.max_num_seqs, costs, work)
     measured = tokens_per_s(run)

@@ -202,7 +202,7 @@ class RolloutConfig:
     #                                       KV re-prefilled: exact); keep continues them on the new weights over the
     #                                       KV cache the old ones wrote (no re-prefill; both engines)
     weight_sync: str = "auto"             # auto | object_store | collective (NCCL/HCCL/gloo broadcast) | device_ipc
-    #                                       (CUDA IPC handles: colocated async on one CUDA device, asked for by name)
+    #                                       (CUDA IPC handles: colocated async on one node's CUDA devices)
     update_weights_bucket_megabytes: int = 512  # bucket size of the collective weight broadcast
 
 

@@ -8,20 +8,18 @@ from fully_async.weight_sync.object_store import ObjectStoreWeightSync
 
 
 def build_weight_sync(cfg: Any, backend: Any, rollouter: Any, device: Any) -> Any:
-    """actor_rollout_ref.rollout.weight_sync: auto = device_ipc for colocated async on one CUDA device with the
-    embedded engine (CUDA IPC handles, no copy through the host: 0.02 s to pack and 0.005 s to load an update, 0.5B
-    shape, 1x H100; the object store took ~2 s on the trainer's turn and ~1.5 s to load, 1x H200), else collective on
-    accelerators, object store on CPU and on a shared device pool (multi_job.pool, colocated async on several
-    devices included: the rollouter takes an update while it waits for its lease and loads it at its next turn,
-    which a collective cannot wait for).  device_ipc on several devices of one node (each rank's handle to the
-    engine on its device) is asked for by name: it has not run on a multi-GPU machine yet (2x H100, object store:
-    ~10 s per update at 0.5B, 3.3 s gathering + 3.6 s putting + 3.3 s loading)."""
+    """actor_rollout_ref.rollout.weight_sync: auto = device_ipc for colocated async on the CUDA devices of one node
+    with the embedded engine (CUDA IPC handles, no copy through the host; on several devices every trainer rank packs
+    on its own device and each engine opens the one beside it: 0.02 s to pack and 0.005 s to load an update, 0.5B
+    shape, 1x H100; a 0.034 s switch per step on 2x H200, where the object store took ~10 s per update on 2x H100),
+    else collective on accelerators, object store on CPU and on a shared device pool (multi_job.pool, colocated
+    async on other accelerators included: the rollouter takes an update while it waits for its lease and loads it at
+    its next turn, which a collective cannot wait for)."""
     from fully_async.core.config_checks import device_ipc_applies
 
     rollout = cfg.actor_rollout_ref.rollout
     kind = rollout.weight_sync
-    if (kind == "auto" and device_ipc_applies(cfg) and device.name == "cuda"
-            and cfg.trainer.n_gpus_per_node == 1):   # several devices: asked for by name until measured there
+    if kind == "auto" and device_ipc_applies(cfg) and device.name == "cuda":
         kind = "device_ipc"
     elif kind == "auto":
         kind = "collective" if device.is_accelerator and cfg.multi_job.pool is None else "object_store"

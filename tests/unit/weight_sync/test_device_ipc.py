@@ -23,10 +23,13 @@ def test_device_ipc_by_name_and_by_auto_on_one_cuda_device():
     validate(named)
     assert isinstance(build_weight_sync(named, Backend(), None, cuda), DeviceIpcWeightSync)
     # auto (the launcher puts colocated async on its private pool before the trainer builds its weight sync): device
-    # IPC with the embedded engine on one CUDA device; the object store on several devices and for vLLM engines
-    auto = load_config(COLOCATED + ["multi_job.pool=colocated"])
-    assert isinstance(build_weight_sync(auto, Backend(), None, cuda), DeviceIpcWeightSync)
-    for other in (["trainer.n_gpus_per_node=2"], ["actor_rollout_ref.rollout.name=vllm"]):
+    # IPC with the embedded engine on the CUDA devices of one node; the object store for vLLM engines, megatron
+    # trainers and several nodes
+    for devices in (1, 2):
+        auto = load_config(COLOCATED + ["multi_job.pool=colocated", f"trainer.n_gpus_per_node={devices}"])
+        assert isinstance(build_weight_sync(auto, Backend(), None, cuda), DeviceIpcWeightSync), devices
+    for other in (["actor_rollout_ref.rollout.name=vllm"], ["trainer.nnodes=2", "trainer.n_gpus_per_node=2"],
+                  ["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.strategy=megatron"]):
         cfg = load_config(COLOCATED + ["multi_job.pool=colocated", *other])
         assert isinstance(build_weight_sync(cfg, Backend(), None, cuda), ObjectStoreWeightSync), other
 
