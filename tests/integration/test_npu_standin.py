@@ -91,6 +91,26 @@ def test_sync_run_learns_on_two_npus_over_hccl_with_fused_varlen_attention(npu, 
     assert ("TND", True) in fused, fused     # packed rows: transformers' flash_attention_2 -> npu_fusion_attention
 
 
+def test_a_reward_models_scores_are_the_rewards_on_two_npus(npu, tmp_path):
+    """reward_model.enable on an accelerator (offloaded and onloaded with the trainer, sharded over hccl, packed rows
+    through the fused attention): a token classifier whose every output is 0.375 gives every reward and validation
+    score."""
+    import pathlib
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "unit" / "train"))
+    from test_reward_model import make_reward_model
+
+    env, log_path = npu
+    rm = make_reward_model(tmp_path / "rm", kind="token", bias=0.375)
+    check_ok(run_main(env, *common(tmp_path), "mode=sync", "trainer.n_gpus_per_node=2",
+                      "actor_rollout_ref.model.use_remove_padding=true", "trainer.total_training_steps=3",
+                      "reward_model.enable=true", f"reward_model.model.path={rm}", "trainer.test_freq=3"))
+    scalars = read_scalars(str(tmp_path / "tb"))
+    assert [round(v, 4) for _, v in scalars["critic/score/mean"]] == [0.375] * 3
+    assert [round(v, 4) for _, v in scalars[VAL]] == [0.375, 0.375]
+    check_no_cuda_or_nccl(read_log(log_path))
+
+
 def test_async_run_resumes_from_its_checkpoint_on_npu(npu, tmp_path):
     env, log_path = npu
     base = [*common(tmp_path), "trainer.save_freq=2", "trainer.test_freq=-1", "trainer.val_before_train=false"]
