@@ -28,6 +28,7 @@ VERBATIM = ("verl/trainer/ppo/core_algos.py", "verl/utils/groupwise.py", "verl/u
 TORCH_FUNCTIONAL = ("masked_sum", "masked_mean", "masked_var", "masked_whiten")
 ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
               "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")   # they read old log-probs and sum pi^2
 LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo")
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")  # the pinned agg_loss's -norm is not 0.9's
 ACTOR = dict(clip_ratio=0.2, clip_ratio_low=0.15, clip_ratio_high=0.28, clip_ratio_c=3.0, tau_pos=1.0, tau_neg=1.05,
@@ -119,6 +120,20 @@ def loss_inputs(g: torch.Generator, rows: int = 8, length: int = 10) -> dict:
     return dict(logp=logp, old_logp=old, advantages=adv, mask=mask, behav_logp=behav)
 
 
+def otb_inputs(g: torch.Generator, base: dict, holes: bool) -> dict:
+    """`base` plus the optimal-token-baseline estimators' inputs: old log-probs, sum_pi_squared in [exp(old)^2, 1]
+    (a distribution holding that probability), rollout-correction weights; `holes`: response masks with holes
+    inside (rejected tokens, or a multi-turn response's tool output)."""
+    mask = base["mask"].clone()
+    if holes:
+        mask[::2, 1] = 0.0
+    old = -3 * torch.rand(mask.shape, generator=g)
+    pi = torch.exp(old)
+    spp = pi ** 2 + (1 - pi) ** 2 * torch.rand(mask.shape, generator=g)
+    weights = 0.5 + torch.rand(mask.shape, generator=g)
+    return dict(base, mask=mask, old_log_probs=old, sum_pi_squared=spp, rollout_is_weights=weights)
+
+
 # ----------------------------------------------------------------------------------- verl's outputs
 def verl_advantage(core: object, name: str, inp: dict, norm: bool, gamma: float, kl: bool) -> torch.Tensor:
     from verl.trainer.config import AlgoConfig
@@ -173,8 +188,21 @@ def generate(core: object) -> dict:
                                                  for w in (False, True)):
         losses.append(dict(mode=mode, agg=agg, weighted=weighted, seed=seed,
                            **verl_loss(core, mode, loss_in, agg, weighted, seed)))
+    otb_sets = {"otb": otb_inputs(g, adv_sets["with_singleton"], holes=False),
+                "otb_holes": otb_inputs(g, adv_sets["groups"], holes=True)}
+    otb = []
+    for set_name, inp in otb_sets.items():
+        for name in OTB_ESTIMATORS:
+            for weighted in (False, True):
+                rewards = inp["token_rewards_kl"] * inp["mask"]
+                out = core.get_adv_estimator_fn(name)(
+                    token_level_rewards=rewards.clone(), response_mask=inp["mask"],
+                    index=np.array(inp["group_ids"], dtype=object), old_log_probs=inp["old_log_probs"],
+                    sum_pi_squared=inp["sum_pi_squared"],
+                    rollout_is_weights=inp["rollout_is_weights"] if weighted else None)[0]
+                otb.append(dict(inputs=set_name, estimator=name, weighted=weighted, advantages=out))
     return dict(advantage_inputs=adv_sets, advantages=advantages, loss_inputs=loss_in, losses=losses,
-                actor=ACTOR, behav_cap=BEHAV_CAP)
+                actor=ACTOR, behav_cap=BEHAV_CAP, otb_inputs=otb_sets, otb=otb)
 
 
 def main() -> None:
@@ -192,7 +220,7 @@ def main() -> None:
         data = generate(core_algos)
     data["verl_commit"] = commit
     torch.save(data, args.out)
-    print(f"wrote {len(data['advantages'])} advantage and {len(data['losses'])} loss vectors of verl {commit[:10]} "
+    print(f"wrote {len(data['advantages']) + len(data['otb'])} advantage and {len(data['losses'])} loss vectors of verl {commit[:10]} "
           f"to {args.out}")
 
 

@@ -90,6 +90,10 @@ class TrainWorker(EngineHost):
         return self.backend.compute_values(batch, num_micro=num_micro)
 
     @forwards_to_backend
+    def compute_sum_pi_squared(self, batch: TrainBatch, num_micro: Optional[int] = None) -> torch.Tensor:
+        return self.backend.compute_sum_pi_squared(batch, num_micro=num_micro)
+
+    @forwards_to_backend
     def compute_rm_scores(self, batch: TrainBatch, num_micro: Optional[int] = None) -> torch.Tensor:
         return self.backend.compute_rm_scores(batch, num_micro=num_micro)
 

@@ -22,6 +22,15 @@ response; it returns advantages (B, T), zero off the mask.  `compute_advantages`
                         outside the mask), whitened over the batch's response tokens.
   reinforce_plus_plus_baseline  (score - group mean) on every token, whitened over the batch's response tokens.
 
+  optimal_token_baseline  per-timestep baseline of each group, B_t = sum G_t W_t / (sum W_t + 1e-8) over its
+                        responses, G_t the reward-to-go, W_t the cumulative path variance sum_{j<=t} (1 - 2 pi_j +
+                        sum_v pi_v^2) (pi_j = exp(old log-prob); actor.calculate_sum_pi_squared gives sum pi^2; with
+                        rollout correction's weights w, each term times w^2); A_t = G_t - B_t.  A group of one:
+                        A = G.  Column t is the same response position for every member (they share the prompt).
+  tir_optimal_token_baseline  the same over each response's own tokens (a response mask with holes is compacted,
+                        verl's multi-turn form), and the longest response's tail past the group's second longest
+                        gets no baseline (handle_zero_tail).
+
 remax needs a greedy baseline rollout per prompt, which the rollouters do not generate: it is refused by
 config_checks, as gae (a critic) is.
 """
@@ -29,7 +38,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -62,6 +71,9 @@ class AdvantageInput:
     token_rewards: torch.Tensor    # (B, T) token-level rewards (token_level_rewards)
     mask: torch.Tensor             # (B, T) 1 on response tokens
     group_ids: Sequence[str]       # (B,) the prompt each response answers
+    old_log_probs: Optional[torch.Tensor] = None       # (B, T) the optimal-token-baseline estimators read these
+    sum_pi_squared: Optional[torch.Tensor] = None      # (B, T) sum over the vocabulary of pi^2 per position
+    rollout_is_weights: Optional[torch.Tensor] = None  # (B, T) rollout correction's truncated weights, if any
 
 
 def token_level_rewards(scores: torch.Tensor, mask: torch.Tensor, penalty: Any = None) -> torch.Tensor:
@@ -199,10 +211,81 @@ def _reinforce_plus_plus_baseline(inp: AdvantageInput, alg: Any) -> torch.Tensor
     return masked_whiten(_broadcast(scores - mean, mask), mask) * mask
 
 
+OTB_EPS = 1e-8   # verl's epsilon of the optimal-token-baseline estimators
+
+
+def _otb_terms(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(returns G_t, cumulative path variance W_t, mask) in float32, verl's compute_optimal_token_baseline_advantage
+    steps 1-3."""
+    if inp.old_log_probs is None or inp.sum_pi_squared is None:
+        raise ValueError("the optimal-token-baseline estimators need old log-probs and sum_pi_squared "
+                         "(actor_rollout_ref.actor.calculate_sum_pi_squared=true)")
+    mask = inp.mask.to(torch.float32)
+    returns = (inp.token_rewards.float() * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    w = 1 - 2 * torch.exp(inp.old_log_probs.float()) + inp.sum_pi_squared.float()
+    if inp.rollout_is_weights is not None:
+        w = w * inp.rollout_is_weights.float() ** 2
+    return returns, (w * mask).cumsum(dim=-1), mask
+
+
+def _members(group_ids: Sequence[str], keep: Optional[torch.Tensor] = None) -> list[list[int]]:
+    """Each group's rows in first-seen order (rows with keep[i] false left out)."""
+    members: dict[str, list[int]] = defaultdict(list)
+    for i, gid in enumerate(group_ids):
+        if keep is None or bool(keep[i]):
+            members[gid].append(i)
+    return list(members.values())
+
+
+def _zero_tail(baselines: torch.Tensor, rows: list[int], lengths: torch.Tensor) -> None:
+    """verl's handle_zero_tail: the group's single longest response gets no baseline past the second longest."""
+    ordered = sorted(int(v) for v in lengths)
+    longest = [r for r, n in zip(rows, lengths.tolist()) if n == ordered[-1]]
+    if len(longest) == 1 and ordered[-1] > ordered[-2]:
+        baselines[longest[0], ordered[-2]:] = 0.0
+
+
+def _optimal_token_baseline(inp: AdvantageInput, alg: Any, zero_tail: bool = False) -> torch.Tensor:
+    returns, w_cum, mask = _otb_terms(inp)
+    baselines = torch.zeros_like(returns)
+    for rows in _members(inp.group_ids):
+        if len(rows) == 1:
+            continue
+        idx = torch.tensor(rows, device=returns.device)
+        g, w, m = returns[idx], w_cum[idx], mask[idx]
+        baselines[idx] = ((g * w * m).sum(0) / ((w * m).sum(0) + OTB_EPS)).expand(len(rows), -1)
+        if zero_tail:
+            _zero_tail(baselines, rows, m.sum(-1))
+    return (returns - baselines) * mask
+
+
+def _tir_optimal_token_baseline(inp: AdvantageInput, alg: Any) -> torch.Tensor:
+    """Each response's own tokens, compacted to the left (verl's multi-turn form), baselined as above per
+    position of that compacted layout, the longest response's lone tail unbaselined, then scattered back."""
+    returns, w_cum, mask = _otb_terms(inp)
+    keep = mask.bool()
+    lengths = keep.sum(-1)
+    width = int(lengths.max()) if lengths.numel() else 0
+    cols = torch.arange(width, device=returns.device)[None, :] < lengths[:, None]   # (B, width) compacted slots
+    g_all, w_all = returns.new_zeros(len(returns), width), returns.new_zeros(len(returns), width)
+    g_all[cols], w_all[cols] = returns[keep], w_cum[keep]
+    baselines = torch.zeros_like(g_all)
+    for rows in _members(inp.group_ids, lengths > 0):
+        if len(rows) == 1:
+            continue
+        idx = torch.tensor(rows, device=returns.device)
+        baselines[idx] = (g_all[idx] * w_all[idx]).sum(0) / (w_all[idx].sum(0) + OTB_EPS)
+        _zero_tail(baselines, rows, lengths[idx])
+    out = torch.zeros_like(returns)
+    out[keep] = (g_all - baselines)[cols]
+    return out
+
+
 ESTIMATORS: dict[str, Callable[[AdvantageInput, Any], torch.Tensor]] = {
     "grpo": _grpo, "grpo_vectorized": _grpo_vectorized, "grpo_passk": _grpo_passk, "rloo": _rloo,
     "rloo_vectorized": _rloo_vectorized, "opo": _opo, "gpg": _gpg, "reinforce_plus_plus": _reinforce_plus_plus,
     "reinforce_plus_plus_baseline": _reinforce_plus_plus_baseline,
+    "optimal_token_baseline": _optimal_token_baseline, "tir_optimal_token_baseline": _tir_optimal_token_baseline,
 }
 
 

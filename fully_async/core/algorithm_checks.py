@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fully_async.core.config import (ADV_ESTIMATORS, FILTER_METRICS, GROUP_ADV_ESTIMATORS, KL_TYPES,
+from fully_async.core.config import (ADV_ESTIMATORS, FILTER_METRICS, GROUP_ADV_ESTIMATORS, KL_TYPES, OTB_ESTIMATORS,
                                      PF_PPO_REWEIGHT_METHODS, ROLLOUT_IS_LEVELS, ConfigError, rs_options,
                                      rs_thresholds)
 
@@ -27,11 +27,26 @@ def _at_least(key: str, value: Any, low: float, strict: bool = False) -> None:
 UNSUPPORTED_ESTIMATORS = {
     "remax": "ReMax subtracts the reward of a greedy baseline response per prompt, which the rollouters do not "
              "generate",
-    "optimal_token_baseline": "the optimal-token-baseline estimators need the actor's sum of squared token "
-                              "probabilities, which the trainer does not compute",
-    "tir_optimal_token_baseline": "the optimal-token-baseline estimators need the actor's sum of squared token "
-                                  "probabilities, which the trainer does not compute",
 }
+
+
+def check_sum_pi_squared(cfg: Any) -> None:
+    """The optimal-token-baseline estimators read sum_v pi_v^2 of the actor's old-policy pass: verl asserts
+    actor.calculate_sum_pi_squared=true for them (refused here before anything loads); the torch/fsdp2 trainer
+    computes it (the megatron one does not)."""
+    actor, estimator = cfg.actor_rollout_ref.actor, cfg.algorithm.adv_estimator
+    if estimator in OTB_ESTIMATORS and not actor.calculate_sum_pi_squared:
+        raise ConfigError("actor_rollout_ref.actor.calculate_sum_pi_squared",
+                          f"false, but algorithm.adv_estimator={estimator} needs the actor's sum of squared token "
+                          "probabilities: set it to true (as verl asks)")
+    if actor.calculate_sum_pi_squared and actor.strategy == "megatron":
+        raise ConfigError("actor_rollout_ref.actor.calculate_sum_pi_squared",
+                          "true with strategy=megatron: the megatron trainer does not compute sum_pi_squared "
+                          "(use strategy fsdp/fsdp2/torch)")
+    if actor.calculate_sum_pi_squared and estimator not in OTB_ESTIMATORS:
+        logger.warning("actor_rollout_ref.actor.calculate_sum_pi_squared=true has no effect with "
+                       "algorithm.adv_estimator=%s: only %s read it (verl also logs variance-proxy metrics from it, "
+                       "which are not computed here)", estimator, " and ".join(OTB_ESTIMATORS))
 
 
 def check_pf_ppo(alg: Any) -> None:
@@ -48,6 +63,7 @@ def check_algorithm(cfg: Any) -> None:
         raise ConfigError("algorithm.adv_estimator", f"{estimator!r} is not implemented: "
                           f"{UNSUPPORTED_ESTIMATORS[estimator]}; use one of {list(ADV_ESTIMATORS)}")
     _choice("algorithm.adv_estimator", estimator, ADV_ESTIMATORS)
+    check_sum_pi_squared(cfg)
     check_pf_ppo(cfg.algorithm)
     gamma = cfg.algorithm.gamma
     if not 0.0 <= gamma <= 1.0:

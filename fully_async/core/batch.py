@@ -28,6 +28,7 @@ class TrainBatch:
     rollout_is_weights: Optional[torch.Tensor] = None  # (B, L) algorithm.rollout_correction's truncated weights
     values: Optional[torch.Tensor] = None          # (B, L) the critic's values before its update (gae)
     returns: Optional[torch.Tensor] = None         # (B, L) GAE returns, the critic's targets (gae)
+    sum_pi_squared: Optional[torch.Tensor] = None  # (B, L) sum_v pi_v^2 under the actor (calculate_sum_pi_squared)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -155,6 +155,8 @@ class ActorConfig:
     #                                       kernels) and the chunked log-prob/entropy; no effect on cpu/npu
     fsdp_config: OffloadConfig = field(default_factory=OffloadConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    calculate_sum_pi_squared: bool = False    # the old-policy pass also gives sum_v pi_v^2 per position (at the
+    #                                           rollout temperature), which the optimal-token-baseline estimators read
     ulysses_sequence_parallel_size: int = 1   # fsdp2: groups of this many ranks split each packed micro-batch's
     #                                           tokens (attention heads across the group: train/backends/ulysses.py);
     #                                           the reference model and the critic run at the same size
@@ -492,7 +494,9 @@ PLACEMENTS = ("split", "colocated", "elastic")
 # the advantage estimators: gae needs a critic (critic.*); the critic-free ones (algorithms/advantages.py) all but
 # reinforce_plus_plus compare a response with the other responses to its prompt, so they need rollout.n >= 2
 ADV_ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
-                  "reinforce_plus_plus", "reinforce_plus_plus_baseline", "gae")
+                  "reinforce_plus_plus", "reinforce_plus_plus_baseline", "optimal_token_baseline",
+                  "tir_optimal_token_baseline", "gae")
+OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")   # read the actor's sum_pi_squared
 GROUP_ADV_ESTIMATORS = tuple(e for e in ADV_ESTIMATORS if e not in ("reinforce_plus_plus", "gae"))
 POLICY_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo")
 REWARD_MANAGERS = ("naive", "dapo")

@@ -122,6 +122,14 @@ class GroupBackend:
                                       sub.log_prob_use_dynamic_bsz, sub.log_prob_max_token_len_per_gpu, which)
         return self._gather_rows(batch, rows, parts)
 
+    def compute_sum_pi_squared(self, batch: TrainBatch) -> torch.Tensor:
+        """The actor's sum_v pi_v^2 per position, each data-parallel shard its own rows (the old-policy pass's
+        micro-batches)."""
+        sub = self.cfg.actor_rollout_ref.rollout
+        rows, parts = self._per_shard("compute_sum_pi_squared", batch, sub.log_prob_micro_batch_size_per_gpu,
+                                      sub.log_prob_use_dynamic_bsz, sub.log_prob_max_token_len_per_gpu)
+        return self._gather_rows(batch, rows, parts)
+
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         """The critic's values, each data-parallel shard its own rows."""
         c = self.cfg.critic

@@ -103,6 +103,9 @@ def prepare_batch(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatc
             batch.old_log_probs = backend.compute_log_probs(batch, "actor")
         diff = (batch.old_log_probs - batch.rollout_log_probs).abs() * batch.response_mask
         metrics["training/rollout_probs_diff_mean"] = float(diff.sum() / batch.response_mask.sum().clamp(min=1))
+    if actor.calculate_sum_pi_squared:   # the optimal-token-baseline estimators (config checks: torch / fsdp2)
+        with span("sum_pi_squared"):
+            batch.sum_pi_squared = backend.compute_sum_pi_squared(batch)
     timing["timing_s/old_log_prob"] = time.perf_counter() - t
     metrics.update(apply_rollout_correction(alg.rollout_correction, batch))
     scores, penalty = batch.scores, None
@@ -172,7 +175,9 @@ def fill_advantages(batch: TrainBatch, alg: Any, scores: Any, rewards: Any, crit
         batch.advantages, batch.returns = gae_advantages(rewards, batch.values, batch.response_mask, alg.gamma,
                                                          alg.lam)
         return rewards.sum(-1)
-    batch.advantages = compute_advantages(AdvantageInput(scores, rewards, batch.response_mask, batch.group_ids), alg)
+    batch.advantages = compute_advantages(AdvantageInput(
+        scores, rewards, batch.response_mask, batch.group_ids, old_log_probs=batch.old_log_probs,
+        sum_pi_squared=batch.sum_pi_squared, rollout_is_weights=batch.rollout_is_weights), alg)
     if critic:
         batch.returns = batch.advantages
     return scores

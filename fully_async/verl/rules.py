@@ -245,10 +245,8 @@ RULES: list[Rule] = [
     _map("actor_rollout_ref.actor.use_rollout_log_probs", "async_training.use_rollout_log_probs"),
     _warn("actor_rollout_ref.actor.rollout_n", "derived from actor_rollout_ref.rollout.n"),
     _warn("actor_rollout_ref.actor.calculate_entropy", "the entropy is always computed (actor/entropy)"),
-    _warn("actor_rollout_ref.actor.calculate_sum_pi_squared", "an internal switch of verl's optimal-baseline "
-          "estimators, which are not implemented"),
-    _warn("actor_rollout_ref.actor.sum_pi_squared_checkpointing", "the optimal-baseline estimators are not "
-          "implemented"),
+    _warn("actor_rollout_ref.actor.sum_pi_squared_checkpointing", "sum_pi_squared is computed without gradients, "
+          "chunk by chunk (nothing to checkpoint)"),
     _warn("actor_rollout_ref.actor.checkpoint.*", "a checkpoint always holds the model, the optimizer and the "
           "extra state (scheduler, RNG, data position), written synchronously"),
     _warn("actor_rollout_ref.actor.data_loader_seed", "data.seed seeds the prompt order"),
@@ -539,7 +537,7 @@ DEFAULT_DIFFERENCES: dict[str, str] = {
 # (reason as docs/verl_compat.md lists it, a regex of the key the refusal names).  A refusal naming another key
 # fails that test.
 SCRIPT_REFUSALS: list[tuple[str, str]] = [
-    ("advantage estimators other than grpo and gae; gae (a critic) with strategy=megatron",
+    ("remax (a greedy baseline rollout per prompt); gae (a critic) with strategy=megatron",
      r"algorithm\.adv_estimator|critic\.strategy"),
     ("a reward model with strategy=megatron", r"reward_model\.enable"),
     ("LoRA with strategy=megatron", r"actor_rollout_ref\.model\.lora.*"),

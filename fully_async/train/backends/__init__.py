@@ -119,6 +119,10 @@ class ShardedTrainBackend(TrainBackend, Protocol):
         tokens, one row per response, and a score is its output at the row's last token."""
         ...
 
+    def compute_sum_pi_squared(self, batch: TrainBatch, num_micro: Optional[int] = None) -> torch.Tensor:
+        """(B, L) sum_v pi_v^2 per position under the actor (actor.calculate_sum_pi_squared, torch / fsdp2 only)."""
+        ...
+
     def iter_full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]: ...
 
 

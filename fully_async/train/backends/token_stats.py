@@ -188,6 +188,25 @@ def hidden_stats(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
     return logp, (ent if with_entropy else None)
 
 
+def _spp_chunk(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    y = _shifted(logits, temperature)
+    return torch.exp(torch.logsumexp(2.0 * y, dim=-1) - 2.0 * torch.logsumexp(y, dim=-1))
+
+
+@torch.no_grad()
+def sum_pi_squared(logits: torch.Tensor, temperature: float = 1.0, chunk_elems: Optional[int] = None,
+                   weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """logits (N, V) -> sum_v p_v^2 (N,) at logits / T, chunk by chunk, in float32 (verl's
+    calculate_sum_pi_squared_from_logits: exp(logsumexp(2x) - 2 logsumexp(x))).  With `weight` (the lm_head's, V x
+    H) the first argument is the hidden states (N, H) and each chunk's logits are projected and dropped."""
+    n = logits.shape[0]
+    vocab = weight.shape[0] if weight is not None else logits.shape[-1]
+    step = _step(n, vocab, _chunk_elems(chunk_elems, logits.device.type))
+    parts = [_spp_chunk(logits[s:s + step] @ weight.t() if weight is not None else logits[s:s + step], temperature)
+             for s in range(0, n, step)]
+    return torch.cat(parts) if parts else logits.new_zeros(0, dtype=torch.float32)
+
+
 def fused_head_supported(model: torch.nn.Module) -> bool:
     """True when the model's logits are exactly lm_head(hidden): no bias, no soft-capping or logit scaling."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -198,13 +217,18 @@ def fused_head_supported(model: torch.nn.Module) -> bool:
 
 
 def _fused_forward(self: torch.nn.Module, *args, fa_targets: Optional[torch.Tensor] = None,
-                   fa_temperature: float = 1.0, fa_with_entropy: bool = False, **kwargs):
+                   fa_temperature: float = 1.0, fa_with_entropy: bool = False, fa_sum_pi_squared: bool = False,
+                   **kwargs):
     """The causal LM's forward, or with `fa_targets`: (log p(targets), entropy) from the decoder's hidden states
-    and lm_head's weight, chunk by chunk.  Runs as the model's own forward, so FSDP2's hooks gather the
-    lm_head weight for it (forward and backward) as they do for the plain projection."""
-    if fa_targets is None:
+    and lm_head's weight, chunk by chunk; with `fa_sum_pi_squared`: sum_v p_v^2 per position instead.  Runs as the
+    model's own forward, so FSDP2's hooks gather the lm_head weight for it (forward and backward) as they do for
+    the plain projection."""
+    if fa_targets is None and not fa_sum_pi_squared:
         return type(self).forward(self, *args, **kwargs)
     hidden = self.get_decoder()(*args, **kwargs).last_hidden_state
+    if fa_sum_pi_squared:
+        return sum_pi_squared(hidden.reshape(-1, hidden.shape[-1]), fa_temperature,
+                              weight=self.get_output_embeddings().weight)
     return hidden_stats(hidden.reshape(-1, hidden.shape[-1]), self.get_output_embeddings().weight,
                         fa_targets.reshape(-1), fa_temperature, fa_with_entropy,
                         compiled=getattr(self, "_fa_compiled", None))

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from fully_async.core.config import FullyAsyncConfig, actor_strategy, sequence_parallel_size, uses_critic
 from fully_async.algorithms.lr_schedule import lr_lambda, warmup_steps
 from fully_async.train.backends import MiniBatch, StepResult, fsdp, lora, ulysses, varlen_attention
-from fully_async.train.backends.token_stats import enable_fused_head, token_stats
+from fully_async.train.backends.token_stats import enable_fused_head, sum_pi_squared, token_stats
 from fully_async.core.batch import TrainBatch, micro_batches
 from fully_async.device import Device, parse_dtype
 
@@ -73,10 +73,7 @@ def token_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: floa
     compiled: token_stats' chunk math compiled (the trainer's device decides; None: where the logits are on CUDA).
     Under sequence parallelism (ulysses.setup) this rank computes its slice of the packed row and the values are
     gathered over its group."""
-    inputs, ids, to_rows = model_inputs(batch, packed)
-    # row t of the logits predicts token t + 1; the last row's (wrapped) target is dropped by to_rows
-    targets = torch.roll(ids, -1, dims=1)
-    inputs, targets, gather = sequence_split(model, inputs, targets)
+    inputs, targets, gather, to_rows = _model_pass(model, batch, packed)
     temperature = temperature if temperature > 0 else 1.0
     if fused:
         logp, ent = model(**inputs, fa_targets=targets, fa_temperature=temperature, fa_with_entropy=with_entropy)
@@ -85,6 +82,31 @@ def token_log_probs(model: torch.nn.Module, batch: TrainBatch, temperature: floa
         logp, ent = token_stats(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), temperature, with_entropy,
                                 compiled=compiled)
     return to_rows(gather(logp)), (to_rows(gather(ent)) if with_entropy else None)
+
+
+def _model_pass(model: torch.nn.Module, batch: TrainBatch, packed: bool) -> tuple[dict[str, Any], torch.Tensor,
+                                                                               Callable, Callable]:
+    """(inputs, targets, gather, to_rows) of one forward pass of `model` over `batch` on this rank: row t of the
+    logits predicts token t + 1 (the last row's wrapped target is dropped by to_rows); under sequence parallelism
+    this rank's slice, `gather` joining the group's."""
+    inputs, ids, to_rows = model_inputs(batch, packed)
+    inputs, targets, gather = sequence_split(model, inputs, torch.roll(ids, -1, dims=1))
+    return inputs, targets, gather, to_rows
+
+
+@torch.no_grad()
+def token_sum_pi_squared(model: torch.nn.Module, batch: TrainBatch, temperature: float, packed: bool = False,
+                         fused: bool = False) -> torch.Tensor:
+    """(B, L) sum_v pi_v^2 of the distribution that predicted input_ids[t] (0 at t = 0), at logits / temperature:
+    actor.calculate_sum_pi_squared, for the optimal-token-baseline estimators (token_stats.sum_pi_squared)."""
+    inputs, _, gather, to_rows = _model_pass(model, batch, packed)
+    temperature = temperature if temperature > 0 else 1.0
+    if fused:
+        values = model(**inputs, fa_temperature=temperature, fa_sum_pi_squared=True)
+    else:
+        logits = model(**inputs).logits
+        values = sum_pi_squared(logits.reshape(-1, logits.shape[-1]), temperature)
+    return to_rows(gather(values))
 
 
 def sequence_split(model: torch.nn.Module, inputs: dict[str, Any], targets: torch.Tensor
@@ -239,6 +261,22 @@ class TorchBackend:
         """(B, L) log-probs of `batch` under the actor or the frozen reference, micro-batched.
 
         `num_micro` forces that many forward passes (sharded ranks must run the same number)."""
+        def logp(model: torch.nn.Module, mb: TrainBatch) -> torch.Tensor:
+            return token_log_probs(model, mb, self.temperature, packed=self.packed, fused=self.fused,
+                                   compiled=self.chunk_compiled)[0]
+        return self._token_pass(batch, which, num_micro, logp)
+
+    @torch.no_grad()
+    def compute_sum_pi_squared(self, batch: TrainBatch, num_micro: Optional[int] = None) -> torch.Tensor:
+        """(B, L) sum_v pi_v^2 per position under the actor (actor.calculate_sum_pi_squared), in the old-policy
+        pass's micro-batches."""
+        return self._token_pass(batch, "actor", num_micro, lambda model, mb: token_sum_pi_squared(
+            model, mb, self.temperature, packed=self.packed, fused=self.fused))
+
+    def _token_pass(self, batch: TrainBatch, which: str, num_micro: Optional[int],
+                    fn: Callable[[torch.nn.Module, TrainBatch], torch.Tensor]) -> torch.Tensor:
+        """(B, L) float32 of `fn(model, micro_batch)` over `batch` under the actor or the reference, in the
+        rollout's (or ref's) log-prob micro-batches, the model in eval mode meanwhile."""
         arr = self.cfg.actor_rollout_ref
         sub = arr.rollout if which == "actor" else arr.ref
         model = self.model if which == "actor" else self.ref_model
@@ -250,11 +288,9 @@ class TorchBackend:
         splits = micro_batches(batch, sub.log_prob_micro_batch_size_per_gpu, sub.log_prob_use_dynamic_bsz,
                                sub.log_prob_max_token_len_per_gpu * self.sp, self.packed)
         for idx, dummy in pad_micro_batches(splits, num_micro):
-            mb = batch.select(idx).to(self.torch_device)
-            logp, _ = token_log_probs(model, mb, self.temperature, packed=self.packed, fused=self.fused,
-                                      compiled=self.chunk_compiled)
+            values = fn(model, batch.select(idx).to(self.torch_device))
             if not dummy:
-                out[idx, :logp.shape[1]] = logp.float().cpu()
+                out[idx, :values.shape[1]] = values.float().cpu()
         model.train(was_training)
         return out
 

@@ -36,7 +36,7 @@ def test_each_worker_method_runs_the_backend_method_of_its_name():
     worker = object.__new__(TrainWorker)   # no actor, no device: only the forwarding
     worker.backend = Recorder()
     args = {"compute_log_probs": ("b", "ref", 3), "forward_backward": ("m",), "optimizer_step": (True,),
-            "compute_values": ("b", 3), "compute_rm_scores": ("b", 3),
+            "compute_values": ("b", 3), "compute_rm_scores": ("b", 3), "compute_sum_pi_squared": ("b", 3),
             "named_parameters_for_sync": (), "stream_full_parameters": (None,),
             "save": ("/p",), "load": ("/p",), "offload": (), "onload": ()}
     for name in forwarded_methods(TrainWorker):

@@ -15,7 +15,10 @@ def check(*overrides):
 
 @pytest.mark.parametrize("estimator", ADV_ESTIMATORS)
 def test_every_estimator_validates(estimator):
-    check(f"algorithm.adv_estimator={estimator}")
+    from fully_async.core.config import OTB_ESTIMATORS
+    # the optimal-token-baseline estimators read the actor's sum_pi_squared, asked for as verl asks for it
+    extra = ["actor_rollout_ref.actor.calculate_sum_pi_squared=true"] if estimator in OTB_ESTIMATORS else []
+    check(f"algorithm.adv_estimator={estimator}", *extra)
 
 
 @pytest.mark.parametrize("mode", POLICY_LOSS_MODES)

@@ -20,7 +20,8 @@ METRICS = {"actor/pg_clipfrac": "clipfrac", "actor/pg_clipfrac_lower": "clipfrac
 
 def test_registries_are_the_configs_valid_values_and_all_are_pinned():
     # gae needs the critic's values (algorithms/gae.py, its own parity test: tests/unit/algorithms/test_gae.py)
-    assert set(ESTIMATORS) == set(ADV_ESTIMATORS) - {"gae"} == {c["estimator"] for c in DATA["advantages"]}
+    assert set(ESTIMATORS) == set(ADV_ESTIMATORS) - {"gae"} == ({c["estimator"] for c in DATA["advantages"]}
+                                                                | {c["estimator"] for c in DATA["otb"]})
     assert set(POLICY_LOSSES) == set(POLICY_LOSS_MODES) == {c["mode"] for c in DATA["losses"]}
 
 
@@ -34,6 +35,20 @@ def test_advantages_match_verl(case):
     rewards = inp["token_rewards_kl"] if case["kl"] else inp["token_rewards"]
     alg = SimpleNamespace(adv_estimator=case["estimator"], norm_adv_by_std_in_grpo=case["norm"], gamma=case["gamma"])
     ours = compute_advantages(AdvantageInput(rewards.sum(-1), rewards, inp["mask"], inp["group_ids"]), alg)
+    torch.testing.assert_close(ours, case["advantages"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", DATA["otb"], ids=lambda c: f"{c['estimator']}-{c['inputs']}-w{c['weighted']}")
+def test_optimal_token_baselines_match_verl(case):
+    """Per-timestep baselines from old log-probs and sum pi^2 (with and without rollout-correction weights; masks
+    with holes: the multi-turn variant compacts each response's own tokens)."""
+    inp = DATA["otb_inputs"][case["inputs"]]
+    rewards = inp["token_rewards_kl"] * inp["mask"]
+    alg = SimpleNamespace(adv_estimator=case["estimator"])
+    ours = compute_advantages(AdvantageInput(
+        rewards.sum(-1), rewards, inp["mask"], inp["group_ids"], old_log_probs=inp["old_log_probs"],
+        sum_pi_squared=inp["sum_pi_squared"],
+        rollout_is_weights=inp["rollout_is_weights"] if case["weighted"] else None), alg)
     torch.testing.assert_close(ours, case["advantages"], rtol=1e-5, atol=1e-6)
 
 
@@ -115,7 +130,8 @@ def test_the_fixture_is_what_the_script_writes_from_verl(tmp_path):
                    capture_output=True, timeout=300)
     fresh = torch.load(out, weights_only=True)
     assert [c["estimator"] for c in fresh["advantages"]] == [c["estimator"] for c in DATA["advantages"]]
-    for new, old in zip(fresh["advantages"] + fresh["losses"], DATA["advantages"] + DATA["losses"]):
+    for new, old in zip(fresh["advantages"] + fresh["losses"] + fresh["otb"],
+                        DATA["advantages"] + DATA["losses"] + DATA["otb"]):
         for key in ("advantages", "loss", "grad"):
             if key in old:
                 assert torch.equal(new[key], old[key]), key
