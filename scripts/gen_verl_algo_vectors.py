@@ -27,7 +27,7 @@ VERBATIM = ("verl/trainer/ppo/core_algos.py", "verl/utils/groupwise.py", "verl/u
             "verl/utils/import_utils.py")
 TORCH_FUNCTIONAL = ("masked_sum", "masked_mean", "masked_var", "masked_whiten")
 ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
-              "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+              "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax")
 OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")   # they read old log-probs and sum pi^2
 LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo")
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")  # the pinned agg_loss's -norm is not 0.9's
@@ -101,8 +101,10 @@ def advantage_inputs(g: torch.Generator, sizes: list[int], length: int = 9) -> d
     rewards = torch.zeros(bsz, length)
     rewards[torch.arange(bsz), lengths - 1] = scores
     penalty = 0.01 * torch.rand(bsz, length, generator=g) * mask
+    # remax: the reward of each prompt's greedy response, one value per group (no draw: the other vectors stay)
+    baselines = torch.tensor([(int(gid[1:]) % 3) * 0.5 - 0.25 for gid in group_ids])
     return dict(group_ids=group_ids, mask=mask, scores=scores, token_rewards=rewards,
-                token_rewards_kl=rewards - penalty)
+                token_rewards_kl=rewards - penalty, reward_baselines=baselines)
 
 
 def loss_inputs(g: torch.Generator, rows: int = 8, length: int = 10) -> dict:
@@ -143,6 +145,8 @@ def verl_advantage(core: object, name: str, inp: dict, norm: bool, gamma: float,
                   index=np.array(inp["group_ids"], dtype=object))
     if name in ("grpo", "grpo_vectorized"):
         kwargs["norm_adv_by_std_in_grpo"] = norm
+    if name == "remax":
+        kwargs["reward_baselines"] = inp["reward_baselines"]
     return core.get_adv_estimator_fn(name)(**kwargs)[0]
 
 

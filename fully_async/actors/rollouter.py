@@ -86,7 +86,7 @@ class Rollouter(MetricsOutbox):
             self.pool, stream, StalenessManager.from_config(cfg), r.n,
             SamplingParams(r.temperature, r.top_p, r.top_k, cfg.data.max_response_length),
             max_in_flight=self.pool.capacity, partial_rollout=cfg.async_training.partial_rollout,
-            on_complete=self._push, lengths=self.lengths)
+            on_complete=self._push, lengths=self.lengths, baseline=cfg.algorithm.adv_estimator == "remax")
         # DAPO's dynamic sampling: groups whose responses all agree never reach the queue
         self.filter = GroupFilter.from_config(cfg, self.scheduler.staleness.required)
         if self.filter is not None:

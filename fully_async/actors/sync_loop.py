@@ -341,7 +341,8 @@ class SyncWorker(DriverFacing):
             epoch, rec = item
             uid = f"e{epoch}-p{rec.index}"
             groups_in.append((uid, rec, epoch, group_pendings(uid, rec, self.cfg.actor_rollout_ref.rollout.n,
-                                                              self.params, self.lengths)))
+                                                              self.params, self.lengths,
+                                                              self.cfg.algorithm.adv_estimator == "remax")))
         return groups_in
 
     def _score_groups(self, groups_in: list[tuple]) -> list:

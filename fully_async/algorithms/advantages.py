@@ -31,8 +31,9 @@ response; it returns advantages (B, T), zero off the mask.  `compute_advantages`
                         verl's multi-turn form), and the longest response's tail past the group's second longest
                         gets no baseline (handle_zero_tail).
 
-remax needs a greedy baseline rollout per prompt, which the rollouters do not generate: it is refused by
-config_checks, as gae (a critic) is.
+  remax                 the token returns (reward-to-go of the token-level rewards) minus the reward of the
+                        prompt's greedy response (generated beside the n sampled ones, rollout/generation.py
+                        group_pendings; not trained), on every response token.
 """
 from __future__ import annotations
 
@@ -74,6 +75,7 @@ class AdvantageInput:
     old_log_probs: Optional[torch.Tensor] = None       # (B, T) the optimal-token-baseline estimators read these
     sum_pi_squared: Optional[torch.Tensor] = None      # (B, T) sum over the vocabulary of pi^2 per position
     rollout_is_weights: Optional[torch.Tensor] = None  # (B, T) rollout correction's truncated weights, if any
+    reward_baselines: Optional[torch.Tensor] = None    # (B,) remax: the reward of each prompt's greedy response
 
 
 def token_level_rewards(scores: torch.Tensor, mask: torch.Tensor, penalty: Any = None) -> torch.Tensor:
@@ -211,6 +213,14 @@ def _reinforce_plus_plus_baseline(inp: AdvantageInput, alg: Any) -> torch.Tensor
     return masked_whiten(_broadcast(scores - mean, mask), mask) * mask
 
 
+def _remax(inp: AdvantageInput, alg: Any) -> torch.Tensor:
+    if inp.reward_baselines is None:
+        raise ValueError("remax needs each prompt's greedy baseline reward (reward_baselines)")
+    mask = inp.mask.to(torch.float32)
+    returns = (inp.token_rewards.float() * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    return returns - inp.reward_baselines.float().unsqueeze(-1) * mask
+
+
 OTB_EPS = 1e-8   # verl's epsilon of the optimal-token-baseline estimators
 
 
@@ -285,7 +295,7 @@ ESTIMATORS: dict[str, Callable[[AdvantageInput, Any], torch.Tensor]] = {
     "grpo": _grpo, "grpo_vectorized": _grpo_vectorized, "grpo_passk": _grpo_passk, "rloo": _rloo,
     "rloo_vectorized": _rloo_vectorized, "opo": _opo, "gpg": _gpg, "reinforce_plus_plus": _reinforce_plus_plus,
     "reinforce_plus_plus_baseline": _reinforce_plus_plus_baseline,
-    "optimal_token_baseline": _optimal_token_baseline, "tir_optimal_token_baseline": _tir_optimal_token_baseline,
+    "remax": _remax, "optimal_token_baseline": _optimal_token_baseline, "tir_optimal_token_baseline": _tir_optimal_token_baseline,
 }
 
 

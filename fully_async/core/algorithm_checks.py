@@ -23,13 +23,6 @@ def _at_least(key: str, value: Any, low: float, strict: bool = False) -> None:
         raise ConfigError(key, f"{value!r} must be {'>' if strict else '>='} {low}")
 
 
-# verl estimators that are not implemented, and why (the others: core/config.py ADV_ESTIMATORS)
-UNSUPPORTED_ESTIMATORS = {
-    "remax": "ReMax subtracts the reward of a greedy baseline response per prompt, which the rollouters do not "
-             "generate",
-}
-
-
 def check_sum_pi_squared(cfg: Any) -> None:
     """The optimal-token-baseline estimators read sum_v pi_v^2 of the actor's old-policy pass: verl asserts
     actor.calculate_sum_pi_squared=true for them (refused here before anything loads); the torch/fsdp2 trainer
@@ -59,9 +52,6 @@ def check_pf_ppo(alg: Any) -> None:
 
 def check_algorithm(cfg: Any) -> None:
     estimator = cfg.algorithm.adv_estimator
-    if estimator in UNSUPPORTED_ESTIMATORS:
-        raise ConfigError("algorithm.adv_estimator", f"{estimator!r} is not implemented: "
-                          f"{UNSUPPORTED_ESTIMATORS[estimator]}; use one of {list(ADV_ESTIMATORS)}")
     _choice("algorithm.adv_estimator", estimator, ADV_ESTIMATORS)
     check_sum_pi_squared(cfg)
     check_pf_ppo(cfg.algorithm)

@@ -29,6 +29,7 @@ class TrainBatch:
     values: Optional[torch.Tensor] = None          # (B, L) the critic's values before its update (gae)
     returns: Optional[torch.Tensor] = None         # (B, L) GAE returns, the critic's targets (gae)
     sum_pi_squared: Optional[torch.Tensor] = None  # (B, L) sum_v pi_v^2 under the actor (calculate_sum_pi_squared)
+    reward_baselines: Optional[torch.Tensor] = None  # (B,) remax: the reward of each prompt's greedy response
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -72,7 +73,10 @@ def build_batch(samples: Sequence[Sample], pad_token_id: int = 0) -> TrainBatch:
         resp[i, p:p + r] = 1.0
         logp[i, p:p + r] = torch.tensor(s.rollout_log_probs, dtype=torch.float32)
     scores = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-    return TrainBatch(ids, attn, resp, logp, scores, [s.uid for s in samples])
+    baselines = None
+    if any(s.reward_baseline is not None for s in samples):
+        baselines = torch.tensor([s.reward_baseline or 0.0 for s in samples], dtype=torch.float32)
+    return TrainBatch(ids, attn, resp, logp, scores, [s.uid for s in samples], reward_baselines=baselines)
 
 
 def token_rows(rows: Sequence[Sequence[int]], pad_token_id: int = 0) -> TrainBatch:

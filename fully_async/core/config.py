@@ -492,12 +492,13 @@ ROLLOUT_NAMES = ("hf", "vllm")
 STRATEGIES = ("fsdp", "torch", "fsdp2", "megatron")
 PLACEMENTS = ("split", "colocated", "elastic")
 # the advantage estimators: gae needs a critic (critic.*); the critic-free ones (algorithms/advantages.py) all but
-# reinforce_plus_plus compare a response with the other responses to its prompt, so they need rollout.n >= 2
+# reinforce_plus_plus and remax (a greedy baseline response) compare a response with the other responses to its
+# prompt, so they need rollout.n >= 2
 ADV_ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
-                  "reinforce_plus_plus", "reinforce_plus_plus_baseline", "optimal_token_baseline",
+                  "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "optimal_token_baseline",
                   "tir_optimal_token_baseline", "gae")
 OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")   # read the actor's sum_pi_squared
-GROUP_ADV_ESTIMATORS = tuple(e for e in ADV_ESTIMATORS if e not in ("reinforce_plus_plus", "gae"))
+GROUP_ADV_ESTIMATORS = tuple(e for e in ADV_ESTIMATORS if e not in ("reinforce_plus_plus", "remax", "gae"))
 POLICY_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo")
 REWARD_MANAGERS = ("naive", "dapo")
 LOGGERS = ("console", "tensorboard", "wandb", "swanlab", "mlflow")

@@ -68,6 +68,7 @@ class Sample:
     reward_extra: dict = field(default_factory=dict)
     data_source: str = ""
     num_interruptions: int = 0      # how often this response was cut by a weight update
+    reward_baseline: Optional[float] = None  # remax: the reward of its prompt's greedy response
 
     @property
     def param_version_start(self) -> int:

@@ -7,6 +7,7 @@ so its numbers are comparable across modes.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
 from fully_async.rollout.engines.base import run_requests
@@ -45,17 +46,32 @@ def score_with_reward_model(inputs: Any, pairs: Sequence[tuple[PromptRecord, Seq
         s.reward, s.reward_extra, s.data_source = float(score), {}, rec.data_source
 
 
+BASELINE = "-b"   # the sample id suffix of a group's greedy baseline response (remax)
+
+
 def make_group(uid: str, record: PromptRecord, epoch: int, version: int, samples: list[Sample]) -> SampleGroup:
+    """The scored responses of one prompt as a group; a greedy baseline response (remax) leaves the group and its
+    reward becomes every response's `reward_baseline` (verl's reward_baselines)."""
+    baseline = [s for s in samples if s.sample_id.endswith(BASELINE)]
+    samples = [s for s in samples if not s.sample_id.endswith(BASELINE)]
+    for s in samples:
+        s.reward_baseline = baseline[0].reward if baseline else None
     return SampleGroup(uid, record.index, epoch, sorted(samples, key=lambda s: s.sample_id), version)
 
 
 def group_pendings(uid: str, record: PromptRecord, n: int, params: SamplingParams,
-                   lengths: Optional[Any] = None) -> list[PendingResponse]:
-    """The n responses of one prompt; `lengths` (fully_async.core.workload.LengthProfile, benchmarks only)
-    gives each response a synthetic target length."""
+                   lengths: Optional[Any] = None, baseline: bool = False) -> list[PendingResponse]:
+    """The n responses of one prompt, and with `baseline` (remax) one greedy response more, whose reward is the
+    prompt's baseline (verl generates it with do_sample=False beside the n sampled ones); `lengths`
+    (fully_async.core.workload.LengthProfile, benchmarks only) gives each response a synthetic target length."""
     ids = [f"{uid}-s{j}" for j in range(n)]
-    return [PendingResponse(uid, sid, record.prompt_ids, params,
-                            target_len=lengths.target(sid) if lengths is not None else None) for sid in ids]
+    out = [PendingResponse(uid, sid, record.prompt_ids, params,
+                           target_len=lengths.target(sid) if lengths is not None else None) for sid in ids]
+    if baseline:
+        sid = uid + BASELINE
+        out.append(PendingResponse(uid, sid, record.prompt_ids, replace(params, temperature=0.0),
+                                   target_len=lengths.target(sid) if lengths is not None else None))
+    return out
 
 
 def validate(engine: Any, tokenizer: Any, reward: Any, records: Sequence[PromptRecord], cfg: Any,

@@ -68,11 +68,14 @@ class CompletedGroup:
 class RolloutScheduler:
     def __init__(self, engine: VersionedEngine, stream: PromptStream, staleness: StalenessManager, n: int,
                  params: SamplingParams, max_in_flight: int, partial_rollout: bool,
-                 on_complete: Callable[[list[CompletedGroup]], None], lengths: Optional[LengthProfile] = None):
+                 on_complete: Callable[[list[CompletedGroup]], None], lengths: Optional[LengthProfile] = None,
+                 baseline: bool = False):
         self.engine = engine
         self.stream = stream              # data.PromptStream: next() -> (epoch, record), exhausted
         self.staleness = staleness        # staleness.StalenessManager
         self.n = n
+        self.baseline = baseline          # remax: each group also generates one greedy baseline response
+        self.size = n + (1 if baseline else 0)   # responses generated per group
         self.params = params
         self.max_in_flight = max_in_flight
         self.partial_rollout = partial_rollout
@@ -107,7 +110,7 @@ class RolloutScheduler:
     def admit(self) -> int:
         """Admit prompt groups while the engine has room and the staleness bound allows; returns how many."""
         admitted = 0
-        while self.engine.num_in_flight() + self.n <= max(self.max_in_flight, self.n) and not self.stream.exhausted:
+        while self.engine.num_in_flight() + self.size <= max(self.max_in_flight, self.size) and not self.stream.exhausted:
             if not self.staleness.can_admit():
                 if self.staleness.note_stop():
                     self.stats["bound_pauses"] = self.staleness.state.pauses
@@ -122,7 +125,7 @@ class RolloutScheduler:
             epoch, record = item
             uid = f"e{epoch}-p{record.index}"
             self.groups[uid] = GroupState(record, epoch, self.engine.version)
-            pends = group_pendings(uid, record, self.n, self.params, self.lengths)
+            pends = group_pendings(uid, record, self.n, self.params, self.lengths, self.baseline)
             self.pending.update((p.sample_id, p) for p in pends)
             self.engine.submit([p.request() for p in pends])
             self.staleness.on_admit()
@@ -166,12 +169,12 @@ class RolloutScheduler:
             del self.pending[out.request_id]
             group = self.groups[pend.uid]
             group.done.append(pend.to_sample())
-            if len(group.done) == self.n:
+            if len(group.done) == self.size:
                 del self.groups[pend.uid]
                 complete.append(CompletedGroup(pend.uid, group.record, group.epoch, group.admitted_version,
                                                group.done))
         if complete:
-            self.stats["generated_samples"] += self.n * len(complete)
+            self.stats["generated_samples"] += self.size * len(complete)
             self.on_complete(complete)
 
     # ------------------------------------------------------------------ interrupt / resume

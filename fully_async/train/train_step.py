@@ -177,7 +177,8 @@ def fill_advantages(batch: TrainBatch, alg: Any, scores: Any, rewards: Any, crit
         return rewards.sum(-1)
     batch.advantages = compute_advantages(AdvantageInput(
         scores, rewards, batch.response_mask, batch.group_ids, old_log_probs=batch.old_log_probs,
-        sum_pi_squared=batch.sum_pi_squared, rollout_is_weights=batch.rollout_is_weights), alg)
+        sum_pi_squared=batch.sum_pi_squared, rollout_is_weights=batch.rollout_is_weights,
+        reward_baselines=batch.reward_baselines), alg)
     if critic:
         batch.returns = batch.advantages
     return scores

@@ -537,7 +537,7 @@ DEFAULT_DIFFERENCES: dict[str, str] = {
 # (reason as docs/verl_compat.md lists it, a regex of the key the refusal names).  A refusal naming another key
 # fails that test.
 SCRIPT_REFUSALS: list[tuple[str, str]] = [
-    ("remax (a greedy baseline rollout per prompt); gae (a critic) with strategy=megatron",
+    ("gae (a critic) with strategy=megatron",
      r"algorithm\.adv_estimator|critic\.strategy"),
     ("a reward model with strategy=megatron", r"reward_model\.enable"),
     ("LoRA with strategy=megatron", r"actor_rollout_ref\.model\.lora.*"),

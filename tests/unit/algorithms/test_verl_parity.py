@@ -34,7 +34,8 @@ def test_advantages_match_verl(case):
     inp = DATA["advantage_inputs"][case["inputs"]]
     rewards = inp["token_rewards_kl"] if case["kl"] else inp["token_rewards"]
     alg = SimpleNamespace(adv_estimator=case["estimator"], norm_adv_by_std_in_grpo=case["norm"], gamma=case["gamma"])
-    ours = compute_advantages(AdvantageInput(rewards.sum(-1), rewards, inp["mask"], inp["group_ids"]), alg)
+    ours = compute_advantages(AdvantageInput(rewards.sum(-1), rewards, inp["mask"], inp["group_ids"],
+                                             reward_baselines=inp["reward_baselines"]), alg)
     torch.testing.assert_close(ours, case["advantages"], rtol=1e-5, atol=1e-6)
 
 
@@ -110,7 +111,10 @@ def test_grpo_passk_refuses_a_group_of_one():
     alg = SimpleNamespace(adv_estimator="grpo_passk", norm_adv_by_std_in_grpo=True, gamma=1.0)
     with pytest.raises(ValueError, match="at least 2 responses"):
         compute_advantages(AdvantageInput(inp["scores"], inp["token_rewards"], inp["mask"], inp["group_ids"]), alg)
-    with pytest.raises(ValueError, match="adv_estimator 'remax'"):
+    with pytest.raises(ValueError, match="adv_estimator 'bogus'"):
+        compute_advantages(AdvantageInput(inp["scores"], inp["token_rewards"], inp["mask"], inp["group_ids"]),
+                           SimpleNamespace(adv_estimator="bogus"))
+    with pytest.raises(ValueError, match="greedy baseline reward"):   # remax without its baselines
         compute_advantages(AdvantageInput(inp["scores"], inp["token_rewards"], inp["mask"], inp["group_ids"]),
                            SimpleNamespace(adv_estimator="remax"))
 

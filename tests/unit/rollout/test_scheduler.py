@@ -211,3 +211,28 @@ def test_before_resume_runs_on_new_weights_with_partials_still_parked():
     sched.apply_weights(lambda: engine.update_weights({}, 1), 1, queued=lambda: 0, before_resume=hook)
     assert seen["version"] == 1 and seen["in_flight"] == 0 and seen["parked"] == seen["unfinished"] > 0
     assert not sched.parked and engine.num_in_flight() == seen["parked"]   # resumed after the hook
+
+
+def test_remax_generates_one_greedy_baseline_per_group_that_leaves_the_group_with_its_reward():
+    """algorithm.adv_estimator=remax: every group also generates `<uid>-b` greedily (temperature 0) beside its n
+    sampled responses, and completes with all n + 1; make_group takes the baseline out and hands its reward to
+    every response as reward_baseline (verl's reward_baselines); it is never a training sample."""
+    from fully_async.core.types import PromptRecord
+    from fully_async.rollout.generation import make_group
+
+    engine = ScriptedEngine(max_num_seqs=3)
+    done = []
+    stream = PromptStream(records(4), shuffle=False, seed=0, total_epochs=1)
+    sched = RolloutScheduler(engine, stream, StalenessManager(2, 1, 1.0, 1), 2, SamplingParams(1.0, 1.0, -1, MAX_TOKENS),
+                             max_in_flight=6, partial_rollout=True, on_complete=done.extend, baseline=True)
+    assert sched.admit() == 2 and engine.num_in_flight() == 6    # 2 groups of 2 sampled + 1 greedy
+    greedy = {p.sample_id: p.params.temperature for p in sched.pending.values()}
+    assert {sid for sid, t in greedy.items() if t == 0.0} == {"e0-p0-b", "e0-p1-b"}
+    sched.drain()
+    assert [len(g.samples) for g in done] == [3, 3] and sched.stats["generated_samples"] == 6
+    g = done[0]
+    for s in g.samples:
+        s.reward = 5.0 if s.sample_id.endswith("-b") else 1.0
+    group = make_group(g.uid, PromptRecord(0, [1], "x", "1"), g.epoch, 0, g.samples)
+    assert [s.sample_id for s in group.samples] == ["e0-p0-s0", "e0-p0-s1"]
+    assert [s.reward_baseline for s in group.samples] == [5.0, 5.0]
