@@ -618,11 +618,23 @@ def format_repeats(summary: dict) -> str:
 
 
 # ----------------------------------------------------------------------------------- several placements
-def placements_summary(tables: dict[str, dict]) -> dict:
+def simulated(log_dir: str) -> Optional[dict]:
+    """The planner's simulation of a run from its own logs (scripts/sim_check.py predict: its stage costs, config
+    and synthetic lengths), every step as measured; None where it cannot (lengths not logged, no engine timings)."""
+    from sim_check import predict
+
+    try:
+        return predict(read_run(log_dir))
+    except (ValueError, CompareError, KeyError):
+        return None
+
+
+def placements_summary(tables: dict[str, dict], simulate: bool = True) -> dict:
     """One row per run of a several-placements comparison (placement -> its table with the shared sync run):
-    devices, tokens/s, x sync, time/step and its generating / train / switch seconds."""
-    keys = ("tokens_per_s", "time_per_step_s", "generate_s_per_step", "train_s_per_step", "switch_s_per_step",
-            "trainer_idle_ratio", "rollouter_idle_ratio")
+    devices, tokens/s, x sync, time/step and its generating / train / switch seconds; with `simulate`, the
+    planner's simulated tokens/s of every step next to the measured one (`simulated`)."""
+    keys = ("tokens_per_s", "tokens_per_s_all_steps", "time_per_step_s", "generate_s_per_step", "train_s_per_step",
+            "switch_s_per_step", "trainer_idle_ratio", "rollouter_idle_ratio", "log_dir")
     first = next(iter(tables.values()))
     rows = [dict({k: first["modes"]["sync"].get(k) for k in keys}, placement="sync",
                  devices=first["modes"]["sync"]["devices"], x_sync=1.0)]
@@ -630,18 +642,28 @@ def placements_summary(tables: dict[str, dict]) -> dict:
         a = table["modes"]["async"]
         rows.append(dict({k: a.get(k) for k in keys}, placement=placement, devices=a["devices"],
                          x_sync=table["speedup"]["tokens_per_s"]))
+    for row in rows:
+        sim = simulated(row["log_dir"]) if simulate and row.get("log_dir") else None
+        row["simulated_tokens_per_s"] = sim["predicted"]["tokens_per_s"] if sim else None
+        row["simulation_error"] = sim["error"] if sim else None
     best = max(rows, key=lambda r: r["tokens_per_s"] or 0.0)
     return {"rows": rows, "best": best["placement"], "best_over_sync": best["x_sync"]}
 
 
 def format_placements(summary: dict) -> str:
-    head = ("run", "devices (t+r)", "tokens/s", "x sync", "time/step s", "generating s", "train s", "switch s")
+    head = ("run", "devices (t+r)", "tokens/s", "x sync", "time/step s", "generating s", "train s", "switch s",
+            "every step", "simulated", "error")
     rows = [head] + [(r["placement"], _fmt(r["devices"], None), _fmt(r["tokens_per_s"], "{:.1f}"),
                       _fmt(r["x_sync"], "{:.2f}"), _fmt(r["time_per_step_s"], "{:.3f}"),
                       _fmt(r["generate_s_per_step"], "{:.3f}"), _fmt(r["train_s_per_step"], "{:.3f}"),
-                      _fmt(r["switch_s_per_step"], "{:.3f}")) for r in summary["rows"]]
+                      _fmt(r["switch_s_per_step"], "{:.3f}"), _fmt(r.get("tokens_per_s_all_steps"), "{:.1f}"),
+                      _fmt(r.get("simulated_tokens_per_s"), "{:.1f}"),
+                      _fmt(100 * r["simulation_error"] if r.get("simulation_error") is not None else None,
+                           "{:+.1f}%")) for r in summary["rows"]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["=== every placement against the same sync run"]
     lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
-    lines.append(f"fastest: {summary['best']} ({summary['best_over_sync']:.2f}x sync's tokens/s)")
+    lines.append(f"fastest: {summary['best']} ({summary['best_over_sync']:.2f}x sync's tokens/s); simulated: the "
+                 "planner's pipeline simulation of each run from its own logs (scripts/sim_check.py), against its "
+                 "every-step tokens/s")
     return "\n".join(lines)

@@ -105,3 +105,25 @@ def test_placements_summary_ranks_every_run_against_the_shared_sync():
     text = format_placements(summary)
     assert "fastest: colocated (1.80x sync's tokens/s)" in text
     assert "2+0 (cuda)" in text and "8.000" in text
+
+
+def test_the_summary_puts_the_planners_simulation_next_to_each_measured_run():
+    """2x H200 seed-003 runs (tests/fixtures/gpu_runs/h200_2dev_seed003): each row's every-step tokens/s beside the
+    simulation of that run from its own logs; a run the simulator cannot read (no synthetic lengths) gets none."""
+    from compare_lib import build_table, read_run
+
+    fix = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "fixtures", "gpu_runs", "h200_2dev_seed003")
+    sync = read_run(os.path.join(fix, "sync"))
+    tables = {}
+    for p in ("split", "elastic", "colocated"):
+        tables[p] = build_table({"async": read_run(os.path.join(fix, p)), "sync": sync}, 0.0, warmup_steps=1)
+        tables[p]["speedup"] = {"tokens_per_s": tables[p]["modes"]["async"]["tokens_per_s"]
+                                / tables[p]["modes"]["sync"]["tokens_per_s"]}
+    summary = placements_summary(tables)
+    assert [r["placement"] for r in summary["rows"]] == ["sync", "split", "elastic", "colocated"]
+    for row in summary["rows"]:
+        assert abs(row["simulation_error"]) < 0.15, row
+        assert row["simulated_tokens_per_s"] == pytest.approx(row["tokens_per_s_all_steps"], rel=0.15)
+    assert "simulated" in format_placements(summary) and "-11.5%" in format_placements(summary)
+    no_sim = placements_summary(tables, simulate=False)
+    assert all(r["simulated_tokens_per_s"] is None for r in no_sim["rows"])
