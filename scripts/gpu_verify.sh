@@ -12,6 +12,7 @@
 #   bash scripts/gpu_verify.sh elastic                    (elastic vs split async vs sync, #27: N=2 or 4 GPUs)
 #   bash scripts/gpu_verify.sh seed                       (#28: sync vs split/elastic/colocated, seed-003 shape, N GPUs)
 #   bash scripts/gpu_verify.sh features                   (#24/#26: Ulysses over NCCL, LoRA, reward model, NPU path: 2 GPUs)
+#   bash scripts/gpu_verify.sh critic                     (#24: a PPO step with a critic next to GRPO's: 1 GPU)
 #
 # Expects the offline bundle in .gpubundle/ (../shared/tools/offline_bundle.sh) plus the tiny task
 # as jsonl in .gpubundle/data/.  Model: a Qwen2.5-0.5B-shaped Qwen2 with random weights and the
@@ -155,32 +156,71 @@ features)
   # #24 and #26 on GPUs: Ulysses sequence parallelism over NCCL against one GPU (float32 parity, bf16 FlashAttention
   # varlen) and in a 2-GPU sync run; LoRA (async) and a reward model (sync) runs on the bundled task; the NPU path
   # (the tests' stand-in over CUDA) against the CUDA path, packed; device-IPC tests on 2 GPUs.  Learning runs print
-  # their first and last validation reward
+  # their first and last validation reward.  Every part writes its log under $OUT as it goes (a call that runs out
+  # of time keeps what finished) and has its own limit; ONLY (space-separated: tests lora ulysses rm npu) picks parts
   export CUDA_VISIBLE_DEVICES=0,1
-  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_ulysses_cuda.py tests/gpu/test_device_ipc_cuda.py \
-      2>&1 | tail -15
+  want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
   TINY=("${PRESET[@]}" trainer.device=cuda data.train_files=.gpubundle/data/train.jsonl
         data.val_files=.gpubundle/data/val.jsonl trainer.progress_bar=false trainer.resume_mode=disable
         trainer.logger=[console,tensorboard] "trainer.default_local_dir=/tmp/ckpt" trainer.total_training_steps=${STEPS:-40})
   val() { python3 -c "import sys; sys.path.insert(0, 'tests'); from tests_helpers import first_and_last_val as f; \
-print('$1: val reward first/last', f(sys.argv[1]))" "$OUT/runs/$1"; }
-  TENSORBOARD_DIR=$OUT/runs/lora_async timeout 150 python3 -m fully_async.main mode=async "${TINY[@]}" \
-      actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.model.lora_alpha=32 actor_rollout_ref.actor.optim.lr=3e-3 \
-      trainer.save_freq=40 hydra.run.dir=/tmp/h_lora 2>&1 | grep -E "run finished|Error" | tail -4
-  val lora_async; ls /tmp/ckpt/*/actor/lora_adapter 2>&1 | head -3
-  TENSORBOARD_DIR=$OUT/runs/ulysses_sync timeout 200 python3 -m fully_async.main mode=sync "${TINY[@]}" \
-      trainer.n_gpus_per_node=2 actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.model.use_remove_padding=true \
-      actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 actor_rollout_ref.actor.dtype=bfloat16 \
-      hydra.run.dir=/tmp/h_sp 2>&1 | grep -E "run finished|Error" | tail -4
-  val ulysses_sync
-  python3 -c "import sys, pathlib; sys.path[:0] = ['tests', 'tests/unit/train']; from test_reward_model import \
+print('$1: val reward first/last', f(sys.argv[1]))" "/tmp/runs/$1" 2>&1 | tail -1 | tee -a "$OUT/features.txt"; }
+  want tests && timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_ulysses_cuda.py \
+      tests/gpu/test_device_ipc_cuda.py > "$OUT/features_tests.log" 2>&1; grep -E "passed|failed" "$OUT/features_tests.log"
+  if want lora; then
+    TENSORBOARD_DIR=/tmp/runs/lora_async timeout 150 python3 -m fully_async.main mode=async "${TINY[@]}" \
+        actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.model.lora_alpha=32 actor_rollout_ref.actor.optim.lr=3e-3 \
+        trainer.save_freq=40 hydra.run.dir=/tmp/h_lora > "$OUT/features_lora.log" 2>&1; val lora_async
+  fi
+  if want ulysses; then
+    TENSORBOARD_DIR=/tmp/runs/ulysses_sync timeout 200 python3 -m fully_async.main mode=sync "${TINY[@]}" \
+        trainer.n_gpus_per_node=2 actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.model.use_remove_padding=true \
+        actor_rollout_ref.actor.ulysses_sequence_parallel_size=2 actor_rollout_ref.actor.dtype=bfloat16 \
+        hydra.run.dir=/tmp/h_sp > "$OUT/features_ulysses.log" 2>&1; val ulysses_sync
+  fi
+  if want rm; then
+    python3 -c "import sys, pathlib; sys.path[:0] = ['tests', 'tests/unit/train']; from test_reward_model import \
 make_reward_model as m; m(pathlib.Path('/tmp/rm'), kind='token', bias=0.375)"
-  TENSORBOARD_DIR=$OUT/runs/reward_model timeout 150 python3 -m fully_async.main mode=sync "${TINY[@]}" \
-      trainer.total_training_steps=4 reward_model.enable=true reward_model.model.path=/tmp/rm hydra.run.dir=/tmp/h_rm \
-      2>&1 | grep -E "^step|run finished|Error" | tail -6
-  CUDA_VISIBLE_DEVICES=0 timeout 240 python3 scripts/npu_on_cuda_check.py --out "$OUT/npu_vs_cuda.json" --steps 4 \
-      actor_rollout_ref.model.use_remove_padding=true 2>&1 | tail -12
-  tar czf "$OUT/features_runs.tgz" -C "$OUT" runs 2>/dev/null; rm -rf "$OUT/runs"
+    TENSORBOARD_DIR=/tmp/runs/reward_model timeout 150 python3 -m fully_async.main mode=sync "${TINY[@]}" \
+        trainer.total_training_steps=4 reward_model.enable=true reward_model.model.path=/tmp/rm hydra.run.dir=/tmp/h_rm \
+        > "$OUT/features_rm.log" 2>&1; grep -E "^step|run finished|Error" "$OUT/features_rm.log" | tail -6
+  fi
+  want npu && CUDA_VISIBLE_DEVICES=0 timeout 240 python3 scripts/npu_on_cuda_check.py --out "$OUT/npu_vs_cuda.json" \
+      --steps 4 actor_rollout_ref.model.use_remove_padding=true > "$OUT/features_npu.log" 2>&1; tail -5 "$OUT/features_npu.log"
+  tar czf "$OUT/features_runs.tgz" -C /tmp runs 2>/dev/null
+  ;;
+critic)
+  # #24: a PPO step with a critic (adv_estimator=gae, n=1) next to GRPO's (n=8) on the 0.5B shape, one GPU, sync, the
+  # same responses per step (64 prompts x 8 for GRPO, 512 prompts x 1 for PPO) and lengths (lognormal, max 1024, EOS
+  # ignored); prints each run's per-step timings (old log-prob, values, critic update, actor update, step)
+  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  export CUDA_VISIBLE_DEVICES=0
+  C=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
+     data.val_files=null data.max_prompt_length=16 data.max_response_length=${MAXLEN:-1024}
+     actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16 actor_rollout_ref.actor.optim.lr=1e-6
+     actor_rollout_ref.model.use_remove_padding=true actor_rollout_ref.actor.use_dynamic_bsz=true
+     actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768 actor_rollout_ref.rollout.max_num_seqs=256
+     benchmark.response_length=lognormal benchmark.ignore_eos=true trainer.total_training_steps=${STEPS:-4}
+     trainer.val_before_train=false trainer.test_freq=-1 trainer.logger=[console,tensorboard] trainer.resume_mode=disable
+     "trainer.default_local_dir=/tmp/ckpt")
+  TENSORBOARD_DIR=/tmp/runs/grpo timeout 250 python3 -m fully_async.main mode=sync "${C[@]}" data.train_batch_size=64 \
+      actor_rollout_ref.actor.ppo_mini_batch_size=64 actor_rollout_ref.rollout.n=8 hydra.run.dir=/tmp/h_grpo \
+      > "$OUT/critic_grpo.log" 2>&1
+  TENSORBOARD_DIR=/tmp/runs/gae timeout 250 python3 -m fully_async.main mode=sync "${C[@]}" data.train_batch_size=512 \
+      actor_rollout_ref.actor.ppo_mini_batch_size=512 actor_rollout_ref.rollout.n=1 algorithm.adv_estimator=gae \
+      critic.optim.lr=1e-5 critic.use_dynamic_bsz=true critic.ppo_max_token_len_per_gpu=32768 hydra.run.dir=/tmp/h_gae \
+      > "$OUT/critic_gae.log" 2>&1
+  for r in grpo gae; do python3 - "/tmp/runs/$r" "$r" <<'PY' 2>&1 | tee -a "$OUT/critic.txt"
+import sys
+sys.path.insert(0, "tests")
+from tests_helpers import read_scalars
+sc = read_scalars(sys.argv[1])
+tags = ["timing_s/step", "timing_s/gen", "timing_s/old_log_prob", "timing_s/values", "timing_s/update_critic",
+        "timing_s/update_actor", "perf/total_num_tokens"]
+print(sys.argv[2], {t: [round(v, 3) for _, v in sc[t]] for t in tags if t in sc})
+PY
+  done
+  tar czf "$OUT/critic_runs.tgz" -C /tmp/runs grpo gae 2>/dev/null
   ;;
 restructure)
   # after the loops were restructured (#22): every GPU test (engine, megatron parity with the one PPO update, packing,
