@@ -14,6 +14,7 @@ admission slot freed for another prompt.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import functools
 import logging
@@ -26,7 +27,8 @@ from typing import Any, Callable, Optional
 from fully_async.core.config import FullyAsyncConfig
 from fully_async.actors.actor_setup import MetricsOutbox
 from fully_async.algorithms.dynamic_sampling import GroupFilter
-from fully_async.rollout.generation import make_group, score_samples, validate
+from fully_async.rollout.generation import (attach_reward_model_inputs, make_group, score_samples, validate,
+                                            validation_samples)
 from fully_async.telemetry.metrics import rollouter_version_metrics, rollouter_window_metrics
 from fully_async.cluster.ray_utils import ray_get
 from fully_async.rollout.scheduler import CompletedGroup, RolloutScheduler
@@ -76,6 +78,13 @@ class Rollouter(MetricsOutbox):
             self.pool = build_async_pool(cfg, self.device, eos_token_ids, pad_token_id, placement,
                                          replica_options(cfg, self.device))
         self.reward = build_reward_manager(cfg)
+        self.rm_inputs: Optional[Any] = None   # reward_model.enable: responses carry its tokens; the trainer scores
+        if cfg.reward_model.enable:
+            from fully_async.rewards.reward_model import RewardModelInputs
+
+            self.rm_inputs = RewardModelInputs(cfg, self.tokenizer)
+        # validations whose responses the trainer scores with the reward model in its own turn (pop_rm_validations)
+        self.rm_validations: collections.deque = collections.deque()
         stream = PromptStream(train_records, shuffle=cfg.data.shuffle, seed=cfg.data.seed,
                               total_epochs=cfg.trainer.total_epochs, total_prompts=cfg.rollout.total_rollout_steps)
         r = cfg.actor_rollout_ref.rollout
@@ -164,6 +173,15 @@ class Rollouter(MetricsOutbox):
     def validate(self) -> dict:
         """Validation on the current weights, for the caller (the driver's final one; not put in the outbox)."""
         return self._call(lambda: self._validate(self.pool.version, publish=False))
+
+    def pop_rm_validations(self) -> list[dict]:
+        """reward_model.enable: the validations generated since the last call, unscored, for the trainer to score
+        in its own turn and report at their steps ({step, pairs, n, seconds}: rollout/generation.py
+        rm_validation_metrics)."""
+        out = []
+        while self.rm_validations:
+            out.append(self.rm_validations.popleft())
+        return out
 
     def pop_step_metrics(self) -> dict:
         """The rollouter's metrics over the trainer step whose batch was just taken (the trainer calls this once
@@ -369,7 +387,10 @@ class Rollouter(MetricsOutbox):
         with self.timeline.span("reward"):
             groups: list[SampleGroup] = []
             for g in complete:
-                score_samples(self.tokenizer, self.reward, g.record, g.samples)
+                if self.rm_inputs is not None:   # the trainer scores them with the reward model before it trains
+                    attach_reward_model_inputs(self.rm_inputs, [(g.record, g.samples)])
+                else:
+                    score_samples(self.tokenizer, self.reward, g.record, g.samples)
                 groups.append(make_group(g.uid, g.record, g.epoch, g.admitted_version, g.samples))
         groups = self._filter(groups)
         self._pushed = self._stats()
@@ -441,9 +462,16 @@ class Rollouter(MetricsOutbox):
         self.residency.hold("validate")   # the engines' devices (a pool lease: waiting without serving commands)
         self.scheduler.park()
         with self.timeline.span("validate", version=version):
-            metrics = validate(self.pool, self.tokenizer, self.reward, self.val_records, self.cfg, version)
-        metrics["rollouter/validate_time"] = metrics["timing_s/testing"]  # verl's name for the rollouter's validation
+            if self.rm_inputs is not None:
+                metrics = self._rm_validation(version, publish)
+            else:
+                metrics = validate(self.pool, self.tokenizer, self.reward, self.val_records, self.cfg, version)
+                metrics["rollouter/validate_time"] = metrics["timing_s/testing"]   # verl's name for this one
         self.stats["validations"] += 1
+        if self.rm_inputs is not None:   # scored and reported by the trainer
+            if resume:
+                self.scheduler.resume()
+            return metrics
         if publish:
             self._emit(self._step_of(version), dict(metrics))
         logger.info("validation at param version %d: %s", version,
@@ -451,6 +479,21 @@ class Rollouter(MetricsOutbox):
         if resume:
             self.scheduler.resume()
         return metrics
+
+    def _rm_validation(self, version: int, publish: bool) -> dict:
+        """The validation responses with the reward model's tokens attached, for the trainer to score: queued for
+        its next step (publish), or returned to the driver as {"rm_validation": ...} (its final validation)."""
+        start = time.perf_counter()
+        pairs = validation_samples(self.pool, self.val_records, self.cfg, version)
+        attach_reward_model_inputs(self.rm_inputs, pairs)
+        item = {"step": self._step_of(version), "pairs": pairs, "seconds": time.perf_counter() - start,
+                "n": self.cfg.actor_rollout_ref.rollout.val_kwargs.n}
+        logger.info("validation at param version %d: %d responses generated in %.1fs; the trainer scores them with "
+                    "the reward model", version, sum(len(s) for _, s in pairs), item["seconds"])
+        if publish:
+            self.rm_validations.append(item)
+            return {}
+        return {"rm_validation": item}
 
     # ------------------------------------------------------------------ elastic: the trainer's engines lent
     def _lend(self, engines: list[tuple[str, Any, bool]], version: int) -> dict:

@@ -176,6 +176,7 @@ class Trainer(DriverFacing, EngineHost):
             rollouter_metrics = self.rollouter.pop_step_metrics.remote()  # its window ends at this take
             metrics = residency.hold("train") or {}
             metrics.update(self._train(res["groups"]))
+            self._score_validations()
             if state.push_due():
                 metrics.update(self._sync_weights())
                 if state.save_due():
@@ -191,6 +192,9 @@ class Trainer(DriverFacing, EngineHost):
             self._emit(state.step, metrics)
         if not state.push_due():
             self._emit(state.step, self._sync_weights())  # the last weights reach the engine for validation
+        if self.cfg.reward_model.enable:
+            self.residency.hold("train")
+            self._score_validations()
         if self._stop_requested:
             self._emit(state.step, self._save())
         self.weight_sync.flush()  # the final weights are loaded before the driver validates them
@@ -225,11 +229,44 @@ class Trainer(DriverFacing, EngineHost):
 
     def _train(self, groups: list[SampleGroup]) -> dict:
         state = self.state
+        scored = self._reward_model_scores([s for g in groups for s in g.samples])
         metrics, samples = train_step(self.backend, self.cfg, groups, self.pad_token_id, state.step + 1,
                                       state.version, self.timeline)
+        metrics.update(scored)
         metrics.update(self.stale.add(groups, state.version))
         state.record([s.sample_id for s in samples], [len(s.response_ids) for s in samples])
         return metrics
+
+    def _reward_model_scores(self, samples: list) -> dict:
+        """reward_model.enable: the responses carry the reward model's tokens (the rollouter attached them); their
+        rewards are its scores, computed here, in the trainer's turn, before the step trains on them."""
+        if not self.cfg.reward_model.enable:
+            return {}
+        from fully_async.rollout.generation import score_attached
+
+        start = time.perf_counter()
+        with self.timeline.span("reward_model"):
+            score_attached(samples, self.backend.compute_rm_scores)
+        return {"timing_s/reward_model": time.perf_counter() - start}
+
+    def _score_validations(self) -> None:
+        """reward_model.enable: the rollouter's validations since the last call, scored with the reward model and
+        reported at their own steps."""
+        if not self.cfg.reward_model.enable:
+            return
+        from fully_async.rollout.generation import rm_validation_metrics
+
+        for item in ray_get(self.rollouter.pop_rm_validations.remote()):
+            with self.timeline.span("reward_model"):
+                self._emit(item["step"], rm_validation_metrics(item, self.backend.compute_rm_scores))
+
+    def score_validation(self, item: dict) -> dict:
+        """The driver's final validation with a reward model (rollouter.validate() returned it unscored): scored
+        on the trainer's devices once its loop has ended."""
+        from fully_async.rollout.generation import rm_validation_metrics
+
+        self.residency.hold("train")
+        return rm_validation_metrics(item, self.backend.compute_rm_scores)
 
     def _sync_weights(self) -> dict:
         self.residency.hold("train")   # (the final push after the loop)

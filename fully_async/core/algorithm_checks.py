@@ -130,17 +130,23 @@ def check_rollout_correction(cfg: Any) -> None:
 
 
 def check_reward_model(cfg: Any) -> None:
-    """reward_model.enable: a model path, mode=sync and a torch/fsdp2 trainer (its backend scores the responses)."""
+    """reward_model.enable: a model path and a torch/fsdp2 trainer (its backend scores the responses).  In async
+    mode the trainer scores each batch in its own turn, after the queue: what needs scores before the queue (DAPO's
+    dynamic sampling, remax's baseline taken out of the group) is refused there."""
     rm = cfg.reward_model
     if not rm.enable:
         return
     if not rm.model.path:
         raise ConfigError("reward_model.model.path", "is required with reward_model.enable=true: the Hugging Face "
                           "folder of the reward model (a ...ForSequenceClassification with one label)")
-    if cfg.mode != "sync":
-        raise ConfigError("reward_model.enable", f"true with mode={cfg.mode}: the reward model is run by the "
-                          "trainer's backend between generation and the update, which mode=sync does (verl's "
-                          "examples with a reward model are synchronous); use mode=sync or rule/custom rewards")
+    if cfg.mode == "async" and cfg.algorithm.filter_groups.enable:
+        raise ConfigError("algorithm.filter_groups.enable", "true with reward_model.enable in mode=async: dynamic "
+                          "sampling filters groups by their scores before the queue, and the reward model scores "
+                          "them in the trainer, after it; use mode=sync or filter_groups.enable=false")
+    if cfg.mode == "async" and cfg.algorithm.adv_estimator == "remax":
+        raise ConfigError("algorithm.adv_estimator", "remax with reward_model.enable in mode=async: the greedy "
+                          "baseline leaves its group in the rollouter, before the trainer's reward model could score "
+                          "it; use mode=sync")
     if cfg.actor_rollout_ref.actor.strategy == "megatron":
         raise ConfigError("reward_model.enable", "true with strategy=megatron: the reward model is built by the "
                           "torch / fsdp2 backend only; use actor_rollout_ref.actor.strategy=fsdp")

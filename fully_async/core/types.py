@@ -69,6 +69,7 @@ class Sample:
     data_source: str = ""
     num_interruptions: int = 0      # how often this response was cut by a weight update
     reward_baseline: Optional[float] = None  # remax: the reward of its prompt's greedy response
+    rm_input_ids: Optional[list[int]] = None  # async with a reward model: its tokens, scored by the trainer
 
     @property
     def param_version_start(self) -> int:

@@ -31,19 +31,33 @@ def score_samples(tokenizer: Any, reward: Any, record: PromptRecord, samples: Se
         s.data_source = record.data_source
 
 
-def score_with_reward_model(inputs: Any, pairs: Sequence[tuple[PromptRecord, Sequence[Sample]]],
-                            scorer: Callable[[Any], Any]) -> None:
-    """reward_model.enable: every sample's reward is the reward model's score, replacing the rule/custom function as
-    verl's reward managers do (`inputs`: rewards/reward_model.RewardModelInputs builds its tokens; `scorer` runs the
-    rows on the trainer's backend and returns (B,) scores)."""
+def attach_reward_model_inputs(inputs: Any, pairs: Sequence[tuple[PromptRecord, Sequence[Sample]]]) -> None:
+    """reward_model.enable: each sample carries the reward model's tokens for it (`inputs`:
+    rewards/reward_model.RewardModelInputs) and its record's data source, until the trainer scores it."""
+    for rec, samples in pairs:
+        for s in samples:
+            s.rm_input_ids, s.data_source = inputs.ids(rec, s), rec.data_source
+
+
+def score_attached(samples: Sequence[Sample], scorer: Callable[[Any], Any]) -> None:
+    """The samples that carry reward-model tokens get the reward model's score as their reward, replacing the
+    rule/custom function as verl's reward managers do (`scorer` runs the rows on the trainer's backend and returns
+    (B,) scores); the tokens are dropped."""
     from fully_async.core.batch import token_rows
 
-    rows = [(rec, s) for rec, samples in pairs for s in samples]
+    rows = [s for s in samples if s.rm_input_ids is not None]
     if not rows:
         return
-    scores = scorer(token_rows([inputs.ids(rec, s) for rec, s in rows]))
-    for (rec, s), score in zip(rows, scores.tolist()):
-        s.reward, s.reward_extra, s.data_source = float(score), {}, rec.data_source
+    scores = scorer(token_rows([s.rm_input_ids for s in rows]))
+    for s, score in zip(rows, scores.tolist()):
+        s.reward, s.reward_extra, s.rm_input_ids = float(score), {}, None
+
+
+def score_with_reward_model(inputs: Any, pairs: Sequence[tuple[PromptRecord, Sequence[Sample]]],
+                            scorer: Callable[[Any], Any]) -> None:
+    """reward_model.enable in one process (sync mode): attach the reward model's tokens and score them at once."""
+    attach_reward_model_inputs(inputs, pairs)
+    score_attached([s for _, samples in pairs for s in samples], scorer)
 
 
 BASELINE = "-b"   # the sample id suffix of a group's greedy baseline response (remax)
@@ -93,6 +107,16 @@ def validation_samples(engine: Any, records: Sequence[PromptRecord], cfg: Any,
     pendings = [(rec, group_pendings(f"val-v{version}-{rec.index}", rec, vk.n, params)) for rec in records]
     run_to_completion(engine, [p for _, ps in pendings for p in ps])
     return [(rec, [p.to_sample() for p in ps]) for rec, ps in pendings]
+
+
+def rm_validation_metrics(item: dict, scorer: Callable[[Any], Any]) -> dict[str, float]:
+    """The metrics of a validation generated elsewhere with the reward model's tokens attached (the rollouter's, in
+    async mode: {pairs, n, seconds}), scored now by `scorer` (the trainer's backend)."""
+    start = time.perf_counter()
+    score_attached([s for _, samples in item["pairs"] for s in samples], scorer)
+    metrics = validation_metrics(item["pairs"], item["n"], item["seconds"] + time.perf_counter() - start)
+    metrics["rollouter/validate_time"] = item["seconds"]
+    return metrics
 
 
 def validation_metrics(pairs: Sequence[tuple[PromptRecord, list[Sample]]], n: int, seconds: float) -> dict[str, float]:

@@ -416,7 +416,11 @@ def _supervise(cfg: Any, actors: dict, runners: dict, main_actor: str, run_log: 
     run_log.drain(deadline_s=answer)
     if not signals and validate_at is not None and not run_log.has_val_at(validate_at):
         name = "rollouter" if "rollouter" in actors else main_actor
-        run_log.log_val(calls.get(f"{name}.validate", actors[name].validate.remote, deadline), validate_at)
+        val = calls.get(f"{name}.validate", actors[name].validate.remote, deadline)
+        if isinstance(val, dict) and "rm_validation" in val:   # the trainer scores it with the reward model
+            item = val["rm_validation"]
+            val = calls.get(f"{main_actor}.score_validation", lambda: main.score_validation.remote(item), deadline)
+        run_log.log_val(val, validate_at)
     others = {ref: name for ref, name in runs.items() if name != main_actor}
     for name in others.values():
         calls.get(f"{name}.stop", actors[name].stop.remote, answer)

@@ -349,7 +349,8 @@ def test_state_files_round_trip_as_json_with_records_tuples_and_arrays(tmp_path)
     from fully_async.core.types import PromptRecord, Sample, SampleGroup, SamplingParams
 
     rec = PromptRecord(3, [1, 2], "gsm8k", np.array(["7", "8"], dtype=object), {"split": "train", "k": np.int64(4)})
-    sample = Sample("u", "u/0", [1], [2, 3], [-0.5, float("-inf")], [0, 1], reward=1.0)
+    sample = Sample("u", "u/0", [1], [2, 3], [-0.5, float("-inf")], [0, 1], reward=1.0,
+                    reward_baseline=0.5, rm_input_ids=[4, 5])   # remax's baseline, a reward model's unscored tokens
     state = {"groups": {"u": (rec, 0, 2, [sample])}, "pending": [PendingResponse("u", "u/1", [1], SamplingParams())],
              "queue": [SampleGroup("u", 3, 0, [sample], 1)], 7: "int key", "__odd": 1}
     path = os.path.join(tmp_path, ck.ROLLOUT_STATE)

@@ -82,7 +82,11 @@ def test_inputs_are_retemplated_with_the_reward_models_chat_template_or_the_poli
 
 @pytest.mark.parametrize("overrides,key,message", [
     (["reward_model.enable=true"], "reward_model.model.path", "is required"),
-    (["reward_model.enable=true", "reward_model.model.path=/rm", "mode=async"], "reward_model.enable", "mode=sync"),
+    (["reward_model.enable=true", "reward_model.model.path=/rm", "mode=async", "algorithm.filter_groups.enable=true",
+      "algorithm.filter_groups.metric=acc"],
+     "algorithm.filter_groups.enable", "before the queue"),
+    (["reward_model.enable=true", "reward_model.model.path=/rm", "mode=async", "algorithm.adv_estimator=remax"],
+     "algorithm.adv_estimator", "greedy baseline"),
     (["reward_model.enable=true", "reward_model.model.path=/rm", "mode=sync",
       "actor_rollout_ref.actor.strategy=megatron", "trainer.device=cuda"], "reward_model.enable", "torch / fsdp2"),
 ])
@@ -112,7 +116,12 @@ def test_the_folder_and_the_prompts_are_checked_before_ray(tmp_path):
 
 
 @pytest.mark.integration
-def test_a_sync_runs_rewards_and_validation_are_the_reward_models(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", [["mode=sync"], ["mode=async"],
+                                  ["mode=async", "async_training.placement=colocated", "rollout.n_gpus_per_node=0"]],
+                         ids=["sync", "async", "colocated"])
+def test_a_runs_rewards_and_validation_are_the_reward_models(tmp_path, monkeypatch, mode):
+    """Every mode: the training rewards and every validation (before training, at test_freq, the driver's final one)
+    are the reward model's; in async modes the rollouter attaches its tokens and the trainer scores them."""
     from fully_async.run.main import run
     import tests_helpers
     from tests_helpers import read_scalars
@@ -122,16 +131,17 @@ def test_a_sync_runs_rewards_and_validation_are_the_reward_models(tmp_path, monk
     session = tests_helpers.ray_session(num_cpus=2)
     next(session)
     try:
-        summary = run(load_config(["mode=sync", "reward_model.enable=true", f"reward_model.model.path={path}",
-                                   "trainer.total_training_steps=2", "trainer.test_freq=2",
+        summary = run(load_config([*mode, "reward_model.enable=true", f"reward_model.model.path={path}",
+                                   "trainer.total_training_steps=4", "trainer.test_freq=2",
                                    "trainer.progress_bar=false",
                                    f"trainer.default_local_dir={tmp_path}/ck", "trainer.resume_mode=disable"]))
     finally:
         next(session, None)
-    assert summary["steps"] == 2
+    assert summary["steps"] == 4
     scalars = read_scalars(str(tmp_path / "tb"))
-    assert [round(v, 4) for _, v in scalars["critic/score/mean"]] == [0.375, 0.375]   # not the rule's 0/1
-    assert {round(v, 4) for _, v in scalars["val-core/arithmetic/reward/mean@1"]} == {0.375}
+    assert [round(v, 4) for _, v in scalars["critic/score/mean"]] == [0.375] * 4   # not the rule's 0/1
+    val = scalars["val-core/arithmetic/reward/mean@1"]
+    assert sorted({s for s, _ in val}) == [0, 2, 4] and {round(v, 4) for _, v in val} == {0.375}, val
 
 
 @pytest.mark.parametrize("sp", [1, 2])
