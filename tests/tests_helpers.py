@@ -33,6 +33,21 @@ def first_and_last_val(logdir, tag="val-core/arithmetic/reward/mean@1"):
     return vals[min(vals)], vals[max(vals)]
 
 
+def close_group(group) -> None:
+    """A trainer group built in the test's process (train/group.connect_trainer_group): its Ray ranks killed, the
+    Ulysses groups and this process's rank of the process group gone."""
+    import ray
+    import torch.distributed as dist
+
+    from fully_async.train.backends import ulysses
+
+    for w in group.workers:
+        ray.kill(w)
+    ulysses.teardown()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def ray_session(num_cpus: int, **env: str):
     """A local Ray for one test module (use with `yield from` in a module-scoped fixture)."""
     import ray

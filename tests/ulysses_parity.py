@@ -13,6 +13,7 @@ from fully_async.train.backends.torch_backend import TorchBackend
 from fully_async.train.group import GroupBackend, connect_trainer_group
 from fully_async.train.ppo_update import critic_update, ppo_update
 from fully_async.train.train_step import prepare_batch
+import tests_helpers
 from tests_helpers import tiny_samples
 
 SP = 2
@@ -35,8 +36,6 @@ def check_parity(device, world: int, resources: dict, overrides: list[str], rel:
     def close(got, ref, tol):
         got, ref = got.float().cpu(), ref.float().cpu()
         return bool((got - ref).abs().mean() <= tol) if mean else torch.allclose(got, ref, atol=tol)
-
-    import torch.distributed as dist
 
     samples = tiny_samples(groups=4, n=3)   # 12 responses, 2 mini-batches of 6
     single_cfg = load_config(COMMON + overrides)
@@ -71,9 +70,4 @@ def check_parity(device, world: int, resources: dict, overrides: list[str], rel:
         if device.name == "cpu":   # on a GPU the 1% of weights AdamW moved apart (above) move these too
             assert close(group.compute_log_probs(batch2), single.compute_log_probs(batch), atol)
     finally:
-        import ray
-        for w in group.workers:
-            ray.kill(w)
-        ulysses.teardown()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        tests_helpers.close_group(group)

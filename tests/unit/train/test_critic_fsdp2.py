@@ -2,7 +2,6 @@
 on the same batch, and its sharded checkpoint (fsdp_critic/) restores the state it was saved in."""
 import pytest
 import torch
-import torch.distributed as dist
 
 from fully_async.actors.train_worker import TrainWorker
 from fully_async.cluster.network import free_port
@@ -55,7 +54,4 @@ def test_two_fsdp2_ranks_train_the_critic_as_one_device_and_restore_it(ray_cpus,
         for key in ("critic/vf_loss", "critic/grad_norm", "critic/lr"):
             assert again[key] == pytest.approx(then[key], rel=1e-5), key
     finally:
-        import ray
-        for w in group.workers:
-            ray.kill(w)
-        dist.destroy_process_group()
+        tests_helpers.close_group(group)

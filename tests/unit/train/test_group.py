@@ -14,6 +14,7 @@ from fully_async.actors.train_worker import TrainWorker
 from fully_async.train.group import GroupBackend, connect_trainer_group
 from fully_async.train.ppo_update import ppo_update
 from fully_async.train.sharding import shard_rows
+import tests_helpers
 from tests_helpers import tiny_samples
 
 COMMON = ["actor_rollout_ref.actor.optim.lr=0.01", "actor_rollout_ref.rollout.n=3",
@@ -89,10 +90,7 @@ def test_two_fsdp2_gloo_ranks_match_one_device(ray_cpus, tmp_path, mode, shared,
         metrics = ppo_update(group, cfg, tiny, num_mini_batches=1)
         assert metrics["actor/bad_steps"] == 0.0 and metrics["actor/grad_norm"] > 0
     finally:
-        import ray
-        for w in group.workers:
-            ray.kill(w)
-        dist.destroy_process_group()
+        tests_helpers.close_group(group)
 
 
 

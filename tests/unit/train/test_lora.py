@@ -102,8 +102,6 @@ def test_lora_that_cannot_run_is_refused_naming_the_key(tmp_path):
 
 
 def test_two_fsdp2_ranks_train_lora_as_one_device(tmp_path):
-    import ray
-    import torch.distributed as dist
 
     from fully_async.actors.train_worker import TrainWorker
     from fully_async.cluster.network import free_port
@@ -132,9 +130,7 @@ def test_two_fsdp2_ranks_train_lora_as_one_device(tmp_path):
         group.save(str(tmp_path))
         assert (tmp_path / "actor" / "lora_adapter" / "adapter_model.safetensors").is_file()
     finally:
-        for w in group.workers:
-            ray.kill(w)
-        dist.destroy_process_group()
+        tests_helpers.close_group(group)
         next(session, None)
 
 

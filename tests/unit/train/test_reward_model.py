@@ -146,12 +146,9 @@ def test_a_runs_rewards_and_validation_are_the_reward_models(tmp_path, monkeypat
 
 @pytest.mark.parametrize("sp", [1, 2])
 def test_two_fsdp2_ranks_score_as_one_device(tmp_path, sp):
-    import ray
-    import torch.distributed as dist
 
     from fully_async.actors.train_worker import TrainWorker
     from fully_async.cluster.network import free_port
-    from fully_async.train.backends import ulysses
     from fully_async.train.backends.torch_backend import TorchBackend
     from fully_async.train.group import connect_trainer_group
     import tests_helpers
@@ -169,8 +166,5 @@ def test_two_fsdp2_ranks_score_as_one_device(tmp_path, sp):
     try:
         torch.testing.assert_close(group.compute_rm_scores(rows), want, atol=1e-5, rtol=1e-5)
     finally:
-        for w in group.workers:
-            ray.kill(w)
-        ulysses.teardown()
-        dist.destroy_process_group()
+        tests_helpers.close_group(group)
         next(session, None)

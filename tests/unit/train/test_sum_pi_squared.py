@@ -51,8 +51,6 @@ def test_the_backend_computes_it_as_a_plain_forward(random_model_dir, extra):
 
 
 def test_two_fsdp2_ranks_compute_it_as_one_device(random_model_dir):
-    import ray
-    import torch.distributed as dist
 
     from fully_async.actors.train_worker import TrainWorker
     from fully_async.cluster.network import free_port
@@ -70,9 +68,7 @@ def test_two_fsdp2_ranks_compute_it_as_one_device(random_model_dir):
     try:
         torch.testing.assert_close(group.compute_sum_pi_squared(batch), want, atol=1e-5, rtol=1e-5)
     finally:
-        for w in group.workers:
-            ray.kill(w)
-        dist.destroy_process_group()
+        tests_helpers.close_group(group)
         next(session, None)
 
 
