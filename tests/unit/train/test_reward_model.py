@@ -117,8 +117,10 @@ def test_the_folder_and_the_prompts_are_checked_before_ray(tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.parametrize("mode", [["mode=sync"], ["mode=async"],
-                                  ["mode=async", "async_training.placement=colocated", "rollout.n_gpus_per_node=0"]],
-                         ids=["sync", "async", "colocated"])
+                                  ["mode=async", "async_training.placement=colocated", "rollout.n_gpus_per_node=0"],
+                                  ["mode=async", "async_training.placement=elastic",
+                                   "actor_rollout_ref.rollout.max_num_seqs=8"]],
+                         ids=["sync", "async", "colocated", "elastic"])
 def test_a_runs_rewards_and_validation_are_the_reward_models(tmp_path, monkeypatch, mode):
     """Every mode: the training rewards and every validation (before training, at test_freq, the driver's final one)
     are the reward model's; in async modes the rollouter attaches its tokens and the trainer scores them."""
