@@ -288,8 +288,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 def from_logs(args: argparse.Namespace, out_dir: str) -> int:
     """--from-logs: compare two saved runs (with --bench, measured on the async run's config)."""
     if args.overrides or args.devices is not None or args.split is not None or args.placement_override:
-        return refuse("overrides, --devices, --split and --placement-override are only used when this script runs the two modes "
-                      "itself; --from-logs takes the devices from the runs")
+        return refuse("overrides, --devices, --split and --placement-override are only used when this script runs "
+                      "the two modes itself; --from-logs takes the devices from the runs")
 
     def measure(cfg: dict) -> dict:
         import bench_pipeline
@@ -337,7 +337,8 @@ def plan_runs(devices: int, placements: list[str], rollout: Optional[int], overr
     runs = [("sync", "sync", "split", overrides + mode_overrides("sync", devices, 0, overrides))]
     for p in placements:
         runs.append((run_name("async", p), "async", p,
-                     overrides + mode_overrides("async", devices, rollout or 0, overrides, p) + (extra or {}).get(p, [])))
+                     overrides + mode_overrides("async", devices, rollout or 0, overrides, p)
+                     + (extra or {}).get(p, [])))
     return runs
 
 

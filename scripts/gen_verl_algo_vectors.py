@@ -224,8 +224,8 @@ def main() -> None:
         data = generate(core_algos)
     data["verl_commit"] = commit
     torch.save(data, args.out)
-    print(f"wrote {len(data['advantages']) + len(data['otb'])} advantage and {len(data['losses'])} loss vectors of verl {commit[:10]} "
-          f"to {args.out}")
+    print(f"wrote {len(data['advantages']) + len(data['otb'])} advantage and {len(data['losses'])} loss vectors of "
+          f"verl {commit[:10]} to {args.out}")
 
 
 if __name__ == "__main__":

@@ -295,7 +295,8 @@ ESTIMATORS: dict[str, Callable[[AdvantageInput, Any], torch.Tensor]] = {
     "grpo": _grpo, "grpo_vectorized": _grpo_vectorized, "grpo_passk": _grpo_passk, "rloo": _rloo,
     "rloo_vectorized": _rloo_vectorized, "opo": _opo, "gpg": _gpg, "reinforce_plus_plus": _reinforce_plus_plus,
     "reinforce_plus_plus_baseline": _reinforce_plus_plus_baseline,
-    "remax": _remax, "optimal_token_baseline": _optimal_token_baseline, "tir_optimal_token_baseline": _tir_optimal_token_baseline,
+    "remax": _remax, "optimal_token_baseline": _optimal_token_baseline,
+    "tir_optimal_token_baseline": _tir_optimal_token_baseline,
 }
 
 

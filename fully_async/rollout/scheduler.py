@@ -110,7 +110,8 @@ class RolloutScheduler:
     def admit(self) -> int:
         """Admit prompt groups while the engine has room and the staleness bound allows; returns how many."""
         admitted = 0
-        while self.engine.num_in_flight() + self.size <= max(self.max_in_flight, self.size) and not self.stream.exhausted:
+        room = max(self.max_in_flight, self.size)
+        while self.engine.num_in_flight() + self.size <= room and not self.stream.exhausted:
             if not self.staleness.can_admit():
                 if self.staleness.note_stop():
                     self.stats["bound_pauses"] = self.staleness.state.pauses
