@@ -1,4 +1,5 @@
 """Small builders shared by tests."""
+import contextlib
 import os
 
 import torch
@@ -31,6 +32,27 @@ def first_and_last_val(logdir, tag="val-core/arithmetic/reward/mean@1"):
     """(first, last) validation reward of a TensorBoard run directory, by step."""
     vals = dict(read_scalars(logdir)[tag])
     return vals[min(vals)], vals[max(vals)]
+
+
+@contextlib.contextmanager
+def cpu_group(cfg, num_cpus: int = 3):
+    """A trainer group of `cfg` on CPU ranks (this process is rank 0, the others Ray actors of a local Ray started
+    for it), closed and Ray shut down after."""
+    from fully_async.actors.train_worker import TrainWorker
+    from fully_async.cluster.network import free_port
+    from fully_async.device import CPU
+    from fully_async.train.group import connect_trainer_group
+
+    session = ray_session(num_cpus=num_cpus)
+    next(session)
+    try:
+        group = connect_trainer_group(cfg, CPU, 10, ("127.0.0.1", free_port()), {"num_cpus": 1}, worker=TrainWorker)
+        try:
+            yield group
+        finally:
+            close_group(group)
+    finally:
+        next(session, None)
 
 
 def close_group(group) -> None:

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from fully_async.core.config import FullyAsyncConfig
+from fully_async.core.config import FullyAsyncConfig, generates_baseline
 from fully_async.actors.actor_setup import MetricsOutbox
 from fully_async.algorithms.dynamic_sampling import GroupFilter
 from fully_async.rollout.generation import (attach_reward_model_inputs, make_group, score_samples, validate,
@@ -95,7 +95,7 @@ class Rollouter(MetricsOutbox):
             self.pool, stream, StalenessManager.from_config(cfg), r.n,
             SamplingParams(r.temperature, r.top_p, r.top_k, cfg.data.max_response_length),
             max_in_flight=self.pool.capacity, partial_rollout=cfg.async_training.partial_rollout,
-            on_complete=self._push, lengths=self.lengths, baseline=cfg.algorithm.adv_estimator == "remax")
+            on_complete=self._push, lengths=self.lengths, baseline=generates_baseline(cfg))
         # DAPO's dynamic sampling: groups whose responses all agree never reach the queue
         self.filter = GroupFilter.from_config(cfg, self.scheduler.staleness.required)
         if self.filter is not None:
@@ -462,22 +462,21 @@ class Rollouter(MetricsOutbox):
         self.residency.hold("validate")   # the engines' devices (a pool lease: waiting without serving commands)
         self.scheduler.park()
         with self.timeline.span("validate", version=version):
-            if self.rm_inputs is not None:
-                metrics = self._rm_validation(version, publish)
-            else:
-                metrics = validate(self.pool, self.tokenizer, self.reward, self.val_records, self.cfg, version)
-                metrics["rollouter/validate_time"] = metrics["timing_s/testing"]   # verl's name for this one
+            scored = self._scored_validation if self.rm_inputs is None else self._rm_validation
+            metrics = scored(version, publish)
         self.stats["validations"] += 1
-        if self.rm_inputs is not None:   # scored and reported by the trainer
-            if resume:
-                self.scheduler.resume()
-            return metrics
+        if resume:
+            self.scheduler.resume()
+        return metrics
+
+    def _scored_validation(self, version: int, publish: bool) -> dict:
+        """The validation metrics (rule/custom rewards), published at the step that pushed `version`."""
+        metrics = validate(self.pool, self.tokenizer, self.reward, self.val_records, self.cfg, version)
+        metrics["rollouter/validate_time"] = metrics["timing_s/testing"]  # verl's name for the rollouter's validation
         if publish:
             self._emit(self._step_of(version), dict(metrics))
         logger.info("validation at param version %d: %s", version,
                     ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
-        if resume:
-            self.scheduler.resume()
         return metrics
 
     def _rm_validation(self, version: int, publish: bool) -> dict:

@@ -26,7 +26,7 @@ import logging
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from fully_async.core.config import FullyAsyncConfig
+from fully_async.core.config import FullyAsyncConfig, generates_baseline
 from fully_async.actors.actor_setup import DriverFacing
 from fully_async.algorithms.dynamic_sampling import GroupFilter
 from fully_async.telemetry.metrics import StaleCounter
@@ -342,7 +342,7 @@ class SyncWorker(DriverFacing):
             uid = f"e{epoch}-p{rec.index}"
             groups_in.append((uid, rec, epoch, group_pendings(uid, rec, self.cfg.actor_rollout_ref.rollout.n,
                                                               self.params, self.lengths,
-                                                              self.cfg.algorithm.adv_estimator == "remax")))
+                                                              generates_baseline(self.cfg))))
         return groups_in
 
     def _score_groups(self, groups_in: list[tuple]) -> list:

@@ -563,6 +563,11 @@ def sequence_parallel_size(cfg: Any) -> int:
     return cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size if actor_strategy(cfg) == "fsdp2" else 1
 
 
+def generates_baseline(cfg: Any) -> bool:
+    """remax: every prompt also generates one greedy response, whose reward is its group's baseline."""
+    return cfg.algorithm.adv_estimator == "remax"
+
+
 def uses_critic(cfg: Any) -> bool:
     """A value model is trained: critic.enable, or when null, algorithm.adv_estimator=gae (verl's rule)."""
     enable = cfg.critic.enable

@@ -102,10 +102,6 @@ def test_lora_that_cannot_run_is_refused_naming_the_key(tmp_path):
 
 
 def test_two_fsdp2_ranks_train_lora_as_one_device(tmp_path):
-
-    from fully_async.actors.train_worker import TrainWorker
-    from fully_async.cluster.network import free_port
-    from fully_async.train.group import connect_trainer_group
     import tests_helpers
 
     samples = tiny_samples(groups=4, n=3)
@@ -114,11 +110,8 @@ def test_two_fsdp2_ranks_train_lora_as_one_device(tmp_path):
     batch = build_batch(samples)
     prepare_batch(single, single_cfg, batch, {})
     ref = ppo_update(single, single_cfg, batch, num_mini_batches=2)
-    session = tests_helpers.ray_session(num_cpus=3)
-    next(session)
     cfg = load_config(LORA + ["actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=2"])
-    group = connect_trainer_group(cfg, CPU, 10, ("127.0.0.1", free_port()), {"num_cpus": 1}, worker=TrainWorker)
-    try:
+    with tests_helpers.cpu_group(cfg) as group:
         batch2 = build_batch(samples)
         prepare_batch(group, cfg, batch2, {})
         got = ppo_update(group, cfg, batch2, num_mini_batches=2)
@@ -129,9 +122,6 @@ def test_two_fsdp2_ranks_train_lora_as_one_device(tmp_path):
             torch.testing.assert_close(full[name], t, atol=1e-4, rtol=1e-4)
         group.save(str(tmp_path))
         assert (tmp_path / "actor" / "lora_adapter" / "adapter_model.safetensors").is_file()
-    finally:
-        tests_helpers.close_group(group)
-        next(session, None)
 
 
 def test_the_memory_model_counts_grads_and_adam_for_the_adapters_only():

@@ -148,11 +148,7 @@ def test_a_runs_rewards_and_validation_are_the_reward_models(tmp_path, monkeypat
 
 @pytest.mark.parametrize("sp", [1, 2])
 def test_two_fsdp2_ranks_score_as_one_device(tmp_path, sp):
-
-    from fully_async.actors.train_worker import TrainWorker
-    from fully_async.cluster.network import free_port
     from fully_async.train.backends.torch_backend import TorchBackend
-    from fully_async.train.group import connect_trainer_group
     import tests_helpers
 
     path = make_reward_model(tmp_path / "rm")
@@ -160,13 +156,7 @@ def test_two_fsdp2_ranks_score_as_one_device(tmp_path, sp):
               "actor_rollout_ref.model.use_remove_padding=true", "reward_model.micro_batch_size_per_gpu=2"]
     rows = token_rows([[3, 4, 5, 6, 7], [8, 9], [10, 11, 12], [13], [14, 15, 16]])
     want = TorchBackend(load_config(common), CPU, 10).compute_rm_scores(rows)
-    session = tests_helpers.ray_session(num_cpus=3)
-    next(session)
     cfg = load_config(common + ["actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=2",
                                 f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp}"])
-    group = connect_trainer_group(cfg, CPU, 10, ("127.0.0.1", free_port()), {"num_cpus": 1}, worker=TrainWorker)
-    try:
+    with tests_helpers.cpu_group(cfg) as group:
         torch.testing.assert_close(group.compute_rm_scores(rows), want, atol=1e-5, rtol=1e-5)
-    finally:
-        tests_helpers.close_group(group)
-        next(session, None)

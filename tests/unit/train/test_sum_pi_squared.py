@@ -51,25 +51,15 @@ def test_the_backend_computes_it_as_a_plain_forward(random_model_dir, extra):
 
 
 def test_two_fsdp2_ranks_compute_it_as_one_device(random_model_dir):
-
-    from fully_async.actors.train_worker import TrainWorker
-    from fully_async.cluster.network import free_port
-    from fully_async.train.group import connect_trainer_group
     import tests_helpers
 
     common = [f"actor_rollout_ref.model.path={random_model_dir}", *OTB,
               "actor_rollout_ref.model.use_remove_padding=true"]
     batch = build_batch(tiny_samples(groups=3, n=2))
     want = TorchBackend(load_config(common), CPU, 10).compute_sum_pi_squared(batch)
-    session = tests_helpers.ray_session(num_cpus=3)
-    next(session)
     cfg = load_config(common + ["actor_rollout_ref.actor.strategy=fsdp2", "trainer.n_gpus_per_node=2"])
-    group = connect_trainer_group(cfg, CPU, 10, ("127.0.0.1", free_port()), {"num_cpus": 1}, worker=TrainWorker)
-    try:
+    with tests_helpers.cpu_group(cfg) as group:
         torch.testing.assert_close(group.compute_sum_pi_squared(batch), want, atol=1e-5, rtol=1e-5)
-    finally:
-        tests_helpers.close_group(group)
-        next(session, None)
 
 
 @pytest.mark.parametrize("overrides,key,words", [
