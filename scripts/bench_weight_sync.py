@@ -2,11 +2,14 @@
 
     python scripts/bench_weight_sync.py --shapes 0.5b 3b --device cuda --out weight_sync.json
     python scripts/bench_weight_sync.py --shapes tiny --device cpu          # smoke test (gloo)
+    python scripts/bench_weight_sync.py --shapes 0.5b 3b --replicas 1 3 7   # one broadcast to K engines (K+1 devices)
     python scripts/bench_weight_sync.py --engine vllm --device cpu --models fully_async/assets/tiny_arithmetic/model
 
 Two Ray actors on two devices: a sender holding a Qwen2-shaped parameter set (random values,
 bf16 on accelerators) and a receiver holding a Qwen2 model of the same shape, as a rollout
-engine would.  Each weight update goes through the package's real transports
+engine would.  `--replicas K`: K receivers, each on its own device, join one broadcast group
+(rank 0 the sender, ranks 1..K the receivers, as a rollout pool of K engine replicas does), and a
+time is the push until the slowest receiver has loaded; collective only.  Each weight update goes through the package's real transports
 (fully_async.weight_sync.{collective,object_store}) into `load_named_tensors`, the engine's load.
 
 `--engine vllm`: the receiver is a real VLLMEngine on each checkpoint of `--models` (the sender
@@ -55,6 +58,12 @@ def load_model(path: str, device: Any, dtype: Any) -> Any:
     return model.eval().requires_grad_(False)
 
 
+def weights_checksum(model: Any) -> float:
+    """One number of a model's weights (float64 sum of |w| by parameter index), to tell that a receiver holds the
+    sender's weights after an update."""
+    return float(sum((i + 1) * p.detach().double().abs().sum().item() for i, p in enumerate(model.parameters())))
+
+
 class Sender:
     """Looks like a trainer backend to the weight-sync classes."""
 
@@ -79,6 +88,9 @@ class Sender:
 
     def nbytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def checksum(self) -> float:
+        return weights_checksum(self.model)
 
     def run(self, receiver: Any, transport: str, repeats: int, bucket_mb: int) -> list[dict]:
         from fully_async.weight_sync.collective import CollectiveWeightSync
@@ -115,6 +127,9 @@ class Receiver:
     def weight_receivers(self) -> int:
         return 1
 
+    def checksum(self) -> float:
+        return weights_checksum(self.model)
+
     def init_weight_group(self, addr: str, port: int, rank: int, world: int) -> None:
         self.weight_pg = self.device.new_group(addr, port, rank, world)
 
@@ -133,8 +148,35 @@ class Receiver:
         return self._load(receive(self.weight_pg, metas, buckets, getattr(torch, dtype.split(".")[-1]),
                                   self.device.torch_device()))
 
-    def update_weights(self, named: dict, version: int) -> dict:
+    def update_weights(self, named: Any, version: int) -> dict:
+        """The object-store path hands [ObjectRef] (unresolved, as to the rollouter, whose replicas read it)."""
+        import ray
+
+        if isinstance(named, list) and len(named) == 1:
+            named = ray.get(named[0])
         return self._load(named)
+
+
+class Receivers:
+    """K Receiver actors behind one handle, as the rollouter's engine pool of K replicas is: ranks first_rank ..
+    first_rank + K - 1 of the broadcast group, every one loading each bucket into its own model."""
+
+    def __init__(self, receivers: list):
+        self.receivers = receivers
+
+    def weight_receivers(self) -> int:
+        return len(self.receivers)
+
+    def init_weight_group(self, addr: str, port: int, rank: int, world: int) -> None:
+        import ray
+
+        ray.get([r.init_weight_group.remote(addr, port, rank + i, world) for i, r in enumerate(self.receivers)])
+
+    def receive_weights(self, metas: list, buckets: list, dtype: str, version: int) -> dict:
+        import ray
+
+        loads = ray.get([r.receive_weights.remote(metas, buckets, dtype, version) for r in self.receivers])
+        return {"load": max(t["load"] for t in loads)}
 
 
 class VLLMReceiver:
@@ -177,7 +219,11 @@ class VLLMReceiver:
                          self.device.torch_device())
         return self._load(lambda: self.engine.update_weights(stream, version))
 
-    def update_weights(self, named: dict, version: int) -> dict:
+    def update_weights(self, named: Any, version: int) -> dict:
+        import ray
+
+        if isinstance(named, list) and len(named) == 1:
+            named = ray.get(named[0])
         return self._load(lambda: self.engine.update_weights(named, version))
 
     def _load(self, load: Any) -> dict:
@@ -189,9 +235,10 @@ class VLLMReceiver:
         self.engine.close()
 
 
-def _row(label: str, transport: str, nbytes: int, runs: list[dict], repeats: int, device: Any) -> dict:
+def _row(label: str, transport: str, nbytes: int, runs: list[dict], repeats: int, device: Any,
+         replicas: int = 1) -> dict:
     wall = statistics.median(r["wall_s"] for r in runs)
-    return {"shape": label, "transport": transport, "gbytes": nbytes / 1e9, "median_s": wall,
+    return {"shape": label, "transport": transport, "replicas": replicas, "gbytes": nbytes / 1e9, "median_s": wall,
             "gbps": nbytes / 1e9 / wall, "load_s": statistics.median(
                 r.get("timing_s/param_sync/load", 0.0) for r in runs), "repeats": repeats, "device": device.name}
 
@@ -221,7 +268,12 @@ def measure_vllm(models: list[str], device_name: str, repeats: int, bucket_mb: i
     return rows
 
 
-def measure(shapes: list[str], device_name: str, repeats: int, bucket_mb: int) -> list[dict]:
+def measure(shapes: list[str], device_name: str, repeats: int, bucket_mb: int,
+            replicas: list[int] | None = None, timeout_s: float = 600.0) -> list[dict]:
+    """Per shape: collective and object store to one receiver (replicas None), or one broadcast to each K of
+    `replicas` receivers on devices of their own (collective only; a fresh sender and receivers per K, so no
+    group outlives its peers).  Each row is printed as it is measured; a transport that has not finished within
+    `timeout_s` raises, naming the shape, K and what it was doing."""
     import ray
 
     from fully_async.device import get_device
@@ -229,15 +281,32 @@ def measure(shapes: list[str], device_name: str, repeats: int, bucket_mb: int) -
     device = get_device(device_name)
     opts = device.ray_actor_options(1)
     rows = []
+
+    def wait(refs: Any, what: str) -> Any:
+        try:
+            return ray.get(refs, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"{what}: not done within {timeout_s:g}s") from None
+
     for shape in shapes:
-        sender = ray.remote(Sender).options(**opts).remote(shape, device_name)
-        receiver = ray.remote(Receiver).options(**opts).remote(shape, device_name)
-        nbytes = ray.get(sender.nbytes.remote())
-        for transport in ("collective", "object_store"):
-            runs = ray.get(sender.run.remote(receiver, transport, repeats, bucket_mb))
-            rows.append(_row(shape, transport, nbytes, runs, repeats, device))
-        ray.kill(sender)
-        ray.kill(receiver)
+        for k in replicas or [1]:
+            sender = ray.remote(Sender).options(**opts).remote(shape, device_name)
+            actors = [ray.remote(Receiver).options(**opts).remote(shape, device_name) for _ in range(k)]
+            receiver = actors[0] if replicas is None else ray.remote(Receivers).options(num_cpus=0).remote(actors)
+            nbytes = wait(sender.nbytes.remote(), f"{shape}: building the sender and {k} receiver(s)")
+            wait([a.checksum.remote() for a in actors], f"{shape}: building {k} receiver(s)")
+            for transport in ("collective", "object_store") if replicas is None else ("collective",):
+                what = f"{shape} {transport} to {k} receiver(s)"
+                print(f"[bench] {what} ...", flush=True)
+                runs = wait(sender.run.remote(receiver, transport, repeats, bucket_mb), what)
+                rows.append(_row(shape, transport, nbytes, runs, repeats, device, k))
+                print(f"[bench] {what}: median {rows[-1]['median_s']:.4f} s", flush=True)
+                want, got = wait(sender.checksum.remote(), what), wait([a.checksum.remote() for a in actors], what)
+                if any(g != want for g in got):
+                    raise RuntimeError(f"{what}: a receiver's weights differ from the sender's (checksums {got} "
+                                       f"vs {want})")
+            for actor in {id(a): a for a in [receiver, *actors, sender]}.values():
+                ray.kill(actor)
     return rows
 
 
@@ -251,28 +320,39 @@ def main(argv: list[str] | None = None) -> int:
                    help="receiver: a transformers model (hf) or a real VLLMEngine on --models")
     p.add_argument("--models", nargs="+", default=[],
                    help="--engine vllm: checkpoint directories (e.g. scripts/build_shaped_model.py output)")
+    p.add_argument("--replicas", nargs="+", type=int, metavar="K",
+                   help="one collective broadcast to K receivers on K devices of their own (K+1 devices in all), "
+                        "for each K given; the 1-receiver time is the baseline")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds a transport's updates may take (default 600)")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
     if args.engine == "vllm" and not args.models:
         p.error("--engine vllm needs --models DIR [DIR ...]")
+    if args.replicas and (args.engine != "hf" or min(args.replicas) < 1):
+        p.error("--replicas takes K >= 1 with the hf receiver")
     import ray
 
     from fully_async.device import describe_hardware, get_device
 
-    ray.init(include_dashboard=False, log_to_driver=False, num_cpus=max(2, os.cpu_count() or 2))
+    ray.init(include_dashboard=False, log_to_driver=False,
+             num_cpus=max(1 + max(args.replicas or [1]), os.cpu_count() or 2))  # a CPU device is one CPU per actor
     try:
         if args.engine == "vllm":
             rows = measure_vllm(args.models, args.device, args.repeats, args.bucket_mb)
         else:
-            rows = measure(args.shapes, args.device, args.repeats, args.bucket_mb)
+            rows = measure(args.shapes, args.device, args.repeats, args.bucket_mb, args.replicas, args.timeout)
     finally:
         ray.shutdown()
     print(f"hardware: {describe_hardware(get_device(args.device))}")
     width = max(6, *(len(r["shape"]) for r in rows))
-    print(f"{'shape':<{width}} {'transport':<17} {'GB':>7} {'median s':>9} {'GB/s':>7} {'load s':>7}")
+    print(f"{'shape':<{width}} {'transport':<17} {'replicas':>8} {'GB':>7} {'median s':>9} {'GB/s':>7} "
+          f"{'load s':>7} {'x 1 replica':>11}")
+    one = {(r["shape"], r["transport"]): r["median_s"] for r in rows if r["replicas"] == 1}
     for r in rows:
-        print(f"{r['shape']:<{width}} {r['transport']:<17} {r['gbytes']:7.3f} {r['median_s']:9.3f} "
-              f"{r['gbps']:7.2f} {r['load_s']:7.3f}")
+        ratio = r["median_s"] / one[(r["shape"], r["transport"])] if (r["shape"], r["transport"]) in one else None
+        r["x_one_replica"] = ratio
+        print(f"{r['shape']:<{width}} {r['transport']:<17} {r['replicas']:8d} {r['gbytes']:7.3f} {r['median_s']:9.3f} "
+              f"{r['gbps']:7.2f} {r['load_s']:7.3f} {'' if ratio is None else f'{ratio:.2f}x':>11}")
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(rows, fh, indent=1)

@@ -12,6 +12,7 @@
 #   bash scripts/gpu_verify.sh elastic                    (elastic vs split async vs sync, #27: N=2 or 4 GPUs)
 #   bash scripts/gpu_verify.sh seed                       (#28: sync vs split/elastic/colocated, seed-003 shape, N GPUs)
 #   bash scripts/gpu_verify.sh features                   (#24/#26: Ulysses over NCCL, LoRA, reward model, NPU path: 2 GPUs)
+#   bash scripts/gpu_verify.sh broadcast                  (#28: one weight broadcast to K engine replicas vs one: K+1 GPUs)
 #   bash scripts/gpu_verify.sh critic                     (#24: a PPO step with a critic next to GRPO's: 1 GPU)
 #
 # Expects the offline bundle in .gpubundle/ (../shared/tools/offline_bundle.sh) plus the tiny task
@@ -187,7 +188,16 @@ make_reward_model as m; m(pathlib.Path('/tmp/rm'), kind='token', bias=0.375)"
   fi
   want npu && CUDA_VISIBLE_DEVICES=0 timeout 240 python3 scripts/npu_on_cuda_check.py --out "$OUT/npu_vs_cuda.json" \
       --steps 4 actor_rollout_ref.model.use_remove_padding=true > "$OUT/features_npu.log" 2>&1; tail -5 "$OUT/features_npu.log"
+  want npu && cat /tmp/npu_vs_*/npu/hydra/failure_traceback.txt > "$OUT/npu_run_traceback.txt" 2>/dev/null
   tar czf "$OUT/features_runs.tgz" -C /tmp runs 2>/dev/null
+  ;;
+broadcast)
+  # #28: one collective weight broadcast from the trainer's rank 0 to K engine replicas, each on a GPU of its own,
+  # against one replica, 0.5B and 3B shapes (bf16); K from REPLICAS (default 1 .. GPUs - 1); every receiver's weights
+  # are checked against the sender's after the updates
+  N=$(nvidia-smi -L | wc -l)
+  timeout ${LIMIT:-300} python3 scripts/bench_weight_sync.py --shapes ${SHAPES:-0.5b 3b} --device cuda --repeats 5 \
+      --replicas ${REPLICAS:-$(seq -s' ' 1 $((N - 1)))} --timeout 90 --out "$OUT/weight_sync_replicas.json" 2>&1 | grep -v "^\[20" | tail -20
   ;;
 critic)
   # #24: a PPO step with a critic (adv_estimator=gae, n=1) next to GRPO's (n=8) on the 0.5B shape, one GPU, sync, the

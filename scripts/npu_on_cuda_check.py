@@ -64,7 +64,11 @@ def run(name: str, device: str, env: dict, work: str, steps: int, extra: list[st
            "trainer.progress_bar=false", "trainer.resume_mode=disable", "trainer.n_gpus_per_node=1",
            f"trainer.default_local_dir={work}/{name}/ckpt", f"hydra.run.dir={work}/{name}/hydra", *extra]
     r = subprocess.run(cmd, cwd=REPO, env=dict(env, TENSORBOARD_DIR=tb), capture_output=True, text=True)
-    out = {"cmd": cmd, "returncode": r.returncode, "tail": (r.stdout + r.stderr)[-3000:] if r.returncode else ""}
+    log = os.path.join(work, f"{name}.log")   # the whole output, for a failure's traceback from a Ray worker
+    with open(log, "w") as fh:
+        fh.write(r.stdout + r.stderr)
+    out = {"cmd": cmd, "returncode": r.returncode, "log": log,
+           "tail": (r.stdout + r.stderr)[-3000:] if r.returncode else ""}
     if r.returncode == 0:
         out["curves"] = read_curves(tb)
     return out

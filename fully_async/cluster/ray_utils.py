@@ -12,7 +12,13 @@ logger = logging.getLogger(__name__)
 
 
 class RunFailed(RuntimeError):
-    """An actor failed; the message names the actor and its root cause."""
+    """An actor failed; the message names the actor and its root cause.  `details`: the failing code's traceback
+    where one is known (failure_traceback), which the entry point writes to a file beside the run's log instead of
+    printing it."""
+
+    def __init__(self, message: str, details: str = ""):
+        super().__init__(message)
+        self.details = details
 
 
 class Unresponsive(RunFailed):
@@ -240,7 +246,7 @@ def supervise(runs: dict[Any, str], until: str, on_tick: Callable[[], None], tic
             try:
                 result = ray.get(ref)
             except Exception as exc:  # noqa: BLE001 - anything from an actor ends the run
-                raise RunFailed(_failure_message(name, exc, pending, helpers)) from None
+                raise _failure(name, exc, pending, helpers) from None
             if name == until:
                 return result
             logger.warning("%s finished before %s", name, until)
@@ -255,7 +261,7 @@ def supervise(runs: dict[Any, str], until: str, on_tick: Callable[[], None], tic
                     ray.get(ref)
                 except Exception as run_exc:  # noqa: BLE001
                     name = pending.pop(ref)
-                    raise RunFailed(_failure_message(name, run_exc, pending, helpers)) from None
+                    raise _failure(name, run_exc, pending, helpers) from None
             raise RunFailed(dead_helper(helpers) or f"lost contact with an actor: {type(exc).__name__}: {exc}") from None
 
 
@@ -273,8 +279,37 @@ def dead_helper(helpers: Optional[dict[str, Any]]) -> Optional[str]:
     return None
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def failure_traceback(exc: BaseException) -> str:
+    """The failing code's traceback behind a Ray error: the remote one a RayTaskError's text holds (the actor's
+    frames, `File ...` lines, down to the raised exception), else the exception's own."""
+    import traceback
+
+    import ray.exceptions as rex
+
+    seen: BaseException = exc
+    for _ in range(8):   # ActorDiedError -> RayTaskError -> the user's exception
+        if isinstance(seen, rex.RayTaskError):
+            return _ANSI.sub("", str(seen)).strip() + "\n"
+        cause = getattr(seen, "cause", None)
+        if not isinstance(cause, BaseException) or cause is seen:
+            break
+        seen = cause
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def _failure(name: str, exc: BaseException, others: dict[Any, str],
+             helpers: Optional[dict[str, Any]] = None) -> RunFailed:
+    """The RunFailed of an actor's failure: the message names the actor and the root cause, and carries its
+    traceback."""
+    message, cause = _failure_message(name, exc, others, helpers)
+    return RunFailed(message, details=failure_traceback(cause))
+
+
 def _failure_message(name: str, exc: BaseException, others: dict[Any, str],
-                     helpers: Optional[dict[str, Any]] = None) -> str:
+                     helpers: Optional[dict[str, Any]] = None) -> tuple[str, BaseException]:
     import ray
 
     failures = [(name, exc)]
@@ -289,8 +324,8 @@ def _failure_message(name: str, exc: BaseException, others: dict[Any, str],
     if is_secondary(exc):
         helper = dead_helper(helpers)
         if helper is not None:
-            return f"{helper} (then {name} failed calling it)"
-    return f"{name} failed: {describe(exc)}"
+            return f"{helper} (then {name} failed calling it)", exc
+    return f"{name} failed: {describe(exc)}", exc
 
 
 def kill_all(handles: list[Any]) -> None:

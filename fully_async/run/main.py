@@ -9,6 +9,7 @@ synchronous loop of `fully_async.actors.sync_loop` through the same launcher.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any, Optional
 
@@ -142,7 +143,21 @@ def hydra_main(cfg: DictConfig) -> None:
         sys.exit(130)
     except USER_ERRORS as exc:
         logger.error("%s", exc)
+        details = getattr(exc, "details", "")
+        if details:
+            logger.error("the failing code's traceback: %s", write_traceback(details))
         sys.exit(1)
+
+
+def write_traceback(details: str) -> str:
+    """A failure's traceback into failure_traceback.txt beside the run's log (Hydra's output folder), for a bug
+    report: the console keeps the one-line cause."""
+    from hydra.core.hydra_config import HydraConfig
+
+    path = os.path.join(HydraConfig.get().runtime.output_dir, "failure_traceback.txt")
+    with open(path, "w") as fh:
+        fh.write(details)
+    return path
 
 
 if __name__ == "__main__":

@@ -173,6 +173,13 @@ def test_failing_engine_replica_stops_the_run_naming_it(tmp_path):
     assert time.monotonic() - start < 150
     assert re.search(r"rollouter failed: ReplicaFailed: rollout engine replica 1 \(engine1\) failed: .*"
                      r"replica exploded on purpose", run.output), run.output[-3000:]
+    # the console keeps the one-line cause; the traceback, down to the engine's frame that raised, is in a file
+    # beside the run's log, and the console names it
+    tb = tmp_path / "hydra" / "failure_traceback.txt"
+    assert f"the failing code's traceback: {tb}" in run.output, run.output[-3000:]
+    text = tb.read_text()
+    assert re.search(r'File ".*fakes\.py", line \d+, in collect', text) and "replica exploded on purpose" in text
+    assert "\x1b[" not in text
 
 
 def test_a_stopped_trainer_is_named_and_the_run_ends(tmp_path):
