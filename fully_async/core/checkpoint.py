@@ -348,12 +348,14 @@ def flatten(tree: Any, prefix: str = "") -> dict:
 
 
 def _backend_of(flat: dict, strategy: Any) -> Any:
-    """strategy=fsdp is torch on one trainer device and fsdp2 on several, so a checkpoint written under `torch`
-    resumes under verl's default `fsdp` on one device."""
+    """strategy=fsdp is what config.fsdp_backend makes of the trainer's devices and dtype, so a checkpoint written
+    under `torch` resumes under verl's default `fsdp` on one float32 device."""
+    from fully_async.core.config import fsdp_backend
+
     if strategy != "fsdp":
         return strategy
     world = int(flat.get("trainer.nnodes") or 1) * int(flat.get("trainer.n_gpus_per_node") or 1)
-    return "fsdp2" if world > 1 else "torch"
+    return fsdp_backend(world, str(flat.get("actor_rollout_ref.actor.dtype") or "float32"))
 
 
 ASYNC_INERT_KEYS = ("data.train_batch_size",)  # RESUME_STATE_KEYS that async mode does not use

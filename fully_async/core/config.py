@@ -123,7 +123,7 @@ class PolicyLossConfig:
 
 @dataclass
 class ActorConfig:
-    # fsdp (verl's default: torch on one trainer device, fsdp2 on several) | torch (one device) |
+    # fsdp (verl's default: fsdp2, or torch on one trainer device in float32) | torch (one device) |
     # fsdp2 (data parallel, sharded) | megatron
     strategy: str = "fsdp"
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -549,13 +549,20 @@ def overlong_reference_length(cfg: Any) -> int:
     return int(ob.max_resp_len) if ob.max_resp_len is not None else int(cfg.data.max_response_length)
 
 
+def fsdp_backend(trainer_devices: int, dtype: str) -> str:
+    """What verl's `fsdp` strategy is here: fsdp2 on several trainer devices; on one, plain torch in float32 (FSDP
+    over one rank is plain training) and a one-rank fsdp2 in bf16/fp16, which keeps float32 master weights and
+    AdamW states and computes in the dtype, as verl's FSDP mixed precision does (plain torch would keep the
+    parameters themselves in bf16, where updates much smaller than a weight round away)."""
+    return "fsdp2" if trainer_devices > 1 or dtype != "float32" else "torch"
+
+
 def actor_strategy(cfg: Any) -> str:
-    """The backend the actor's strategy selects: verl's `fsdp` is torch on one trainer device, fsdp2 on
-    several (FSDP over one rank is plain training); the others as named."""
-    strategy = cfg.actor_rollout_ref.actor.strategy
-    if strategy == "fsdp":
-        return "fsdp2" if RunPlan.of(cfg).trainer_devices > 1 else "torch"
-    return strategy
+    """The backend the actor's strategy selects: verl's `fsdp` by fsdp_backend; the others as named."""
+    actor = cfg.actor_rollout_ref.actor
+    if actor.strategy == "fsdp":
+        return fsdp_backend(RunPlan.of(cfg).trainer_devices, actor.dtype)
+    return actor.strategy
 
 
 def sequence_parallel_size(cfg: Any) -> int:

@@ -328,16 +328,16 @@ def _check_rollout(cfg: Any) -> None:
 
 
 def _warn_pure_low_precision(cfg: Any) -> None:
-    """One trainer device (strategy torch) in bf16/fp16 keeps its parameters and AdamW states in that dtype: say so
-    (verl trains over float32 master weights; docs/verl_compat.md "Defaults that differ")."""
+    """strategy=torch in bf16/fp16 keeps its parameters and AdamW states in that dtype: say so (verl trains over
+    float32 master weights, as verl's `fsdp` does here on one device too: config.fsdp_backend)."""
     from fully_async.core.config import actor_strategy
 
     dtype = cfg.actor_rollout_ref.actor.dtype
     if dtype != "float32" and actor_strategy(cfg) == "torch":
-        logger.warning("actor_rollout_ref.actor.dtype=%s on one trainer device (strategy torch): parameters and AdamW "
-                       "states are %s, so updates much smaller than the weights round away (lr 1e-6: most do); "
-                       "verl keeps float32 master weights. Use actor.strategy=fsdp2 (float32 masters, %s compute) "
-                       "or actor.dtype=float32", dtype, dtype, dtype)
+        logger.warning("actor_rollout_ref.actor.dtype=%s with actor.strategy=torch: parameters and AdamW states are "
+                       "%s, so updates much smaller than the weights round away (lr 1e-6: most do); verl keeps "
+                       "float32 master weights. Use actor.strategy=fsdp or fsdp2 (float32 masters, %s compute) or "
+                       "actor.dtype=float32", dtype, dtype, dtype)
 
 
 def _check_async_training(cfg: Any) -> None:

@@ -51,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fully_async.core.config import uses_critic
+from fully_async.core.config import fsdp_backend, uses_critic
 from fully_async.planner.hardware import Shape
 
 GIB = 1024 ** 3
@@ -137,9 +137,9 @@ def activation_bytes(shape: Shape, tokens: int, cbytes: int, checkpointing: bool
     return float(acts), float(logits)
 
 
-def _strategy(strategy: str, dp: int) -> str:
-    """The backend a strategy selects at `dp` trainer devices (verl's fsdp: torch on one, fsdp2 on several)."""
-    return ("fsdp2" if dp > 1 else "torch") if strategy == "fsdp" else strategy
+def _strategy(strategy: str, dp: int, dtype: str) -> str:
+    """The backend a strategy selects at `dp` trainer devices (verl's fsdp: core.config.fsdp_backend)."""
+    return fsdp_backend(dp, dtype) if strategy == "fsdp" else strategy
 
 
 def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
@@ -150,7 +150,7 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
     ref = bool(actor.use_kl_loss)
     mem = RoleMemory("trainer")
     layers = shape.layers
-    strategy = _strategy(actor.strategy, dp)
+    strategy = _strategy(actor.strategy, dp, actor.dtype)
     size = actor.fsdp_config.fsdp_size
     shard = size if 0 < size < dp and dp % size == 0 else dp   # FSDP2's shard group (hybrid sharding: fsdp_size)
     mem.strategy = strategy

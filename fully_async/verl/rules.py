@@ -190,8 +190,10 @@ RULES: list[Rule] = [
     _warn_if("actor_rollout_ref.actor.optim.weight_decay_incr_style", _is("constant"), "constant",
              "weight decay is constant", "only a constant weight decay is implemented"),
     _map("actor_rollout_ref.actor.fsdp_config.dtype", "actor_rollout_ref.actor.dtype",
-         "verl's FSDP compute dtype is our actor.dtype (default float32, verl's bf16; on one trainer device a bf16 "
-         "actor keeps bf16 parameters and AdamW states where verl keeps float32 masters: warned at start)",
+         "verl's FSDP compute dtype is our actor.dtype (default float32, verl's bf16); in bf16/fp16 verl's `fsdp` "
+         "keeps float32 master weights and AdamW states on any number of trainer devices, one included (a one-rank "
+         "fsdp2), as verl does; only an explicit `actor.strategy=torch` trains the parameters in the dtype itself "
+         "(warned at start)",
          convert=lambda v: {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(v, v)),
     _map("actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype", "actor_rollout_ref.actor.dtype",
          "verl's FSDP1 mixed-precision compute dtype is our actor.dtype (float32 master weights)",
@@ -203,7 +205,7 @@ RULES: list[Rule] = [
     _warn("actor_rollout_ref.actor.fsdp_config.model_dtype", "FSDP2 keeps float32 master weights and computes "
           "in actor_rollout_ref.actor.dtype"),
     _warn("actor_rollout_ref.actor.fsdp_config.strategy", "set actor_rollout_ref.actor.strategy (fsdp maps to "
-          "torch on one trainer device, fsdp2 on several)"),
+          "fsdp2, or to plain torch on one trainer device in float32)"),
     _warn("actor_rollout_ref.actor.fsdp_config.*", "an FSDP1 wrapping/prefetch/determinism knob: FSDP2 here "
           "wraps each decoder layer and reshards after forward"),
     _warn("actor_rollout_ref.actor.fsdp_config.wrap_policy.*", "FSDP2 here wraps each decoder layer"),

@@ -36,8 +36,11 @@ P = SHAPE.params()
 
 
 def test_torch_strategy_keeps_params_grads_and_moments_in_the_actor_dtype():
-    m = trainer_memory(cfg("actor_rollout_ref.actor.dtype=bfloat16"), SHAPE, 1)
+    m = trainer_memory(cfg("actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.actor.strategy=torch"), SHAPE, 1)
     assert m.parts["params"] + m.parts["grads"] + m.parts["optimizer"] == 8 * P
+    # verl's fsdp on one bf16 device: a one-rank fsdp2, float32 masters (16 bytes a parameter)
+    one_rank = trainer_memory(cfg("actor_rollout_ref.actor.dtype=bfloat16"), SHAPE, 1)
+    assert one_rank.parts["params"] + one_rank.parts["grads"] + one_rank.parts["optimizer"] == 16 * P
     m32 = trainer_memory(cfg("actor_rollout_ref.actor.dtype=float32"), SHAPE, 1)
     assert m32.parts["optimizer"] == 8 * P
 
@@ -63,11 +66,13 @@ def test_megatron_tensor_parallel_and_distributed_optimizer_divide_the_state():
 
 
 def test_grads_count_fully_only_when_micro_batches_accumulate():
-    one = trainer_memory(cfg("actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    one = trainer_memory(cfg("actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.actor.strategy=torch",
+                             "actor_rollout_ref.actor.ppo_mini_batch_size=4",
                              "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
                              "data.train_batch_size=4"), SHAPE, 1)
     assert one.parts["grads"] == max(0.0, 2 * P - one.parts["activations"] - one.parts["logits"])
-    many = trainer_memory(cfg("actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    many = trainer_memory(cfg("actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.actor.strategy=torch",
+                              "actor_rollout_ref.actor.ppo_mini_batch_size=4",
                               "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
                               "data.train_batch_size=4"), SHAPE, 1)
     assert many.parts["grads"] == 2 * P
@@ -112,6 +117,7 @@ MEASURED_05B = [("false", "true", 11.16), ("true", "true", 3.49), ("false", "fal
 def test_the_trainer_estimate_is_within_ten_percent_of_the_measured_peak(ckpt, compile_, peak_gib):
     c = load_config(["actor_rollout_ref.model.path=Qwen2.5-0.5B", "trainer.device=cuda", "data.max_prompt_length=16",
                      "data.max_response_length=512", "actor_rollout_ref.actor.dtype=bfloat16",
+                     "actor_rollout_ref.actor.strategy=torch",   # what the peaks were measured under
                      "actor_rollout_ref.actor.ppo_mini_batch_size=32", "data.train_batch_size=32",
                      "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
                      f"actor_rollout_ref.model.enable_gradient_checkpointing={ckpt}",

@@ -1,0 +1,68 @@
+"""verl's `fsdp` strategy on ONE trainer device in bf16 keeps float32 master weights and AdamW states, as verl's FSDP
+mixed precision does (a one-rank fsdp2): at lr 1e-6 its weights move as a float32 run's do.  Plain torch in bf16
+(`actor.strategy=torch`, what verl's `fsdp` meant here on one device before) rounds almost every update away."""
+import logging
+
+import pytest
+import torch
+
+from fully_async.core.batch import build_batch
+from fully_async.core.config import actor_strategy
+from fully_async.core.config_checks import validate
+from fully_async.device import CPU
+from fully_async.planner.memory_model import _strategy
+from fully_async.run.hydra_setup import load_config
+from fully_async.train.ppo_update import ppo_update
+from fully_async.train.train_step import prepare_batch
+from test_torch_backend import make_samples
+
+
+def config(model_dir, *overrides):
+    return load_config([f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.actor.optim.lr=1e-6",
+                        "actor_rollout_ref.rollout.n=3", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                        *overrides])
+
+
+def share_moved(cfg, steps=3):
+    """The share of the weights (their full float32 values) that `steps` PPO updates changed."""
+    import torch.distributed as dist
+
+    from fully_async.train.group import build_local_backend
+
+    backend = build_local_backend(cfg, CPU, 10, 0, 1, None)
+    try:
+        before = {k: v.detach().float().clone() for k, v in backend.iter_full_parameters()}
+        for step in range(steps):
+            batch = build_batch(make_samples(seed=step))
+            prepare_batch(backend, cfg, batch, {})
+            ppo_update(backend, cfg, batch, num_mini_batches=1)
+        after = {k: v.detach().float() for k, v in backend.iter_full_parameters()}
+        dtypes = {v.dtype for _, v in backend.iter_full_parameters()}
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    changed = sum(int((before[k] != after[k]).sum()) for k in before)
+    return changed / sum(v.numel() for v in before.values()), dtypes
+
+
+@pytest.mark.parametrize("dtype,devices,backend", [("float32", 1, "torch"), ("bfloat16", 1, "fsdp2"),
+                                                    ("float16", 1, "fsdp2"), ("float32", 2, "fsdp2"),
+                                                    ("bfloat16", 2, "fsdp2")])
+def test_verl_fsdp_resolves_by_devices_and_dtype(random_model_dir, dtype, devices, backend):
+    cfg = config(random_model_dir, f"actor_rollout_ref.actor.dtype={dtype}", f"trainer.n_gpus_per_node={devices}")
+    assert actor_strategy(cfg) == backend
+    assert _strategy("fsdp", devices, dtype) == backend   # the memory model plans the same backend
+
+
+def test_one_device_bf16_moves_its_weights_like_float32(random_model_dir, caplog):
+    moved32, dtypes32 = share_moved(config(random_model_dir, "actor_rollout_ref.actor.dtype=float32"))
+    moved16, dtypes16 = share_moved(config(random_model_dir, "actor_rollout_ref.actor.dtype=bfloat16"))
+    assert dtypes32 == dtypes16 == {torch.float32}        # float32 masters in both
+    assert moved32 > 0.99 and moved16 > 0.99 and abs(moved16 - moved32) < 0.01, (moved16, moved32)
+    # what the same run did on plain torch: bf16 parameters, whose updates at lr 1e-6 round away, warned at start
+    caplog.set_level(logging.WARNING)
+    pure = config(random_model_dir, "actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.actor.strategy=torch")
+    validate(pure)
+    assert "parameters and AdamW states are bfloat16" in caplog.text
+    moved_pure, dtypes_pure = share_moved(pure)
+    assert dtypes_pure == {torch.bfloat16} and moved_pure < 0.05, moved_pure
