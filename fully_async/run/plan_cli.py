@@ -135,8 +135,11 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
     if opts.stage_costs is None:
         costs = est
     elif os.path.isdir(opts.stage_costs):
-        costs, run_prompt = run_stage_costs(opts.stage_costs)
-        costs = replace(costs, dp_efficiency=opts.dp_efficiency)
+        costs, run_prompt, run_trainer = run_stage_costs(opts.stage_costs)
+        # the run's per-device-token cost holds its own data-parallel efficiency: one device's is that times the
+        # efficiency assumed, so the run's own device count is predicted as measured
+        costs = replace(costs, dp_efficiency=opts.dp_efficiency,
+                        train_token_s=costs.train_token_s * (opts.dp_efficiency if run_trainer > 1 else 1.0))
         derived["measured"] = {"run": opts.stage_costs, "mode": costs.source}
         if opts.prompt_length is None and run_prompt:
             prompt = max(1, round(run_prompt))
@@ -169,8 +172,9 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
     return costs, derived, prompt
 
 
-def run_stage_costs(log_dir: str) -> tuple[Any, float]:
-    """StageCosts measured by a run (its TensorBoard dir: scalars and config.json), and its mean prompt length."""
+def run_stage_costs(log_dir: str) -> tuple[Any, float, int]:
+    """StageCosts measured by a run (its TensorBoard dir: scalars and config.json), its mean prompt length and its
+    trainer devices."""
     from fully_async.planner.stage_costs import aligned_scalars, from_run_scalars
 
     config_path = os.path.join(log_dir, "config.json")
@@ -193,7 +197,7 @@ def run_stage_costs(log_dir: str) -> tuple[Any, float]:
     except ValueError as exc:
         raise ConfigError("plan.stage_costs", str(exc)) from exc
     prompts = [v for _, v in series.get("prompt_length/mean", [])]
-    return costs, (sum(prompts) / len(prompts) if prompts else 0.0)
+    return costs, (sum(prompts) / len(prompts) if prompts else 0.0), trainer
 
 
 # ----------------------------------------------------------------------------------- sections

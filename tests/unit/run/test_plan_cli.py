@@ -107,7 +107,10 @@ def test_measured_stage_costs_from_a_run_log_dir(tmp_path):
     report = build_report([*SEVEN_B, f"plan.stage_costs={tmp_path}"])
     costs = report["throughput"]["costs"]
     assert costs["decode_step_s"] == pytest.approx(0.004)
-    assert costs["train_token_s"] == pytest.approx(3 * 0.5 * 2 / 3000)   # busy 0.5 s/step on 2 devices
+    # busy 0.5 s/step on 2 devices; one device's cost is that per device-token times the assumed data-parallel
+    # efficiency (0.9), so 2 devices are predicted to train as the run did
+    assert costs["train_token_s"] == pytest.approx(3 * 0.5 * 2 / 3000 * 0.9)
+    assert costs["dp_efficiency"] == 0.9
     assert costs["weight_sync_s"] == pytest.approx(0.1)
     assert report["throughput"]["prompt_length"] == 40
     assert any("measured by the run" in a for a in report["throughput"]["assumptions"])
@@ -186,3 +189,20 @@ def test_the_recommendation_skips_refused_placements():
               "throughput": {"results": [res]}}
     [line] = _recommendation(report)
     assert line.startswith("  8 devices: split") and "elastic would be faster but the run refuses it" in line
+
+
+@pytest.mark.parametrize("eff", [0.9, 0.6])
+def test_a_run_on_several_trainer_devices_is_predicted_at_its_own_count_as_measured(eff):
+    """The 4x H200 sync run (tests/fixtures/gpu_runs/h200_4dev_seed003/sync): whatever data-parallel efficiency is
+    assumed, the planner's training time for its own 4 devices is the run's (only other counts depend on it)."""
+    from fully_async.planner.sim_engine import StageCosts
+    from fully_async.run.plan_cli import run_stage_costs
+
+    run = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "fixtures", "gpu_runs", "h200_4dev_seed003",
+                       "sync")
+    raw, _, devices = run_stage_costs(run)   # seconds per token and trainer device, as the run spent them
+    assert devices == 4
+    costs = StageCosts(**build_report([*SEVEN_B, f"plan.stage_costs={run}",
+                                       f"plan.dp_efficiency={eff}"])["throughput"]["costs"])
+    assert costs.train_time(2_000_000, 4) == pytest.approx(2_000_000 * raw.train_token_s / 4)
+    assert costs.train_time(2_000_000, 1) == pytest.approx(2_000_000 * raw.train_token_s * eff)
