@@ -94,7 +94,9 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
     torch_backend.token_stats = plain_token_stats if plain else TOKEN_STATS
     unfused = plain or name.endswith("/unfused")   # full logits (token_stats over them) instead of the fused head
     name_kernel = name.removesuffix("/plain").removesuffix("/unfused")
+    # the plain torch backend on one device (what its README rows measured; verl's fsdp in bf16 is a one-rank fsdp2)
     overrides = [f"actor_rollout_ref.model.path={model_dir}", f"trainer.device={device.name}",
+                 "actor_rollout_ref.actor.strategy=torch",
                  f"actor_rollout_ref.actor.dtype={args.dtype}", "actor_rollout_ref.actor.optim.lr=1e-6",
                  "async_training.use_rollout_log_probs=false", "actor_rollout_ref.actor.use_dynamic_bsz=true",
                  f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.max_tokens}",

@@ -17,6 +17,7 @@ import torch
 from fully_async.algorithms.actor_loss import ActorLossOutput
 from fully_async.core.batch import TrainBatch
 from fully_async.core.config import FullyAsyncConfig
+from fully_async.core.plan import RunPlan
 
 # the loss of one micro-batch (on the backend's device) from the current policy's (B, L) log-probs and entropy,
 # normalised to its whole mini-batch (train/ppo_update.MicroBatchLoss)
@@ -132,6 +133,9 @@ def build_backend(cfg: FullyAsyncConfig, device: Any, total_optimizer_steps: int
     strategy = actor_strategy(cfg)
     if strategy in ("torch", "fsdp2"):  # fsdp2: the same backend, sharded over the trainer's process group
         from fully_async.train.backends.torch_backend import TorchBackend
+        if strategy == "fsdp2" and RunPlan.of(cfg).trainer_devices == 1:   # verl's fsdp on one bf16 device too
+            from fully_async.train.backends.fsdp import join_lone_rank
+            join_lone_rank(device)
         return TorchBackend(cfg, device, total_optimizer_steps)
     if strategy == "megatron":
         from fully_async.train.backends.megatron_backend import MegatronBackend

@@ -48,6 +48,14 @@ def init_process_group(device: Any, rank: int, world: int, addr: str, port: int,
     dist.init_process_group(device.comm_backend, store=store, rank=rank, world_size=world, **kwargs)
 
 
+def join_lone_rank(device: Any) -> None:
+    """A one-rank world of this process's own (a private store), unless it is in one already: for a one-device
+    fsdp2 backend built outside a trainer group (benches, tests), which has no ranks to meet."""
+    if not dist.is_initialized():
+        store = master_store("127.0.0.1", 1)
+        init_process_group(device, 0, 1, "127.0.0.1", store.port, store=store)
+
+
 _MESHES: dict[tuple[str, int], Any] = {}
 
 

@@ -66,3 +66,19 @@ def test_one_device_bf16_moves_its_weights_like_float32(random_model_dir, caplog
     assert "parameters and AdamW states are bfloat16" in caplog.text
     moved_pure, dtypes_pure = share_moved(pure)
     assert dtypes_pure == {torch.bfloat16} and moved_pure < 0.05, moved_pure
+
+
+def test_a_backend_built_outside_a_trainer_group_joins_a_world_of_its_own(random_model_dir):
+    """Benches and tests build the backend directly (no trainer group): verl's fsdp on one bf16 device still gets
+    its float32 masters, in a one-rank process group of the process's own."""
+    import torch.distributed as dist
+
+    from fully_async.train.backends import build_backend
+
+    assert not dist.is_initialized()
+    backend = build_backend(config(random_model_dir, "actor_rollout_ref.actor.dtype=bfloat16"), CPU, 10)
+    try:
+        assert dist.is_initialized() and dist.get_world_size() == 1 and backend.fsdp
+        assert {v.dtype for _, v in backend.iter_full_parameters()} == {torch.float32}
+    finally:
+        dist.destroy_process_group()
