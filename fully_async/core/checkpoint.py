@@ -361,6 +361,25 @@ def _backend_of(flat: dict, strategy: Any) -> Any:
 ASYNC_INERT_KEYS = ("data.train_batch_size",)  # RESUME_STATE_KEYS that async mode does not use
 
 
+def _check_backend_files(path: str, backend: Any) -> None:
+    """The trainer's part of the checkpoint is in the format of the backend that will load it: plain torch writes
+    actor_optim.pt, fsdp2 its shards (fsdp/).  verl's `fsdp` on one bf16/fp16 device was plain torch before it kept
+    float32 masters there (config.fsdp_backend), so such a checkpoint names the strategy that reads it."""
+    has_shards = os.path.isdir(os.path.join(path, "fsdp"))
+    has_plain = os.path.isfile(os.path.join(path, "actor_optim.pt"))
+    if backend == "fsdp2" and has_plain and not has_shards:
+        raise CheckpointError(f"cannot resume from {path}: its trainer state was written by the plain torch backend "
+                              "(actor_optim.pt, parameters in the actor's dtype), and this config trains with fsdp2 "
+                              "(float32 master weights; verl's fsdp on one bf16/fp16 device is fsdp2 now).  Resume "
+                              "it with actor_rollout_ref.actor.strategy=torch, or start fresh "
+                              "(trainer.resume_mode=disable or another trainer.default_local_dir)")
+    if backend == "torch" and has_shards and not has_plain:
+        raise CheckpointError(f"cannot resume from {path}: its trainer state is fsdp2 shards (fsdp/), and this config "
+                              "trains with the plain torch backend.  Resume it with "
+                              "actor_rollout_ref.actor.strategy=fsdp2, or start fresh (trainer.resume_mode=disable "
+                              "or another trainer.default_local_dir)")
+
+
 def check_resume_config(path: str, new_config: dict, allow: Any = ()) -> None:
     """Refuse to resume from `path` when a key of config.RESUME_STATE_KEYS differs between the config saved
     there and `new_config` (both resolved, nested dicts) and is not named in `allow`
@@ -384,6 +403,7 @@ def check_resume_config(path: str, new_config: dict, allow: Any = ()) -> None:
             a, b = _backend_of(old, a), _backend_of(new, b)
         if a != b:
             (accepted if key in set(allow or ()) else changed).append(f"{key}: {a!r} -> {b!r}")
+    _check_backend_files(path, _backend_of(new, new.get("actor_rollout_ref.actor.strategy")))
     if accepted:
         logger.warning("resuming from %s with changed keys accepted by trainer.resume_allow_config_change: %s",
                        path, "; ".join(accepted))

@@ -440,6 +440,26 @@ def test_resume_compares_the_backend_fsdp_selects(tmp_path):
         ck.check_resume_config(path, two, ["trainer.n_gpus_per_node"])
 
 
+def test_a_plain_torch_checkpoint_names_the_strategy_that_reads_it(tmp_path):
+    """One bf16 device: verl's fsdp wrote plain-torch checkpoints (actor_optim.pt) before it kept float32 masters
+    there; resuming one under the fsdp2 it resolves to now is refused naming strategy=torch, which resumes it."""
+    from fully_async.core.config import typed_config
+    from fully_async.run.launcher import config_dict
+
+    bf16 = ["actor_rollout_ref.actor.dtype=bfloat16"]
+    path = _write_ckpt(str(tmp_path), 2, config=config_dict(typed_config(load_config(bf16))))
+    open(os.path.join(path, "actor_optim.pt"), "wb").close()
+    with pytest.raises(ck.CheckpointError, match=r"plain torch backend.*actor_rollout_ref.actor.strategy=torch"):
+        ck.check_resume_config(path, config_dict(typed_config(load_config(bf16))))
+    torch_cfg = config_dict(typed_config(load_config(bf16 + ["actor_rollout_ref.actor.strategy=torch"])))
+    ck.check_resume_config(path, torch_cfg, ["actor_rollout_ref.actor.strategy"])
+    os.remove(os.path.join(path, "actor_optim.pt"))
+    os.makedirs(os.path.join(path, "fsdp"))
+    ck.check_resume_config(path, config_dict(typed_config(load_config(bf16))))   # fsdp2 shards: read as written
+    with pytest.raises(ck.CheckpointError, match=r"fsdp2 shards.*strategy=fsdp2"):
+        ck.check_resume_config(path, torch_cfg, ["actor_rollout_ref.actor.strategy"])
+
+
 def test_resume_allow_config_change_names_checked_keys():
     from fully_async.core.config import ConfigError
     from fully_async.core.config_checks import validate
