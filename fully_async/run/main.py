@@ -145,7 +145,11 @@ def hydra_main(cfg: DictConfig) -> None:
         logger.error("%s", exc)
         details = getattr(exc, "details", "")
         if details:
-            logger.error("the failing code's traceback: %s", write_traceback(details))
+            try:
+                logger.error("the failing code's traceback: %s", write_traceback(details))
+            except Exception as err:  # noqa: BLE001 - the run has failed already: its traceback goes to the log
+                logger.error("could not write failure_traceback.txt (%s); the failing code's traceback:\n%s",
+                             err, details)
         sys.exit(1)
 
 
