@@ -64,6 +64,14 @@ def weights_checksum(model: Any) -> float:
     return float(sum((i + 1) * p.detach().double().abs().sum().item() for i, p in enumerate(model.parameters())))
 
 
+def object_store_weights(named: Any) -> Any:
+    """The weights of an object-store push: it hands [ObjectRef] (unresolved, as to the rollouter, whose replicas
+    read the one copy); a receiver here reads it itself."""
+    import ray
+
+    return ray.get(named[0]) if isinstance(named, list) and len(named) == 1 else named
+
+
 class Sender:
     """Looks like a trainer backend to the weight-sync classes."""
 
@@ -149,12 +157,7 @@ class Receiver:
                                   self.device.torch_device()))
 
     def update_weights(self, named: Any, version: int) -> dict:
-        """The object-store path hands [ObjectRef] (unresolved, as to the rollouter, whose replicas read it)."""
-        import ray
-
-        if isinstance(named, list) and len(named) == 1:
-            named = ray.get(named[0])
-        return self._load(named)
+        return self._load(object_store_weights(named))
 
 
 class Receivers:
@@ -220,10 +223,7 @@ class VLLMReceiver:
         return self._load(lambda: self.engine.update_weights(stream, version))
 
     def update_weights(self, named: Any, version: int) -> dict:
-        import ray
-
-        if isinstance(named, list) and len(named) == 1:
-            named = ray.get(named[0])
+        named = object_store_weights(named)
         return self._load(lambda: self.engine.update_weights(named, version))
 
     def _load(self, load: Any) -> dict:

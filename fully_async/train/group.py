@@ -41,13 +41,13 @@ def build_local_backend(cfg: FullyAsyncConfig, device: Any, optimizer_steps: int
     """This process's backend; joins the trainer's process group first when the strategy shards (rank 0 with
     its own rendezvous `store`, fsdp.master_store)."""
     from fully_async.train.backends import build_backend
-    from fully_async.train.backends.fsdp import init_process_group, master_store
+    from fully_async.train.backends.fsdp import init_process_group, join_lone_rank
 
     if shards(cfg):
         if master is None:   # a lone rank (world 1) of a sharding strategy: a private store
-            store = master_store("127.0.0.1", world)
-            master = ("127.0.0.1", store.port)
-        init_process_group(device, rank, world, *master, store=store)
+            join_lone_rank(device)
+        else:
+            init_process_group(device, rank, world, *master, store=store)
     return build_backend(cfg, device, optimizer_steps)
 
 

@@ -3,16 +3,21 @@ import json
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 
-def test_broadcast_to_k_replicas_on_cpu(tmp_path, capsys, monkeypatch):
-    import bench_weight_sync
-
-    # the script's actors are its own classes: Ray's workers import them from scripts/
+@pytest.fixture
+def scripts_on_path(monkeypatch):
+    """The script's actors are its own classes: Ray's workers import them from scripts/."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (os.path.join(ROOT, "scripts"),
                                                                  os.environ.get("PYTHONPATH")) if p))
+
+
+def test_broadcast_to_k_replicas_on_cpu(tmp_path, capsys, scripts_on_path):
+    import bench_weight_sync
 
     out = tmp_path / "ws.json"
     assert bench_weight_sync.main(["--shapes", "tiny", "--device", "cpu", "--repeats", "1", "--replicas", "1", "2",
@@ -35,13 +40,11 @@ def test_receivers_start_from_other_weights():
     assert b.weights_checksum(a) == b.weights_checksum(c)
 
 
-def test_one_receiver_by_broadcast_and_by_object_store(tmp_path, monkeypatch):
+def test_one_receiver_by_broadcast_and_by_object_store(tmp_path, scripts_on_path):
     """Without --replicas: both transports to one receiver, each leaving it with the sender's weights (the object
     store hands the receiver [ObjectRef], as the trainer hands the rollouter)."""
     import bench_weight_sync
 
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (os.path.join(ROOT, "scripts"),
-                                                                 os.environ.get("PYTHONPATH")) if p))
     out = tmp_path / "ws.json"
     assert bench_weight_sync.main(["--shapes", "tiny", "--device", "cpu", "--repeats", "1", "--out", str(out)]) == 0
     assert [r["transport"] for r in json.loads(out.read_text())] == ["collective", "object_store"]
