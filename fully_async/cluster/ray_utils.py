@@ -115,6 +115,46 @@ def private_temp_root() -> str:
     return os.path.join(parent, "ray")
 
 
+AUTH_MODE, AUTH_TOKEN, AUTH_TOKEN_PATH = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+LISTENS_EVERYWHERE = ("Ray (2.60) binds the local cluster's GCS, raylet and worker servers to every network interface "
+                      "whatever address it advertises")
+
+
+def private_auth_token() -> Optional[str]:
+    """Token authentication for the local Ray this run starts, with a token of its own: Ray's servers listen on
+    every interface (LISTENS_EVERYWHERE; no Ray option binds them to the loopback), so what keeps other machines
+    and users out is the token every request must carry.  A fresh random token per run, in a 0600 file inside
+    the user's 0700 root (`private_temp_root`), where Ray's own default is one long-lived `~/.ray/auth_token`
+    written with the umask's permissions; Ray's processes inherit `RAY_AUTH_TOKEN_PATH`.  A token the user gave
+    (`RAY_AUTH_TOKEN` / `RAY_AUTH_TOKEN_PATH`) is used instead; `RAY_AUTH_MODE=disabled` is the user's to set and
+    is warned about.  Returns the token file written, if any (removed when the driver exits)."""
+    import atexit
+    import secrets
+
+    mode = os.environ.get(AUTH_MODE, "").lower()
+    if mode == "disabled":
+        logger.warning("%s=disabled: %s, so anyone who can reach this machine's ports can run code as this user in "
+                       "this run's Ray; unset it to keep Ray's token authentication on", AUTH_MODE, LISTENS_EVERYWHERE)
+        return None
+    path = None
+    if not (os.environ.get(AUTH_TOKEN) or os.environ.get(AUTH_TOKEN_PATH)):
+        name = f"ray_auth_token.{os.getpid()}.{secrets.token_hex(4)}"
+        path = os.path.join(os.path.dirname(private_temp_root()), name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        atexit.register(lambda: os.path.exists(path) and os.remove(path))
+        os.environ[AUTH_TOKEN_PATH] = path
+    os.environ[AUTH_MODE] = "token"
+    try:  # Ray caches the mode and the token per process; a driver that started a Ray before reads them again
+        from ray._raylet import AuthenticationTokenLoader, Config
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+    except (ImportError, AttributeError):  # pragma: no cover - a Ray without token authentication
+        logger.warning("this Ray has no token authentication: %s, unauthenticated", LISTENS_EVERYWHERE)
+    return path
+
+
 def session_dir() -> Optional[str]:
     try:
         import ray
@@ -129,7 +169,8 @@ def start_ray(num_cpus_needed: int, env_vars: Optional[dict] = None, address: Op
     """Join `address` (else `RAY_ADDRESS`) when set, else start a local Ray; returns True when we started it.
     `env_vars` reach every actor (the device's runtime variables, device.py); `namespace`: the job's own Ray
     namespace (jobs sharing a cluster keep their actor names apart).  A local Ray is this run's own: it
-    advertises the loopback address, its processes are shielded from the job's process-group signals
+    advertises the loopback address, answers only requests carrying this run's token (`private_auth_token`: Ray
+    listens on every interface), its processes are shielded from the job's process-group signals
     (`ray_processes_in_own_session`) and its session folders are private to the user (`private_temp_root`)."""
     import ray
 
@@ -143,6 +184,7 @@ def start_ray(num_cpus_needed: int, env_vars: Optional[dict] = None, address: Op
         except ConnectionError as exc:
             raise RunFailed(f"cannot join the Ray cluster at {address}: {exc}") from None
         return False
+    private_auth_token()
     with ray_processes_in_own_session():
         ray.init(num_cpus=max(num_cpus_needed, os.cpu_count() or 1), include_dashboard=False, runtime_env=env,
                  log_to_driver=True, _node_ip_address="127.0.0.1", _temp_dir=private_temp_root())

@@ -1,0 +1,76 @@
+"""The local Ray a run starts answers only requests that carry the run's own token: Ray 2.60 binds its servers to
+every interface whatever address it advertises (no option binds them to the loopback), so the token is what keeps
+other users and machines out (real Ray, a driver process of its own)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+DRIVER = r"""
+import json, os, sys
+import ray
+from fully_async.cluster.ray_utils import start_ray
+assert start_ray(num_cpus_needed=1)
+print(json.dumps({"gcs": ray.get_runtime_context().gcs_address, "token_path": os.environ.get("RAY_AUTH_TOKEN_PATH"),
+                  "workers_see": ray.get(ray.remote(lambda: os.environ.get("RAY_AUTH_TOKEN_PATH")).remote())}),
+      flush=True)
+sys.stdin.readline()             # the test's joins happen here
+ray.shutdown()
+"""
+JOIN = "import ray, sys; ray.init(address=sys.argv[1]); print('JOINED', ray.cluster_resources().get('CPU'))"
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
+    return {**env, **extra}
+
+
+def join(gcs, timeout=60, **env):
+    res = subprocess.run([sys.executable, "-c", JOIN, gcs], env=clean_env(**env), capture_output=True, text=True,
+                         timeout=timeout)
+    return res.returncode == 0 and "JOINED" in res.stdout
+
+
+def test_a_local_ray_answers_only_this_runs_token(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=clean_env(HOME=str(home)))
+    try:
+        info = json.loads(driver.stdout.readline())
+        path = info["token_path"]
+        # a fresh token of its own, readable by this user only, inside the 0700 root; every Ray process reads it
+        assert path and os.path.basename(path).startswith("ray_auth_token.")
+        assert os.stat(path).st_mode & 0o777 == 0o600
+        assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
+        assert info["workers_see"] == path
+        assert not (home / ".ray" / "auth_token").exists()     # Ray's shared default token is not written
+        # nobody without the token gets in: no authentication, a wrong token, another run's token
+        assert not join(info["gcs"], RAY_AUTH_MODE="disabled", HOME=str(home))
+        assert not join(info["gcs"], RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64, HOME=str(home))
+        # the right token does (the test's own control: the refusals above are the token's doing)
+        assert join(info["gcs"], RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=path, HOME=str(home))
+    finally:
+        driver.stdin.write("\n")
+        driver.stdin.flush()
+        driver.wait(timeout=60)
+    assert driver.returncode == 0
+    assert not os.path.exists(path)          # removed with the driver
+
+
+def test_a_users_disabled_authentication_is_warned(caplog):
+    from fully_async.cluster import ray_utils
+
+    old = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")}
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    try:
+        with caplog.at_level("WARNING"):
+            assert ray_utils.private_auth_token() is None
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    assert "every network interface" in caplog.text and "RAY_AUTH_MODE=disabled" in caplog.text
