@@ -77,9 +77,11 @@ TRACKER_DISTS = {"wandb": ("wandb",), "swanlab": ("swanlab",), "mlflow": ("mlflo
 def check_ray() -> Check:
     import ray
 
+    from fully_async.cluster.ray_utils import start_ray
+
     start = time.perf_counter()
     address = os.environ.get("RAY_ADDRESS")
-    ray.init(address=address, num_cpus=None if address else 1, include_dashboard=False, log_to_driver=False)
+    start_ray(num_cpus_needed=1, address=address)     # as a run starts (or joins) it: private folder, own token
     try:
         res = ray.cluster_resources()
     finally:
