@@ -397,6 +397,16 @@ class RewardModelModelConfig:
 
 
 @dataclass
+class SandboxFusionConfig:
+    # a SandboxFusion service (verl's reward_model.sandbox_fusion): the code data_sources (codecontests, apps,
+    # codeforces, taco) are scored by running each response against its test cases there (rewards/sandbox_fusion.py)
+    url: Optional[str] = None             # its run_code endpoint, e.g. http://host:8080/run_code; null: code sources
+    #                                       are refused (no generated code runs in the run's own processes)
+    max_concurrent: int = 64              # requests in flight to it from the scoring process
+    memory_limit_mb: int = 1024           # memory limit of one test run
+
+
+@dataclass
 class RewardModelConfig:
     # score each response with a reward model: its output at the last token replaces the rule/custom reward (verl's
     # reward managers return rm_scores as they are); run by the trainer's backend in mode=sync (train/backends/
@@ -407,10 +417,11 @@ class RewardModelConfig:
     max_length: Optional[int] = None      # reward-model tokens kept per response, from the left (null: all)
     use_dynamic_bsz: bool = "${critic.use_dynamic_bsz}"   # type: ignore[assignment]
     forward_max_token_len_per_gpu: int = "${critic.forward_max_token_len_per_gpu}"   # type: ignore[assignment]
-    reward_manager: str = "naive"         # naive | dapo
+    reward_manager: str = "naive"         # naive | dapo | prime (a call that raises or overruns timeout_s scores 0)
     timeout_s: Optional[float] = 300.0    # seconds one call of a custom reward function may take (it runs in a
     #                                       worker process); over it the run fails naming it. null/0: no limit
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
 
 
 @dataclass
@@ -500,7 +511,7 @@ ADV_ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectori
 OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")   # read the actor's sum_pi_squared
 GROUP_ADV_ESTIMATORS = tuple(e for e in ADV_ESTIMATORS if e not in ("reinforce_plus_plus", "remax", "gae"))
 POLICY_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo")
-REWARD_MANAGERS = ("naive", "dapo")
+REWARD_MANAGERS = ("naive", "dapo", "prime")
 LOGGERS = ("console", "tensorboard", "wandb", "swanlab", "mlflow")
 DTYPES = ("float32", "bfloat16", "float16")
 MODES = ("async", "sync")

@@ -398,6 +398,12 @@ def _check_reward(cfg: Any) -> None:
     path = cfg.custom_reward_function.path
     if path is not None and not os.path.isfile(path):
         raise ConfigError("custom_reward_function.path", f"file not found: {path}")
+    sandbox = cfg.reward_model.sandbox_fusion
+    if sandbox.url is not None and not str(sandbox.url).startswith(("http://", "https://")):
+        raise ConfigError("reward_model.sandbox_fusion.url", f"{sandbox.url!r}: give the SandboxFusion service's "
+                          "run_code endpoint as an http:// or https:// URL (e.g. http://localhost:8080/run_code)")
+    _at_least("reward_model.sandbox_fusion.max_concurrent", sandbox.max_concurrent, 1)
+    _at_least("reward_model.sandbox_fusion.memory_limit_mb", sandbox.memory_limit_mb, 1)
 
 
 def _check_benchmark(cfg: Any) -> None:

@@ -3,7 +3,8 @@
 verl's reward functions may return a float or a dict with a "score" key and extra metrics
 (DAPO's "acc", ...); this module is the single place that checks that contract, so a broken
 custom function fails on its first response with its own name in the message instead of
-poisoning advantages with NaN.  `reward_manager=dapo` adds DAPO's overlong-buffer penalty:
+poisoning advantages with NaN (`reward_manager=prime`, verl's prime manager, scores such a response 0.0 and
+counts it).  `reward_manager=dapo` adds DAPO's overlong-buffer penalty:
 a linear ramp from 0 at `max_response_length - len` tokens down to `-penalty_factor` at
 `max_response_length`.
 
@@ -126,6 +127,7 @@ class RewardManager:
         self.source = (os.path.abspath(source[0]), source[1]) if source else None
         self.source_kwargs = dict(source_kwargs or {})   # custom_reward_function.reward_kwargs, for the worker
         self.timeout_s = float(timeout_s) if timeout_s else 0.0
+        self.prime_failures = 0          # reward_manager=prime: responses scored 0.0 because their call failed
         self.pool: Optional[Any] = None  # the custom function's worker (isolated.ScoringPool), started on first use
         if self.source and self.timeout_s > 0:
             from fully_async.rewards.isolated import ScoringPool
@@ -213,13 +215,20 @@ class RewardManager:
         return min(-exceed_len / ob.len * ob.penalty_factor, 0.0)
 
     def score(self, data_source: str, response_str: str, ground_truth: Any, extra_info: Optional[dict],
-              response_length: int, sample: str = "") -> tuple[float, dict]:
+              response_length: int, sample: str = "", strict: bool = False) -> tuple[float, dict]:
         """(reward, extras) for one response; `response_length` is in tokens, `sample` names the response in
         errors (its id and prompt index).
 
         A custom function that raises becomes a RewardError naming the function, the file and line where it
         raised and the inputs, with the function's own traceback (describe_crash); one that overruns
-        reward_model.timeout_s, a RewardError naming the function, the sample and the limit."""
+        reward_model.timeout_s, a RewardError naming the function, the sample and the limit; under
+        reward_manager=prime both score 0.0 instead (verl's prime manager), counted and warned, unless `strict`."""
+        if self.reward_manager == "prime" and not strict:     # strict: the pre-run probe sees every failure
+            return self._prime_score(data_source, response_str, ground_truth, extra_info, sample)
+        return self._score(data_source, response_str, ground_truth, extra_info, response_length, sample)
+
+    def _score(self, data_source: str, response_str: str, ground_truth: Any, extra_info: Optional[dict],
+               response_length: int, sample: str) -> tuple[float, dict]:
         kwargs = dict(data_source=data_source, solution_str=response_str, ground_truth=ground_truth,
                       extra_info=extra_info)
         try:
@@ -230,7 +239,7 @@ class RewardManager:
         except RewardError:
             raise
         except NotImplementedError:
-            if self.compute_score is default_compute_score:
+            if inspect.unwrap(self.compute_score) is default_compute_score:
                 raise  # no built-in rule for this data_source: the caller names the fix
             raise self._crash(data_source, response_str, ground_truth) from None
         except Exception:  # noqa: BLE001 - the user's function crashed: say where, with its traceback
@@ -243,6 +252,25 @@ class RewardManager:
                 extra["overlong_reward"] = penalty
                 extra["overlong"] = penalty < 0
         return score, extra
+
+    def _prime_score(self, data_source: str, response_str: str, ground_truth: Any, extra_info: Optional[dict],
+                     sample: str) -> tuple[float, dict]:
+        """verl's prime reward manager: a call that raised or overran (reward_model.timeout_s, verl's 300 s) scores
+        0.0 instead of failing the run; the score is also `acc`.  Not silent here: each such response is counted
+        (`reward_extra/score_failed`) and warned about with the function's own report (the first few in full)."""
+        try:
+            score, extra = self._score(data_source, response_str, ground_truth, extra_info, 0, sample)
+        except RewardError as exc:
+            self.prime_failures += 1
+            if self.prime_failures <= PRIME_WARNINGS:
+                logger.warning("reward_manager=prime scores %s as 0.0 (verl's prime manager does): %s%s",
+                               sample or "a response", exc, "" if self.prime_failures < PRIME_WARNINGS else
+                               " (further such responses are counted in reward_extra/score_failed only)")
+            return 0.0, {"acc": 0.0, "score_failed": 1.0}
+        return score, {**extra, "acc": score, "score_failed": 0.0}
+
+
+PRIME_WARNINGS = 5    # failed calls under reward_manager=prime warned in full; the rest are counted
 
 
 def with_kwargs(fn: Callable[..., Any], extra: dict) -> Callable[..., Any]:
@@ -271,6 +299,11 @@ def build_reward_manager(cfg: Any) -> RewardManager:
         logger.info("reward: %s from %s", custom.name, custom.path)
     else:
         compute_score = default_compute_score
+        sandbox = cfg.reward_model.sandbox_fusion
+        if sandbox.url:     # verl hands the built-in rules its sandbox (never a custom function)
+            compute_score = with_kwargs(default_compute_score, dict(
+                sandbox_fusion_url=sandbox.url, memory_limit_mb=sandbox.memory_limit_mb,
+                sandbox_max_concurrent=sandbox.max_concurrent))
     return RewardManager(compute_score, reward_manager=cfg.reward_model.reward_manager,
                          max_response_length=cfg.data.max_response_length,
                          overlong_buffer=cfg.reward_model.overlong_buffer, source=source,

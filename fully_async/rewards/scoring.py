@@ -12,7 +12,7 @@ package can be compared with one from a verl run on the same data:
 | numina_{aops_forum, synthetic_math, amc_aime, synthetic_amc, cn_k12, olympiads} | prime_math (sympy) | 1.0 / 0.0 |
 | hiyouga/geometry3k | geo3k (mathruler's grader) | 0.9 * correct + 0.1 * format |
 | searchR1_{nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle} | search_r1 (EM) | 1 / 0.25 / 0 |
-| codecontests, apps, codeforces, taco | refused: verl runs code in a sandbox | NotImplementedError |
+| codecontests, apps, codeforces, taco | sandbox_fusion (reward_model.sandbox_fusion.url: the response's code run against the test cases in a SandboxFusion service); without a URL refused (verl's fallback, prime_code, runs the code in the trainer's own process) | pass rate over the first 10 cases |
 | arithmetic | this package's tiny CPU task: exact match | 1.0 / 0.0 |
 
 prime_math and geo3k need sympy and pylatexenc (`pip install 'fully_async[math]'`) and run in a worker
@@ -58,9 +58,10 @@ _CUSTOM_FIX = ("write compute_score(data_source, solution_str, ground_truth, ext
                "custom_reward_function.path=<file> (custom_reward_function.name=<function>, default compute_score)")
 
 
-def scorer_for(data_source: str) -> str:
+def scorer_for(data_source: str, sandbox: bool = False) -> str:
     """The name of verl's rule for `data_source` (gsm8k, math, math_dapo, prime_math, geo3k, search_r1,
-    arithmetic), or raise NotImplementedError naming the source and the custom_reward_function fix."""
+    arithmetic; sandbox_fusion for the code sources when `sandbox`: a SandboxFusion URL is configured), or raise
+    NotImplementedError naming the source and the fix."""
     if data_source == "arithmetic":
         return "arithmetic"
     if data_source == "openai/gsm8k":
@@ -76,10 +77,13 @@ def scorer_for(data_source: str) -> str:
     if data_source in SEARCH_R1_SOURCES:
         return "search_r1"
     if data_source in CODE_SOURCES:
+        if sandbox:
+            return "sandbox_fusion"
         raise NotImplementedError(
-            f"data_source={data_source!r} is a code task: verl scores it by running the response against test "
-            "cases in a sandbox (sandbox_fusion or prime_code), which fully_async does not ship or call. To train on "
-            f"it, {_CUSTOM_FIX}, calling your own sandbox; it must return a float, or a dict with a float 'score'")
+            f"data_source={data_source!r} is a code task: verl scores it by running the response against its test "
+            "cases in a sandbox. Set reward_model.sandbox_fusion.url=<a SandboxFusion service's run_code URL> (as "
+            "in verl; fully_async does not run generated code in its own processes, verl's prime_code fallback), "
+            f"or {_CUSTOM_FIX}; it must return a float, or a dict with a float 'score'")
     raise NotImplementedError(
         f"no built-in reward for data_source={data_source!r}; known: {list(KNOWN_DATA_SOURCES)}. To score it, "
         f"{_CUSTOM_FIX}")
@@ -98,16 +102,23 @@ def _require_sympy_extra(data_source: str, rule: str) -> None:
 
 
 def default_compute_score(data_source: str, solution_str: str, ground_truth: Any,
-                          extra_info: Optional[dict] = None, **kwargs: Any) -> Union[float, dict]:
+                          extra_info: Optional[dict] = None, sandbox_fusion_url: Optional[str] = None,
+                          memory_limit_mb: int = 1024, sandbox_max_concurrent: int = 64,
+                          **kwargs: Any) -> Union[float, dict]:
     """Score one response with verl's rule for its `data_source` (verl's default_compute_score).
 
-    A float, or for the DAPO rule a dict {"score": 1.0 | -1.0, "acc": bool, "pred": str}.  The
-    sympy-based rules (prime_math, geo3k) run in a worker process with a time limit
-    (fully_async.rewards.isolated).  Extra keyword arguments (verl's sandbox_fusion_url, ...) are ignored.
+    A float, or for the DAPO rule a dict {"score": 1.0 | -1.0, "acc": bool, "pred": str}, for a code source with
+    `sandbox_fusion_url` {"score": pass rate, "sandbox_api_errors": n}.  The sympy-based rules (prime_math, geo3k)
+    run in a worker process with a time limit (fully_async.rewards.isolated).  Other keyword arguments are ignored.
     """
-    rule = scorer_for(data_source)
+    rule = scorer_for(data_source, sandbox=bool(sandbox_fusion_url))
     if rule == "arithmetic":
         return arithmetic_score(solution_str, ground_truth)
+    if rule == "sandbox_fusion":
+        from fully_async.rewards import sandbox_fusion
+
+        return sandbox_fusion.compute_score(str(sandbox_fusion_url), solution_str, ground_truth,
+                                            memory_limit_mb=memory_limit_mb, max_concurrent=sandbox_max_concurrent)
     if rule == "gsm8k":
         res = gsm8k.compute_score(solution_str, ground_truth)
     elif rule == "math":

@@ -231,11 +231,36 @@ def probe_rewards(cfg: Any, records: list[PromptRecord]) -> None:
     for rec in records:
         firsts.setdefault(rec.data_source, rec)
     key = "custom_reward_function.path" if cfg.custom_reward_function.path else f"data.{cfg.data.reward_fn_key}"
+    check_sandbox(cfg, set(firsts))
     try:
         for source, rec in firsts.items():
             _probe(manager, key, source, rec)
     finally:
         manager.close()
+
+
+def check_sandbox(cfg: Any, sources: set[str]) -> None:
+    """reward_model.sandbox_fusion.url acts only on the code data_sources scored by the built-in rules: warned
+    when it cannot act, else the service is called once (print(1)) and a URL that does not answer is refused."""
+    from fully_async.rewards import sandbox_fusion
+    from fully_async.rewards.scoring import CODE_SOURCES
+
+    sandbox = cfg.reward_model.sandbox_fusion
+    if not sandbox.url:
+        return
+    code = sorted(sources & set(CODE_SOURCES))
+    if cfg.custom_reward_function.path or not code:
+        why = ("custom_reward_function.path scores every response (verl hands the sandbox to its built-in rules "
+               "only)" if cfg.custom_reward_function.path else
+               f"the data has no code data_source ({'|'.join(CODE_SOURCES)}); its sources: {sorted(sources)}")
+        logger.warning("reward_model.sandbox_fusion.url=%s has no effect: %s", sandbox.url, why)
+        return
+    error = sandbox_fusion.probe(sandbox.url, sandbox.memory_limit_mb)
+    if error:
+        raise ConfigError("reward_model.sandbox_fusion.url", f"{sandbox.url}: the SandboxFusion service did not run "
+                          f"print(1) ({error}); the data's {code} responses are scored there. Start the service or "
+                          "fix the URL (its run_code endpoint)")
+    logger.info("reward: data_sources %s scored in the SandboxFusion service at %s", code, sandbox.url)
 
 
 def _probe(manager: Any, key: str, source: str, rec: PromptRecord) -> None:
@@ -244,7 +269,7 @@ def _probe(manager: Any, key: str, source: str, rec: PromptRecord) -> None:
 
     try:
         manager.score(source, str(rec.ground_truth), rec.ground_truth, rec.extra_info, 1,
-                      sample=f"the pre-run probe (row {rec.index}, its ground truth as the response)")
+                      sample=f"the pre-run probe (row {rec.index}, its ground truth as the response)", strict=True)
     except RewardError as exc:
         if not hasattr(exc, "user_exception"):
             raise

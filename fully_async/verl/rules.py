@@ -390,8 +390,6 @@ RULES: list[Rule] = [
          "verl's DAPO reference length for the overlong penalty"),
     _refuse("reward_model.reward_kwargs.**", "the reward managers take overlong_buffer_cfg.* and max_resp_len "
             "only; pass a custom function's arguments as +custom_reward_function.reward_kwargs.<name>"),
-    _warn_if("reward_model.sandbox_fusion.url", _is(None), "null", "no sandbox",
-             "code sandboxes are not wired: score code with custom_reward_function.path"),
     _warn("reward_model.launch_reward_fn_async", "rewards are scored in the rollouter as each group finishes"),
     _warn("reward_model.use_reward_loop", RM_SERVED),
     _warn("reward_model.rollout.**", RM_SERVED),
@@ -544,7 +542,6 @@ SCRIPT_REFUSALS: list[tuple[str, str]] = [
     ("a reward model with strategy=megatron", r"reward_model\.enable"),
     ("LoRA with strategy=megatron", r"actor_rollout_ref\.model\.lora.*"),
     ("multi-turn / tool datasets (data.custom_cls)", r"data\.custom_cls\..*"),
-    ("code sandbox rewards", r"reward_model\.sandbox_fusion\..*"),
     ("megatron dist checkpoints", r".*\.megatron\.(use_dist_checkpointing|dist_checkpointing_path)"),
     ("interleaved pipeline (virtual pipeline stages)", r".*\.virtual_pipeline_model_parallel_size"),
     ("rollout engines other than hf and vllm (sglang, trtllm)", r"actor_rollout_ref\.rollout\.name"),

@@ -34,7 +34,9 @@ def test_default_config_is_valid():
     ("data.train_files=/nonexistent/train.parquet", "data.train_files"),
     ("actor_rollout_ref.model.path=/nonexistent/model", "actor_rollout_ref.model.path"),
     ("trainer.logger=[console,clearml]", "trainer.logger"),
-    ("reward_model.reward_manager=prime", "reward_model.reward_manager"),
+    ("reward_model.reward_manager=batch", "reward_model.reward_manager"),
+    ("reward_model.sandbox_fusion.url=localhost:8080/run_code", "reward_model.sandbox_fusion.url"),
+    ("reward_model.sandbox_fusion.max_concurrent=0", "reward_model.sandbox_fusion.max_concurrent"),
     ("trainer.device_peak_tflops=0", "trainer.device_peak_tflops"),
     ("trainer.device_peak_tflops=-989", "trainer.device_peak_tflops"),
 ])

@@ -151,8 +151,8 @@ def test_dapo_disabled_and_naive_ignore_length():
 
 
 def test_unknown_reward_manager():
-    with pytest.raises(ValueError, match=r"reward_model.reward_manager='prime'.*naive\|dapo"):
-        manager(lambda **kw: 1.0, reward_manager="prime")
+    with pytest.raises(ValueError, match=r"reward_model.reward_manager='batch'.*naive\|dapo\|prime"):
+        manager(lambda **kw: 1.0, reward_manager="batch")
 
 
 # ----------------------------------------------------------------------------------- build_reward_manager
