@@ -14,6 +14,7 @@
 #   bash scripts/gpu_verify.sh features                   (#24/#26: Ulysses over NCCL, LoRA, reward model, NPU path: 2 GPUs)
 #   bash scripts/gpu_verify.sh broadcast                  (#28: one weight broadcast to K engine replicas vs one: K+1 GPUs)
 #   bash scripts/gpu_verify.sh critic                     (#24: a PPO step with a critic next to GRPO's: 1 GPU)
+#   bash scripts/gpu_verify.sh megatron_critic            (#24: the megatron critic against the torch one, a PPO run: 1 GPU)
 #
 # Expects the offline bundle in .gpubundle/ (../shared/tools/offline_bundle.sh) plus the tiny task
 # as jsonl in .gpubundle/data/.  Model: a Qwen2.5-0.5B-shaped Qwen2 with random weights and the
@@ -231,6 +232,23 @@ print(sys.argv[2], {t: [round(v, 3) for _, v in sc[t]] for t in tags if t in sc}
 PY
   done
   tar czf "$OUT/critic_runs.tgz" -C /tmp/runs grpo gae 2>/dev/null
+  ;;
+megatron_critic)
+  # #24: PPO's critic on strategy=megatron against the torch critic (values, update, checkpoint: tests/gpu), then a
+  # sync PPO run (gae) with the megatron actor and critic on the bundled task, its first and last validation reward
+  export CUDA_VISIBLE_DEVICES=0
+  timeout ${TESTS_LIMIT:-200} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_megatron_critic.py 2>&1 | tail -15
+  TENSORBOARD_DIR=/tmp/runs/megatron_gae timeout ${RUN_LIMIT:-200} python3 -m fully_async.main \
+      --config-name=ppo_megatron_trainer "${PRESET[@]}" trainer.device=cuda data.train_files=.gpubundle/data/train.jsonl \
+      data.val_files=.gpubundle/data/val.jsonl algorithm.adv_estimator=gae critic.optim.lr=1e-4 \
+      trainer.total_training_steps=${STEPS:-30} trainer.resume_mode=disable trainer.save_freq=${SAVE_FREQ:-15} \
+      trainer.progress_bar=false trainer.logger=[console,tensorboard] "trainer.default_local_dir=/tmp/ckpt_mg" \
+      hydra.run.dir=/tmp/h_mg > "$OUT/megatron_gae.log" 2>&1
+  grep -E "^step|run finished|Error|error" "$OUT/megatron_gae.log" | tail -8
+  python3 -c "import sys; sys.path.insert(0, 'tests'); from tests_helpers import first_and_last_val as f, read_scalars as r; \
+s = r('/tmp/runs/megatron_gae'); print('val reward first/last', f('/tmp/runs/megatron_gae')); \
+print({k: [round(v, 4) for _, v in s[k]][::6] for k in ('critic/vf_loss', 'critic/vf_explained_var', 'critic/grad_norm') if k in s})"
+  cat /tmp/h_mg/failure_traceback.txt 2>/dev/null | tail -30
   ;;
 restructure)
   # after the loops were restructured (#22): every GPU test (engine, megatron parity with the one PPO update, packing,

@@ -255,13 +255,13 @@ def _check_critic(cfg: Any) -> None:
             raise ConfigError("trainer.critic_warmup", "there is no critic to warm up (algorithm.adv_estimator="
                               f"{alg.adv_estimator}, critic.enable={critic.enable}); use 0")
         return
-    if critic.strategy == "megatron" or cfg.actor_rollout_ref.actor.strategy == "megatron":
-        key = ("critic.strategy" if critic.strategy == "megatron" else
-               "algorithm.adv_estimator" if alg.adv_estimator == "gae" else "critic.enable")
-        raise ConfigError(key, "a critic (algorithm.adv_estimator=gae or critic.enable=true) is built by the torch "
-                          "/ fsdp2 backend only, and strategy=megatron has none: use actor_rollout_ref.actor.strategy "
-                          "and critic.strategy fsdp, fsdp2 or torch (or algorithm.adv_estimator=grpo)")
-    _choice("critic.strategy", critic.strategy, ("fsdp", "torch", "fsdp2"))
+    megatron = cfg.actor_rollout_ref.actor.strategy == "megatron"
+    if megatron != (critic.strategy == "megatron"):
+        actor = cfg.actor_rollout_ref.actor.strategy
+        raise ConfigError("critic.strategy", f"{critic.strategy!r} with actor_rollout_ref.actor.strategy={actor}: the "
+                          "critic is built by the actor's backend, so both are megatron or neither is (set "
+                          f"critic.strategy={'megatron' if megatron else 'fsdp'})")
+    _choice("critic.strategy", critic.strategy, ("fsdp", "torch", "fsdp2", "megatron"))
     _check_optim("critic.optim", critic.optim)
     _choice("critic.loss_agg_mode", critic.loss_agg_mode, LOSS_AGG_MODES)
     _at_least("critic.ppo_mini_batch_size", critic.ppo_mini_batch_size, 1)

@@ -69,7 +69,8 @@ def _refuse(pattern: str, note: str) -> Rule:
     return Rule(pattern, REFUSED, note)
 
 
-CRITIC_FOLLOWS = ("the critic is built by the actor's backend (train/backends/value_model.py): the actor's strategy, "
+CRITIC_FOLLOWS = ("the critic is built by the actor's backend (train/backends/value_model.py, megatron_critic.py): the "
+                  "actor's strategy, "
                   "sharding, dtype, offload and packing (actor_rollout_ref.actor.*, actor_rollout_ref.model.*)")
 RM = ("the reward model is built and run by the trainer's backend (reward_model.enable, model.path, "
       "model.input_tokenizer, micro_batch_size_per_gpu, max_length, use_dynamic_bsz, forward_max_token_len_per_gpu)")
@@ -140,8 +141,8 @@ CRITIC_RULES: list[Rule] = [
     _warn("critic.model.override_config.model_config", "verl's megatron critic override; HF config fields go "
           "directly under critic.model.override_config"),
     _warn("critic.model.override_config.moe_config.**", MOE),
-    _warn("critic.megatron.**", CRITIC_FOLLOWS + "; a megatron critic is not implemented (strategy=megatron with "
-          "a critic is refused)"),
+    _warn("critic.megatron.**", "the critic is built by the actor's backend in the actor's layout and dtype "
+          "(actor_rollout_ref.actor.megatron.*, actor_rollout_ref.actor.dtype; train/backends/megatron_critic.py)"),
 ]
 
 

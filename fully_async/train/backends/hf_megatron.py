@@ -158,8 +158,9 @@ def _shard(t: torch.Tensor, rank: int, size: int, dim: int = 0) -> torch.Tensor:
 
 
 def hf_to_megatron(hf_state: Mapping[str, torch.Tensor], hf_config: Any, tp_rank: int = 0, tp_size: int = 1,
-                   pp_rank: int = 0, pp_size: int = 1) -> dict[str, torch.Tensor]:
-    """Megatron state dict of TP rank `tp_rank` (and pipeline stage `pp_rank`) from a full HF state dict."""
+                   pp_rank: int = 0, pp_size: int = 1, lm_head: bool = True) -> dict[str, torch.Tensor]:
+    """Megatron state dict of TP rank `tp_rank` (and pipeline stage `pp_rank`) from a full HF state dict;
+    `lm_head=False`: no output layer (a critic's trunk, whose value head is not an LM head)."""
     check_supported(hf_config)
     _check_tp(hf_config, tp_size)
     nh, ng, hd = _heads(hf_config)
@@ -185,16 +186,17 @@ def hf_to_megatron(hf_state: Mapping[str, torch.Tensor], hf_config: Any, tp_rank
         out[dst + "mlp.linear_fc1.weight"] = torch.cat([gate, up], dim=0)
     if pp_rank == pp_size - 1:
         out["decoder.final_layernorm.weight"] = hf_state["model.norm.weight"].clone()
-        if not tied:
+        if lm_head and not tied:
             out["output_layer.weight"] = _shard(hf_state["lm_head.weight"], tp_rank, tp_size)
-        elif pp_size > 1:  # the last stage keeps its own copy of the tied embedding
+        elif lm_head and pp_size > 1:  # the last stage keeps its own copy of the tied embedding
             out["output_layer.weight"] = _shard(hf_state["model.embed_tokens.weight"], tp_rank, tp_size)
     return out
 
 
 def megatron_to_hf(mcore_states_per_tp_rank: list[Mapping[str, torch.Tensor]], hf_config: Any,
-                   pp_rank: int = 0, pp_size: int = 1) -> dict[str, torch.Tensor]:
-    """HF state dict (tied lm_head omitted) from the state dicts of every TP rank of one pipeline stage."""
+                   pp_rank: int = 0, pp_size: int = 1, lm_head: bool = True) -> dict[str, torch.Tensor]:
+    """HF state dict (tied lm_head omitted) from the state dicts of every TP rank of one pipeline stage;
+    `lm_head=False`: the stage has no LM head to convert (a critic's trunk)."""
     check_supported(hf_config)
     nh, ng, hd = _heads(hf_config)
     shards = [{k: v for k, v in s.items() if not k.endswith("_extra_state")} for s in mcore_states_per_tp_rank]
@@ -225,7 +227,7 @@ def megatron_to_hf(mcore_states_per_tp_rank: list[Mapping[str, torch.Tensor]], h
         out[dst + "mlp.up_proj.weight"] = torch.cat([h[1] for h in halves], dim=0)
     if "decoder.final_layernorm.weight" in first:
         out["model.norm.weight"] = first["decoder.final_layernorm.weight"].clone()
-        if not tied:
+        if lm_head and not tied:
             out["lm_head.weight"] = cat("output_layer.weight")
     return out
 

@@ -10,7 +10,8 @@ multiplied back by both.  Log-probs use megatron's vocab-parallel cross-entropy 
 and leave in Hugging Face names (`hf_megatron`).  Layers use the local spec (torch fallbacks, no Transformer
 Engine/Apex).  On Ascend NPU, MindSpeed patches megatron: `import mindspeed.megatron_adaptor` must run before
 megatron is first imported, which `_import_megatron` does when device.name == "npu".  Context parallelism is not
-implemented.
+implemented.  The critic of PPO (algorithm.adv_estimator=gae) is a GPTModel of the same layout with a value head
+(megatron_critic.py), stepped by this backend's forward_backward / optimizer_step with `which`/`model` "critic".
 """
 from __future__ import annotations
 
@@ -125,7 +126,12 @@ class MegatronBackend:
         self.model = self._build_model(hf_state, train=True)            # DDP(GPTModel)
         need_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.ref_model = self._build_model(hf_state, train=False) if need_ref else None
-        self.optimizer = self._build_optimizer()
+        a = arr.actor
+        self.optimizer = self._build_optimizer(self.model, a.optim.lr, a.optim.weight_decay, a.optim.betas,
+                                               a.grad_clip)
+        from fully_async.train.backends.megatron_critic import optional_critic
+
+        self.critic = optional_critic(self, cfg, total_optimizer_steps)   # algorithm.adv_estimator=gae
         optim = arr.actor.optim
         self.warmup_steps = warmup_steps(optim, total_optimizer_steps)
         self.lr_multiplier = lr_lambda(optim, total_optimizer_steps)    # step -> multiplier of optim.lr
@@ -137,12 +143,13 @@ class MegatronBackend:
         self._host: list[tuple[Any, Optional[torch.Tensor], int]] = []   # offloaded device storages
 
     # ------------------------------------------------------------------ construction
-    def _transformer_config(self) -> Any:
+    def _transformer_config(self, hf_config: Any = None) -> Any:
+        """The TransformerConfig of `hf_config` (default: the actor's model) in this backend's layout."""
         from megatron.core.transformer import TransformerConfig
         from omegaconf import OmegaConf
 
         m = self.mcfg
-        kwargs = hf_megatron.transformer_config_kwargs(self.hf_config, self.dtype)
+        kwargs = hf_megatron.transformer_config_kwargs(hf_config or self.hf_config, self.dtype)
         kwargs.update(tensor_model_parallel_size=m.tensor_model_parallel_size,
                       pipeline_model_parallel_size=m.pipeline_model_parallel_size,
                       context_parallel_size=m.context_parallel_size,
@@ -157,15 +164,21 @@ class MegatronBackend:
         kwargs.update(OmegaConf.to_container(override) if OmegaConf.is_config(override) else (override or {}))
         return TransformerConfig(**kwargs)
 
-    def _build_model(self, hf_state: Mapping[str, torch.Tensor], train: bool) -> torch.nn.Module:
+    def _build_model(self, hf_state: Mapping[str, torch.Tensor], train: bool, hf_config: Any = None,
+                     tcfg: Any = None, head: Optional[Callable[[torch.nn.Module], None]] = None) -> torch.nn.Module:
+        """GPTModel of `hf_config` (default: the actor's) with this rank's slice of `hf_state`; `head(model)`
+        replaces the last stage's output layer (the critic's value head), which is then not loaded from HF."""
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-        spec = get_gpt_layer_local_spec(qk_layernorm=hf_megatron.has_qk_norm(self.hf_config), normalization="RMSNorm")
-        model = GPTModel(self.tcfg, spec,
+        hf_config, tcfg = hf_config or self.hf_config, tcfg or self.tcfg
+        spec = get_gpt_layer_local_spec(qk_layernorm=hf_megatron.has_qk_norm(hf_config), normalization="RMSNorm")
+        model = GPTModel(tcfg, spec,
                          pre_process=self.ps.is_pipeline_first_stage(), post_process=self.ps.is_pipeline_last_stage(),
-                         parallel_output=True, **hf_megatron.gpt_model_kwargs(self.hf_config))
-        self._load_local(model, hf_state)
+                         parallel_output=True, **hf_megatron.gpt_model_kwargs(hf_config))
+        if head is not None:
+            head(model)
+        self._load_local(model, hf_state, hf_config, skip=("output_layer.",) if head is not None else ())
         model.to(self.torch_device)
         if not train:
             return model.eval().requires_grad_(False)
@@ -174,28 +187,30 @@ class MegatronBackend:
 
         ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                 use_distributed_optimizer=self.mcfg.use_distributed_optimizer)
-        self.tcfg.finalize_model_grads_func = finalize_model_grads  # dp all-reduce (+ tied-embedding grads)
-        return DistributedDataParallel(config=self.tcfg, ddp_config=ddp_cfg, module=model)
+        tcfg.finalize_model_grads_func = finalize_model_grads  # dp all-reduce (+ tied-embedding, SP-norm grads)
+        return DistributedDataParallel(config=tcfg, ddp_config=ddp_cfg, module=model)
 
-    def _load_local(self, model: torch.nn.Module, hf_state: Mapping[str, torch.Tensor]) -> None:
-        """Copy this rank's slice of a full HF state dict into `model` (in place: DDP views survive)."""
-        state = hf_megatron.hf_to_megatron(hf_state, self.hf_config, self.tp_rank, self.tp, self.pp_rank, self.pp)
+    def _load_local(self, model: torch.nn.Module, hf_state: Mapping[str, torch.Tensor], hf_config: Any = None,
+                    skip: tuple[str, ...] = ()) -> None:
+        """Copy this rank's slice of a full HF state dict into `model` (in place: DDP views survive); parameters
+        whose names start with a prefix in `skip` are not read (the critic's value head)."""
+        state = hf_megatron.hf_to_megatron(hf_state, hf_config or self.hf_config, self.tp_rank, self.tp,
+                                           self.pp_rank, self.pp, lm_head=not skip)
         missing, unexpected = model.load_state_dict(state, strict=False)
-        missing = [k for k in missing if not k.endswith("_extra_state")]
+        missing = [k for k in missing if not k.endswith("_extra_state") and not k.startswith(skip)]
         if missing or unexpected:
             raise RuntimeError(f"HF -> megatron conversion does not match GPTModel: missing {missing}, "
                                f"unexpected {unexpected}")
 
-    def _build_optimizer(self) -> Any:
+    def _build_optimizer(self, model: Any, lr: float, weight_decay: float, betas: Any, grad_clip: float) -> Any:
         """fp32 master weights, TP/PP-aware clipping; states sharded over dp with use_distributed_optimizer.
         Without Apex/TE the inner optimizer is torch.optim.AdamW (no weight decay on norms/biases)."""
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-        a = self.actor_cfg
         return get_megatron_optimizer(OptimizerConfig(
-            optimizer="adam", lr=a.optim.lr, weight_decay=a.optim.weight_decay, adam_beta1=a.optim.betas[0],
-            adam_beta2=a.optim.betas[1], clip_grad=a.grad_clip, bf16=self.dtype == torch.bfloat16,
-            params_dtype=self.dtype, use_distributed_optimizer=self.mcfg.use_distributed_optimizer), [self.model])
+            optimizer="adam", lr=lr, weight_decay=weight_decay, adam_beta1=betas[0], adam_beta2=betas[1],
+            clip_grad=grad_clip, bf16=self.dtype == torch.bfloat16, params_dtype=self.dtype,
+            use_distributed_optimizer=self.mcfg.use_distributed_optimizer), [model])
 
     # ------------------------------------------------------------------ forward plumbing
     def _dp_rows(self, n: int) -> tuple[list[int], float]:
@@ -269,7 +284,10 @@ class MegatronBackend:
     def forward_backward(self, mini: MiniBatch) -> dict[str, float]:
         """Megatron's (pipelined) schedule over this data-parallel rank's micro-batches of `mini`, from zero
         gradients; the metrics of the real micro-batches summed over dp shards and pipeline stages (identical on
-        every rank from here on).  A rank without rows of its own runs a zero-mask row (sharding.py)."""
+        every rank from here on).  A rank without rows of its own runs a zero-mask row (sharding.py).  A critic
+        mini-batch (`mini.model`) goes to the critic."""
+        if mini.model == "critic":
+            return self._critic().forward_backward(mini)
         micro, real = mini.shard(self.dp_rank)
         mbs = [mb.to(self.torch_device) for mb in micro]
         self.model.train()
@@ -284,17 +302,23 @@ class MegatronBackend:
                 stats += s
         return {k: float(v) for k, v in zip(keys, self._sum_replicas(stats).cpu())}
 
+    def _critic(self) -> Any:
+        if self.critic is None:
+            raise RuntimeError("values requested but no critic was built (algorithm.adv_estimator=gae or "
+                               "critic.enable=true builds one)")
+        return self.critic
+
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
-        """No critic with strategy=megatron: config_checks refuses algorithm.adv_estimator=gae / critic.enable
-        with it before anything is built; reaching here is a bug."""
-        raise RuntimeError("strategy=megatron builds no critic (algorithm.adv_estimator=gae is refused with it)")
+        """(B, L) values of `batch` under the critic (0 off the response), on every rank."""
+        return self._critic().values(batch)
 
     def optimizer_step(self, finite: bool, which: str = "actor") -> StepResult:
         """Global grad norm over tp/pp(/dp) before clipping; megatron's step clips to grad_clip and copies into
-        the params.  The LR follows the schedule by taken steps.  There is no critic here (config_checks refuses
-        one with strategy=megatron)."""
+        the params.  The LR follows the schedule by taken steps.  `which`: the actor or the critic."""
+        if which == "critic":
+            return self._critic().optimizer_step(finite)
         if which != "actor":
-            raise ValueError(f"strategy=megatron has no {which} model to step")
+            raise ValueError(f"which={which!r} is not 'actor' or 'critic'")
         grad_norm = None
         if finite:
             self.optimizer.prepare_grads()
@@ -316,6 +340,11 @@ class MegatronBackend:
 
         Collective: every rank calls it (TP shards are all-gathered, later stages sent to stage 0)."""
         local = {k: v for k, v in self.model.module.state_dict().items() if not k.endswith("_extra_state")}
+        return self._gather_hf(local, self.hf_config)
+
+    def _gather_hf(self, local: dict[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
+        """The full HF state dict of a model whose megatron state on this rank is `local`, on global rank 0 ({} on
+        the others); collective over every rank."""
         root = self.tp_rank == 0 and self.dp_rank == 0
         shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.tp)]
         for name in sorted(local):
@@ -327,7 +356,8 @@ class MegatronBackend:
                 shards[r][name] = p.to("cpu", copy=True)
         if not root:
             return {}
-        hf = hf_megatron.megatron_to_hf(shards, self.hf_config, self.pp_rank, self.pp)
+        hf = hf_megatron.megatron_to_hf(shards, hf_config, self.pp_rank, self.pp,
+                                        lm_head=any(k.startswith("output_layer.") for k in local))
         return self._gather_stages(hf) if self.pp > 1 else hf
 
     def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
@@ -366,9 +396,9 @@ class MegatronBackend:
     def _ckpt_file(self, path: str) -> str:
         return os.path.join(path, "actor_megatron_optim", f"rank_{dist.get_rank():05d}.pt")
 
-    def _inner_optimizers(self) -> list[torch.optim.Optimizer]:
+    def _inner_optimizers(self, optimizer: Any) -> list[torch.optim.Optimizer]:
         """The torch optimizers over this rank's fp32 master params (shards, with the distributed one)."""
-        return [o.optimizer for o in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
+        return [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])]
 
     def save(self, path: str) -> None:
         """actor/ as a Hugging Face folder (rank 0) + per-rank optimizer/RNG files (resume: same sizes)."""
@@ -381,26 +411,39 @@ class MegatronBackend:
             save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(path, "actor", "model.safetensors"),
                       metadata={"format": "pt"})
             self.hf_config.save_pretrained(os.path.join(path, "actor"))
-        # the inner torch optimizers' states and master params as they are on this rank (megatron's own
-        # dp-zero parameter-state files do not round-trip torch's AdamW "step" state)
-        optim = [{"state": o.state_dict(), "main": [p.detach().cpu() for g in o.param_groups for p in g["params"]]}
-                 for o in self._inner_optimizers()]
         torch.save({"optim_steps": self.optim_steps, "num_bad_steps": self.num_bad_steps, "py_rng": self.rng.getstate(),
-                    "torch_rng": torch.get_rng_state(), "layout": (self.tp, self.pp, self.dp), "optimizer": optim},
-                   self._ckpt_file(path))
+                    "torch_rng": torch.get_rng_state(), "layout": (self.tp, self.pp, self.dp),
+                    "optimizer": self._optimizer_state(self.optimizer)}, self._ckpt_file(path))
         dist.barrier()
+        if self.critic is not None:
+            self.critic.save(path)
+
+    def _optimizer_state(self, optimizer: Any) -> list[dict]:
+        """The inner torch optimizers' states and master params as they are on this rank (megatron's own dp-zero
+        parameter-state files do not round-trip torch's AdamW "step" state)."""
+        return [{"state": o.state_dict(), "main": [p.detach().cpu() for g in o.param_groups for p in g["params"]]}
+                for o in self._inner_optimizers(optimizer)]
+
+    @torch.no_grad()
+    def _load_optimizer_state(self, optimizer: Any, saved: list[dict]) -> None:
+        for inner, one in zip(self._inner_optimizers(optimizer), saved):
+            inner.load_state_dict(one["state"])
+            for p, value in zip((p for g in inner.param_groups for p in g["params"]), one["main"]):
+                p.copy_(value)                           # fp32 masters (the bf16 params are their rounding)
+
+    def _check_layout(self, path: str, layout: Any) -> None:
+        if tuple(layout) != (self.tp, self.pp, self.dp):
+            raise RuntimeError(f"checkpoint {path} was written with (tp, pp, dp)={tuple(layout)} but this "
+                               f"run has {(self.tp, self.pp, self.dp)}: resume with the same actor.megatron sizes")
 
     @torch.no_grad()
     def load(self, path: str) -> None:
         extra = torch.load(self._ckpt_file(path), weights_only=True)
-        if tuple(extra["layout"]) != (self.tp, self.pp, self.dp):
-            raise RuntimeError(f"checkpoint {path} was written with (tp, pp, dp)={tuple(extra['layout'])} but this "
-                               f"run has {(self.tp, self.pp, self.dp)}: resume with the same actor.megatron sizes")
+        self._check_layout(path, extra["layout"])
         self._load_local(self.model.module, hf_megatron.SafetensorsFolder(os.path.join(path, "actor")))
-        for inner, saved in zip(self._inner_optimizers(), extra["optimizer"]):
-            inner.load_state_dict(saved["state"])
-            for p, value in zip((p for g in inner.param_groups for p in g["params"]), saved["main"]):
-                p.copy_(value)                           # fp32 masters (the bf16 params are their rounding)
+        self._load_optimizer_state(self.optimizer, extra["optimizer"])
+        if self.critic is not None:
+            self.critic.load(path)
         self.optim_steps, self.num_bad_steps = extra["optim_steps"], extra["num_bad_steps"]
         self.rng.setstate(extra["py_rng"])
         torch.set_rng_state(extra["torch_rng"])
@@ -411,13 +454,16 @@ class MegatronBackend:
         model, keeping host copies (grad buffers are re-zeroed instead).  Every view keeps its storage."""
         if not self.device.is_accelerator or self._host:
             return
-        tensors = [(p, True) for p in self.model.parameters()]
-        for buf in self.model.buffers:                           # DDP's contiguous param/grad buffers
-            tensors += [(buf.grad_data, False), (getattr(buf, "param_data", None), True)]
-        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-            tensors += [(p, True) for group in opt.optimizer.param_groups for p in group["params"]]
-            tensors += [(v, True) for st in opt.optimizer.state.values() for v in st.values()
-                        if isinstance(v, torch.Tensor)]
+        tensors: list[tuple[Any, bool]] = []
+        trained = [(self.model, self.optimizer)] + ([(self.critic.model, self.critic.optimizer)] if self.critic else [])
+        for model, optimizer in trained:
+            tensors += [(p, True) for p in model.parameters()]
+            for buf in model.buffers:                            # DDP's contiguous param/grad buffers
+                tensors += [(buf.grad_data, False), (getattr(buf, "param_data", None), True)]
+            for inner in self._inner_optimizers(optimizer):
+                tensors += [(p, True) for group in inner.param_groups for p in group["params"]]
+                tensors += [(v, True) for st in inner.state.values() for v in st.values()
+                            if isinstance(v, torch.Tensor)]
         tensors += [(p, True) for p in (self.ref_model.parameters() if self.ref_model is not None else [])]
         seen: dict[int, tuple[Any, Optional[torch.Tensor], int]] = {}
         for t, keep in tensors:

@@ -36,8 +36,8 @@ def test_no_critic_without_gae_unless_enabled():
     ([*GAE, "critic.optim.lr_scheduler_type=wsd"], "critic.optim.lr_scheduler_type", "cosine"),
     ([*GAE, "critic.cliprange_value=-1"], "critic.cliprange_value", ">= 0"),
     ([*GAE, "critic.ppo_micro_batch_size_per_gpu=0"], "critic.ppo_micro_batch_size_per_gpu", ">= 1"),
-    ([*GAE, "critic.strategy=megatron"], "critic.strategy", "torch / fsdp2"),
-    ([*GAE, "actor_rollout_ref.actor.strategy=megatron"], "algorithm.adv_estimator", "strategy=megatron has none"),
+    ([*GAE, "critic.strategy=megatron"], "critic.strategy", "both are megatron or neither is"),
+    ([*GAE, "actor_rollout_ref.actor.strategy=megatron"], "critic.strategy", "set critic.strategy=megatron"),
     ([*GAE, "critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=8"], "critic.ppo_max_token_len_per_gpu",
      "cannot hold one sequence"),
 ])

@@ -219,3 +219,26 @@ def test_qwen3_megatron_config_asks_for_qk_layernorm_and_head_dim():
     m = hm.hf_to_megatron(hf_params(tiny_qwen3(False)[1]), cfg, tp_rank=1, tp_size=2)
     assert m["decoder.layers.0.self_attention.linear_qkv.weight"].shape == (NG // 2 * (NH // NG + 2) * 24, HIDDEN)
     assert m["decoder.layers.0.self_attention.linear_proj.weight"].shape == (HIDDEN, NH * 24 // 2)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 2)])
+def test_a_critic_trunk_converts_without_an_lm_head_both_ways(tied, tp, pp):
+    """The megatron critic (megatron_critic.py) has a value head where the LM head was: its trunk converts without
+    output_layer, to megatron and back, and the back conversion gives the HF trunk's weights exactly."""
+    from fully_async.train.backends.megatron_critic import token_values, trunk_config
+
+    config, model = tiny_qwen2(tied)
+    hf = model.state_dict()
+    trunk = trunk_config(config)
+    assert trunk.tie_word_embeddings is False and config.tie_word_embeddings is tied   # the actor's config untouched
+    back = {}
+    for p in range(pp):
+        shards = [hm.hf_to_megatron(hf, trunk, t, tp, p, pp, lm_head=False) for t in range(tp)]
+        assert not any(k.startswith("output_layer.") for s in shards for k in s)
+        back.update(hm.megatron_to_hf(shards, trunk, p, pp, lm_head=False))
+    assert "lm_head.weight" not in back
+    assert sorted(back) == sorted(k for k in hf if k != "lm_head.weight")
+    assert all(torch.equal(back[k], hf[k]) for k in back)
+    out = torch.arange(12.0).view(2, 6, 1)          # (B, L, 1) head outputs -> values read at t - 1
+    assert token_values(out, 5).tolist() == [[0.0, 0.0, 1.0, 2.0, 3.0], [0.0, 6.0, 7.0, 8.0, 9.0]]

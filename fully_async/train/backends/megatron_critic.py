@@ -1,0 +1,227 @@
+"""The critic of PPO (algorithm.adv_estimator=gae) on strategy=megatron (layer 4): a value model with the actor's
+tensor/pipeline/data-parallel layout, its own distributed optimizer and LR schedule.
+
+The model is the critic's trunk (critic.model.path, else the actor's model) as a megatron GPTModel whose output
+layer is a one-output value head, as verl's megatron critic replaces it (`LinearForLastLayer`): a plain linear layer
+replicated over the tensor-parallel ranks (under sequence parallelism each rank computes its slice of the sequence
+and the values are gathered; its gradients are then all-reduced over the tensor ranks with the norms').  The head
+starts as Hugging Face's `...ForTokenClassification` head does (normal(0, initializer_range) weight, zero bias),
+or from the trunk folder's own `score.*` (a critic checkpoint, a reward model).  The value of response token t is
+the head's output at position t - 1, as the torch critic (value_model.py).  Checkpoints: `critic/` as a Hugging
+Face ForTokenClassification folder (rank 0) and per-rank optimizer files `critic_megatron_optim/`.
+"""
+from __future__ import annotations
+
+import math
+import os
+from functools import partial
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from fully_async.algorithms.gae import VALUE_METRICS
+from fully_async.algorithms.lr_schedule import lr_lambda
+from fully_async.core.batch import TrainBatch, micro_batches
+from fully_async.train.backends import MiniBatch, StepResult, hf_megatron
+from fully_async.train.backends.value_model import critic_optimizer_steps
+
+
+class ValueHead(torch.nn.Module):
+    """GPTModel's output layer for a critic: (S, B, H) hidden states -> ((S, B, 1) values, None)."""
+
+    def __init__(self, hidden: int, dtype: torch.dtype, sequence_parallel: bool):
+        super().__init__()
+        self.linear = torch.nn.Linear(hidden, 1, dtype=dtype)
+        self.sequence_parallel = sequence_parallel
+        for p in self.linear.parameters():   # megatron all-reduces these over the tensor ranks (finalize_model_grads)
+            setattr(p, "sequence_parallel", sequence_parallel)
+
+    def forward(self, hidden_states: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None) -> tuple:
+        out = self.linear(hidden_states)
+        if self.sequence_parallel:
+            from megatron.core import tensor_parallel
+
+            out = tensor_parallel.gather_from_sequence_parallel_region(out, tensor_parallel_output_grad=False)
+        return out, None
+
+
+def trunk_config(hf_config: Any) -> Any:
+    """The trunk's HF config with the embedding untied (the critic has a value head, not an LM head)."""
+    import copy
+
+    config = copy.deepcopy(hf_config)
+    config.tie_word_embeddings = False
+    return config
+
+
+class MegatronCritic:
+    """Built by a MegatronBackend (`owner`) on the same ranks, layout and dtype as its actor."""
+
+    def __init__(self, owner: Any, cfg: Any, actor_optimizer_steps: int):
+        from transformers import AutoConfig
+
+        critic = cfg.critic
+        self.owner, self.settings, self.grad_clip = owner, critic, critic.grad_clip
+        self.path = critic.model.path or cfg.actor_rollout_ref.model.path
+        self.hf_config = AutoConfig.from_pretrained(self.path, trust_remote_code=critic.model.trust_remote_code)
+        hf_megatron.check_supported(self.hf_config)
+        state = hf_megatron.SafetensorsFolder(self.path)
+        tcfg = owner._transformer_config(self.hf_config)
+        self.model = owner._build_model(state, train=True, hf_config=trunk_config(self.hf_config), tcfg=tcfg,
+                                        head=partial(self._head, state, tcfg))
+        optim = critic.optim
+        self.optimizer = owner._build_optimizer(self.model, optim.lr, optim.weight_decay, optim.betas, critic.grad_clip)
+        self.lr_multiplier = lr_lambda(optim, critic_optimizer_steps(cfg, actor_optimizer_steps))
+        self.optim_steps = 0
+
+    def _head(self, state: Any, tcfg: Any, model: torch.nn.Module) -> None:
+        """Replace the last stage's output layer by the value head (before the model moves to the device)."""
+        if not hasattr(model, "output_layer"):
+            return
+        head = ValueHead(self.hf_config.hidden_size, self.owner.dtype, bool(tcfg.sequence_parallel))
+        with torch.no_grad():
+            if "score.weight" in state:
+                head.linear.weight.copy_(state["score.weight"])
+                head.linear.bias.copy_(state["score.bias"] if "score.bias" in state else torch.zeros(1))
+            else:
+                head.linear.weight.normal_(0.0, float(getattr(self.hf_config, "initializer_range", 0.02)))
+                head.linear.bias.zero_()
+        model.output_layer = head
+
+    # ------------------------------------------------------------------ values
+    def _values_only(self, mb: TrainBatch, out: torch.Tensor) -> tuple:
+        values = token_values(out, mb.input_ids.shape[1])
+        return values.new_zeros(()), values
+
+    @torch.no_grad()
+    def values(self, batch: TrainBatch) -> torch.Tensor:
+        """(B, L) values of `batch` (0 off the response) on every rank, in critic.forward_* micro-batches of this
+        rank's data-parallel shard."""
+        o, c = self.owner, self.settings
+        rows, weight = o._dp_rows(len(batch))
+        shard = batch.select(rows)
+        splits = micro_batches(shard, c.forward_micro_batch_size_per_gpu, c.use_dynamic_bsz,
+                               c.forward_max_token_len_per_gpu)
+        was_training = self.model.training
+        self.model.eval()
+        outs = o._schedule(self.model, [shard.select(i).to(o.torch_device) for i in splits], self._values_only, True)
+        self.model.train(was_training)
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=o.torch_device)
+        for idx, values in zip(splits, outs if weight else []):
+            out[[rows[i] for i in idx], :values.shape[1]] = values.float()
+        return o._sum_replicas(out).cpu() * batch.response_mask.float()
+
+    # ------------------------------------------------------------------ update
+    def _value_loss(self, mb: TrainBatch, out: torch.Tensor, *, loss: Any, scale: float) -> tuple:
+        res = loss(mb, token_values(out, mb.input_ids.shape[1]), None)
+        return res.loss * scale, res.metric_tensor()
+
+    def forward_backward(self, mini: MiniBatch) -> dict[str, float]:
+        o = self.owner
+        micro, real = mini.shard(o.dp_rank)
+        mbs = [mb.to(o.torch_device) for mb in micro]
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        loss_fn = partial(self._value_loss, loss=mini.loss, scale=len(mbs) * o.dp)
+        stats = torch.zeros(len(VALUE_METRICS), dtype=torch.float32, device=o.torch_device)
+        for i, s in enumerate(o._schedule(self.model, mbs, loss_fn, forward_only=False)):
+            if i < real:
+                stats += s
+        return {k: float(v) for k, v in zip(VALUE_METRICS, o._sum_replicas(stats).cpu())}
+
+    def lr(self, step: int) -> float:
+        return self.settings.optim.lr * self.lr_multiplier(step)
+
+    def optimizer_step(self, finite: bool) -> StepResult:
+        grad_norm = None
+        if finite:
+            self.optimizer.prepare_grads()
+            grad_norm = float(self.optimizer.get_grad_norm())
+        if grad_norm is None or not math.isfinite(grad_norm):
+            self.optimizer.zero_grad()
+            self.model.zero_grad_buffer()
+            return StepResult(None, self.lr(self.optim_steps))
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr(self.optim_steps)
+        self.optimizer.step()
+        self.optim_steps += 1
+        self.optimizer.zero_grad()     # its gradients would otherwise stay allocated through the actor's update
+        self.model.zero_grad_buffer()
+        return StepResult(grad_norm, self.lr(self.optim_steps))
+
+    # ------------------------------------------------------------------ checkpoint
+    def hf_state(self) -> dict[str, torch.Tensor]:
+        """The critic as a Hugging Face ForTokenClassification state dict on global rank 0 ({} elsewhere); every
+        rank must call (the trunk's tensor shards are gathered, later stages sent to stage 0)."""
+        o = self.owner
+        local = {k: v for k, v in self.model.module.state_dict().items() if not k.endswith("_extra_state")}
+        head = {k: local.pop(k) for k in list(local) if k.startswith("output_layer.")}
+        hf = o._gather_hf(local, trunk_config(self.hf_config))
+        if o.pp > 1:   # the head lives on the last stage: send it to stage 0
+            group = o.ps.get_pipeline_model_parallel_group()
+            src = dist.get_global_rank(group, o.pp - 1)
+            for name in ("output_layer.linear.weight", "output_layer.linear.bias"):
+                shape = (1, self.hf_config.hidden_size) if name.endswith("weight") else (1,)
+                t = (head[name].to(o.torch_device) if name in head
+                     else torch.empty(shape, dtype=o.dtype, device=o.torch_device))
+                if o.tp_rank == 0 and o.dp_rank == 0:
+                    dist.broadcast(t, src=src, group=group)
+                head[name] = t
+        if not hf:
+            return {}
+        hf["score.weight"] = head["output_layer.linear.weight"].detach().to("cpu", copy=True)
+        hf["score.bias"] = head["output_layer.linear.bias"].detach().to("cpu", copy=True)
+        return hf
+
+    def save(self, path: str) -> None:
+        from safetensors.torch import save_file
+
+        o = self.owner
+        state = self.hf_state()
+        os.makedirs(os.path.join(path, "critic_megatron_optim"), exist_ok=True)
+        if dist.get_rank() == 0:
+            folder = os.path.join(path, "critic")
+            os.makedirs(folder, exist_ok=True)
+            save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(folder, "model.safetensors"),
+                      metadata={"format": "pt"})
+            config = trunk_config(self.hf_config)
+            config.num_labels = 1
+            config.save_pretrained(folder)
+        torch.save({"optim_steps": self.optim_steps, "layout": (o.tp, o.pp, o.dp),
+                    "optimizer": o._optimizer_state(self.optimizer)}, self._ckpt_file(path))
+        dist.barrier()
+
+    def _ckpt_file(self, path: str) -> str:
+        return os.path.join(path, "critic_megatron_optim", f"rank_{dist.get_rank():05d}.pt")
+
+    @torch.no_grad()
+    def load(self, path: str) -> None:
+        o = self.owner
+        folder = os.path.join(path, "critic")
+        if not os.path.isdir(folder) or not os.path.isfile(self._ckpt_file(path)):
+            raise FileNotFoundError(f"checkpoint {path} has no megatron critic (critic/ and critic_megatron_optim/; "
+                                    "it was saved by a run without one, or by another strategy): resume from a "
+                                    "checkpoint of this configuration or start fresh")
+        extra = torch.load(self._ckpt_file(path), weights_only=True)
+        o._check_layout(path, extra["layout"])
+        state = hf_megatron.SafetensorsFolder(folder)
+        o._load_local(self.model.module, state, trunk_config(self.hf_config), skip=("output_layer.",))
+        if hasattr(self.model.module, "output_layer"):
+            self.model.module.output_layer.linear.weight.copy_(state["score.weight"])
+            self.model.module.output_layer.linear.bias.copy_(state["score.bias"])
+        o._load_optimizer_state(self.optimizer, extra["optimizer"])
+        self.optim_steps = extra["optim_steps"]
+
+
+def token_values(out: torch.Tensor, length: int) -> torch.Tensor:
+    """(B, L, 1) head outputs -> (B, L) values: position t holds the output at t - 1 (0 at t = 0)."""
+    return F.pad(out[:, :length - 1, 0].float(), (1, 0))
+
+
+def optional_critic(owner: Any, cfg: Any, actor_optimizer_steps: int) -> Optional[MegatronCritic]:
+    from fully_async.core.config import uses_critic
+
+    return MegatronCritic(owner, cfg, actor_optimizer_steps) if uses_critic(cfg) else None
