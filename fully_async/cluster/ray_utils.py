@@ -164,14 +164,31 @@ def session_dir() -> Optional[str]:
         return None
 
 
+# Ray's accelerator families besides GPU that a local start could count instead of the run's device
+OTHER_ACCELERATORS = ("NPU",)
+
+
+def accelerator_counts(accelerator: str) -> dict:
+    """ray.init arguments that make a local Ray count the run's accelerator kind (GPU | NPU | "" for CPU): Ray
+    keeps one accelerator family per node and picks the first it finds in a set's order, which changes from process
+    to process, so on a node with two (a GPU box running the NPU path) it would count either.  The other families
+    are set to 0; the run's own is left to Ray's detection."""
+    if not accelerator:
+        return {}
+    out: dict = {} if accelerator == "GPU" else {"num_gpus": 0}
+    others = {name: 0 for name in OTHER_ACCELERATORS if name != accelerator}
+    return {**out, "resources": others} if others else out
+
+
 def start_ray(num_cpus_needed: int, env_vars: Optional[dict] = None, address: Optional[str] = None,
-              namespace: Optional[str] = None) -> bool:
+              namespace: Optional[str] = None, accelerator: str = "") -> bool:
     """Join `address` (else `RAY_ADDRESS`) when set, else start a local Ray; returns True when we started it.
     `env_vars` reach every actor (the device's runtime variables, device.py); `namespace`: the job's own Ray
     namespace (jobs sharing a cluster keep their actor names apart).  A local Ray is this run's own: it
     advertises the loopback address, answers only requests carrying this run's token (`private_auth_token`: Ray
     listens on every interface), its processes are shielded from the job's process-group signals
-    (`ray_processes_in_own_session`) and its session folders are private to the user (`private_temp_root`)."""
+    (`ray_processes_in_own_session`) and its session folders are private to the user (`private_temp_root`); it
+    counts the run's `accelerator` kind (`accelerator_counts`)."""
     import ray
 
     if ray.is_initialized():
@@ -187,7 +204,8 @@ def start_ray(num_cpus_needed: int, env_vars: Optional[dict] = None, address: Op
     private_auth_token()
     with ray_processes_in_own_session():
         ray.init(num_cpus=max(num_cpus_needed, os.cpu_count() or 1), include_dashboard=False, runtime_env=env,
-                 log_to_driver=True, _node_ip_address="127.0.0.1", _temp_dir=private_temp_root())
+                 log_to_driver=True, _node_ip_address="127.0.0.1", _temp_dir=private_temp_root(),
+                 **accelerator_counts(accelerator))
     logger.info("local Ray started, its processes in a session of their own; session folder %s (in a 0700 folder)",
                 session_dir())
     return True

@@ -251,7 +251,7 @@ def _ray_session(cfg: Any, sig: _Signals, plan: RunPlan, device: Any) -> Iterato
             where = {"address": cfg.multi_job.ray_address}
         try:
             started = start_ray(num_cpus_needed=max(2, plan.total_devices),  # one core per actor on CPU
-                                env_vars=device.runtime_env_vars(), **where)
+                                env_vars=device.runtime_env_vars(), accelerator=device.ray_resource, **where)
         except SystemExit as exc:  # ray.init's own SIGTERM handler fired while it was starting
             if exc.code == signal.SIGTERM:
                 raise StartInterrupted(signal.SIGTERM) from None

@@ -1,6 +1,6 @@
-"""The local Ray a run starts answers only requests that carry the run's own token: Ray 2.60 binds its servers to
-every interface whatever address it advertises (no option binds them to the loopback), so the token is what keeps
-other users and machines out (real Ray, a driver process of its own)."""
+"""The local Ray a run starts counts the run's accelerator kind, and answers only requests that carry the run's own
+token: Ray 2.60 binds its servers to every interface whatever address it advertises (no option binds them to the
+loopback), so the token is what keeps other users and machines out (real Ray, a driver process of its own)."""
 import json
 import os
 import subprocess
@@ -74,3 +74,30 @@ def test_a_users_disabled_authentication_is_warned(caplog):
         for k, v in old.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     assert "every network interface" in caplog.text and "RAY_AUTH_MODE=disabled" in caplog.text
+
+
+COUNT = ("import sys, ray; from fully_async.cluster.ray_utils import start_ray; start_ray(2, accelerator=sys.argv[1]); "
+         "print({k: v for k, v in ray.cluster_resources().items() if k in ('GPU', 'NPU')})")
+
+
+@pytest.mark.parametrize("kind,expected", [("NPU", {"NPU": 2.0}), ("GPU", {})])
+def test_a_local_ray_counts_the_runs_accelerator_kind(kind, expected):
+    """Ray keeps one accelerator family per node, the first of a set whose order changes per process: on a node
+    with NPUs (the stand-in's two, through its `acl`) and GPUs, a run on one kind must not get the other.  Here
+    the node has NPUs only: an NPU run counts them, a GPU run's local Ray is told the node has none."""
+    import ast
+
+    standin = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "npu_standin")
+    env = clean_env(FA_NPU_STANDIN_DEVICES="2", PYTHONPATH=os.pathsep.join(
+        p for p in (standin, os.environ.get("PYTHONPATH")) if p))
+    res = subprocess.run([sys.executable, "-c", COUNT, kind], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert ast.literal_eval(res.stdout.strip().splitlines()[-1]) == expected
+
+
+def test_the_other_accelerator_families_are_zeroed():
+    from fully_async.cluster.ray_utils import accelerator_counts
+
+    assert accelerator_counts("") == {}
+    assert accelerator_counts("GPU") == {"resources": {"NPU": 0}}
+    assert accelerator_counts("NPU") == {"num_gpus": 0}
