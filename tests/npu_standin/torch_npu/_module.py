@@ -133,6 +133,7 @@ def build() -> types.ModuleType:
     torch._register_device_module("npu", mod)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=False)
     _register_factories()
+    _register_guard()
     _accelerator_is_backend()
     _patch_generator()
     _patch_pinned_empty()
@@ -179,6 +180,37 @@ def _accelerator_is_backend() -> None:
     Python backend cannot register PrivateUse1 hooks with a pinned allocator and device guards)."""
     acc = torch.device("cuda") if _standin.BACKEND == "cuda" else None
     torch._C._get_accelerator = lambda check=False: acc or torch.device("cpu")
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    """torch_npu's hooks, as far as autograd asks them: no npu device holds a primary context (the tensors are
+    CUDA's), so a backward stashes no npu streams."""
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id: int) -> bool:
+        return False
+
+
+class _Guard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def _register_guard() -> None:
+    """CUDA backend: a device guard and hooks for PrivateUse1, as torch_npu registers in C++.  Once PrivateUse1 is
+    named, torch's C++ accelerator is npu (a registered PrivateUse1 wins over CUDA), and autograd's backward over CUDA
+    tensors asks the accelerator's guard for its streams: without one, "PyTorch is not linked with support for npu
+    devices" (the 1x H200 NPU-on-CUDA check, first backward).  The CPU backend's backward touches no accelerator."""
+    if _standin.BACKEND != "cuda":
+        return
+    _LIB.extend([_Hooks(), _Guard()])       # kept alive with the registrations
+    torch._C._acc.register_python_privateuseone_hook(_LIB[-2])
+    torch._C._acc.register_python_privateuseone_device_guard(_LIB[-1])
 
 
 _LIB: list = []
