@@ -130,7 +130,7 @@ def check_rollout_correction(cfg: Any) -> None:
 
 
 def check_reward_model(cfg: Any) -> None:
-    """reward_model.enable: a model path and a torch/fsdp2 trainer (its backend scores the responses).  In async
+    """reward_model.enable: a model path (the trainer's backend, torch / fsdp2 / megatron, scores the responses).  In async
     mode the trainer scores each batch in its own turn, after the queue: what needs scores before the queue (DAPO's
     dynamic sampling, remax's baseline taken out of the group) is refused there."""
     rm = cfg.reward_model
@@ -147,9 +147,6 @@ def check_reward_model(cfg: Any) -> None:
         raise ConfigError("algorithm.adv_estimator", "remax with reward_model.enable in mode=async: the greedy "
                           "baseline leaves its group in the rollouter, before the trainer's reward model could score "
                           "it; use mode=sync")
-    if cfg.actor_rollout_ref.actor.strategy == "megatron":
-        raise ConfigError("reward_model.enable", "true with strategy=megatron: the reward model is built by the "
-                          "torch / fsdp2 backend only; use actor_rollout_ref.actor.strategy=fsdp")
     if rm.micro_batch_size_per_gpu is not None:
         _at_least("reward_model.micro_batch_size_per_gpu", rm.micro_batch_size_per_gpu, 1)
     if rm.max_length is not None:

@@ -647,9 +647,6 @@ def _validate_megatron(cfg: Any, world: int) -> None:
     if m.context_parallel_size != 1:
         raise ConfigError("actor_rollout_ref.actor.megatron.context_parallel_size",
                           "context parallelism is not implemented; use 1")
-    if actor.dtype == "float16":
-        raise ConfigError("actor_rollout_ref.actor.dtype",
-                          "strategy=megatron trains in bfloat16 or float32 (float16 needs loss scaling)")
     if cfg.trainer.device == "cpu":
         raise ConfigError("trainer.device", "strategy=megatron needs cuda or npu: megatron-core does not run a "
                           "forward pass on CPU")

@@ -13,7 +13,8 @@ What is counted, per device, in bytes (P = parameters of the device's shard, h/I
   trainer, strategy megatron  bf16 params 2P + float32 grad buffer 4P + float32 master and moments 12P
                             (sharded over dp with use_distributed_optimizer), P = the largest pipeline stage's
                             parameters / tensor parallel size (stage 0 holds the embedding)
-  critic                    (algorithm.adv_estimator=gae) the value model's params, grads and AdamW moments, held the
+  critic                    (algorithm.adv_estimator=gae) the value model's params, grads and AdamW moments (megatron:
+                            its trunk in the actor's layout, params bf16 + fp32 grads + AdamW/master), held the
                             same way as the actor's (fsdp2 16 x Pc / dp, torch 4 x Pc x bytes(dtype)), Pc = P
                             without an untied lm_head (the value head has one output); its grads counted as resident
                             (an upper bound: they are freed after each critic step).  Its activations are not added:
@@ -190,9 +191,15 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
         share = shard if strategy == "fsdp2" else 1
         mem.parts.update(grads=4 * adapter / share, optimizer=8 * adapter / share)
         mem.note += f"; LoRA rank {rank}: grads and AdamW for {adapter / 1e6:.1f}M adapter parameters"
-    if uses_critic(cfg) and strategy != "megatron":   # megatron with a critic is refused by config_checks
+    if uses_critic(cfg) and strategy == "megatron":   # the same layout: the trunk's stage without the LM head
+        trunk = stage - shape.vocab * shape.hidden * (0 if pp > 1 or shape.tied else 1) / tp
+        mem.parts.update(critic_params=2 * trunk, critic_grads=4 * trunk, critic_optimizer=12 * trunk / opt_shard)
+        mem.note += "; critic (value model) beside the actor"
+    elif uses_critic(cfg):
         mem.parts.update(critic_memory(shape, strategy, shard, cbytes))
         mem.note += "; critic (value model) beside the actor"
+    if cfg.reward_model.enable and strategy == "megatron":   # frozen, the same layout; scores the batch
+        mem.parts["rm_params"] = 2 * stage
     # the torch backend (torch and fsdp2) compiles each decoder layer where the device has inductor: CUDA
     # (train/backends/torch_backend.compile_decoder_layers); NPU and CPU, and megatron, run the layers eagerly
     compiled = bool(actor.use_torch_compile) and cfg.trainer.device == "cuda" and strategy != "megatron"

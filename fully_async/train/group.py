@@ -213,6 +213,16 @@ class ReplicatedGroupBackend(GroupBackend):
         return self._with_workers([w.compute_log_probs.remote(batch, which) for w in self.workers],
                                   lambda: self.local.compute_log_probs(batch, which))[0]
 
+    def compute_values(self, batch: TrainBatch) -> torch.Tensor:
+        """The critic's values: every rank the whole batch (its dp rows summed over ranks inside): rank 0's."""
+        return self._with_workers([w.compute_values.remote(batch) for w in self.workers],
+                                  lambda: self.local.compute_values(batch))[0]
+
+    def compute_rm_scores(self, batch: TrainBatch) -> torch.Tensor:
+        """The reward model's scores, as compute_values."""
+        return self._with_workers([w.compute_rm_scores.remote(batch) for w in self.workers],
+                                  lambda: self.local.compute_rm_scores(batch))[0]
+
     def forward_backward(self, mini: MiniBatch) -> dict[str, float]:
         """Already summed over dp shards and pipeline stages on every rank: rank 0's."""
         return self._with_workers([w.forward_backward.remote(mini) for w in self.workers],

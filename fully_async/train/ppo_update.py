@@ -84,13 +84,16 @@ class UpdateMetrics:
         self.norms: list[float] = []
         self.steps = 0
         self.bad = 0
+        self.overflows = 0   # float16 loss-scale overflows (skipped steps that are not bad ones)
         self.lr = float("nan")
 
     def add(self, stats: dict[str, float], step: StepResult) -> None:
         self.steps += 1
         for key, value in stats.items():
             self.sums[key] = self.sums.get(key, 0.0) + value
-        if step.skipped:
+        if step.overflow:
+            self.overflows += 1
+        elif step.skipped:
             self.bad += 1
         else:
             self.norms.append(step.grad_norm)
@@ -101,12 +104,18 @@ class UpdateMetrics:
         if self.norms:
             metrics[f"{self.prefix}/grad_norm"] = sum(self.norms) / len(self.norms)
         metrics[f"{self.prefix}/bad_steps"] = float(self.bad)
+        if self.overflows:
+            metrics[f"{self.prefix}/loss_scale_overflows"] = float(self.overflows)
         metrics[f"{self.prefix}/lr"] = self.lr
         return metrics
 
 
 def record_step(backend: TrainBackend, step: StepResult) -> None:
-    """The backend's bad-step counters: a skipped step adds one to both, a taken one resets the run."""
+    """The backend's bad-step counters: a skipped step adds one to both, a taken one resets the run.  A float16
+    loss-scale overflow (the scaler lowered its scale and skipped the step, as it is meant to) counts in neither."""
+    if step.overflow:
+        logger.info("float16 loss scale overflowed: optimizer step skipped and the loss scale lowered")
+        return
     if step.skipped:
         backend.num_bad_steps += 1
         backend.consecutive_bad_steps += 1

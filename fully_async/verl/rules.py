@@ -540,7 +540,6 @@ DEFAULT_DIFFERENCES: dict[str, str] = {
 SCRIPT_REFUSALS: list[tuple[str, str]] = [
     ("gae (a critic) with strategy=megatron",
      r"algorithm\.adv_estimator|critic\.strategy"),
-    ("a reward model with strategy=megatron", r"reward_model\.enable"),
     ("LoRA with strategy=megatron", r"actor_rollout_ref\.model\.lora.*"),
     ("multi-turn / tool datasets (data.custom_cls)", r"data\.custom_cls\..*"),
     ("megatron dist checkpoints", r".*\.megatron\.(use_dist_checkpointing|dist_checkpointing_path)"),
@@ -550,7 +549,6 @@ SCRIPT_REFUSALS: list[tuple[str, str]] = [
     ("quantised (fp8) rollouts", r"actor_rollout_ref\.rollout\.quantization"),
     ("rollout-correction keys verl itself no longer has (a recipe older than its rollout_correction API)",
      r"algorithm\.rollout_correction\.(rollout_rs_threshold_lower|rollout_token_veto_threshold)"),
-    ("float16 megatron training", r"actor_rollout_ref\.actor\.dtype"),
     ("config missing from verl itself", r"--config-name"),
     ("an override Hydra cannot parse (in verl too)", r"hydra-grammar"),
 ]

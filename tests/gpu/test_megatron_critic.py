@@ -1,42 +1,17 @@
 """PPO's critic on strategy=megatron (train/backends/megatron_critic.py) against the torch critic on a real
 accelerator (skipped without one), float32, world of one: the same values from the same weights, the same critic
 update (loss, grad norm, new values), offload/onload, and a checkpoint whose critic/ folder is a Hugging Face
-ForTokenClassification model giving the same values."""
-import importlib.util
-import os
-
+ForTokenClassification model giving the same values.  Also the reward model against torch's, and float16 training
+with loss scaling."""
 import pytest
 import torch
 
-from fully_async.device import get_device
 from fully_async.train.ppo_update import critic_update
+# the device, the skips, the model builders and the world-of-one process group of the megatron parity tests
+from test_megatron_parity import DEVICE, SHAPE, check, world_of_one  # noqa: F401  (an autouse fixture)
 
 pytestmark = pytest.mark.gpu
-DEVICE = get_device("auto")
-if not DEVICE.is_accelerator:
-    pytest.skip("needs a CUDA or NPU device: megatron-core's forward does not run on CPU", allow_module_level=True)
-pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install fully_async[megatron])")
-
-SCRIPT = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "scripts", "gpu_megatron_check.py")
-_spec = importlib.util.spec_from_file_location("gpu_megatron_check", SCRIPT)
-check = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(check)
-
-SHAPE = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
-             intermediate_size=512, vocab_size=2048, max_position_embeddings=512)
 TOL = 1e-3
-
-
-@pytest.fixture(scope="module", autouse=True)
-def world_of_one():
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        DEVICE.set_device(0)
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29513")
-        dist.init_process_group(DEVICE.comm_backend, rank=0, world_size=1)
-    yield
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
@@ -115,3 +90,62 @@ def test_offload_checkpoint_and_a_hugging_face_critic_folder(pair, tmp_path):
                     attention_mask=batch.attention_mask.to(DEVICE.torch_device())).logits[..., 0].float().cpu()
     from_hf = torch.nn.functional.pad(out[:, :-1], (1, 0)) * batch.response_mask
     assert max_diff(from_hf, saved, batch.response_mask) < TOL
+
+
+def test_a_reward_model_scores_as_the_torch_reward_model(tmp_path):
+    """reward_model.enable on strategy=megatron (MegatronRewardModel): the folder's trunk and score head, frozen; a
+    response's score is the output at its last token, as the torch reward model's."""
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    from fully_async.train.backends.megatron_backend import MegatronBackend
+    from fully_async.train.backends.torch_backend import TorchBackend
+
+    policy, rm = str(tmp_path / "policy"), tmp_path / "rm"
+    check.build_model(policy, {**SHAPE, "tie_word_embeddings": False}, torch.float32)
+    torch.manual_seed(1)
+    model = Qwen2ForSequenceClassification(Qwen2Config(**SHAPE, num_labels=1, initializer_range=0.1))
+    model.save_pretrained(str(rm))
+    cfg = check.make_config(policy, "float32", DEVICE.name, extra={
+        "reward_model.enable": True, "reward_model.model.path": str(rm), "reward_model.micro_batch_size_per_gpu": 4})
+    hf, mg = TorchBackend(cfg, DEVICE, 10), MegatronBackend(cfg, DEVICE, 10)
+    batch = check.make_batch(6, 96, SHAPE["vocab_size"], seed=2)
+    s_hf, s_mg = hf.compute_rm_scores(batch), mg.compute_rm_scores(batch)
+    assert float(s_hf.std()) > 20 * TOL, s_hf
+    assert float((s_hf - s_mg).abs().max()) < TOL, (s_hf, s_mg)
+    mg.offload()
+    mg.onload()
+    assert torch.equal(mg.compute_rm_scores(batch), s_mg)
+    del hf, mg
+    DEVICE.empty_cache()
+
+
+def test_float16_trains_with_loss_scaling(tmp_path):
+    """actor.dtype=float16 on megatron: dynamic loss scaling (the schedule scales each loss, the optimizer unscales,
+    checks for overflow and steps); the update follows the float32 one's direction and the critic trains too."""
+    from fully_async.train.backends.megatron_backend import MegatronBackend
+    from fully_async.train.ppo_update import ppo_update
+
+    check.build_model(str(tmp_path), {**SHAPE, "tie_word_embeddings": False}, torch.float16, init_std=0.02)
+    extra = {"algorithm.adv_estimator": "gae", "critic.optim.lr_warmup_steps": 0,
+             "actor_rollout_ref.actor.optim.lr": 1e-4}
+    cfg = check.make_config(str(tmp_path), "float16", DEVICE.name, extra=extra)
+    mg = MegatronBackend(cfg, DEVICE, 10)
+    assert mg.optimizer.get_loss_scale().item() == 2.0 ** 16
+    batch = check.make_batch(6, 96, SHAPE["vocab_size"])
+    batch.old_log_probs = mg.compute_log_probs(batch)
+    before = mg.named_parameters_for_sync()
+    for _ in range(3):
+        metrics = ppo_update(mg, cfg, batch, num_mini_batches=2)
+        assert metrics["actor/bad_steps"] == 0.0, metrics
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values()), metrics
+    after = mg.named_parameters_for_sync()
+    assert all(torch.isfinite(t).all() for t in after.values())
+    assert max(float((after[k].float() - before[k].float()).abs().max()) for k in before) > 0
+    batch.values = mg.compute_values(batch)
+    batch.returns = batch.values + batch.response_mask
+    from fully_async.train.ppo_update import critic_update
+
+    m = critic_update(mg, cfg, batch, num_mini_batches=1)
+    assert m["critic/bad_steps"] == 0.0 and torch.isfinite(torch.tensor(m["critic/vf_loss"])), m
+    del mg
+    DEVICE.empty_cache()

@@ -57,6 +57,7 @@ class StepResult:
 
     grad_norm: Optional[float]
     lr: float
+    overflow: bool = False     # float16 loss scaling overflowed: skipped and the scale lowered (not a bad step)
 
     @property
     def skipped(self) -> bool:

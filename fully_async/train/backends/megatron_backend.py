@@ -35,6 +35,9 @@ from fully_async.core.batch import TrainBatch, micro_batches
 from fully_async.device import Device, parse_dtype
 
 logger = logging.getLogger(__name__)
+# float16's first loss scale: megatron's default 2**32 skips ~30 optimizer steps (halving on each overflow, with
+# hysteresis) before the first is taken, a large share of an RL run's steps; 2**16 is where fp16 gradients usually fit
+FP16_INITIAL_LOSS_SCALE = 2.0 ** 16
 
 
 def _import_megatron(device: Device) -> None:
@@ -103,7 +106,8 @@ class MegatronBackend:
     def __init__(self, cfg: FullyAsyncConfig, device: Device, total_optimizer_steps: int):
         arr = cfg.actor_rollout_ref
         self.cfg, self.actor_cfg, self.device, self.mcfg = cfg, arr.actor, device, arr.actor.megatron
-        self.dtype = parse_dtype(arr.actor.dtype)   # config.validate rejects float16 and context parallelism
+        self.dtype = parse_dtype(arr.actor.dtype)   # float16: loss scaling (_build_optimizer); config.validate
+        #                                             rejects context parallelism
         if not device.is_accelerator:
             raise RuntimeError("actor_rollout_ref.actor.strategy=megatron needs trainer.device=cuda or npu: "
                                "megatron-core's forward does not run on CPU (use strategy=torch there)")
@@ -132,6 +136,11 @@ class MegatronBackend:
         from fully_async.train.backends.megatron_critic import optional_critic
 
         self.critic = optional_critic(self, cfg, total_optimizer_steps)   # algorithm.adv_estimator=gae
+        self.reward_model = None
+        if cfg.reward_model.enable:
+            from fully_async.train.backends.megatron_critic import MegatronRewardModel
+
+            self.reward_model = MegatronRewardModel(self, cfg)
         optim = arr.actor.optim
         self.warmup_steps = warmup_steps(optim, total_optimizer_steps)
         self.lr_multiplier = lr_lambda(optim, total_optimizer_steps)    # step -> multiplier of optim.lr
@@ -204,13 +213,21 @@ class MegatronBackend:
 
     def _build_optimizer(self, model: Any, lr: float, weight_decay: float, betas: Any, grad_clip: float) -> Any:
         """fp32 master weights, TP/PP-aware clipping; states sharded over dp with use_distributed_optimizer.
-        Without Apex/TE the inner optimizer is torch.optim.AdamW (no weight decay on norms/biases)."""
+        Without Apex/TE the inner optimizer is torch.optim.AdamW (no weight decay on norms/biases).  float16:
+        megatron's dynamic loss scaling, from FP16_INITIAL_LOSS_SCALE; the schedule scales each loss by it."""
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-        return get_megatron_optimizer(OptimizerConfig(
+        fp16 = self.dtype == torch.float16
+        optimizer = get_megatron_optimizer(OptimizerConfig(
             optimizer="adam", lr=lr, weight_decay=weight_decay, adam_beta1=betas[0], adam_beta2=betas[1],
-            clip_grad=grad_clip, bf16=self.dtype == torch.bfloat16, params_dtype=self.dtype,
-            use_distributed_optimizer=self.mcfg.use_distributed_optimizer), [model])
+            clip_grad=grad_clip, bf16=self.dtype == torch.bfloat16, fp16=fp16, params_dtype=self.dtype,
+            initial_loss_scale=FP16_INITIAL_LOSS_SCALE, use_distributed_optimizer=self.mcfg.use_distributed_optimizer),
+            [model])
+        if fp16:
+            from megatron.core.utils import get_model_config
+
+            get_model_config(model).grad_scale_func = optimizer.scale_loss
+        return optimizer
 
     # ------------------------------------------------------------------ forward plumbing
     def _dp_rows(self, n: int) -> tuple[list[int], float]:
@@ -308,9 +325,16 @@ class MegatronBackend:
                                "critic.enable=true builds one)")
         return self.critic
 
-    def compute_values(self, batch: TrainBatch) -> torch.Tensor:
-        """(B, L) values of `batch` under the critic (0 off the response), on every rank."""
+    def compute_values(self, batch: TrainBatch, num_micro: Optional[int] = None) -> torch.Tensor:
+        """(B, L) values of `batch` under the critic (0 off the response), on every rank (every rank gets the whole
+        batch: `num_micro`, the sharded backends' pass count, does not apply)."""
         return self._critic().values(batch)
+
+    def compute_rm_scores(self, batch: TrainBatch, num_micro: Optional[int] = None) -> torch.Tensor:
+        """(B,) reward-model scores of `batch` (the reward model's own tokens, one row per response), on every rank."""
+        if self.reward_model is None:
+            raise RuntimeError("reward-model scores requested but no reward model was built (reward_model.enable)")
+        return self.reward_model.scores(batch)
 
     def optimizer_step(self, finite: bool, which: str = "actor") -> StepResult:
         """Global grad norm over tp/pp(/dp) before clipping; megatron's step clips to grad_clip and copies into
@@ -319,19 +343,33 @@ class MegatronBackend:
             return self._critic().optimizer_step(finite)
         if which != "actor":
             raise ValueError(f"which={which!r} is not 'actor' or 'critic'")
-        grad_norm = None
+        grad_norm, overflow = self._step(self.optimizer, self.model, finite, self._lr(self.optim_steps))
+        self.optim_steps += grad_norm is not None
+        return StepResult(grad_norm, self._lr(self.optim_steps), overflow)
+
+    def _step(self, optimizer: Any, model: Any, finite: bool, lr: float) -> tuple[Optional[float], bool]:
+        """One step of `optimizer` at `lr`: (the global grad norm before clipping, or None when the step was skipped
+        and the gradients dropped; whether float16 loss scaling overflowed).  bf16/fp32: a non-finite norm skips.
+        float16: megatron's step unscales, checks for inf/nan and updates the loss scale once, then clips and steps;
+        an overflow skips the step and lowers the scale (StepResult.overflow: not a bad step)."""
+        grad_norm, overflow = None, False
         if finite:
-            self.optimizer.prepare_grads()
-            grad_norm = float(self.optimizer.get_grad_norm())
-        if grad_norm is None or not math.isfinite(grad_norm):
-            self.optimizer.zero_grad()
-            self.model.zero_grad_buffer()
-            return StepResult(None, self._lr(self.optim_steps))
-        for group in self.optimizer.param_groups:
-            group["lr"] = self._lr(self.optim_steps)
-        self.optimizer.step()
-        self.optim_steps += 1
-        return StepResult(grad_norm, self._lr(self.optim_steps))
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            if self.dtype == torch.float16:
+                stepped, norm, _ = optimizer.step()
+                overflow = not stepped
+                grad_norm = float(norm) if stepped and norm is not None and math.isfinite(norm) else None
+            else:
+                optimizer.prepare_grads()
+                norm = float(optimizer.get_grad_norm())
+                if math.isfinite(norm):
+                    optimizer.step()
+                    grad_norm = norm
+        if grad_norm is None:
+            optimizer.zero_grad()
+            model.zero_grad_buffer()
+        return grad_norm, overflow
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
@@ -450,8 +488,9 @@ class MegatronBackend:
 
     # ------------------------------------------------------------------ offload
     def offload(self) -> None:
-        """Free the device storage of params, grad buffers, optimizer masters/states and the reference
-        model, keeping host copies (grad buffers are re-zeroed instead).  Every view keeps its storage."""
+        """Free the device storage of params, grad buffers, optimizer masters/states (the actor's and the critic's),
+        the reference and the reward model, keeping host copies (grad buffers are re-zeroed instead).  Every view
+        keeps its storage."""
         if not self.device.is_accelerator or self._host:
             return
         tensors: list[tuple[Any, bool]] = []
@@ -464,7 +503,8 @@ class MegatronBackend:
                 tensors += [(p, True) for group in inner.param_groups for p in group["params"]]
                 tensors += [(v, True) for st in inner.state.values() for v in st.values()
                             if isinstance(v, torch.Tensor)]
-        tensors += [(p, True) for p in (self.ref_model.parameters() if self.ref_model is not None else [])]
+        for frozen in (self.ref_model, self.reward_model.model if self.reward_model is not None else None):
+            tensors += [(p, True) for p in (frozen.parameters() if frozen is not None else [])]
         seen: dict[int, tuple[Any, Optional[torch.Tensor], int]] = {}
         for t, keep in tensors:
             if t is None or t.device.type == "cpu" or t.untyped_storage().nbytes() == 0:

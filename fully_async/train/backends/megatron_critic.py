@@ -1,5 +1,6 @@
-"""The critic of PPO (algorithm.adv_estimator=gae) on strategy=megatron (layer 4): a value model with the actor's
-tensor/pipeline/data-parallel layout, its own distributed optimizer and LR schedule.
+"""Models with a one-output head on strategy=megatron (layer 4): the critic of PPO (algorithm.adv_estimator=gae), a
+value model with the actor's tensor/pipeline/data-parallel layout, its own distributed optimizer and LR schedule;
+and the frozen reward model of reward_model.enable (`MegatronRewardModel`).
 
 The model is the critic's trunk (critic.model.path, else the actor's model) as a megatron GPTModel whose output
 layer is a one-output value head, as verl's megatron critic replaces it (`LinearForLastLayer`): a plain linear layer
@@ -12,7 +13,6 @@ Face ForTokenClassification folder (rank 0) and per-rank optimizer files `critic
 """
 from __future__ import annotations
 
-import math
 import os
 from functools import partial
 from typing import Any, Optional
@@ -80,15 +80,7 @@ class MegatronCritic:
         """Replace the last stage's output layer by the value head (before the model moves to the device)."""
         if not hasattr(model, "output_layer"):
             return
-        head = ValueHead(self.hf_config.hidden_size, self.owner.dtype, bool(tcfg.sequence_parallel))
-        with torch.no_grad():
-            if "score.weight" in state:
-                head.linear.weight.copy_(state["score.weight"])
-                head.linear.bias.copy_(state["score.bias"] if "score.bias" in state else torch.zeros(1))
-            else:
-                head.linear.weight.normal_(0.0, float(getattr(self.hf_config, "initializer_range", 0.02)))
-                head.linear.bias.zero_()
-        model.output_layer = head
+        model.output_layer = value_head(state, self.hf_config, self.owner.dtype, tcfg)
 
     # ------------------------------------------------------------------ values
     def _values_only(self, mb: TrainBatch, out: torch.Tensor) -> tuple:
@@ -136,21 +128,12 @@ class MegatronCritic:
         return self.settings.optim.lr * self.lr_multiplier(step)
 
     def optimizer_step(self, finite: bool) -> StepResult:
-        grad_norm = None
-        if finite:
-            self.optimizer.prepare_grads()
-            grad_norm = float(self.optimizer.get_grad_norm())
-        if grad_norm is None or not math.isfinite(grad_norm):
-            self.optimizer.zero_grad()
+        grad_norm, overflow = self.owner._step(self.optimizer, self.model, finite, self.lr(self.optim_steps))
+        if grad_norm is not None:
+            self.optim_steps += 1
+            self.optimizer.zero_grad()   # its gradients would otherwise stay allocated through the actor's update
             self.model.zero_grad_buffer()
-            return StepResult(None, self.lr(self.optim_steps))
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr(self.optim_steps)
-        self.optimizer.step()
-        self.optim_steps += 1
-        self.optimizer.zero_grad()     # its gradients would otherwise stay allocated through the actor's update
-        self.model.zero_grad_buffer()
-        return StepResult(grad_norm, self.lr(self.optim_steps))
+        return StepResult(grad_norm, self.lr(self.optim_steps), overflow)
 
     # ------------------------------------------------------------------ checkpoint
     def hf_state(self) -> dict[str, torch.Tensor]:
@@ -214,6 +197,65 @@ class MegatronCritic:
             self.model.module.output_layer.linear.bias.copy_(state["score.bias"])
         o._load_optimizer_state(self.optimizer, extra["optimizer"])
         self.optim_steps = extra["optim_steps"]
+
+
+def value_head(state: Any, hf_config: Any, dtype: torch.dtype, tcfg: Any) -> ValueHead:
+    """The head from the folder's `score.*` (a critic checkpoint, a reward model), else newly initialised as Hugging
+    Face's ...ForTokenClassification head is."""
+    head = ValueHead(hf_config.hidden_size, dtype, bool(tcfg.sequence_parallel))
+    with torch.no_grad():
+        if "score.weight" in state:
+            head.linear.weight.copy_(state["score.weight"])
+            head.linear.bias.copy_(state["score.bias"] if "score.bias" in state else torch.zeros(1))
+        else:
+            head.linear.weight.normal_(0.0, float(getattr(hf_config, "initializer_range", 0.02)))
+            head.linear.bias.zero_()
+    return head
+
+
+class MegatronRewardModel:
+    """reward_model.enable on strategy=megatron: the reward model's folder (a one-label ...ForSequenceClassification,
+    trunk + `score` head) as a frozen GPTModel in the actor's layout; a response's score is the head's output at its
+    last token (the reward model's own tokens, one row per response), as the torch reward model (reward_model.py)."""
+
+    def __init__(self, owner: Any, cfg: Any):
+        from transformers import AutoConfig
+
+        rm = cfg.reward_model
+        self.owner, self.settings = owner, rm
+        self.hf_config = AutoConfig.from_pretrained(rm.model.path, trust_remote_code=rm.model.trust_remote_code)
+        hf_megatron.check_supported(self.hf_config)
+        state = hf_megatron.SafetensorsFolder(rm.model.path)
+        if "score.weight" not in state:
+            raise RuntimeError(f"reward_model.model.path={rm.model.path} has no score head (score.weight): a reward "
+                               "model is a one-label ...ForSequenceClassification folder")
+        tcfg = owner._transformer_config(self.hf_config)
+
+        def head(model: torch.nn.Module) -> None:
+            if hasattr(model, "output_layer"):
+                model.output_layer = value_head(state, self.hf_config, owner.dtype, tcfg)
+
+        self.model = owner._build_model(state, train=False, hf_config=trunk_config(self.hf_config), tcfg=tcfg,
+                                        head=head)
+
+    @staticmethod
+    def _last_token(mb: TrainBatch, out: torch.Tensor) -> tuple:
+        lengths = mb.attention_mask.sum(-1).to(out.device)
+        scores = out[torch.arange(len(lengths), device=out.device), lengths - 1, 0].float()
+        return scores.new_zeros(()), scores
+
+    @torch.no_grad()
+    def scores(self, batch: TrainBatch) -> torch.Tensor:
+        """(B,) scores of `batch` on every rank, in reward_model.* micro-batches of this rank's data-parallel shard."""
+        o, rm = self.owner, self.settings
+        rows, weight = o._dp_rows(len(batch))
+        shard = batch.select(rows)
+        splits = micro_batches(shard, rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu)
+        outs = o._schedule(self.model, [shard.select(i).to(o.torch_device) for i in splits], self._last_token, True)
+        out = torch.zeros(len(batch), dtype=torch.float32, device=o.torch_device)
+        for idx, scores in zip(splits, outs if weight else []):
+            out[[rows[i] for i in idx]] = scores
+        return o._sum_replicas(out).cpu()
 
 
 def token_values(out: torch.Tensor, length: int) -> torch.Tensor:

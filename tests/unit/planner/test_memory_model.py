@@ -248,3 +248,17 @@ def test_a_critic_adds_its_sharded_state_but_not_a_second_set_of_activations():
                                 "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"), trainer, engine)
     assert kept.note.startswith("peak while generating")
     assert "trainer.critic_params" in kept.parts and "trainer.critic_optimizer" not in kept.parts
+
+
+def test_a_megatron_critic_and_reward_model_are_counted_in_the_actors_layout():
+    base = ["actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.dtype=bfloat16",
+            "trainer.n_gpus_per_node=2", "trainer.device=npu",
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"]
+    grpo = trainer_memory(cfg(*base), SHAPE, 1)
+    gae = trainer_memory(cfg(*base, "algorithm.adv_estimator=gae", "critic.strategy=megatron"), SHAPE, 1)
+    trunk = gae.parts["critic_params"] / 2            # bf16 params: the trunk's stage per tensor rank
+    assert 0 < trunk <= grpo.parts["params"] / 2
+    assert gae.parts["critic_grads"] == pytest.approx(4 * trunk) and gae.parts["critic_optimizer"] == pytest.approx(
+        12 * trunk)
+    rm = trainer_memory(cfg(*base, "reward_model.enable=true", "reward_model.model.path=/rm"), SHAPE, 1)
+    assert rm.parts["rm_params"] == pytest.approx(grpo.parts["params"])

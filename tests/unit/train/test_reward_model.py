@@ -87,8 +87,6 @@ def test_inputs_are_retemplated_with_the_reward_models_chat_template_or_the_poli
      "algorithm.filter_groups.enable", "before the queue"),
     (["reward_model.enable=true", "reward_model.model.path=/rm", "mode=async", "algorithm.adv_estimator=remax"],
      "algorithm.adv_estimator", "greedy baseline"),
-    (["reward_model.enable=true", "reward_model.model.path=/rm", "mode=sync",
-      "actor_rollout_ref.actor.strategy=megatron", "trainer.device=cuda"], "reward_model.enable", "torch / fsdp2"),
 ])
 def test_a_reward_model_that_cannot_run_is_refused_naming_the_key(overrides, key, message):
     with pytest.raises(ConfigError, match=message) as err:
