@@ -25,7 +25,7 @@ def last_token_scores(model: torch.nn.Module, batch: TrainBatch, packed: bool) -
     if packed:   # the rows' tokens back to back
         ends = lengths.cumsum(0) - 1
     else:
-        ends = torch.arange(len(lengths)) * batch.attention_mask.shape[1] + lengths - 1
+        ends = torch.arange(len(lengths), device=lengths.device) * batch.attention_mask.shape[1] + lengths - 1
     return out[ends.to(out.device)]
 
 
