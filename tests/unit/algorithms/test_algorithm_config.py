@@ -28,8 +28,8 @@ def test_every_loss_mode_validates(mode):
 
 @pytest.mark.parametrize("overrides,key,says", [
     (["algorithm.adv_estimator=bogus"], "algorithm.adv_estimator", "rloo_vectorized"),
-    (["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.strategy=megatron"], "algorithm.adv_estimator",
-     "critic"),
+    (["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.strategy=megatron"], "critic.strategy",
+     "critic.strategy=megatron"),
     (["algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n", "n >= 2"),
     (["algorithm.adv_estimator=grpo_passk", "actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n",
      "reinforce_plus_plus"),
