@@ -35,7 +35,8 @@ each run's config.json/summary.json.
 Either way the two `config.json` must agree on every key except `mode` and, when both runs use the
 same total number of devices, the placement keys (compare_lib.PLACEMENT_KEYS, listed in the report);
 any other difference is refused (exit 2 naming the keys; `--allow-diff KEY` accepts a known one, and
-the report lists it).
+the report lists it).  Runs whose summary.json names different hardware (a sync run reused from another machine
+with --sync-log or --from-logs) are refused too: a ratio across cards is no speedup (`--allow-diff hardware`).
 
 `--repeats K` (default 3 on CPU, 1 on accelerators) runs both modes K times, alternating which goes first,
 each repeat into DIR/repeat_<i>/, and prints the median, min, max and spread of tokens/s, time/step and the
@@ -207,6 +208,11 @@ def compare(dirs: list[str], out_dir: str, threshold: float, bench: Any, allow_d
     if modes != sorted(MODES):
         return refuse(f"need one async and one sync run, got modes {modes} ({dirs[0]}, {dirs[1]})"), None
     by_mode = {r.mode: r for r in sorted(runs, key=lambda r: MODES.index(r.mode))}
+    hardware = {m: str(r.summary.get("hardware") or "") for m, r in by_mode.items()}
+    if all(hardware.values()) and hardware["async"] != hardware["sync"] and "hardware" not in allow_diff:
+        return refuse(f"the runs ran on different hardware (async: {hardware['async']}; sync: {hardware['sync']}): a "
+                      "ratio across cards is not a speedup; rerun the baseline on the same machine (or pass "
+                      "--allow-diff hardware to compare anyway)"), None
     totals = {m: r.devices()["total"] for m, r in by_mode.items()}
     diff = config_diff(by_mode["async"].config, by_mode["sync"].config)
     blocking, fair = check_diff(diff, allow_diff, totals)

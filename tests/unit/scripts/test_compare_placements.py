@@ -127,3 +127,28 @@ def test_the_summary_puts_the_planners_simulation_next_to_each_measured_run():
     assert "simulated" in format_placements(summary) and "-11.5%" in format_placements(summary)
     no_sim = placements_summary(tables, simulate=False)
     assert all(r["simulated_tokens_per_s"] is None for r in no_sim["rows"])
+
+
+def test_runs_on_different_cards_are_not_compared(tmp_path, capsys):
+    """A sync baseline reused from another machine (--sync-log, --from-logs) that ran on other cards: refused,
+    naming both (4x H100 split runs against the 4x H200 sync run printed ratios that were no speedups)."""
+    import json
+    import shutil
+
+    fix = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "fixtures", "gpu_runs", "h200_4dev_seed003")
+    runs = {}
+    for name in ("sync", "colocated"):
+        runs[name] = str(tmp_path / name)
+        shutil.copytree(os.path.join(fix, name), runs[name])
+    path = os.path.join(runs["colocated"], "summary.json")
+    summary = json.load(open(path))
+    summary["hardware"] = "4x NVIDIA H100 80GB HBM3"
+    json.dump(summary, open(path, "w"))
+    allowed = ("async_training.placement", "actor_rollout_ref.rollout.weight_sync",
+               "actor_rollout_ref.rollout.pause_mode", "rollout.n_gpus_per_node", "trainer.n_gpus_per_node")
+    rc, table = cs.compare([runs["colocated"], runs["sync"]], str(tmp_path / "out"), 0.0, None, allowed)
+    assert rc == cs.REFUSED and table is None
+    err = capsys.readouterr().err
+    assert "different hardware" in err and "4x NVIDIA H100 80GB HBM3" in err and "4x NVIDIA H200" in err
+    rc, table = cs.compare([runs["colocated"], runs["sync"]], str(tmp_path / "out"), 0.0, None, allowed + ("hardware",))
+    assert rc == 0 and table
