@@ -130,9 +130,9 @@ def check_rollout_correction(cfg: Any) -> None:
 
 
 def check_reward_model(cfg: Any) -> None:
-    """reward_model.enable: a model path (the trainer's backend, torch / fsdp2 / megatron, scores the responses).  In async
-    mode the trainer scores each batch in its own turn, after the queue: what needs scores before the queue (DAPO's
-    dynamic sampling, remax's baseline taken out of the group) is refused there."""
+    """reward_model.enable: a model path (the trainer's backend, torch / fsdp2 / megatron, scores the responses).
+    In async mode the trainer scores each batch in its own turn, after the queue: what needs scores before the queue
+    (DAPO's dynamic sampling, remax's baseline taken out of the group) is refused there."""
     rm = cfg.reward_model
     if not rm.enable:
         return

@@ -295,7 +295,8 @@ class CriticConfig:
     """verl's critic.*: the value model of PPO with algorithm.adv_estimator=gae (train/backends/value_model.py).
 
     Built in the trainer process next to the actor, by the actor's backend (torch, fsdp2 or megatron: the same
-    sharding/layout and dtype), with its own AdamW and LR schedule.  Mini-batches count prompts (groups), as the actor's."""
+    sharding/layout and dtype), with its own AdamW and LR schedule.  Mini-batches count prompts (groups), as the
+    actor's."""
     enable: Optional[bool] = None         # null: a critic exactly when algorithm.adv_estimator=gae
     strategy: str = "fsdp"                # fsdp | torch | fsdp2 | megatron: the actor's backend builds it (the
     #                                       megatron configs set megatron; it must match the actor's)

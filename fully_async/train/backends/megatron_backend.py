@@ -133,14 +133,11 @@ class MegatronBackend:
         a = arr.actor
         self.optimizer = self._build_optimizer(self.model, a.optim.lr, a.optim.weight_decay, a.optim.betas,
                                                a.grad_clip)
-        from fully_async.train.backends.megatron_critic import optional_critic
+        from fully_async.core.config import uses_critic
+        from fully_async.train.backends.megatron_critic import MegatronCritic, MegatronRewardModel
 
-        self.critic = optional_critic(self, cfg, total_optimizer_steps)   # algorithm.adv_estimator=gae
-        self.reward_model = None
-        if cfg.reward_model.enable:
-            from fully_async.train.backends.megatron_critic import MegatronRewardModel
-
-            self.reward_model = MegatronRewardModel(self, cfg)
+        self.critic = MegatronCritic(self, cfg, total_optimizer_steps) if uses_critic(cfg) else None
+        self.reward_model = MegatronRewardModel(self, cfg) if cfg.reward_model.enable else None
         optim = arr.actor.optim
         self.warmup_steps = warmup_steps(optim, total_optimizer_steps)
         self.lr_multiplier = lr_lambda(optim, total_optimizer_steps)    # step -> multiplier of optim.lr
@@ -274,17 +271,30 @@ class MegatronBackend:
         model = self.model if which == "actor" else self.ref_model
         if model is None:
             raise RuntimeError("reference log-probs requested but no reference model was built")
+        return self.forward_rows(model, batch, sub.log_prob_micro_batch_size_per_gpu, sub.log_prob_use_dynamic_bsz,
+                                 sub.log_prob_max_token_len_per_gpu, self._logp_only, batch.input_ids.shape)
+
+    @torch.no_grad()
+    def forward_rows(self, model: Any, batch: TrainBatch, micro: Optional[int], dynamic: bool, budget: int,
+                     fn: Callable, shape: Any) -> torch.Tensor:
+        """A forward-only pass of `model` (the actor, the reference, the critic, the reward model) over this rank's
+        data-parallel rows of `batch`, in micro-batches of `micro` rows (or `budget` tokens with `dynamic`);
+        `fn(micro-batch, output) -> (0, per-row results)`.  The results of every row, in a float32 tensor of `shape`
+        (rows first; shorter rows padded with 0), on every rank: summed over dp shards and pipeline stages."""
         rows, weight = self._dp_rows(len(batch))
         shard = batch.select(rows)
-        splits = micro_batches(shard, sub.log_prob_micro_batch_size_per_gpu, sub.log_prob_use_dynamic_bsz,
-                               sub.log_prob_max_token_len_per_gpu)
+        splits = micro_batches(shard, micro, dynamic, budget)
         was_training = model.training
         model.eval()
-        outs = self._schedule(model, [shard.select(i).to(self.torch_device) for i in splits], self._logp_only, True)
+        outs = self._schedule(model, [shard.select(i).to(self.torch_device) for i in splits], fn, True)
         model.train(was_training)
-        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.torch_device)
-        for idx, logp in zip(splits, outs if weight else []):      # outs is empty except on the last stage
-            out[[rows[i] for i in idx], :logp.shape[1]] = logp.float()
+        out = torch.zeros(shape, dtype=torch.float32, device=self.torch_device)
+        for idx, res in zip(splits, outs if weight else []):      # outs is empty except on the last stage
+            target = [rows[i] for i in idx]
+            if res.dim() > 1:
+                out[target, :res.shape[1]] = res.float()
+            else:
+                out[target] = res.float()
         return self._sum_replicas(out).cpu()
 
     # ------------------------------------------------------------------ update (driven by train/ppo_update.py)
@@ -440,21 +450,28 @@ class MegatronBackend:
 
     def save(self, path: str) -> None:
         """actor/ as a Hugging Face folder (rank 0) + per-rank optimizer/RNG files (resume: same sizes)."""
-        from safetensors.torch import save_file
-
-        state = self.named_parameters_for_sync()
-        os.makedirs(os.path.join(path, "actor_megatron_optim"), exist_ok=True)
-        if dist.get_rank() == 0:
-            os.makedirs(os.path.join(path, "actor"), exist_ok=True)
-            save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(path, "actor", "model.safetensors"),
-                      metadata={"format": "pt"})
-            self.hf_config.save_pretrained(os.path.join(path, "actor"))
-        torch.save({"optim_steps": self.optim_steps, "num_bad_steps": self.num_bad_steps, "py_rng": self.rng.getstate(),
-                    "torch_rng": torch.get_rng_state(), "layout": (self.tp, self.pp, self.dp),
-                    "optimizer": self._optimizer_state(self.optimizer)}, self._ckpt_file(path))
-        dist.barrier()
+        self.write_checkpoint(os.path.join(path, "actor"), self.named_parameters_for_sync(), self.hf_config,
+                              self._ckpt_file(path), {
+                                  "optim_steps": self.optim_steps, "num_bad_steps": self.num_bad_steps,
+                                  "py_rng": self.rng.getstate(), "torch_rng": torch.get_rng_state(),
+                                  "optimizer": self._optimizer_state(self.optimizer)})
         if self.critic is not None:
             self.critic.save(path)
+
+    def write_checkpoint(self, folder: str, state: dict[str, torch.Tensor], hf_config: Any, rank_file: str,
+                         extra: dict) -> None:
+        """Global rank 0 writes `state` (full, HF names) and `hf_config` as a Hugging Face folder; every rank writes
+        its `extra` (optimizer shards, counters) with this run's layout to `rank_file`; then all wait for all."""
+        from safetensors.torch import save_file
+
+        os.makedirs(os.path.dirname(rank_file), exist_ok=True)
+        if dist.get_rank() == 0:
+            os.makedirs(folder, exist_ok=True)
+            save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(folder, "model.safetensors"),
+                      metadata={"format": "pt"})
+            hf_config.save_pretrained(folder)
+        torch.save({**extra, "layout": (self.tp, self.pp, self.dp)}, rank_file)
+        dist.barrier()
 
     def _optimizer_state(self, optimizer: Any) -> list[dict]:
         """The inner torch optimizers' states and master params as they are on this rank (megatron's own dp-zero

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from functools import partial
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from fully_async.algorithms.gae import VALUE_METRICS
 from fully_async.algorithms.lr_schedule import lr_lambda
-from fully_async.core.batch import TrainBatch, micro_batches
+from fully_async.core.batch import TrainBatch
 from fully_async.train.backends import MiniBatch, StepResult, hf_megatron
 from fully_async.train.backends.value_model import critic_optimizer_steps
 
@@ -56,54 +56,52 @@ def trunk_config(hf_config: Any) -> Any:
     return config
 
 
+def build_value_model(owner: Any, path: str, trust_remote_code: bool, train: bool,
+                      head_key: str = "") -> tuple[Any, Any]:
+    """(model, HF config): the folder's trunk as a GPTModel in `owner`'s layout and dtype, the last pipeline stage's
+    output layer replaced by the value head (value_head) before the model moves to the device.  `head_key`: the
+    config key of a folder that must bring its own head (a reward model); without `score.weight` it is refused."""
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    hf_megatron.check_supported(hf_config)
+    state = hf_megatron.SafetensorsFolder(path)
+    if head_key and "score.weight" not in state:
+        raise RuntimeError(f"{head_key}={path} has no score head (score.weight): a reward model is a one-label "
+                           "...ForSequenceClassification folder")
+    tcfg = owner._transformer_config(hf_config)
+
+    def head(model: torch.nn.Module) -> None:
+        if hasattr(model, "output_layer"):        # the last pipeline stage
+            model.output_layer = value_head(state, hf_config, owner.dtype, tcfg)
+
+    return owner._build_model(state, train=train, hf_config=trunk_config(hf_config), tcfg=tcfg, head=head), hf_config
+
+
 class MegatronCritic:
     """Built by a MegatronBackend (`owner`) on the same ranks, layout and dtype as its actor."""
 
     def __init__(self, owner: Any, cfg: Any, actor_optimizer_steps: int):
-        from transformers import AutoConfig
-
         critic = cfg.critic
-        self.owner, self.settings, self.grad_clip = owner, critic, critic.grad_clip
-        self.path = critic.model.path or cfg.actor_rollout_ref.model.path
-        self.hf_config = AutoConfig.from_pretrained(self.path, trust_remote_code=critic.model.trust_remote_code)
-        hf_megatron.check_supported(self.hf_config)
-        state = hf_megatron.SafetensorsFolder(self.path)
-        tcfg = owner._transformer_config(self.hf_config)
-        self.model = owner._build_model(state, train=True, hf_config=trunk_config(self.hf_config), tcfg=tcfg,
-                                        head=partial(self._head, state, tcfg))
+        self.owner, self.settings = owner, critic
+        self.model, self.hf_config = build_value_model(owner, critic.model.path or cfg.actor_rollout_ref.model.path,
+                                                       critic.model.trust_remote_code, train=True)
         optim = critic.optim
         self.optimizer = owner._build_optimizer(self.model, optim.lr, optim.weight_decay, optim.betas, critic.grad_clip)
         self.lr_multiplier = lr_lambda(optim, critic_optimizer_steps(cfg, actor_optimizer_steps))
         self.optim_steps = 0
-
-    def _head(self, state: Any, tcfg: Any, model: torch.nn.Module) -> None:
-        """Replace the last stage's output layer by the value head (before the model moves to the device)."""
-        if not hasattr(model, "output_layer"):
-            return
-        model.output_layer = value_head(state, self.hf_config, self.owner.dtype, tcfg)
 
     # ------------------------------------------------------------------ values
     def _values_only(self, mb: TrainBatch, out: torch.Tensor) -> tuple:
         values = token_values(out, mb.input_ids.shape[1])
         return values.new_zeros(()), values
 
-    @torch.no_grad()
     def values(self, batch: TrainBatch) -> torch.Tensor:
-        """(B, L) values of `batch` (0 off the response) on every rank, in critic.forward_* micro-batches of this
-        rank's data-parallel shard."""
-        o, c = self.owner, self.settings
-        rows, weight = o._dp_rows(len(batch))
-        shard = batch.select(rows)
-        splits = micro_batches(shard, c.forward_micro_batch_size_per_gpu, c.use_dynamic_bsz,
-                               c.forward_max_token_len_per_gpu)
-        was_training = self.model.training
-        self.model.eval()
-        outs = o._schedule(self.model, [shard.select(i).to(o.torch_device) for i in splits], self._values_only, True)
-        self.model.train(was_training)
-        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=o.torch_device)
-        for idx, values in zip(splits, outs if weight else []):
-            out[[rows[i] for i in idx], :values.shape[1]] = values.float()
-        return o._sum_replicas(out).cpu() * batch.response_mask.float()
+        """(B, L) values of `batch` (0 off the response) on every rank, in critic.forward_* micro-batches."""
+        c = self.settings
+        out = self.owner.forward_rows(self.model, batch, c.forward_micro_batch_size_per_gpu, c.use_dynamic_bsz,
+                                      c.forward_max_token_len_per_gpu, self._values_only, batch.input_ids.shape)
+        return out * batch.response_mask.float()
 
     # ------------------------------------------------------------------ update
     def _value_loss(self, mb: TrainBatch, out: torch.Tensor, *, loss: Any, scale: float) -> tuple:
@@ -160,22 +158,10 @@ class MegatronCritic:
         return hf
 
     def save(self, path: str) -> None:
-        from safetensors.torch import save_file
-
-        o = self.owner
-        state = self.hf_state()
-        os.makedirs(os.path.join(path, "critic_megatron_optim"), exist_ok=True)
-        if dist.get_rank() == 0:
-            folder = os.path.join(path, "critic")
-            os.makedirs(folder, exist_ok=True)
-            save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(folder, "model.safetensors"),
-                      metadata={"format": "pt"})
-            config = trunk_config(self.hf_config)
-            config.num_labels = 1
-            config.save_pretrained(folder)
-        torch.save({"optim_steps": self.optim_steps, "layout": (o.tp, o.pp, o.dp),
-                    "optimizer": o._optimizer_state(self.optimizer)}, self._ckpt_file(path))
-        dist.barrier()
+        config = trunk_config(self.hf_config)
+        config.num_labels = 1
+        self.owner.write_checkpoint(os.path.join(path, "critic"), self.hf_state(), config, self._ckpt_file(path), {
+            "optim_steps": self.optim_steps, "optimizer": self.owner._optimizer_state(self.optimizer)})
 
     def _ckpt_file(self, path: str) -> str:
         return os.path.join(path, "critic_megatron_optim", f"rank_{dist.get_rank():05d}.pt")
@@ -219,24 +205,10 @@ class MegatronRewardModel:
     last token (the reward model's own tokens, one row per response), as the torch reward model (reward_model.py)."""
 
     def __init__(self, owner: Any, cfg: Any):
-        from transformers import AutoConfig
-
         rm = cfg.reward_model
         self.owner, self.settings = owner, rm
-        self.hf_config = AutoConfig.from_pretrained(rm.model.path, trust_remote_code=rm.model.trust_remote_code)
-        hf_megatron.check_supported(self.hf_config)
-        state = hf_megatron.SafetensorsFolder(rm.model.path)
-        if "score.weight" not in state:
-            raise RuntimeError(f"reward_model.model.path={rm.model.path} has no score head (score.weight): a reward "
-                               "model is a one-label ...ForSequenceClassification folder")
-        tcfg = owner._transformer_config(self.hf_config)
-
-        def head(model: torch.nn.Module) -> None:
-            if hasattr(model, "output_layer"):
-                model.output_layer = value_head(state, self.hf_config, owner.dtype, tcfg)
-
-        self.model = owner._build_model(state, train=False, hf_config=trunk_config(self.hf_config), tcfg=tcfg,
-                                        head=head)
+        self.model, self.hf_config = build_value_model(owner, rm.model.path, rm.model.trust_remote_code, train=False,
+                                                       head_key="reward_model.model.path")
 
     @staticmethod
     def _last_token(mb: TrainBatch, out: torch.Tensor) -> tuple:
@@ -244,26 +216,13 @@ class MegatronRewardModel:
         scores = out[torch.arange(len(lengths), device=out.device), lengths - 1, 0].float()
         return scores.new_zeros(()), scores
 
-    @torch.no_grad()
     def scores(self, batch: TrainBatch) -> torch.Tensor:
-        """(B,) scores of `batch` on every rank, in reward_model.* micro-batches of this rank's data-parallel shard."""
-        o, rm = self.owner, self.settings
-        rows, weight = o._dp_rows(len(batch))
-        shard = batch.select(rows)
-        splits = micro_batches(shard, rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz, rm.forward_max_token_len_per_gpu)
-        outs = o._schedule(self.model, [shard.select(i).to(o.torch_device) for i in splits], self._last_token, True)
-        out = torch.zeros(len(batch), dtype=torch.float32, device=o.torch_device)
-        for idx, scores in zip(splits, outs if weight else []):
-            out[[rows[i] for i in idx]] = scores
-        return o._sum_replicas(out).cpu()
+        """(B,) scores of `batch` on every rank, in reward_model.* micro-batches."""
+        rm = self.settings
+        return self.owner.forward_rows(self.model, batch, rm.micro_batch_size_per_gpu, rm.use_dynamic_bsz,
+                                       rm.forward_max_token_len_per_gpu, self._last_token, (len(batch),))
 
 
 def token_values(out: torch.Tensor, length: int) -> torch.Tensor:
     """(B, L, 1) head outputs -> (B, L) values: position t holds the output at t - 1 (0 at t = 0)."""
     return F.pad(out[:, :length - 1, 0].float(), (1, 0))
-
-
-def optional_critic(owner: Any, cfg: Any, actor_optimizer_steps: int) -> Optional[MegatronCritic]:
-    from fully_async.core.config import uses_critic
-
-    return MegatronCritic(owner, cfg, actor_optimizer_steps) if uses_critic(cfg) else None

@@ -1,6 +1,7 @@
-"""strategy=megatron's group (ReplicatedGroupBackend): every rank gets the whole batch for the critic's values and
-the reward model's scores (tensor/pipeline peers need the same rows; each rank takes its own data-parallel rows
-inside), and rank 0's answer is the group's; a float16 loss-scale overflow is not a bad step."""
+"""strategy=megatron: its forward-only passes put each row's result in place; its group (ReplicatedGroupBackend)
+gives every rank the whole batch for the critic's values and the reward model's scores (tensor/pipeline peers need
+the same rows; each rank takes its own data-parallel rows inside), and rank 0's answer is the group's; a float16
+loss-scale overflow is not a bad step."""
 import torch
 
 from fully_async.train import group as group_mod
@@ -62,3 +63,31 @@ def test_a_loss_scale_overflow_is_not_a_bad_step():
     metrics.add({}, StepResult(0.5, 1e-5))
     out = metrics.result()
     assert out["actor/bad_steps"] == 0.0 and out["actor/loss_scale_overflows"] == 1.0 and out["actor/grad_norm"] == 0.5
+
+
+def test_a_megatron_forward_pass_puts_each_rows_result_in_place():
+    """MegatronBackend.forward_rows (the log-probs, the critic's values, the reward model's scores): this rank's
+    data-parallel rows in micro-batches through the schedule, each micro-batch's per-row results written to its rows
+    (2-D results shorter than the batch padded with 0, 1-D ones as they are), then summed over the replicas."""
+    from fully_async.core.batch import TrainBatch
+    from fully_async.train.backends.megatron_backend import MegatronBackend
+
+    backend = object.__new__(MegatronBackend)
+    backend.torch_device = torch.device("cpu")
+    backend._dp_rows = lambda n: ([1, 3], 1.0)                      # this rank's rows of 4
+    backend._sum_replicas = lambda t: t
+    seen = []
+
+    def schedule(model, mbs, fn, forward_only):
+        seen.append([mb.input_ids[:, 0].tolist() for mb in mbs])
+        return [fn(mb, None)[1] for mb in mbs]
+    backend._schedule = schedule
+    ids = torch.arange(4).unsqueeze(1).repeat(1, 5)                  # row r holds r everywhere
+    batch = TrainBatch(ids, torch.ones(4, 5, dtype=torch.long), torch.ones(4, 5), torch.zeros(4, 5), torch.zeros(4),
+                       ["a", "b", "c", "d"])
+    model = torch.nn.Linear(1, 1)
+    rows2d = backend.forward_rows(model, batch, 1, False, 0, lambda mb, _: (0, mb.input_ids[:, :3].float()), (4, 5))
+    assert seen == [[[1], [3]]] and model.training                   # one row per micro-batch; the mode restored
+    assert rows2d.tolist() == [[0] * 5, [1, 1, 1, 0, 0], [0] * 5, [3, 3, 3, 0, 0]]
+    rows1d = backend.forward_rows(model, batch, None, False, 0, lambda mb, _: (0, mb.input_ids[:, 0].float()), (4,))
+    assert rows1d.tolist() == [0, 1, 0, 3]
