@@ -15,6 +15,8 @@
 #   bash scripts/gpu_verify.sh broadcast                  (#28: one weight broadcast to K engine replicas vs one: K+1 GPUs)
 #   bash scripts/gpu_verify.sh critic                     (#24: a PPO step with a critic next to GRPO's: 1 GPU)
 #   bash scripts/gpu_verify.sh megatron_critic            (#24: the megatron critic against the torch one, a PPO run: 1 GPU)
+#   bash scripts/gpu_verify.sh megatron_lora              (#23: megatron LoRA against the torch LoRA, a run + resume: 1 GPU;
+#                                                          TP=2: 2 GPUs, a tp=2 run)
 #
 # Expects the offline bundle in .gpubundle/ (../shared/tools/offline_bundle.sh) plus the tiny task
 # as jsonl in .gpubundle/data/.  Model: a Qwen2.5-0.5B-shaped Qwen2 with random weights and the
@@ -249,6 +251,28 @@ megatron_critic)
 s = r('/tmp/runs/megatron_gae'); print('val reward first/last', f('/tmp/runs/megatron_gae')); \
 print({k: [round(v, 4) for _, v in s[k]][::6] for k in ('critic/vf_loss', 'critic/vf_explained_var', 'critic/grad_norm') if k in s})"
   cat /tmp/h_mg/failure_traceback.txt 2>/dev/null | tail -30
+  ;;
+megatron_lora)
+  # #23: LoRA on strategy=megatron against the torch LoRA (tests/gpu), then a sync GRPO run with megatron LoRA on the
+  # bundled task (TP megatron tensor-parallel ranks, default 1), saved at step 15 and 30 and resumed for 2 more steps
+  N=${TP:-1}
+  export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((N - 1)))
+  [ "$N" = 1 ] && timeout ${TESTS_LIMIT:-240} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_megatron_lora_cuda.py 2>&1 | tail -15
+  LORA_RUN=(--config-name=ppo_megatron_trainer "${PRESET[@]}" trainer.device=cuda data.train_files=.gpubundle/data/train.jsonl
+            data.val_files=.gpubundle/data/val.jsonl actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.actor.optim.lr=3e-3
+            trainer.n_gpus_per_node=$N actor_rollout_ref.actor.megatron.tensor_model_parallel_size=$N trainer.save_freq=15
+            trainer.progress_bar=false trainer.logger=[console,tensorboard] "trainer.default_local_dir=/tmp/ckpt_lora$N"
+            hydra.run.dir=/tmp/h_lora$N)
+  TENSORBOARD_DIR=/tmp/runs/megatron_lora$N timeout ${RUN_LIMIT:-200} python3 -m fully_async.main "${LORA_RUN[@]}" \
+      trainer.total_training_steps=${STEPS:-30} trainer.resume_mode=disable > "$OUT/megatron_lora$N.log" 2>&1
+  grep -E "^step|run finished|Error|error" "$OUT/megatron_lora$N.log" | tail -6
+  python3 -c "import sys; sys.path.insert(0, 'tests'); from tests_helpers import first_and_last_val as f; \
+print('val reward first/last', f('/tmp/runs/megatron_lora$N'))"
+  ls /tmp/ckpt_lora$N/*/actor/lora_adapter 2>&1 | tail -3
+  TENSORBOARD_DIR=/tmp/runs/megatron_lora${N}_resumed timeout 150 python3 -m fully_async.main "${LORA_RUN[@]}" \
+      trainer.total_training_steps=$(( ${STEPS:-30} + 2 )) trainer.resume_mode=auto > "$OUT/megatron_lora${N}_resume.log" 2>&1
+  grep -E "resum|^step|run finished|Error|error" "$OUT/megatron_lora${N}_resume.log" | tail -5
+  cat /tmp/h_lora$N/failure_traceback.txt 2>/dev/null | tail -30
   ;;
 restructure)
   # after the loops were restructured (#22): every GPU test (engine, megatron parity with the one PPO update, packing,

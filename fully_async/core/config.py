@@ -67,13 +67,18 @@ class ModelConfig:
     # fold lm_head into the chunked log-prob/entropy: the (tokens x vocab) logits never exist whole (verl's key;
     # our default is true: the same float32 math, less memory; models with biased/soft-capped heads fall back)
     use_fused_kernels: bool = True
-    # LoRA (torch / fsdp2; train/backends/lora.py): rank > 0 trains low-rank adapters on the frozen model, merged into
-    # the weights the engines get; lora_adapter_path starts from a saved peft adapter (its r, alpha, targets)
+    # LoRA (torch / fsdp2: train/backends/lora.py, peft's; megatron: megatron_lora.py, megatron-bridge's fused
+    # adapters on linear_qkv/linear_proj/linear_fc1/linear_fc2, core/lora_targets.py): rank > 0 trains low-rank
+    # adapters on the frozen model, merged into the weights the engines get; lora_adapter_path starts from a saved
+    # peft adapter (its r, alpha, targets)
     lora_rank: int = 0
-    lora_alpha: float = 16
+    lora_alpha: float = 16                # verl's megatron configs (lora.alpha) default to 32: ours set that
     target_modules: Any = "all-linear"    # all-linear | a list of module names (suffixes) | a regex string
     exclude_modules: Any = None           # null | a list of module names (suffixes) | a regex string, as peft
     lora_adapter_path: Optional[str] = None
+    # lora_A's init (verl's megatron lora.lora_A_init_method): xavier | kaiming | normal; null: the strategy's
+    # default (kaiming_uniform as peft on torch / fsdp2, xavier_normal as megatron-bridge on megatron)
+    lora_A_init_method: Optional[str] = None
 
 
 @dataclass

@@ -18,6 +18,7 @@ from fully_async.core.config import (POLICY_LOSS_MODES, PLACEMENTS, ATTN_IMPLEME
 from fully_async.core.algorithm_checks import (_at_least, _choice, check_algorithm, check_filter_groups,
                                                check_grpo_group, check_reward_model, check_rollout_correction)
 from fully_async.core.plan import RunPlan
+from fully_async.core.lora_targets import LORA_A_INITS, megatron_targets
 
 logger = logging.getLogger(__name__)
 
@@ -184,12 +185,16 @@ def _check_model(cfg: Any) -> None:
                           "download the model first (this package never fetches weights at run time)")
     model = cfg.actor_rollout_ref.model
     _at_least("actor_rollout_ref.model.lora_rank", model.lora_rank, 0)
-    if (model.lora_rank or model.lora_adapter_path) and cfg.actor_rollout_ref.actor.strategy == "megatron":
-        key = "actor_rollout_ref.model.lora_rank" if model.lora_rank else "actor_rollout_ref.model.lora_adapter_path"
-        raise ConfigError(key, "LoRA is implemented for the torch / fsdp2 strategies; strategy=megatron trains the "
-                               "full model (use actor_rollout_ref.actor.strategy=fsdp)")
     if model.lora_rank:
         _at_least("actor_rollout_ref.model.lora_alpha", model.lora_alpha, 0.0, strict=True)
+    if model.lora_A_init_method is not None:
+        _choice("actor_rollout_ref.model.lora_A_init_method", model.lora_A_init_method, LORA_A_INITS)
+    if model.lora_rank and cfg.actor_rollout_ref.actor.strategy == "megatron":
+        try:
+            megatron_targets(model.target_modules, model.exclude_modules)
+        except ValueError as exc:
+            key = "target_modules" if "target_modules" in str(exc) else "exclude_modules"
+            raise ConfigError(f"actor_rollout_ref.model.{key}", str(exc).split(": ", 1)[1]) from None
 
 
 def _check_actor(cfg: Any) -> None:

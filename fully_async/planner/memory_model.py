@@ -185,12 +185,18 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
         mem.note = f"torch, one device, params/grads/AdamW in {actor.dtype}"
         tokens = micro_batch_tokens(cfg, dp)
     rank = model.lora_rank
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     if rank and strategy != "megatron":   # LoRA: only the adapters (all linear layers at most) have grads and AdamW
-        q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
         adapter = shape.layers * rank * (7 * shape.hidden + 2 * q + 2 * kv + 3 * shape.intermediate)
         share = shard if strategy == "fsdp2" else 1
         mem.parts.update(grads=4 * adapter / share, optimizer=8 * adapter / share)
         mem.note += f"; LoRA rank {rank}: grads and AdamW for {adapter / 1e6:.1f}M adapter parameters"
+    elif rank:   # megatron's fused adapters (one per qkv/proj/fc1/fc2) on this stage, split with their layer over tp;
+        #          float32 grads, masters and AdamW states; the reference is the base with its adapters off
+        adapter = layers * rank * (4 * shape.hidden + 2 * q + 2 * kv + 3 * shape.intermediate) / tp
+        mem.parts.update(grads=4 * adapter, optimizer=12 * adapter / opt_shard)
+        mem.parts.pop("ref_params", None)
+        mem.note += f"; LoRA rank {rank}: grads and AdamW for {adapter / 1e6:.1f}M adapter parameters per device"
     if uses_critic(cfg) and strategy == "megatron":   # the same layout: the trunk's stage without the LM head
         trunk = stage - shape.vocab * shape.hidden * (0 if pp > 1 or shape.tied else 1) / tp
         mem.parts.update(critic_params=2 * trunk, critic_grads=4 * trunk, critic_optimizer=12 * trunk / opt_shard)

@@ -188,6 +188,30 @@ def check_lora_adapter(cfg: Any) -> None:
         raise ConfigError("actor_rollout_ref.model.lora_adapter_path", str(exc)) from None
     if not os.path.isfile(os.path.join(path, ADAPTER_WEIGHTS)):
         raise ConfigError("actor_rollout_ref.model.lora_adapter_path", f"{path} has no {ADAPTER_WEIGHTS}")
+    if cfg.actor_rollout_ref.actor.strategy == "megatron":
+        check_fused_adapter(cfg, path)
+
+
+def check_fused_adapter(cfg: Any, path: str) -> None:
+    """strategy=megatron: the adapter fits the model's fused LoRA layers (its targets, one lora_A per fused layer)."""
+    import os
+
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from fully_async.core.lora_targets import is_target, layer_names, megatron_targets
+    from fully_async.train.backends.lora import ADAPTER_WEIGHTS, lora_settings
+    from fully_async.train.backends.megatron_lora import peft_to_local
+
+    model = cfg.actor_rollout_ref.model
+    _, _, targets, excludes = lora_settings(model)
+    hf_config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    try:
+        spec = megatron_targets(targets, excludes)
+        wanted = [n for n in layer_names(hf_config.num_hidden_layers) if is_target(n, *spec)]
+        peft_to_local(load_file(os.path.join(path, ADAPTER_WEIGHTS)), wanted, hf_config, 0, 1, 0, 1, path)
+    except (ValueError, RuntimeError) as exc:
+        raise ConfigError("actor_rollout_ref.model.lora_adapter_path", str(exc)) from None
 
 
 def check_reward_model(cfg: Any, records: list[PromptRecord]) -> None:

@@ -283,16 +283,31 @@ RULES: list[Rule] = [
              "put the config in actor_rollout_ref.model.path"),
     _warn_if("actor_rollout_ref.model.tokenizer_path", _is(None), "null", "the tokenizer is model.path's",
              "put the tokenizer in actor_rollout_ref.model.path"),
-    # verl's megatron LoRA section (model.lora.*): rank / alpha / adapter_path are the fsdp keys' (megatron with LoRA is
-    # refused), its megatron module names and init options have no counterpart
+    # verl's megatron LoRA section (model.lora.*, megatron-bridge's fused LoRA: train/backends/megatron_lora.py)
     _map("actor_rollout_ref.model.lora.rank", "actor_rollout_ref.model.lora_rank", "verl's megatron LoRA rank"),
     _map("actor_rollout_ref.model.lora.alpha", "actor_rollout_ref.model.lora_alpha", "verl's megatron LoRA alpha"),
     _map("actor_rollout_ref.model.lora.adapter_path", "actor_rollout_ref.model.lora_adapter_path",
          "verl's megatron LoRA adapter path", null_unset=True),
+    _map("actor_rollout_ref.model.lora.target_modules", "actor_rollout_ref.model.target_modules",
+         "verl's megatron LoRA targets (linear_qkv, linear_proj, linear_fc1, linear_fc2, or patterns)"),
+    _map("actor_rollout_ref.model.lora.exclude_modules", "actor_rollout_ref.model.exclude_modules",
+         "verl's megatron LoRA exclusions ([]: none)", convert=lambda v: None if _falsy(v) else v),
+    _map("actor_rollout_ref.model.lora.lora_A_init_method", "actor_rollout_ref.model.lora_A_init_method",
+         "verl's megatron lora_A init", allowed=_is("xavier", "kaiming", "normal"),
+         allowed_doc="xavier|kaiming|normal", refusal="lora_A starts as xavier, kaiming or normal"),
+    _warn_if("actor_rollout_ref.model.lora.lora_B_init_method", _is("zero"), "zero", "lora_B starts at zero",
+             "lora_B starts at zero (the adapter starts as the base model)"),
+    _warn_if("actor_rollout_ref.model.lora.type", _is("lora"), "lora", "megatron-bridge's fused LoRA (one adapter "
+             "per megatron linear layer)", "only the fused `lora` type is implemented (not canonical_lora, dora, "
+             "vlm_lora)"),
+    _warn("actor_rollout_ref.model.lora.merge", "the engines always load the merged weights (W + alpha/r B A, "
+          "verl's merge=true); merge=false serves the same adapter unmerged"),
+    _warn_if("actor_rollout_ref.model.lora.dtype", _is(None), "null", "the adapters are in the model's dtype "
+             "(float32 masters in the optimizer)", "the adapters use the model's dtype"),
     _warn_if("actor_rollout_ref.model.lora.dropout", _is(0, 0.0), "0.0", "no LoRA dropout",
              "LoRA dropout is not implemented"),
-    _warn("actor_rollout_ref.model.lora.**", "a megatron LoRA option (megatron module names, init methods, "
-          "merging): the torch / fsdp2 LoRA targets actor_rollout_ref.model.target_modules with peft's init"),
+    _warn("actor_rollout_ref.model.lora.**", "a megatron LoRA option with no effect here (no dropout to position, "
+          "no all-to-all experts, no vision tower to freeze)"),
     _warn_if("actor_rollout_ref.model.mtp.enable", _is(False), "false", "no multi-token prediction",
              "multi-token prediction is not implemented"),
     _warn("actor_rollout_ref.model.mtp.**", "multi-token prediction is not implemented (mtp.enable=false)"),
@@ -540,7 +555,8 @@ DEFAULT_DIFFERENCES: dict[str, str] = {
 SCRIPT_REFUSALS: list[tuple[str, str]] = [
     ("gae (a critic) with strategy=megatron",
      r"algorithm\.adv_estimator|critic\.strategy"),
-    ("LoRA with strategy=megatron", r"actor_rollout_ref\.model\.lora.*"),
+    ("LoRA settings megatron's fused LoRA cannot take", r"actor_rollout_ref\.model\.(lora.*|target_modules|"
+     r"exclude_modules)"),
     ("multi-turn / tool datasets (data.custom_cls)", r"data\.custom_cls\..*"),
     ("megatron dist checkpoints", r".*\.megatron\.(use_dist_checkpointing|dist_checkpointing_path)"),
     ("interleaved pipeline (virtual pipeline stages)", r".*\.virtual_pipeline_model_parallel_size"),

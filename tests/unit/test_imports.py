@@ -10,7 +10,7 @@ import pytest
 PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "fully_async")
 VENDORS = {"vllm": {"rollout/engines/vllm_engine.py"}, "torch_npu": {"device.py"},
            "megatron": {"train/backends/megatron_backend.py", "train/backends/hf_megatron.py",
-                        "train/backends/megatron_critic.py"},
+                        "train/backends/megatron_critic.py", "train/backends/megatron_lora.py"},
            "mindspeed": {"train/backends/megatron_backend.py"}}
 PURE = ["rollout/scheduler.py", "core/staleness.py", "core/workload.py", "core/partial.py", "core/types.py",
         "actors/queue.py", "core/flops.py", "pool/leases.py", "planner/pipeline_sim.py", "planner/memory_model.py",

@@ -30,7 +30,7 @@ PEFT_PREFIX = "base_model.model."
 class LoRALinear(torch.nn.Linear):
     """nn.Linear with a low-rank trainable update; `weight` and `bias` are the base layer's own parameters."""
 
-    def __init__(self, base: torch.nn.Linear, rank: int, alpha: float):
+    def __init__(self, base: torch.nn.Linear, rank: int, alpha: float, init: str = "kaiming"):
         torch.nn.Module.__init__(self)
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight, self.bias = base.weight, base.bias
@@ -42,7 +42,12 @@ class LoRALinear(torch.nn.Linear):
         kw = dict(device=base.weight.device, dtype=base.weight.dtype)
         self.lora_A = torch.nn.Parameter(torch.empty(rank, self.in_features, **kw))
         self.lora_B = torch.nn.Parameter(torch.zeros(self.out_features, rank, **kw))
-        torch.nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))   # peft's default (init_lora_weights=True)
+        if init == "xavier":                     # megatron-bridge's default (verl's lora_A_init_method)
+            torch.nn.init.xavier_normal_(self.lora_A)
+        elif init == "normal":
+            torch.nn.init.normal_(self.lora_A, 0.0, 0.2)
+        else:                                    # peft's default (init_lora_weights=True)
+            torch.nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias) + F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scaling
@@ -75,8 +80,9 @@ def _targets(model: torch.nn.Module, target_modules: Union[str, list, None], exc
 
 
 def apply_lora(model: torch.nn.Module, rank: int, alpha: float, target_modules: Union[str, list, None] = "all-linear",
-               exclude_modules: Union[str, list, None] = None) -> list[str]:
-    """Freeze `model` and put LoRALinear layers in place of its targeted linear layers; returns their names."""
+               exclude_modules: Union[str, list, None] = None, init: str = "kaiming") -> list[str]:
+    """Freeze `model` and put LoRALinear layers in place of its targeted linear layers (lora_A initialised by
+    `init`: kaiming, xavier or normal); returns their names."""
     names = _targets(model, target_modules, exclude_modules)
     if not names:
         raise ValueError(f"actor_rollout_ref.model.target_modules={target_modules!r} matches no linear layer of "
@@ -85,7 +91,7 @@ def apply_lora(model: torch.nn.Module, rank: int, alpha: float, target_modules: 
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, LoRALinear(getattr(parent, child), rank, alpha))
+        setattr(parent, child, LoRALinear(getattr(parent, child), rank, alpha, init))
     return names
 
 

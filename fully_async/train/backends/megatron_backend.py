@@ -15,6 +15,7 @@ implemented.  The critic of PPO (algorithm.adv_estimator=gae) is a GPTModel of t
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 from fully_async.core.config import FullyAsyncConfig
 from fully_async.algorithms.actor_loss import actor_metric_names
 from fully_async.algorithms.lr_schedule import lr_lambda, warmup_steps
-from fully_async.train.backends import MiniBatch, MicroLoss, StepResult, hf_megatron
+from fully_async.train.backends import MiniBatch, MicroLoss, StepResult, hf_megatron, lora, megatron_lora
 from fully_async.core.batch import TrainBatch, micro_batches
 from fully_async.device import Device, parse_dtype
 
@@ -127,9 +128,12 @@ class MegatronBackend:
         self.hf_config = AutoConfig.from_pretrained(arr.model.path, trust_remote_code=arr.model.trust_remote_code)
         self.tcfg = self._transformer_config()
         hf_state = hf_megatron.SafetensorsFolder(arr.model.path)
+        self.lora = lora.lora_settings(arr.model)      # (rank, alpha, targets, excludes) or None: megatron_lora.py
+        self.lora_targets: list[str] = []
         self.model = self._build_model(hf_state, train=True)            # DDP(GPTModel)
         need_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-        self.ref_model = self._build_model(hf_state, train=False) if need_ref else None
+        # with LoRA the reference is the actor with its adapters off (no second copy), as verl's
+        self.ref_model = self._build_model(hf_state, train=False) if need_ref and self.lora is None else None
         a = arr.actor
         self.optimizer = self._build_optimizer(self.model, a.optim.lr, a.optim.weight_decay, a.optim.betas,
                                                a.grad_clip)
@@ -185,6 +189,8 @@ class MegatronBackend:
         if head is not None:
             head(model)
         self._load_local(model, hf_state, hf_config, skip=("output_layer.",) if head is not None else ())
+        if train and head is None and self.lora is not None:
+            self._add_adapters(model)
         model.to(self.torch_device)
         if not train:
             return model.eval().requires_grad_(False)
@@ -195,6 +201,24 @@ class MegatronBackend:
                                                 use_distributed_optimizer=self.mcfg.use_distributed_optimizer)
         tcfg.finalize_model_grads_func = finalize_model_grads  # dp all-reduce (+ tied-embedding, SP-norm grads)
         return DistributedDataParallel(config=tcfg, ddp_config=ddp_cfg, module=model)
+
+    def _add_adapters(self, model: torch.nn.Module) -> None:
+        """The actor's LoRA layers (megatron_lora.py), from lora_adapter_path's adapter when one is given."""
+        arr = self.cfg.actor_rollout_ref
+        offset = hf_megatron._stage_layers(self.hf_config, self.pp_rank, self.pp).start
+        self.lora_targets = megatron_lora.apply_lora(
+            model, self.lora, arr.model.lora_A_init_method or "xavier", self.cfg.trainer.seed, offset, self.tp_rank,
+            self.tp, self.tcfg.sequence_parallel)
+        if arr.model.lora_adapter_path:
+            self._load_adapter(model, arr.model.lora_adapter_path)
+
+    def _load_adapter(self, model: torch.nn.Module, folder: str) -> None:
+        from safetensors.torch import load_file
+
+        state = load_file(os.path.join(folder, lora.ADAPTER_WEIGHTS))
+        wanted = sorted(megatron_lora.lora_layers(model))
+        megatron_lora.load_local(model, megatron_lora.peft_to_local(
+            state, wanted, self.hf_config, self.tp_rank, self.tp, self.pp_rank, self.pp, folder))
 
     def _load_local(self, model: torch.nn.Module, hf_state: Mapping[str, torch.Tensor], hf_config: Any = None,
                     skip: tuple[str, ...] = ()) -> None:
@@ -268,11 +292,14 @@ class MegatronBackend:
         """(B, L) log-probs of `batch` under the actor or the frozen reference, on every rank."""
         arr = self.cfg.actor_rollout_ref
         sub = arr.rollout if which == "actor" else arr.ref
-        model = self.model if which == "actor" else self.ref_model
+        model = self.model if which == "actor" or self.lora is not None else self.ref_model
         if model is None:
             raise RuntimeError("reference log-probs requested but no reference model was built")
-        return self.forward_rows(model, batch, sub.log_prob_micro_batch_size_per_gpu, sub.log_prob_use_dynamic_bsz,
-                                 sub.log_prob_max_token_len_per_gpu, self._logp_only, batch.input_ids.shape)
+        base = which != "actor" and self.lora is not None     # LoRA: the reference is the base model
+        with megatron_lora.adapters_disabled(model) if base else contextlib.nullcontext():
+            return self.forward_rows(model, batch, sub.log_prob_micro_batch_size_per_gpu,
+                                     sub.log_prob_use_dynamic_bsz, sub.log_prob_max_token_len_per_gpu,
+                                     self._logp_only, batch.input_ids.shape)
 
     @torch.no_grad()
     def forward_rows(self, model: Any, batch: TrainBatch, micro: Optional[int], dynamic: bool, budget: int,
@@ -386,13 +413,16 @@ class MegatronBackend:
     def named_parameters_for_sync(self) -> dict[str, torch.Tensor]:
         """Full HF-named CPU tensors on global rank 0 (tp 0, dp 0, first stage); {} on other ranks.
 
-        Collective: every rank calls it (TP shards are all-gathered, later stages sent to stage 0)."""
+        Collective: every rank calls it (TP shards are all-gathered, later stages sent to stage 0).  LoRA: the
+        merged model."""
+        if self.lora is not None:
+            return self._gather_hf(megatron_lora.merged_local_state(self.model.module), self.hf_config)
         local = {k: v for k, v in self.model.module.state_dict().items() if not k.endswith("_extra_state")}
         return self._gather_hf(local, self.hf_config)
 
-    def _gather_hf(self, local: dict[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
-        """The full HF state dict of a model whose megatron state on this rank is `local`, on global rank 0 ({} on
-        the others); collective over every rank."""
+    def _gather_tp(self, local: dict[str, torch.Tensor]) -> Optional[list[dict[str, torch.Tensor]]]:
+        """Every tensor rank's `local` (CPU copies) on the stage's root (tp 0, dp 0), None elsewhere; collective
+        over the tensor ranks."""
         root = self.tp_rank == 0 and self.dp_rank == 0
         shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.tp)]
         for name in sorted(local):
@@ -402,7 +432,21 @@ class MegatronBackend:
                 dist.all_gather(parts, local[name].contiguous(), group=self.ps.get_tensor_model_parallel_group())
             for r, p in enumerate(parts if root else []):
                 shards[r][name] = p.to("cpu", copy=True)
-        if not root:
+        return shards if root else None
+
+    def _gather_adapter(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapter in peft's names on global rank 0 ({} elsewhere); collective."""
+        shards = self._gather_tp(megatron_lora.adapter_local_state(self.model.module))
+        if shards is None:
+            return {}
+        peft = megatron_lora.adapter_to_peft(shards, self.hf_config, self.pp_rank, self.pp)
+        return self._gather_stages(peft) if self.pp > 1 else peft
+
+    def _gather_hf(self, local: dict[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
+        """The full HF state dict of a model whose megatron state on this rank is `local`, on global rank 0 ({} on
+        the others); collective over every rank."""
+        shards = self._gather_tp(local)
+        if shards is None:
             return {}
         hf = hf_megatron.megatron_to_hf(shards, hf_config, self.pp_rank, self.pp,
                                         lm_head=any(k.startswith("output_layer.") for k in local))
@@ -455,8 +499,18 @@ class MegatronBackend:
                                   "optim_steps": self.optim_steps, "num_bad_steps": self.num_bad_steps,
                                   "py_rng": self.rng.getstate(), "torch_rng": torch.get_rng_state(),
                                   "optimizer": self._optimizer_state(self.optimizer)})
+        if self.lora is not None:
+            self._save_adapter(os.path.join(path, "actor", "lora_adapter"))
         if self.critic is not None:
             self.critic.save(path)
+
+    def _save_adapter(self, folder: str) -> None:
+        """actor/lora_adapter/ in peft's format (Hugging Face module names), next to the merged actor/."""
+        state = self._gather_adapter()
+        if dist.get_rank() == 0:
+            modules = sorted({k[len(lora.PEFT_PREFIX):].split(".lora_")[0].rsplit(".", 1)[-1] for k in state})
+            lora.save_adapter(folder, state, *self.lora[:2], modules, self.cfg.actor_rollout_ref.model.path)
+        dist.barrier()
 
     def write_checkpoint(self, folder: str, state: dict[str, torch.Tensor], hf_config: Any, rank_file: str,
                          extra: dict) -> None:
@@ -495,7 +549,10 @@ class MegatronBackend:
     def load(self, path: str) -> None:
         extra = torch.load(self._ckpt_file(path), weights_only=True)
         self._check_layout(path, extra["layout"])
-        self._load_local(self.model.module, hf_megatron.SafetensorsFolder(os.path.join(path, "actor")))
+        if self.lora is not None:      # actor/ is the merged model; the base stays the model's own, the adapter goes on
+            self._load_adapter(self.model.module, os.path.join(path, "actor", "lora_adapter"))
+        else:
+            self._load_local(self.model.module, hf_megatron.SafetensorsFolder(os.path.join(path, "actor")))
         self._load_optimizer_state(self.optimizer, extra["optimizer"])
         if self.critic is not None:
             self.critic.load(path)

@@ -212,7 +212,7 @@ class TorchBackend:
         self.lora = lora.lora_settings(arr.model)
         self.lora_targets: list[str] = []
         if self.lora is not None:
-            self.lora_targets = lora.apply_lora(self.model, *self.lora)
+            self.lora_targets = lora.apply_lora(self.model, *self.lora, init=arr.model.lora_A_init_method or "kaiming")
             if arr.model.lora_adapter_path:
                 lora.load_adapter(self.model, arr.model.lora_adapter_path)
         # lm_head folded into the chunked log-prob/entropy (no logits tensor), where the model allows it

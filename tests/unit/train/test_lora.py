@@ -10,6 +10,7 @@ from fully_async.core.batch import build_batch
 from fully_async.core.config import ConfigError, asset_path
 from fully_async.core.config_checks import validate
 from fully_async.device import CPU
+from fully_async.run import prepare
 from fully_async.run.hydra_setup import load_config
 from fully_async.train.backends import lora
 from fully_async.train.backends.torch_backend import TorchBackend
@@ -88,16 +89,20 @@ def test_a_lora_update_trains_only_the_adapters_and_checkpoints_restore_it(tmp_p
 
 
 def test_lora_that_cannot_run_is_refused_naming_the_key(tmp_path):
-    with pytest.raises(ConfigError, match="strategy=megatron trains the full model") as err:
-        validate(load_config(["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.strategy=megatron",
-                              "trainer.device=cuda"]))
-    assert err.value.key == "actor_rollout_ref.model.lora_rank"
+    # strategy=megatron takes an adapter only if its fused layers can hold it (one lora_A for q/k/v, gate/up): a
+    # peft adapter trained here has one per projection
+    single = load_config(LORA)
+    TorchBackend(single, CPU, 10).save(str(tmp_path / "ckpt"))
+    adapter = tmp_path / "ckpt" / "actor" / "lora_adapter"
+    with pytest.raises(ConfigError, match="have different lora_A; strategy=megatron's fused LoRA") as err:
+        prepare.check_lora_adapter(load_config([f"actor_rollout_ref.model.lora_adapter_path={adapter}",
+                                                "actor_rollout_ref.actor.strategy=megatron", "trainer.device=cuda"]))
+    assert err.value.key == "actor_rollout_ref.model.lora_adapter_path"
+    prepare.check_lora_adapter(load_config([f"actor_rollout_ref.model.lora_adapter_path={adapter}"]))   # torch: fine
     cfg = load_config(["actor_rollout_ref.model.lora.rank=8", "actor_rollout_ref.model.lora.alpha=16"])   # megatron's
     assert (cfg.actor_rollout_ref.model.lora_rank, cfg.actor_rollout_ref.model.lora_alpha) == (8, 16)
-    from fully_async.run.prepare import check_lora_adapter
-
     with pytest.raises(ConfigError, match="not a peft adapter folder") as err:
-        check_lora_adapter(load_config([f"actor_rollout_ref.model.lora_adapter_path={tmp_path}"]))
+        prepare.check_lora_adapter(load_config([f"actor_rollout_ref.model.lora_adapter_path={tmp_path}"]))
     assert err.value.key == "actor_rollout_ref.model.lora_adapter_path"
 
 

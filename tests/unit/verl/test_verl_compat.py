@@ -176,7 +176,8 @@ def test_the_bundled_preset_applies_only_without_data_files():
 # a value outside each rule's accepted ones (by its allowed_doc); an unknown allowed_doc fails the test below
 OUTSIDE = {"-1": 5, "0": 5, "0.0": 0.5, "1": 2, "1.0": 0.9, "AdamW": "sgd", "constant": "linear",
            "constant|cosine": "wsd", "false": True, "null": 2, "null|constant|cosine": "wsd", "null|false": True,
-           "torch.optim": "apex.optimizers", "true": False, "vanilla": "clip_cov", "{}": {"enable_thinking": True}}
+           "torch.optim": "apex.optimizers", "true": False, "vanilla": "clip_cov", "{}": {"enable_thinking": True},
+           "xavier|kaiming|normal": "orthogonal", "zero": "xavier", "lora": "dora"}
 
 
 def test_every_value_a_verl_key_cannot_honour_is_refused_naming_the_key_and_the_alternative():

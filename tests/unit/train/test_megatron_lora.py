@@ -1,0 +1,215 @@
+"""LoRA on strategy=megatron (train/backends/megatron_lora.py, core/lora_targets.py), on CPU: which layers are adapted,
+peft adapters round-trip through every tensor/pipeline layout, an adapter a fused layer cannot hold is refused, and
+megatron's own parallel linear layers with adapters compute and differentiate what the unsplit math does at tensor
+parallel 1 and 2 (gloo ranks).  The whole backend against the torch LoRA runs on a GPU:
+tests/gpu/test_megatron_lora_cuda.py.
+"""
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from fully_async.cluster.network import free_port
+from fully_async.core.config import ConfigError
+from fully_async.core.config_checks import validate
+from fully_async.core.lora_targets import is_target, layer_names, megatron_targets
+from fully_async.run.hydra_setup import load_config
+from fully_async.train.backends import megatron_lora as ml
+from fully_async.train.backends.lora import PEFT_PREFIX
+
+pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install fully_async[megatron])")
+NH, NG, HD, HIDDEN, FFN, LAYERS, R = 4, 2, 8, 32, 48, 4, 3
+
+
+def selected(targets, excludes=None):
+    t, e = megatron_targets(targets, excludes)
+    return [n for n in layer_names(2) if is_target(n, t, e)]
+
+
+def test_targets_take_megatron_names_hugging_face_names_and_patterns():
+    every = layer_names(2)
+    assert selected("all-linear") == every and selected(None) == every
+    assert selected(["linear_qkv", "linear_fc2"]) == [n for n in every if n.endswith(("linear_qkv", "linear_fc2"))]
+    hf = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert selected(hf) == every
+    assert selected(["*.layers.0.*.linear_qkv", "linear_fc1"]) == [
+        "decoder.layers.0.self_attention.linear_qkv", "decoder.layers.0.mlp.linear_fc1", "decoder.layers.1.mlp.linear_fc1"]
+    assert selected("all-linear", ["o_proj"]) == [n for n in every if not n.endswith("linear_proj")]
+    assert selected(r".*layers\.1\..*") == [n for n in every if ".layers.1." in n]
+    with pytest.raises(ValueError, match="q_proj is part of the fused linear_qkv"):
+        megatron_targets(["q_proj", "v_proj"])
+    with pytest.raises(ValueError, match="'lm_head' is no linear layer"):
+        megatron_targets(["lm_head"])
+
+
+def test_megatron_lora_settings_are_checked_before_the_run():
+    base = ["actor_rollout_ref.actor.strategy=megatron", "trainer.device=cuda", "actor_rollout_ref.model.lora_rank=8"]
+    validate(load_config(base))
+    with pytest.raises(ConfigError, match="fused linear_qkv") as err:
+        validate(load_config(base + ["actor_rollout_ref.model.target_modules=[q_proj,v_proj]"]))
+    assert err.value.key == "actor_rollout_ref.model.target_modules"
+    with pytest.raises(ConfigError, match="is not one of") as err:
+        validate(load_config(base + ["actor_rollout_ref.model.lora_A_init_method=orthogonal"]))
+    assert err.value.key == "actor_rollout_ref.model.lora_A_init_method"
+    # verl's megatron spelling; its alpha default (32) comes with the megatron configs
+    cfg = load_config(["actor_rollout_ref.model.lora.rank=8", "actor_rollout_ref.model.lora.target_modules=[linear_qkv]",
+                       "actor_rollout_ref.model.lora.lora_A_init_method=kaiming",
+                       "actor_rollout_ref.model.lora.exclude_modules=[]"], config_name="ppo_megatron_trainer")
+    m = cfg.actor_rollout_ref.model
+    assert (m.lora_rank, m.lora_alpha, list(m.target_modules), m.exclude_modules, m.lora_A_init_method) == (
+        8, 32, ["linear_qkv"], None, "kaiming")
+    with pytest.raises(ConfigError, match="only the fused `lora` type"):
+        load_config(["actor_rollout_ref.model.lora.type=dora"])
+
+
+def hf_config():
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=64, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                       num_attention_heads=NH, num_key_value_heads=NG, head_dim=HD)
+
+
+def peft_adapter(seed=0, shared=True):
+    """A peft adapter of every linear layer; a fused layer's parts share lora_A when `shared`."""
+    g = torch.Generator().manual_seed(seed)
+    q, kv = NH * HD, NG * HD
+    shapes = {"self_attn.q_proj": (HIDDEN, q), "self_attn.k_proj": (HIDDEN, kv), "self_attn.v_proj": (HIDDEN, kv),
+              "self_attn.o_proj": (q, HIDDEN), "mlp.gate_proj": (HIDDEN, FFN), "mlp.up_proj": (HIDDEN, FFN),
+              "mlp.down_proj": (FFN, HIDDEN)}
+    out = {}
+    for i in range(LAYERS):
+        a_of = {}
+        for module, (fan_in, fan_out) in shapes.items():
+            group = "qkv" if module.endswith(("q_proj", "k_proj", "v_proj")) else \
+                "fc1" if module.endswith(("gate_proj", "up_proj")) else module
+            a = a_of.get(group) if shared else None
+            a = torch.randn(R, fan_in, generator=g) if a is None else a
+            a_of[group] = a
+            out[f"{PEFT_PREFIX}model.layers.{i}.{module}.lora_A.weight"] = a.clone()
+            out[f"{PEFT_PREFIX}model.layers.{i}.{module}.lora_B.weight"] = torch.randn(fan_out, R, generator=g)
+    return out
+
+
+def local_names(pp):
+    return [f"decoder.layers.{i}.{sub}" for i in range(LAYERS // pp) for sub in ml.SUBMODULE.values()]
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_peft_adapters_round_trip_through_every_layout(tp, pp):
+    cfg, adapter = hf_config(), peft_adapter()
+    back = {}
+    for stage in range(pp):
+        shards = [ml.peft_to_local(adapter, local_names(pp), cfg, rank, tp, stage, pp, "the adapter")
+                  for rank in range(tp)]
+        qkv_b = shards[0]["decoder.layers.0.self_attention.linear_qkv.lora_B"]
+        assert qkv_b.shape == ((NH + 2 * NG) * HD // tp, R)                     # a column shard of fused q/k/v
+        assert shards[0]["decoder.layers.0.self_attention.linear_proj.lora_A"].shape == (R, NH * HD // tp)
+        back.update(ml.adapter_to_peft(shards, cfg, stage, pp))
+    assert sorted(back) == sorted(adapter)
+    for key, value in adapter.items():
+        assert torch.equal(back[key], value), key
+
+
+def test_an_adapter_a_fused_layer_cannot_hold_is_refused():
+    cfg = hf_config()
+    with pytest.raises(RuntimeError, match="different lora_A; strategy=megatron's fused LoRA shares one A"):
+        ml.peft_to_local(peft_adapter(shared=False), local_names(1), cfg, 0, 1, 0, 1, "/adapters/torch")
+    partial = {k: v for k, v in peft_adapter().items() if "down_proj" not in k}
+    with pytest.raises(RuntimeError, match="does not cover the model's LoRA layer decoder.layers.0.mlp.linear_fc2"):
+        ml.peft_to_local(partial, local_names(1), cfg, 0, 1, 0, 1, "/adapters/x")
+    with pytest.raises(RuntimeError, match="holds layers this model's LoRA does not have"):
+        ml.peft_to_local(peft_adapter(), [n for n in local_names(1) if "fc2" not in n], cfg, 0, 1, 0, 1, "/a")
+
+
+def test_lora_a_starts_the_same_in_every_layout_with_its_init_method():
+    a = ml.init_lora_a(8, 512, "xavier", 1, "decoder.layers.3.mlp.linear_fc2")
+    assert torch.equal(a, ml.init_lora_a(8, 512, "xavier", 1, "decoder.layers.3.mlp.linear_fc2"))
+    assert not torch.equal(a, ml.init_lora_a(8, 512, "xavier", 1, "decoder.layers.2.mlp.linear_fc2"))
+    assert float(a.std()) == pytest.approx((2 / (8 + 512)) ** 0.5, rel=0.1)
+    assert float(ml.init_lora_a(8, 512, "kaiming", 1, "x").abs().max()) <= 512 ** -0.5
+    assert float(ml.init_lora_a(8, 512, "normal", 1, "x").std()) == pytest.approx(0.2, rel=0.1)
+
+
+def _tp_rank(rank, port, tp, sequence_parallel, out_dir):
+    """A column-parallel layer with bias (as linear_qkv) then a row-parallel one (as linear_proj), both adapted, on
+    `tp` gloo ranks, against the unsplit float32 math in this process."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=tp)
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer import TransformerConfig
+
+    ps.initialize_model_parallel(tp, 1)
+    try:
+        g = torch.Generator().manual_seed(0)
+        H, O, r, alpha, S, B = 8, 12, 4, 6.0, 6, 2
+        w1, b1, w2 = torch.randn(O, H, generator=g), torch.randn(O, generator=g), torch.randn(H, O, generator=g)
+        a1, b1l, a2, b2l = (torch.randn(*s, generator=g) for s in ((r, H), (O, r), (r, O), (H, r)))
+        x, gy = torch.randn(S, B, H, generator=g), torch.randn(S, B, H, generator=g)
+        s = alpha / r
+        ref = [t.clone().requires_grad_(True) for t in (x, a1, b1l, a2, b2l)]
+        xr, a1r, b1r, a2r, b2r = ref
+        h = xr @ w1.T + b1 + s * (xr @ a1r.T) @ b1r.T
+        y_ref = h @ w2.T + s * (h @ a2r.T) @ b2r.T
+        (y_ref * gy).sum().backward()
+        base_ref = (x @ w1.T + b1) @ w2.T
+
+        cfg = TransformerConfig(num_layers=1, hidden_size=H, num_attention_heads=2, use_cpu_initialization=True,
+                                gradient_accumulation_fusion=False, tensor_model_parallel_size=tp,
+                                sequence_parallel=sequence_parallel)
+        zeros = torch.nn.init.zeros_
+        col = ColumnParallelLinear(H, O, config=cfg, init_method=zeros, bias=True, gather_output=False)
+        row = RowParallelLinear(O, H, config=cfg, init_method=zeros, bias=False, input_is_parallel=True,
+                                skip_bias_add=True)
+        with torch.no_grad():
+            col.weight.copy_(w1.chunk(tp, 0)[rank])
+            col.bias.copy_(b1.chunk(tp, 0)[rank])
+            row.weight.copy_(w2.chunk(tp, 1)[rank])
+        lc = ml.LoRAParallelLinear(col, "linear_qkv", r, alpha, a1, rank, tp, sequence_parallel)
+        lr = ml.LoRAParallelLinear(row, "linear_proj", r, alpha, a2, rank, tp, sequence_parallel)
+        with torch.no_grad():
+            lc.lora_B.copy_(b1l.chunk(tp, 0)[rank])
+            lr.lora_B.copy_(b2l)
+        mine = slice(rank * S // tp, (rank + 1) * S // tp) if sequence_parallel else slice(None)
+        xm = x[mine].clone().requires_grad_(True)
+        y, _ = lr(lc(xm)[0])
+        (y * gy[mine]).sum().backward()
+        with ml.adapters_disabled(lc), ml.adapters_disabled(lr):
+            y_base = lr(lc(x[mine])[0])[0]
+        b2_grad = lr.lora_B.grad
+        if sequence_parallel and tp > 1:       # megatron's finalize_model_grads sums it over the tensor ranks
+            dist.all_reduce(b2_grad)
+        torch.save({"y": (y, y_ref[mine]), "base": (y_base, base_ref[mine]), "dx": (xm.grad, xr.grad[mine]),
+                    "dA1": (lc.lora_A.grad, a1r.grad), "dB1": (lc.lora_B.grad, b1r.grad.chunk(tp, 0)[rank]),
+                    "dA2": (lr.lora_A.grad, a2r.grad.chunk(tp, 1)[rank]), "dB2": (b2_grad, b2r.grad),
+                    "merged1": (lc.merged_weight(), (w1 + s * b1l @ a1).chunk(tp, 0)[rank]),
+                    "merged2": (lr.merged_weight(), (w2 + s * b2l @ a2).chunk(tp, 1)[rank]),
+                    "frozen": ([n for n, p in list(lc.named_parameters()) + list(lr.named_parameters())
+                                if p.requires_grad], ["lora_A", "lora_B"] * 2)},
+                   os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        ps.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("tp", [1, 2])   # sequence parallelism's reduce-scatter is not in gloo: tests/gpu
+def test_parallel_layers_with_adapters_match_the_unsplit_math(tmp_path, tp, sequence_parallel=False):
+    mp.spawn(_tp_rank, args=(free_port(), tp, sequence_parallel, str(tmp_path)), nprocs=tp)
+    for rank in range(tp):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        names, expected = got.pop("frozen")
+        assert names == expected
+        for what, (mine, ref) in got.items():
+            torch.testing.assert_close(mine, ref, rtol=1e-4, atol=1e-4, msg=f"{what} (rank {rank} of {tp})")
+
+
+def test_a_peft_adapters_full_names_select_their_own_layers():
+    names = [f"model.layers.1.self_attn.{p}_proj" for p in "qkv"] + ["model.layers.0.mlp.down_proj"]
+    assert selected(names) == ["decoder.layers.0.mlp.linear_fc2", "decoder.layers.1.self_attention.linear_qkv"]
+    with pytest.raises(ValueError, match="q_proj of layer 1 is part of the fused linear_qkv"):
+        megatron_targets(names[:2])
