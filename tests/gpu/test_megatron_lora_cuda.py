@@ -122,7 +122,8 @@ def test_fused_adapter_gradients_are_the_sums_and_stacks_of_the_parts(pair):
             ("linear_proj", "lora_A"): part("o_proj", "lora_A"), ("linear_proj", "lora_B"): part("o_proj", "lora_B"),
             ("linear_fc1", "lora_A"): part("gate_proj", "lora_A") + part("up_proj", "lora_A"),
             ("linear_fc1", "lora_B"): torch.cat([part("gate_proj", "lora_B"), part("up_proj", "lora_B")]),
-            ("linear_fc2", "lora_A"): part("down_proj", "lora_A"), ("linear_fc2", "lora_B"): part("down_proj", "lora_B")}
+            ("linear_fc2", "lora_A"): part("down_proj", "lora_A"),
+            ("linear_fc2", "lora_B"): part("down_proj", "lora_B")}
         for (kind, which), want in expected.items():
             torch.testing.assert_close(g_mg[(layer, kind, which)], want, rtol=1e-3, atol=1e-4 * scale,
                                        msg=f"layer {layer} {kind}.{which}")

@@ -35,7 +35,8 @@ def test_targets_take_megatron_names_hugging_face_names_and_patterns():
     hf = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     assert selected(hf) == every
     assert selected(["*.layers.0.*.linear_qkv", "linear_fc1"]) == [
-        "decoder.layers.0.self_attention.linear_qkv", "decoder.layers.0.mlp.linear_fc1", "decoder.layers.1.mlp.linear_fc1"]
+        "decoder.layers.0.self_attention.linear_qkv", "decoder.layers.0.mlp.linear_fc1",
+        "decoder.layers.1.mlp.linear_fc1"]
     assert selected("all-linear", ["o_proj"]) == [n for n in every if not n.endswith("linear_proj")]
     assert selected(r".*layers\.1\..*") == [n for n in every if ".layers.1." in n]
     with pytest.raises(ValueError, match="q_proj is part of the fused linear_qkv"):
@@ -54,7 +55,8 @@ def test_megatron_lora_settings_are_checked_before_the_run():
         validate(load_config(base + ["actor_rollout_ref.model.lora_A_init_method=orthogonal"]))
     assert err.value.key == "actor_rollout_ref.model.lora_A_init_method"
     # verl's megatron spelling; its alpha default (32) comes with the megatron configs
-    cfg = load_config(["actor_rollout_ref.model.lora.rank=8", "actor_rollout_ref.model.lora.target_modules=[linear_qkv]",
+    cfg = load_config(["actor_rollout_ref.model.lora.rank=8",
+                       "actor_rollout_ref.model.lora.target_modules=[linear_qkv]",
                        "actor_rollout_ref.model.lora.lora_A_init_method=kaiming",
                        "actor_rollout_ref.model.lora.exclude_modules=[]"], config_name="ppo_megatron_trainer")
     m = cfg.actor_rollout_ref.model
@@ -213,3 +215,21 @@ def test_a_peft_adapters_full_names_select_their_own_layers():
     assert selected(names) == ["decoder.layers.0.mlp.linear_fc2", "decoder.layers.1.self_attention.linear_qkv"]
     with pytest.raises(ValueError, match="q_proj of layer 1 is part of the fused linear_qkv"):
         megatron_targets(names[:2])
+
+
+def test_the_memory_model_counts_the_fused_adapters_and_no_reference_copy():
+    import json
+
+    from fully_async.core.config import asset_path, typed_config
+    from fully_async.planner.hardware import Shape
+    from fully_async.planner.memory_model import trainer_memory
+
+    shape = Shape.of(json.load(open(asset_path("tiny_arithmetic/model/config.json"))))
+    base = ["actor_rollout_ref.actor.strategy=megatron", "trainer.device=cuda", "actor_rollout_ref.actor.use_kl_loss=true"]
+    full = trainer_memory(typed_config(load_config(base)), shape, 1).parts
+    adapted = trainer_memory(typed_config(load_config(base + ["actor_rollout_ref.model.lora_rank=4"])), shape, 1).parts
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    adapter = shape.layers * 4 * (4 * shape.hidden + 2 * q + 2 * kv + 3 * shape.intermediate)   # (in + out) x 4 layers
+    assert adapted["optimizer"] == pytest.approx(12 * adapter) and adapted["grads"] == pytest.approx(4 * adapter)
+    assert "ref_params" in full and "ref_params" not in adapted          # the reference is the base, adapters off
+    assert adapted["params"] == full["params"]
