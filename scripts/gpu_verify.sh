@@ -259,7 +259,7 @@ megatron_lora)
   export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((N - 1)))
   [ "$N" = 1 ] && timeout ${TESTS_LIMIT:-240} python3 -m pytest -q -p no:cacheprovider -W ignore tests/gpu/test_megatron_lora_cuda.py \
       > "$OUT/megatron_lora_tests.log" 2>&1; grep -E "^E |passed|failed" "$OUT/megatron_lora_tests.log" | head -30
-[ "${ONLY:-}" = tests ] && exit 0
+  [ "${ONLY:-}" = tests ] && exit 0
   LORA_RUN=(--config-name=ppo_megatron_trainer "${PRESET[@]}" trainer.device=cuda data.train_files=.gpubundle/data/train.jsonl
             data.val_files=.gpubundle/data/val.jsonl actor_rollout_ref.model.lora_rank=16 actor_rollout_ref.actor.optim.lr=3e-3
             trainer.n_gpus_per_node=$N actor_rollout_ref.actor.megatron.tensor_model_parallel_size=$N trainer.save_freq=15
