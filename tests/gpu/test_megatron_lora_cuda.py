@@ -110,8 +110,11 @@ def test_fused_adapter_gradients_are_the_sums_and_stacks_of_the_parts(pair):
         assert metrics["mg"][key] == pytest.approx(metrics["hf"][key], rel=1e-3, abs=1e-6), key
     g_hf, g_mg = grads["hf"], grads["mg"]
     ng = SHAPE["num_key_value_heads"]
-    scale = max(float(t.abs().max()) for t in g_hf.values())
-    assert scale > 0
+
+    def rel(a, b):    # the two float32 forwards differ by ~1e-4 (log-probs): compare whole tensors
+        return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+    errors = {}
     for layer in range(SHAPE["num_hidden_layers"]):
         def part(p, which):
             return g_hf[(layer, p, which)]
@@ -125,8 +128,12 @@ def test_fused_adapter_gradients_are_the_sums_and_stacks_of_the_parts(pair):
             ("linear_fc2", "lora_A"): part("down_proj", "lora_A"),
             ("linear_fc2", "lora_B"): part("down_proj", "lora_B")}
         for (kind, which), want in expected.items():
-            torch.testing.assert_close(g_mg[(layer, kind, which)], want, rtol=1e-3, atol=1e-4 * scale,
-                                       msg=f"layer {layer} {kind}.{which}")
+            assert float(want.norm()) > 0, (layer, kind, which)
+            errors[f"{layer}.{kind}.{which}"] = rel(g_mg[(layer, kind, which)], want)
+        # control: q/k/v's B gradients stacked without megatron's per-group order are not the fused one's
+        unfused = torch.cat([part("q_proj", "lora_B"), part("k_proj", "lora_B"), part("v_proj", "lora_B")])
+        assert rel(g_mg[(layer, "linear_qkv", "lora_B")], unfused) > 0.05
+    assert max(errors.values()) < 1e-2, errors
 
 
 def test_only_the_adapters_train_and_checkpoints_hold_the_merged_model_and_the_adapter(pair, tmp_path):
