@@ -139,11 +139,12 @@ def check_dtype(dtype_name: str, args, device, workdir: str) -> dict:
         build_model(model_dir, SHAPE_05B, dtype, init_std=args.init_std)
     dist.barrier()
     cfg = make_config(model_dir, dtype_name, device.name, tp=args.tp, pp=args.pp,
-                      extra={"actor_rollout_ref.actor.megatron.use_distributed_optimizer": args.distributed_optimizer})
+                      extra={"actor_rollout_ref.actor.megatron.use_distributed_optimizer": args.distributed_optimizer,
+                             "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size": args.vpp})
     batch = make_batch(args.batch, args.seq, SHAPE_05B["vocab_size"])
     valid = batch.attention_mask.bool().clone()
     valid[:, 0] = False
-    res: dict = {"dtype": dtype_name, "init_std": args.init_std, "tp": args.tp, "pp": args.pp,
+    res: dict = {"dtype": dtype_name, "init_std": args.init_std, "tp": args.tp, "pp": args.pp, "vpp": args.vpp,
                  "world": dist.get_world_size(), "distributed_optimizer": args.distributed_optimizer, "batch": args.batch, "seq": args.seq, "tokens": int(batch.attention_mask.sum())}
 
     hf = TorchBackend(cfg, device, total_optimizer_steps=10)
@@ -231,6 +232,7 @@ def main() -> None:
                         help="weight init std; 24 random layers at 0.1 are chaotic in bf16 (HF's own bf16 is off by ~2 nats)")
     parser.add_argument("--tp", type=int, default=1, help="tensor_model_parallel_size (world = tp x pp x dp)")
     parser.add_argument("--pp", type=int, default=1, help="pipeline_model_parallel_size")
+    parser.add_argument("--vpp", type=int, default=None, help="virtual_pipeline_model_parallel_size (model chunks)")
     parser.add_argument("--distributed-optimizer", action="store_true")
     args = parser.parse_args()
     device = get_device("auto")
@@ -260,7 +262,8 @@ def main() -> None:
         print_table(results)
     if rank == 0:
         os.makedirs(args.out, exist_ok=True)
-        name = "megatron_check.json" if world == 1 else f"megatron_check_tp{args.tp}_pp{args.pp}_w{world}.json"
+        name = ("megatron_check.json" if world == 1 else
+                f"megatron_check_tp{args.tp}_pp{args.pp}{f'_vpp{args.vpp}' if args.vpp else ''}_w{world}.json")
         with open(os.path.join(args.out, name), "w") as fh:
             json.dump({**header, "results": results}, fh, indent=1, default=str)
     dist.barrier()

@@ -15,6 +15,7 @@
 #   bash scripts/gpu_verify.sh broadcast                  (#28: one weight broadcast to K engine replicas vs one: K+1 GPUs)
 #   bash scripts/gpu_verify.sh critic                     (#24: a PPO step with a critic next to GRPO's: 1 GPU)
 #   bash scripts/gpu_verify.sh megatron_critic            (#24: the megatron critic against the torch one, a PPO run: 1 GPU)
+#   bash scripts/gpu_verify.sh vpp                        (#23: virtual pipeline stages, pp=2 x vpp=2 vs HF + a run: 2 GPUs)
 #   bash scripts/gpu_verify.sh megatron_lora              (#23: megatron LoRA against the torch LoRA, a run + resume: 1 GPU;
 #                                                          TP=2: 2 GPUs, a tp=2 run)
 #
@@ -333,6 +334,22 @@ runs)
       "${COMMON[@]}" hydra.run.dir=/tmp/h_sync 2>&1 | grep -v "it/s\]" | tail -25
   timeout 150 python3 scripts/bench_weight_sync.py --shapes 0.5b 3b --device cuda --out "$OUT/weight_sync.json" 2>&1 | tail -8
   tar czf "$OUT/runs.tgz" -C "$OUT" runs
+  ;;
+vpp)
+  # #23: virtual pipeline stages (megatron's interleaved schedule) on 2 GPUs: pp=2 x vpp=2 against the HF model
+  # (gpu_megatron_check.py: log-probs, one PPO step, synced weights, offload, save/load; a batch of BATCH rows, 4 by
+  # default: one micro-batch padded to the schedule's 2), then a short sync run with vpp on the 0.5B shape
+  export CUDA_VISIBLE_DEVICES=0,1
+  timeout ${CHECK_LIMIT:-240} torchrun --nproc_per_node 2 scripts/gpu_megatron_check.py --pp 2 --vpp 2 \
+      --dtypes ${DTYPES:-float32 bfloat16} --batch ${BATCH:-4} --seq 256 2>&1 | grep -v -i "warn" | tail -24
+  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  TENSORBOARD_DIR=$OUT/vpp_sync timeout ${RUN_LIMIT:-200} python3 -m fully_async.main --config-name=ppo_megatron_trainer \
+      "${POOL[@]}" trainer.n_gpus_per_node=2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 \
+      actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2 actor_rollout_ref.actor.use_kl_loss=true \
+      trainer.total_training_steps=${STEPS:-4} trainer.resume_mode=disable trainer.save_freq=${STEPS:-4} \
+      hydra.run.dir=/tmp/h_vpp > "$OUT/vpp_sync.log" 2>&1
+  grep -E "^step|run finished|Error|error" "$OUT/vpp_sync.log" | tail -8
+  cat /tmp/h_vpp/failure_traceback.txt 2>/dev/null | tail -30
   ;;
 megatron)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05

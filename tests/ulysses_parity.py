@@ -9,8 +9,7 @@ from fully_async.cluster.network import free_port
 from fully_async.core.batch import build_batch
 from fully_async.run.hydra_setup import load_config
 from fully_async.train.backends import ulysses
-from fully_async.train.backends.torch_backend import TorchBackend
-from fully_async.train.group import GroupBackend, connect_trainer_group
+from fully_async.train.group import GroupBackend, build_local_backend, connect_trainer_group
 from fully_async.train.ppo_update import critic_update, ppo_update
 from fully_async.train.train_step import prepare_batch
 import tests_helpers
@@ -37,13 +36,22 @@ def check_parity(device, world: int, resources: dict, overrides: list[str], rel:
         got, ref = got.float().cpu(), ref.float().cpu()
         return bool((got - ref).abs().mean() <= tol) if mean else torch.allclose(got, ref, atol=tol)
 
+    import torch.distributed as dist
+
     samples = tiny_samples(groups=4, n=3)   # 12 responses, 2 mini-batches of 6
     single_cfg = load_config(COMMON + overrides)
-    single = TorchBackend(single_cfg, device, 10)
+    # verl's fsdp on one device: plain torch in float32, a one-rank fsdp2 in bf16 (a process group of its own, gone
+    # before the group's ranks meet)
+    single = build_local_backend(single_cfg, device, 10, 0, 1, None)
     batch = build_batch(samples)
     prepare_batch(single, single_cfg, batch, {})
     ref_critic = critic_update(single, single_cfg, batch, num_mini_batches=2)
     ref_actor = ppo_update(single, single_cfg, batch, num_mini_batches=2)
+    ref_weights = {name: t.detach().float().cpu() for name, t in single.iter_full_parameters()}
+    ref_log_probs = single.compute_log_probs(batch)
+    del single
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
     cfg = load_config(COMMON + overrides + ["actor_rollout_ref.actor.strategy=fsdp2", f"trainer.n_gpus_per_node={world}",
                                             f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={SP}"])
@@ -63,11 +71,11 @@ def check_parity(device, world: int, resources: dict, overrides: list[str], rel:
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac"):
             assert got[key] == pytest.approx(ref_actor[key], rel=rel, abs=atol / 10), key
         full = group.named_parameters_for_sync()
-        for name, p in single.model.named_parameters():
-            diff = (full[name].float().cpu() - p.detach().float().cpu()).abs()
+        for name, p in ref_weights.items():
+            diff = (full[name].float().cpu() - p).abs()
             far = float((diff > 10 * atol).float().mean())
             assert far <= (0.0 if device.name == "cpu" else 0.01), (name, far, diff.max())
         if device.name == "cpu":   # on a GPU the 1% of weights AdamW moved apart (above) move these too
-            assert close(group.compute_log_probs(batch2), single.compute_log_probs(batch), atol)
+            assert close(group.compute_log_probs(batch2), ref_log_probs, atol)
     finally:
         tests_helpers.close_group(group)

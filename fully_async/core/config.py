@@ -108,6 +108,9 @@ class MegatronConfig:
     """actor_rollout_ref.actor.megatron: layout of strategy=megatron (tp x pp x cp x dp = trainer world)."""
     tensor_model_parallel_size: int = 1   # ranks sharing each layer (divides kv heads, vocab, intermediate size)
     pipeline_model_parallel_size: int = 1  # pipeline stages (divides num_hidden_layers)
+    # model chunks per pipeline rank (megatron's interleaved schedule; null or 1: one chunk); needs pp > 1, and
+    # pp x vpp divides num_hidden_layers: rank p holds the layer blocks p, p + pp, ... of pp x vpp blocks
+    virtual_pipeline_model_parallel_size: Optional[int] = None
     context_parallel_size: int = 1        # must be 1: context parallelism is not implemented
     sequence_parallel: bool = False       # split activations along the sequence in the tp group (needs tp > 1)
     use_distributed_optimizer: bool = True   # shard fp32 master weights and Adam states over data-parallel ranks

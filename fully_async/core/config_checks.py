@@ -645,6 +645,8 @@ def _validate_rollout_layout(cfg: Any) -> None:
 
 
 def _validate_megatron(cfg: Any, world: int) -> None:
+    from fully_async.core.config import uses_critic
+
     actor = cfg.actor_rollout_ref.actor
     m = actor.megatron
     for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
@@ -662,6 +664,17 @@ def _validate_megatron(cfg: Any, world: int) -> None:
                           f"tp x pp x cp = {mp}")
     if m.sequence_parallel and m.tensor_model_parallel_size == 1:
         raise ConfigError("actor_rollout_ref.actor.megatron.sequence_parallel", "needs tensor_model_parallel_size > 1")
+    vpp = m.virtual_pipeline_model_parallel_size
+    if vpp is not None:
+        _at_least("actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size", vpp, 1)
+    if (vpp or 1) > 1:
+        key = "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size"
+        if m.pipeline_model_parallel_size == 1:
+            raise ConfigError(key, f"{vpp}: megatron's interleaved schedule needs pipeline_model_parallel_size > 1 "
+                                   "(use null)")
+        if uses_critic(cfg) or cfg.reward_model.enable:
+            raise ConfigError(key, f"{vpp}: virtual pipeline stages are implemented for the actor and its reference; "
+                                   "a critic or a reward model on megatron needs null (one model chunk per rank)")
 
 
 def _validate_attention(cfg: Any) -> None:

@@ -129,6 +129,11 @@ def check_parallel_layout(cfg: Any, model_conf: Any) -> None:
     if actor.strategy != "megatron":
         return
     tp, pp = actor.megatron.tensor_model_parallel_size, actor.megatron.pipeline_model_parallel_size
+    vpp = actor.megatron.virtual_pipeline_model_parallel_size or 1
+    if model_conf.num_hidden_layers % (pp * vpp) and vpp > 1:
+        raise ConfigError("actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size",
+                          f"the model's num_hidden_layers={model_conf.num_hidden_layers} does not split into "
+                          f"pipeline_model_parallel_size x virtual_pipeline_model_parallel_size = {pp * vpp} blocks")
     sizes = {"vocab_size": (model_conf.vocab_size, tp),
              "num_key_value_heads": (getattr(model_conf, "num_key_value_heads", None) or
                                      model_conf.num_attention_heads, tp),

@@ -223,8 +223,6 @@ RULES: list[Rule] = [
          "actor_rollout_ref.actor.fsdp_config.optimizer_offload", "one offload switch for every strategy"),
     _warn("actor_rollout_ref.actor.megatron.grad_offload", "grads move with the params "
           "(actor_rollout_ref.actor.megatron.param_offload)"),
-    _warn_if("actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size", _is(None, 1), "null",
-             "no interleaved pipeline", "the interleaved (virtual) pipeline schedule is not implemented; use null"),
     _warn("actor_rollout_ref.actor.megatron.override_transformer_config.moe_*", DENSE_ONLY + " (our backend "
           "keeps megatron's alltoall dispatcher, which its variable-length pipeline needs)"),
     _warn("actor_rollout_ref.actor.megatron.expert_model_parallel_size", DENSE_ONLY),
@@ -559,7 +557,7 @@ SCRIPT_REFUSALS: list[tuple[str, str]] = [
      r"exclude_modules)"),
     ("multi-turn / tool datasets (data.custom_cls)", r"data\.custom_cls\..*"),
     ("megatron dist checkpoints", r".*\.megatron\.(use_dist_checkpointing|dist_checkpointing_path)"),
-    ("interleaved pipeline (virtual pipeline stages)", r".*\.virtual_pipeline_model_parallel_size"),
+    ("virtual pipeline stages beside a critic or a reward model", r".*\.virtual_pipeline_model_parallel_size"),
     ("rollout engines other than hf and vllm (sglang, trtllm)", r"actor_rollout_ref\.rollout\.name"),
     ("context parallelism", r".*\.megatron\.context_parallel_size"),
     ("quantised (fp8) rollouts", r"actor_rollout_ref\.rollout\.quantization"),

@@ -66,8 +66,10 @@ def init_parallel(device: Device, mcfg: Any, seed: int) -> None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         dist.init_process_group(device.comm_backend, rank=0, world_size=1)
     if not ps.model_parallel_is_initialized():
+        vpp = getattr(mcfg, "virtual_pipeline_model_parallel_size", None)
         ps.initialize_model_parallel(tensor_model_parallel_size=mcfg.tensor_model_parallel_size,
                                      pipeline_model_parallel_size=mcfg.pipeline_model_parallel_size,
+                                     virtual_pipeline_model_parallel_size=vpp if (vpp or 1) > 1 else None,
                                      context_parallel_size=mcfg.context_parallel_size)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)  # megatron's RNG tracker (MindSpeed maps it on npu)
 
@@ -103,6 +105,11 @@ def vocab_parallel_log_probs(logits: torch.Tensor, input_ids: torch.Tensor, temp
     return F.pad(logp, (1, 0)), ent
 
 
+def chunks_of(model: Any) -> list:
+    """A model's chunks: the list itself, or the one model."""
+    return list(model) if isinstance(model, (list, tuple)) else [model]
+
+
 class MegatronBackend:
     def __init__(self, cfg: FullyAsyncConfig, device: Device, total_optimizer_steps: int):
         arr = cfg.actor_rollout_ref
@@ -125,17 +132,24 @@ class MegatronBackend:
         self.tp, self.tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
         self.pp, self.pp_rank = ps.get_pipeline_model_parallel_world_size(), ps.get_pipeline_model_parallel_rank()
         self.dp, self.dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+        # model chunks per rank (virtual pipeline stages, megatron's interleaved schedule): chunk v of pipeline rank
+        # p is block v * pp + p of the pp * vpp layer blocks
+        self.vpp = max(1, getattr(self.mcfg, "virtual_pipeline_model_parallel_size", None) or 1)
         self.hf_config = AutoConfig.from_pretrained(arr.model.path, trust_remote_code=arr.model.trust_remote_code)
         self.tcfg = self._transformer_config()
         hf_state = hf_megatron.SafetensorsFolder(arr.model.path)
         self.lora = lora.lora_settings(arr.model)      # (rank, alpha, targets, excludes) or None: megatron_lora.py
         self.lora_targets: list[str] = []
-        self.model = self._build_model(hf_state, train=True)            # DDP(GPTModel)
+        # the actor's chunks, DDP(GPTModel) each (one without virtual stages); self.model is the first
+        self.chunks = [self._build_model(hf_state, train=True, vp=v) for v in range(self.vpp)]
+        self.model = self.chunks[0]
         need_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         # with LoRA the reference is the actor with its adapters off (no second copy), as verl's
-        self.ref_model = self._build_model(hf_state, train=False) if need_ref and self.lora is None else None
+        self.ref_chunks = ([self._build_model(hf_state, train=False, vp=v) for v in range(self.vpp)]
+                           if need_ref and self.lora is None else None)
+        self.ref_model = self.ref_chunks[0] if self.ref_chunks else None
         a = arr.actor
-        self.optimizer = self._build_optimizer(self.model, a.optim.lr, a.optim.weight_decay, a.optim.betas,
+        self.optimizer = self._build_optimizer(self.chunks, a.optim.lr, a.optim.weight_decay, a.optim.betas,
                                                a.grad_clip)
         from fully_async.core.config import uses_critic
         from fully_async.train.backends.megatron_critic import MegatronCritic, MegatronRewardModel
@@ -162,6 +176,7 @@ class MegatronBackend:
         kwargs = hf_megatron.transformer_config_kwargs(hf_config or self.hf_config, self.dtype)
         kwargs.update(tensor_model_parallel_size=m.tensor_model_parallel_size,
                       pipeline_model_parallel_size=m.pipeline_model_parallel_size,
+                      virtual_pipeline_model_parallel_size=self.vpp if self.vpp > 1 else None,
                       context_parallel_size=m.context_parallel_size,
                       sequence_parallel=bool(m.sequence_parallel and m.tensor_model_parallel_size > 1),
                       use_cpu_initialization=True, perform_initialization=False,  # weights come from HF
@@ -174,23 +189,31 @@ class MegatronBackend:
         kwargs.update(OmegaConf.to_container(override) if OmegaConf.is_config(override) else (override or {}))
         return TransformerConfig(**kwargs)
 
+    def _stage(self, vp: Optional[int]) -> tuple[int, int]:
+        """(block, blocks): chunk `vp`'s place among the pp x vpp layer blocks (this rank's stage of pp without
+        virtual stages)."""
+        return ((vp or 0) * self.pp + self.pp_rank, self.pp * self.vpp)
+
     def _build_model(self, hf_state: Mapping[str, torch.Tensor], train: bool, hf_config: Any = None,
-                     tcfg: Any = None, head: Optional[Callable[[torch.nn.Module], None]] = None) -> torch.nn.Module:
-        """GPTModel of `hf_config` (default: the actor's) with this rank's slice of `hf_state`; `head(model)`
-        replaces the last stage's output layer (the critic's value head), which is then not loaded from HF."""
+                     tcfg: Any = None, head: Optional[Callable[[torch.nn.Module], None]] = None,
+                     vp: Optional[int] = None) -> torch.nn.Module:
+        """GPTModel of `hf_config` (default: the actor's) with this rank's slice of `hf_state` (model chunk `vp`
+        with virtual pipeline stages); `head(model)` replaces the last stage's output layer (the critic's value
+        head), which is then not loaded from HF."""
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
         hf_config, tcfg = hf_config or self.hf_config, tcfg or self.tcfg
         spec = get_gpt_layer_local_spec(qk_layernorm=hf_megatron.has_qk_norm(hf_config), normalization="RMSNorm")
-        model = GPTModel(tcfg, spec,
-                         pre_process=self.ps.is_pipeline_first_stage(), post_process=self.ps.is_pipeline_last_stage(),
-                         parallel_output=True, **hf_megatron.gpt_model_kwargs(hf_config))
+        virtual = {} if self.vpp == 1 else dict(ignore_virtual=False, vp_stage=vp)
+        model = GPTModel(tcfg, spec, pre_process=self.ps.is_pipeline_first_stage(**virtual),
+                         post_process=self.ps.is_pipeline_last_stage(**virtual), parallel_output=True,
+                         **({} if self.vpp == 1 else {"vp_stage": vp}), **hf_megatron.gpt_model_kwargs(hf_config))
         if head is not None:
             head(model)
-        self._load_local(model, hf_state, hf_config, skip=("output_layer.",) if head is not None else ())
+        self._load_local(model, hf_state, hf_config, skip=("output_layer.",) if head is not None else (), vp=vp)
         if train and head is None and self.lora is not None:
-            self._add_adapters(model)
+            self._add_adapters(model, vp)
         model.to(self.torch_device)
         if not train:
             return model.eval().requires_grad_(False)
@@ -200,32 +223,32 @@ class MegatronBackend:
         ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                 use_distributed_optimizer=self.mcfg.use_distributed_optimizer)
         tcfg.finalize_model_grads_func = finalize_model_grads  # dp all-reduce (+ tied-embedding, SP-norm grads)
-        return DistributedDataParallel(config=tcfg, ddp_config=ddp_cfg, module=model)
+        return DistributedDataParallel(config=tcfg, ddp_config=ddp_cfg, module=model, disable_bucketing=bool(vp))
 
-    def _add_adapters(self, model: torch.nn.Module) -> None:
+    def _add_adapters(self, model: torch.nn.Module, vp: Optional[int]) -> None:
         """The actor's LoRA layers (megatron_lora.py), from lora_adapter_path's adapter when one is given."""
         arr = self.cfg.actor_rollout_ref
-        offset = hf_megatron._stage_layers(self.hf_config, self.pp_rank, self.pp).start
-        self.lora_targets = megatron_lora.apply_lora(
+        offset = hf_megatron._stage_layers(self.hf_config, *self._stage(vp)).start
+        self.lora_targets += megatron_lora.apply_lora(
             model, self.lora, arr.model.lora_A_init_method or "xavier", self.cfg.trainer.seed, offset, self.tp_rank,
             self.tp, self.tcfg.sequence_parallel)
         if arr.model.lora_adapter_path:
-            self._load_adapter(model, arr.model.lora_adapter_path)
+            self._load_adapter(model, arr.model.lora_adapter_path, vp)
 
-    def _load_adapter(self, model: torch.nn.Module, folder: str) -> None:
+    def _load_adapter(self, model: torch.nn.Module, folder: str, vp: Optional[int]) -> None:
         from safetensors.torch import load_file
 
         state = load_file(os.path.join(folder, lora.ADAPTER_WEIGHTS))
         wanted = sorted(megatron_lora.lora_layers(model))
         megatron_lora.load_local(model, megatron_lora.peft_to_local(
-            state, wanted, self.hf_config, self.tp_rank, self.tp, self.pp_rank, self.pp, folder))
+            state, wanted, self.hf_config, self.tp_rank, self.tp, *self._stage(vp), folder))
 
     def _load_local(self, model: torch.nn.Module, hf_state: Mapping[str, torch.Tensor], hf_config: Any = None,
-                    skip: tuple[str, ...] = ()) -> None:
+                    skip: tuple[str, ...] = (), vp: Optional[int] = None) -> None:
         """Copy this rank's slice of a full HF state dict into `model` (in place: DDP views survive); parameters
         whose names start with a prefix in `skip` are not read (the critic's value head)."""
         state = hf_megatron.hf_to_megatron(hf_state, hf_config or self.hf_config, self.tp_rank, self.tp,
-                                           self.pp_rank, self.pp, lm_head=not skip)
+                                           *self._stage(vp), lm_head=not skip)
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state") and not k.startswith(skip)]
         if missing or unexpected:
@@ -233,6 +256,7 @@ class MegatronBackend:
                                f"unexpected {unexpected}")
 
     def _build_optimizer(self, model: Any, lr: float, weight_decay: float, betas: Any, grad_clip: float) -> Any:
+        """`model`: one DDP model or a list of chunks."""
         """fp32 master weights, TP/PP-aware clipping; states sharded over dp with use_distributed_optimizer.
         Without Apex/TE the inner optimizer is torch.optim.AdamW (no weight decay on norms/biases).  float16:
         megatron's dynamic loss scaling, from FP16_INITIAL_LOSS_SCALE; the schedule scales each loss by it."""
@@ -243,11 +267,11 @@ class MegatronBackend:
             optimizer="adam", lr=lr, weight_decay=weight_decay, adam_beta1=betas[0], adam_beta2=betas[1],
             clip_grad=grad_clip, bf16=self.dtype == torch.bfloat16, fp16=fp16, params_dtype=self.dtype,
             initial_loss_scale=FP16_INITIAL_LOSS_SCALE, use_distributed_optimizer=self.mcfg.use_distributed_optimizer),
-            [model])
+            chunks_of(model))
         if fp16:
             from megatron.core.utils import get_model_config
 
-            get_model_config(model).grad_scale_func = optimizer.scale_loss
+            get_model_config(chunks_of(model)[0]).grad_scale_func = optimizer.scale_loss
         return optimizer
 
     # ------------------------------------------------------------------ forward plumbing
@@ -265,14 +289,28 @@ class MegatronBackend:
         return out, partial(loss_fn, mb)
 
     def _schedule(self, model: Any, mbs: list[TrainBatch], loss_fn: Callable, forward_only: bool) -> list:
-        """Megatron's (pipelined) schedule over micro-batches; loss_fn outputs, on the last stage only."""
+        """Megatron's (pipelined) schedule over micro-batches of `model` (a model or its chunks); loss_fn outputs,
+        on the last stage only, for the given micro-batches first.  The interleaved schedule (chunks) runs a multiple
+        of pp micro-batches: the list is padded with zero-mask copies of the first, whose outputs come last."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
+        chunks = chunks_of(model)
+        mbs = self._padded(mbs, len(chunks))
         seq = max(mb.input_ids.shape[1] for mb in mbs)
+        data = [iter(mbs) for _ in chunks] if len(chunks) > 1 else iter(mbs)   # every chunk reads each micro-batch
         return get_forward_backward_func()(
-            forward_step_func=partial(self._forward_step, loss_fn), data_iterator=iter(mbs), model=[model],
+            forward_step_func=partial(self._forward_step, loss_fn), data_iterator=data, model=chunks,
             num_microbatches=len(mbs), seq_length=seq + (-seq) % self.tp, micro_batch_size=max(map(len, mbs)),
             forward_only=forward_only)
+
+    def _padded(self, mbs: list[TrainBatch], num_chunks: int) -> list[TrainBatch]:
+        """`mbs` as the schedule runs them: with model chunks, padded to a multiple of pp with zero-mask copies of
+        the first (megatron's interleaved schedule runs groups of pp micro-batches)."""
+        from fully_async.train.sharding import masked
+
+        if num_chunks == 1 or len(mbs) % self.pp == 0:
+            return mbs
+        return mbs + [masked(mbs[0])] * (self.pp - len(mbs) % self.pp)
 
     def _sum_replicas(self, t: torch.Tensor) -> torch.Tensor:
         """Sum over data-parallel shards and pipeline stages (only the last stage holds outputs)."""
@@ -292,11 +330,11 @@ class MegatronBackend:
         """(B, L) log-probs of `batch` under the actor or the frozen reference, on every rank."""
         arr = self.cfg.actor_rollout_ref
         sub = arr.rollout if which == "actor" else arr.ref
-        model = self.model if which == "actor" or self.lora is not None else self.ref_model
+        model = self.chunks if which == "actor" or self.lora is not None else self.ref_chunks
         if model is None:
             raise RuntimeError("reference log-probs requested but no reference model was built")
         base = which != "actor" and self.lora is not None     # LoRA: the reference is the base model
-        with megatron_lora.adapters_disabled(model) if base else contextlib.nullcontext():
+        with megatron_lora.adapters_disabled(*model) if base else contextlib.nullcontext():
             return self.forward_rows(model, batch, sub.log_prob_micro_batch_size_per_gpu,
                                      sub.log_prob_use_dynamic_bsz, sub.log_prob_max_token_len_per_gpu,
                                      self._logp_only, batch.input_ids.shape)
@@ -311,10 +349,13 @@ class MegatronBackend:
         rows, weight = self._dp_rows(len(batch))
         shard = batch.select(rows)
         splits = micro_batches(shard, micro, dynamic, budget)
-        was_training = model.training
-        model.eval()
-        outs = self._schedule(model, [shard.select(i).to(self.torch_device) for i in splits], fn, True)
-        model.train(was_training)
+        chunks = chunks_of(model)
+        was_training = chunks[0].training
+        for chunk in chunks:
+            chunk.eval()
+        outs = self._schedule(chunks, [shard.select(i).to(self.torch_device) for i in splits], fn, True)
+        for chunk in chunks:
+            chunk.train(was_training)
         out = torch.zeros(shape, dtype=torch.float32, device=self.torch_device)
         for idx, res in zip(splits, outs if weight else []):      # outs is empty except on the last stage
             target = [rows[i] for i in idx]
@@ -344,14 +385,16 @@ class MegatronBackend:
             return self._critic().forward_backward(mini)
         micro, real = mini.shard(self.dp_rank)
         mbs = [mb.to(self.torch_device) for mb in micro]
-        self.model.train()
-        self.model.zero_grad_buffer()
+        for chunk in self.chunks:
+            chunk.train()
+            chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         keys = actor_metric_names(self.actor_cfg, self.cfg.async_training,
                                   rollout_correction=self.cfg.algorithm.rollout_correction)
-        loss_fn = partial(self._ppo_loss, loss=mini.loss, scale=len(mbs) * self.dp)
+        # megatron divides each loss by the scheduled micro-batch count (padding included)
+        loss_fn = partial(self._ppo_loss, loss=mini.loss, scale=len(self._padded(mbs, self.vpp)) * self.dp)
         stats = torch.zeros(len(keys), dtype=torch.float32, device=self.torch_device)
-        for i, s in enumerate(self._schedule(self.model, mbs, loss_fn, forward_only=False)):
+        for i, s in enumerate(self._schedule(self.chunks, mbs, loss_fn, forward_only=False)):
             if i < real:                                 # outputs exist on the last pipeline stage only
                 stats += s
         return {k: float(v) for k, v in zip(keys, self._sum_replicas(stats).cpu())}
@@ -380,7 +423,7 @@ class MegatronBackend:
             return self._critic().optimizer_step(finite)
         if which != "actor":
             raise ValueError(f"which={which!r} is not 'actor' or 'critic'")
-        grad_norm, overflow = self._step(self.optimizer, self.model, finite, self._lr(self.optim_steps))
+        grad_norm, overflow = self._step(self.optimizer, self.chunks, finite, self._lr(self.optim_steps))
         self.optim_steps += grad_norm is not None
         return StepResult(grad_norm, self._lr(self.optim_steps), overflow)
 
@@ -405,7 +448,8 @@ class MegatronBackend:
                     grad_norm = norm
         if grad_norm is None:
             optimizer.zero_grad()
-            model.zero_grad_buffer()
+            for chunk in chunks_of(model):
+                chunk.zero_grad_buffer()
         return grad_norm, overflow
 
     # ------------------------------------------------------------------ weights
@@ -416,9 +460,9 @@ class MegatronBackend:
         Collective: every rank calls it (TP shards are all-gathered, later stages sent to stage 0).  LoRA: the
         merged model."""
         if self.lora is not None:
-            return self._gather_hf(megatron_lora.merged_local_state(self.model.module), self.hf_config)
-        local = {k: v for k, v in self.model.module.state_dict().items() if not k.endswith("_extra_state")}
-        return self._gather_hf(local, self.hf_config)
+            return self._gather_hf([megatron_lora.merged_local_state(c.module) for c in self.chunks], self.hf_config)
+        return self._gather_hf([{k: v for k, v in c.module.state_dict().items() if not k.endswith("_extra_state")}
+                                for c in self.chunks], self.hf_config)
 
     def _gather_tp(self, local: dict[str, torch.Tensor]) -> Optional[list[dict[str, torch.Tensor]]]:
         """Every tensor rank's `local` (CPU copies) on the stage's root (tp 0, dp 0), None elsewhere; collective
@@ -436,20 +480,26 @@ class MegatronBackend:
 
     def _gather_adapter(self) -> dict[str, torch.Tensor]:
         """The LoRA adapter in peft's names on global rank 0 ({} elsewhere); collective."""
-        shards = self._gather_tp(megatron_lora.adapter_local_state(self.model.module))
-        if shards is None:
+        peft: dict[str, torch.Tensor] = {}
+        for vp, chunk in enumerate(self.chunks):
+            shards = self._gather_tp(megatron_lora.adapter_local_state(chunk.module))
+            if shards is not None:
+                peft.update(megatron_lora.adapter_to_peft(shards, self.hf_config, *self._stage(vp)))
+        if self.tp_rank or self.dp_rank:
             return {}
-        peft = megatron_lora.adapter_to_peft(shards, self.hf_config, self.pp_rank, self.pp)
         return self._gather_stages(peft) if self.pp > 1 else peft
 
-    def _gather_hf(self, local: dict[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
-        """The full HF state dict of a model whose megatron state on this rank is `local`, on global rank 0 ({} on
-        the others); collective over every rank."""
-        shards = self._gather_tp(local)
-        if shards is None:
+    def _gather_hf(self, local: Any, hf_config: Any) -> dict[str, torch.Tensor]:
+        """The full HF state dict of a model whose megatron state on this rank is `local` (one dict, or one per
+        model chunk), on global rank 0 ({} on the others); collective over every rank."""
+        hf: dict[str, torch.Tensor] = {}
+        for vp, one in enumerate(local if isinstance(local, list) else [local]):
+            shards = self._gather_tp(one)
+            if shards is not None:
+                hf.update(hf_megatron.megatron_to_hf(shards, hf_config, *self._stage(vp),
+                                                     lm_head=any(k.startswith("output_layer.") for k in one)))
+        if self.tp_rank or self.dp_rank:
             return {}
-        hf = hf_megatron.megatron_to_hf(shards, hf_config, self.pp_rank, self.pp,
-                                        lm_head=any(k.startswith("output_layer.") for k in local))
         return self._gather_stages(hf) if self.pp > 1 else hf
 
     def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
@@ -549,10 +599,11 @@ class MegatronBackend:
     def load(self, path: str) -> None:
         extra = torch.load(self._ckpt_file(path), weights_only=True)
         self._check_layout(path, extra["layout"])
-        if self.lora is not None:      # actor/ is the merged model; the base stays the model's own, the adapter goes on
-            self._load_adapter(self.model.module, os.path.join(path, "actor", "lora_adapter"))
-        else:
-            self._load_local(self.model.module, hf_megatron.SafetensorsFolder(os.path.join(path, "actor")))
+        for vp, chunk in enumerate(self.chunks):
+            if self.lora is not None:  # actor/ is the merged model; the base stays the model's own, the adapter goes on
+                self._load_adapter(chunk.module, os.path.join(path, "actor", "lora_adapter"), vp)
+            else:
+                self._load_local(chunk.module, hf_megatron.SafetensorsFolder(os.path.join(path, "actor")), vp=vp)
         self._load_optimizer_state(self.optimizer, extra["optimizer"])
         if self.critic is not None:
             self.critic.load(path)
@@ -568,17 +619,18 @@ class MegatronBackend:
         if not self.device.is_accelerator or self._host:
             return
         tensors: list[tuple[Any, bool]] = []
-        trained = [(self.model, self.optimizer)] + ([(self.critic.model, self.critic.optimizer)] if self.critic else [])
+        trained = [(self.chunks, self.optimizer)] + ([(self.critic.model, self.critic.optimizer)] if self.critic else [])
         for model, optimizer in trained:
-            tensors += [(p, True) for p in model.parameters()]
-            for buf in model.buffers:                            # DDP's contiguous param/grad buffers
-                tensors += [(buf.grad_data, False), (getattr(buf, "param_data", None), True)]
+            for chunk in chunks_of(model):
+                tensors += [(p, True) for p in chunk.parameters()]
+                for buf in chunk.buffers:                        # DDP's contiguous param/grad buffers
+                    tensors += [(buf.grad_data, False), (getattr(buf, "param_data", None), True)]
             for inner in self._inner_optimizers(optimizer):
                 tensors += [(p, True) for group in inner.param_groups for p in group["params"]]
                 tensors += [(v, True) for st in inner.state.values() for v in st.values()
                             if isinstance(v, torch.Tensor)]
-        for frozen in (self.ref_model, self.reward_model.model if self.reward_model is not None else None):
-            tensors += [(p, True) for p in (frozen.parameters() if frozen is not None else [])]
+        for frozen in (self.ref_chunks or []) + ([self.reward_model.model] if self.reward_model is not None else []):
+            tensors += [(p, True) for p in frozen.parameters()]
         seen: dict[int, tuple[Any, Optional[torch.Tensor], int]] = {}
         for t, keep in tensors:
             if t is None or t.device.type == "cpu" or t.untyped_storage().nbytes() == 0:

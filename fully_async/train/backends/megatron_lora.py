@@ -142,9 +142,9 @@ def lora_layers(model: torch.nn.Module) -> dict[str, LoRAParallelLinear]:
 
 
 @contextlib.contextmanager
-def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
-    """The base model (the reference policy): every adapter off inside the block."""
-    layers = list(lora_layers(model).values())
+def adapters_disabled(*models: torch.nn.Module) -> Iterator[None]:
+    """The base model (the reference policy): every adapter of `models` (a model's chunks) off inside the block."""
+    layers = [layer for model in models for layer in lora_layers(model).values()]
     for layer in layers:
         layer.enabled = False
     try:

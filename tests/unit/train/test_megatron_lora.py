@@ -233,3 +233,26 @@ def test_the_memory_model_counts_the_fused_adapters_and_no_reference_copy():
     assert adapted["optimizer"] == pytest.approx(12 * adapter) and adapted["grads"] == pytest.approx(4 * adapter)
     assert "ref_params" in full and "ref_params" not in adapted          # the reference is the base, adapters off
     assert adapted["params"] == full["params"]
+
+
+def test_virtual_pipeline_stages_are_checked_before_the_run(tmp_path):
+    """actor.megatron.virtual_pipeline_model_parallel_size (megatron's interleaved schedule, megatron_backend.py)."""
+    from fully_async.core.config import asset_path
+    from fully_async.run.prepare import check_parallel_layout
+
+    base = ["actor_rollout_ref.actor.strategy=megatron", "trainer.device=cuda", "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+            "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2"]
+    validate(load_config(base))
+    with pytest.raises(ConfigError, match="interleaved schedule needs pipeline_model_parallel_size > 1") as err:
+        validate(load_config(base[:2] + base[4:]))
+    assert err.value.key == "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size"
+    with pytest.raises(ConfigError, match="a critic or a reward model on megatron needs null"):
+        validate(load_config(base + ["algorithm.adv_estimator=gae", "critic.strategy=megatron"]))
+    import json
+    from types import SimpleNamespace
+
+    conf = SimpleNamespace(**json.load(open(asset_path("tiny_arithmetic/model/config.json"))))   # 2 layers
+    with pytest.raises(ConfigError, match="num_hidden_layers=2 does not split into .* = 4 blocks") as err:
+        check_parallel_layout(load_config(base), conf)
+    assert err.value.key == "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size"
