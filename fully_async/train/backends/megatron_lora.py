@@ -121,6 +121,8 @@ def apply_lora(model: torch.nn.Module, settings: tuple, init: str, seed: int, la
     rank, alpha, target_modules, exclude_modules = settings
     targets, excludes = megatron_targets(target_modules, exclude_modules)
     model.requires_grad_(False)
+    if getattr(model, "embedding", None) is not None:     # the first stage's chunk
+        model.embedding.register_forward_hook(input_requires_grad)
     names = []
     for local, layer in enumerate(model.decoder.layers):
         for kind, sub in SUBMODULE.items():
@@ -135,6 +137,15 @@ def apply_lora(model: torch.nn.Module, settings: tuple, init: str, seed: int, la
                                                       tp_rank, tp, sequence_parallel))
             names.append(full)
     return names
+
+
+def input_requires_grad(module: torch.nn.Module, inputs: Any, output: Any) -> Any:
+    """Forward hook on the frozen embedding: its output requires grad while training.  Megatron's activation
+    recompute (reentrant: a checkpointed layer's output requires grad only if its input does) would otherwise give
+    the decoder output no gradient path and the adapters no gradients (peft's enable_input_require_grads)."""
+    if isinstance(output, torch.Tensor) and torch.is_grad_enabled() and not output.requires_grad:
+        output.requires_grad_(True)
+    return output
 
 
 def lora_layers(model: torch.nn.Module) -> dict[str, LoRAParallelLinear]:

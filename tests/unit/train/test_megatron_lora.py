@@ -256,3 +256,47 @@ def test_virtual_pipeline_stages_are_checked_before_the_run(tmp_path):
     with pytest.raises(ConfigError, match="num_hidden_layers=2 does not split into .* = 4 blocks") as err:
         check_parallel_layout(load_config(base), conf)
     assert err.value.key == "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size"
+
+
+def test_adapters_behind_a_frozen_embedding_get_gradients_under_reentrant_recompute():
+    """Megatron's full activation recompute is reentrant: a checkpointed layer whose input does not require grad
+    gives no gradient to the parameters inside it.  With every base weight frozen that is the adapters' case (found
+    on a GPU: zero LoRA gradients with enable_gradient_checkpointing); the embedding's hook gives the input a grad."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(10, 8).requires_grad_(False)
+    lora_a = torch.nn.Parameter(torch.randn(2, 8))
+    lora_b = torch.nn.Parameter(torch.randn(8, 2))
+
+    def layer(x):
+        return x + x @ lora_a.T @ lora_b.T
+
+    def grads():
+        import warnings
+
+        lora_a.grad = lora_b.grad = None
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = checkpoint(layer, embedding(torch.tensor([[1, 2, 3]])), use_reentrant=True)
+        if out.requires_grad:
+            out.sum().backward()
+        return lora_a.grad, lora_b.grad
+
+    assert grads() == (None, None)                      # what the adapters got before the hook
+    handle = embedding.register_forward_hook(ml.input_requires_grad)
+    a, b = grads()
+    assert a is not None and b is not None and float(a.abs().sum()) > 0
+    handle.remove()
+
+    class Stage(torch.nn.Module):                         # apply_lora hooks the first stage's embedding
+        def __init__(self):
+            super().__init__()
+            self.embedding = torch.nn.Embedding(10, 8)
+            self.decoder = torch.nn.Module()
+            self.decoder.layers = torch.nn.ModuleList()
+
+    stage = Stage()
+    ml.apply_lora(stage, (2, 4.0, "all-linear", None), "xavier", 0, 0, 0, 1, False)
+    assert stage.embedding(torch.tensor([1])).requires_grad and not stage.embedding.weight.requires_grad
