@@ -153,7 +153,7 @@ def test_only_the_adapters_train_and_checkpoints_hold_the_merged_model_and_the_a
     mg.onload()
     assert torch.equal(mg.compute_log_probs(batch), reference)
     batch.old_log_probs = batch.ref_log_probs = reference
-    ppo_update(mg, cfg, batch, num_mini_batches=1)
+    assert ppo_update(mg, cfg, batch, num_mini_batches=1)["actor/grad_norm"] > 0   # not weight decay alone
     assert all(torch.equal(p, base[n]) for n, p in mg.model.named_parameters() if n in base)
     saved = mg.compute_log_probs(batch)
     assert check.diff_stats(saved, reference, valid)["max_abs"] > 0
