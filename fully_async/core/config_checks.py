@@ -18,7 +18,7 @@ from fully_async.core.config import (POLICY_LOSS_MODES, PLACEMENTS, ATTN_IMPLEME
 from fully_async.core.algorithm_checks import (_at_least, _choice, check_algorithm, check_filter_groups,
                                                check_grpo_group, check_reward_model, check_rollout_correction)
 from fully_async.core.plan import RunPlan
-from fully_async.core.lora_targets import LORA_A_INITS, megatron_targets
+from fully_async.core.lora_targets import LORA_A_INITS, TargetError, megatron_targets
 
 logger = logging.getLogger(__name__)
 
@@ -192,9 +192,8 @@ def _check_model(cfg: Any) -> None:
     if model.lora_rank and cfg.actor_rollout_ref.actor.strategy == "megatron":
         try:
             megatron_targets(model.target_modules, model.exclude_modules)
-        except ValueError as exc:
-            key = "target_modules" if "target_modules" in str(exc) else "exclude_modules"
-            raise ConfigError(f"actor_rollout_ref.model.{key}", str(exc).split(": ", 1)[1]) from None
+        except TargetError as exc:
+            raise ConfigError(f"actor_rollout_ref.model.{exc.key}", exc.message) from None
 
 
 def _check_actor(cfg: Any) -> None:

@@ -30,6 +30,14 @@ LORA_A_INITS = ("xavier", "kaiming", "normal")
 Spec = Union[str, list, None]
 
 
+class TargetError(ValueError):
+    """A target or exclusion megatron's fused LoRA cannot take; `key` is target_modules or exclude_modules."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"actor_rollout_ref.model.{key}: {message}")
+        self.key, self.message = key, message
+
+
 def _as_list(spec: Any) -> Optional[list]:
     if spec is None or isinstance(spec, str):
         return spec
@@ -37,7 +45,7 @@ def _as_list(spec: Any) -> Optional[list]:
 
 
 def megatron_targets(target_modules: Spec, exclude_modules: Spec = None) -> tuple[Spec, Spec]:
-    """(targets, excludes) with Hugging Face names turned into megatron's; ValueError naming what cannot be adapted
+    """(targets, excludes) with Hugging Face names turned into megatron's; TargetError naming what cannot be adapted
     (a fused layer's part on its own, a name no megatron linear layer has)."""
     targets, excludes = _as_list(target_modules), _as_list(exclude_modules)
     return _translate(targets, "target_modules"), _translate(excludes, "exclude_modules")
@@ -68,14 +76,13 @@ def _translate(spec: Spec, key: str) -> Spec:
             if not set(parts) <= {n for lay, n in parsed if lay == layer}:
                 verb = "name" if key == "target_modules" else "exclude"
                 where = "" if layer is None else f" of layer {layer}"
-                raise ValueError(f"actor_rollout_ref.model.{key}={list(spec)}: under strategy=megatron {name}{where} "
-                                 f"is part of the fused {fused}, which has one adapter: {verb} all of {parts} or "
-                                 f"{fused}")
+                raise TargetError(key, f"{list(spec)}: under strategy=megatron {name}{where} is part of the fused "
+                                       f"{fused}, which has one adapter: {verb} all of {parts} or {fused}")
             out.append(fused if layer is None else f"decoder.layers.{layer}.{SUBMODULE[fused]}")
         else:
-            raise ValueError(f"actor_rollout_ref.model.{key}: {name!r} is no linear layer of the megatron model "
-                             f"(its layers: {list(MEGATRON_LINEARS)}, or Hugging Face's {sorted(HF_TO_MEGATRON)}, or a "
-                             "wildcard pattern over decoder.layers.<i>.<self_attention|mlp>.<layer>)")
+            raise TargetError(key, f"{name!r} is no linear layer of the megatron model (its layers: "
+                                   f"{list(MEGATRON_LINEARS)}, or Hugging Face's {sorted(HF_TO_MEGATRON)}, or a "
+                                   "wildcard pattern over decoder.layers.<i>.<self_attention|mlp>.<layer>)")
     return list(dict.fromkeys(out))
 
 

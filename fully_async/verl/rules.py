@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from fully_async.core.lora_targets import LORA_A_INITS
+
 MAPPED, WARNED, REFUSED = "mapped", "warned", "refused"
 
 
@@ -291,8 +293,7 @@ RULES: list[Rule] = [
     _map("actor_rollout_ref.model.lora.exclude_modules", "actor_rollout_ref.model.exclude_modules",
          "verl's megatron LoRA exclusions ([]: none)", convert=lambda v: None if _falsy(v) else v),
     _map("actor_rollout_ref.model.lora.lora_A_init_method", "actor_rollout_ref.model.lora_A_init_method",
-         "verl's megatron lora_A init", allowed=_is("xavier", "kaiming", "normal"),
-         allowed_doc="xavier|kaiming|normal", refusal="lora_A starts as xavier, kaiming or normal"),
+         "verl's megatron lora_A init", allowed=_is(*LORA_A_INITS), allowed_doc="|".join(LORA_A_INITS), refusal="lora_A starts as xavier, kaiming or normal"),
     _warn_if("actor_rollout_ref.model.lora.lora_B_init_method", _is("zero"), "zero", "lora_B starts at zero",
              "lora_B starts at zero (the adapter starts as the base model)"),
     _warn_if("actor_rollout_ref.model.lora.type", _is("lora"), "lora", "megatron-bridge's fused LoRA (one adapter "

@@ -27,6 +27,19 @@ ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetens
 PEFT_PREFIX = "base_model.model."
 
 
+def init_lora_a_(a: torch.Tensor, method: str, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """lora_A's initialisation in place (verl's lora_A_init_method, megatron-bridge's names): kaiming (peft's
+    default: kaiming_uniform_ with a=sqrt(5)), xavier (megatron-bridge's default: xavier_normal_) or normal
+    (N(0, 0.2)); lora_B starts at zero."""
+    if method == "xavier":
+        return torch.nn.init.xavier_normal_(a, generator=generator)
+    if method == "normal":
+        return torch.nn.init.normal_(a, 0.0, 0.2, generator=generator)
+    if method == "kaiming":
+        return torch.nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
+    raise ValueError(f"actor_rollout_ref.model.lora_A_init_method={method!r} is not xavier, kaiming or normal")
+
+
 class LoRALinear(torch.nn.Linear):
     """nn.Linear with a low-rank trainable update; `weight` and `bias` are the base layer's own parameters."""
 
@@ -42,12 +55,7 @@ class LoRALinear(torch.nn.Linear):
         kw = dict(device=base.weight.device, dtype=base.weight.dtype)
         self.lora_A = torch.nn.Parameter(torch.empty(rank, self.in_features, **kw))
         self.lora_B = torch.nn.Parameter(torch.zeros(self.out_features, rank, **kw))
-        if init == "xavier":                     # megatron-bridge's default (verl's lora_A_init_method)
-            torch.nn.init.xavier_normal_(self.lora_A)
-        elif init == "normal":
-            torch.nn.init.normal_(self.lora_A, 0.0, 0.2)
-        else:                                    # peft's default (init_lora_weights=True)
-            torch.nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        init_lora_a_(self.lora_A, init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias) + F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scaling

@@ -66,10 +66,10 @@ def init_parallel(device: Device, mcfg: Any, seed: int) -> None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         dist.init_process_group(device.comm_backend, rank=0, world_size=1)
     if not ps.model_parallel_is_initialized():
-        vpp = getattr(mcfg, "virtual_pipeline_model_parallel_size", None)
+        vpp = mcfg.virtual_pipeline_model_parallel_size or 1
         ps.initialize_model_parallel(tensor_model_parallel_size=mcfg.tensor_model_parallel_size,
                                      pipeline_model_parallel_size=mcfg.pipeline_model_parallel_size,
-                                     virtual_pipeline_model_parallel_size=vpp if (vpp or 1) > 1 else None,
+                                     virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
                                      context_parallel_size=mcfg.context_parallel_size)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)  # megatron's RNG tracker (MindSpeed maps it on npu)
 
@@ -134,12 +134,11 @@ class MegatronBackend:
         self.dp, self.dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
         # model chunks per rank (virtual pipeline stages, megatron's interleaved schedule): chunk v of pipeline rank
         # p is block v * pp + p of the pp * vpp layer blocks
-        self.vpp = max(1, getattr(self.mcfg, "virtual_pipeline_model_parallel_size", None) or 1)
+        self.vpp = self.mcfg.virtual_pipeline_model_parallel_size or 1
         self.hf_config = AutoConfig.from_pretrained(arr.model.path, trust_remote_code=arr.model.trust_remote_code)
         self.tcfg = self._transformer_config()
         hf_state = hf_megatron.SafetensorsFolder(arr.model.path)
         self.lora = lora.lora_settings(arr.model)      # (rank, alpha, targets, excludes) or None: megatron_lora.py
-        self.lora_targets: list[str] = []
         # the actor's chunks, DDP(GPTModel) each (one without virtual stages); self.model is the first
         self.chunks = [self._build_model(hf_state, train=True, vp=v) for v in range(self.vpp)]
         self.model = self.chunks[0]
@@ -229,16 +228,18 @@ class MegatronBackend:
         """The actor's LoRA layers (megatron_lora.py), from lora_adapter_path's adapter when one is given."""
         arr = self.cfg.actor_rollout_ref
         offset = hf_megatron._stage_layers(self.hf_config, *self._stage(vp)).start
-        self.lora_targets += megatron_lora.apply_lora(
+        megatron_lora.apply_lora(
             model, self.lora, arr.model.lora_A_init_method or "xavier", self.cfg.trainer.seed, offset, self.tp_rank,
             self.tp, self.tcfg.sequence_parallel)
         if arr.model.lora_adapter_path:
             self._load_adapter(model, arr.model.lora_adapter_path, vp)
 
-    def _load_adapter(self, model: torch.nn.Module, folder: str, vp: Optional[int]) -> None:
+    def _load_adapter(self, model: torch.nn.Module, folder: str, vp: Optional[int],
+                      state: Optional[Mapping[str, torch.Tensor]] = None) -> None:
+        """Chunk `vp`'s adapters from the peft adapter in `folder` (its tensors `state` when already read)."""
         from safetensors.torch import load_file
 
-        state = load_file(os.path.join(folder, lora.ADAPTER_WEIGHTS))
+        state = state if state is not None else load_file(os.path.join(folder, lora.ADAPTER_WEIGHTS))
         wanted = sorted(megatron_lora.lora_layers(model))
         megatron_lora.load_local(model, megatron_lora.peft_to_local(
             state, wanted, self.hf_config, self.tp_rank, self.tp, *self._stage(vp), folder))
@@ -256,8 +257,7 @@ class MegatronBackend:
                                f"unexpected {unexpected}")
 
     def _build_optimizer(self, model: Any, lr: float, weight_decay: float, betas: Any, grad_clip: float) -> Any:
-        """`model`: one DDP model or a list of chunks."""
-        """fp32 master weights, TP/PP-aware clipping; states sharded over dp with use_distributed_optimizer.
+        """One optimizer over `model` (a DDP model or its chunks): fp32 master weights, TP/PP-aware clipping; states sharded over dp with use_distributed_optimizer.
         Without Apex/TE the inner optimizer is torch.optim.AdamW (no weight decay on norms/biases).  float16:
         megatron's dynamic loss scaling, from FP16_INITIAL_LOSS_SCALE; the schedule scales each loss by it."""
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -478,29 +478,30 @@ class MegatronBackend:
                 shards[r][name] = p.to("cpu", copy=True)
         return shards if root else None
 
-    def _gather_adapter(self) -> dict[str, torch.Tensor]:
-        """The LoRA adapter in peft's names on global rank 0 ({} elsewhere); collective."""
-        peft: dict[str, torch.Tensor] = {}
-        for vp, chunk in enumerate(self.chunks):
-            shards = self._gather_tp(megatron_lora.adapter_local_state(chunk.module))
+    def _gather_chunks(self, locals_: list[dict[str, torch.Tensor]], convert: Callable) -> dict[str, torch.Tensor]:
+        """`convert(every tensor rank's state of chunk vp, vp) -> HF-named tensors` of this rank's chunk states
+        `locals_`, joined over the chunks and pipeline stages on global rank 0 ({} elsewhere); collective."""
+        out: dict[str, torch.Tensor] = {}
+        for vp, one in enumerate(locals_):
+            shards = self._gather_tp(one)
             if shards is not None:
-                peft.update(megatron_lora.adapter_to_peft(shards, self.hf_config, *self._stage(vp)))
+                out.update(convert(shards, vp))
         if self.tp_rank or self.dp_rank:
             return {}
-        return self._gather_stages(peft) if self.pp > 1 else peft
+        return self._gather_stages(out) if self.pp > 1 else out
+
+    def _gather_adapter(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapter in peft's names on global rank 0 ({} elsewhere); collective."""
+        return self._gather_chunks([megatron_lora.adapter_local_state(c.module) for c in self.chunks],
+                                   lambda shards, vp: megatron_lora.adapter_to_peft(shards, self.hf_config,
+                                                                                    *self._stage(vp)))
 
     def _gather_hf(self, local: Any, hf_config: Any) -> dict[str, torch.Tensor]:
         """The full HF state dict of a model whose megatron state on this rank is `local` (one dict, or one per
         model chunk), on global rank 0 ({} on the others); collective over every rank."""
-        hf: dict[str, torch.Tensor] = {}
-        for vp, one in enumerate(local if isinstance(local, list) else [local]):
-            shards = self._gather_tp(one)
-            if shards is not None:
-                hf.update(hf_megatron.megatron_to_hf(shards, hf_config, *self._stage(vp),
-                                                     lm_head=any(k.startswith("output_layer.") for k in one)))
-        if self.tp_rank or self.dp_rank:
-            return {}
-        return self._gather_stages(hf) if self.pp > 1 else hf
+        locals_ = local if isinstance(local, list) else [local]
+        return self._gather_chunks(locals_, lambda shards, vp: hf_megatron.megatron_to_hf(
+            shards, hf_config, *self._stage(vp), lm_head=any(k.startswith("output_layer.") for k in locals_[vp])))
 
     def param_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """HF names and full shapes in the HF model's named_parameters order (what the engines hold)."""
@@ -599,11 +600,17 @@ class MegatronBackend:
     def load(self, path: str) -> None:
         extra = torch.load(self._ckpt_file(path), weights_only=True)
         self._check_layout(path, extra["layout"])
-        for vp, chunk in enumerate(self.chunks):
-            if self.lora is not None:  # actor/ is the merged model; the base stays the model's own, the adapter goes on
-                self._load_adapter(chunk.module, os.path.join(path, "actor", "lora_adapter"), vp)
-            else:
-                self._load_local(chunk.module, hf_megatron.SafetensorsFolder(os.path.join(path, "actor")), vp=vp)
+        if self.lora is not None:      # actor/ is the merged model; the base stays the model's own, the adapter goes on
+            from safetensors.torch import load_file
+
+            folder = os.path.join(path, "actor", "lora_adapter")
+            state = load_file(os.path.join(folder, lora.ADAPTER_WEIGHTS))
+            for vp, chunk in enumerate(self.chunks):
+                self._load_adapter(chunk.module, folder, vp, state)
+        else:
+            saved = hf_megatron.SafetensorsFolder(os.path.join(path, "actor"))
+            for vp, chunk in enumerate(self.chunks):
+                self._load_local(chunk.module, saved, vp=vp)
         self._load_optimizer_state(self.optimizer, extra["optimizer"])
         if self.critic is not None:
             self.critic.load(path)

@@ -23,7 +23,6 @@ peft and vLLM load; `peft_to_local` reads such an adapter back (lora_adapter_pat
 from __future__ import annotations
 
 import contextlib
-import math
 import zlib
 from typing import Any, Iterator, Mapping
 
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 
 from fully_async.core.lora_targets import COLUMN_PARALLEL, MEGATRON_TO_HF, SUBMODULE, is_target, megatron_targets
 from fully_async.train.backends import hf_megatron
-from fully_async.train.backends.lora import PEFT_PREFIX
+from fully_async.train.backends.lora import PEFT_PREFIX, init_lora_a_
 
 LORA_KEYS = (".lora_A", ".lora_B")
 
@@ -40,16 +39,7 @@ LORA_KEYS = (".lora_A", ".lora_B")
 def init_lora_a(rank: int, in_features: int, method: str, seed: int, name: str) -> torch.Tensor:
     """The whole (rank x in_features) lora_A of layer `name`, float32, the same on every rank and layout."""
     gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % 2 ** 63)
-    a = torch.empty(rank, in_features)
-    if method == "xavier":                      # megatron-bridge: nn.init.xavier_normal_
-        std = math.sqrt(2.0 / (rank + in_features))
-        return a.normal_(0.0, std, generator=gen)
-    if method == "kaiming":                     # kaiming_uniform_(a=sqrt(5)): bound 1 / sqrt(fan_in)
-        bound = 1.0 / math.sqrt(in_features)
-        return a.uniform_(-bound, bound, generator=gen)
-    if method == "normal":                      # megatron-bridge's init_method_normal(0.2)
-        return a.normal_(0.0, 0.2, generator=gen)
-    raise ValueError(f"actor_rollout_ref.model.lora_A_init_method={method!r} is not xavier, kaiming or normal")
+    return init_lora_a_(torch.empty(rank, in_features), method, gen)
 
 
 class LoRAParallelLinear(torch.nn.Module):
