@@ -63,8 +63,8 @@ class Watchdog:
             silent = [n for n, s in state.items() if isinstance(s, str) and s.startswith(UNRESPONSIVE)]
             who = ""
             if silent:
-                who = "; " + ", ".join(f"{n} is {UNRESPONSIVE}, its last state: {self.last_state.get(n, 'none')}"
-                                       for n in silent)
+                who = "; " + ", ".join(f"{n} is {UNRESPONSIVE}, its last state: "
+                                       f"{self.last_state.get(n, 'none (it never answered)')}" for n in silent)
             raise RunFailed(f"no progress for {now - self.last_change:.0f}s (trainer.progress_timeout_s="
                             f"{self.timeout_s:g}){who}; state: {state}")
 
