@@ -214,6 +214,9 @@ class RolloutConfig:
     weight_sync: str = "auto"             # auto | object_store | collective (NCCL/HCCL/gloo broadcast) | device_ipc
     #                                       (CUDA IPC handles: colocated async on one node's CUDA devices)
     update_weights_bucket_megabytes: int = 512  # bucket size of the collective weight broadcast
+    quantization: Optional[str] = None    # null | fp8: verl's blockwise fp8 rollout (128x128 weight blocks, 1x128
+    #                                       dynamic activations): vLLM's fp8_per_block on CUDA; the embedded engine
+    #                                       emulates its arithmetic exactly (core/fp8.py: its numerics, not its speed)
 
 
 @dataclass

@@ -293,7 +293,8 @@ RULES: list[Rule] = [
     _map("actor_rollout_ref.model.lora.exclude_modules", "actor_rollout_ref.model.exclude_modules",
          "verl's megatron LoRA exclusions ([]: none)", convert=lambda v: None if _falsy(v) else v),
     _map("actor_rollout_ref.model.lora.lora_A_init_method", "actor_rollout_ref.model.lora_A_init_method",
-         "verl's megatron lora_A init", allowed=_is(*LORA_A_INITS), allowed_doc="|".join(LORA_A_INITS), refusal="lora_A starts as xavier, kaiming or normal"),
+         "verl's megatron lora_A init", allowed=_is(*LORA_A_INITS), allowed_doc="|".join(LORA_A_INITS),
+         refusal="lora_A starts as xavier, kaiming or normal"),
     _warn_if("actor_rollout_ref.model.lora.lora_B_init_method", _is("zero"), "zero", "lora_B starts at zero",
              "lora_B starts at zero (the adapter starts as the base model)"),
     _warn_if("actor_rollout_ref.model.lora.type", _is("lora"), "lora", "megatron-bridge's fused LoRA (one adapter "
@@ -369,10 +370,10 @@ RULES: list[Rule] = [
     _warn("actor_rollout_ref.rollout.prometheus.**", "no Prometheus exporter; metrics go to console/TensorBoard"),
     _warn("actor_rollout_ref.rollout.prompt_length", "data.max_prompt_length sets it"),
     _warn("actor_rollout_ref.rollout.response_length", "data.max_response_length sets it"),
-    _warn_if("actor_rollout_ref.rollout.quantization", _is(None), "null", "no quantised rollout",
-             "quantised rollouts are not implemented"),
-    _warn_if("actor_rollout_ref.rollout.quantization_config_file", _is(None), "null", "no quantised rollout",
-             "quantised rollouts are not implemented"),
+    _warn_if("actor_rollout_ref.rollout.quantization_config_file", _is(None), "null", "verl's blockwise fp8 scheme "
+             "(rollout.quantization=fp8) needs no file", "a quantization config file is not read: rollout."
+             "quantization=fp8 is verl's blockwise scheme (128x128 weights, 1x128 activations); other schemes are "
+             "not implemented"),
     _warn("actor_rollout_ref.rollout.enable_sleep_mode", "an engine sleeps (gives its device memory back) exactly "
           "when it shares devices with the trainer: sync and colocated modes and a shared device pool; engines on "
           "their own devices never do"),
@@ -466,6 +467,10 @@ RULES: list[Rule] = [
     _warn_if("trainer.default_hdfs_dir", _is(None), "null", "local checkpoints only",
              "checkpoints are written to trainer.default_local_dir only"),
     _warn("trainer.del_local_ckpt_after_load", "checkpoints are kept (trainer.max_ckpt_to_keep prunes)"),
+    _warn_if("trainer.dump_high_diff_tokens", _is(False, None), "false", "a `+` key some DAPO fp8 recipes pass for "
+             "a fork's debug dump; verl's trainer does not read it (training/rollout_probs_diff_* are logged every "
+             "step)", "dumping the tokens with the largest rollout/trainer log-prob differences is not implemented"),
+    _warn("trainer.dump_high_diff_dir", "read only with trainer.dump_high_diff_tokens=true (refused)"),
     _warn("trainer.esi_redundant_time", "no elastic-instance save deadline; SIGTERM always checkpoints"),
     _warn("trainer.log_val_generations", "validation generations are not logged; val-core/* metrics are"),
     _map("trainer.max_actor_ckpt_to_keep", "trainer.max_ckpt_to_keep"),
@@ -561,7 +566,6 @@ SCRIPT_REFUSALS: list[tuple[str, str]] = [
     ("virtual pipeline stages beside a critic or a reward model", r".*\.virtual_pipeline_model_parallel_size"),
     ("rollout engines other than hf and vllm (sglang, trtllm)", r"actor_rollout_ref\.rollout\.name"),
     ("context parallelism", r".*\.megatron\.context_parallel_size"),
-    ("quantised (fp8) rollouts", r"actor_rollout_ref\.rollout\.quantization"),
     ("rollout-correction keys verl itself no longer has (a recipe older than its rollout_correction API)",
      r"algorithm\.rollout_correction\.(rollout_rs_threshold_lower|rollout_token_veto_threshold)"),
     ("config missing from verl itself", r"--config-name"),

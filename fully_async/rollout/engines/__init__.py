@@ -18,6 +18,8 @@ def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: 
                      enforce_eager=rollout.enforce_eager, graph_batch_sizes=rollout.cudagraph_capture_sizes,
                      free_cache_engine=rollout.free_cache_engine, fused_decode=rollout.fused_decode,
                      keep_in_flight=rollout.pause_mode == "keep")
+    if rollout.quantization is not None:  # only then: a user engine with HFEngine's older constructor still works
+        hf_kwargs["quantization"] = rollout.quantization
     if ":" in rollout.name:  # a user engine "package.module:Class" with HFEngine's constructor
         import importlib
 

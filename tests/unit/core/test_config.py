@@ -153,3 +153,19 @@ def test_sync_mode_accepts_rollout_tp_with_one_warning(caplog):
                               "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]))
     named = [r for r in caplog.records if "tensor_model_parallel_size=2" in r.getMessage()]
     assert len(named) == 1 and "one engine on each trainer device" in named[0].getMessage()
+
+
+def test_fp8_rollout_is_checked_before_anything_starts(caplog):
+    import logging
+
+    key = "actor_rollout_ref.rollout.quantization"
+    with pytest.raises(ConfigError, match=r"quantization.*'torchao' is not one of \[None, 'fp8'\]"):
+        validate(cfg_with(f"{key}=torchao"))
+    with pytest.raises(ConfigError, match=r"quantization.*rollout.name=vllm needs vLLM's fp8 kernels.*"
+                                          r"trainer.device=auto is cpu.*rollout.name=hf emulates"):
+        validate(cfg_with(f"{key}=fp8", "actor_rollout_ref.rollout.name=vllm"))
+    with pytest.raises(ConfigError, match=r"not by the user engine my_pkg.engine:Engine"):
+        validate(cfg_with(f"{key}=fp8", "actor_rollout_ref.rollout.name=my_pkg.engine:Engine"))
+    with caplog.at_level(logging.WARNING):
+        validate(cfg_with(f"{key}=fp8"))
+    assert "fp8 on the embedded engine: verl's blockwise fp8 arithmetic" in caplog.text

