@@ -105,6 +105,12 @@ class Shape:
         norms = 2 * h + (2 * d if self.qk_norm else 0)
         return attn + 3 * h * self.intermediate + norms
 
+    def linear_weights(self) -> int:
+        """The decoder layers' matmul weights (attention and MLP; no biases, norms, embedding or lm_head): what an
+        fp8 rollout quantises."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return self.layers * (2 * self.hidden * q + 2 * self.hidden * kv + 3 * self.hidden * self.intermediate)
+
     def params(self) -> int:
         """Every parameter (embedding, untied lm_head, layers, final norm)."""
         embed = self.vocab * self.hidden

@@ -41,6 +41,7 @@ What is counted, per device, in bytes (P = parameters of the device's shard, h/I
                             tokens + float32 logits of every slot
   engine, rollout.name=vllm gpu_memory_utilization x capacity (vLLM takes that fraction at start-up); the check
                             is that weights / tp leave room for the KV cache of max_num_seqs full sequences
+                            (rollout.quantization=fp8: the layers' linear weights in one byte each)
   sync (colocated)          the larger of the generate phase (engine + what the trainer keeps resident: params
                             and grads unless param_offload, optimizer states unless optimizer_offload; strategy
                             torch / megatron offload everything when either is set) and the
@@ -240,12 +241,25 @@ def max_model_len(cfg: Any) -> int:
     return int(r.max_model_len or (cfg.data.max_prompt_length + cfg.data.max_response_length))
 
 
+def engine_weight_bytes(cfg: Any, shape: Shape) -> float:
+    """One engine's weights: rollout.dtype, except vLLM's fp8 rollout (rollout.quantization=fp8), whose linear
+    layers hold one byte per weight plus a float32 scale per 128x128 block (the embedded engine only emulates fp8:
+    its weights stay in rollout.dtype)."""
+    r = cfg.actor_rollout_ref.rollout
+    wbytes = _bytes("actor_rollout_ref.rollout.dtype", r.dtype)
+    total = float(shape.params() * wbytes)
+    if r.quantization == "fp8" and r.name == "vllm":
+        linear = shape.linear_weights()
+        total -= linear * (wbytes - 1 - 4 / 128 ** 2)
+    return total
+
+
 def engine_memory(cfg: Any, shape: Shape, capacity_bytes: float) -> RoleMemory:
     """Memory of one rollout device (a replica spans rollout.tensor_model_parallel_size devices)."""
     r = cfg.actor_rollout_ref.rollout
     wbytes = _bytes("actor_rollout_ref.rollout.dtype", r.dtype)
     tp = r.tensor_model_parallel_size
-    weights = shape.params() * wbytes / tp
+    weights = engine_weight_bytes(cfg, shape) / tp
     kv_needed = r.max_num_seqs * max_model_len(cfg) * shape.kv_bytes_per_token(wbytes) / tp
     mem = RoleMemory("engine")
     if r.name == "vllm":

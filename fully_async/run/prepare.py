@@ -97,13 +97,13 @@ def check_sync_rollout_tp(cfg: Any, model_conf: Any) -> None:
     TP 1, so the model's weights in rollout.dtype must fit one device.  Refused where they exceed the largest device
     the planner knows (planner/hardware.py); a device it knows less well is left to the engine's own check."""
     from fully_async.planner.hardware import DEVICES, Shape
-    from fully_async.planner.memory_model import DTYPE_BYTES, GIB
+    from fully_async.planner.memory_model import GIB, engine_weight_bytes
 
     rollout = cfg.actor_rollout_ref.rollout
     if cfg.mode != "sync" or rollout.tensor_model_parallel_size == 1:
         return
     try:
-        weights = Shape.of(model_conf.to_dict()).params() * DTYPE_BYTES[rollout.dtype] / GIB
+        weights = engine_weight_bytes(cfg, Shape.of(model_conf.to_dict())) / GIB
     except (KeyError, TypeError, AttributeError, ValueError):   # a model family the planner cannot size
         return
     largest = max(DEVICES.values(), key=lambda d: d.memory_gib)
@@ -111,7 +111,7 @@ def check_sync_rollout_tp(cfg: Any, model_conf: Any) -> None:
         raise ConfigError("actor_rollout_ref.rollout.tensor_model_parallel_size",
                           f"{rollout.tensor_model_parallel_size}: mode=sync runs one engine per trainer device at "
                           f"tensor parallel 1, and {cfg.actor_rollout_ref.model.path}'s weights ({weights:.0f} GiB in "
-                          f"{rollout.dtype}) fit no single device (largest known: {largest.name}); use mode=async, "
+                          f"{rollout.dtype}{', fp8 layers' if rollout.quantization else ''}) fit no single device (largest known: {largest.name}); use mode=async, "
                           "whose rollout replicas span tensor_model_parallel_size devices")
 
 

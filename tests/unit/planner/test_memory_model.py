@@ -144,6 +144,27 @@ def test_engines():
     assert vllm.parts["weights"] == P
 
 
+def test_an_fp8_rollout_on_vllm_holds_its_linear_weights_in_one_byte(random_model_dir):
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    shape = Shape.of(json.load(open(os.path.join(random_model_dir, "config.json"))))
+    linear = sum(m.weight.numel() for m in model.get_decoder().modules() if isinstance(m, torch.nn.Linear))
+    assert shape.linear_weights() == linear
+    base = ["actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.rollout.name=vllm", "trainer.device=cuda"]
+    fp8 = engine_memory(cfg(*base, "actor_rollout_ref.rollout.quantization=fp8"), SHAPE, 80 * GIB)
+    lin = SHAPE.linear_weights()
+    assert fp8.parts["weights"] == pytest.approx(2 * P - lin + lin * 4 / 128 ** 2)
+    assert fp8.parts["weights"] < 0.6 * engine_memory(cfg(*base), SHAPE, 80 * GIB).parts["weights"]
+    # the embedded engine emulates fp8: its weights stay in rollout.dtype
+    emulated = engine_memory(cfg("actor_rollout_ref.rollout.dtype=bfloat16",
+                                 "actor_rollout_ref.rollout.quantization=fp8"), SHAPE, 80 * GIB)
+    assert emulated.parts["weights"] == 2 * P
+
+
 def test_sync_colocation_and_offload():
     small = ["mode=sync", "actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.rollout.dtype=bfloat16",
              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]
