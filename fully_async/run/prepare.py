@@ -107,11 +107,12 @@ def check_sync_rollout_tp(cfg: Any, model_conf: Any) -> None:
     except (KeyError, TypeError, AttributeError, ValueError):   # a model family the planner cannot size
         return
     largest = max(DEVICES.values(), key=lambda d: d.memory_gib)
+    fp8 = ", fp8 layers" if rollout.quantization and rollout.name == "vllm" else ""
     if weights > largest.memory_gib:
         raise ConfigError("actor_rollout_ref.rollout.tensor_model_parallel_size",
                           f"{rollout.tensor_model_parallel_size}: mode=sync runs one engine per trainer device at "
                           f"tensor parallel 1, and {cfg.actor_rollout_ref.model.path}'s weights ({weights:.0f} GiB in "
-                          f"{rollout.dtype}{', fp8 layers' if rollout.quantization and rollout.name == 'vllm' else ''}) fit no single device "
+                          f"{rollout.dtype}{fp8}) fit no single device "
                           f"(largest known: {largest.name}); use mode=async, whose rollout replicas span "
                           "tensor_model_parallel_size devices")
 
