@@ -295,6 +295,8 @@ def test_fp8_rollout_needs_vllms_blockwise_method_and_cuda(monkeypatch):
         check_quantization("0.32.0", "fp8", "cpu")
     with pytest.raises(VLLMApiError, match=r"not on npu"):
         check_quantization("0.23.0", "fp8", "npu")
+    with pytest.raises(VLLMApiError, match=r"not on cpu"):   # the engine asks before vLLM starts
+        VLLMEngine(str(asset_path("tiny_arithmetic/model")), CPU, quantization="fp8")
     monkeypatch.setattr(quantization, "QUANTIZATION_METHODS", ["fp8", "awq"])
     with pytest.raises(VLLMApiError, match=r"vLLM 0\.10\.1 has no online quantization 'fp8_per_block'"):
         check_quantization("0.10.1", "fp8", "cuda")
