@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 from fully_async.core.config import FullyAsyncConfig, generates_baseline
 from fully_async.actors.actor_setup import MetricsOutbox
 from fully_async.algorithms.dynamic_sampling import GroupFilter
+from fully_async.rollout.tools import ToolLoop
 from fully_async.rollout.generation import (attach_reward_model_inputs, make_group, score_samples, validate,
                                             validation_samples)
 from fully_async.telemetry.metrics import rollouter_version_metrics, rollouter_window_metrics
@@ -74,6 +75,7 @@ class Rollouter(MetricsOutbox):
                                  and not cfg.actor_rollout_ref.rollout.free_cache_engine)
         self.queue = queue
         self.tokenizer = build_tokenizer(cfg)
+        self.tools = ToolLoop.from_config(cfg, self.tokenizer)   # multi-turn tool rollouts, or None
         with self.residency.setup():   # the engines load onto the devices: on a pool, under a lease
             self.pool = build_async_pool(cfg, self.device, eos_token_ids, pad_token_id, placement,
                                          replica_options(cfg, self.device))
@@ -95,7 +97,7 @@ class Rollouter(MetricsOutbox):
             self.pool, stream, StalenessManager.from_config(cfg), r.n,
             SamplingParams(r.temperature, r.top_p, r.top_k, cfg.data.max_response_length),
             max_in_flight=self.pool.capacity, partial_rollout=cfg.async_training.partial_rollout,
-            on_complete=self._push, lengths=self.lengths, baseline=generates_baseline(cfg))
+            on_complete=self._push, lengths=self.lengths, baseline=generates_baseline(cfg), tools=self.tools)
         # DAPO's dynamic sampling: groups whose responses all agree never reach the queue
         self.filter = GroupFilter.from_config(cfg, self.scheduler.staleness.required)
         if self.filter is not None:
@@ -471,7 +473,7 @@ class Rollouter(MetricsOutbox):
 
     def _scored_validation(self, version: int, publish: bool) -> dict:
         """The validation metrics (rule/custom rewards), published at the step that pushed `version`."""
-        metrics = validate(self.pool, self.tokenizer, self.reward, self.val_records, self.cfg, version)
+        metrics = validate(self.pool, self.tokenizer, self.reward, self.val_records, self.cfg, version, self.tools)
         metrics["rollouter/validate_time"] = metrics["timing_s/testing"]  # verl's name for the rollouter's validation
         if publish:
             self._emit(self._step_of(version), dict(metrics))
@@ -483,7 +485,7 @@ class Rollouter(MetricsOutbox):
         """The validation responses with the reward model's tokens attached, for the trainer to score: queued for
         its next step (publish), or returned to the driver as {"rm_validation": ...} (its final validation)."""
         start = time.perf_counter()
-        pairs = validation_samples(self.pool, self.val_records, self.cfg, version)
+        pairs = validation_samples(self.pool, self.val_records, self.cfg, version, self.tools)
         attach_reward_model_inputs(self.rm_inputs, pairs)
         item = {"step": self._step_of(version), "pairs": pairs, "seconds": time.perf_counter() - start,
                 "n": self.cfg.actor_rollout_ref.rollout.val_kwargs.n}

@@ -30,6 +30,7 @@ from fully_async.core.config import FullyAsyncConfig, generates_baseline
 from fully_async.actors.actor_setup import DriverFacing
 from fully_async.algorithms.dynamic_sampling import GroupFilter
 from fully_async.telemetry.metrics import StaleCounter
+from fully_async.rollout.tools import ToolLoop
 from fully_async.rollout.generation import (group_pendings, make_group, run_to_completion, score_samples,
                                             score_with_reward_model, validate, validation_metrics, validation_samples)
 from fully_async.core.types import PromptRecord, SamplingParams
@@ -70,6 +71,7 @@ class SyncWorker(DriverFacing):
         self.timeline = Timeline("sync", cfg.trainer.timeline)
         self.state = TrainerState.of(cfg, total_steps)
         self.tokenizer = build_tokenizer(cfg)
+        self.tools = ToolLoop.from_config(cfg, self.tokenizer)   # multi-turn tool rollouts, or None
         self.reward = build_reward_manager(cfg)
         self.rm_inputs: Optional[Any] = None   # reward_model.enable: the reward model's tokens (the backend scores)
         if cfg.reward_model.enable:
@@ -213,8 +215,9 @@ class SyncWorker(DriverFacing):
         """The validation metrics; with a reward model, the unscored (record, samples) pairs instead."""
         with self.timeline.span("validate"):
             if self.rm_inputs is not None:
-                return validation_samples(self.pool, self.val_records, self.cfg, self.state.version)
-            return validate(self.pool, self.tokenizer, self.reward, self.val_records, self.cfg, self.state.version)
+                return validation_samples(self.pool, self.val_records, self.cfg, self.state.version, self.tools)
+            return validate(self.pool, self.tokenizer, self.reward, self.val_records, self.cfg, self.state.version,
+                            self.tools)
 
     def _model_scores(self, pairs: list) -> None:
         """reward_model.enable: the samples of `pairs` scored by the reward model, with the trainer on the devices
@@ -291,7 +294,7 @@ class SyncWorker(DriverFacing):
             engines_before = self.pool.engine_stats()
             t = time.perf_counter()
             with ph.span("generate"), self.timeline.span("generate"):
-                run_to_completion(self.pool, [p for *_, ps in groups_in for p in ps])
+                run_to_completion(self.pool, [p for *_, ps in groups_in for p in ps], self.tools)
             gen_s = time.perf_counter() - t
             metrics["timing_s/gen"] += gen_s
             metrics.update(self._memory("generate"))

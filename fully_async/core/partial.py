@@ -28,6 +28,12 @@ class PendingResponse:
     # benchmark-only synthetic EOS (fully_async.core.workload): the response ends with finish_reason "stop"
     # after this many tokens when that is below params.max_tokens; None: only the engine decides
     target_len: Optional[int] = None
+    # multi-turn tool rollouts (rollout/tools.py): 0 on appended tool answers (empty: all generated), where the
+    # current assistant turn starts in token_ids, and the turns so far
+    mask: list[int] = field(default_factory=list)
+    turn_start: int = 0
+    assistant_turns: int = 0
+    user_turns: int = 0
 
     @property
     def budget(self) -> int:
@@ -51,6 +57,8 @@ class PendingResponse:
         self.token_ids += out.token_ids
         self.log_probs += out.log_probs
         self.versions += out.versions
+        if self.mask:
+            self.mask += [1] * len(out.token_ids)
         if out.finish_reason == "abort":
             self.num_interruptions += 1
             if len(self.token_ids) < self.budget:
@@ -60,6 +68,20 @@ class PendingResponse:
         self.finish_reason = self._budget_reason() if out.finish_reason == "length" else out.finish_reason
         return True
 
+    def observe(self, token_ids: list[int]) -> None:
+        """Append tokens the policy did not generate (a tool's answer in the chat template): outside the loss (mask
+        0), log-prob 0, stamped with the version of the token before them; the next assistant turn starts after."""
+        if not self.mask:
+            self.mask = [1] * len(self.token_ids)
+        version = self.versions[-1] if self.versions else 0
+        self.token_ids += token_ids
+        self.log_probs += [0.0] * len(token_ids)
+        self.versions += [version] * len(token_ids)
+        self.mask += [0] * len(token_ids)
+        self.turn_start = len(self.token_ids)
+        self.user_turns += 1
+        self.finish_reason = ""
+
     def _budget_reason(self) -> str:
         """'length' at max_tokens; 'stop' at a synthetic length below it (it stands for an EOS)."""
         return "length" if len(self.token_ids) >= self.params.max_tokens else "stop"
@@ -68,4 +90,6 @@ class PendingResponse:
         return Sample(uid=self.uid, sample_id=self.sample_id, prompt_ids=list(self.prompt_ids),
                       response_ids=list(self.token_ids), rollout_log_probs=list(self.log_probs),
                       versions=list(self.versions), finish_reason=self.finish_reason,
-                      num_interruptions=self.num_interruptions)
+                      num_interruptions=self.num_interruptions,
+                      response_mask=list(self.mask) if 0 in self.mask else None,
+                      num_turns=self.assistant_turns + self.user_turns)

@@ -70,6 +70,10 @@ class Sample:
     num_interruptions: int = 0      # how often this response was cut by a weight update
     reward_baseline: Optional[float] = None  # remax: the reward of its prompt's greedy response
     rm_input_ids: Optional[list[int]] = None  # async with a reward model: its tokens, scored by the trainer
+    # multi-turn tool rollouts: 1 on the tokens the policy generated, 0 on the tool answers appended between its
+    # turns (no loss there; their rollout log-probs are 0); None: every response token is the policy's
+    response_mask: Optional[list[int]] = None
+    num_turns: int = 0                 # multi-turn: assistant turns + tool answers (verl's num_turns - 1); 0: single
 
     @property
     def param_version_start(self) -> int:

@@ -148,9 +148,16 @@ def default_compute_score(data_source: str, solution_str: str, ground_truth: Any
 
 def load_custom_score(path: str, name: str) -> Callable[..., Any]:
     """Import `name` from the python file at `path` (verl's custom_reward_function)."""
+    return load_file_callable(path, name, "custom_reward_function", lambda message: RewardError(message))
+
+
+def load_file_callable(path: str, name: str, section: str, error: Callable[[str], Exception],
+                       hint: str = "") -> Callable[..., Any]:
+    """Import `name` from the python file at `path` (`section`.path / `section`.name name it in errors, each
+    raised as `error(message)`; `hint` is added to an import failure)."""
     if not os.path.isfile(path):
-        raise RewardError(f"custom_reward_function.path={path!r}: file not found")
-    module_name = "fully_async_custom_reward_" + re.sub(r"\W", "_", os.path.abspath(path))
+        raise error(f"{section}.path={path!r}: file not found")
+    module_name = f"fully_async_{section.replace('.', '_')}_" + re.sub(r"\W", "_", os.path.abspath(path))
     try:
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
@@ -160,13 +167,12 @@ def load_custom_score(path: str, name: str) -> Callable[..., Any]:
         spec.loader.exec_module(module)
     except Exception as e:
         sys.modules.pop(module_name, None)
-        raise RewardError(f"custom_reward_function.path={path!r}: import failed "
-                          f"({type(e).__name__}: {e})") from e
+        raise error(f"{section}.path={path!r}: import failed ({type(e).__name__}: {e}){hint}") from e
     fn = getattr(module, name, None)
     if not callable(fn):
         defined = sorted(n for n, v in vars(module).items()
                          if callable(v) and not n.startswith("_") and not inspect.isclass(v)
                          and getattr(v, "__module__", None) == module_name)
-        raise RewardError(f"custom_reward_function.name={name!r}: {path} defines no callable of that name; "
-                          f"functions it defines: {defined}")
+        raise error(f"{section}.name={name!r}: {path} defines no callable of that name; functions it defines: "
+                    f"{defined}")
     return fn

@@ -15,17 +15,24 @@ from fully_async.core.partial import PendingResponse
 from fully_async.core.types import PromptRecord, Sample, SampleGroup, SamplingParams
 
 
-def run_to_completion(engine: Any, pendings: Sequence[PendingResponse]) -> None:
-    """Generate every pending response to the end (engine must hold nothing else)."""
+def run_to_completion(engine: Any, pendings: Sequence[PendingResponse], tools: Any = None) -> None:
+    """Generate every pending response to the end (engine must hold nothing else); with `tools`
+    (rollout/tools.ToolLoop, multi-turn), tool steps between the turns included."""
+    if tools is not None:
+        tools.drive(engine, pendings)
+        return
     by_id = {p.sample_id: p for p in pendings}
     for request_id, out in run_requests(engine, [p.request() for p in pendings]).items():
         by_id[request_id].extend(out)
 
 
 def score_samples(tokenizer: Any, reward: Any, record: PromptRecord, samples: Sequence[Sample]) -> None:
+    """Each response scored on its decoded text (a multi-turn one with its tool answers, whose extra_info also
+    carries verl's `num_turns`: the user prompt, the assistant turns and the tool answers)."""
     for s in samples:
         text = tokenizer.decode(s.response_ids, skip_special_tokens=True)
-        s.reward, s.reward_extra = reward.score(record.data_source, text, record.ground_truth, record.extra_info,
+        extra = record.extra_info if not s.num_turns else dict(record.extra_info or {}, num_turns=s.num_turns + 1)
+        s.reward, s.reward_extra = reward.score(record.data_source, text, record.ground_truth, extra,
                                                 len(s.response_ids),
                                                 sample=f"sample {s.sample_id} (prompt index {record.index})")
         s.data_source = record.data_source
@@ -89,23 +96,23 @@ def group_pendings(uid: str, record: PromptRecord, n: int, params: SamplingParam
 
 
 def validate(engine: Any, tokenizer: Any, reward: Any, records: Sequence[PromptRecord], cfg: Any,
-             version: int) -> dict[str, float]:
+             version: int, tools: Any = None) -> dict[str, float]:
     """`val-core/<data_source>/reward/mean@<n>` with val_kwargs sampling (greedy by default)."""
     start = time.perf_counter()
-    pairs = validation_samples(engine, records, cfg, version)
+    pairs = validation_samples(engine, records, cfg, version, tools)
     for rec, samples in pairs:
         score_samples(tokenizer, reward, rec, samples)
     return validation_metrics(pairs, cfg.actor_rollout_ref.rollout.val_kwargs.n, time.perf_counter() - start)
 
 
-def validation_samples(engine: Any, records: Sequence[PromptRecord], cfg: Any,
-                       version: int) -> list[tuple[PromptRecord, list[Sample]]]:
+def validation_samples(engine: Any, records: Sequence[PromptRecord], cfg: Any, version: int,
+                       tools: Any = None) -> list[tuple[PromptRecord, list[Sample]]]:
     """The validation responses (val_kwargs sampling, greedy by default), unscored, per record."""
     vk = cfg.actor_rollout_ref.rollout.val_kwargs
     params = SamplingParams(vk.temperature if vk.do_sample else 0.0, vk.top_p, vk.top_k,
                             cfg.data.max_response_length)
     pendings = [(rec, group_pendings(f"val-v{version}-{rec.index}", rec, vk.n, params)) for rec in records]
-    run_to_completion(engine, [p for _, ps in pendings for p in ps])
+    run_to_completion(engine, [p for _, ps in pendings for p in ps], tools)
     return [(rec, [p.to_sample() for p in ps]) for rec, ps in pendings]
 
 

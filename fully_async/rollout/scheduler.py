@@ -35,6 +35,9 @@ from fully_async.rollout.generation import group_pendings
 from fully_async.core.partial import PendingResponse
 from fully_async.core.types import GenOutput, PromptRecord, Sample, SamplingParams
 
+if TYPE_CHECKING:   # typing only
+    from fully_async.rollout.tools import ToolLoop
+
 if TYPE_CHECKING:   # typing only: this module stays free of torch (engines/base.py imports it)
     from fully_async.core.data import PromptStream
     from fully_async.core.staleness import StalenessManager
@@ -69,7 +72,7 @@ class RolloutScheduler:
     def __init__(self, engine: VersionedEngine, stream: PromptStream, staleness: StalenessManager, n: int,
                  params: SamplingParams, max_in_flight: int, partial_rollout: bool,
                  on_complete: Callable[[list[CompletedGroup]], None], lengths: Optional[LengthProfile] = None,
-                 baseline: bool = False):
+                 baseline: bool = False, tools: Optional[ToolLoop] = None):
         self.engine = engine
         self.stream = stream              # data.PromptStream: next() -> (epoch, record), exhausted
         self.staleness = staleness        # staleness.StalenessManager
@@ -84,6 +87,10 @@ class RolloutScheduler:
         self.groups: dict[str, GroupState] = {}
         self.pending: dict[str, PendingResponse] = {}
         self.parked: list[PendingResponse] = []
+        # multi-turn (rollout/tools.py): responses between two turns, their tools running (futures of the tokens
+        # to append); they are in `pending` but in neither the engine nor `parked`
+        self.tools = tools
+        self.tooling: dict[str, tuple[PendingResponse, Any]] = {}
         self.stats = {"generated_samples": 0, "interrupted_samples": 0, "bound_pauses": 0,
                       "staleness_samples": 0, "engine_steps": 0}
         # pauses at the staleness bound, summed over the current param version (one log line per version)
@@ -100,8 +107,9 @@ class RolloutScheduler:
         return self.stream.exhausted and not self.groups
 
     def in_flight(self) -> int:
-        """Responses inside the engine (parked ones excluded)."""
-        return self.engine.num_in_flight()
+        """Responses being generated: inside the engine or between two turns, their tools running (parked ones
+        excluded)."""
+        return self.engine.num_in_flight() + len(self.tooling)
 
     def at_bound(self) -> bool:
         return not self.staleness.can_admit()
@@ -151,15 +159,42 @@ class RolloutScheduler:
         self._pauses = {"count": 0, "seconds": 0.0, "since": None, "reason": ""}
 
     def step(self, timeout_s: float = 0.05) -> int:
-        """One engine collect; finished groups go to on_complete.  Returns the outputs handled."""
+        """One engine collect; finished groups go to on_complete, responses whose tools answered go back to the
+        engine.  Returns the outputs handled."""
         outputs = self.engine.collect(timeout_s)
         self.stats["engine_steps"] += 1
         self.handle(outputs)
+        if self.tooling:
+            self.handle_tools(wait_s=0.0 if self.engine.num_in_flight() else timeout_s)
         return len(outputs)
 
+    def handle_tools(self, wait_s: float = 0.0, park: bool = False) -> None:
+        """Responses whose tool step finished (waiting up to `wait_s` for one; with `park`, for all): their
+        answers appended, they continue in the engine (or in `parked`), or end and complete their group."""
+        import concurrent.futures
+
+        futures = [f for _, f in self.tooling.values()]
+        if park:
+            concurrent.futures.wait(futures)
+        elif wait_s > 0:
+            concurrent.futures.wait(futures, timeout=wait_s, return_when=concurrent.futures.FIRST_COMPLETED)
+        resubmit, complete = [], []
+        for sid in [sid for sid, (_, f) in self.tooling.items() if f.done()]:
+            pend, future = self.tooling.pop(sid)
+            if self.tools.apply(pend, future.result()):
+                resubmit.append(pend)
+            else:
+                complete.append(pend)
+        if park:
+            self.parked += resubmit
+        elif resubmit:
+            self.engine.submit([p.request() for p in resubmit])
+        self._complete(complete)
+
     def handle(self, outputs: list[GenOutput]) -> None:
-        """Fold engine outputs into their responses; aborted ones are parked, complete groups emitted."""
-        complete: list[CompletedGroup] = []
+        """Fold engine outputs into their responses; aborted ones are parked, ones that call tools wait for
+        them, complete groups are emitted."""
+        finished = []
         for out in outputs:
             pend = self.pending.get(out.request_id)
             if pend is None:
@@ -167,7 +202,17 @@ class RolloutScheduler:
             if not pend.extend(out):
                 self.parked.append(pend)
                 continue
-            del self.pending[out.request_id]
+            calls = self.tools.calls_after_turn(pend) if self.tools is not None else []
+            if calls:
+                self.tooling[pend.sample_id] = (pend, self.tools.start(pend, calls))
+                continue
+            finished.append(pend)
+        self._complete(finished)
+
+    def _complete(self, finished: list[PendingResponse]) -> None:
+        complete: list[CompletedGroup] = []
+        for pend in finished:
+            del self.pending[pend.sample_id]
             group = self.groups[pend.uid]
             group.done.append(pend.to_sample())
             if len(group.done) == self.size:
@@ -180,12 +225,13 @@ class RolloutScheduler:
 
     # ------------------------------------------------------------------ interrupt / resume
     def park(self) -> int:
-        """Interrupt everything in the engine; partial responses wait in `parked`.  Returns how many."""
-        if not self.engine.num_in_flight():
-            return 0
-        outputs = self.engine.interrupt()
+        """Interrupt everything in the engine; partial responses wait in `parked`, those between two turns once
+        their tools answered.  Returns how many."""
         before = len(self.parked)
-        self.handle(outputs)
+        if self.engine.num_in_flight():
+            self.handle(self.engine.interrupt())
+        if self.tooling:
+            self.handle_tools(park=True)
         return len(self.parked) - before
 
     def resume(self) -> int:
@@ -209,8 +255,9 @@ class RolloutScheduler:
         return parked
 
     def drain(self) -> None:
-        """Generate until the engine holds nothing (finishes in-flight work on the current weights)."""
-        while self.engine.num_in_flight():
+        """Generate until the engine holds nothing and no tool runs (finishes in-flight work on the current
+        weights)."""
+        while self.engine.num_in_flight() or self.tooling:
             self.step()
 
     def apply_weights(self, load: Callable[[], Any], version: int, queued: Callable[[], int],
@@ -246,6 +293,8 @@ class RolloutScheduler:
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
         """Everything not yet completed (call after park(): partial responses are then complete records)."""
+        if self.tooling:
+            raise RuntimeError(f"{len(self.tooling)} responses wait for their tools: park() before state_dict()")
         return {
             "stream": self.stream.state_dict(),
             "staleness": self.staleness.state_dict(),

@@ -375,6 +375,41 @@ def apply_bundled_task_preset(cfg: Any) -> None:
                     BUNDLED_TASK_STEPS)
 
 
+def check_multi_turn(cfg: Any, tokenizer: Any) -> list[dict]:
+    """rollout.multi_turn.enable: the tool YAML builds (rollout/tools.load_tools) and the tokenizer has a chat
+    template (the tool answers are rendered with it); the tools' schemas, [] when off."""
+    if not cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        return []
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError("actor_rollout_ref.rollout.multi_turn.enable",
+                          f"{cfg.actor_rollout_ref.model.path}'s tokenizer has no chat template: multi-turn tool "
+                          "rollouts render the tool answers with it (verl's agent loop does too)")
+    from fully_async.rewards.sandbox_fusion import probe
+    from fully_async.rollout.tools import SandboxCodeTool, load_tools
+
+    tools = load_tools(cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path) if \
+        cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path else []
+    for tool in tools:
+        if isinstance(tool, SandboxCodeTool):
+            problem = probe(tool.url, tool.memory_limit_mb)
+            if problem is not None:
+                raise ConfigError("actor_rollout_ref.rollout.multi_turn.tool_config_path",
+                                  f"tool {tool.name!r}: the SandboxFusion service at {tool.url} did not run print(1): "
+                                  f"{problem}")
+    return [t.schema for t in tools]
+
+
+def custom_rows(cfg: Any) -> Any:
+    """data.custom_cls: the user's row maker, data_files -> verl-format rows (core/config.CustomDatasetConfig)."""
+    from fully_async.rewards.scoring import load_file_callable
+
+    custom = cfg.data.custom_cls   # both set and the file there (config_checks)
+    make = load_file_callable(custom.path, custom.name, "data.custom_cls", lambda m: ConfigError("data.custom_cls", m),
+                              hint="; verl's dataset classes subclass its RLHFDataset and need verl: here "
+                              "data.custom_cls names a callable (data_files, data_config) -> verl-format rows")
+    return lambda files: make(files, cfg.data)
+
+
 def load_datasets(cfg: Any, tokenizer: Any) -> tuple[list[PromptRecord], list[PromptRecord]]:
     """Train and validation prompts, every row checked (data.load_prompts); the run and the doctor both call this."""
     from fully_async.core.data import load_prompts
@@ -386,6 +421,12 @@ def load_datasets(cfg: Any, tokenizer: Any) -> tuple[list[PromptRecord], list[Pr
                   # rule rewards score against it
                   require_ground_truth=not (cfg.custom_reward_function.path or cfg.reward_model.enable),
                   chat_template_kwargs=dict(data.apply_chat_template_kwargs or {}))
+    schemas = check_multi_turn(cfg, tokenizer)
+    if schemas:   # the prompts offer the tools, as verl's tool agent loop renders them
+        kwargs["chat_template_kwargs"]["tools"] = schemas
+    custom = data.custom_cls
+    if custom.path or custom.name:
+        kwargs["row_source"] = custom_rows(cfg)
     train = load_prompts(as_file_list(data.train_files), tokenizer, **kwargs)
     val = load_prompts(as_file_list(data.val_files), tokenizer, **kwargs) if data.val_files else []
     return train, val

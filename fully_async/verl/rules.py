@@ -85,6 +85,8 @@ REF_FOLLOWS = "the reference model lives in the trainer next to the actor and us
 SP = ("the reference model and the critic run at actor_rollout_ref.actor.ulysses_sequence_parallel_size (one "
       "sequence-parallel layout per trainer: the numbers do not depend on it)")
 ONE = (_is(1, None), "1")
+MT_TEMPLATE = ("verl's SGLang-era option: the tool answers are tokenized with the model's chat template as verl's "
+               "agent loop does (rollout/tools.py)")
 MOE = "mixture-of-experts parallelism is not implemented (the megatron backend trains dense Qwen2/Llama)"
 DENSE_ONLY = ("the megatron backend trains dense Qwen2/Llama models (an MoE model is refused when it loads), which "
               "have no expert layers for expert parallelism to split")
@@ -359,9 +361,13 @@ RULES: list[Rule] = [
           "mode=sync|async at the top level picks the training loop"),
     _warn("actor_rollout_ref.rollout.mtp", "multi-token prediction is not implemented"),
     _warn("actor_rollout_ref.rollout.multi_stage_wake_up", "engines wake in one stage"),
-    _warn_if("actor_rollout_ref.rollout.multi_turn.enable", _is(False), "false", "single-turn generation",
-             "multi-turn / tool rollouts are not implemented"),
-    _warn("actor_rollout_ref.rollout.multi_turn.**", "multi-turn / tool rollouts are not implemented"),
+    _warn_if("actor_rollout_ref.rollout.multi_turn.interaction_config_path", _is(None), "null",
+             "tool calls only (rollout.multi_turn.tool_config_path)", "verl's simulated-user interactions are not "
+             "implemented; multi-turn tool calls are"),
+    _warn("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template", MT_TEMPLATE),
+    _warn("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode", MT_TEMPLATE),
+    _warn("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts", "verl's SGLang-era option; rollout.n "
+          "responses per prompt"),
     _warn_if("actor_rollout_ref.rollout.over_sample_rate", _is(0, 0.0), "0", "every admitted prompt is kept",
              "over-sampling is not implemented; the staleness bound (async_training.staleness_threshold) admits "
              "extra prompts"),
@@ -456,8 +462,6 @@ RULES: list[Rule] = [
              "subsample the file instead"),
     _warn_if("data.val_max_samples", _is(-1, None), "-1", "every validation row is used",
              "subsample the file instead"),
-    _warn_if("data.custom_cls.*", _is(None), "null", "the verl-format parquet/jsonl reader",
-             "custom dataset classes are not implemented; convert to verl-format parquet/jsonl"),
     _warn_if("data.datagen.*", _is(None), "null", "no dynamic data generation",
              "dynamic data generation is not implemented"),
     _warn_if("data.sampler.*", _is(None), "null", "data.shuffle with data.seed",
@@ -561,7 +565,6 @@ SCRIPT_REFUSALS: list[tuple[str, str]] = [
      r"algorithm\.adv_estimator|critic\.strategy"),
     ("LoRA settings megatron's fused LoRA cannot take", r"actor_rollout_ref\.model\.(lora.*|target_modules|"
      r"exclude_modules)"),
-    ("multi-turn / tool datasets (data.custom_cls)", r"data\.custom_cls\..*"),
     ("megatron dist checkpoints", r".*\.megatron\.(use_dist_checkpointing|dist_checkpointing_path)"),
     ("virtual pipeline stages beside a critic or a reward model", r".*\.virtual_pipeline_model_parallel_size"),
     ("rollout engines other than hf and vllm (sglang, trtllm)", r"actor_rollout_ref\.rollout\.name"),

