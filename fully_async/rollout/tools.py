@@ -90,16 +90,23 @@ class SandboxCodeTool:
         self.language = str(config.get("default_language", "python"))
         self.memory_limit_mb = int(config.get("memory_limit_mb", 1024))
         self.retool = retool
+        # verl runs these calls in an actor of num_workers threads under a job-wide bucket of rate_limit at once;
+        # here one process calls: at most that many at a time
+        limit = int(config.get("num_workers", 10))
+        if config.get("enable_global_rate_limit", True):
+            limit = min(limit, int(config.get("rate_limit", 10)))
+        self.max_concurrent = max(1, limit)
 
     def execute(self, arguments: dict) -> str:
-        from fully_async.rewards.sandbox_fusion import call_api
+        from fully_async.rewards.sandbox_fusion import call_api, semaphore
 
         code = arguments.get("code", "")
         code = code if isinstance(code, str) else str(code)
         if self.retool:
             code = retool_code(code)
-        answer, error = call_api(self.url, code, None, int(arguments.get("timeout", self.timeout)),
-                                 self.memory_limit_mb, str(arguments.get("language", self.language)))
+        with semaphore(self.url, self.max_concurrent):
+            answer, error = call_api(self.url, code, None, int(arguments.get("timeout", self.timeout)),
+                                     self.memory_limit_mb, str(arguments.get("language", self.language)))
         run = (answer or {}).get("run_result") or {}
         if run.get("status") == "Finished":
             return (run.get("stdout") or "") + (run.get("stderr") or "")
@@ -172,14 +179,6 @@ def _build_tool(key: str, path: str, class_name: str, config: dict, schema: dict
         raise ConfigError(key, f"{path}: tool class {class_name!r} has no execute(arguments) method")
     tool.name, tool.schema = schema["function"]["name"], schema
     return tool
-
-
-def tool_schemas(cfg: Any) -> list[dict]:
-    """The tool schemas a multi-turn run puts in its prompts' chat template (`tools=`); [] when off."""
-    mt = cfg.actor_rollout_ref.rollout.multi_turn
-    if not mt.enable or not mt.tool_config_path:
-        return []
-    return [t.schema for t in load_tools(mt.tool_config_path)]
 
 
 def default_system_prompt(tokenizer: Any, template_kwargs: dict) -> list[int]:
@@ -279,6 +278,3 @@ class ToolLoop:
             resubmit = [by_id[sid] for sid in done if self.apply(by_id[sid], waiting.pop(sid).result())]
             if resubmit:
                 engine.submit([p.request() for p in resubmit])
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)

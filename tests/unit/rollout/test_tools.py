@@ -216,6 +216,24 @@ def test_verls_tool_yaml_builds_the_sandbox_tool_and_user_tools(tmp_path, tok):
         box.close()
 
 
+def test_sandbox_calls_are_bounded_as_verls_workers_and_rate_limit():
+    import concurrent.futures
+
+    box = Sandbox(delay_s=0.2)
+    try:
+        schema = {"type": "function", "function": {"name": "code_interpreter"}}
+        tool = SandboxCodeTool({"sandbox_fusion_url": box.url, "num_workers": 4, "rate_limit": 2}, schema)
+        assert tool.max_concurrent == 2
+        assert SandboxCodeTool({"sandbox_fusion_url": box.url, "num_workers": 3,
+                                "enable_global_rate_limit": False}, schema).max_concurrent == 3
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            assert list(pool.map(lambda i: tool.execute({"code": f"print({i})"}), range(6))) == \
+                [f"{i}\n" for i in range(6)]
+        assert box.peak == 2
+    finally:
+        box.close()
+
+
 @pytest.mark.parametrize("body,message", [
     ("tools: []", "has no `tools:` list"),
     ("tools:\n  - config: {}", r"tools\[0\] has no class_name"),
