@@ -71,7 +71,7 @@ def worker(monkeypatch, request):
     rec = Recorder()
     import fully_async.actors.sync_loop as sync_loop
 
-    monkeypatch.setattr(sync_loop, "run_to_completion", lambda pool, ps: rec.events.append(("generate",)))
+    monkeypatch.setattr(sync_loop, "run_to_completion", lambda pool, ps, tools: rec.events.append(("generate",)))
     monkeypatch.setattr(train_step_mod, "train_step",
                         lambda *a, **k: (rec.events.append(("train",)) or {"perf/total_num_tokens": 10.0}, []))
     w = object.__new__(SyncWorker)
@@ -94,6 +94,7 @@ def worker(monkeypatch, request):
     w.stale = StaleCounter()
     w.filter = None
     w.rm_inputs = None   # rule rewards (a reward model scores in a trainer phase of its own)
+    w.tools = None       # single-turn
     w._draw_groups = lambda count: [("e0-p0", None, 0, [])]
     w._score_groups = lambda groups_in: rec.events.append(("reward",)) or [SimpleNamespace(samples=[])]
     w._init_driver_facing()
