@@ -97,13 +97,19 @@ def make_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> TrainBatch:
                       advantages=adv)
 
 
-def fp32_reference_log_probs(model_dir: str, batch: TrainBatch, device) -> torch.Tensor:
-    """(B, L) log-probs of the HF model in float32 (the same weights): the yardstick for bf16 errors."""
+def hf_log_probs(model_dir: str, batch: TrainBatch, device, dtype: torch.dtype = torch.float32,
+                 state: dict | None = None) -> torch.Tensor:
+    """(B, L) log-probs of a plain HF model of `model_dir` in `dtype` (its weights replaced by `state` when given):
+    float32 is the yardstick for bf16 errors; with `state`, synced weights read by HF (the trainer's own HF model
+    may be an fsdp2 module of DTensors)."""
     from transformers import AutoModelForCausalLM
 
     from fully_async.train.backends.torch_backend import token_log_probs
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device.torch_device())
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    if state is not None:
+        model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
+    model.to(device.torch_device())
     with torch.no_grad():
         logp, _ = token_log_probs(model.eval(), batch.to(device.torch_device()), temperature=1.0)
     del model
@@ -159,7 +165,7 @@ def check_dtype(dtype_name: str, args, device, workdir: str) -> dict:
     lp_mg, t_mg = timed(device, lambda: mg.compute_log_probs(batch))
     res["logp"] = diff_stats(lp_mg, lp_hf, valid) | {"hf_s": t_hf, "megatron_s": t_mg}
     if dtype != torch.float32:   # how far each bf16 implementation is from the float32 model
-        truth = fp32_reference_log_probs(model_dir, batch, device)
+        truth = hf_log_probs(model_dir, batch, device)
         res["logp_vs_fp32"] = {"hf": diff_stats(lp_hf, truth, valid), "megatron": diff_stats(lp_mg, truth, valid)}
 
     batch.old_log_probs = lp_hf
@@ -177,8 +183,7 @@ def check_dtype(dtype_name: str, args, device, workdir: str) -> dict:
     if rank0:
         res["weights_changed_max_abs"] = max(float((after[k].float() - original[k].float()).abs().max())
                                              for k in original)
-        hf.model.load_state_dict({k: v.to(hf.model.dtype) for k, v in after.items()}, strict=False)
-        res["synced_into_hf_logp"] = diff_stats(lp_mg2, hf.compute_log_probs(batch), valid)
+        res["synced_into_hf_logp"] = diff_stats(lp_mg2, hf_log_probs(model_dir, batch, device, dtype, after), valid)
 
     before = device.memory_stats()["allocated_gib"]
     mg.offload()
@@ -195,6 +200,18 @@ def check_dtype(dtype_name: str, args, device, workdir: str) -> dict:
     del hf, mg
     device.empty_cache()
     return res
+
+
+def pin_local_rank() -> None:
+    """Show each torchrun rank only its own device (before anything touches the device runtime): the backends address
+    device 0 of their process, as the package's pinned actors see it."""
+    local = os.environ.get("LOCAL_RANK")
+    if local is None:
+        return
+    for var in ("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES"):
+        shown = os.environ.get(var)
+        os.environ[var] = shown.split(",")[int(local)] if shown else local
+    os.environ["LOCAL_RANK"] = "0"   # of the devices this process sees
 
 
 def print_table(results: list[dict]) -> None:
@@ -235,13 +252,14 @@ def main() -> None:
     parser.add_argument("--vpp", type=int, default=None, help="virtual_pipeline_model_parallel_size (model chunks)")
     parser.add_argument("--distributed-optimizer", action="store_true")
     args = parser.parse_args()
+    pin_local_rank()
     device = get_device("auto")
     if not device.is_accelerator:
         sys.exit("gpu_megatron_check needs a CUDA or NPU device (megatron-core does not run forward on CPU)")
     import torch.distributed as dist
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    device.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    device.set_device(0)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29511")
     dist.init_process_group(device.comm_backend, rank=rank, world_size=world)
@@ -257,7 +275,11 @@ def main() -> None:
     dist.broadcast_object_list(holder, src=0)      # one shared folder (single host) for model and checkpoints
     if rank == 0:
         print(header)
-    results = [check_dtype(d, args, device, holder[0]) for d in args.dtypes]
+    results = []
+    for d in args.dtypes:   # each dtype's numbers printed as it finishes (a later failure keeps them)
+        results.append(check_dtype(d, args, device, holder[0]))
+        if rank == 0:
+            print(json.dumps(results[-1], default=str))
     if dist.get_rank() == 0:
         print_table(results)
     if rank == 0:

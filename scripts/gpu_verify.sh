@@ -22,10 +22,13 @@
 # Expects the offline bundle in .gpubundle/ (../shared/tools/offline_bundle.sh) plus the tiny task
 # as jsonl in .gpubundle/data/.  Model: a Qwen2.5-0.5B-shaped Qwen2 with random weights and the
 # 21-token tiny tokenizer (scripts/build_shaped_model.py): rewards stay ~0, only speed is meaningful.
-# Writes results under $OUT (default /tmp/gpu_out).
+# Writes results under $OUT (default /tmp/gpu_out).  GPUS (e.g. 2,3) moves megatron_lora, vpp and features onto other
+# devices of the machine, so that two of them can run side by side (MASTER_PORT apart for vpp)
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpubundle/*.whl && tar xJf .gpubundle/ray.tar.xz -C /tmp/site
+# installed once per machine (several of these scripts may run side by side on disjoint GPUS)
+[ -f /tmp/site/.bundle_installed ] || { python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpubundle/*.whl \
+    && tar xJf .gpubundle/ray.tar.xz -C /tmp/site && touch /tmp/site/.bundle_installed; }
 export PYTHONPATH=/tmp/site:$PWD NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 RAY_DEDUP_LOGS=0
 nvidia-smi -L
@@ -163,7 +166,7 @@ features)
   # (the tests' stand-in over CUDA) against the CUDA path, packed; device-IPC tests on 2 GPUs.  Learning runs print
   # their first and last validation reward.  Every part writes its log under $OUT as it goes (a call that runs out
   # of time keeps what finished) and has its own limit; ONLY (space-separated: tests lora ulysses rm npu) picks parts
-  export CUDA_VISIBLE_DEVICES=0,1
+  export CUDA_VISIBLE_DEVICES=${GPUS:-0,1}
   want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
   TINY=("${PRESET[@]}" trainer.device=cuda data.train_files=.gpubundle/data/train.jsonl
         data.val_files=.gpubundle/data/val.jsonl trainer.progress_bar=false trainer.resume_mode=disable
@@ -257,7 +260,7 @@ megatron_lora)
   # #23: LoRA on strategy=megatron against the torch LoRA (tests/gpu), then a sync GRPO run with megatron LoRA on the
   # bundled task (TP megatron tensor-parallel ranks, default 1), saved at step 15 and 30 and resumed for 2 more steps
   N=${TP:-1}
-  export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((N - 1)))
+  export CUDA_VISIBLE_DEVICES=${GPUS:-$(seq -s, 0 $((N - 1)))}
   [ "$N" = 1 ] && timeout ${TESTS_LIMIT:-240} python3 -m pytest -q -p no:cacheprovider -W ignore tests/gpu/test_megatron_lora_cuda.py \
       > "$OUT/megatron_lora_tests.log" 2>&1; grep -E "^E |passed|failed" "$OUT/megatron_lora_tests.log" | head -30
   [ "${ONLY:-}" = tests ] && exit 0
@@ -337,13 +340,14 @@ runs)
   ;;
 vpp)
   # #23: virtual pipeline stages (megatron's interleaved schedule) on 2 GPUs: pp=2 x vpp=2 against the HF model
-  # (gpu_megatron_check.py: log-probs, one PPO step, synced weights, offload, save/load; a batch of BATCH rows, 4 by
-  # default: one micro-batch padded to the schedule's 2), then a short sync run with vpp on the 0.5B shape
-  export CUDA_VISIBLE_DEVICES=0,1
-  timeout ${CHECK_LIMIT:-240} torchrun --nproc_per_node 2 scripts/gpu_megatron_check.py --pp 2 --vpp 2 \
-      --dtypes ${DTYPES:-float32 bfloat16} --batch ${BATCH:-4} --seq 256 2>&1 | grep -v -i "warn" | tail -24
+  # (gpu_megatron_check.py: log-probs, one PPO step, synced weights, offload, save/load; a batch of CHECK_BATCH rows,
+  # 8 by default: two micro-batches of 4 and their own lengths), then a short sync run with vpp on the 0.5B shape
+  export CUDA_VISIBLE_DEVICES=${GPUS:-0,1}
+  timeout ${CHECK_LIMIT:-240} torchrun --nproc_per_node 2 --master_port ${MASTER_PORT:-29500} scripts/gpu_megatron_check.py --pp 2 --vpp 2 \
+      --dtypes ${DTYPES:-float32 bfloat16} --batch ${CHECK_BATCH:-8} --seq 256 --out "$OUT" > "$OUT/vpp_check.log" 2>&1
+  grep -v -i "warn" "$OUT/vpp_check.log" | grep -E "^\[rank[0-9]\]: [A-Za-z.]*(Error|Exception)|^[{|]|^(check|logp|vs |pg_|grad|fwd|tokens|sync|offload|save|peak)" | tail -30
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
-  TENSORBOARD_DIR=$OUT/vpp_sync timeout ${RUN_LIMIT:-200} python3 -m fully_async.main --config-name=ppo_megatron_trainer \
+  TENSORBOARD_DIR=/tmp/runs/vpp_sync timeout ${RUN_LIMIT:-200} python3 -m fully_async.main --config-name=ppo_megatron_trainer \
       "${POOL[@]}" trainer.n_gpus_per_node=2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 \
       actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2 actor_rollout_ref.actor.use_kl_loss=true \
       trainer.total_training_steps=${STEPS:-4} trainer.resume_mode=disable trainer.save_freq=${STEPS:-4} \

@@ -30,7 +30,12 @@ def check_parity(device, world: int, resources: dict, overrides: list[str], rel:
     """One device (`device`) against `world` ranks (each with Ray `resources`) at sequence parallel 2.  Tensors agree
     within `atol` everywhere, or on average with `mean` (bf16: a reordered reduction moves single tokens by more).
     Updated weights: all within 10 x atol on CPU; on a GPU 99% of them (AdamW's first steps move a weight whose
-    gradient is ~0 by +-lr whichever sign the rounding gave it)."""
+    gradient is ~0 by +-lr whichever sign the rounding gave it).  Clip fractions count tokens: with `mean` (bf16) a
+    token at the clip boundary may fall either side, so they agree within 0.1 (2 of the ~24 tokens of a mini-batch)."""
+
+    def agree(key, got, ref):
+        tol = 0.1 if mean and key.endswith("clipfrac") else atol / 10
+        assert got[key] == pytest.approx(ref[key], rel=rel, abs=tol), (key, got[key], ref[key])
 
     def close(got, ref, tol):
         got, ref = got.float().cpu(), ref.float().cpu()
@@ -66,10 +71,10 @@ def check_parity(device, world: int, resources: dict, overrides: list[str], rel:
             assert close(got, ref, atol), (name, (got - ref).abs().max(), (got - ref).abs().mean())
         got_critic = critic_update(group, cfg, batch2, num_mini_batches=2)
         for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm"):
-            assert got_critic[key] == pytest.approx(ref_critic[key], rel=rel, abs=atol / 10), key
+            agree(key, got_critic, ref_critic)
         got = ppo_update(group, cfg, batch2, num_mini_batches=2)
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac"):
-            assert got[key] == pytest.approx(ref_actor[key], rel=rel, abs=atol / 10), key
+            agree(key, got, ref_actor)
         full = group.named_parameters_for_sync()
         for name, p in ref_weights.items():
             diff = (full[name].float().cpu() - p).abs()

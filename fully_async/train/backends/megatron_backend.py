@@ -180,8 +180,14 @@ class MegatronBackend:
                       sequence_parallel=bool(m.sequence_parallel and m.tensor_model_parallel_size > 1),
                       use_cpu_initialization=True, perform_initialization=False,  # weights come from HF
                       # pipeline p2p of micro-batches of any length; megatron accepts that only with this
-                      # (MoE-only) dispatcher set, even for a dense model
-                      variable_seq_lengths=True, moe_token_dispatcher_type="alltoall")
+                      # (MoE-only) dispatcher set, even for a dense model.  Not with virtual stages: there a step
+                      # sends to the next and the previous stage at once, which at pp=2 are one peer, and megatron
+                      # exchanges the two shapes (and, batched, the two tensors) over one communicator, where
+                      # NCCL matches them in posting order, swapped.  Its interleaved schedule therefore gets one
+                      # shape for every micro-batch (_schedule pads them) and unbatched p2p, which at pp=2 sends
+                      # the two directions over two communicators (as verl's batch_p2p_comm=False)
+                      variable_seq_lengths=self.vpp == 1, batch_p2p_comm=self.vpp == 1,
+                      moe_token_dispatcher_type="alltoall")
         if self.cfg.actor_rollout_ref.model.enable_gradient_checkpointing:
             kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
         override = m.override_transformer_config
@@ -279,14 +285,21 @@ class MegatronBackend:
         rows = list(range(self.dp_rank, n, self.dp))
         return (rows, 1.0) if rows else ([0], 0.0)
 
-    def _forward_step(self, loss_fn: Callable, data_iterator: Iterator[TrainBatch], model: Any) -> tuple:
+    def _forward_step(self, loss_fn: Callable, shape: Optional[tuple[int, int]], data_iterator: Iterator[TrainBatch],
+                      model: Any) -> tuple:
+        """One micro-batch through `model`; `shape` (rows, length): the input padded to it (virtual stages), the
+        last stage's output cut back to the micro-batch before its loss."""
         mb = next(data_iterator)
         ids = mb.input_ids                                                       # (B, L), right-padded
-        if self.tcfg.sequence_parallel:
+        if shape is not None:
+            ids = F.pad(ids, (0, shape[1] - ids.shape[1], 0, shape[0] - ids.shape[0]))
+        elif self.tcfg.sequence_parallel:
             ids = F.pad(ids, (0, (-ids.shape[1]) % self.tp))
         positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand_as(ids)
         out = model(ids, positions, None)   # causal mask built inside; (B, L, V/tp) on the last stage
-        return out, partial(loss_fn, mb)
+        if shape is None:
+            return out, partial(loss_fn, mb)
+        return out, lambda logits: loss_fn(mb, logits[:mb.input_ids.shape[0]])
 
     def _schedule(self, model: Any, mbs: list[TrainBatch], loss_fn: Callable, forward_only: bool) -> list:
         """Megatron's (pipelined) schedule over micro-batches of `model` (a model or its chunks); loss_fn outputs,
@@ -297,11 +310,12 @@ class MegatronBackend:
         chunks = chunks_of(model)
         mbs = self._padded(mbs, len(chunks))
         seq = max(mb.input_ids.shape[1] for mb in mbs)
+        seq, rows = seq + (-seq) % self.tp, max(map(len, mbs))
         data = [iter(mbs) for _ in chunks] if len(chunks) > 1 else iter(mbs)   # every chunk reads each micro-batch
+        shape = (rows, seq) if len(chunks) > 1 else None   # one shape for the interleaved schedule (_transformer_config)
         return get_forward_backward_func()(
-            forward_step_func=partial(self._forward_step, loss_fn), data_iterator=data, model=chunks,
-            num_microbatches=len(mbs), seq_length=seq + (-seq) % self.tp, micro_batch_size=max(map(len, mbs)),
-            forward_only=forward_only)
+            forward_step_func=partial(self._forward_step, loss_fn, shape), data_iterator=data, model=chunks,
+            num_microbatches=len(mbs), seq_length=seq, micro_batch_size=rows, forward_only=forward_only)
 
     def _padded(self, mbs: list[TrainBatch], num_chunks: int) -> list[TrainBatch]:
         """`mbs` as the schedule runs them: with model chunks, padded to a multiple of pp with zero-mask copies of

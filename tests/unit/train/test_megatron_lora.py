@@ -295,3 +295,60 @@ def test_adapters_behind_a_frozen_embedding_get_gradients_under_reentrant_recomp
     stage = Stage()
     ml.apply_lora(stage, (2, 4.0, "all-linear", None), "xavier", 0, 0, 0, 1, False)
     assert stage.embedding(torch.tensor([1])).requires_grad and not stage.embedding.weight.requires_grad
+
+
+def test_the_interleaved_schedule_gets_one_shape_per_micro_batch_and_unbatched_p2p(monkeypatch):
+    """Virtual stages: a step of megatron's interleaved schedule sends to the next and the previous stage at once,
+    one peer at pp=2, and megatron exchanges the two shapes (and, batched, the two tensors) over one communicator,
+    where NCCL matches them in posting order, swapped: on 2x H200 a pp=2 x vpp=2 run hung in its first step.  So
+    with virtual stages every micro-batch goes through the schedule in one (rows, length) shape, p2p unbatched, the
+    last stage's logits cut back to the micro-batch's rows before its loss; without them nothing changes."""
+    import json
+    from types import SimpleNamespace
+
+    from megatron.core import pipeline_parallel
+
+    from fully_async.core.batch import TrainBatch
+    from fully_async.core.config import asset_path
+    from fully_async.train.backends.megatron_backend import MegatronBackend
+
+    def batch(rows, length, first):
+        ids = torch.full((rows, length), first)
+        return TrainBatch(ids, torch.ones(rows, length, dtype=torch.long), torch.ones(rows, length),
+                          torch.zeros(rows, length), torch.zeros(rows), ["g"] * rows)
+
+    hf_config = SimpleNamespace(**json.load(open(asset_path("tiny_arithmetic/model/config.json"))))
+    for vpp in (1, 2):
+        backend = object.__new__(MegatronBackend)
+        backend.cfg = load_config(["actor_rollout_ref.actor.strategy=megatron", "trainer.device=cuda",
+                                   "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"])
+        backend.mcfg, backend.hf_config, backend.dtype = backend.cfg.actor_rollout_ref.actor.megatron, hf_config, \
+            torch.float32
+        backend.vpp, backend.pp, backend.tp = vpp, 2, 1
+        tcfg = backend._transformer_config()
+        assert (tcfg.variable_seq_lengths, tcfg.batch_p2p_comm) == ((True, True) if vpp == 1 else (False, False))
+        backend.tcfg = tcfg
+        seen, inputs = [], []
+
+        def schedule(forward_step_func, data_iterator, model, num_microbatches, seq_length, micro_batch_size,
+                     forward_only):
+            seen.append((num_microbatches, seq_length, micro_batch_size))
+            outs = []
+            for _ in range(num_microbatches):
+                it = data_iterator[0] if isinstance(data_iterator, list) else data_iterator
+                out, loss = forward_step_func(it, model[0])
+                outs.append(loss(out))
+            return outs
+
+        def model(ids, positions, mask):
+            inputs.append(tuple(ids.shape))
+            return ids.float().unsqueeze(-1)                             # "logits" (B, L, 1)
+        monkeypatch.setattr(pipeline_parallel, "get_forward_backward_func", lambda: schedule)
+        mbs = [batch(3, 5, 1), batch(1, 2, 2)]
+        chunks = [model] * vpp
+        outs = backend._schedule(chunks if vpp > 1 else model, mbs, lambda mb, logits: tuple(logits.shape), True)
+        assert seen == [(2, 5, 3)]
+        if vpp == 1:   # each micro-batch as it is
+            assert inputs == [(3, 5), (1, 2)] and outs == [(3, 5, 1), (1, 2, 1)]
+        else:          # padded to (3, 5) for the model, the loss sees its own rows (length cut by the loss itself)
+            assert inputs == [(3, 5), (3, 5)] and outs == [(3, 5, 1), (1, 5, 1)]
