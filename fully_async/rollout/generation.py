@@ -31,7 +31,7 @@ def score_samples(tokenizer: Any, reward: Any, record: PromptRecord, samples: Se
     carries verl's `num_turns`: the user prompt, the assistant turns and the tool answers)."""
     for s in samples:
         text = tokenizer.decode(s.response_ids, skip_special_tokens=True)
-        extra = record.extra_info if not s.num_turns else dict(record.extra_info or {}, num_turns=s.num_turns + 1)
+        extra = record.extra_info if not s.num_turns else dict(record.extra_info or {}, num_turns=s.verl_num_turns)
         s.reward, s.reward_extra = reward.score(record.data_source, text, record.ground_truth, extra,
                                                 len(s.response_ids),
                                                 sample=f"sample {s.sample_id} (prompt index {record.index})")

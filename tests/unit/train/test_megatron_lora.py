@@ -230,15 +230,20 @@ def test_the_memory_model_counts_the_fused_adapters_and_no_reference_copy():
     assert adapted["params"] == full["params"]
 
 
-def test_virtual_pipeline_stages_are_checked_before_the_run(tmp_path):
-    """actor.megatron.virtual_pipeline_model_parallel_size (megatron's interleaved schedule, megatron_backend.py)."""
+def test_virtual_pipeline_stages_are_checked_before_the_run(tmp_path, caplog):
+    """actor.megatron.virtual_pipeline_model_parallel_size (megatron's interleaved schedule, megatron_backend.py);
+    with dynamic batch sizes a warning says the token budget no longer bounds a micro-batch (one shape for all)."""
     from fully_async.core.config import asset_path
     from fully_async.run.prepare import check_parallel_layout
 
     base = ["actor_rollout_ref.actor.strategy=megatron", "trainer.device=cuda", "trainer.n_gpus_per_node=2",
             "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
             "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2"]
-    validate(load_config(base))
+    with caplog.at_level("WARNING"):
+        validate(load_config(base))
+        assert "no longer bounds" not in caplog.text
+        validate(load_config(base + ["actor_rollout_ref.actor.use_dynamic_bsz=true"]))
+    assert "token budget (ppo_max_token_len_per_gpu, log_prob_max_token_len_per_gpu) no longer bounds" in caplog.text
     with pytest.raises(ConfigError, match="interleaved schedule needs pipeline_model_parallel_size > 1") as err:
         validate(load_config(base[:2] + base[4:]))
     assert err.value.key == "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size"
