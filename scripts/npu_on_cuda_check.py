@@ -11,7 +11,8 @@ actor_rollout_ref.model.use_remove_padding=true, actor_rollout_ref.model.path=/t
   python scripts/npu_on_cuda_check.py --out npu_vs_cuda.json [--steps 5] [--backend cuda] [override ...]
 
 --backend cpu runs the same comparison on a CPU machine (trainer.device=npu on the CPU stand-in vs cpu): a smoke
-test of the script, and there the curves must be identical.  Writes JSON: both runs' scalar curves (per step),
+test of the script, and there the curves must be identical (with --tensors npu, the CUDA backend's kind of npu
+tensor: within float32 rounding).  Writes JSON: both runs' scalar curves (per step),
 the largest differences of pg_loss, entropy and grad_norm, the stand-in's log (fused-attention layouts,
 collective backends, any torch.cuda/nccl call on the CPU backend) and the return codes; exits 1 when a run
 failed or a curve differs beyond --atol + --rtol x its scale.
@@ -82,18 +83,27 @@ def main() -> int:
     ap.add_argument("--atol", type=float, default=None, help="default: 1e-3 on cuda, 0 on cpu")
     ap.add_argument("--rtol", type=float, default=None, help="of the curve's largest |value|; default: 2e-2 on "
                     "cuda (bf16), 0 on cpu")
+    ap.add_argument("--tensors", choices=("npu", "backend"), default=None,
+                    help="the stand-in's npu tensors: PrivateUse1 tensors over backend memory (npu, the default on "
+                         "cuda, where CUDA tensors cannot train once PrivateUse1 is torch's accelerator) or the "
+                         "backend's own (backend, the default on cpu)")
     ap.add_argument("--as-is", action="store_true", help="keep CUDA's torch.compile (not in the npu run)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     if not args.as_is:
         args.overrides = LIKE_FOR_LIKE + args.overrides
-    atol = args.atol if args.atol is not None else (1e-3 if args.backend == "cuda" else 0.0)
-    rtol = args.rtol if args.rtol is not None else (2e-2 if args.backend == "cuda" else 0.0)
+    tensors = args.tensors or ("npu" if args.backend == "cuda" else "backend")
+    # cpu: identical with the backend's own tensors; PrivateUse1 tensors reach the kernels through torch's dispatch
+    # for subclasses, where attention takes sdpa's math path (float32 rounding apart)
+    exact = args.backend == "cpu" and tensors == "backend"
+    atol = args.atol if args.atol is not None else (0.0 if exact else 1e-5 if args.backend == "cpu" else 1e-3)
+    rtol = args.rtol if args.rtol is not None else (0.0 if exact else 1e-5 if args.backend == "cpu" else 2e-2)
     work = tempfile.mkdtemp(prefix="npu_vs_")
     log = os.path.join(work, "standin.jsonl")
     base = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
-    npu_env = standin_env(log, backend=args.backend, devices=1, FA_NPU_STANDIN_CUDA_DEVICES="1")
-    result = {"backend": args.backend, "steps": args.steps, "overrides": args.overrides, "atol": atol, "rtol": rtol,
+    npu_env = standin_env(log, backend=args.backend, devices=1, FA_NPU_STANDIN_CUDA_DEVICES="1",
+                          FA_NPU_STANDIN_TENSORS=tensors)
+    result = {"backend": args.backend, "tensors": tensors, "steps": args.steps, "overrides": args.overrides, "atol": atol, "rtol": rtol,
               "npu": run("npu", "npu", npu_env, work, args.steps, args.overrides),
               args.backend: run(args.backend, args.backend, base, work, args.steps, args.overrides)}
     events = read_log(log)

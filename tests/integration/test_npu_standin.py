@@ -141,3 +141,24 @@ def test_doctor_reports_an_npu_node(npu, tmp_path):
     assert "'NPU': 2.0" in lines["Ray"], out
     assert "= 2 npu device(s); this host sees 2" in lines["placement"], out
     check_no_cuda_or_nccl(read_log(log_path))
+
+
+def test_with_privateuse1_npu_tensors_a_sync_run_trains_as_the_cpu_run(npu, tmp_path):
+    """The stand-in's CUDA kind of npu tensor (PrivateUse1 tensors over backend memory: tests/npu_standin/torch_npu/
+    _tensor.py), here over CPU: scripts/npu_on_cuda_check.py's sync runs, trainer.device=npu against cpu, packed
+    with the fused varlen attention, give the same pg_loss, entropy and grad norm within float32 rounding (the npu
+    run's attention takes sdpa's math path) -- what its CUDA run compares on a GPU."""
+    import json
+    import subprocess
+    import sys
+
+    from npu_standin_helpers import REPO
+
+    out = tmp_path / "npu_vs_cpu.json"
+    r = subprocess.run([sys.executable, "scripts/npu_on_cuda_check.py", "--backend", "cpu", "--tensors", "npu",
+                        "--steps", "3", "--out", str(out), "actor_rollout_ref.model.use_remove_padding=true"],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = json.loads(out.read_text())
+    assert r.returncode == 0 and result["ok"], (result.get("diffs"), result["npu"].get("tail"), r.stderr[-2000:])
+    assert result["tensors"] == "npu" and result["standin"]["fused_attention"] == [["TND", True]]
+    assert all(d["steps"] == 3 for d in result["diffs"].values())

@@ -48,6 +48,36 @@ def test_npu_device_module_tensors_and_visible_devices(tmp_path):
     assert "ok cpu" in r.stdout
 
 
+def test_npu_tensors_can_be_privateuse1_tensors_that_train(tmp_path):
+    """FA_NPU_STANDIN_TENSORS=npu (the CUDA backend's default): npu tensors are PrivateUse1 tensors over backend
+    memory, as torch_npu's are, so autograd meets only npu tensors (with CUDA tensors it cannot train once
+    PrivateUse1 is torch's accelerator); they give the backend's numbers, leave for the host and come back."""
+    r = run_standin(tmp_path, """
+        import torch, torch_npu
+        from fully_async.device import NPU
+        torch.manual_seed(0)
+        ref = torch.nn.Linear(8, 4)
+        m = torch.nn.Linear(8, 4).to(NPU.torch_device())
+        m.load_state_dict(ref.state_dict())
+        x = torch.randn(3, 8)
+        for model, inp in ((ref, x), (m, x.to(NPU.torch_device()))):
+            model(inp).square().sum().backward()
+            torch.optim.AdamW(model.parameters(), lr=0.1).step()
+        w = m.weight
+        assert w.device.type == "npu" and w.grad.device.type == "npu" and type(w).__name__ == "NpuTensor"
+        assert torch.equal(w.cpu(), ref.weight) and type(w.cpu()) is torch.Tensor and w.cpu().device.type == "cpu"
+        assert torch.equal(w.grad.cpu(), ref.weight.grad)
+        t = torch.tensor([1, 2], device="npu") + torch.arange(2, device="npu:0")
+        assert t.device.type == "npu" and t.tolist() == [1, 3] and int(t.sum()) == 4
+        host = w.detach().cpu()
+        w.data = host                                   # host offload moves a parameter so, and back
+        w.data = w.data.to(NPU.torch_device())
+        assert w.device.type == "npu" and torch.equal(w.cpu(), host)
+        print("ok", torch.accelerator.current_accelerator())
+    """, FA_NPU_STANDIN_TENSORS="npu")
+    assert r.returncode == 0 and "ok npu" in r.stdout, r.stderr[-3000:]
+
+
 def test_npu_fusion_attention_matches_sdpa(tmp_path):
     r = run_standin(tmp_path, """
         import torch, torch.nn.functional as F, torch_npu

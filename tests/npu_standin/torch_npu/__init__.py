@@ -6,15 +6,18 @@ does what importing torch_npu does, as far as the package can tell:
 
 * the PrivateUse1 backend is named "npu", `torch.npu` is registered (device count, set_device, memory stats,
   synchronize, streams, events, and graphs where the backend has them), so `torch.device("npu", i)` parses;
-  tensors asked for on an npu device are made on the backend device (factory kernels registered for PrivateUse1),
-  so a model `.to("npu:0")` runs on CPU/CUDA;
+  tensors asked for on an npu device are PrivateUse1 tensors over backend memory, as torch_npu's are (_tensor.py;
+  FA_NPU_STANDIN_TENSORS=npu, the default on the CUDA backend, where autograd cannot train CUDA tensors once
+  PrivateUse1 is torch's accelerator), or the backend's own tensors (FA_NPU_STANDIN_TENSORS=backend, the default on
+  CPU: no Python hop per op), so a model `.to("npu:0")` runs on CPU/CUDA kernels;
 * a process-group backend named `hccl` (over gloo on CPU, nccl on CUDA), `torch.distributed.is_hccl_available`
   and `torch_npu._C._distributed_c10d.ProcessGroupHCCL` with the constructors torch_npu binds
   (store, rank, size, timeout) and (store, rank, size, options);
 * `npu_fusion_attention` (BSND and TND layouts, the causal sparse modes transformers uses) over torch's sdpa;
 * `ASCEND_RT_VISIBLE_DEVICES` limits the visible devices, as on a node (on CUDA it picks the GPUs).
 
-Environment: FA_NPU_STANDIN_BACKEND=cpu|cuda (default cpu); FA_NPU_STANDIN_DEVICES: NPUs of the node (default 2);
+Environment: FA_NPU_STANDIN_BACKEND=cpu|cuda (default cpu); FA_NPU_STANDIN_TENSORS=npu|backend (above);
+FA_NPU_STANDIN_DEVICES: NPUs of the node (default 2);
 FA_NPU_STANDIN_CUDA_DEVICES: GPUs the npu ids wrap onto on the CUDA backend (default 1);
 FA_NPU_STANDIN_LOG: a file each process appends JSON lines to (what it saw: visible devices, set_device, the
 collective backends it built, any torch.cuda / nccl the package called).  On the CPU backend torch.cuda is

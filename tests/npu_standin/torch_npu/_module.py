@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import torch
 
-from torch_npu import _standin
+from torch_npu import _standin, _tensor
 
 _state = {"device": 0}
 
@@ -122,7 +122,8 @@ def _device_ctx(device: Any):
 
 
 def build() -> types.ModuleType:
-    """Name PrivateUse1 "npu", register torch.npu and the factory kernels that place npu tensors on the backend."""
+    """Name PrivateUse1 "npu", register torch.npu and the factory kernels that make npu tensors (PrivateUse1 tensors
+    over backend memory, or the backend's own: _standin.TENSORS)."""
     mod = types.ModuleType("torch.npu")
     mod.__dict__.update(
         device_count=device_count, is_available=is_available, set_device=set_device, current_device=current_device,
@@ -134,7 +135,8 @@ def build() -> types.ModuleType:
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=False)
     _register_factories()
     _register_guard()
-    _accelerator_is_backend()
+    if _standin.TENSORS == "backend":
+        _accelerator_is_backend()
     _patch_generator()
     _patch_pinned_empty()
     return mod
@@ -202,11 +204,11 @@ class _Guard(torch._C._acc.DeviceGuard):
 
 
 def _register_guard() -> None:
-    """CUDA backend: a device guard and hooks for PrivateUse1, as torch_npu registers in C++.  Once PrivateUse1 is
-    named, torch's C++ accelerator is npu (a registered PrivateUse1 wins over CUDA), and autograd's backward over CUDA
-    tensors asks the accelerator's guard for its streams: without one, "PyTorch is not linked with support for npu
-    devices" (the 1x H200 NPU-on-CUDA check, first backward).  The CPU backend's backward touches no accelerator."""
-    if _standin.BACKEND != "cuda":
+    """A device guard and hooks for PrivateUse1, as torch_npu registers in C++.  Once PrivateUse1 is named, torch's
+    C++ accelerator is npu (a registered PrivateUse1 wins over CUDA), and autograd asks the accelerator's guard for
+    the streams of a backward over npu tensors -- and, over CUDA tensors, finds none (_tensor.py says why npu tensors
+    are PrivateUse1 tensors on the CUDA backend).  A backward over the CPU backend's own tensors touches none."""
+    if _standin.BACKEND != "cuda" and _standin.TENSORS == "backend":
         return
     _LIB.extend([_Hooks(), _Guard()])       # kept alive with the registrations
     torch._C._acc.register_python_privateuseone_hook(_LIB[-2])
@@ -220,6 +222,11 @@ def _register_factories() -> None:
     """aten::empty / empty_strided on PrivateUse1 return backend tensors: every factory (zeros, full, arange,
     tensor(..., device=)) and every `.to(npu)` (whose copy allocates through empty) ends there."""
     lib = torch.library.Library("aten", "IMPL")
+    _LIB.append(lib)  # the registration lives as long as the library object
+    if _standin.TENSORS == "npu":
+        _tensor.install(backend_device)
+        _tensor.register_kernels(lib)
+        return
 
     def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
         return torch.empty(size, dtype=dtype, layout=layout, device=backend_device(_index(device)),
@@ -230,4 +237,3 @@ def _register_factories() -> None:
 
     lib.impl("empty.memory_format", empty, "PrivateUse1")
     lib.impl("empty_strided", empty_strided, "PrivateUse1")
-    _LIB.append(lib)  # the registration lives as long as the library object

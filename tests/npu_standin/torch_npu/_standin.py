@@ -11,6 +11,12 @@ from typing import Any, Callable
 BACKEND = os.environ.get("FA_NPU_STANDIN_BACKEND", "cpu")
 if BACKEND not in ("cpu", "cuda"):
     raise ImportError(f"FA_NPU_STANDIN_BACKEND={BACKEND!r} is not one of ['cpu', 'cuda']")
+# npu tensors: "npu" = PrivateUse1 tensors over backend memory (_tensor.py; what torch_npu makes, and the only kind
+# CUDA autograd can train once PrivateUse1 is torch's accelerator), "backend" = the backend's own tensors (faster:
+# every op without a Python hop; CPU autograd has no streams to trip on)
+TENSORS = os.environ.get("FA_NPU_STANDIN_TENSORS", "npu" if BACKEND == "cuda" else "backend")
+if TENSORS not in ("npu", "backend"):
+    raise ImportError(f"FA_NPU_STANDIN_TENSORS={TENSORS!r} is not one of ['npu', 'backend']")
 NODE_DEVICES = int(os.environ.get("FA_NPU_STANDIN_DEVICES", "2"))
 PACKAGE_DIR = os.sep + "fully_async" + os.sep
 _lock = threading.Lock()

@@ -1,0 +1,155 @@
+"""npu tensors that are PrivateUse1 tensors (FA_NPU_STANDIN_TENSORS=npu, the default on the CUDA backend).
+
+Why: naming PrivateUse1 makes it torch's C++ accelerator (`at::getAccelerator()` prefers a registered PrivateUse1
+over CUDA, pytorch/pytorch#161129), and autograd then finds no accelerator stream for a node over CUDA tensors:
+any backward over CUDA tensors trips `opt_ready_stream && opt_parent_stream` (engine.cpp).  torch_npu's tensors
+are PrivateUse1 tensors, so a stand-in whose npu tensors are CUDA tensors cannot train on a GPU.  Here an npu
+tensor is a wrapper subclass on device npu:i holding the backend tensor (`_inner`): every aten op reaches
+`__torch_dispatch__` (below autograd), runs on the inner tensors and wraps what comes back, so autograd, the
+optimizer and `tensor.device` see npu tensors (streams from the registered PrivateUse1 guard), and the kernels
+that run are the backend's.  The backend tensor of an npu tensor: `inner(t)`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_map
+
+
+class NpuTensor(torch.Tensor):
+    _inner: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor, index: int = 0) -> "NpuTensor":
+        t = torch.Tensor._make_wrapper_subclass(
+            cls, inner.shape, strides=inner.stride(), storage_offset=inner.storage_offset(), dtype=inner.dtype,
+            layout=inner.layout, device=torch.device("npu", index), requires_grad=inner.requires_grad)
+        t._inner = inner
+        return t
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        return f"NpuTensor(npu:{self.device.index}, {self._inner!r})"
+
+    # what torch refuses on a wrapper subclass but answers for torch_npu's tensors (real tensors with storage)
+    def tolist(self) -> Any:
+        return self._inner.tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:
+        return self._inner.numpy(force=force)
+
+    def data_ptr(self) -> int:
+        return self._inner.data_ptr()
+
+    @property
+    def data(self) -> torch.Tensor:
+        return torch._C.TensorBase.data.__get__(self)
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        """`param.data = t` (host offload moves parameters so): torch_npu swaps a real tensor's storage, whatever its
+        device; a wrapper keeps its type and takes `t`'s backend or host tensor as its inner one."""
+        if isinstance(value, NpuTensor):
+            torch._C.TensorBase.data.__set__(self, value)
+        elif value.shape != self.shape:
+            raise RuntimeError(f"NPU stand-in: param.data = a {tuple(value.shape)} tensor on a {tuple(self.shape)} "
+                               "npu tensor (only same-shape moves are mapped)")
+        self._inner = inner(value)
+
+    def __tensor_flatten__(self) -> tuple[list[str], int]:
+        return ["_inner"], self.device.index
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict, index: int, outer_size: Any, outer_stride: Any) -> "NpuTensor":
+        return NpuTensor(inner["_inner"], index)
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        return _dispatch(func, args, kwargs or {})
+
+
+_backend: dict[str, Callable[[int], torch.device]] = {}
+
+
+def install(backend_device: Callable[[int], torch.device]) -> None:
+    """`backend_device(i)`: where npu:i's inner tensors live."""
+    _backend["device"] = backend_device
+
+
+def inner(t: Any) -> Any:
+    return t._inner if isinstance(t, NpuTensor) else t
+
+
+def _npu_index(args: tuple, kwargs: dict) -> Any:
+    """The npu index an op's results belong to: its npu tensor arguments', or its `device=npu:i`; None when the
+    op names another device (`.cpu()`, `.to("cuda")`) or has no npu input."""
+    device = kwargs.get("device")
+    if device is not None:
+        device = torch.device(device)
+        return (device.index or 0) if device.type == "npu" else None
+    found = [a.device.index for a in _flat(args) + _flat(list(kwargs.values())) if isinstance(a, NpuTensor)]
+    return found[0] if found else None
+
+
+def _flat(xs: Any) -> list:
+    out: list = []
+    tree_map(out.append, xs)
+    return out
+
+
+def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+    index = _npu_index(args, kwargs)
+
+    def unwrap(x: Any) -> Any:
+        if isinstance(x, NpuTensor):
+            return x._inner
+        if isinstance(x, torch.device) and x.type == "npu":
+            return _backend["device"](x.index or 0)
+        return x
+
+    out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+    schema = func._schema
+    if schema.returns and all(r.alias_info is not None and r.alias_info.is_write for r in schema.returns):
+        # in place / out=: what was written is the caller's npu tensor, returned as itself
+        named = {a.name: kwargs.get(a.name) for a in schema.arguments[len(args):]}
+        written = [x for x, a in zip(list(args) + list(named.values()), schema.arguments)
+                   if a.alias_info is not None and a.alias_info.is_write]
+        return written[0] if len(written) == 1 else tuple(written)
+    if index is None:
+        return out
+    home = _backend["device"](index)
+
+    def wrap(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and not isinstance(x, NpuTensor) and x.device == home:
+            return NpuTensor(x, index)
+        return x
+
+    return tree_map(wrap, out)
+
+
+def register_kernels(lib: Any) -> None:
+    """aten::empty / empty_strided on PrivateUse1 (every factory and `.to(npu)` allocates through them) return npu
+    tensors over backend memory; the copies that reach PrivateUse1 itself -- where torch's C++ excludes the
+    Python key (`torch.tensor(..., device=)` copies through `_copy_from` so) runs on the inner tensors."""
+    def copy_from(self, dst, non_blocking=False):
+        inner(dst).copy_(inner(self), non_blocking)
+        return dst
+
+    def copy_from_and_resize(self, dst):
+        inner(dst).resize_(self.shape).copy_(inner(self))
+        return dst
+
+    lib.impl("_copy_from", copy_from, "PrivateUse1")
+    lib.impl("_copy_from_and_resize", copy_from_and_resize, "PrivateUse1")
+    def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+        i = torch.device(device).index or 0
+        return NpuTensor(torch.empty(size, dtype=dtype, layout=layout, device=_backend["device"](i),
+                                     memory_format=memory_format), i)
+
+    def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+        i = torch.device(device).index or 0
+        return NpuTensor(torch.empty_strided(size, stride, dtype=dtype, layout=layout,
+                                             device=_backend["device"](i)), i)
+
+    lib.impl("empty.memory_format", empty, "PrivateUse1")
+    lib.impl("empty_strided", empty_strided, "PrivateUse1")
