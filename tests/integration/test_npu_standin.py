@@ -17,10 +17,13 @@ VAL = "val-core/arithmetic/reward/mean@1"
 
 
 @pytest.fixture
-def npu(tmp_path):
-    """The environment of a run under the stand-in (2 NPUs on this node), skipped where Ray cannot declare NPUs."""
+def npu(tmp_path, request):
+    """The environment of a run under the stand-in (2 NPUs on this node), skipped where Ray cannot declare NPUs.
+    Its npu tensors: the CPU backend's own, or (parameter "npu") PrivateUse1 tensors over CPU memory, the kind the
+    stand-in makes on CUDA (tests/npu_standin/torch_npu/_tensor.py)."""
     log = str(tmp_path / "standin.jsonl")
-    env = standin_env(log, devices=2, TENSORBOARD_DIR=str(tmp_path / "tb"))
+    env = standin_env(log, devices=2, TENSORBOARD_DIR=str(tmp_path / "tb"),
+                      FA_NPU_STANDIN_TENSORS=getattr(request, "param", "backend"))
     found = ray_npu_count(env)
     if found != 2:
         pytest.skip(f"this Ray cannot declare NPU resources through the stand-in's acl (found {found})")
@@ -62,6 +65,10 @@ def check_no_cuda_or_nccl(log: list[dict]) -> None:
     assert all(r["backend"] == "hccl" for r in log if r["event"] == "init_process_group"), log
 
 
+TENSOR_KINDS = pytest.mark.parametrize("npu", ["backend", "npu"], indirect=True)
+
+
+@TENSOR_KINDS
 def test_async_run_learns_with_an_npu_per_actor_and_hccl_weight_sync(npu, tmp_path):
     env, log_path = npu
     check_ok(run_main(env, *common(tmp_path)))
@@ -111,6 +118,7 @@ def test_a_reward_models_scores_are_the_rewards_on_two_npus(npu, tmp_path):
     check_no_cuda_or_nccl(read_log(log_path))
 
 
+@TENSOR_KINDS
 def test_async_run_resumes_from_its_checkpoint_on_npu(npu, tmp_path):
     env, log_path = npu
     base = [*common(tmp_path), "trainer.save_freq=2", "trainer.test_freq=-1", "trainer.val_before_train=false"]

@@ -42,7 +42,7 @@ def test_npu_device_module_tensors_and_visible_devices(tmp_path):
         except RuntimeError as exc:
             print("refused:", exc)
         print("ok", x.device)
-    """, ASCEND_RT_VISIBLE_DEVICES="3")
+    """, ASCEND_RT_VISIBLE_DEVICES="3", FA_NPU_STANDIN_TENSORS="backend")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "refused: npu set_device(1): only 1 NPU(s) visible (ASCEND_RT_VISIBLE_DEVICES=[3])" in r.stdout
     assert "ok cpu" in r.stdout

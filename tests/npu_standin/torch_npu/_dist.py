@@ -35,7 +35,20 @@ class _Options:
 
 class _ProcessGroupHCCLMeta(type):
     def __call__(cls, store: Any, rank: int, size: int, timeout: Any = timedelta(minutes=30)) -> Any:
-        return make_backend(store, rank, size, timeout)
+        backend = make_backend(store, rank, size, timeout)
+        return _InnerTensorGroup(backend) if _standin.TENSORS == "npu" else backend
+
+
+class _InnerTensorGroup:
+    """A process group built as `ProcessGroupHCCL(...)` (the package's weight-sync group) when npu tensors are
+    PrivateUse1 tensors: its methods (`broadcast([t], opts)`, ...) are given their backend tensors."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._backend, name)
+        return _on_inner_tensors(attr) if callable(attr) else attr
 
 
 class ProcessGroupHCCL(metaclass=_ProcessGroupHCCLMeta):
@@ -63,11 +76,51 @@ def _guard_nccl(fn: Any) -> Any:
     return guard
 
 
+COLLECTIVES = ("broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv",
+               "isend", "irecv")
+
+
+def _on_inner_tensors(fn: Any) -> Any:
+    """A collective given the backend tensors of npu tensors (PrivateUse1 tensors, _tensor.py): ProcessGroupHCCL
+    takes torch_npu's tensors; gloo and nccl take CPU and CUDA ones.  Results land in the npu tensors' memory."""
+    from torch.utils._pytree import tree_map
+
+    from torch_npu import _tensor
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*tree_map(_tensor.inner, args), **tree_map(_tensor.inner, kwargs))
+    return call
+
+
+def _unwrap_collectives() -> None:
+    import copy
+
+    from torch_npu import _tensor
+
+    for mod in (dist, dist.distributed_c10d):
+        for name in COLLECTIVES:
+            setattr(mod, name, _on_inner_tensors(getattr(mod, name)))
+    batch = dist.batch_isend_irecv
+
+    def batch_isend_irecv(ops: list) -> Any:
+        inner_ops = []
+        for op in ops:
+            op = copy.copy(op)
+            op.tensor = _tensor.inner(op.tensor)
+            inner_ops.append(op)
+        return batch(inner_ops)
+    dist.batch_isend_irecv = dist.distributed_c10d.batch_isend_irecv = batch_isend_irecv
+
+
 def register_hccl() -> None:
     devices = ["npu", "cuda"] if _standin.BACKEND == "cuda" else ["npu", "cpu"]
     if "hccl" not in dist.Backend.backend_list:
         dist.Backend.register_backend("hccl", _creator, devices=devices)
     dist.is_hccl_available = lambda: True
+    if _standin.TENSORS == "npu":
+        _unwrap_collectives()
     dist.init_process_group = _guard_nccl(dist.init_process_group)
     dist.new_group = _guard_nccl(dist.new_group)
     if _standin.BACKEND == "cpu" and hasattr(dist, "ProcessGroupNCCL"):

@@ -7,7 +7,9 @@ are PrivateUse1 tensors, so a stand-in whose npu tensors are CUDA tensors cannot
 tensor is a wrapper subclass on device npu:i holding the backend tensor (`_inner`): every aten op reaches
 `__torch_dispatch__` (below autograd), runs on the inner tensors and wraps what comes back, so autograd, the
 optimizer and `tensor.device` see npu tensors (streams from the registered PrivateUse1 guard), and the kernels
-that run are the backend's.  The backend tensor of an npu tensor: `inner(t)`.
+that run are the backend's.  The backend tensor of an npu tensor: `inner(t)`.  Collectives are given the inner
+tensors (_dist.py), `untyped_storage()` is the inner one (FSDP2 frees and refills parameters through it), and
+`torch.save` writes the plain tensor.
 """
 from __future__ import annotations
 
@@ -40,6 +42,14 @@ class NpuTensor(torch.Tensor):
 
     def data_ptr(self) -> int:
         return self._inner.data_ptr()
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        """torch.save: as the plain tensor it holds, on the host (a checkpoint of torch_npu's tensors loads anywhere
+        with map_location, and weights_only loading accepts no tensor subclass)."""
+        return self._inner.detach().cpu().__reduce_ex__(protocol)
+
+    def untyped_storage(self) -> Any:   # FSDP2 frees and refills unsharded parameters through it
+        return self._inner.untyped_storage()
 
     @property
     def data(self) -> torch.Tensor:
