@@ -193,7 +193,7 @@ make_reward_model as m; m(pathlib.Path('/tmp/rm'), kind='token', bias=0.375)"
         trainer.total_training_steps=4 reward_model.enable=true reward_model.model.path=/tmp/rm hydra.run.dir=/tmp/h_rm \
         > "$OUT/features_rm.log" 2>&1; grep -E "^step|run finished|Error" "$OUT/features_rm.log" | tail -6
   fi
-  want npu && CUDA_VISIBLE_DEVICES=0 timeout 240 python3 scripts/npu_on_cuda_check.py --out "$OUT/npu_vs_cuda.json" \
+  want npu && CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES%%,*} timeout 240 python3 scripts/npu_on_cuda_check.py --out "$OUT/npu_vs_cuda.json" \
       --steps 4 actor_rollout_ref.model.use_remove_padding=true > "$OUT/features_npu.log" 2>&1; tail -5 "$OUT/features_npu.log"
   want npu && cat /tmp/npu_vs_*/npu/hydra/failure_traceback.txt > "$OUT/npu_run_traceback.txt" 2>/dev/null
   tar czf "$OUT/features_runs.tgz" -C /tmp runs 2>/dev/null
