@@ -219,8 +219,9 @@ _LIB: list = []
 
 
 def _register_factories() -> None:
-    """aten::empty / empty_strided on PrivateUse1 return backend tensors: every factory (zeros, full, arange,
-    tensor(..., device=)) and every `.to(npu)` (whose copy allocates through empty) ends there."""
+    """aten::empty / empty_strided on PrivateUse1 return backend tensors (or, with npu tensors, PrivateUse1 tensors
+    over them: _tensor.register_kernels): every factory (zeros, full, arange, tensor(..., device=)) and every
+    `.to(npu)` (whose copy allocates through empty) ends there."""
     lib = torch.library.Library("aten", "IMPL")
     _LIB.append(lib)  # the registration lives as long as the library object
     if _standin.TENSORS == "npu":

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 
 class NpuTensor(torch.Tensor):
@@ -97,14 +97,8 @@ def _npu_index(args: tuple, kwargs: dict) -> Any:
     if device is not None:
         device = torch.device(device)
         return (device.index or 0) if device.type == "npu" else None
-    found = [a.device.index for a in _flat(args) + _flat(list(kwargs.values())) if isinstance(a, NpuTensor)]
+    found = [a.device.index for a in tree_leaves((args, kwargs)) if isinstance(a, NpuTensor)]
     return found[0] if found else None
-
-
-def _flat(xs: Any) -> list:
-    out: list = []
-    tree_map(out.append, xs)
-    return out
 
 
 def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -121,9 +115,8 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     schema = func._schema
     if schema.returns and all(r.alias_info is not None and r.alias_info.is_write for r in schema.returns):
         # in place / out=: what was written is the caller's npu tensor, returned as itself
-        named = {a.name: kwargs.get(a.name) for a in schema.arguments[len(args):]}
-        written = [x for x, a in zip(list(args) + list(named.values()), schema.arguments)
-                   if a.alias_info is not None and a.alias_info.is_write]
+        values = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
+        written = [x for x, a in zip(values, schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
         return written[0] if len(written) == 1 else tuple(written)
     if index is None:
         return out
@@ -139,8 +132,8 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
 
 def register_kernels(lib: Any) -> None:
     """aten::empty / empty_strided on PrivateUse1 (every factory and `.to(npu)` allocates through them) return npu
-    tensors over backend memory; the copies that reach PrivateUse1 itself -- where torch's C++ excludes the
-    Python key (`torch.tensor(..., device=)` copies through `_copy_from` so) runs on the inner tensors."""
+    tensors over backend memory; the copies that reach PrivateUse1 itself (where torch's C++ skips the Python key:
+    `torch.tensor(..., device=)` copies through `_copy_from`) run on the inner tensors."""
     def copy_from(self, dst, non_blocking=False):
         inner(dst).copy_(inner(self), non_blocking)
         return dst
@@ -151,6 +144,7 @@ def register_kernels(lib: Any) -> None:
 
     lib.impl("_copy_from", copy_from, "PrivateUse1")
     lib.impl("_copy_from_and_resize", copy_from_and_resize, "PrivateUse1")
+
     def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
         i = torch.device(device).index or 0
         return NpuTensor(torch.empty(size, dtype=dtype, layout=layout, device=_backend["device"](i),
