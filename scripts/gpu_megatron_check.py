@@ -130,6 +130,28 @@ def timed(device, fn):
     return out, time.perf_counter() - t
 
 
+def summed_over_ranks(backend):
+    """The HF reference with several ranks in bf16 is fsdp2 over all of them (strategy fsdp on a bf16 trainer), so
+    each rank's forward_backward runs and reports only its data-parallel shard; the trainer group sums those
+    additive metrics over the ranks (train/group.py), here an all_reduce does.  Float32 (strategy torch) and
+    megatron (its metrics are summed over its dp shards inside) are left as they are."""
+    import torch.distributed as dist
+
+    if backend.data_parallel_size == 1:
+        return backend
+    shard_step = backend.forward_backward
+
+    def forward_backward(mini):
+        stats = shard_step(mini)
+        keys = sorted(stats)
+        total = torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=backend.torch_device)
+        dist.all_reduce(total)
+        return dict(zip(keys, total.tolist()))
+
+    backend.forward_backward = forward_backward
+    return backend
+
+
 def check_dtype(dtype_name: str, args, device, workdir: str) -> dict:
     import torch.distributed as dist
 
@@ -153,7 +175,7 @@ def check_dtype(dtype_name: str, args, device, workdir: str) -> dict:
     res: dict = {"dtype": dtype_name, "init_std": args.init_std, "tp": args.tp, "pp": args.pp, "vpp": args.vpp,
                  "world": dist.get_world_size(), "distributed_optimizer": args.distributed_optimizer, "batch": args.batch, "seq": args.seq, "tokens": int(batch.attention_mask.sum())}
 
-    hf = TorchBackend(cfg, device, total_optimizer_steps=10)
+    hf = summed_over_ranks(TorchBackend(cfg, device, total_optimizer_steps=10))
     mg = MegatronBackend(cfg, device, total_optimizer_steps=10)
     from safetensors.torch import load_file
     original = load_file(os.path.join(model_dir, "model.safetensors"))

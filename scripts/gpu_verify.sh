@@ -193,9 +193,19 @@ make_reward_model as m; m(pathlib.Path('/tmp/rm'), kind='token', bias=0.375)"
         trainer.total_training_steps=4 reward_model.enable=true reward_model.model.path=/tmp/rm hydra.run.dir=/tmp/h_rm \
         > "$OUT/features_rm.log" 2>&1; grep -E "^step|run finished|Error" "$OUT/features_rm.log" | tail -6
   fi
-  want npu && CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES%%,*} timeout 240 python3 scripts/npu_on_cuda_check.py --out "$OUT/npu_vs_cuda.json" \
-      --steps 4 actor_rollout_ref.model.use_remove_padding=true > "$OUT/features_npu.log" 2>&1; tail -5 "$OUT/features_npu.log"
-  want npu && cat /tmp/npu_vs_*/npu/hydra/failure_traceback.txt > "$OUT/npu_run_traceback.txt" 2>/dev/null
+  if want npu; then   # float32 (fsdp on one device is torch), bf16 (one-rank fsdp2 over hccl), megatron in bf16
+    BF16=(actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16)
+    for variant in float32 bf16 megatron_bf16; do
+      case $variant in float32) V=(actor_rollout_ref.model.use_remove_padding=true) ;;
+        bf16) V=(actor_rollout_ref.model.use_remove_padding=true "${BF16[@]}") ;;
+        megatron_bf16) V=(actor_rollout_ref.actor.strategy=megatron "${BF16[@]}") ;; esac
+      rm -rf /tmp/npu_vs_*
+      CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES%%,*} timeout 240 python3 scripts/npu_on_cuda_check.py --steps 4 \
+          --out "$OUT/npu_vs_cuda_$variant.json" "${V[@]}" > "$OUT/features_npu_$variant.log" 2>&1
+      echo "npu vs cuda, $variant: $(grep -m1 '"ok"' "$OUT/features_npu_$variant.log")" | tee -a "$OUT/features.txt"
+      cat /tmp/npu_vs_*/npu/hydra/failure_traceback.txt > "$OUT/npu_run_traceback_$variant.txt" 2>/dev/null
+    done
+  fi
   tar czf "$OUT/features_runs.tgz" -C /tmp runs 2>/dev/null
   ;;
 broadcast)

@@ -73,6 +73,20 @@ def test_npu_tensors_can_be_privateuse1_tensors_that_train(tmp_path):
         w.data = host                                   # host offload moves a parameter so, and back
         w.data = w.data.to(NPU.torch_device())
         assert w.device.type == "npu" and torch.equal(w.cpu(), host)
+        from fully_async.core.host_offload import HostOffload
+        offload, bias = HostOffload(), m.bias
+        offload.module_to_host(m)                       # an engine's sleep: pinned host buffers, read as cpu tensors
+        assert m.weight.device.type == "cpu" and m.bias is bias and torch.equal(m.weight.cpu(), host)
+        assert m.weight.grad.device.type == "cpu" and torch.equal(m.weight.grad, ref.weight.grad)
+        offload.module_to_device(m, NPU.torch_device())  # and its wake-up moves them back because they read so
+        assert m.weight.device.type == "npu" and m.bias is bias and torch.equal(m(x.to("npu")).cpu(), ref(x))
+        assert m.weight.grad.device.type == "npu" and torch.equal(m.weight.grad.cpu(), ref.weight.grad)
+        buf = torch.arange(4.0, device="npu")
+        with torch.inference_mode():                    # HF's rope indexes its inv_freq buffer so while generating
+            view, fresh = buf[None, :, None], torch.ones(2, device="npu")[None]
+            assert view.float().shape == (1, 4, 1) and not view.is_inference() and fresh.is_inference()
+        buf.add_(1)
+        assert view._version == buf._version == 1 and view.flatten().tolist() == [1.0, 2.0, 3.0, 4.0]
         print("ok", torch.accelerator.current_accelerator())
     """, FA_NPU_STANDIN_TENSORS="npu")
     assert r.returncode == 0 and "ok npu" in r.stdout, r.stderr[-3000:]

@@ -70,8 +70,14 @@ def _guard_nccl(fn: Any) -> Any:
         if caller:
             _standin.log("init_process_group", backend=str(backend), caller=caller)
         device_id = kwargs.get("device_id")
-        if _standin.BACKEND == "cuda" and getattr(device_id, "type", None) == "npu":   # nccl binds a CUDA device
-            kwargs["device_id"] = torch.device("cuda", _standin.cuda_index(device_id.index or 0))
+        if _standin.BACKEND == "cuda" and getattr(device_id, "type", None) == "npu":
+            if _standin.TENSORS == "npu":
+                # torch wants device_id of its accelerator (npu) and would bind nccl to it: nccl binds a CUDA
+                # device, so the stand-in leaves the binding out (nccl connects at the first collective, on the
+                # inner CUDA tensors, whose device the package's set_device made current)
+                kwargs.pop("device_id")
+            else:   # npu tensors are CUDA tensors, torch's accelerator is CUDA: nccl binds that device
+                kwargs["device_id"] = torch.device("cuda", _standin.cuda_index(device_id.index or 0))
         return fn(*args, **kwargs)
     return guard
 

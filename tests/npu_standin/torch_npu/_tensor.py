@@ -21,17 +21,25 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 class NpuTensor(torch.Tensor):
     _inner: torch.Tensor
+    _index: int          # the npu it belongs to
+    _on_host: bool       # `param.data = host tensor` moved it to the host (its device reads cpu until moved back)
 
     @staticmethod
     def __new__(cls, inner: torch.Tensor, index: int = 0) -> "NpuTensor":
         t = torch.Tensor._make_wrapper_subclass(
             cls, inner.shape, strides=inner.stride(), storage_offset=inner.storage_offset(), dtype=inner.dtype,
             layout=inner.layout, device=torch.device("npu", index), requires_grad=inner.requires_grad)
-        t._inner = inner
+        t._inner, t._index, t._on_host = inner, index, False
         return t
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
-        return f"NpuTensor(npu:{self.device.index}, {self._inner!r})"
+        return f"NpuTensor(npu:{self._index}{', on the host' if self._on_host else ''}, {self._inner!r})"
+
+    @property
+    def device(self) -> torch.device:   # type: ignore[override]
+        """npu:i, or cpu after `param.data = host tensor` (a torch_npu tensor so moved is a CPU tensor, and code that
+        moves it back checks `t.device`, as HostOffload.module_to_device does)."""
+        return torch.device("cpu") if self._on_host else torch.device("npu", self._index)
 
     # what torch refuses on a wrapper subclass but answers for torch_npu's tensors (real tensors with storage)
     def tolist(self) -> Any:
@@ -64,10 +72,25 @@ class NpuTensor(torch.Tensor):
         elif value.shape != self.shape:
             raise RuntimeError(f"NPU stand-in: param.data = a {tuple(value.shape)} tensor on a {tuple(self.shape)} "
                                "npu tensor (only same-shape moves are mapped)")
-        self._inner = inner(value)
+        self._inner, self._on_host = inner(value), not isinstance(value, NpuTensor)
+
+    @property
+    def grad(self) -> Any:   # type: ignore[override]
+        g = torch._C.TensorBase.grad.__get__(self)
+        return g._inner if isinstance(g, NpuTensor) and g._on_host else g
+
+    @grad.setter
+    def grad(self, value: Any) -> None:
+        """`param.grad = host tensor` (host offload): kept as an npu tensor over that host memory (autograd checks
+        the device a grad is set on) and read back as the host tensor it is, as torch_npu's would be."""
+        if value is not None and not isinstance(value, NpuTensor):
+            wrapped = NpuTensor(value, self._index)
+            wrapped._on_host = True
+            value = wrapped
+        torch._C.TensorBase.grad.__set__(self, value)
 
     def __tensor_flatten__(self) -> tuple[list[str], int]:
-        return ["_inner"], self.device.index
+        return ["_inner"], self._index
 
     @staticmethod
     def __tensor_unflatten__(inner: dict, index: int, outer_size: Any, outer_stride: Any) -> "NpuTensor":
@@ -97,7 +120,7 @@ def _npu_index(args: tuple, kwargs: dict) -> Any:
     if device is not None:
         device = torch.device(device)
         return (device.index or 0) if device.type == "npu" else None
-    found = [a.device.index for a in tree_leaves((args, kwargs)) if isinstance(a, NpuTensor)]
+    found = [a._index for a in tree_leaves((args, kwargs)) if isinstance(a, NpuTensor)]
     return found[0] if found else None
 
 
@@ -127,7 +150,22 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
             return NpuTensor(x, index)
         return x
 
+    base = _first_npu(args)
+    if torch.is_inference_mode_enabled() and _is_view(schema) and base is not None and not base.is_inference():
+        # a view of a normal tensor made under inference mode is a normal tensor sharing its base's version counter
+        # (torch's views copy the base's dispatch keys); a wrapper made here would be an inference tensor, on which
+        # autograd's view bookkeeping refuses to set that counter (HF's rope indexes its inv_freq buffer so)
+        with torch.inference_mode(False):
+            return tree_map(wrap, out)
     return tree_map(wrap, out)
+
+
+def _is_view(schema: Any) -> bool:
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+
+
+def _first_npu(args: tuple) -> NpuTensor | None:
+    return next((a for a in tree_leaves(args) if isinstance(a, NpuTensor)), None)
 
 
 def register_kernels(lib: Any) -> None:
