@@ -17,8 +17,8 @@ ceilings are measured on the same response lengths.  Tokens are counted as in
 timed) absorbs one-off costs (kernel selection, allocator growth).
 
 Model of N devices (R = rollout-only, T = train-only tokens/s of one device, e = data-parallel
-scaling efficiency of a trainer on several devices, 1.0 = linear; rollout replicas do not communicate):
-  train capacity of k devices   k x T, times e when k > 1
+scaling efficiency of a trainer kept per doubling of its devices, 1.0 = linear; rollout replicas do not communicate):
+  train capacity of k devices   k x T x e^log2(k)  (2 devices: 2 T e, 4: 4 T e^2; as the planner prices them)
   async, r rollout + k trainer  min(r x R, train capacity(k))              (the stages overlap)
   sync on N devices             1 / (1 / (N x R) + 1 / train capacity(N))  (generate and train alternate)
 `choose_split` picks the r of 1..N-1 with the highest async ceiling (ties: fewer rollout devices).
@@ -182,8 +182,10 @@ def measure_config(cfg: Any, batches: int = 3, warmup: int = 1) -> dict:
 
 # ----------------------------------------------------------------------------------- ceiling model
 def train_capacity(devices: int, train_tps: float, dp_efficiency: float = 1.0) -> float:
-    """Train-only tokens/s of `devices` data-parallel trainer devices (e applies only when there are several)."""
-    return devices * train_tps * (dp_efficiency if devices > 1 else 1.0)
+    """Train-only tokens/s of `devices` data-parallel trainer devices (e kept per doubling of the devices, as the
+    planner prices them: planner/sim_engine.data_parallel_speedup)."""
+    from fully_async.planner.sim_engine import data_parallel_speedup
+    return train_tps * data_parallel_speedup(devices, dp_efficiency)
 
 
 def async_ceiling(rollout: int, trainer: int, rollout_tps: float, train_tps: float,
@@ -257,7 +259,7 @@ def format_split(split: dict) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"candidate splits of N={split['devices']} devices (R = {split['rollout_tokens_per_s_per_device']:.1f}, "
              f"T = {split['train_tokens_per_s_per_device']:.1f} tokens/s per device, dp efficiency "
-             f"e = {split['dp_efficiency']:g}; capacity(k) = k T, x e when k > 1):"]
+             f"e = {split['dp_efficiency']:g}; capacity(k) = k T e^log2(k)):"]
     lines += ["  " + "  ".join(x.rjust(w) for x, w in zip(r, widths)).rstrip() for r in rows]
     lines.append(f"why: {split['reason']}")
     lines.append(f"sync ceiling on N={split['devices']} (generate and train alternate): 1 / (1/(N R) + 1/capacity(N)) "
@@ -312,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--async-log", help="TensorBoard dir of an async run of this config: report pipeline efficiency")
     ap.add_argument("--devices", type=int, help="also print the predicted ceilings of every async split of N devices")
     ap.add_argument("--dp-efficiency", type=float, default=1.0,
-                    help="data-parallel scaling efficiency of a trainer on several devices, in (0, 1] (default 1.0)")
+                    help="data-parallel scaling efficiency of a trainer, kept per doubling of its devices, in (0, 1] "
+                         "(default 1.0)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m fully_async.main")
     args = ap.parse_intermixed_args(argv)
     import logging

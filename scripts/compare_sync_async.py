@@ -11,7 +11,7 @@ not set rollout.n_gpus_per_node or an nnodes other than 1):
          generate and train alternate;
   async  `mode=async rollout.n_gpus_per_node=r trainer.n_gpus_per_node=N-r`: the split r chosen from
          the measured ceilings (scripts/bench_pipeline.py: R, T = rollout-only and train-only tokens/s of
-         one device): the r in 1..N-1 maximising min(r R, (N-r) T e), e = --dp-efficiency when N-r > 1
+         one device): the r in 1..N-1 maximising min(r R, k T e^log2(k)), k = N-r, e = --dp-efficiency
          (ties: fewer rollout devices).  `--split R` forces r (ceilings are still reported with --bench).
 `--placements` (comma-separated; default split, or colocated at --devices 1) runs async once per placement
 (async_training.placement), each against the same sync run:
@@ -258,7 +258,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     "colocated, elastic (comma-separated; default split, colocated at --devices 1)")
     ap.add_argument("--split", type=int, metavar="R", help="async rollout devices (1..N-1), instead of choosing")
     ap.add_argument("--dp-efficiency", type=float, default=1.0,
-                    help="data-parallel scaling efficiency of a trainer on several devices, in (0, 1] (default 1.0)")
+                    help="data-parallel scaling efficiency of a trainer, kept per doubling of its devices, in (0, 1] "
+                         "(default 1.0)")
     ap.add_argument("--bench", action="store_true", help="measure rollout-only/train-only ceilings (implied when "
                     "the split is chosen)")
     ap.add_argument("--bench-batches", type=int, default=3, help="timed batches per bench stage (default 3)")

@@ -55,7 +55,7 @@ ESTIMATE_ASSUMPTIONS = {
     "bw_eff": 0.7,            # achieved fraction of HBM bandwidth in decode
     "launch_s": 0.004,        # per decode step: kernel launches with graphs, sampling, host sync
     "link_eff": 0.5,          # achieved fraction of link bandwidth in the weight broadcast
-    "dp_efficiency": 0.9,     # data-parallel scaling of the trainer
+    "dp_efficiency": 0.9,     # data-parallel scaling kept per doubling of trainer devices (data_parallel_speedup)
     "host_gbs": 25.0,         # device <-> host copies (engine sleep/wake, trainer offload), GB/s each way
 }
 

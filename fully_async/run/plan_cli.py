@@ -28,6 +28,7 @@ from typing import Any, Optional
 from fully_async.core.config import ConfigError, uses_critic
 from fully_async.planner.hardware import DEVICES, DeviceSpec, Shape, known_shape
 from fully_async.planner.memory_model import GIB, colocated_memory, engine_memory, trainer_memory, verdict
+from fully_async.planner.sim_engine import data_parallel_speedup
 from fully_async.run.plan_format import format_text
 from fully_async.run.plan_options import PlanOptions, parse, split_overrides
 
@@ -136,10 +137,11 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
         costs = est
     elif os.path.isdir(opts.stage_costs):
         costs, run_prompt, run_trainer = run_stage_costs(opts.stage_costs)
-        # the run's per-device-token cost holds its own data-parallel efficiency: one device's is that times the
-        # efficiency assumed, so the run's own device count is predicted as measured
-        costs = replace(costs, dp_efficiency=opts.dp_efficiency,
-                        train_token_s=costs.train_token_s * (opts.dp_efficiency if run_trainer > 1 else 1.0))
+        # the run's per-device-token cost holds its own data-parallel efficiency: one device's is that scaled by the
+        # efficiency assumed at the run's device count, so the run's own device count is predicted as measured
+        run_devices = max(run_trainer, 1)
+        costs = replace(costs, dp_efficiency=opts.dp_efficiency, train_token_s=costs.train_token_s
+                        * data_parallel_speedup(run_devices, opts.dp_efficiency) / run_devices)
         derived["measured"] = {"run": opts.stage_costs, "mode": costs.source}
         if opts.prompt_length is None and run_prompt:
             prompt = max(1, round(run_prompt))

@@ -270,11 +270,12 @@ def test_choose_split_maximises_the_async_ceiling():
     from bench_pipeline import choose_split, sync_ceiling
 
     s = choose_split(8, rollout_tps=100.0, train_tps=30.0, dp_efficiency=0.9)
-    # r x 100 vs (8 - r) x 30 x 0.9: r=2 gives min(200, 162) = 162, the best
-    assert [round(c["ceiling"], 6) for c in s["candidates"]] == [100, 162, 135, 108, 81, 54, 30]
-    assert (s["rollout"], s["trainer"], s["best"], s["ceiling"]) == (2, 6, 2, pytest.approx(162.0))
+    # r x 100 vs k x 30 x 0.9^log2(k), k = 8 - r trainer devices (0.9 kept per doubling): r=2 gives
+    # min(200, 6 x 30 x 0.9^2.585 = 137.1), the best; 4 trainer devices are worth 4 x 0.81, 2 are worth 2 x 0.9
+    assert [round(c["ceiling"], 6) for c in s["candidates"]] == [100, 137.08537, 117.448008, 97.2, 76.158539, 54, 30]
+    assert (s["rollout"], s["trainer"], s["best"], s["ceiling"]) == (2, 6, 2, pytest.approx(137.08537))
     assert s["candidates"][-1]["train_tokens_per_s"] == 30.0   # one trainer device: no data-parallel loss
-    assert s["sync_ceiling"] == pytest.approx(1 / (1 / 800 + 1 / (8 * 30 * 0.9)))
+    assert s["sync_ceiling"] == pytest.approx(1 / (1 / 800 + 1 / (8 * 30 * 0.9 ** 3)))
     assert s["sync_ceiling"] == pytest.approx(sync_ceiling(8, 100.0, 30.0, 0.9))
     assert "r=2 maximises" in s["reason"] and not s["forced"]
     tie = choose_split(4, 100.0, 100.0)   # r=2: min(200, 200); ties go to fewer rollout devices

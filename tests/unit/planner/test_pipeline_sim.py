@@ -141,3 +141,18 @@ def test_steady_rate_leaves_out_the_fill():
     assert res.step_tokens == [40, 40, 40, 40]
     assert res.steady_tokens_per_s(2) == pytest.approx(80 / (0.64 - 0.32))
     assert res.steady_tokens_per_s(0) == res.tokens_per_s
+
+
+def test_data_parallel_efficiency_is_kept_per_doubling_of_the_trainer_devices():
+    """2 devices are worth 2e one-device trainers and 4 are worth 4e^2: the 0.5B shape on H200 (fsdp2, per-device
+    batch held) cost 5.4 / 6.9 / 8.8 us per device and token at 1 / 2 / 4 devices, 0.78 kept at each doubling."""
+    from fully_async.planner.sim_engine import data_parallel_speedup
+
+    assert data_parallel_speedup(1, 0.5) == 1.0 and data_parallel_speedup(2, 0.5) == 1.0
+    assert data_parallel_speedup(4, 0.5) == pytest.approx(1.0) and data_parallel_speedup(8, 0.9) == pytest.approx(
+        8 * 0.9 ** 3)
+    assert data_parallel_speedup(2, 0.8) < data_parallel_speedup(3, 0.8) < data_parallel_speedup(4, 0.8)
+    costs = StageCosts(decode_step_s=0.01, train_token_s=5.4e-6, dp_efficiency=0.78)
+    for devices, measured_us in ((2, 6.9), (4, 8.8)):
+        per_device_token_us = costs.train_time(1_000_000, devices) * devices / 1_000_000 * 1e6
+        assert per_device_token_us == pytest.approx(measured_us, rel=0.03)

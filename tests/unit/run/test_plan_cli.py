@@ -205,4 +205,6 @@ def test_a_run_on_several_trainer_devices_is_predicted_at_its_own_count_as_measu
     costs = StageCosts(**build_report([*SEVEN_B, f"plan.stage_costs={run}",
                                        f"plan.dp_efficiency={eff}"])["throughput"]["costs"])
     assert costs.train_time(2_000_000, 4) == pytest.approx(2_000_000 * raw.train_token_s / 4)
-    assert costs.train_time(2_000_000, 1) == pytest.approx(2_000_000 * raw.train_token_s * eff)
+    # 4 devices are two doublings from one: one device costs the run's per-device-token cost times eff^2
+    assert costs.train_time(2_000_000, 1) == pytest.approx(2_000_000 * raw.train_token_s * eff ** 2)
+    assert costs.train_time(2_000_000, 2) == pytest.approx(2_000_000 * raw.train_token_s * eff / 2)
