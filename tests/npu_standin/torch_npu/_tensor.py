@@ -8,8 +8,9 @@ tensor is a wrapper subclass on device npu:i holding the backend tensor (`_inner
 `__torch_dispatch__` (below autograd), runs on the inner tensors and wraps what comes back, so autograd, the
 optimizer and `tensor.device` see npu tensors (streams from the registered PrivateUse1 guard), and the kernels
 that run are the backend's.  The backend tensor of an npu tensor: `inner(t)`.  Collectives are given the inner
-tensors (_dist.py), `untyped_storage()` is the inner one (FSDP2 frees and refills parameters through it), and
-`torch.save` writes the plain tensor.
+tensors (_dist.py), `untyped_storage()` is the inner one (FSDP2 frees and refills parameters through it),
+`torch.save` writes the plain tensor, and a tensor moved to the host by `param.data = t` / `param.grad = t` reads
+device cpu (as a torch_npu tensor so moved is a CPU tensor) until it is moved back.
 """
 from __future__ import annotations
 
