@@ -151,8 +151,8 @@ def _dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
             return NpuTensor(x, index)
         return x
 
-    base = _first_npu(args)
-    if torch.is_inference_mode_enabled() and _is_view(schema) and base is not None and not base.is_inference():
+    if (torch.is_inference_mode_enabled() and _is_view(schema) and (base := _first_npu(args)) is not None
+            and not base.is_inference()):
         # a view of a normal tensor made under inference mode is a normal tensor sharing its base's version counter
         # (torch's views copy the base's dispatch keys); a wrapper made here would be an inference tensor, on which
         # autograd's view bookkeeping refuses to set that counter (HF's rope indexes its inv_freq buffer so)
