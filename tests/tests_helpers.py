@@ -56,18 +56,20 @@ def cpu_group(cfg, num_cpus: int = 3):
 
 
 def close_group(group) -> None:
-    """A trainer group built in the test's process (train/group.connect_trainer_group): its Ray ranks killed, the
-    Ulysses groups and this process's rank of the process group gone."""
+    """A trainer group built in the test's process (train/group.connect_trainer_group): the Ulysses groups and this
+    process's rank of the process group gone, then its Ray ranks killed. In that order: gloo's I/O thread aborts the
+    whole process (`terminate ... gloo::IoException`, SIGABRT) when a peer dies under an open connection, and this
+    process is pytest."""
     import ray
     import torch.distributed as dist
 
     from fully_async.train.backends import ulysses
 
-    for w in group.workers:
-        ray.kill(w)
     ulysses.teardown()
     if dist.is_initialized():
         dist.destroy_process_group()
+    for w in group.workers:
+        ray.kill(w)
 
 
 def ray_session(num_cpus: int, **env: str):
