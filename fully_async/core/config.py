@@ -379,6 +379,8 @@ class TrainerConfig:
     #                                             from the checkpoint's config when resuming (else refused)
     progress_timeout_s: float = 1800.0    # fail when neither trainer nor rollouter progressed this long
     max_bad_steps: int = 3                # consecutive steps with NaN/inf loss before the run fails
+    balance_batch: bool = True            # data-parallel ranks take shares of about equal tokens (verl's default),
+    #                                       not rows r::dp: the update runs at its slowest rank's pace
     timeline: bool = False                # write a Chrome/Perfetto trace of each actor's phases
     critic_warmup: int = 0                # gae: the actor is updated from step critic_warmup on (verl's
     #                                       `critic_warmup <= global_steps`); earlier steps train the critic only

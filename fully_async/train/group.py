@@ -21,7 +21,7 @@ from fully_async.core.batch import TrainBatch
 from fully_async.core.config import FullyAsyncConfig, typed_config, actor_strategy, sequence_parallel_size
 from fully_async.core.plan import RunPlan
 from fully_async.train.backends import MiniBatch, StepResult, TrainBackend
-from fully_async.train.sharding import micro_count, shard_batch
+from fully_async.train.sharding import data_parallel_rows, micro_count, shard_batch
 
 # backend calls rank 0 answers alone (its own parameters' names and shapes; its own engine's weights in sync mode)
 RANK0_ONLY = ("param_shapes", "iter_full_parameters")
@@ -109,7 +109,8 @@ class GroupBackend:
         """(rows, parts) of `method` run by every rank on its data-parallel shard of `batch` (a sequence-parallel
         group: the same one) with the pass count all ranks agreed on (`micro` rows, or `budget` tokens per device
         with `dynamic`); one part per shard, its group's first rank's."""
-        rows, shards = shard_batch(batch, self.data_parallel_size)
+        dp = self.data_parallel_size
+        rows, shards = shard_batch(batch, dp, data_parallel_rows(batch.seq_lengths, dp, self.cfg.trainer.balance_batch))
         k = micro_count(shards, micro, dynamic, budget * self.sp, self.cfg.actor_rollout_ref.model.use_remove_padding)
         parts = self._with_workers([getattr(w, method).remote(shards[r // self.sp], *args, k)
                                     for r, w in enumerate(self.workers, start=1)],

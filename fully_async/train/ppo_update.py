@@ -30,7 +30,7 @@ from fully_async.algorithms.gae import value_loss, value_loss_denominator
 from fully_async.core.batch import TrainBatch
 from fully_async.core.config import FullyAsyncConfig, sequence_parallel_size
 from fully_async.train.backends import StepResult, TrainBackend
-from fully_async.train.sharding import cut_mini_batch
+from fully_async.train.sharding import cut_mini_batch, data_parallel_rows, seqlen_balance_metrics, shard_rows
 
 logger = logging.getLogger(__name__)
 
@@ -158,19 +158,31 @@ def update_loop(backend: TrainBackend, cfg: FullyAsyncConfig, batch: TrainBatch,
     or the critic's config) also gives the micro-batch keys; `make_loss(mini)` the loss of a mini-batch."""
     packed = bool(cfg.actor_rollout_ref.model.use_remove_padding)
     sp = sequence_parallel_size(cfg)   # Ulysses: a micro-batch's token budget is per device, sp devices share it
+    dp, balance = backend.data_parallel_size, bool(cfg.trainer.balance_batch)
     mini_size = math.ceil(len(batch) / num_mini_batches)
     metrics = UpdateMetrics(which)
-    for _ in range(section.ppo_epochs):
+    plain: list[list[int]] = [[] for _ in range(dp)]   # the first epoch's rows of `batch` per rank: r::dp ...
+    used: list[list[int]] = [[] for _ in range(dp)]    # ... and as trained (token-balanced with balance_batch)
+    for epoch in range(section.ppo_epochs):
         order = list(range(len(batch)))
         if section.shuffle:
             backend.rng.shuffle(order)
         for start in range(0, len(batch), mini_size):
-            mini = batch.select(order[start:start + mini_size])
-            cut = cut_mini_batch(mini, backend.data_parallel_size, section, packed, make_loss(mini), which, sp)
+            rows = order[start:start + mini_size]
+            mini = batch.select(rows)
+            shares = data_parallel_rows(mini.seq_lengths, dp, balance)
+            if epoch == 0:
+                for r, (strided, share) in enumerate(zip(shard_rows(len(rows), dp), shares)):
+                    plain[r] += [rows[i] for i in strided]
+                    used[r] += [rows[i] for i in share]
+            cut = cut_mini_batch(mini, dp, section, packed, make_loss(mini), which, sp, shares)
             stats = backend.forward_backward(cut)
             finite = all(math.isfinite(v) for v in stats.values())
             # the actor's step keeps the one-argument call every backend (and test double) has served
             step = backend.optimizer_step(finite) if which == "actor" else backend.optimizer_step(finite, which)
             record_step(backend, step)
             metrics.add(stats, step)
-    return metrics.result()
+    result = metrics.result()
+    if balance and which == "actor":
+        result.update(seqlen_balance_metrics(batch.seq_lengths, plain, used))
+    return result

@@ -467,7 +467,6 @@ RULES: list[Rule] = [
     _warn_if("data.sampler.*", _is(None), "null", "data.shuffle with data.seed",
              "custom samplers (curriculum) are not implemented"),
     # ---------------------------------------------------------------- trainer, rollout placement, misc
-    _warn("trainer.balance_batch", "each data-parallel rank gets an equal share of responses"),
     _warn_if("trainer.default_hdfs_dir", _is(None), "null", "local checkpoints only",
              "checkpoints are written to trainer.default_local_dir only"),
     _warn("trainer.del_local_ckpt_after_load", "checkpoints are kept (trainer.max_ckpt_to_keep prunes)"),

@@ -1,8 +1,8 @@
 """Megatron-core training backend (layer 4): GPTModel with tensor, pipeline and data parallelism.
 
 Every trainer rank builds one backend and is called with the *same* full batch (train/group.ReplicatedGroupBackend):
-log-probs take their data-parallel shard here (rows r::dp; an empty shard runs one zero-weighted row to stay in
-step), and the PPO update (train/ppo_update.py) hands each mini-batch already cut into dp shards of micro-batches
+log-probs take their data-parallel shard here (train/sharding.py's shares; an empty shard runs one zero-weighted row
+to stay in step), and the PPO update (train/ppo_update.py) hands each mini-batch already cut into dp shards of micro-batches
 (train/sharding.py); each rank runs its own through megatron's pipeline schedule, its unit of forward/backward.
 Each micro-batch loss is divided by its whole mini-batch's token/sequence count (as in TorchBackend); megatron's
 schedule divides by the micro-batch count and DDP averages over dp, so the loss given to the schedule is
@@ -34,6 +34,7 @@ from fully_async.algorithms.lr_schedule import lr_lambda, warmup_steps
 from fully_async.train.backends import MiniBatch, MicroLoss, StepResult, hf_megatron, lora, megatron_lora
 from fully_async.core.batch import TrainBatch, micro_batches
 from fully_async.device import Device, parse_dtype
+from fully_async.train.sharding import data_parallel_rows
 
 logger = logging.getLogger(__name__)
 # float16's first loss scale: megatron's default 2**32 skips ~30 optimizer steps (halving on each overflow, with
@@ -281,8 +282,10 @@ class MegatronBackend:
         return optimizer
 
     # ------------------------------------------------------------------ forward plumbing
-    def _dp_rows(self, n: int) -> tuple[list[int], float]:
-        rows = list(range(self.dp_rank, n, self.dp))
+    def _dp_rows(self, batch: TrainBatch) -> tuple[list[int], float]:
+        """This data-parallel rank's rows of `batch` (sharding.data_parallel_rows: token-balanced with
+        trainer.balance_batch, else r::dp) and their weight; an empty share runs row 0 weighted 0."""
+        rows = data_parallel_rows(batch.seq_lengths, self.dp, self.cfg.trainer.balance_batch)[self.dp_rank]
         return (rows, 1.0) if rows else ([0], 0.0)
 
     def _forward_step(self, loss_fn: Callable, shape: Optional[tuple[int, int]], data_iterator: Iterator[TrainBatch],
@@ -360,7 +363,7 @@ class MegatronBackend:
         data-parallel rows of `batch`, in micro-batches of `micro` rows (or `budget` tokens with `dynamic`);
         `fn(micro-batch, output) -> (0, per-row results)`.  The results of every row, in a float32 tensor of `shape`
         (rows first; shorter rows padded with 0), on every rank: summed over dp shards and pipeline stages."""
-        rows, weight = self._dp_rows(len(batch))
+        rows, weight = self._dp_rows(batch)
         shard = batch.select(rows)
         splits = micro_batches(shard, micro, dynamic, budget)
         chunks = chunks_of(model)

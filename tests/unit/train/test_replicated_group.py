@@ -74,7 +74,7 @@ def test_a_megatron_forward_pass_puts_each_rows_result_in_place():
 
     backend = object.__new__(MegatronBackend)
     backend.torch_device = torch.device("cpu")
-    backend._dp_rows = lambda n: ([1, 3], 1.0)                      # this rank's rows of 4
+    backend._dp_rows = lambda batch: ([1, 3], 1.0)                  # this rank's rows of 4
     backend._sum_replicas = lambda t: t
     seen = []
 
