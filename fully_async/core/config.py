@@ -113,6 +113,9 @@ class OffloadConfig:
     optimizer_offload: bool = False       # optimizer states to host memory while the engine generates
     fsdp_size: int = -1                   # ranks one FSDP2 group shards over: -1 = the trainer world; a divisor of
     #                                       it: hybrid sharding (sharded within groups of that size, replicated across)
+    reshard_after_forward: bool = True    # strategy fsdp2, the actor: free each layer's gathered weights after its
+    #                                       forward (true) or keep them to the backward (false: one all-gather per
+    #                                       layer and micro-batch fewer, the whole model unsharded at the peak)
 
 
 @dataclass

@@ -585,6 +585,9 @@ def _check_trainer_world(cfg: Any) -> None:
     if fsdp_size not in (-1, world) and actor_strategy(cfg) != "fsdp2":
         logger.warning("actor_rollout_ref.actor.fsdp_config.fsdp_size=%s has no effect with strategy %s (FSDP2's "
                        "hybrid sharding)", fsdp_size, actor_strategy(cfg))
+    if not actor.fsdp_config.reshard_after_forward and actor_strategy(cfg) != "fsdp2":
+        logger.warning("actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false has no effect with strategy "
+                       "%s (an FSDP2 setting)", actor_strategy(cfg))
     _check_sequence_parallel(cfg, world)
     dp = world // max(1, actor.ulysses_sequence_parallel_size)
     if dp > 1 and actor.ppo_mini_batch_size * n < dp:

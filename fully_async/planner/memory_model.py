@@ -169,8 +169,11 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
         tokens = micro_batch_tokens(cfg, dp) // tp if m.sequence_parallel else micro_batch_tokens(cfg, dp)
     elif strategy == "fsdp2":
         # sharded over the world, or (fsdp_size, verl's hybrid sharding) within groups of fsdp_size ranks
+        # gathered in the compute dtype: the layer in use and the next (prefetch); without resharding after forward
+        # every layer stays gathered from its forward to its backward
+        gathered = 2 if actor.fsdp_config.reshard_after_forward else shape.layers
         mem.parts.update(params=4 * P / shard, grads=4 * P / shard, optimizer=8 * P / shard,
-                         gathered_layers=2 * shape.layer_params() * cbytes)
+                         gathered_layers=gathered * shape.layer_params() * cbytes)
         if ref:
             mem.parts["ref_params"] = 4 * P / shard
         mem.note = (f"fsdp2 over dp={dp}" + (f", hybrid: sharded within groups of {shard}" if shard < dp else "")

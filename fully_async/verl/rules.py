@@ -212,7 +212,7 @@ RULES: list[Rule] = [
     _warn("actor_rollout_ref.actor.fsdp_config.strategy", "set actor_rollout_ref.actor.strategy (fsdp maps to "
           "fsdp2, or to plain torch on one trainer device in float32)"),
     _warn("actor_rollout_ref.actor.fsdp_config.*", "an FSDP1 wrapping/prefetch/determinism knob: FSDP2 here "
-          "wraps each decoder layer and reshards after forward"),
+          "wraps each decoder layer (fsdp_config.reshard_after_forward and fsdp_size are honoured)"),
     _warn("actor_rollout_ref.actor.fsdp_config.wrap_policy.*", "FSDP2 here wraps each decoder layer"),
     _warn("actor_rollout_ref.actor.megatron.use_mbridge", "HF weights are converted to megatron-core by "
           "fully_async/train/backends/hf_megatron.py (no mbridge needed)"),

@@ -76,11 +76,14 @@ def shard_mesh(device_type: str, shard_size: int) -> Optional[Any]:
 
 
 def shard_model(model: torch.nn.Module, compute_dtype: torch.dtype, offload: bool,
-                mesh: Optional[Any] = None) -> torch.nn.Module:
-    """FSDP2 over the whole world, or hybrid over `mesh` (shard_mesh)."""
+                mesh: Optional[Any] = None, reshard_after_forward: bool = True) -> torch.nn.Module:
+    """FSDP2 over the whole world, or hybrid over `mesh` (shard_mesh); `reshard_after_forward=False` keeps each
+    layer's gathered weights from its forward to its backward (fsdp_config.reshard_after_forward)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-    kwargs: dict[str, Any] = {} if mesh is None else {"mesh": mesh}
+    kwargs: dict[str, Any] = {"reshard_after_forward": reshard_after_forward}
+    if mesh is not None:
+        kwargs["mesh"] = mesh
     if compute_dtype != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     if offload:

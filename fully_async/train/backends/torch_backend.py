@@ -228,8 +228,8 @@ class TorchBackend:
                 raise RuntimeError("strategy=fsdp2 needs the trainer's process group (fully_async.train.group)")
             offload = arr.actor.fsdp_config.param_offload and device.is_accelerator  # on CPU it is already there
             mesh = fsdp.shard_mesh(self.torch_device.type, arr.actor.fsdp_config.fsdp_size)   # None: full sharding
-            fsdp.shard_model(self.model, compute_dtype, offload, mesh)
-            if self.ref_model is not None:
+            fsdp.shard_model(self.model, compute_dtype, offload, mesh, arr.actor.fsdp_config.reshard_after_forward)
+            if self.ref_model is not None:   # forward only: its layers are freed after each forward
                 fsdp.shard_model(self.ref_model, compute_dtype, offload, mesh)
         self.compiled = arr.actor.use_torch_compile and all(
             compile_decoder_layers(m, device) for m in (self.model, self.ref_model) if m is not None)

@@ -49,3 +49,15 @@ def test_sync_resume_with_another_train_batch_size_is_refused(tmp_path):
     ck.check_resume_config(path, new, allow=["data.train_batch_size"])
     path = _ckpt(str(tmp_path / "a"), load_config(["data.train_batch_size=8"]))
     ck.check_resume_config(path, config_dict(typed_config(load_config(["data.train_batch_size=16"]))))
+
+
+@pytest.mark.parametrize("strategy, warned", [("torch", True), ("fsdp2", False)])
+def test_reshard_after_forward_is_named_where_no_fsdp2_reads_it(strategy, warned, caplog):
+    from fully_async.core.config_checks import validate
+
+    cfg = typed_config(load_config([f"actor_rollout_ref.actor.strategy={strategy}",
+                                    "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false"]))
+    with caplog.at_level(logging.WARNING):
+        validate(cfg)
+    said = "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false has no effect with strategy torch"
+    assert (said in caplog.text) == warned

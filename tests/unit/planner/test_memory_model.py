@@ -51,6 +51,12 @@ def test_fsdp2_shards_float32_state_over_data_parallel_ranks():
     m8 = trainer_memory(c, SHAPE, 8)
     assert m8.parts["params"] + m8.parts["grads"] + m8.parts["optimizer"] == pytest.approx(16 * P / 8)
     assert trainer_memory(c, SHAPE, 16).total < m8.total
+    # without resharding after forward every layer stays gathered (bf16) from its forward to its backward
+    kept = trainer_memory(cfg("actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.dtype=bfloat16",
+                              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+                              "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false"), SHAPE, 8)
+    assert m8.parts["gathered_layers"] == 2 * 2 * SHAPE.layer_params()
+    assert kept.parts["gathered_layers"] == SHAPE.layers * 2 * SHAPE.layer_params()
 
 
 def test_megatron_tensor_parallel_and_distributed_optimizer_divide_the_state():

@@ -48,6 +48,8 @@ PACKED = ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.
     ("token-mean", PACKED, []),
     # verl's hybrid sharding (fsdp_size below the world): shard groups of 1 rank, replicated across 2
     ("token-mean", [], ["actor_rollout_ref.actor.fsdp_config.fsdp_size=1"]),
+    # the actor's layers keep their gathered weights from forward to backward; r::dp shares, not token-balanced ones
+    ("token-mean", [], ["actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false", "trainer.balance_batch=false"]),
 ])
 def test_two_fsdp2_gloo_ranks_match_one_device(ray_cpus, tmp_path, mode, shared, extra):
     samples = tiny_samples(groups=4, n=3)   # 12 responses, 2 mini-batches of 6, 3 rows per rank
@@ -63,6 +65,8 @@ def test_two_fsdp2_gloo_ranks_match_one_device(ray_cpus, tmp_path, mode, shared,
     try:
         assert isinstance(group, GroupBackend) and group.world == 2 == group.data_parallel_size
         assert group.rng is group.local.rng          # rank 0 shuffles for all ranks, from its checkpointed RNG
+        layer = group.local.model.model.layers[0]._get_fsdp_state()._fsdp_param_group
+        assert (layer.post_forward_mesh_info is None) == ("reshard_after_forward=false" in " ".join(extra))
         meshes = {tuple(p.device_mesh.shape) for p in group.local.model.parameters()}
         assert meshes == ({(2, 1)} if "actor_rollout_ref.actor.fsdp_config.fsdp_size=1" in extra else {(2,)})
         batch2 = build_batch(samples)
