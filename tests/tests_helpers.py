@@ -28,6 +28,36 @@ def read_scalars(logdir):
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
+def read_texts(logdir):
+    """{tag: [(step, text), ...]} of the text summaries (SummaryWriter.add_text) of a TensorBoard run directory."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(logdir, size_guidance={"tensors": 0})
+    acc.Reload()
+    out = {}
+    for tag in acc.Tags()["tensors"]:
+        out[tag.removesuffix("/text_summary")] = [(e.step, e.tensor_proto.string_val[0].decode())
+                                                  for e in acc.Tensors(tag)]
+    return out
+
+
+def check_val_generations(dump_dir, tb_dir, steps, rows_each):
+    """trainer.validation_data_dir holds <step>.jsonl for every validation step, `rows_each` rows of verl's keys
+    each, and TensorBoard's val/generations text has 2 samples (trainer.log_val_generations=2) at those steps."""
+    import json
+
+    assert sorted(int(p.split(".")[0]) for p in os.listdir(dump_dir)) == sorted(steps)
+    for step in steps:
+        with open(os.path.join(dump_dir, f"{step}.jsonl")) as fh:
+            rows = [json.loads(line) for line in fh]
+        assert len(rows) == rows_each
+        assert all({"input", "output", "gts", "score", "step"} <= set(r) and r["step"] == step for r in rows)
+        assert all(isinstance(r["score"], float) and r["input"] for r in rows)
+    texts = dict(read_texts(tb_dir)["val/generations"])
+    assert sorted(texts) == sorted(steps)
+    assert all(t.count("### Sample ") == 2 and "**Score:**" in t for t in texts.values())
+
+
 def first_and_last_val(logdir, tag="val-core/arithmetic/reward/mean@1"):
     """(first, last) validation reward of a TensorBoard run directory, by step."""
     vals = dict(read_scalars(logdir)[tag])

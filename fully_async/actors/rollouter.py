@@ -29,7 +29,7 @@ from fully_async.actors.actor_setup import MetricsOutbox
 from fully_async.algorithms.dynamic_sampling import GroupFilter
 from fully_async.rollout.tools import ToolLoop
 from fully_async.rollout.generation import (attach_reward_model_inputs, make_group, score_samples, validate,
-                                            validation_samples)
+                                            validation_samples, validation_texts)
 from fully_async.telemetry.metrics import rollouter_version_metrics, rollouter_window_metrics
 from fully_async.cluster.ray_utils import ray_get
 from fully_async.rollout.scheduler import CompletedGroup, RolloutScheduler
@@ -478,7 +478,7 @@ class Rollouter(MetricsOutbox):
         if publish:
             self._emit(self._step_of(version), dict(metrics))
         logger.info("validation at param version %d: %s", version,
-                    ", ".join(f"{k}={v:.3f}" for k, v in metrics.items()))
+                    ", ".join(f"{k}={v:.3f}" for k, v in metrics.items() if isinstance(v, float)))
         return metrics
 
     def _rm_validation(self, version: int, publish: bool) -> dict:
@@ -488,7 +488,8 @@ class Rollouter(MetricsOutbox):
         pairs = validation_samples(self.pool, self.val_records, self.cfg, version, self.tools)
         attach_reward_model_inputs(self.rm_inputs, pairs)
         item = {"step": self._step_of(version), "pairs": pairs, "seconds": time.perf_counter() - start,
-                "n": self.cfg.actor_rollout_ref.rollout.val_kwargs.n}
+                "n": self.cfg.actor_rollout_ref.rollout.val_kwargs.n,
+                "texts": validation_texts(self.tokenizer, pairs, self.cfg)}   # the trainer has no tokenizer
         logger.info("validation at param version %d: %d responses generated in %.1fs; the trainer scores them with "
                     "the reward model", version, sum(len(s) for _, s in pairs), item["seconds"])
         if publish:

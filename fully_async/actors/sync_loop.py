@@ -32,7 +32,8 @@ from fully_async.algorithms.dynamic_sampling import GroupFilter
 from fully_async.telemetry.metrics import StaleCounter
 from fully_async.rollout.tools import ToolLoop
 from fully_async.rollout.generation import (group_pendings, make_group, run_to_completion, score_samples,
-                                            score_with_reward_model, validate, validation_metrics, validation_samples)
+                                            score_with_reward_model, validate, validation_metrics, validation_samples,
+                                            validation_texts)
 from fully_async.core.types import PromptRecord, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -207,7 +208,8 @@ class SyncWorker(DriverFacing):
                     out = self._validate()
         if self.rm_inputs is not None:   # `out`: the unscored responses, scored now
             self._model_scores(out)
-            out = validation_metrics(out, self.cfg.actor_rollout_ref.rollout.val_kwargs.n, time.perf_counter() - start)
+            out = validation_metrics(out, self.cfg.actor_rollout_ref.rollout.val_kwargs.n, time.perf_counter() - start,
+                                     validation_texts(self.tokenizer, out, self.cfg))
         self._validations += 1
         return dict(out, **switch)
 

@@ -382,6 +382,9 @@ class TrainerConfig:
     #                                             from the checkpoint's config when resuming (else refused)
     progress_timeout_s: float = 1800.0    # fail when neither trainer nor rollouter progressed this long
     max_bad_steps: int = 3                # consecutive steps with NaN/inf loss before the run fails
+    log_val_generations: int = 0          # N validation samples (input, output, score) to the sinks that show text
+    #                                       (tensorboard, wandb, swanlab, mlflow) at every validation, as verl's
+    validation_data_dir: Optional[str] = None  # every validation's responses as <dir>/<step>.jsonl (verl's dump)
     balance_batch: bool = True            # data-parallel ranks take shares of about equal tokens (verl's default),
     #                                       not rows r::dp: the update runs at its slowest rank's pace
     timeline: bool = False                # write a Chrome/Perfetto trace of each actor's phases

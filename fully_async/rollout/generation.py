@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 from fully_async.rollout.engines.base import run_requests
 from fully_async.core.partial import PendingResponse
 from fully_async.core.types import PromptRecord, Sample, SampleGroup, SamplingParams
+from fully_async.telemetry import generations
 
 
 def run_to_completion(engine: Any, pendings: Sequence[PendingResponse], tools: Any = None) -> None:
@@ -96,13 +97,26 @@ def group_pendings(uid: str, record: PromptRecord, n: int, params: SamplingParam
 
 
 def validate(engine: Any, tokenizer: Any, reward: Any, records: Sequence[PromptRecord], cfg: Any,
-             version: int, tools: Any = None) -> dict[str, float]:
-    """`val-core/<data_source>/reward/mean@<n>` with val_kwargs sampling (greedy by default)."""
+             version: int, tools: Any = None) -> dict[str, Any]:
+    """`val-core/<data_source>/reward/mean@<n>` with val_kwargs sampling (greedy by default); with
+    trainer.log_val_generations / validation_data_dir, the responses too (validation_metrics)."""
     start = time.perf_counter()
     pairs = validation_samples(engine, records, cfg, version, tools)
     for rec, samples in pairs:
         score_samples(tokenizer, reward, rec, samples)
-    return validation_metrics(pairs, cfg.actor_rollout_ref.rollout.val_kwargs.n, time.perf_counter() - start)
+    return validation_metrics(pairs, cfg.actor_rollout_ref.rollout.val_kwargs.n, time.perf_counter() - start,
+                              validation_texts(tokenizer, pairs, cfg))
+
+
+def validation_texts(tokenizer: Any, pairs: Sequence[tuple[PromptRecord, Sequence[Sample]]],
+                     cfg: Any) -> Optional[list[tuple[str, str, Any]]]:
+    """(input, output, ground truth) of every response in `pairs` order, prompt and response decoded without special
+    tokens as verl's dumps; None unless trainer.log_val_generations or trainer.validation_data_dir asks for them."""
+    if not generations.wanted(cfg.trainer):
+        return None
+    return [(tokenizer.decode(rec.prompt_ids, skip_special_tokens=True),
+             tokenizer.decode(s.response_ids, skip_special_tokens=True), rec.ground_truth)
+            for rec, samples in pairs for s in samples]
 
 
 def validation_samples(engine: Any, records: Sequence[PromptRecord], cfg: Any, version: int,
@@ -121,13 +135,16 @@ def rm_validation_metrics(item: dict, scorer: Callable[[Any], Any]) -> dict[str,
     async mode: {pairs, n, seconds}), scored now by `scorer` (the trainer's backend)."""
     start = time.perf_counter()
     score_attached([s for _, samples in item["pairs"] for s in samples], scorer)
-    metrics = validation_metrics(item["pairs"], item["n"], item["seconds"] + time.perf_counter() - start)
+    metrics = validation_metrics(item["pairs"], item["n"], item["seconds"] + time.perf_counter() - start,
+                                 item.get("texts"))
     metrics["rollouter/validate_time"] = item["seconds"]
     return metrics
 
 
-def validation_metrics(pairs: Sequence[tuple[PromptRecord, list[Sample]]], n: int, seconds: float) -> dict[str, float]:
-    """val-core/<data_source>/reward|acc/mean@<n> and the mean response length of scored validation samples."""
+def validation_metrics(pairs: Sequence[tuple[PromptRecord, list[Sample]]], n: int, seconds: float,
+                       texts: Optional[Sequence[tuple[str, str, Any]]] = None) -> dict[str, Any]:
+    """val-core/<data_source>/reward|acc/mean@<n> and the mean response length of scored validation samples; with
+    `texts` (validation_texts) the rows of every response under generations.VAL_GENERATIONS, for the driver."""
     scores: dict[str, list[float]] = {}
     accs: dict[str, list[float]] = {}
     lengths = []
@@ -141,4 +158,6 @@ def validation_metrics(pairs: Sequence[tuple[PromptRecord, list[Sample]]], n: in
     metrics.update({f"val-core/{ds}/acc/mean@{n}": sum(v) / len(v) for ds, v in accs.items() if v})
     metrics["val-aux/response_length/mean"] = sum(lengths) / max(len(lengths), 1)
     metrics["timing_s/testing"] = seconds
+    if texts is not None:
+        metrics[generations.VAL_GENERATIONS] = generations.rows_of(texts, (s for _, ss in pairs for s in ss))
     return metrics

@@ -15,6 +15,7 @@ import sys
 from typing import Any, Optional, TextIO
 
 from fully_async.core.plan import RunPlan
+from fully_async.telemetry import generations
 from fully_async.telemetry.metrics import MetricLogger
 
 logger = logging.getLogger("fully_async")
@@ -86,6 +87,8 @@ class RunLogger:
                         "device": t.device}
         self.val_history: list[tuple[int, dict]] = []
         self.history: list[tuple[int, dict]] = []
+        self.show_generations = int(t.log_val_generations)   # telemetry/generations.py
+        self.dump_dir = t.validation_data_dir
 
     def write_line(self, line: str) -> None:
         """A step line: above the bar on a terminal, a plain line otherwise; and into main.log."""
@@ -117,12 +120,24 @@ class RunLogger:
         self._log(step, metrics)
 
     def _log(self, step: int, metrics: dict) -> None:
+        if generations.VAL_GENERATIONS in metrics:
+            metrics = dict(metrics)
+            self._generations(step, metrics.pop(generations.VAL_GENERATIONS))
         if any(k.startswith("val-core/") for k in metrics):
             self.val_history.append((step, metrics))
         else:
             self.history.append((step, metrics))
             self.bar.update(step - self.bar.n)
         self.sink.log(metrics, step)
+
+    def _generations(self, step: int, rows: list[dict]) -> None:
+        """A validation's responses: every one into trainer.validation_data_dir, trainer.log_val_generations of them
+        to the sinks that show text."""
+        if self.dump_dir:
+            path = generations.dump(self.dump_dir, step, rows)
+            logger.info("validation generations of step %d: %s (%d responses)", step, path, len(rows))
+        if self.show_generations > 0:
+            self.sink.log_generations(generations.pick(rows, self.show_generations), step)
 
     @staticmethod
     def _val_mean(metrics: dict) -> float:

@@ -188,6 +188,17 @@ class MetricLogger:
             if line != f"step {step}":   # metrics with nothing for the console (per-version ones): no line
                 self.write_line(line)
 
+    def log_generations(self, samples: list[tuple[str, str, float]], step: int) -> None:
+        """trainer.log_val_generations: a validation's (input, output, score) samples to the sinks that show text
+        (telemetry/generations.py); the console line shows none."""
+        from fully_async.telemetry.generations import VAL_GENERATIONS, markdown
+
+        if self.writer is not None:
+            self.writer.add_text(VAL_GENERATIONS, markdown(samples, step), step)
+            self.writer.flush()
+        for tracker in self.trackers:
+            tracker.log_generations(samples, step)
+
     def write_json(self, name: str, data: dict) -> None:
         """A side file in the TensorBoard run directory (no-op without TensorBoard)."""
         if self.log_dir:

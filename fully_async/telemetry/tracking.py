@@ -34,6 +34,10 @@ MLFLOW_DEFAULT_URI = "sqlite:////tmp/mlruns.db"  # verl's default when MLFLOW_TR
 class Tracker(Protocol):
     def log(self, metrics: dict[str, float], step: int) -> None: ...
 
+    def log_generations(self, samples: list[tuple[str, str, float]], step: int) -> None:
+        """trainer.log_val_generations: (input, output, score) of a validation, under val/generations."""
+        ...
+
     def close(self, failed: bool = False) -> None: ...
 
 
@@ -82,9 +86,23 @@ class WandbTracker:
                               config=config)
         self.run.define_metric(WANDB_STEP_KEY)
         self.run.define_metric("*", step_metric=WANDB_STEP_KEY)  # out-of-order steps are kept (see module doc)
+        self.generations: Any = None   # the validation generations' table so far (log_generations)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log({**metrics, WANDB_STEP_KEY: step})
+
+    def log_generations(self, samples: list[tuple[str, str, float]], step: int) -> None:
+        """One table row per validation, as verl's: step, then input_i / output_i / score_i of each sample (the
+        table is logged whole each time: W&B keeps the last one logged under a key)."""
+        import wandb
+
+        columns = ["step"] + [f"{c}_{i}" for i in range(1, len(samples) + 1) for c in ("input", "output", "score")]
+        if self.generations is None or list(self.generations.columns) != columns:
+            self.generations = wandb.Table(columns=columns)
+        table = wandb.Table(columns=columns, data=list(self.generations.data))
+        table.add_data(step, *[field for sample in samples for field in sample])
+        self.run.log({"val/generations": table, WANDB_STEP_KEY: step})
+        self.generations = table
 
     def close(self, failed: bool = False) -> None:
         import wandb
@@ -110,6 +128,14 @@ class SwanlabTracker:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)
+
+    def log_generations(self, samples: list[tuple[str, str, float]], step: int) -> None:
+        """A table (step, input, output, score) per validation, as verl's."""
+        import swanlab
+
+        table = swanlab.echarts.Table()
+        table.add(headers=["step", "input", "output", "score"], rows=[[step, *sample] for sample in samples])
+        self.run.log({"val/generations": table}, step=step)
 
     def close(self, failed: bool = False) -> None:
         if failed:
@@ -171,6 +197,17 @@ class MlflowTracker:
                 logger.info("mlflow: metric %s is logged as %s (characters MLflow refuses)", key, name)
             out[name] = value
         self.mlflow.log_metrics(out, step=step)
+
+    def log_generations(self, samples: list[tuple[str, str, float]], step: int) -> None:
+        """The artifact val_step<step>.json: [{input, output, score}, ...], as verl's."""
+        import json
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, f"val_step{step}.json")
+            with open(path, "w", encoding="utf-8") as fh:
+                json.dump([{"input": i, "output": o, "score": s} for i, o, s in samples], fh, ensure_ascii=False)
+            self.mlflow.log_artifact(path)
 
     def close(self, failed: bool = False) -> None:
         self.mlflow.end_run(status="FAILED" if failed else "FINISHED")

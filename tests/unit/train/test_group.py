@@ -49,7 +49,8 @@ PACKED = ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.
     # verl's hybrid sharding (fsdp_size below the world): shard groups of 1 rank, replicated across 2
     ("token-mean", [], ["actor_rollout_ref.actor.fsdp_config.fsdp_size=1"]),
     # the actor's layers keep their gathered weights from forward to backward; r::dp shares, not token-balanced ones
-    ("token-mean", [], ["actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false", "trainer.balance_batch=false"]),
+    ("token-mean", [], ["actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false",
+                        "trainer.balance_batch=false"]),
 ])
 def test_two_fsdp2_gloo_ranks_match_one_device(ray_cpus, tmp_path, mode, shared, extra):
     samples = tiny_samples(groups=4, n=3)   # 12 responses, 2 mini-batches of 6, 3 rows per rank
