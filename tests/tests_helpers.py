@@ -58,6 +58,19 @@ def check_val_generations(dump_dir, tb_dir, steps, rows_each):
     assert all(t.count("### Sample ") == 2 and "**Score:**" in t for t in texts.values())
 
 
+def check_rollout_dump(dump_dir, steps, rows_each):
+    """trainer.rollout_data_dir holds <step>.jsonl for every trained step, `rows_each` rows each with the ground
+    truth of the response's prompt."""
+    import json
+
+    assert sorted(int(p.split(".")[0]) for p in os.listdir(dump_dir)) == list(steps)
+    for step in steps:
+        with open(os.path.join(dump_dir, f"{step}.jsonl")) as fh:
+            rows = [json.loads(line) for line in fh]
+        assert len(rows) == rows_each and all(r["step"] == step and r["gts"] is not None for r in rows)
+        assert all(isinstance(r["score"], float) and r["input"] for r in rows)
+
+
 def first_and_last_val(logdir, tag="val-core/arithmetic/reward/mean@1"):
     """(first, last) validation reward of a TensorBoard run directory, by step."""
     vals = dict(read_scalars(logdir)[tag])

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, Optional
 from fully_async.core.config import FullyAsyncConfig, generates_baseline
 from fully_async.actors.actor_setup import DriverFacing
 from fully_async.algorithms.dynamic_sampling import GroupFilter
+from fully_async.telemetry import generations
 from fully_async.telemetry.metrics import StaleCounter
 from fully_async.rollout.tools import ToolLoop
 from fully_async.rollout.generation import (group_pendings, make_group, run_to_completion, score_samples,
@@ -309,6 +310,8 @@ class SyncWorker(DriverFacing):
 
         metrics, samples = train_step(self.backend, self.cfg, groups, self.pad_token_id, self.state.step + 1,
                                       self.state.version, self.timeline)
+        if self.cfg.trainer.rollout_data_dir:   # the driver dumps them (run_logging)
+            metrics[generations.ROLLOUT_GENERATIONS] = generations.trained_rows(self.tokenizer, samples)
         self.state.record([s.sample_id for s in samples], [len(s.response_ids) for s in samples])
         return metrics
 

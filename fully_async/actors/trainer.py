@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 from fully_async.core.config import FullyAsyncConfig
 from fully_async.actors.actor_setup import DriverFacing
 from fully_async.cluster.ray_utils import ray_get
+from fully_async.telemetry import generations
 from fully_async.telemetry.metrics import StaleCounter
 from fully_async.core.trainer_state import TrainerState
 from fully_async.rollout.engines.replica import EngineHost
@@ -65,6 +66,7 @@ class Trainer(DriverFacing, EngineHost):
 
         self.cfg, self.device = actor_init(cfg, "trainer")
         cfg = self.cfg
+        self.tokenizer = None   # trainer.rollout_data_dir decodes the trained responses (loaded on first use)
         at = cfg.async_training
         self.elastic = at.placement == "elastic"
         # the trainer's devices: its own, or a lease on a shared pool it holds for its steps and gives back when
@@ -232,6 +234,12 @@ class Trainer(DriverFacing, EngineHost):
         scored = self._reward_model_scores([s for g in groups for s in g.samples])
         metrics, samples = train_step(self.backend, self.cfg, groups, self.pad_token_id, state.step + 1,
                                       state.version, self.timeline)
+        if self.cfg.trainer.rollout_data_dir:   # the driver dumps them (run_logging)
+            if self.tokenizer is None:
+                from fully_async.actors.actor_setup import build_tokenizer
+
+                self.tokenizer = build_tokenizer(self.cfg)
+            metrics[generations.ROLLOUT_GENERATIONS] = generations.trained_rows(self.tokenizer, samples)
         metrics.update(scored)
         metrics.update(self.stale.add(groups, state.version))
         state.record([s.sample_id for s in samples], [len(s.response_ids) for s in samples])

@@ -385,6 +385,7 @@ class TrainerConfig:
     log_val_generations: int = 0          # N validation samples (input, output, score) to the sinks that show text
     #                                       (tensorboard, wandb, swanlab, mlflow) at every validation, as verl's
     validation_data_dir: Optional[str] = None  # every validation's responses as <dir>/<step>.jsonl (verl's dump)
+    rollout_data_dir: Optional[str] = None     # every trained batch's responses as <dir>/<step>.jsonl (verl's dump)
     balance_batch: bool = True            # data-parallel ranks take shares of about equal tokens (verl's default),
     #                                       not rows r::dp: the update runs at its slowest rank's pace
     timeline: bool = False                # write a Chrome/Perfetto trace of each actor's phases

@@ -151,29 +151,34 @@ def _check_trainer(cfg: Any) -> None:
     _check_val_generations(cfg)
 
 
+def _check_writable_dir(key: str, path: Any) -> None:
+    """`path` (unset: nothing to check) is a directory this user can create or write; not created here."""
+    if not path:
+        return
+    path = os.path.abspath(os.path.expanduser(str(path)))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(key, f"{path} exists and is not a directory")
+    parent = path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(key, f"{path} cannot be written: {parent} is not writable by this user")
+
+
 TEXT_SINKS = ("tensorboard", "wandb", "swanlab", "mlflow")   # the trainer.logger sinks that show generations
 
 
 def _check_val_generations(cfg: Any) -> None:
-    """trainer.log_val_generations / validation_data_dir (telemetry/generations.py): a count of at least 0; a
-    directory this process can create or write; each named when nothing would show or need it."""
+    """trainer.log_val_generations / validation_data_dir / rollout_data_dir (telemetry/generations.py): a count of
+    at least 0; directories this user can create or write; each named when nothing would show or need it."""
     t = cfg.trainer
     _at_least("trainer.log_val_generations", t.log_val_generations, 0)
     if t.log_val_generations and not any(name in TEXT_SINKS for name in t.logger):
         logger.warning("trainer.log_val_generations=%s has no effect: none of trainer.logger=%s shows generations "
                        "(%s do)", t.log_val_generations, list(t.logger), ", ".join(TEXT_SINKS))
-    path = t.validation_data_dir
-    if path:
-        path = os.path.abspath(os.path.expanduser(str(path)))
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise ConfigError("trainer.validation_data_dir", f"{path} exists and is not a directory")
-        parent = path
-        while not os.path.exists(parent):
-            parent = os.path.dirname(parent)
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise ConfigError("trainer.validation_data_dir", f"{path} cannot be written: {parent} is not writable "
-                              "by this user")
-    if (t.log_val_generations or path) and not cfg.data.val_files:
+    for key in ("validation_data_dir", "rollout_data_dir"):
+        _check_writable_dir(f"trainer.{key}", getattr(t, key))
+    if (t.log_val_generations or t.validation_data_dir) and not cfg.data.val_files:
         logger.warning("trainer.log_val_generations / trainer.validation_data_dir have no effect: data.val_files is "
                        "not set, so nothing is validated")
 

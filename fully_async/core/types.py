@@ -67,6 +67,7 @@ class Sample:
     reward: float = 0.0
     reward_extra: dict = field(default_factory=dict)
     data_source: str = ""
+    ground_truth: Any = None        # its prompt's reward_model.ground_truth (trainer.rollout_data_dir's `gts`)
     num_interruptions: int = 0      # how often this response was cut by a weight update
     reward_baseline: Optional[float] = None  # remax: the reward of its prompt's greedy response
     rm_input_ids: Optional[list[int]] = None  # async with a reward model: its tokens, scored by the trainer

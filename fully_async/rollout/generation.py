@@ -36,7 +36,7 @@ def score_samples(tokenizer: Any, reward: Any, record: PromptRecord, samples: Se
         s.reward, s.reward_extra = reward.score(record.data_source, text, record.ground_truth, extra,
                                                 len(s.response_ids),
                                                 sample=f"sample {s.sample_id} (prompt index {record.index})")
-        s.data_source = record.data_source
+        s.data_source, s.ground_truth = record.data_source, record.ground_truth
 
 
 def attach_reward_model_inputs(inputs: Any, pairs: Sequence[tuple[PromptRecord, Sequence[Sample]]]) -> None:
@@ -44,7 +44,7 @@ def attach_reward_model_inputs(inputs: Any, pairs: Sequence[tuple[PromptRecord, 
     rewards/reward_model.RewardModelInputs) and its record's data source, until the trainer scores it."""
     for rec, samples in pairs:
         for s in samples:
-            s.rm_input_ids, s.data_source = inputs.ids(rec, s), rec.data_source
+            s.rm_input_ids, s.data_source, s.ground_truth = inputs.ids(rec, s), rec.data_source, rec.ground_truth
 
 
 def score_attached(samples: Sequence[Sample], scorer: Callable[[Any], Any]) -> None:

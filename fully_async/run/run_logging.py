@@ -89,6 +89,7 @@ class RunLogger:
         self.history: list[tuple[int, dict]] = []
         self.show_generations = int(t.log_val_generations)   # telemetry/generations.py
         self.dump_dir = t.validation_data_dir
+        self.rollout_dir = t.rollout_data_dir
 
     def write_line(self, line: str) -> None:
         """A step line: above the bar on a terminal, a plain line otherwise; and into main.log."""
@@ -123,6 +124,11 @@ class RunLogger:
         if generations.VAL_GENERATIONS in metrics:
             metrics = dict(metrics)
             self._generations(step, metrics.pop(generations.VAL_GENERATIONS))
+        if generations.ROLLOUT_GENERATIONS in metrics:
+            metrics = dict(metrics)
+            rows = metrics.pop(generations.ROLLOUT_GENERATIONS)
+            if self.rollout_dir:
+                generations.dump(self.rollout_dir, step, rows)
         if any(k.startswith("val-core/") for k in metrics):
             self.val_history.append((step, metrics))
         else:

@@ -1,5 +1,7 @@
 """Validation generations as verl shows them (layer 1): `trainer.log_val_generations` and `trainer.validation_data_dir`.
 
+`trainer.rollout_data_dir` likewise dumps every trained batch as `<dir>/<step>.jsonl` (verl's `_log_rollout_data`;
+the trainer's step carries its rows under `ROLLOUT_GENERATIONS`).
 A validation that is asked for them carries its responses as rows (`VAL_GENERATIONS` in its metrics dict: input and
 output decoded without special tokens, the ground truth `gts`, the `score`, and the reward function's extra fields);
 the driver takes them out before the scalars are logged (run/run_logging.py):
@@ -16,6 +18,7 @@ import os
 from typing import Any, Iterable, Sequence
 
 VAL_GENERATIONS = "val/generations"     # the metrics-dict key of a validation's rows, and the sinks' name for them
+ROLLOUT_GENERATIONS = "rollout/generations"   # ... of a trained batch's rows (trainer.rollout_data_dir)
 BASE_KEYS = ("input", "output", "gts", "score")
 
 
@@ -33,6 +36,14 @@ def rows_of(texts: Sequence[tuple[str, str, Any]], samples: Iterable[Any]) -> li
         row.update({k: v for k, v in (s.reward_extra or {}).items() if k not in row})
         rows.append(row)
     return rows
+
+
+def trained_rows(tokenizer: Any, samples: Sequence[Any]) -> list[dict]:
+    """trainer.rollout_data_dir: the rows of a step's trained responses (verl's `_log_rollout_data`: prompt and
+    response decoded without special tokens, the ground truth, the score and the reward's extra fields)."""
+    texts = [(tokenizer.decode(s.prompt_ids, skip_special_tokens=True),
+              tokenizer.decode(s.response_ids, skip_special_tokens=True), s.ground_truth) for s in samples]
+    return rows_of(texts, samples)
 
 
 def pick(rows: Sequence[dict], n: int) -> list[tuple[str, str, float]]:

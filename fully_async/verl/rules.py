@@ -479,8 +479,6 @@ RULES: list[Rule] = [
     _warn("trainer.max_critic_ckpt_to_keep", "the critic is saved in the actor's checkpoint folder: "
           "trainer.max_ckpt_to_keep prunes both"),
     _warn("trainer.ray_wait_register_center_timeout", "actors are awaited with their own readiness checks"),
-    _warn_if("trainer.rollout_data_dir", _is(None), "null", "generations are not dumped",
-             "dumping generations is not implemented"),
     _warn("trainer.use_legacy_worker_impl", "one worker implementation"),
     _warn_if("trainer.val_only", _is(False), "false", "training runs",
              "a validation-only run is not implemented (trainer.val_before_train validates first)"),

@@ -39,11 +39,13 @@ def test_async_run_completes_and_writes_metrics(ray_session, tmp_path, monkeypat
                        "trainer.test_freq=2", "actor_rollout_ref.actor.use_kl_loss=true",
                        "trainer.progress_bar=false", "actor_rollout_ref.rollout.n=4",
                        "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.logger=[console,tensorboard]",
-                       "trainer.log_val_generations=2", f"trainer.validation_data_dir={tmp_path}/val_gen"])
+                       "trainer.log_val_generations=2", f"trainer.validation_data_dir={tmp_path}/val_gen",
+                       f"trainer.rollout_data_dir={tmp_path}/rollouts"])
     summary = run_async(cfg)
     assert summary["steps"] == 4
     # every validation's responses (the bundled task's 128 validation prompts, val_kwargs.n=1) dumped, 2 shown
     tests_helpers.check_val_generations(str(tmp_path / "val_gen"), str(tmp_path / "tb"), [0, 2, 4], 128)
+    tests_helpers.check_rollout_dump(str(tmp_path / "rollouts"), [1, 2, 3, 4], 8 * 4)   # every trained response
     scalars = read_scalars(str(tmp_path / "tb"))
     missing = [m for m in REQUIRED_METRICS + ["actor/kl_loss", "timing_s/ref"] if m not in scalars]
     assert not missing, f"missing metrics: {missing}"

@@ -38,10 +38,12 @@ def test_sync_mode_generates_on_every_trainer_device(ray_session, tmp_path, monk
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
     cfg = load_config(["mode=sync", f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.n_gpus_per_node=2",
                        "actor_rollout_ref.actor.strategy=fsdp2", "trainer.log_val_generations=2",
-                       f"trainer.validation_data_dir={tmp_path}/val_gen", *LEARN])
+                       f"trainer.validation_data_dir={tmp_path}/val_gen", f"trainer.rollout_data_dir={tmp_path}/roll",
+                       *LEARN])
     summary = run_sync(cfg)
     assert summary["steps"] == 24
     tests_helpers.check_val_generations(str(tmp_path / "val_gen"), str(tmp_path / "tb"), [0, 24], 128)
+    tests_helpers.check_rollout_dump(str(tmp_path / "roll"), range(1, 25), 16 * 8)
     scalars = read_scalars(str(tmp_path / "tb"))
     check_two_engines_learned(scalars, 24)
     # every step, both engines generated their share of the batch (16 prompts x n=8 over 2 engines)

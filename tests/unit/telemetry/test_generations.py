@@ -52,6 +52,18 @@ def test_validation_rows_carry_the_reward_extras_without_overriding_the_score():
     assert generations.VAL_GENERATIONS not in validation_metrics([(rec, [s])], 1, 0.5)
 
 
+def test_trained_rows_decode_each_response_with_its_prompts_ground_truth():
+    class Tok:
+        def decode(self, ids, skip_special_tokens):
+            assert skip_special_tokens
+            return " ".join(map(str, ids))
+
+    s = Sample("u", "s", [1, 2], [3, 4], [0.0, 0.0], [0, 0], reward=0.5, reward_extra={"acc": 0.0},
+               ground_truth="7")
+    assert generations.trained_rows(Tok(), [s]) == [{"input": "1 2", "output": "3 4", "gts": "7", "score": 0.5,
+                                                    "acc": 0.0}]
+
+
 def test_tensorboard_shows_the_samples_as_text(tmp_path, monkeypatch):
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
     sink = MetricLogger(["tensorboard"], "p", "e")
@@ -117,6 +129,12 @@ def test_the_driver_dumps_every_row_shows_n_and_logs_the_scalars_without_them(tm
     assert sink.shown == [(4, generations.pick(rows(), 2))]
     assert len(open(tmp_path / "val" / "4.jsonl").readlines()) == 6
     assert run_log.has_val_at(4)
+    # a trained step's rows: dumped only with trainer.rollout_data_dir, never logged as scalars
+    run_log.log_val({"actor/pg_loss": 0.1, generations.ROLLOUT_GENERATIONS: rows(3)}, 5)
+    assert sink.logged[-1] == (5, {"actor/pg_loss": 0.1}) and not (tmp_path / "rollouts").exists()
+    run_log.rollout_dir = str(tmp_path / "rollouts")
+    run_log.log_val({"actor/pg_loss": 0.2, generations.ROLLOUT_GENERATIONS: rows(3)}, 6)
+    assert len(open(tmp_path / "rollouts" / "6.jsonl").readlines()) == 3
 
 
 def test_the_settings_are_checked_before_the_run(tmp_path, caplog):
@@ -125,6 +143,8 @@ def test_the_settings_are_checked_before_the_run(tmp_path, caplog):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match=r"trainer.validation_data_dir.*is not a directory"):
         validate(typed_config(load_config([f"trainer.validation_data_dir={tmp_path}/file"])))
+    with pytest.raises(ConfigError, match=r"trainer.rollout_data_dir.*is not a directory"):
+        validate(typed_config(load_config([f"trainer.rollout_data_dir={tmp_path}/file"])))
     if os.geteuid() != 0:   # root writes anywhere
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)
