@@ -110,6 +110,9 @@ class OptimConfig:
 class OffloadConfig:
     """verl's actor_rollout_ref.actor.fsdp_config.*offload: host offload between training phases."""
     param_offload: bool = False           # params (and grads) to host memory while the engine generates
+    offload_policy: bool = False          # strategy fsdp2: shards, grads and AdamW states live in host memory while
+    #                                       training too (FSDP2's CPUOffloadPolicy: the optimizer steps on the CPU);
+    #                                       the reference model, critic and reward model follow; verl's key
     optimizer_offload: bool = False       # optimizer states to host memory while the engine generates
     fsdp_size: int = -1                   # ranks one FSDP2 group shards over: -1 = the trainer world; a divisor of
     #                                       it: hybrid sharding (sharded within groups of that size, replicated across)

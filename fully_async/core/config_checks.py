@@ -551,26 +551,20 @@ def _check_sync_batch(cfg: Any) -> None:
 
 
 def _warn_async_offload(cfg: Any) -> None:
-    """fsdp_config.{param,optimizer}_offload (and megatron.*_offload, mapped onto them) act between phases: sync
-    mode, colocated async and a shared device pool offload while the engine generates; async mode with dedicated
-    devices has no such phase, so only strategy=fsdp2's host-resident shards (CPUOffloadPolicy, params with their
-    optimizer states) act there.  Every other combination is named once rather than passed over in silence."""
-    from fully_async.core.config import actor_strategy
-
+    """fsdp_config.{param,optimizer}_offload (and megatron.*_offload, mapped onto them) act between phases, as verl's:
+    sync mode, colocated async and a shared device pool offload while the engine generates; async mode with dedicated
+    devices has no such phase, so there they are named once rather than passed over in silence, with the key that
+    keeps FSDP2's shards in host memory while training (offload_policy, verl's)."""
     off = cfg.actor_rollout_ref.actor.fsdp_config
     if cfg.mode == "sync" or cfg.multi_job.pool is not None or cfg.async_training.placement == "colocated":
         return   # (colocated async: the trainer offloads while the engines generate on its devices)
-    strategy = actor_strategy(cfg)
     for key in ("param_offload", "optimizer_offload"):
-        if not getattr(off, key):
-            continue
-        if strategy == "fsdp2" and (key == "param_offload" or off.param_offload):
-            continue
-        logger.warning("actor_rollout_ref.actor.fsdp_config.%s=true has no effect in async mode with "
-                       "strategy=%s (dedicated trainer devices: nothing offloads between phases); it acts in "
-                       "mode=sync, in colocated async (async_training.placement=colocated), on a shared device pool "
-                       "(multi_job.pool), and with strategy=fsdp2 as param_offload (shards and optimizer states kept "
-                       "in host memory)", key, strategy)
+        if getattr(off, key):
+            logger.warning("actor_rollout_ref.actor.fsdp_config.%s=true has no effect in async mode with dedicated "
+                           "trainer devices (nothing offloads between phases); it acts in mode=sync, in colocated "
+                           "async (async_training.placement=colocated) and on a shared device pool (multi_job.pool). "
+                           "To keep strategy=fsdp2's shards and optimizer states in host memory while training, set "
+                           "actor_rollout_ref.actor.fsdp_config.offload_policy=true (verl's key)", key)
 
 
 def _warn_async_train_batch_size(cfg: Any) -> None:
@@ -621,6 +615,9 @@ def _check_trainer_world(cfg: Any) -> None:
     if not actor.fsdp_config.reshard_after_forward and actor_strategy(cfg) != "fsdp2":
         logger.warning("actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false has no effect with strategy "
                        "%s (an FSDP2 setting)", actor_strategy(cfg))
+    if actor.fsdp_config.offload_policy and actor_strategy(cfg) != "fsdp2":
+        logger.warning("actor_rollout_ref.actor.fsdp_config.offload_policy=true has no effect with strategy %s (an "
+                       "FSDP2 setting: shards in host memory while training)", actor_strategy(cfg))
     _check_sequence_parallel(cfg, world)
     dp = world // max(1, actor.ulysses_sequence_parallel_size)
     if dp > 1 and actor.ppo_mini_batch_size * n < dp:

@@ -210,6 +210,13 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
         mem.note += "; critic (value model) beside the actor"
     if cfg.reward_model.enable and strategy == "megatron":   # frozen, the same layout; scores the batch
         mem.parts["rm_params"] = 2 * stage
+    if strategy == "fsdp2" and actor.fsdp_config.offload_policy and cfg.trainer.device != "cpu":
+        # FSDP2's CPUOffloadPolicy: the shards, their grads and AdamW states (the reference's and critic's too) live
+        # in host memory; the device holds the layers gathered for compute
+        for key in ("params", "grads", "optimizer", "ref_params", "critic_params", "critic_grads", "critic_optimizer"):
+            if key in mem.parts:
+                mem.parts[key] = 0.0
+        mem.note += "; offload_policy: shards, grads and AdamW states in host memory"
     # the torch backend (torch and fsdp2) compiles each decoder layer where the device has inductor: CUDA
     # (train/backends/torch_backend.compile_decoder_layers); NPU and CPU, and megatron, run the layers eagerly
     compiled = bool(actor.use_torch_compile) and cfg.trainer.device == "cuda" and strategy != "megatron"

@@ -7,7 +7,8 @@ parameters are sharded within a group and replicated across groups (a 2-D device
 gradients reduce-scattered within a group and all-reduced across groups: the same averaged gradient as full
 sharding, more memory per device, less traffic between groups (nodes).  With
 `actor.dtype=bfloat16` the master weights stay float32 and compute runs in bf16
-(MixedPrecisionPolicy); `fsdp_config.param_offload` keeps shards in host memory (CPUOffloadPolicy).
+(MixedPrecisionPolicy); `fsdp_config.offload_policy` keeps shards in host memory while training (CPUOffloadPolicy,
+as verl's key; `param_offload` is the backend's move to host between phases, as verl's).
 Works on every comm backend the device layer names: gloo (CPU, what CI runs), nccl, hccl.
 """
 from __future__ import annotations

@@ -47,7 +47,7 @@ class RewardModel:
             trust_remote_code=rm.model.trust_remote_code).to(device.torch_device())
         self.model.eval().requires_grad_(False)
         if fsdp:
-            offload = arr.actor.fsdp_config.param_offload and device.is_accelerator
+            offload = arr.actor.fsdp_config.offload_policy and device.is_accelerator   # host-resident shards
             mesh = fsdp_helpers.shard_mesh(device.torch_device().type, arr.actor.fsdp_config.fsdp_size)
             fsdp_helpers.shard_model(self.model, compute_dtype, offload, mesh)
         self.settings = rm   # micro-batch keys of its forward passes

@@ -226,7 +226,9 @@ class TorchBackend:
         if self.fsdp:
             if not dist.is_initialized():
                 raise RuntimeError("strategy=fsdp2 needs the trainer's process group (fully_async.train.group)")
-            offload = arr.actor.fsdp_config.param_offload and device.is_accelerator  # on CPU it is already there
+            # host-resident shards while training (verl's offload_policy; on CPU they are there already);
+            # param_offload is the move between phases (offload/onload)
+            offload = arr.actor.fsdp_config.offload_policy and device.is_accelerator
             mesh = fsdp.shard_mesh(self.torch_device.type, arr.actor.fsdp_config.fsdp_size)   # None: full sharding
             fsdp.shard_model(self.model, compute_dtype, offload, mesh, arr.actor.fsdp_config.reshard_after_forward)
             if self.ref_model is not None:   # forward only: its layers are freed after each forward

@@ -60,7 +60,7 @@ class ValueModel:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
         if fsdp:
-            offload = arr.actor.fsdp_config.param_offload and device.is_accelerator
+            offload = arr.actor.fsdp_config.offload_policy and device.is_accelerator   # host-resident shards
             mesh = fsdp_helpers.shard_mesh(device.torch_device().type, arr.actor.fsdp_config.fsdp_size)
             fsdp_helpers.shard_model(self.model, compute_dtype, offload, mesh)
         if arr.actor.use_torch_compile:

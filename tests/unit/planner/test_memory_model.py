@@ -57,6 +57,13 @@ def test_fsdp2_shards_float32_state_over_data_parallel_ranks():
                               "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false"), SHAPE, 8)
     assert m8.parts["gathered_layers"] == 2 * 2 * SHAPE.layer_params()
     assert kept.parts["gathered_layers"] == SHAPE.layers * 2 * SHAPE.layer_params()
+    # offload_policy (FSDP2's CPUOffloadPolicy) on an accelerator: shards, grads and AdamW states in host memory
+    host = trainer_memory(cfg("actor_rollout_ref.actor.strategy=fsdp2", "actor_rollout_ref.actor.dtype=bfloat16",
+                              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "trainer.device=cuda",
+                              "actor_rollout_ref.actor.use_kl_loss=true",
+                              "actor_rollout_ref.actor.fsdp_config.offload_policy=true"), SHAPE, 8)
+    assert host.parts["params"] == host.parts["grads"] == host.parts["optimizer"] == host.parts["ref_params"] == 0
+    assert host.parts["gathered_layers"] == m8.parts["gathered_layers"] and "offload_policy" in host.note
 
 
 def test_megatron_tensor_parallel_and_distributed_optimizer_divide_the_state():

@@ -290,7 +290,10 @@ def test_train_batch_size_in_async_mode_is_named_once_saying_what_a_step_is(capl
 @pytest.mark.parametrize("lines,warned", [
     (["actor_rollout_ref.actor.fsdp_config.param_offload=true"], ["param_offload"]),          # 1 device: torch
     (["actor_rollout_ref.actor.megatron.optimizer_offload=true"], ["optimizer_offload"]),
-    (["actor_rollout_ref.actor.fsdp_config.param_offload=true", "trainer.n_gpus_per_node=2"], []),   # fsdp2 acts
+    # fsdp2 too, as verl's (between phases only; host-resident shards while training are offload_policy's)
+    (["actor_rollout_ref.actor.fsdp_config.param_offload=true", "trainer.n_gpus_per_node=2"], ["param_offload"]),
+    (["actor_rollout_ref.actor.fsdp_config.offload_policy=true", "trainer.n_gpus_per_node=2"], []),
+    (["actor_rollout_ref.actor.fsdp_config.offload_policy=true"], ["offload_policy"]),      # 1 float32 device: torch
     (["actor_rollout_ref.actor.fsdp_config.optimizer_offload=true", "trainer.n_gpus_per_node=2"], ["optimizer_offload"]),
     (["actor_rollout_ref.actor.fsdp_config.param_offload=true", "mode=sync"], []),             # sync loop offloads
 ])
