@@ -223,12 +223,15 @@ class TorchBackend:
         if arr.model.use_fused_kernels and not self.fused:
             logger.warning("actor_rollout_ref.model.use_fused_kernels: %s's logits are not a plain lm_head projection "
                            "(bias, soft-capping or scaling); computing full logits", arr.model.path)
+        # fsdp2 with offload_policy on an accelerator: every model's shards, grads and AdamW states stay in host
+        # memory (the critic and reward model shard the same way); offload()/onload() then have nothing to move
+        self.host_resident = self.fsdp and arr.actor.fsdp_config.offload_policy and device.is_accelerator
         if self.fsdp:
             if not dist.is_initialized():
                 raise RuntimeError("strategy=fsdp2 needs the trainer's process group (fully_async.train.group)")
             # host-resident shards while training (verl's offload_policy; on CPU they are there already);
             # param_offload is the move between phases (offload/onload)
-            offload = arr.actor.fsdp_config.offload_policy and device.is_accelerator
+            offload = self.host_resident
             mesh = fsdp.shard_mesh(self.torch_device.type, arr.actor.fsdp_config.fsdp_size)   # None: full sharding
             fsdp.shard_model(self.model, compute_dtype, offload, mesh, arr.actor.fsdp_config.reshard_after_forward)
             if self.ref_model is not None:   # forward only: its layers are freed after each forward
@@ -527,8 +530,9 @@ class TorchBackend:
 
     def offload(self) -> None:
         """Move params (and grads, optimizer state, the reference model) to pinned host buffers reused from one
-        offload to the next (core/host_offload.py); no-op on cpu."""
-        if self.device.is_accelerator:
+        offload to the next (core/host_offload.py); no-op on cpu and for host-resident shards (offload_policy: as
+        verl's, which then skips its phase offload; FSDP2 expects those shards on the host)."""
+        if self.device.is_accelerator and not self.host_resident:
             if self._host is None:
                 from fully_async.core.host_offload import HostOffload
 
@@ -541,7 +545,7 @@ class TorchBackend:
             self.device.empty_cache()
 
     def onload(self) -> None:
-        if self.device.is_accelerator:
+        if self.device.is_accelerator and not self.host_resident:
             from fully_async.core.host_offload import HostOffload
 
             host = self._host or HostOffload()
