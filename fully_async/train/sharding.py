@@ -3,7 +3,7 @@
 Rank r of a data-parallel world of W takes rows r::W, or with trainer.balance_batch (verl's default) a share of
 about equal tokens (`balanced_rows`: the same row counts, which differ by at most one).  Every rank waits for the
 slowest at each collective, so the update runs at the pace of the rank with the most tokens: with long-tailed
-response lengths r::W leaves that rank 3% (4 ranks) to 6% (8 ranks) above the mean, balanced shares ~0.  The loss
+response lengths r::W leaves that rank 2-9% above the mean at 4-8 ranks, balanced shares within 0.01%.  The loss
 is normalised over the whole mini-batch, so which rank takes a row changes no number.  Each rank's shard is cut
 into micro-batches (a fixed row count, or a token budget with actor.use_dynamic_bsz); ranks that share
 collectives (FSDP2's all-gathers, megatron's gradient all-reduce) must run the same number of passes, so a rank
