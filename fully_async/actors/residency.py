@@ -284,7 +284,8 @@ class Turns:
 class Elastic(Dedicated):
     """The trainer's side of placement=elastic (its own devices, always held: Dedicated's keep / kept / metrics).
     `lend(ph, phase)` puts the trainer's engines to work in the rollouter's pool, `reclaim(ph, phase)` takes them
-    back; both return metrics.  The trainer stays on its devices throughout (offloading it is refused for elastic: config_checks), so its own transitions (`attach`) never run.
+    back; both return metrics.  The trainer stays on its devices throughout (offloading it is refused for elastic:
+    config_checks), so its own transitions (`attach`) never run.
     The metrics of a lend ride with those of the reclaim that ends it (`hold`'s), so a trainer step reports the lend
     of the wait before it."""
 

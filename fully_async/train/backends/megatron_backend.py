@@ -3,7 +3,8 @@
 Every trainer rank builds one backend and is called with the *same* full batch (train/group.ReplicatedGroupBackend):
 log-probs take their data-parallel shard here (train/sharding.py's shares; an empty shard runs one zero-weighted row
 to stay in step), and the PPO update (train/ppo_update.py) hands each mini-batch already cut into dp shards of
-micro-batches (train/sharding.py); each rank runs its own through megatron's pipeline schedule, its unit of forward/backward.
+micro-batches (train/sharding.py); each rank runs its own through megatron's pipeline schedule, its unit of
+forward/backward.
 Each micro-batch loss is divided by its whole mini-batch's token/sequence count (as in TorchBackend); megatron's
 schedule divides by the micro-batch count and DDP averages over dp, so the loss given to the schedule is
 multiplied back by both.  Log-probs use megatron's vocab-parallel cross-entropy (exact under TP).  Weights enter
