@@ -114,9 +114,8 @@ def validation_texts(tokenizer: Any, pairs: Sequence[tuple[PromptRecord, Sequenc
     tokens as verl's dumps; None unless trainer.log_val_generations or trainer.validation_data_dir asks for them."""
     if not generations.wanted(cfg.trainer):
         return None
-    return [(tokenizer.decode(rec.prompt_ids, skip_special_tokens=True),
-             tokenizer.decode(s.response_ids, skip_special_tokens=True), rec.ground_truth)
-            for rec, samples in pairs for s in samples]
+    return generations.decoded(tokenizer, ((rec.index, rec.prompt_ids, s.response_ids, rec.ground_truth)
+                                           for rec, samples in pairs for s in samples))
 
 
 def validation_samples(engine: Any, records: Sequence[PromptRecord], cfg: Any, version: int,

@@ -121,14 +121,13 @@ class RunLogger:
         self._log(step, metrics)
 
     def _log(self, step: int, metrics: dict) -> None:
-        if generations.VAL_GENERATIONS in metrics:
-            metrics = dict(metrics)
-            self._generations(step, metrics.pop(generations.VAL_GENERATIONS))
-        if generations.ROLLOUT_GENERATIONS in metrics:
-            metrics = dict(metrics)
-            rows = metrics.pop(generations.ROLLOUT_GENERATIONS)
-            if self.rollout_dir:
-                generations.dump(self.rollout_dir, step, rows)
+        rows = {k: metrics[k] for k in (generations.VAL_GENERATIONS, generations.ROLLOUT_GENERATIONS) if k in metrics}
+        if rows:   # responses riding with the metrics: written / shown, never logged as scalars
+            metrics = {k: v for k, v in metrics.items() if k not in rows}
+            if generations.VAL_GENERATIONS in rows:
+                self._generations(step, rows[generations.VAL_GENERATIONS])
+            if generations.ROLLOUT_GENERATIONS in rows and self.rollout_dir:
+                generations.dump(self.rollout_dir, step, rows[generations.ROLLOUT_GENERATIONS])
         if any(k.startswith("val-core/") for k in metrics):
             self.val_history.append((step, metrics))
         else:

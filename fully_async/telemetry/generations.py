@@ -19,7 +19,6 @@ from typing import Any, Iterable, Sequence
 
 VAL_GENERATIONS = "val/generations"     # the metrics-dict key of a validation's rows, and the sinks' name for them
 ROLLOUT_GENERATIONS = "rollout/generations"   # ... of a trained batch's rows (trainer.rollout_data_dir)
-BASE_KEYS = ("input", "output", "gts", "score")
 
 
 def wanted(trainer: Any) -> bool:
@@ -38,12 +37,23 @@ def rows_of(texts: Sequence[tuple[str, str, Any]], samples: Iterable[Any]) -> li
     return rows
 
 
+def decoded(tokenizer: Any, items: Iterable[tuple[Any, list[int], list[int], Any]]) -> list[tuple[str, str, Any]]:
+    """(input, output, ground truth) of (prompt key, prompt ids, response ids, ground truth) items, decoded without
+    special tokens as verl's dumps; a prompt is decoded once for all the responses to it (its key)."""
+    prompts: dict[Any, str] = {}
+    out = []
+    for key, prompt_ids, response_ids, gts in items:
+        if key not in prompts:
+            prompts[key] = tokenizer.decode(prompt_ids, skip_special_tokens=True)
+        out.append((prompts[key], tokenizer.decode(response_ids, skip_special_tokens=True), gts))
+    return out
+
+
 def trained_rows(tokenizer: Any, samples: Sequence[Any]) -> list[dict]:
     """trainer.rollout_data_dir: the rows of a step's trained responses (verl's `_log_rollout_data`: prompt and
-    response decoded without special tokens, the ground truth, the score and the reward's extra fields)."""
-    texts = [(tokenizer.decode(s.prompt_ids, skip_special_tokens=True),
-              tokenizer.decode(s.response_ids, skip_special_tokens=True), s.ground_truth) for s in samples]
-    return rows_of(texts, samples)
+    response decoded, the ground truth, the score and the reward's extra fields)."""
+    return rows_of(decoded(tokenizer, ((s.uid, s.prompt_ids, s.response_ids, s.ground_truth) for s in samples)),
+                   samples)
 
 
 def pick(rows: Sequence[dict], n: int) -> list[tuple[str, str, float]]:

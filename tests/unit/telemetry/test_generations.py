@@ -54,14 +54,22 @@ def test_validation_rows_carry_the_reward_extras_without_overriding_the_score():
 
 def test_trained_rows_decode_each_response_with_its_prompts_ground_truth():
     class Tok:
+        calls = 0
+
         def decode(self, ids, skip_special_tokens):
             assert skip_special_tokens
+            Tok.calls += 1
             return " ".join(map(str, ids))
 
     s = Sample("u", "s", [1, 2], [3, 4], [0.0, 0.0], [0, 0], reward=0.5, reward_extra={"acc": 0.0},
                ground_truth="7")
     assert generations.trained_rows(Tok(), [s]) == [{"input": "1 2", "output": "3 4", "gts": "7", "score": 0.5,
                                                     "acc": 0.0}]
+    Tok.calls = 0
+    other = Sample("u", "s2", [1, 2], [5], [0.0], [0], reward=1.0, ground_truth="7")   # the same prompt's group
+    rows = generations.trained_rows(Tok(), [s, other])
+    assert [r["output"] for r in rows] == ["3 4", "5"] and rows[1]["input"] == "1 2"
+    assert Tok.calls == 3                   # the prompt once, each response once
 
 
 def test_tensorboard_shows_the_samples_as_text(tmp_path, monkeypatch):
