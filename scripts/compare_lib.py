@@ -216,8 +216,9 @@ def run_ceiling(run: "Run", bench: Optional[dict], dp_efficiency: float = 1.0) -
 
 
 # ----------------------------------------------------------------------------------- numbers
-def tokens_per_s(run: Run) -> float:
-    return sum(run.values("perf/total_num_tokens")) / sum(run.values("timing_s/step"))
+def tokens_per_s(run: Run, skip_first: int = 0) -> float:
+    """Trained tokens over step seconds, every step (or without the first `skip_first`: compiling)."""
+    return sum(run.values("perf/total_num_tokens")[skip_first:]) / sum(run.values("timing_s/step")[skip_first:])
 
 
 def samples_per_step(run: Run) -> dict[int, int]:

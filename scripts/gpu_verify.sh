@@ -137,11 +137,13 @@ seed)
   # same warm machine may add placements against the first call's sync run: SYNC_LOG=/tmp/pool/seed$N/runs/sync
   # POVR: overrides of one placement's run only, P:KEY=VALUE separated by spaces (compare_sync_async.py
   # --placement-override), e.g. POVR="colocated:actor_rollout_ref.rollout.weight_sync=device_ipc"
-  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  # SHAPE (default 0.5b; 1.5b: Qwen2.5-1.5B's shape) picks the model; TAG names the run directory
+  MODEL=/tmp/m_${SHAPE:-0.5b}
+  python3 scripts/build_shaped_model.py --shape ${SHAPE:-0.5b} --out $MODEL
   N=${DEVICES:-2}
   export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((N - 1)))
   B=$((64 * N))
-  SEEDN=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
+  SEEDN=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=$MODEL data.train_files=.gpubundle/data/train.jsonl
          data.val_files=null data.max_prompt_length=16 data.max_response_length=${MAXLEN:-3072}
          actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16 actor_rollout_ref.actor.optim.lr=1e-6
          actor_rollout_ref.model.use_remove_padding=true actor_rollout_ref.actor.use_dynamic_bsz=true
@@ -152,12 +154,17 @@ seed)
          trainer.total_training_steps=${STEPS:-6} trainer.progress_bar=false trainer.val_before_train=false
          trainer.test_freq=-1 trainer.logger=[console,tensorboard] "trainer.default_local_dir=/tmp/ckpt" ${EXTRA:-})
   D=/tmp/pool/seed$N${TAG:+_$TAG}
-  timeout ${LIMIT:-570} python3 scripts/compare_sync_async.py --devices "$N" --placements ${PLACEMENTS:-split,elastic,colocated} \
+  # a machine lent again may still hold an earlier call's runs: start clean unless the sync run to reuse is in there
+  case "${SYNC_LOG:-}" in "$D"/*) ;; *) rm -rf "$D" ;; esac
+  # LIMIT (default 500 s) leaves the device call's 600 s room for the install, the model and the copies below, which
+  # a call killed at its own limit never reaches; the whole output is also kept in $OUT as it is printed
+  timeout ${LIMIT:-500} python3 scripts/compare_sync_async.py --devices "$N" --placements ${PLACEMENTS:-split,elastic,colocated} \
       $([ "${PLACEMENTS:-split}" = colocated ] || echo --split ${SPLIT:-1}) \
       $(for o in ${POVR:-}; do echo --placement-override "$o"; done) --threshold 0.0 --warmup-steps ${WARMUP:-1} --out $D ${SYNC_LOG:+--sync-log $SYNC_LOG} \
-      "${SEEDN[@]}" 2>&1 | grep -v "it/s\]" | grep -E -v "^\[(async|sync|bench)[a-z_]*\] " | tail -50
+      "${SEEDN[@]}" 2>&1 | grep -v "it/s\]" | tee "$OUT/seed${N}${TAG:+_$TAG}.log" \
+      | grep -E -v "^\[(async|sync|bench)[a-z_]*\] " | tail -50
   cp $D/placements.json "$OUT/seed${N}${TAG:+_$TAG}_placements.json" 2>/dev/null
-  tar czf "$OUT/seed${N}${TAG:+_$TAG}_runs.tgz" -C $D runs 2>/dev/null
+  tar czf "$OUT/seed${N}${TAG:+_$TAG}_runs.tgz" -C $D runs logs 2>/dev/null
   grep -h -E "Error|Traceback" $D/logs/*.log 2>/dev/null | head -10
   ;;
 features)

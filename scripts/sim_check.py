@@ -2,6 +2,7 @@
 simulated tokens/s next to the measured one (fully_async/planner/pipeline_sim.py).
 
   python scripts/sim_check.py ASYNC_TB_DIR SYNC_TB_DIR [--json]
+  python scripts/sim_check.py --costs-from SYNC_TB_DIR RUN_DIR... [--dp-efficiency 0.9]   (forward: below)
 
 Stage costs read from a run's TensorBoard scalars: fully_async/planner/stage_costs.py from_run_scalars (engine
 ms per decode step, trainer busy seconds per token, weight-update / sync-switch seconds), and
@@ -18,6 +19,10 @@ From a saved comparison table instead (compare_sync_async.py's table.json, when 
 The simulation then runs the run's own config (devices, n, groups per step, max_num_seqs, staleness_threshold,
 trigger_parameter_sync_step, partial_rollout) for its number of steps; tokens/s is compared with compare_lib's
 tokens/s = sum(perf/total_num_tokens) / sum(timing_s/step).
+--costs-from predicts forward, as `python -m fully_async.plan plan.stage_costs=<that run>` does: every run from one
+run's stage costs (the async placements from the sync run of the same comparison), compiling steps left out, the
+training cost scaled to other device counts by --dp-efficiency (forward_costs); each prediction is printed beside
+both the whole-run measurement and the one without the run's first (compiling) step.
 """
 from __future__ import annotations
 
@@ -36,18 +41,6 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def stage_costs(run: Any) -> Any:
-    """StageCosts of one run from its own logs (stage_costs.from_run_scalars)."""
-    from compare_lib import placement_of
-
-    from fully_async.planner.stage_costs import aligned_scalars, from_run_scalars
-
-    scalars = aligned_scalars({tag: [(s, v) for s, _, v in run.series(tag)] for tag in run.scalars})
-    # every step kept: the check compares with the run's whole average (compiling steps included)
-    return from_run_scalars(scalars, run.mode, run.devices()["trainer"], source=f"run logs {run.log_dir}",
-                            outlier_ratio=None, placement=placement_of(run.config))
-
-
 def _workload(run: Any) -> Any:
     from omegaconf import OmegaConf
 
@@ -64,15 +57,49 @@ def _workload(run: Any) -> Any:
                          steps=len(run.values("timing_s/step")))
 
 
-def predict(run: Any) -> dict:
-    """Simulated tokens/s of the run from its own stage costs, next to the measured one."""
+def stage_costs(run: Any, every_step: bool = True) -> Any:
+    """StageCosts of one run from its own logs (stage_costs.from_run_scalars): every step kept (the check compares
+    with the run's whole average, compiling steps included), or, as the planner reads a run, its compiling steps
+    left out."""
+    from compare_lib import placement_of
+
+    from fully_async.planner.stage_costs import OUTLIER_RATIO, aligned_scalars, from_run_scalars
+
+    scalars = aligned_scalars({tag: [(s, v) for s, _, v in run.series(tag)] for tag in run.scalars})
+    return from_run_scalars(scalars, run.mode, run.devices()["trainer"], source=f"run logs {run.log_dir}",
+                            outlier_ratio=None if every_step else OUTLIER_RATIO, placement=placement_of(run.config))
+
+
+def forward_costs(source: Any, dp_efficiency: float) -> Any:
+    """The planner's forward prediction (`python -m fully_async.plan plan.stage_costs=<source run>`): the stage costs
+    of another run (a sync run, say), its compiling steps left out as the planner leaves them out.  Its
+    per-device-token training cost holds its own data-parallel efficiency, so one device's is that times the
+    efficiency assumed at its device count (other counts then scale by `dp_efficiency` per doubling, as the planner
+    does); a weight update the source did not push is priced at the source's own engine load
+    (timing_s/param_sync/load: the same bytes into the same engines)."""
+    from dataclasses import replace
+
+    from fully_async.planner.sim_engine import data_parallel_speedup
+
+    costs = stage_costs(source, every_step=False)
+    n = max(1, source.devices()["trainer"])
+    loads = [v for v in source.values("timing_s/param_sync/load") if v > 0]
+    return replace(costs, dp_efficiency=dp_efficiency,
+                   train_token_s=costs.train_token_s * data_parallel_speedup(n, dp_efficiency) / n,
+                   weight_sync_s=costs.weight_sync_s or (_mean(loads) if loads else 0.0),
+                   source=f"{costs.source}, forward (dp_efficiency {dp_efficiency})")
+
+
+def predict(run: Any, costs: Any = None) -> dict:
+    """Simulated tokens/s of the run from its own stage costs (or `costs`: forward_costs of another run), next to
+    the measured one."""
     from compare_lib import placement_of, tokens_per_s
 
     from fully_async.planner.colocated_sim import simulate_colocated
     from fully_async.planner.pipeline_sim import AsyncSetup, simulate_async, simulate_sync
     from fully_async.planner.search import PipelineShape
 
-    costs = stage_costs(run)
+    costs = costs or stage_costs(run)
     cfg, work = _workload(run)
     shape = PipelineShape.of(cfg)
     d = run.devices()
@@ -91,10 +118,10 @@ def predict(run: Any) -> dict:
                                         partial_rollout=shape.partial_rollout, elastic_replicas=elastic), costs, work)
     else:
         sim = simulate_sync(d["trainer"], shape.sync_groups, shape.max_num_seqs, costs, work)
-    measured = tokens_per_s(run)
+    measured, steady = tokens_per_s(run), tokens_per_s(run, skip_first=1)
     return {"mode": run.mode, "log_dir": run.log_dir, "devices": d, "costs": costs.as_dict(),
-            "predicted": sim.as_dict(), "measured_tokens_per_s": measured,
-            "error": sim.tokens_per_s / measured - 1.0}
+            "predicted": sim.as_dict(), "measured_tokens_per_s": measured, "measured_after_first_tokens_per_s": steady,
+            "error": sim.tokens_per_s / measured - 1.0, "error_after_first": sim.tokens_per_s / steady - 1.0}
 
 
 def predict_from_table(table: dict, bench: dict, steps: int | None = None) -> list[dict]:
@@ -138,11 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="*", help="TensorBoard run dirs (any mode)")
     ap.add_argument("--table", help="a compare_sync_async.py table.json (with --bench)")
     ap.add_argument("--bench", help="the bench_pipeline.py JSON of the table's hardware and workload")
+    ap.add_argument("--costs-from", metavar="RUN", help="predict every run from this run's stage costs (the "
+                    "planner's forward prediction, e.g. async placements from the sync run) instead of its own")
+    ap.add_argument("--dp-efficiency", type=float, default=0.9, help="with --costs-from: the per-device rate kept "
+                    "at each doubling of the trainer's devices (plan.dp_efficiency; default 0.9)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if bool(args.table) != bool(args.bench) or not (args.runs or args.table):
         ap.error("give TensorBoard run dirs, or --table with --bench")
-    out = [predict(read_run(d)) for d in args.runs]
+    costs = forward_costs(read_run(args.costs_from), args.dp_efficiency) if args.costs_from else None
+    out = [predict(read_run(d), costs) for d in args.runs]
     if args.table:
         with open(args.table) as fh, open(args.bench) as fb:
             out += predict_from_table(json.load(fh), json.load(fb))
@@ -150,9 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=1))
     else:
         for r in out:
-            print(f"{r['mode']:5} {r['devices']['trainer']}+{r['devices']['rollout']} devices: measured "
-                  f"{r['measured_tokens_per_s']:.1f} tokens/s, simulated {r['predicted']['tokens_per_s']:.1f} "
-                  f"({100 * r['error']:+.1f}%)  [{r['log_dir']}]")
+            # a forward prediction leaves the compiling steps out, as the planner does: beside the measurement
+            # without the run's first step too
+            after = (f"; without the first step {r['measured_after_first_tokens_per_s']:.1f} "
+                     f"({100 * r['error_after_first']:+.1f}%)") if costs else ""
+            print(f"{r['mode']:5} {r['devices']['trainer']}+{r['devices']['rollout']} devices: simulated "
+                  f"{r['predicted']['tokens_per_s']:.1f} tokens/s, measured {r['measured_tokens_per_s']:.1f} "
+                  f"({100 * r['error']:+.1f}%){after}  [{r['log_dir']}]")
     return 0
 
 
