@@ -128,17 +128,9 @@ def test_two_gpu_sync_split_elastic_and_colocated_within_15_percent():
 def test_four_gpu_sync_split_and_colocated_within_15_percent():
     """4x H200, the seed-003 shape at 4 GPUs (256 prompts x 8 per step; PROVENANCE.md): sync, split 2+2 (the
     planner's split) and colocated each simulated from their own logs, every step averaged as measured."""
-    from compare_lib import build_table, placement_of, read_run
-    from sim_check import predict
+    from compare_lib import build_table
 
-    runs = os.path.join(FIX, "h200_4dev_seed003")
-    by_name = {name: read_run(os.path.join(runs, name)) for name in ("sync", "split", "colocated")}
-    out = {}
-    for name, run in by_name.items():
-        assert placement_of(run.config) == name
-        out[name] = predict(run)
-        assert abs(out[name]["error"]) < 0.15, (name, out[name]["predicted"]["tokens_per_s"],
-                                                out[name]["measured_tokens_per_s"])
+    by_name, out = _replayed("h200_4dev_seed003", ("sync", "split", "colocated"))
     measured = {name: r["measured_tokens_per_s"] / out["sync"]["measured_tokens_per_s"] for name, r in out.items()}
     assert 1.50 < measured["colocated"] < 1.58 and 1.48 < measured["split"] < 1.58, measured   # 1.54x, 1.53x
     # without each run's compiling first and the end-of-run last step: 1.67x
