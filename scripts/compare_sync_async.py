@@ -22,8 +22,9 @@ not set rollout.n_gpus_per_node or an nnodes other than 1):
              an engine and a trainer rank taking turns, as sync, over-provisioned (DIR/runs/async_colocated).
 `--placement-override P:KEY=VALUE` adds an override to placement P's run only (the key may then differ from sync).
 At --devices 1 only sync and colocated exist.  With one placement the comparison is written into DIR as before;
-with several, each pair into DIR/<placement>/ and a summary of all of them (tokens/s, x sync, per-step generating /
-train / switch seconds) is printed and written to DIR/placements.json.
+with several, each pair into DIR/<placement>/.  Either way a summary of every run (tokens/s, x sync, the planner's
+forward prediction of each from the sync run's costs, per-step generating / train / switch seconds, the simulation
+of each from its own logs) is printed and written to DIR/placements.json.
 A trainer on more than one device gets `actor_rollout_ref.actor.strategy=fsdp2` unless the overrides
 set a strategy.  The bench runs first (always when the split is chosen; with --split only with
 --bench).  Each run writes TensorBoard to DIR/runs/<mode> under the same experiment name and starts
@@ -396,7 +397,7 @@ def run_both(args: argparse.Namespace, out_dir: str) -> int:
             if rc:
                 return rc
             tables[p].append(table)
-    if len(placements) > 1:
+    if repeats == 1 or len(placements) > 1:   # the rows with the planner's prediction of each (one placement too)
         summary = placements_summary({p: t[-1] for p, t in tables.items()})
         with open(os.path.join(out_dir, "placements.json"), "w") as fh:
             json.dump(summary, fh, indent=1)

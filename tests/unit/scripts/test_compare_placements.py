@@ -152,3 +152,24 @@ def test_runs_on_different_cards_are_not_compared(tmp_path, capsys):
     assert "different hardware" in err and "4x NVIDIA H100 80GB HBM3" in err and "4x NVIDIA H200" in err
     rc, table = cs.compare([runs["colocated"], runs["sync"]], str(tmp_path / "out"), 0.0, None, allowed + ("hardware",))
     assert rc == 0 and table
+
+
+def test_the_summary_puts_the_planners_forward_prediction_next_to_each_run():
+    """4x H200 (tests/fixtures/gpu_runs/h200_4dev_seed003): split 2+2 and colocated each predicted from the sync
+    XX
+    (its 6 steps drain the queue its engines built while the trainer compiled: not a steady rate)."""
+    from compare_lib import build_table, read_run
+
+    fix = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "fixtures", "gpu_runs", "h200_4dev_seed003")
+    sync = read_run(os.path.join(fix, "sync"))
+    tables = {}
+    for p in ("split", "colocated"):
+        tables[p] = build_table({"async": read_run(os.path.join(fix, p)), "sync": sync}, 0.0, warmup_steps=1)
+        tables[p]["speedup"] = {"tokens_per_s": tables[p]["modes"]["async"]["tokens_per_s"]
+                                / tables[p]["modes"]["sync"]["tokens_per_s"]}
+    rows = {r["placement"]: r for r in placements_summary(tables)["rows"]}
+    assert abs(rows["colocated"]["prediction_error"]) < 0.10 and abs(rows["sync"]["prediction_error"]) < 0.10, rows
+    assert -0.32 < rows["split"]["prediction_error"] < -0.20, rows["split"]
+    assert rows["colocated"]["predicted_tokens_per_s"] == pytest.approx(146015, rel=0.01)
+    text = format_placements(placements_summary(tables))
+    assert "predicted" in text and "-4.2%" in text and "-27.4%" in text
