@@ -156,9 +156,9 @@ seed)
   D=/tmp/pool/seed$N${TAG:+_$TAG}
   # a machine lent again may still hold an earlier call's runs: start clean unless the sync run to reuse is in there
   case "${SYNC_LOG:-}" in "$D"/*) ;; *) rm -rf "$D" ;; esac
-  # LIMIT (default 500 s) leaves the device call's 600 s room for the install, the model and the copies below, which
-  # a call killed at its own limit never reaches; the whole output is also kept in $OUT as it is printed
-  timeout ${LIMIT:-500} python3 scripts/compare_sync_async.py --devices "$N" --placements ${PLACEMENTS:-split,elastic,colocated} \
+  # LIMIT (default: what is left of 560 s since this script started) leaves the device call's 600 s room for the
+  # copies below, which a call killed at its own limit never reaches; the whole output is also kept in $OUT as printed
+  timeout ${LIMIT:-$((560 - SECONDS))} python3 scripts/compare_sync_async.py --devices "$N" --placements ${PLACEMENTS:-split,elastic,colocated} \
       $([ "${PLACEMENTS:-split}" = colocated ] || echo --split ${SPLIT:-1}) \
       $(for o in ${POVR:-}; do echo --placement-override "$o"; done) --threshold 0.0 --warmup-steps ${WARMUP:-1} --out $D ${SYNC_LOG:+--sync-log $SYNC_LOG} \
       "${SEEDN[@]}" 2>&1 | grep -v "it/s\]" | tee "$OUT/seed${N}${TAG:+_$TAG}.log" \
