@@ -230,8 +230,10 @@ class RolloutConfig:
     # vLLM engine (rollout.name=vllm); ignored by the embedded engine
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5   # fraction of device memory vLLM may take (weights + KV cache)
-    max_num_batched_tokens: int = 8192
-    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: int = 8192    # both engines: prompt tokens prefilled per engine step (the embedded one
+    #                                       counts its padded prefill: joiners x the longest of them)
+    enable_chunked_prefill: bool = True   # vLLM splits a longer prompt over steps; the embedded engine prefills it
+    #                                       alone in one step. false: the budget must cover max_model_len (vLLM's rule)
     enforce_eager: bool = False           # true: no device graphs (CUDA/NPU graph capture costs start-up time)
     fused_decode: bool = True             # embedded engine, llama-family models: decode as fused per-layer functions
     #                                       (torch.compile on CUDA); false: transformers' own modules

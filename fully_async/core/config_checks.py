@@ -15,7 +15,7 @@ from fully_async.core.config import (POLICY_LOSS_MODES, PLACEMENTS, ATTN_IMPLEME
                                      LOGGERS, LOSS_AGG_MODES, LR_SCHEDULER_TYPES, MODES, RESUME_STATE_KEYS,
                                      REWARD_MANAGERS, ROLLOUT_NAMES, STRATEGIES, TRUNCATIONS, ConfigError, as_file_list,
                                      overlong_reference_length)
-from fully_async.core.rollout_checks import check_multi_turn, check_quantization
+from fully_async.core.rollout_checks import check_multi_turn, check_prefill_budget, check_quantization
 from fully_async.core.algorithm_checks import (_at_least, _choice, check_algorithm, check_filter_groups,
                                                check_grpo_group, check_reward_model, check_rollout_correction)
 from fully_async.core.plan import RunPlan
@@ -366,9 +366,9 @@ def _check_rollout(cfg: Any) -> None:
                        "false: in-flight work finishes on the old weights before an update")
     check_quantization(cfg)
     check_multi_turn(cfg)
+    check_prefill_budget(cfg)
     if rollout.name == "vllm":
         _choice("actor_rollout_ref.rollout.load_format", rollout.load_format, ("auto", "dummy", "safetensors", "pt"))
-        _at_least("actor_rollout_ref.rollout.max_num_batched_tokens", rollout.max_num_batched_tokens, 1)
         if not 0.0 < rollout.gpu_memory_utilization <= 1.0:
             raise ConfigError("actor_rollout_ref.rollout.gpu_memory_utilization",
                               f"{rollout.gpu_memory_utilization} must be in (0, 1]")

@@ -1,5 +1,5 @@
-"""Checks of the rollout's optional capabilities (layer 0): fp8 rollouts and multi-turn tool rollouts, before
-anything starts (config_checks.validate calls them)."""
+"""Checks of the rollout's optional capabilities (layer 0): fp8 rollouts, multi-turn tool rollouts and the prefill
+budget, before anything starts (config_checks.validate calls them)."""
 from __future__ import annotations
 
 import logging
@@ -62,3 +62,27 @@ def check_quantization(cfg: Any) -> None:
                        "its mismatch with the trainer, which rollout correction is for), not its speed or memory; "
                        "decode runs transformers' modules (rollout.fused_decode does not apply)", key,
                        rollout.quantization)
+
+
+def check_prefill_budget(cfg: Any) -> None:
+    """rollout.max_num_batched_tokens / enable_chunked_prefill: the prompt tokens one engine step prefills.  vLLM
+    refuses a budget below max_model_len without chunked prefill, and so do we, for both engines; the embedded
+    engine never splits one prompt, so with chunked prefill a longer one is prefilled alone (said once here)."""
+    rollout, key = cfg.actor_rollout_ref.rollout, "actor_rollout_ref.rollout.max_num_batched_tokens"
+    _at_least(key, rollout.max_num_batched_tokens, 1)
+    if rollout.name == "vllm" and rollout.max_num_batched_tokens < rollout.max_num_seqs:
+        raise ConfigError(key, f"{rollout.max_num_batched_tokens} is below max_num_seqs ({rollout.max_num_seqs}), "
+                          f"which vLLM refuses: raise it to >= {rollout.max_num_seqs} or lower max_num_seqs")
+    longest = rollout.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length
+    if rollout.max_num_batched_tokens >= longest or ":" in rollout.name:
+        return
+    if not rollout.enable_chunked_prefill:
+        raise ConfigError(key, f"{rollout.max_num_batched_tokens} is below the longest sequence an engine serves "
+                          f"({longest}: max_model_len, or max_prompt_length + max_response_length) and "
+                          "enable_chunked_prefill=false, so a request that long could never be prefilled (vLLM "
+                          f"refuses this too): raise it to >= {longest} or set enable_chunked_prefill=true")
+    if rollout.name == "hf":
+        logger.warning("%s=%d is below the longest sequence the engine serves (%d): the embedded engine prefills "
+                       "a request longer than the budget alone in one step (a prompt, or after a weight update a "
+                       "prompt with its partial response); vLLM would split it over steps (enable_chunked_prefill)",
+                       key, rollout.max_num_batched_tokens, longest)

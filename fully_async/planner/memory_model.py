@@ -279,9 +279,12 @@ def engine_memory(cfg: Any, shape: Shape, capacity_bytes: float) -> RoleMemory:
                     f"{r.max_num_seqs} full-length sequences need {kv_needed / GIB:.2f} GiB of KV per device")
         mem.kv_needed = kv_needed  # type: ignore[attr-defined]
     else:
-        # one admission prefills up to max_num_seqs prompts at once: one layer's live tensors per prompt token
-        # (residual + hidden, and the MLP's gate, up and their product), freed layer by layer
-        prefill = r.max_num_seqs * cfg.data.max_prompt_length * (2 * shape.hidden + 3 * shape.intermediate) * wbytes
+        # one admission prefills up to max_num_seqs prompts at once, at most max_num_batched_tokens padded tokens
+        # (a longer prompt alone): one layer's live tensors per prompt token (residual + hidden, and the MLP's
+        # gate, up and their product), freed layer by layer
+        tokens = min(r.max_num_seqs * cfg.data.max_prompt_length,
+                     max(r.max_num_batched_tokens, cfg.data.max_prompt_length))
+        prefill = tokens * (2 * shape.hidden + 3 * shape.intermediate) * wbytes
         mem.parts.update(weights=weights, kv_cache=kv_needed, logits=4.0 * r.max_num_seqs * shape.vocab,
                          prefill=prefill / tp)
         if not r.enforce_eager and cfg.trainer.device != "cpu":

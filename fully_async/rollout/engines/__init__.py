@@ -27,7 +27,8 @@ def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: 
         return getattr(importlib.import_module(module), cls_name)(cfg.actor_rollout_ref.model.path, **hf_kwargs)
     if rollout.name == "hf":
         from fully_async.rollout.engines.hf_engine import HFEngine
-        return HFEngine(cfg.actor_rollout_ref.model.path, **hf_kwargs)
+        return HFEngine(cfg.actor_rollout_ref.model.path, max_num_batched_tokens=rollout.max_num_batched_tokens,
+                        **hf_kwargs)
     if rollout.name == "vllm":
         from fully_async.rollout.engines.vllm_engine import VLLMEngine
         return VLLMEngine.from_config(cfg, device, eos_token_ids, seed=seed)

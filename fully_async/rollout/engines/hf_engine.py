@@ -14,7 +14,13 @@ engine iteration:
   1. admit waiting requests into free slots (lowest first): one prefill forward over the joining
      prompts only (right-padded, causal mask), writing their keys/values into their slots; running
      sequences are not touched.  While sequences run, admission waits until `admit_batch` slots
-     (max_num_seqs / 8) are free, so the prefill forward is paid once per batch of joiners;
+     (max_num_seqs / 8) are free, so the prefill forward is paid once per batch of joiners.  With
+     `max_num_batched_tokens` (actor_rollout_ref.rollout.max_num_batched_tokens, as vLLM bounds its steps)
+     the joiners of one step are those that fit the budget as one padded prefill (joiners x the longest of
+     them), first come first served, the rest at the next steps: a burst of long requests (a weight update's
+     parked responses, prompt + partial response each) is prefilled over several steps that also decode,
+     never in one forward that stalls every running sequence.  The first joiner always joins: a prompt longer
+     than the budget is prefilled alone (vLLM would split it into chunks over steps);
   2. sample one token for every slot below hi (hi = highest occupied slot + 1) from its pending logits,
      on the device; one host transfer per step brings back the tokens and their behaviour log-probs,
      which land in per-slot host arrays (numpy, vectorised: no per-sequence Python work per step);
@@ -37,6 +43,7 @@ transformers passes through untouched, so any causal LM whose attention calls
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import deque
@@ -166,7 +173,7 @@ class HFEngine:
                  trust_remote_code: bool = False, max_model_len: Optional[int] = None, enforce_eager: bool = True,
                  graph_batch_sizes: Optional[list[int]] = None, free_cache_engine: bool = True,
                  fused_decode: bool = True, split_kv: Optional[bool] = None, keep_in_flight: bool = False,
-                 quantization: Optional[str] = None):
+                 quantization: Optional[str] = None, max_num_batched_tokens: Optional[int] = None):
         from transformers import AutoModelForCausalLM
 
         start = time.perf_counter()
@@ -197,6 +204,10 @@ class HFEngine:
                 fused_decode = False
         self.max_num_seqs = max_num_seqs
         self.admit_batch = max(1, max_num_seqs // 8)  # free slots that trigger an admission mid-run
+        if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
+            raise ValueError(f"HFEngine(max_num_batched_tokens={max_num_batched_tokens}): must be >= 1 (or None: "
+                             "no budget)")
+        self.max_num_batched_tokens = max_num_batched_tokens   # padded prefill tokens per step (None: no bound)
         self.eos = set(eos_token_ids or [])
         self._eos = np.array(sorted(self.eos), dtype=np.int64)
         self.pad_token_id = pad_token_id
@@ -410,7 +421,7 @@ class HFEngine:
         running = self.max_num_seqs - len(free)
         if not len(free) or not self.waiting or (running and len(free) < self.admit_batch):
             return
-        joining = [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]
+        joining = self._joining(len(free))
         slot_ids = free[:len(joining)]
         lens = [len(r.prompt_ids) for r in joining]
         cache, state = self._buffers(max(n + r.params.max_tokens for n, r in zip(lens, joining)))
@@ -439,6 +450,18 @@ class HFEngine:
         self._logit_ver[slot_ids] = self.version
         self._max[slot_ids] = [p.max_tokens for p in params]
         self._truncates[slot_ids] = [p.top_k > 0 or p.top_p < 1.0 for p in params]
+
+    def _joining(self, free: int) -> list[GenRequest]:
+        """The waiting requests that join at this step, first come first served: as many as there are free slots
+        and, with a budget, as fit in it as one padded prefill (joiners x the longest of them); the first always
+        joins."""
+        budget, take, width = self.max_num_batched_tokens, 0, 0
+        for req in itertools.islice(self.waiting, free):
+            wider = max(width, len(req.prompt_ids))
+            if take and budget is not None and (take + 1) * wider > budget:
+                break
+            take, width = take + 1, wider
+        return [self.waiting.popleft() for _ in range(take)]
 
     def _hi(self) -> int:
         occupied = np.flatnonzero(self._occ)

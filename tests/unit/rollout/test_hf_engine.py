@@ -218,3 +218,28 @@ def test_default_graph_buckets():
     assert default_graph_batch_sizes(256) == [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 160, 192, 224, 256]
     assert default_graph_batch_sizes(5) == [1, 2, 4, 5]
     assert span_buckets(272) == [128, 256, 272] and span_buckets(100) == [100]
+
+
+def test_prefill_budget_admits_what_fits_and_changes_no_token(random_model_dir):
+    """max_num_batched_tokens (verl's rollout key, honoured by the embedded engine): one step's joiners fit the
+    budget as one padded prefill (joiners x the longest of them), first come first served; the first always joins
+    (a prompt over the budget is prefilled alone); the rest join at the next steps; no token changes."""
+    prompts = [[5, 6, 7, 8], [8, 9], [10, 11, 12], list(range(20, 31)), [3], [4, 5]]
+    reqs = [GenRequest(f"r{i}", p, GREEDY) for i, p in enumerate(prompts)]
+    free = HFEngine(random_model_dir, CPU, max_num_seqs=8, eos_token_ids=[], pad_token_id=0)
+    want = run_all(free, reqs)
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=8, eos_token_ids=[], pad_token_id=0, max_num_batched_tokens=12)
+    eng.submit(reqs)
+    eng.collect()
+    # 3 x 4 = 12 fit; with the 4th (11 tokens) the padded prefill would be 4 x 11
+    assert int(eng._occ.sum()) == 3 and len(eng.waiting) == 3
+    eng.admit_batch = 1   # admit at every step from here (8 slots would wait for 1 free anyway)
+    eng.collect()
+    assert int(eng._occ.sum()) == 4 and len(eng.waiting) == 2     # 11 tokens: over the budget, alone
+    eng.collect()
+    assert int(eng._occ.sum()) == 6 and not eng.waiting            # 2 x 2 = 4
+    got = run_all(eng, [])
+    for rid, out in want.items():
+        assert got[rid].token_ids == out.token_ids and got[rid].log_probs == pytest.approx(out.log_probs, abs=1e-5)
+    with pytest.raises(ValueError, match="max_num_batched_tokens=0"):
+        HFEngine(random_model_dir, CPU, max_num_batched_tokens=0)
