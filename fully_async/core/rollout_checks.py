@@ -65,7 +65,8 @@ def check_quantization(cfg: Any) -> None:
 
 
 def check_prefill_budget(cfg: Any) -> None:
-    """rollout.max_num_batched_tokens / enable_chunked_prefill: the prompt tokens one engine step prefills.  vLLM
+    """rollout.max_num_batched_tokens / enable_chunked_prefill (and gpu_memory_utilization, which the embedded
+    engine does not take: said once): the prompt tokens one engine step prefills.  vLLM
     refuses a budget below max_model_len without chunked prefill, and so do we, for both engines; the embedded
     engine never splits one prompt, so with chunked prefill a longer one is prefilled alone (said once here)."""
     rollout, key = cfg.actor_rollout_ref.rollout, "actor_rollout_ref.rollout.max_num_batched_tokens"
@@ -74,6 +75,11 @@ def check_prefill_budget(cfg: Any) -> None:
         raise ConfigError(key, f"{rollout.max_num_batched_tokens} is below max_num_seqs ({rollout.max_num_seqs}), "
                           f"which vLLM refuses: raise it to >= {rollout.max_num_seqs} or lower max_num_seqs")
     longest = rollout.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length
+    if rollout.name == "hf" and rollout.gpu_memory_utilization != 0.5:   # verl's default
+        logger.warning("actor_rollout_ref.rollout.gpu_memory_utilization=%g has no effect on the embedded engine "
+                       "(rollout.name=hf): its KV cache is max_num_seqs x max_model_len slots (%d x %d here), sized "
+                       "by those two keys; `python -m fully_async.plan` prints its memory",
+                       rollout.gpu_memory_utilization, rollout.max_num_seqs, longest)
     if rollout.max_num_batched_tokens >= longest or ":" in rollout.name:
         return
     if not rollout.enable_chunked_prefill:

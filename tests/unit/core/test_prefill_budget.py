@@ -46,3 +46,14 @@ def test_the_engine_is_built_with_the_budget(random_model_dir):
     cfg = load_config([f"actor_rollout_ref.model.path={random_model_dir}",
                        "actor_rollout_ref.rollout.max_num_batched_tokens=96"])
     assert build_engine(cfg, CPU, [], 0).max_num_batched_tokens == 96
+
+
+def test_gpu_memory_utilization_on_the_embedded_engine_is_said_to_do_nothing(caplog):
+    caplog.set_level(logging.WARNING, logger="fully_async.core.config_checks")
+    validate(load_config(["actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]))
+    assert "gpu_memory_utilization=0.6 has no effect on the embedded engine" in caplog.text
+    caplog.clear()
+    validate(load_config(["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]))
+    validate(load_config([]))
+    assert "gpu_memory_utilization" not in caplog.text
+
