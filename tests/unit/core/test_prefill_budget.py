@@ -53,7 +53,8 @@ def test_gpu_memory_utilization_on_the_embedded_engine_is_said_to_do_nothing(cap
     validate(load_config(["actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]))
     assert "gpu_memory_utilization=0.6 has no effect on the embedded engine" in caplog.text
     caplog.clear()
-    validate(load_config(["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]))
+    validate(load_config(["actor_rollout_ref.rollout.name=vllm",
+                          "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]))
     validate(load_config([]))
     assert "gpu_memory_utilization" not in caplog.text
 
