@@ -111,6 +111,7 @@ def translate(overrides: list[str]) -> Translation:
 
     parser = OverridesParser.create()
     out, warnings, mapped = [], [], []
+    engine_served: Optional[str] = None
     for line in overrides:
         ov = parser.parse_overrides([line])[0]
         key = ov.key_or_group
@@ -125,6 +126,7 @@ def translate(overrides: list[str]) -> Translation:
         if found is None and in_schema(key):
             served = VALUE_MAPS.get(key, {}).get(str(ov.value()))
             if served is not None:   # a verl value served here by another one (sglang -> vllm)
+                engine_served = str(ov.value()) if key == "actor_rollout_ref.rollout.name" else engine_served
                 msg = f"{key}={ov.value()} runs as {key}={served[0]}: {served[1]}"
                 logger.warning("%s", msg)
                 warnings.append(msg)
@@ -157,7 +159,24 @@ def translate(overrides: list[str]) -> Translation:
         mapped.append((key, target))
         logger.info("verl key %s -> %s", key, target)
     _check_overlong_reference(mapped)
+    if engine_served is not None:
+        out = _drop_engine_ignored(out, engine_served, warnings)
     return Translation(out, warnings, mapped)
+
+
+def _drop_engine_ignored(out: list[str], engine: str, warnings: list[str]) -> list[str]:
+    """A script for an engine served here by vLLM (sglang, trtllm) may set enable_chunked_prefill, which that engine's
+    verl server never reads: dropped (warned), so vLLM keeps chunked prefill on and max_num_batched_tokens below the
+    longest sequence is not refused for a setting that meant nothing in verl."""
+    key = "actor_rollout_ref.rollout.enable_chunked_prefill"
+    kept = [line for line in out if line.lstrip("+").split("=", 1)[0] != key]
+    if len(kept) < len(out):
+        msg = (f"{key} is dropped: verl's {engine} server does not read it, and vLLM, which serves the rollout "
+               "here, keeps chunked prefill on (without it a max_num_batched_tokens below the longest sequence is "
+               "refused)")
+        logger.warning("%s", msg)
+        warnings.append(msg)
+    return kept
 
 
 def _check_overlong_reference(mapped: list[tuple[str, str]]) -> None:

@@ -314,3 +314,25 @@ def test_sglang_and_trtllm_rollouts_run_on_vllm_with_a_warning(name):
     assert len(out.warnings) == 1 and f"name={name} runs as actor_rollout_ref.rollout.name=vllm" in out.warnings[0]
     cfg = typed_config(load_config([f"actor_rollout_ref.rollout.name={name}"]))
     assert cfg.actor_rollout_ref.rollout.name == "vllm"
+
+
+def test_chunked_prefill_set_for_an_engine_that_never_read_it_is_dropped():
+    """verl's sglang server reads neither enable_chunked_prefill nor max_num_batched_tokens, so its scripts'
+    enable_chunked_prefill=False meant nothing there; served here by vLLM it would make a budget below the longest
+    sequence refused (as vLLM refuses it): dropped, warned.  A vLLM script keeps it (and gets vLLM's refusal)."""
+    from fully_async.core.config import ConfigError
+    from fully_async.core.config_checks import validate
+    from fully_async.verl.compat import translate
+
+    long = ["data.max_prompt_length=2048", "data.max_response_length=8192"]
+    for order in ([0, 1], [1, 0]):
+        lines = ["actor_rollout_ref.rollout.enable_chunked_prefill=False", "actor_rollout_ref.rollout.name=sglang"]
+        out = translate([lines[i] for i in order])
+        assert out.overrides == ["actor_rollout_ref.rollout.name=vllm"]
+        said = "enable_chunked_prefill is dropped: verl's sglang server does not read it"
+        assert any(said in w for w in out.warnings)
+    validate(load_config([*long, "actor_rollout_ref.rollout.name=sglang",
+                          "actor_rollout_ref.rollout.enable_chunked_prefill=False"]))
+    with pytest.raises(ConfigError, match="max_num_batched_tokens"):
+        validate(load_config([*long, "actor_rollout_ref.rollout.name=vllm",
+                              "actor_rollout_ref.rollout.enable_chunked_prefill=False"]))
