@@ -498,7 +498,8 @@ VALUE_MAPS: dict[str, dict[str, tuple[str, str]]] = {
     "actor_rollout_ref.rollout.name": {
         name: ("vllm", f"{label} is not an engine here: the rollout runs on vLLM (vLLM-Ascend on NPU) with the same "
                        "sampling parameters (temperature, top_p, top_k, n, lengths), so the samples come from the same "
-                       f"distribution; {label}'s own engine options (engine_kwargs.{name}.*) are dropped")
+                       f"distribution; {label}'s own engine options (engine_kwargs.{name}.*) are dropped, and so is "
+                       "rollout.enable_chunked_prefill, which verl's server for it never reads")
         for name, label in (("sglang", "SGLang"), ("trtllm", "TensorRT-LLM"))},
 }
 
