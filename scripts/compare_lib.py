@@ -630,13 +630,24 @@ def simulated(log_dir: str) -> Optional[dict]:
         return None
 
 
-def forecast(log_dir: str, sync_dir: str) -> Optional[dict]:
-    """The planner's forward prediction of a run from the sync run's stage costs alone (scripts/sim_check.py
-    forward_costs: compiling steps left out, dp efficiency 0.9 per doubling); None where it cannot."""
-    from sim_check import forward_costs, predict
+def sync_costs(sync_dir: str) -> Optional[Any]:
+    """The sync run's stage costs as the planner reads them (scripts/sim_check.py forward_costs: compiling steps
+    left out, dp efficiency 0.9 per doubling), read once per summary; None where they cannot be read."""
+    from sim_check import forward_costs
 
     try:
-        return predict(read_run(log_dir), forward_costs(read_run(sync_dir), 0.9))
+        return forward_costs(read_run(sync_dir), 0.9)
+    except (ValueError, CompareError, KeyError):
+        return None
+
+
+def forecast(log_dir: str, costs: Any) -> Optional[dict]:
+    """The planner's forward prediction of a run from the sync run's stage costs alone (`sync_costs`); None where
+    it cannot."""
+    from sim_check import predict
+
+    try:
+        return predict(read_run(log_dir), costs)
     except (ValueError, CompareError, KeyError):
         return None
 
@@ -656,11 +667,12 @@ def placements_summary(tables: dict[str, dict], simulate: bool = True) -> dict:
         rows.append(dict({k: a.get(k) for k in keys}, placement=placement, devices=a["devices"],
                          x_sync=table["speedup"]["tokens_per_s"]))
     sync_dir = rows[0].get("log_dir")
+    costs = sync_costs(sync_dir) if simulate and sync_dir else None
     for row in rows:
         sim = simulated(row["log_dir"]) if simulate and row.get("log_dir") else None
         row["simulated_tokens_per_s"] = sim["predicted"]["tokens_per_s"] if sim else None
         row["simulation_error"] = sim["error"] if sim else None
-        ahead = forecast(row["log_dir"], sync_dir) if simulate and sync_dir and row.get("log_dir") else None
+        ahead = forecast(row["log_dir"], costs) if costs is not None and row.get("log_dir") else None
         row["predicted_tokens_per_s"] = ahead["predicted"]["tokens_per_s"] if ahead else None
         row["prediction_error"] = ahead["predicted"]["tokens_per_s"] / row["tokens_per_s"] - 1.0 \
             if ahead and row["tokens_per_s"] else None

@@ -6,7 +6,7 @@ import logging
 from typing import Any, Optional
 
 from fully_async.core.algorithm_checks import _at_least, _choice
-from fully_async.core.config import ConfigError
+from fully_async.core.config import ConfigError, RolloutConfig
 
 logger = logging.getLogger("fully_async.core.config_checks")   # the checks' one logger name
 
@@ -75,7 +75,7 @@ def check_prefill_budget(cfg: Any) -> None:
         raise ConfigError(key, f"{rollout.max_num_batched_tokens} is below max_num_seqs ({rollout.max_num_seqs}), "
                           f"which vLLM refuses: raise it to >= {rollout.max_num_seqs} or lower max_num_seqs")
     longest = rollout.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length
-    if rollout.name == "hf" and rollout.gpu_memory_utilization != 0.5:   # verl's default
+    if rollout.name == "hf" and rollout.gpu_memory_utilization != RolloutConfig.gpu_memory_utilization:
         logger.warning("actor_rollout_ref.rollout.gpu_memory_utilization=%g has no effect on the embedded engine "
                        "(rollout.name=hf): its KV cache is max_num_seqs x max_model_len slots (%d x %d here), sized "
                        "by those two keys; `python -m fully_async.plan` prints its memory",
