@@ -16,7 +16,9 @@ Reported per (contender, c): the first run's tokens/s (start-up effects: kernel 
 allocator growth) and the warm tokens/s (best of --repeats later runs), ms per decode step (wall / new
 tokens) and the start-up time of the contender.  Engines also get the cost of a partial-rollout weight
 update as the rollouter pays it (pause = interrupt(), load = update_weights(), resume = resubmit prompt +
-partial), and vLLM pause_mode=keep (update with requests in flight), unless --no-updates.
+partial), and vLLM pause_mode=keep (update with requests in flight), unless --no-updates.  `--resume-budgets`
+(embedded engines) measures an abort update's re-prefill burst at full occupancy under each prefill budget
+(actor_rollout_ref.rollout.max_num_batched_tokens; 0: none), on the same partial responses (resume_burst).
 
   python scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
   python scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 --engines hf \\
@@ -138,6 +140,45 @@ def partial_update(engine: Any, prompts: list[list[int]], weights: dict, version
             "finish_after_resume_s": time.perf_counter() - t3}
 
 
+def resume_burst(engine: Any, prompts: list[list[int]], lengths: list[int], weights: dict, version: int,
+                 budget: int | None, run_steps: int) -> dict:
+    """An abort weight update at full occupancy, as the rollouter pays it, under one prefill budget: the requests
+    (more than the engine's slots: the rest wait) generate for `run_steps` engine steps, are interrupted, the
+    weights load, and every response resumes from prompt + partial (re-prefilled under
+    `engine.max_num_batched_tokens = budget`).  Reported: how long until no resumed request waits (`admitted_s`),
+    the tokens of the responses finished by then, and the time to finish everything after the resume (the same
+    partial responses and remaining tokens for every budget: each engine step generates one token per running
+    sequence, and the budget applies from the resume on)."""
+    configured, engine.max_num_batched_tokens = engine.max_num_batched_tokens, None   # the same partials for all
+    pend = {f"b{i}": PendingResponse(f"b{i}", f"b{i}", p, SamplingParams(1.0, 1.0, -1, n))
+            for i, (p, n) in enumerate(zip(prompts, lengths))}
+    engine.submit([p.request() for p in pend.values()])
+    for _ in range(run_steps):
+        for o in engine.collect():
+            pend[o.request_id].extend(o)
+    resumed = [p for o in engine.interrupt() if not (p := pend[o.request_id]).extend(o)]
+    engine.update_weights(weights, version)
+    engine.max_num_batched_tokens = budget
+    prefix = [len(p.prompt_ids) + len(p.token_ids) for p in resumed]
+    remaining = sum(p.budget - len(p.token_ids) for p in resumed)
+    t0 = time.perf_counter()
+    engine.submit([p.request() for p in resumed])
+    admitted_s, tokens_by_admitted, tokens, steps = None, 0, 0, 0
+    while engine.num_in_flight():
+        for o in engine.collect():
+            tokens += len(o.token_ids)
+        steps += 1
+        if admitted_s is None and not engine.waiting:
+            admitted_s, tokens_by_admitted = time.perf_counter() - t0, tokens
+    finish_s = time.perf_counter() - t0
+    engine.max_num_batched_tokens = configured
+    return {"budget": budget, "resumed": len(resumed), "prefix_tokens_mean": sum(prefix) / max(1, len(prefix)),
+            "prefix_tokens_max": max(prefix, default=0), "remaining_tokens": remaining,
+            "generated_tokens": tokens, "admitted_s": admitted_s, "finished_tokens_by_admitted": tokens_by_admitted,
+            "finish_after_resume_s": finish_s, "collect_calls": steps,
+            "tokens_per_s_after_resume": remaining / finish_s}
+
+
 def keep_update(engine: Any, prompts: list[list[int]], weights: dict, version: int, new_tokens: int,
                 run_s: float = 0.5) -> dict:
     """vLLM pause_mode=keep: update weights while requests stay in flight."""
@@ -169,6 +210,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="fixed: every sequence generates --new-tokens; lognormal: ragged (see above)")
     ap.add_argument("--waves", type=int, default=4, help="--lengths lognormal: requests = waves x concurrency")
     ap.add_argument("--no-updates", action="store_true", help="skip the weight-update measurements")
+    ap.add_argument("--resume-budgets", type=int, nargs="*", default=[],
+                    help="embedded engines: an abort update's re-prefill at full occupancy under each "
+                         "max_num_batched_tokens (0: no bound), lognormal lengths up to --new-tokens, "
+                         "2 x the largest concurrency requests (resume_burst)")
+    ap.add_argument("--resume-after-steps", type=int, default=1000, help="--resume-budgets: engine steps before "
+                    "the update (more: longer partial responses to re-prefill)")
     ap.add_argument("--out", default="bench_engines.json")
     args = ap.parse_args(argv)
     engines = [e for e in args.engines.split(",") if e]
@@ -215,6 +262,12 @@ def main(argv: list[str] | None = None) -> int:
             res["partial_update"] = partial_update(engine, few, weights, 1, args.new_tokens)
             if name == "vllm":
                 res["keep_update"] = keep_update(engine, few, weights, 2, args.new_tokens)
+        if args.resume_budgets and name.startswith("hf"):
+            c = max(args.concurrency)
+            burst = make_prompts(model.config.vocab_size, 2 * c, args.prompt_len, seed=7)
+            burst_lengths = lognormal_lengths(2 * c, args.new_tokens, seed=7)
+            res["resume_burst"] = [resume_burst(engine, burst, burst_lengths, weights, 3 + i, b or None,
+                                                args.resume_after_steps) for i, b in enumerate(args.resume_budgets)]
         if name == "vllm":
             res["vllm_version"] = engine.vllm_version
             engine.close()
@@ -245,10 +298,10 @@ def format_table(results: dict, concurrency: list[int]) -> str:
              f"tokens per sequence, EOS ignored; warm = best of {results['repeats']}"]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
     for name, res in results["contenders"].items():
-        for key in ("partial_update", "keep_update"):
-            if key in res:
+        for key in ("partial_update", "keep_update", "resume_burst"):
+            for r in ([res[key]] if isinstance(res.get(key), dict) else res.get(key, [])):
                 lines.append(f"{name} {key}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                                                          for k, v in res[key].items()))
+                                                          for k, v in r.items()))
     return "\n".join(lines)
 
 

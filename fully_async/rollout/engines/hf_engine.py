@@ -12,7 +12,7 @@ doubling if a request needs more).  A running sequence owns one slot and its len
 ever concatenated, padded or index-selected: every write goes in place.  Each `collect()` is one
 engine iteration:
   1. admit waiting requests into free slots (lowest first): one prefill forward over the joining
-     prompts only (right-padded, causal mask), writing their keys/values into their slots; running
+     prompts only (right-padded, plain causal attention, no mask), writing their keys/values into their slots; running
      sequences are not touched.  While sequences run, admission waits until `admit_batch` slots
      (max_num_seqs / 8) are free, so the prefill forward is paid once per batch of joiners.  With
      `max_num_batched_tokens` (actor_rollout_ref.rollout.max_num_batched_tokens, as vLLM bounds its steps)
@@ -406,12 +406,10 @@ class HFEngine:
                            "top_k": torch.full((s,), -1, dtype=torch.long, device=dev)}
         return self._cache, self._state
 
-    def _mask(self, query_pos: torch.Tensor, span: int, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Additive (B, 1, q, span) mask: key j visible to a query at position p when j <= p (and j < valid)."""
+    def _mask(self, query_pos: torch.Tensor, span: int) -> torch.Tensor:
+        """Additive (B, 1, q, span) mask: key j visible to a query at position p when j <= p."""
         keys = torch.arange(span, device=query_pos.device)
         allowed = keys.view(1, 1, -1) <= query_pos.unsqueeze(-1)                        # (B, q, span)
-        if valid is not None:
-            allowed &= keys.view(1, 1, -1) < valid.view(-1, 1, 1)
         dtype = self.lm_head.weight.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
         return mask.masked_fill_(~allowed, torch.finfo(dtype).min).unsqueeze(1)
@@ -433,7 +431,10 @@ class HFEngine:
         lengths = torch.tensor(lens, dtype=torch.long, device=dev)
         slots = torch.tensor(slot_ids, dtype=torch.long, device=dev)
         positions = torch.arange(width, device=dev).expand(len(joining), width)
-        hidden = self.base(input_ids=ids, position_ids=positions, attention_mask=self._mask(positions, width, lengths),
+        # right-padded prompts under plain causal attention (no mask: SDPA's causal kernel, flash where the device
+        # has it): a real token at position p reads keys 0..p, all real; the padding's queries come after every real
+        # token, and what they write lies past the slot's length, where decode writes before anything reads
+        hidden = self.base(input_ids=ids, position_ids=positions, attention_mask=None,
                            past_key_values=cache.prefill(slots, width), use_cache=True).last_hidden_state
         last = hidden[torch.arange(len(joining), device=dev), lengths - 1]                 # (B, H)
         state["logits"][slots] = self.lm_head(last).float()
