@@ -656,7 +656,7 @@ def placements_summary(tables: dict[str, dict], simulate: bool = True) -> dict:
     """One row per run of a comparison of placements (placement -> its table with the shared sync run): devices,
     tokens/s, x sync, time/step and its generating / train / switch seconds; with `simulate`, the planner's
     simulated tokens/s of every step next to the measured one (`simulated`), and its forward prediction from the
-    sync run's costs next to the measured tokens/s (`forecast`: after the comparison's warm-up steps)."""
+    sync run's costs (`forecast`: the run's own first-step compiling priced) next to it too."""
     keys = ("tokens_per_s", "tokens_per_s_all_steps", "time_per_step_s", "generate_s_per_step", "train_s_per_step",
             "switch_s_per_step", "trainer_idle_ratio", "rollouter_idle_ratio", "log_dir")
     first = next(iter(tables.values()))
@@ -674,8 +674,8 @@ def placements_summary(tables: dict[str, dict], simulate: bool = True) -> dict:
         row["simulation_error"] = sim["error"] if sim else None
         ahead = forecast(row["log_dir"], costs) if costs is not None and row.get("log_dir") else None
         row["predicted_tokens_per_s"] = ahead["predicted"]["tokens_per_s"] if ahead else None
-        row["prediction_error"] = ahead["predicted"]["tokens_per_s"] / row["tokens_per_s"] - 1.0 \
-            if ahead and row["tokens_per_s"] else None
+        row["prediction_error"] = ahead["predicted"]["tokens_per_s"] / row["tokens_per_s_all_steps"] - 1.0 \
+            if ahead and row.get("tokens_per_s_all_steps") else None
     best = max(rows, key=lambda r: r["tokens_per_s"] or 0.0)
     return {"rows": rows, "best": best["placement"], "best_over_sync": best["x_sync"]}
 
@@ -685,13 +685,13 @@ def _percent(value: Optional[float]) -> str:
 
 
 def format_placements(summary: dict) -> str:
-    head = ("run", "devices (t+r)", "tokens/s", "x sync", "predicted", "error", "time/step s", "generating s",
-            "train s", "switch s", "every step", "simulated", "error")
+    head = ("run", "devices (t+r)", "tokens/s", "x sync", "time/step s", "generating s", "train s", "switch s",
+            "every step", "predicted", "error", "simulated", "error")
     rows = [head] + [(r["placement"], _fmt(r["devices"], None), _fmt(r["tokens_per_s"], "{:.1f}"),
-                      _fmt(r["x_sync"], "{:.2f}"), _fmt(r.get("predicted_tokens_per_s"), "{:.1f}"),
-                      _percent(r.get("prediction_error")), _fmt(r["time_per_step_s"], "{:.3f}"),
+                      _fmt(r["x_sync"], "{:.2f}"), _fmt(r["time_per_step_s"], "{:.3f}"),
                       _fmt(r["generate_s_per_step"], "{:.3f}"), _fmt(r["train_s_per_step"], "{:.3f}"),
                       _fmt(r["switch_s_per_step"], "{:.3f}"), _fmt(r.get("tokens_per_s_all_steps"), "{:.1f}"),
+                      _fmt(r.get("predicted_tokens_per_s"), "{:.1f}"), _percent(r.get("prediction_error")),
                       _fmt(r.get("simulated_tokens_per_s"), "{:.1f}"), _percent(r.get("simulation_error")))
                      for r in summary["rows"]]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -699,6 +699,6 @@ def format_placements(summary: dict) -> str:
     lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.append(f"fastest: {summary['best']} ({summary['best_over_sync']:.2f}x sync's tokens/s); simulated: the "
                  "planner's pipeline simulation of each run from its own logs (scripts/sim_check.py), against its "
-                 "every-step tokens/s; predicted: the planner's forward prediction from the sync run's costs alone "
-                 "(sim_check.py --costs-from), against tokens/s")
+                 "every-step tokens/s; predicted: the planner's forward prediction from the sync run's costs and the "
+                 "run's own first-step compiling (sim_check.py --costs-from), against its every-step tokens/s too")
     return "\n".join(lines)

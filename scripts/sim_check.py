@@ -21,8 +21,10 @@ trigger_parameter_sync_step, partial_rollout) for its number of steps; tokens/s 
 tokens/s = sum(perf/total_num_tokens) / sum(timing_s/step).
 --costs-from predicts forward, as `python -m fully_async.plan plan.stage_costs=<that run>` does: every run from one
 run's stage costs (the async placements from the sync run of the same comparison), compiling steps left out, the
-training cost scaled to other device counts by --dp-efficiency (forward_costs); each prediction is printed beside
-both the whole-run measurement and the one without the run's first (compiling) step.
+training cost scaled to other device counts by --dp-efficiency (forward_costs).  The one thing taken from the run
+predicted is its first step's compiling (first_train_s: it differs between placements by a factor of 6), priced on
+the simulated trainer's first step, so the simulation is of the run as it went; each prediction is printed beside
+both the whole-run measurement and the one without the run's first step (the simulation's own steps likewise).
 """
 from __future__ import annotations
 
@@ -90,16 +92,40 @@ def forward_costs(source: Any, dp_efficiency: float) -> Any:
                    source=f"{costs.source}, forward (dp_efficiency {dp_efficiency})")
 
 
-def predict(run: Any, costs: Any = None) -> dict:
-    """Simulated tokens/s of the run from its own stage costs (or `costs`: forward_costs of another run), next to
-    the measured one."""
+def first_train_s(run: Any) -> float:
+    """What the run's first trainer step cost beyond its steady rate (compiling, first allocations): its trainer
+    seconds minus its tokens at the run's own steady per-device-token cost.  The one input a forward prediction
+    takes from the run it predicts: at the 0.5B shape on H200 it was 5-8 s (2-GPU colocated, elastic), 15-20 s
+    (1-GPU colocated, splits, 4-GPU colocated) and 22-35 s (sync), so no other run's value stands in for it."""
+    from fully_async.planner.stage_costs import aligned_scalars, trainer_busy
+
+    costs = stage_costs(run, every_step=False)
+    scalars = aligned_scalars({tag: [(s, v) for s, _, v in run.series(tag)] for tag in run.scalars})
+    busy, _ = trainer_busy(scalars, run.mode)
+    tokens = scalars.get("perf/total_num_tokens") or [0.0]
+    if not busy:
+        return 0.0
+    return max(0.0, busy[0] - tokens[0] * costs.train_token_s / max(1, run.devices()["trainer"]))
+
+
+def predict(run: Any, costs: Any = None, compiling: bool = True) -> dict:
+    """Simulated tokens/s of the run from its own stage costs (or `costs`: forward_costs of another run, with the
+    run's own first-step compiling unless `compiling` is False: the planner's steady view), next to the measured
+    one."""
+    from dataclasses import replace
+
     from compare_lib import placement_of, tokens_per_s
 
     from fully_async.planner.colocated_sim import simulate_colocated
     from fully_async.planner.pipeline_sim import AsyncSetup, simulate_async, simulate_sync
     from fully_async.planner.search import PipelineShape
 
-    costs = costs or stage_costs(run)
+    # forward: the source's steady costs, and this run's own first-step compiling (so the simulation is of the run
+    # as it went: a split's engines run ahead while its trainer compiles, and the next steps drain that queue)
+    if costs is None:
+        costs = stage_costs(run)
+    elif compiling:
+        costs = replace(costs, first_train_s=first_train_s(run))
     cfg, work = _workload(run)
     shape = PipelineShape.of(cfg)
     d = run.devices()
@@ -119,9 +145,12 @@ def predict(run: Any, costs: Any = None) -> dict:
     else:
         sim = simulate_sync(d["trainer"], shape.sync_groups, shape.max_num_seqs, costs, work)
     measured, steady = tokens_per_s(run), tokens_per_s(run, skip_first=1)
+    # the simulated run's steps after its first, beside the measured run's (own costs: every step, as averaged)
+    after = sim.steady_tokens_per_s(1) if costs.first_train_s else sim.tokens_per_s
     return {"mode": run.mode, "log_dir": run.log_dir, "devices": d, "costs": costs.as_dict(),
-            "predicted": sim.as_dict(), "measured_tokens_per_s": measured, "measured_after_first_tokens_per_s": steady,
-            "error": sim.tokens_per_s / measured - 1.0, "error_after_first": sim.tokens_per_s / steady - 1.0}
+            "predicted": sim.as_dict(1), "measured_tokens_per_s": measured, "measured_after_first_tokens_per_s": steady,
+            "predicted_after_first_tokens_per_s": after,
+            "error": sim.tokens_per_s / measured - 1.0, "error_after_first": after / steady - 1.0}
 
 
 def predict_from_table(table: dict, bench: dict, steps: int | None = None) -> list[dict]:
@@ -182,10 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=1))
     else:
         for r in out:
-            # a forward prediction leaves the compiling steps out, as the planner does: beside the measurement
-            # without the run's first step too
-            after = (f"; without the first step {r['measured_after_first_tokens_per_s']:.1f} "
-                     f"({100 * r['error_after_first']:+.1f}%)") if costs else ""
+            # a forward prediction prices the source's first-step compiling: its steps after the first beside the
+            # run's too
+            after = (f"; without the first step simulated {r['predicted_after_first_tokens_per_s']:.1f}, measured "
+                     f"{r['measured_after_first_tokens_per_s']:.1f} ({100 * r['error_after_first']:+.1f}%)"
+                     ) if costs else ""
             print(f"{r['mode']:5} {r['devices']['trainer']}+{r['devices']['rollout']} devices: simulated "
                   f"{r['predicted']['tokens_per_s']:.1f} tokens/s, measured {r['measured_tokens_per_s']:.1f} "
                   f"({100 * r['error']:+.1f}%){after}  [{r['log_dir']}]")

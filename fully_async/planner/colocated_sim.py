@@ -96,7 +96,7 @@ class _ColocatedSim:
             res.trainer_wait_s += t - start
             taken, self.queue = self.queue[:self.s.required], self.queue[self.s.required:]
             tokens = sum(taken)
-            train = self.c.train_time(tokens, self.n_dev)
+            train = self.c.train_time(tokens, self.n_dev, first=self.trainer.step == 0)
             t += self.c.sync_step_s + train
             res.switch_s += self.c.sync_step_s
             res.train_s += train

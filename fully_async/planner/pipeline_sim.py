@@ -150,12 +150,13 @@ class _AsyncSim:
                 or len(self.queue) < self.s.required):
             return   # (a step past the run's last would count tokens no step time pays for)
         taken, self.queue = self.queue[:self.s.required], self.queue[self.s.required:]
+        first = not self.result.step_tokens
         self.result.tokens += sum(taken)
         self.result.step_tokens.append(sum(taken))
         self.result.trainer_wait_s += t - self._trainer_free_since
         self.trainer_busy = True
         start = t + self._preempt(t)
-        train = self.c.train_time(sum(taken), self.s.trainer_devices)
+        train = self.c.train_time(sum(taken), self.s.trainer_devices, first)
         self.result.train_s += train
         self._push(start + train, "trained")
 
@@ -273,14 +274,14 @@ def simulate_sync(devices: int, train_batch_size: int, max_num_seqs: int, costs:
         raise ValueError(f"sync needs >= 1 device and train_batch_size >= 1 (got {devices}, {train_batch_size})")
     res = SimResult("sync", work.steps, 0, 0.0)
     t, prompt = 0.0, 0
-    for _ in range(work.steps):
+    for step in range(work.steps):
         groups = [_group(work, prompt + i)[1] for i in range(train_batch_size)]
         prompt += train_batch_size
         per_rank = [groups[k::devices] for k in range(devices)]   # contiguous shares differ only in order
         gens = [generate_time(share, costs, max_num_seqs) for share in per_rank if share]
         gen_s = max(g for g, _ in gens)
         tokens = sum(tok for _, tok in gens)
-        train_s = costs.train_time(tokens, devices)
+        train_s = costs.train_time(tokens, devices, first=step == 0)
         step_s = gen_s + train_s + costs.sync_step_s
         res.train_s += train_s
         res.switch_s += costs.sync_step_s

@@ -35,11 +35,13 @@ class StageCosts:
     weight_sync_s: float = 0.0      # async: one weight update (trainer push + engines load; both stall)
     sync_step_s: float = 0.0        # sync mode: per-step switch (engine sleep/wake + local weight load)
     dp_efficiency: float = 1.0      # data-parallel scaling kept per doubling of trainer devices, in (0, 1]
+    first_train_s: float = 0.0      # extra seconds of the trainer's first step (its compiling): 0 for the planner's
+    #                                 steady recommendation; a prediction of a whole measured run adds it
     source: str = ""                # where the numbers came from (printed with the prediction)
 
     def __post_init__(self) -> None:
         for name in ("decode_step_s", "train_token_s", "decode_seq_s", "prefill_token_s", "train_step_s",
-                     "weight_sync_s", "sync_step_s"):
+                     "weight_sync_s", "sync_step_s", "first_train_s"):
             value = getattr(self, name)
             if not value >= 0.0:
                 raise ValueError(f"stage cost {name}={value!r} must be a number >= 0")
@@ -51,8 +53,11 @@ class StageCosts:
     def step_time(self, in_flight: int) -> float:
         return self.decode_step_s + self.decode_seq_s * in_flight
 
-    def train_time(self, tokens: int, devices: int) -> float:
-        return self.train_step_s + tokens * self.train_token_s / data_parallel_speedup(devices, self.dp_efficiency)
+    def train_time(self, tokens: int, devices: int, first: bool = False) -> float:
+        """One trainer step of `tokens` on `devices`; `first`: the run's first step, which also compiles."""
+        compiling = self.first_train_s if first else 0.0
+        return compiling + self.train_step_s + tokens * self.train_token_s / data_parallel_speedup(
+            devices, self.dp_efficiency)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -104,11 +109,14 @@ class SimResult:
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else float("nan")
 
-    def steady_tokens_per_s(self, skip: int) -> float:
-        """tokens/s of the steps after the first `skip` (the pipeline fill left out; a long run's rate)."""
-        if not 0 < skip < len(self.step_ends):
+    def steady_tokens_per_s(self, skip: int, tail: int = 0) -> float:
+        """tokens/s of the steps after the first `skip` and before the last `tail` (the pipeline fill, compiling
+        and the run's end left out; a long run's rate), as compare_lib measures a run's steps."""
+        n = len(self.step_ends)
+        if skip < 0 or tail < 0 or skip + tail >= n or skip + tail == 0:
             return self.tokens_per_s
-        return sum(self.step_tokens[skip:]) / (self.step_ends[-1] - self.step_ends[skip - 1])
+        start = self.step_ends[skip - 1] if skip else 0.0
+        return sum(self.step_tokens[skip:n - tail]) / (self.step_ends[n - tail - 1] - start)
 
     @property
     def time_per_step(self) -> float:

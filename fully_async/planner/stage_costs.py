@@ -159,19 +159,10 @@ def aligned_scalars(series: dict[str, list[tuple[int, float]]]) -> dict[str, lis
     return out
 
 
-def from_run_scalars(scalars: dict[str, list[float]], mode: str, trainer_devices: int, source: str = "run logs",
-                     skip_steps: Optional[int] = None,
-                     outlier_ratio: Optional[float] = OUTLIER_RATIO, placement: str = "split") -> StageCosts:
-    """StageCosts of one run from its logged scalars (tag -> one value per step: aligned_scalars), its compiling
-    steps left out (module docstring; the source names the steps left out)."""
-    engines = [[v for v in values if v > 0] for tag, values in sorted(scalars.items())
-               if tag.startswith("fully_async/rollouter/engine_") and tag.endswith("/ms_per_step")]
+def trainer_busy(scalars: dict[str, list[float]], mode: str) -> tuple[list[float], list[float]]:
+    """Per step of a run's logged scalars (aligned_scalars): the trainer's seconds (the step minus generating and the
+    side costs) and the side costs (async: the weight push; sync: the push, on/offload and scoring)."""
     steps, gens = scalars.get("timing_s/step", []), scalars.get("timing_s/gen", [])
-    step_tokens = scalars.get("perf/total_num_tokens", [])
-    if not any(engines) or not steps or not sum(step_tokens):
-        raise ValueError(f"{source}: needs fully_async/rollouter/engine_<k>/ms_per_step, timing_s/step and "
-                         "perf/total_num_tokens scalars (a fully_async run with trainer.logger including tensorboard)")
-    per_step = [e[i] for e in engines for i in steady_steps(e, skip_steps, outlier_ratio)]
 
     def col(tag: str) -> list[float]:
         return scalars.get(tag) or [0.0] * len(steps)
@@ -180,7 +171,26 @@ def from_run_scalars(scalars: dict[str, list[float]], mode: str, trainer_devices
     else:
         side = [p + a + b + c for p, a, b, c in zip(col("timing_s/param_sync"), col("timing_s/onload"),
                                                     col("timing_s/offload"), col("timing_s/reward"))]
-    busy = [s - g - w for s, g, w in zip(steps, gens or [0.0] * len(steps), side)]
+    return [s - g - w for s, g, w in zip(steps, gens or [0.0] * len(steps), side)], side
+
+
+def from_run_scalars(scalars: dict[str, list[float]], mode: str, trainer_devices: int, source: str = "run logs",
+                     skip_steps: Optional[int] = None,
+                     outlier_ratio: Optional[float] = OUTLIER_RATIO, placement: str = "split") -> StageCosts:
+    """StageCosts of one run from its logged scalars (tag -> one value per step: aligned_scalars), its compiling
+    steps left out (module docstring; the source names the steps left out)."""
+    engines = [[v for v in values if v > 0] for tag, values in sorted(scalars.items())
+               if tag.startswith("fully_async/rollouter/engine_") and tag.endswith("/ms_per_step")]
+    steps = scalars.get("timing_s/step", [])
+    step_tokens = scalars.get("perf/total_num_tokens", [])
+    if not any(engines) or not steps or not sum(step_tokens):
+        raise ValueError(f"{source}: needs fully_async/rollouter/engine_<k>/ms_per_step, timing_s/step and "
+                         "perf/total_num_tokens scalars (a fully_async run with trainer.logger including tensorboard)")
+    per_step = [e[i] for e in engines for i in steady_steps(e, skip_steps, outlier_ratio)]
+
+    def col(tag: str) -> list[float]:
+        return scalars.get(tag) or [0.0] * len(steps)
+    busy, side = trainer_busy(scalars, mode)
     n = min(len(busy), len(step_tokens))
     kept = steady_steps([busy[i] / step_tokens[i] if step_tokens[i] else 0.0 for i in range(n)], skip_steps,
                         outlier_ratio)

@@ -156,3 +156,26 @@ def test_data_parallel_efficiency_is_kept_per_doubling_of_the_trainer_devices():
     for devices, measured_us in ((2, 6.9), (4, 8.8)):
         per_device_token_us = costs.train_time(1_000_000, devices) * devices / 1_000_000 * 1e6
         assert per_device_token_us == pytest.approx(measured_us, rel=0.03)
+
+
+def test_first_step_compiling_is_paid_once_by_every_mode():
+    """StageCosts.first_train_s: the trainer's first step also compiles; each mode's run is longer by exactly that
+    in sync and colocated (nothing overlaps their trainer), and the steps after the first are unchanged."""
+    from dataclasses import replace
+
+    from fully_async.planner.colocated_sim import simulate_colocated
+    from fully_async.planner.pipeline_sim import AsyncSetup, simulate_sync
+    from fully_async.planner.sim_engine import StageCosts, Workload
+
+    costs = StageCosts(decode_step_s=0.01, train_token_s=1e-4, weight_sync_s=0.2, sync_step_s=0.1)
+    work = Workload(n=4, prompt_len=8, length=lambda sid: 20 + 7 * (sum(map(ord, sid)) % 5), steps=5)
+    setup = AsyncSetup(replicas=1, trainer_devices=1, max_num_seqs=16, required=4, staleness_threshold=0.5,
+                       trigger_parameter_sync_step=2)
+    compiling = replace(costs, first_train_s=3.0)
+    for run in (lambda c: simulate_sync(1, 4, 16, c, work), lambda c: simulate_colocated(1, setup, c, work)):
+        base, paid = run(costs), run(compiling)
+        assert paid.seconds == pytest.approx(base.seconds + 3.0) and paid.tokens == base.tokens
+        assert paid.steady_tokens_per_s(1) == pytest.approx(base.steady_tokens_per_s(1))
+        assert paid.steady_tokens_per_s(1, 1) == pytest.approx(base.steady_tokens_per_s(1, 1))
+    with pytest.raises(ValueError, match="first_train_s"):
+        StageCosts(decode_step_s=0.01, train_token_s=1e-4, first_train_s=-1.0)

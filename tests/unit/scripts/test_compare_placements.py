@@ -156,8 +156,8 @@ def test_runs_on_different_cards_are_not_compared(tmp_path, capsys):
 
 def test_the_summary_puts_the_planners_forward_prediction_next_to_each_run():
     """4x H200 (tests/fixtures/gpu_runs/h200_4dev_seed003): split 2+2 and colocated each predicted from the sync
-    XX
-    (its 6 steps drain the queue its engines built while the trainer compiled: not a steady rate)."""
+    run's costs and their own first-step compiling, against their every-step tokens/s: within 5% (the split's engines
+    run ahead while its trainer compiles and the next steps drain that queue; the simulation does the same)."""
     from compare_lib import build_table, read_run
 
     fix = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "fixtures", "gpu_runs", "h200_4dev_seed003")
@@ -168,8 +168,8 @@ def test_the_summary_puts_the_planners_forward_prediction_next_to_each_run():
         tables[p]["speedup"] = {"tokens_per_s": tables[p]["modes"]["async"]["tokens_per_s"]
                                 / tables[p]["modes"]["sync"]["tokens_per_s"]}
     rows = {r["placement"]: r for r in placements_summary(tables)["rows"]}
-    assert abs(rows["colocated"]["prediction_error"]) < 0.10 and abs(rows["sync"]["prediction_error"]) < 0.10, rows
-    assert -0.32 < rows["split"]["prediction_error"] < -0.20, rows["split"]
-    assert rows["colocated"]["predicted_tokens_per_s"] == pytest.approx(146015, rel=0.01)
+    assert all(abs(rows[p]["prediction_error"]) < 0.05 for p in ("sync", "split", "colocated")), rows
+    assert rows["colocated"]["predicted_tokens_per_s"] == pytest.approx(116961, rel=0.01)
+    assert rows["split"]["predicted_tokens_per_s"] == pytest.approx(114417, rel=0.01)
     text = format_placements(placements_summary(tables))
-    assert "predicted" in text and "-4.2%" in text and "-27.4%" in text
+    assert "predicted" in text and "+1.2%" in text and "-0.3%" in text
