@@ -23,8 +23,8 @@ not set rollout.n_gpus_per_node or an nnodes other than 1):
 `--placement-override P:KEY=VALUE` adds an override to placement P's run only (the key may then differ from sync).
 At --devices 1 only sync and colocated exist.  With one placement the comparison is written into DIR as before;
 with several, each pair into DIR/<placement>/.  Either way a summary of every run (tokens/s, x sync, the planner's
-forward prediction of each from the sync run's costs and the run's own first-step compiling, per-step generating / train / switch seconds, the simulation
-of each from its own logs) is printed and written to DIR/placements.json.
+forward prediction of each from the sync run's costs and the run's own first-step compiling, per-step generating /
+train / switch seconds, the simulation of each from its own logs) is printed and written to DIR/placements.json.
 A trainer on more than one device gets `actor_rollout_ref.actor.strategy=fsdp2` unless the overrides
 set a strategy.  The bench runs first (always when the split is chosen; with --split only with
 --bench).  Each run writes TensorBoard to DIR/runs/<mode> under the same experiment name and starts
