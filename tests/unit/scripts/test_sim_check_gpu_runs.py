@@ -233,3 +233,27 @@ def test_a_steady_prediction_without_compiling_misses_the_split_runs_transient()
     priced, steady = predict(run, costs), predict(run, costs, compiling=False)
     assert -0.32 < steady["error_after_first"] < -0.20 and abs(priced["error_after_first"]) < 0.05, (
         steady["error_after_first"], priced["error_after_first"])
+
+
+def test_one_gpu_colocated_with_every_rollout_default():
+    """1x H200, colocated with the rollout's defaults (abort: responses re-prefilled at every turn; device IPC; an
+    8,192-token prefill budget): 1.45x sync every step, 1.56x without the first, 1.64x on steps 2-5; each run
+    replayed from its own logs within 15%, and forecast from the sync run within 15%."""
+    from compare_lib import build_table, read_run
+    from sim_check import forward_costs, predict
+
+    runs = os.path.join(FIX, "h200_1dev_seed003_defaults")
+    by_mode = {"async": read_run(os.path.join(runs, "colocated")), "sync": read_run(os.path.join(runs, "sync"))}
+    rollout = by_mode["async"].config["actor_rollout_ref"]["rollout"]
+    assert (rollout["pause_mode"], rollout["weight_sync"], rollout["max_num_batched_tokens"]) == ("abort", "auto", 8192)
+    ratio = {}
+    for name, window in (("every", {}), ("after_first", {"warmup_steps": 1}),
+                         ("steady", {"warmup_steps": 1, "tail_steps": 1})):
+        t = build_table(by_mode, 0.0, **window)
+        ratio[name] = t["modes"]["async"]["tokens_per_s"] / t["modes"]["sync"]["tokens_per_s"]
+    assert 1.42 < ratio["every"] < 1.48 and 1.53 < ratio["after_first"] < 1.59 and 1.60 < ratio["steady"] < 1.67, ratio
+    for run in by_mode.values():
+        r = predict(run)
+        assert abs(r["error"]) < 0.15, (r["mode"], r["predicted"]["tokens_per_s"], r["measured_tokens_per_s"])
+    ahead = predict(by_mode["async"], forward_costs(by_mode["sync"], 0.9))
+    assert abs(ahead["error"]) < 0.15 and abs(ahead["error_after_first"]) < 0.15, ahead["error_after_first"]
