@@ -193,12 +193,18 @@ def keep_update(engine: Any, prompts: list[list[int]], weights: dict, version: i
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+def engine_arguments(doc: str) -> argparse.ArgumentParser:
+    """The parser of an engine benchmark: its docstring as help, and the model, device and dtype to run."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
     ap.add_argument("--model", default=asset_path("tiny_arithmetic/model"), help="local HF model folder")
     ap.add_argument("--device", default="cpu", help="cpu | cuda | npu")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = engine_arguments(__doc__)
     ap.add_argument("--engines", default="hf", help=f"comma-separated from {ENGINES}, or '' for none")
     ap.add_argument("--baselines", default="generate_static",
                     help=f"comma-separated from {BASELINES}, or '' for none")

@@ -14,17 +14,17 @@ Prints a table per case and writes JSON.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import sys
 import time
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from fully_async.core.config import asset_path  # noqa: E402
 from fully_async.core.types import GenRequest, SamplingParams  # noqa: E402
 from fully_async.device import describe_hardware, get_device  # noqa: E402
 
@@ -63,11 +63,9 @@ def profile_case(engine: Any, device: Any, concurrency: int, warm: int, timed: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--model", default=asset_path("tiny_arithmetic/model"), help="local HF model folder")
-    ap.add_argument("--device", default="cpu", help="cpu | cuda | npu")
-    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    from bench_engines import engine_arguments
+
+    ap = engine_arguments(__doc__)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[256], help="sequences decoding together")
     ap.add_argument("--warm", type=int, nargs="+", default=[200], help="decode steps before timing (context)")
     ap.add_argument("--timed", type=int, default=100)
