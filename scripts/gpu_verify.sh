@@ -3,7 +3,8 @@
 #
 #   bash scripts/gpu_verify.sh runs|megatron|packing      (on a 2x H100 machine, from the repo root)
 #   bash scripts/gpu_verify.sh scaling|compare2|compare4  (engine pool, #10: on a 4-GPU machine)
-#   bash scripts/gpu_verify.sh engine                     (embedded engine vs generate(static), #11: 1 GPU)
+#   bash scripts/gpu_verify.sh engine                     (embedded engine vs generate(static), #11, its decode
+#                                                          profile and abort re-prefill cost: 1 GPU)
 #   bash scripts/gpu_verify.sh tests                      (the embedded engine's GPU tests only)
 #   bash scripts/gpu_verify.sh mfu                        (#12: megatron vs torch parity, packed update MFU: 1 GPU)
 #   bash scripts/gpu_verify.sh multijob                   (#15: two jobs share one GPU under the pool's leases; 1 GPU)
@@ -321,6 +322,13 @@ engine)
       --out "$OUT/bench_engines_3072.json" 2>&1 | grep -v "it/s\]" | tail -4
   timeout 200 python3 scripts/bench_pipeline.py --batches 2 --out "$OUT/bench_pipeline.json" "${POOL[@]}" \
       2>&1 | grep -v "it/s\]" | tail -8
+  # where a decode step goes (device- or host-bound, which kernels), and an abort update's re-prefill burst under
+  # each prefill budget (docs/measurements/engine_profile_h200/, engine_prefill_h200/)
+  timeout 150 python3 scripts/profile_engine_step.py --model /tmp/m05 --device cuda --dtype bfloat16 \
+      --concurrency 64 256 --warm 200 1500 --out "$OUT/profile_engine_step.json" 2>&1 | grep -E "^c=|wrote"
+  timeout 200 python3 scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 --engines hf \
+      --baselines "" --repeats 1 --concurrency 256 --new-tokens 3072 --no-updates --resume-budgets 0 8192 32768 \
+      --resume-after-steps 1200 --out "$OUT/resume_burst.json" 2>&1 | grep -E "resume_burst" | cut -c1-200
   ;;
 scaling)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
