@@ -642,8 +642,8 @@ def sync_costs(sync_dir: str) -> Optional[Any]:
 
 
 def forecast(log_dir: str, costs: Any) -> Optional[dict]:
-    """The planner's forward prediction of a run from the sync run's stage costs alone (`sync_costs`); None where
-    it cannot."""
+    """The planner's forward prediction of a run from the sync run's stage costs (`sync_costs`) and the run's own
+    first-step compiling (sim_check.predict); None where it cannot."""
     from sim_check import predict
 
     try:

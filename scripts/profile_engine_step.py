@@ -1,5 +1,5 @@
 """Where a decode step of the embedded engine goes: wall time per step against the device's kernel time per step,
-and the kernels that take it, at a given occupancy and context length (on the CPU: the ops' own host time).
+and the kernels that take it, at a given occupancy and context length (elsewhere than CUDA: the ops' own host time).
 
 c sequences of 16 prompt tokens are admitted together and decode --warm steps (their context is then ~16 + warm
 tokens), then 100 steps are timed and 20 profiled (torch.profiler, kernels inside replayed device graphs included).
@@ -45,18 +45,19 @@ def profile_case(engine: Any, device: Any, concurrency: int, warm: int, timed: i
         engine.collect()
     device.synchronize()
     wall_ms = (time.perf_counter() - start) / timed * 1e3
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.name == "cuda" else [])
+    on_device = device.name == "cuda"   # the profiler's device activity (elsewhere: the ops' host time)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
     with profile(activities=activities) as prof:
         for _ in range(profiled):
             engine.collect()
         device.synchronize()
     events = prof.key_averages()
-    # an accelerator's kernels (replayed graphs included); on the CPU the ops' own host time
-    busy = (lambda e: e.self_device_time_total) if device.is_accelerator else (lambda e: e.self_cpu_time_total)
+    # CUDA's kernels (replayed graphs included); elsewhere the ops' own host time
+    busy = (lambda e: e.self_device_time_total) if on_device else (lambda e: e.self_cpu_time_total)
     kernels = sorted((e for e in events if busy(e) > 0), key=lambda e: -busy(e))
     engine.interrupt()
     return {"concurrency": concurrency, "context": 16 + warm, "wall_ms_per_step": wall_ms,
-            "busy": "device kernels" if device.is_accelerator else "host ops",
+            "busy": "device kernels" if on_device else "host ops",
             "busy_ms_per_step": sum(busy(e) for e in events) / profiled / 1e3,
             "kernels": [{"name": e.key, "ms_per_step": busy(e) / profiled / 1e3, "calls_per_step": e.count / profiled}
                         for e in kernels[:top]]}

@@ -59,16 +59,22 @@ def _workload(run: Any) -> Any:
                          steps=len(run.values("timing_s/step")))
 
 
+def _scalars(run: Any) -> dict[str, list[float]]:
+    """The run's scalars, one value per trainer step (stage_costs.aligned_scalars)."""
+    from fully_async.planner.stage_costs import aligned_scalars
+
+    return aligned_scalars({tag: [(s, v) for s, _, v in run.series(tag)] for tag in run.scalars})
+
+
 def stage_costs(run: Any, every_step: bool = True) -> Any:
     """StageCosts of one run from its own logs (stage_costs.from_run_scalars): every step kept (the check compares
     with the run's whole average, compiling steps included), or, as the planner reads a run, its compiling steps
     left out."""
     from compare_lib import placement_of
 
-    from fully_async.planner.stage_costs import OUTLIER_RATIO, aligned_scalars, from_run_scalars
+    from fully_async.planner.stage_costs import OUTLIER_RATIO, from_run_scalars
 
-    scalars = aligned_scalars({tag: [(s, v) for s, _, v in run.series(tag)] for tag in run.scalars})
-    return from_run_scalars(scalars, run.mode, run.devices()["trainer"], source=f"run logs {run.log_dir}",
+    return from_run_scalars(_scalars(run), run.mode, run.devices()["trainer"], source=f"run logs {run.log_dir}",
                             outlier_ratio=None if every_step else OUTLIER_RATIO, placement=placement_of(run.config))
 
 
@@ -97,10 +103,10 @@ def first_train_s(run: Any) -> float:
     seconds minus its tokens at the run's own steady per-device-token cost.  The one input a forward prediction
     takes from the run it predicts: at the 0.5B shape on H200 it was 5-8 s (2-GPU colocated, elastic), 15-20 s
     (1-GPU colocated, splits, 4-GPU colocated) and 22-35 s (sync), so no other run's value stands in for it."""
-    from fully_async.planner.stage_costs import aligned_scalars, trainer_busy
+    from fully_async.planner.stage_costs import trainer_busy
 
     costs = stage_costs(run, every_step=False)
-    scalars = aligned_scalars({tag: [(s, v) for s, _, v in run.series(tag)] for tag in run.scalars})
+    scalars = _scalars(run)
     busy, _ = trainer_busy(scalars, run.mode)
     tokens = scalars.get("perf/total_num_tokens") or [0.0]
     if not busy:
@@ -122,9 +128,10 @@ def predict(run: Any, costs: Any = None, compiling: bool = True) -> dict:
 
     # forward: the source's steady costs, and this run's own first-step compiling (so the simulation is of the run
     # as it went: a split's engines run ahead while its trainer compiles, and the next steps drain that queue)
+    priced = costs is not None and compiling
     if costs is None:
         costs = stage_costs(run)
-    elif compiling:
+    elif priced:
         costs = replace(costs, first_train_s=first_train_s(run))
     cfg, work = _workload(run)
     shape = PipelineShape.of(cfg)
@@ -145,10 +152,10 @@ def predict(run: Any, costs: Any = None, compiling: bool = True) -> dict:
     else:
         sim = simulate_sync(d["trainer"], shape.sync_groups, shape.max_num_seqs, costs, work)
     measured, steady = tokens_per_s(run), tokens_per_s(run, skip_first=1)
-    # the simulated run's steps after its first, beside the measured run's (own costs: every step, as averaged)
-    after = sim.steady_tokens_per_s(1) if costs.first_train_s else sim.tokens_per_s
+    # the simulated run's steps after its first, beside the measured run's (a steady simulation: every step)
+    after = sim.steady_tokens_per_s(1) if priced else sim.tokens_per_s
     return {"mode": run.mode, "log_dir": run.log_dir, "devices": d, "costs": costs.as_dict(),
-            "predicted": sim.as_dict(1), "measured_tokens_per_s": measured, "measured_after_first_tokens_per_s": steady,
+            "predicted": sim.as_dict(), "measured_tokens_per_s": measured, "measured_after_first_tokens_per_s": steady,
             "predicted_after_first_tokens_per_s": after,
             "error": sim.tokens_per_s / measured - 1.0, "error_after_first": after / steady - 1.0}
 
@@ -211,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=1))
     else:
         for r in out:
-            # a forward prediction prices the source's first-step compiling: its steps after the first beside the
-            # run's too
+            # a forward prediction prices the run's own first-step compiling: the simulation's steps after the first
+            # beside the run's too
             after = (f"; without the first step simulated {r['predicted_after_first_tokens_per_s']:.1f}, measured "
                      f"{r['measured_after_first_tokens_per_s']:.1f} ({100 * r['error_after_first']:+.1f}%)"
                      ) if costs else ""

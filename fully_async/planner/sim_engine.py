@@ -109,14 +109,11 @@ class SimResult:
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else float("nan")
 
-    def steady_tokens_per_s(self, skip: int, tail: int = 0) -> float:
-        """tokens/s of the steps after the first `skip` and before the last `tail` (the pipeline fill, compiling
-        and the run's end left out; a long run's rate), as compare_lib measures a run's steps."""
-        n = len(self.step_ends)
-        if skip < 0 or tail < 0 or skip + tail >= n or skip + tail == 0:
+    def steady_tokens_per_s(self, skip: int) -> float:
+        """tokens/s of the steps after the first `skip` (the pipeline fill left out; a long run's rate)."""
+        if not 0 < skip < len(self.step_ends):
             return self.tokens_per_s
-        start = self.step_ends[skip - 1] if skip else 0.0
-        return sum(self.step_tokens[skip:n - tail]) / (self.step_ends[n - tail - 1] - start)
+        return sum(self.step_tokens[skip:]) / (self.step_ends[-1] - self.step_ends[skip - 1])
 
     @property
     def time_per_step(self) -> float:

@@ -176,6 +176,5 @@ def test_first_step_compiling_is_paid_once_by_every_mode():
         base, paid = run(costs), run(compiling)
         assert paid.seconds == pytest.approx(base.seconds + 3.0) and paid.tokens == base.tokens
         assert paid.steady_tokens_per_s(1) == pytest.approx(base.steady_tokens_per_s(1))
-        assert paid.steady_tokens_per_s(1, 1) == pytest.approx(base.steady_tokens_per_s(1, 1))
     with pytest.raises(ValueError, match="first_train_s"):
         StageCosts(decode_step_s=0.01, train_token_s=1e-4, first_train_s=-1.0)
