@@ -452,11 +452,25 @@ def _samples_axis(run: Run) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
-def _figure(path: str, title: str, panels: list[tuple[str, str, dict]], hline: Optional[float] = None) -> str:
-    """One PNG with a panel per (xlabel, ylabel, {label: (xs, ys)})."""
-    import matplotlib
+PLOTS_EXTRA = "pip install 'fully_async[plots]'"
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend; matplotlib is the `plots` extra, so a missing one is named with the
+    command that installs it (a CompareError: the comparison checks it before any run starts)."""
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise CompareError(f"the comparison's plots need matplotlib, which is not installed: {PLOTS_EXTRA} "
+                           f"(or pip install matplotlib)") from e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
+
+
+def _figure(path: str, title: str, panels: list[tuple[str, str, dict]], hline: Optional[float] = None) -> str:
+    """One PNG with a panel per (xlabel, ylabel, {label: (xs, ys)})."""
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
     for ax, (xlabel, ylabel, series) in zip(axes[0], panels):

@@ -61,8 +61,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_pipeline import choose_split, format_split  # noqa: E402
 from compare_lib import (MODES, CompareError, build_table, check_diff, config_diff, format_placements,  # noqa: E402
-                         format_repeats, format_table, make_plots, placements_summary, read_run, summarize_repeats,
-                         write_report)
+                         format_repeats, format_table, make_plots, placements_summary, pyplot, read_run,
+                         summarize_repeats, write_report)
 
 REFUSED = 2
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -287,6 +287,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.repeats is not None and args.repeats < 1:
         return refuse(f"--repeats {args.repeats} must be >= 1")
     try:
+        pyplot()  # the plots' extra, checked before any run starts
         return from_logs(args, out_dir) if args.from_logs else run_both(args, out_dir)
     except CompareError as exc:
         print(f"error: {exc}", file=sys.stderr)
