@@ -146,7 +146,7 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
     res.update(update_mfu(model_dir, batch.seq_lengths, res["update_s"], device))
     if args.profile:
         print_profile(name, lambda: ppo_update(backend, cfg, batch, num_mini_batches=1), device)
-    del backend
+    backend = None   # free the model before the next variant (a `del` would leave the profiler's lambda unbound)
     device.empty_cache()
     return res, first_logp
 

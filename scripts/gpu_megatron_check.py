@@ -219,7 +219,7 @@ def check_dtype(dtype_name: str, args, device, workdir: str) -> dict:
     mg.load(ckpt)
     res["save_load_logp_max_abs"] = float((mg.compute_log_probs(batch) - lp_mg2).abs()[valid].max())
     res["peak_gib"] = device.memory_stats()["max_allocated_gib"]
-    del hf, mg
+    hf = mg = None   # free both models (a `del` would leave the timed lambdas' names unbound)
     device.empty_cache()
     return res
 

@@ -54,8 +54,6 @@ def colocate(cfg: Any, device: Any) -> Any:
     import dataclasses
     import uuid
 
-    import ray
-
     from fully_async.actors.device_pool import get_or_create_pool
     from fully_async.cluster.device_pool import PoolMembership, job_name
     from fully_async.core.plan import RunPlan

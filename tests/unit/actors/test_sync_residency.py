@@ -3,7 +3,6 @@ weights on the devices only inside its leases: every wake/onload comes after the
 acquire and every sleep/offload before the release of the same phase; the weight update goes into the sleeping
 embedded engine at the end of the train phase, or (an engine that cannot load asleep) rides on the next phase
 that needs the engines; each phase reports its durations and memory (fakes for the pool, engines, trainer)."""
-import collections
 import contextlib
 from types import SimpleNamespace
 
@@ -65,7 +64,6 @@ class Fake:
 
 @pytest.fixture(params=["pool"])
 def worker(monkeypatch, request):
-    import fully_async.rollout.generation as generation
     import fully_async.train.train_step as train_step_mod
 
     rec = Recorder()

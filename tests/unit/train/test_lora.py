@@ -8,7 +8,6 @@ import torch
 
 from fully_async.core.batch import build_batch
 from fully_async.core.config import ConfigError, asset_path
-from fully_async.core.config_checks import validate
 from fully_async.device import CPU
 from fully_async.run import prepare
 from fully_async.run.hydra_setup import load_config
