@@ -39,10 +39,11 @@ weights (rollout.free_cache_engine=true), drops them, and each bucket is capture
 `enforce_eager=True` (actor_rollout_ref.rollout.enforce_eager) skips graphs.
 The transformers model sees a duck-typed cache (`_SlotCache.update`) and a prepared 4D mask, which
 transformers passes through untouched, so any causal LM whose attention calls
-`past_key_values.update(key, value, layer_idx)` works; sliding-window layers are refused.
+the cache's `update(key, value, layer_idx)` works; sliding-window layers are refused.
 """
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 import time
@@ -62,7 +63,8 @@ logger = logging.getLogger(__name__)
 
 
 class _SlotCache:
-    """What the model's attention layers call as `past_key_values`: writes in place into the slot buffers.
+    """What the model's attention layers get as their KV cache (`cache`, `past_key_values` before transformers
+    renamed it): writes in place into the slot buffers.
 
     prefill(slots, P): the joining prompts' keys/values go to positions [0, P) of their slots and the
     attention reads exactly those (nothing else exists for them yet).
@@ -110,6 +112,14 @@ class _SlotCache:
         k_buf[rows, :, positions] = key[:, :, 0]                             # key (hi, H, 1, D)
         v_buf[rows, :, positions] = value[:, :, 0]
         return k_buf[:hi, :, :span], v_buf[:hi, :, :span]
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword under which `model.forward` takes its KV cache: `cache` where transformers has renamed it (its
+    newer releases keep `past_key_values` only as a deprecated alias that warns on every call, to be removed in
+    5.40), else `past_key_values`."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 SLOT_ATTENTION = "fa_slot_attention"
@@ -188,6 +198,7 @@ class HFEngine:
             raise ValueError(f"{model_path}: layer types {sorted(set(sliding))} are not supported by the embedded "
                              "engine's slot cache (full attention only); use actor_rollout_ref.rollout.name=vllm")
         self.base = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.base_model
+        self._cache_kw = cache_keyword(self.base)
         self.lm_head = self.model.get_output_embeddings()
         # rollout.quantization=fp8: verl's blockwise fp8 arithmetic, emulated (core/fp8.py) over transformers'
         # modules (their linear layers carry the activation rounding; the fused decode functions do not)
@@ -435,7 +446,7 @@ class HFEngine:
         # has it): a real token at position p reads keys 0..p, all real; the padding's queries come after every real
         # token, and what they write lies past the slot's length, where decode writes before anything reads
         hidden = self.base(input_ids=ids, position_ids=positions, attention_mask=None,
-                           past_key_values=cache.prefill(slots, width), use_cache=True).last_hidden_state
+                           **{self._cache_kw: cache.prefill(slots, width)}, use_cache=True).last_hidden_state
         last = hidden[torch.arange(len(joining), device=dev), lengths - 1]                 # (B, H)
         state["logits"][slots] = self.lm_head(last).float()
         state["lengths"][slots] = lengths
@@ -558,7 +569,7 @@ class HFEngine:
             last = self._fused(ids, positions, mask, cache.keys, cache.values, span)
         else:
             out = self.base(input_ids=ids, position_ids=positions.unsqueeze(1), attention_mask=mask,
-                            past_key_values=cache.decode(batch, positions, span), use_cache=True)
+                            **{self._cache_kw: cache.decode(batch, positions, span)}, use_cache=True)
             last = out.last_hidden_state[:, -1]
         state["logits"][:batch] = self.lm_head(last).float()
         state["lengths"][:batch] = positions + 1
@@ -572,7 +583,7 @@ class HFEngine:
             cache, state = self._buffers(self.max_model_len)
             one = torch.zeros(1, 1, dtype=torch.long, device=self.torch_device)
             self.base(input_ids=one, position_ids=one, attention_mask=self._mask(one, 1),
-                      past_key_values=cache.prefill(one[0], 1), use_cache=True)
+                      **{self._cache_kw: cache.prefill(one[0], 1)}, use_cache=True)
             for batch in sorted(self.graph_batch_sizes, reverse=True):
                 for span in sorted(cache.spans, reverse=True):
                     self._graphs[(batch, span)] = self._graph_api.capture(partial(self._decode_step, batch, span))

@@ -1,10 +1,12 @@
 """Embedded engine: continuous batching is exact, interrupt/resume is exact, weights update."""
+import inspect
+
 import pytest
 import torch
 
 from fully_async.device import CPU
 from fully_async.rollout.engines.base import run_requests
-from fully_async.rollout.engines.hf_engine import HFEngine
+from fully_async.rollout.engines.hf_engine import HFEngine, cache_keyword
 from fully_async.core.partial import PendingResponse
 from fully_async.core.types import GenRequest, SamplingParams
 
@@ -97,7 +99,8 @@ def test_keep_mode_continues_in_flight_requests_on_the_new_weights(random_model_
     toks = out.token_ids
     with torch.no_grad():
         old = hf_model(torch.tensor([prompt + toks[:4]]), use_cache=True)
-        cont = new_model(torch.tensor([toks[4:]]), past_key_values=old.past_key_values)
+        kw = cache_keyword(new_model)   # `cache` on transformers that renamed it, else `past_key_values`
+        cont = new_model(torch.tensor([toks[4:]]), **{kw: getattr(old, kw)})
     logits = torch.cat([old.logits[0, len(prompt) - 1:], cont.logits[0, :-1]]).float()
     assert logits.argmax(-1).tolist() == toks
     lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(toks)[:, None]).squeeze(1)
@@ -243,3 +246,21 @@ def test_prefill_budget_admits_what_fits_and_changes_no_token(random_model_dir):
         assert got[rid].token_ids == out.token_ids and got[rid].log_probs == pytest.approx(out.log_probs, abs=1e-5)
     with pytest.raises(ValueError, match="max_num_batched_tokens=0"):
         HFEngine(random_model_dir, CPU, max_num_batched_tokens=0)
+
+
+def test_the_cache_goes_under_the_keyword_the_model_takes(random_model_dir):
+    """transformers renamed forward's `past_key_values` to `cache` (the old name warns on every call until 5.40):
+    the engine passes its slot cache under whichever name the model's forward declares."""
+    class Renamed(torch.nn.Module):
+        def forward(self, input_ids, cache=None, use_cache=None, **kwargs):
+            return cache
+
+    class Before(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, use_cache=None, **kwargs):
+            return past_key_values
+
+    assert cache_keyword(Renamed()) == "cache"
+    assert cache_keyword(Before()) == "past_key_values"
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=2, eos_token_ids=[], pad_token_id=0)
+    assert eng._cache_kw == cache_keyword(eng.base)
+    assert eng._cache_kw in inspect.signature(eng.base.forward).parameters
