@@ -11,6 +11,7 @@ file or a pipe, the step lines are plain lines.  Every step line also goes to th
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any, Optional, TextIO
 
@@ -50,6 +51,16 @@ def log_to_files(line: str, log: logging.Logger = logger) -> None:
             handler.handle(record)
 
 
+def hydra_log_dir() -> Optional[str]:
+    """Hydra's run folder (main.log, failure_traceback.txt), when the run was started through Hydra."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.output_dir
+    except (ImportError, ValueError):
+        return None
+
+
 def open_metric_logger(cfg: Any) -> MetricLogger:
     """The sinks of `trainer.logger`, started before Ray so that a tracker that cannot start (credentials, tracking
     URI, mode) fails the run before any actor exists."""
@@ -82,6 +93,7 @@ class RunLogger:
         self.sink.write_line = self.write_line
         self.mode = cfg.mode
         self.hardware = hardware
+        self.checkpoint_root, self.save_freq = str(t.default_local_dir), int(t.save_freq)
         plan = RunPlan.of(cfg)
         self.devices = {"trainer": plan.trainer_devices, "rollout": plan.rollout_devices, "total": plan.total_devices,
                         "device": t.device}
@@ -149,6 +161,21 @@ class RunLogger:
         vals = [v for k, v in metrics.items() if k.startswith("val-core/")]
         return sum(vals) / len(vals)
 
+    def _checkpoints(self) -> str:
+        """Where the run's checkpoints went, or why there are none (verl's default save_freq=-1 keeps none)."""
+        from fully_async.core.checkpoint import LATEST
+
+        try:
+            with open(os.path.join(self.checkpoint_root, LATEST)) as fh:
+                latest = fh.read().strip()
+        except OSError:
+            latest = ""
+        if latest:
+            return f"{self.checkpoint_root} (latest global_step_{latest})"
+        if self.save_freq <= 0:
+            return f"none saved: save_freq={self.save_freq}; set trainer.save_freq to keep the weights"
+        return f"none saved yet in {self.checkpoint_root} (trainer.save_freq={self.save_freq})"
+
     def finish(self, wall_s: float) -> dict:
         """The summary (logged and summary.json).  A resumed run (its first step is not 1) says "resumed at step
         N", a stopped one (Ctrl-C / SIGTERM: its last step is short of the total) "stopped at step N"; only a
@@ -187,8 +214,12 @@ class RunLogger:
         elif "val_last" in summary:
             lines.append(f"validation reward at step {summary['val_last_step']}: {summary['val_last']:.3f}")
         lines += [f"mean {k}: {summary[k]:.4g}" for k in summary if "/" in k]
+        lines.append(f"checkpoints: {self._checkpoints()}")
         if self.sink.log_dir:
             lines.append(f"TensorBoard: {self.sink.log_dir}")
+        logs = hydra_log_dir()
+        if logs:
+            lines.append(f"logs: {logs} (main.log)")
         for line in lines:
             logger.info(line)
         self.sink.write_json("summary.json", summary)

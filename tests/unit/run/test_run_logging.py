@@ -136,3 +136,18 @@ def test_sync_and_async_default_run_folders_differ(monkeypatch):
     assert tb(config_name=megatron)[0] != tb("mode=sync", config_name=megatron)[0]
     # an explicit experiment_name is the user's choice: both modes use it as given
     assert tb("trainer.experiment_name=mine")[0] == tb("mode=sync", "trainer.experiment_name=mine")[0]
+
+
+def test_summary_names_where_the_checkpoints_went_or_why_none(caplog, tmp_path):
+    """verl's default save_freq=-1 keeps no weights: the summary says so and names the key; with checkpoints it names
+    the folder and the newest one."""
+    run_log = make(io.StringIO(), f"trainer.default_local_dir={tmp_path}", total=1)
+    run_log._log(1, step_metrics(1))
+    _, text = summary_lines(caplog, run_log)
+    assert "checkpoints: none saved: save_freq=-1; set trainer.save_freq" in text
+    caplog.clear()
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("7")
+    run_log = make(io.StringIO(), f"trainer.default_local_dir={tmp_path}", "trainer.save_freq=5", total=1)
+    run_log._log(1, step_metrics(1))
+    _, text = summary_lines(caplog, run_log)
+    assert f"checkpoints: {tmp_path} (latest global_step_7)" in text
