@@ -1,84 +1,40 @@
-"""Reference vectors of verl's own advantage estimators and policy losses, for tests/unit/algorithms/test_verl_parity.py.
+"""Reference vectors of a verl release's own algorithm functions, for the parity tests
+(tests/unit/algorithms/test_verl_parity.py, test_rollout_correction.py): one command per release.
 
-verl is not installable here, so this script takes `verl/trainer/ppo/core_algos.py` (and the helpers it calls:
-utils/groupwise.py, utils/device.py, utils/import_utils.py, and masked_sum/mean/var/whiten out of
-utils/torch_functional.py) from the verl mirror at a pinned commit, puts them in a temporary `verl` package whose
-other imports (AlgoConfig, ActorConfig) are minimal stand-ins, runs each estimator and loss mode on fixed random
-inputs, and writes inputs and outputs (with the loss's gradient) to tests/fixtures/verl_algo_vectors.pt.
+    python scripts/gen_verl_algo_vectors.py --version 0.9.1 [--wheel verl-0.9.1-py3-none-any.whl] [--out ...]
 
-    python scripts/gen_verl_algo_vectors.py [--git-dir /work/.mirror/volcengine+verl/repo] [--commit b178a3cd5]
+The release's wheel is fetched with `pip download --no-deps` (or `--wheel` names one); its core_algos.py and
+rollout_corr_helper.py run from a temporary package with minimal stand-ins for their other imports
+(scripts/verl_release.py).  Each advantage estimator (advantages and returns), policy-loss mode (loss, its gradient
+with respect to the current log-probs, the metrics verl reports) under every loss_agg_mode, the rollout-correction
+cases and the bypass-mode loss cases (scripts/verl_corr_cases.py) run on fixed random inputs; inputs and outputs go
+to tests/fixtures/verl_algo_vectors.pt (about 0.5 MB), with the release's version.
 """
 from __future__ import annotations
 
 import argparse
-import ast
 import os
-import subprocess
-import sys
 import tempfile
 from types import SimpleNamespace
 
 import numpy as np
 import torch
 
+import verl_corr_cases
+import verl_release
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "fixtures", "verl_algo_vectors.pt")
-VERBATIM = ("verl/trainer/ppo/core_algos.py", "verl/utils/groupwise.py", "verl/utils/device.py",
-            "verl/utils/import_utils.py")
-TORCH_FUNCTIONAL = ("masked_sum", "masked_mean", "masked_var", "masked_whiten")
 ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
               "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax")
 OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")   # they read old log-probs and sum pi^2
-LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo")
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")  # the pinned agg_loss's -norm is not 0.9's
+LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo", "dppo_tv", "dppo_kl", "dro")
+AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 ACTOR = dict(clip_ratio=0.2, clip_ratio_low=0.15, clip_ratio_high=0.28, clip_ratio_c=3.0, tau_pos=1.0, tau_neg=1.05,
-             clip_cov_ratio=0.2, clip_cov_lb=0.05, clip_cov_ub=5.0, kl_cov_ratio=0.1, ppo_kl_coef=0.1)
+             clip_cov_ratio=0.2, clip_cov_lb=0.05, clip_cov_ub=5.0, kl_cov_ratio=0.1, ppo_kl_coef=0.1, dro_beta=0.3)
 BEHAV_CAP = 2.0
-
-STUBS = {
-    "verl/__init__.py": "",
-    "verl/trainer/__init__.py": "",
-    "verl/trainer/ppo/__init__.py": "",
-    "verl/utils/__init__.py": "from .groupwise import as_torch_index, group_mean_std\n",
-    "verl/trainer/config/__init__.py": "class AlgoConfig(dict):\n    def __getattr__(self, k):\n        return self[k]\n",
-    "verl/workers/__init__.py": "",
-    "verl/workers/config/__init__.py": (
-        "class ActorConfig:\n"
-        "    def __init__(self, **kw):\n        self.__dict__.update(kw)\n"
-        "    def get(self, k, default=None):\n        return self.__dict__.get(k, default)\n"),
-}
-
-
-def git_show(git_dir: str, commit: str, path: str) -> str:
-    return subprocess.run(["git", f"--git-dir={git_dir}", "show", f"{commit}:{path}"], check=True,
-                          capture_output=True, text=True).stdout
-
-
-def functions_of(source: str, names: tuple[str, ...]) -> str:
-    """The source of the named top-level functions of a module (verbatim), with `import torch` before them."""
-    tree = ast.parse(source)
-    lines = source.splitlines()
-    parts = ["import torch\n"]
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name in names:
-            parts.append("\n".join(lines[node.lineno - 1:node.end_lineno]) + "\n")
-    return "\n".join(parts)
-
-
-def build_package(git_dir: str, commit: str, where: str) -> None:
-    for path, text in STUBS.items():
-        _write(where, path, text)
-    for path in VERBATIM:
-        _write(where, path, git_show(git_dir, commit, path))
-    _write(where, "verl/utils/torch_functional.py",
-           functions_of(git_show(git_dir, commit, "verl/utils/torch_functional.py"), TORCH_FUNCTIONAL))
-
-
-def _write(where: str, path: str, text: str) -> None:
-    full = os.path.join(where, path)
-    os.makedirs(os.path.dirname(full), exist_ok=True)
-    with open(full, "w") as f:
-        f.write(text)
+GPG_F_NORMS = (1.0, 2.5)
+GDPO_WEIGHTS = (None, [0.7, 1.3])
 
 
 # ----------------------------------------------------------------------------------- inputs
@@ -137,7 +93,8 @@ def otb_inputs(g: torch.Generator, base: dict, holes: bool) -> dict:
 
 
 # ----------------------------------------------------------------------------------- verl's outputs
-def verl_advantage(core: object, name: str, inp: dict, norm: bool, gamma: float, kl: bool) -> torch.Tensor:
+def verl_advantage(core: object, name: str, inp: dict, norm: bool, gamma: float, kl: bool,
+                   f_norm: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     from verl.trainer.config import AlgoConfig
     config = AlgoConfig(norm_adv_by_std_in_grpo=norm, gamma=gamma)
     rewards = (inp["token_rewards_kl"] if kl else inp["token_rewards"]).clone()
@@ -147,7 +104,9 @@ def verl_advantage(core: object, name: str, inp: dict, norm: bool, gamma: float,
         kwargs["norm_adv_by_std_in_grpo"] = norm
     if name == "remax":
         kwargs["reward_baselines"] = inp["reward_baselines"]
-    return core.get_adv_estimator_fn(name)(**kwargs)[0]
+    if name == "gpg":
+        kwargs["f_norm"] = f_norm
+    return core.get_adv_estimator_fn(name)(**kwargs)
 
 
 def verl_loss(core: object, mode: str, inp: dict, agg: str, weighted: bool, seed: int) -> dict:
@@ -158,7 +117,7 @@ def verl_loss(core: object, mode: str, inp: dict, agg: str, weighted: bool, seed
                          tau_neg=a["tau_neg"], global_batch_info={},
                          policy_loss=SimpleNamespace(**{k: a[k] for k in ("clip_cov_ratio", "clip_cov_lb",
                                                                            "clip_cov_ub", "kl_cov_ratio",
-                                                                           "ppo_kl_coef")}))
+                                                                           "ppo_kl_coef", "dro_beta")}))
     logp = inp["logp"].clone().requires_grad_()
     weights = None
     if weighted:
@@ -171,21 +130,49 @@ def verl_loss(core: object, mode: str, inp: dict, agg: str, weighted: bool, seed
     return dict(loss=loss.detach(), grad=logp.grad.detach(), metrics={k: float(v) for k, v in metrics.items()})
 
 
-def generate(core: object) -> dict:
-    g = torch.Generator().manual_seed(20240611)
-    adv_sets = {"with_singleton": advantage_inputs(g, [4, 4, 3, 1, 5]),
-                "groups": advantage_inputs(g, [4, 4, 3, 2, 5])}
-    advantages = []
+def gdpo_case(core: object, inp: dict, weights: list | None, norm: bool) -> torch.Tensor:
+    """verl's gdpo on two reward components (the score and a second draw), as its trainer calls it: the components
+    from the reward function's dict (non_tensor_batch), placed on the last response token (batch's masks)."""
+    from verl.trainer.config import AlgoConfig
+    mask = inp["mask"]
+    prompt = torch.ones(mask.shape[0], 2, dtype=torch.long)
+    config = AlgoConfig(norm_adv_by_std_in_grpo=norm, gdpo_reward_keys=["acc", "fmt"], gdpo_reward_weights=weights)
+    return core.get_adv_estimator_fn("gdpo")(
+        token_level_rewards=inp["token_rewards"], response_mask=mask, index=np.array(inp["group_ids"], dtype=object),
+        config=config, norm_adv_by_std_in_grpo=norm,
+        non_tensor_batch={"acc": inp["components"][:, 0].numpy(), "fmt": inp["components"][:, 1].numpy()},
+        batch={"prompts": prompt, "attention_mask": torch.cat([prompt, mask.long()], -1)})[0]
+
+
+def advantage_cases(core: object, adv_sets: dict) -> list[dict]:
+    out = []
     for set_name, inp in adv_sets.items():
         for name in ESTIMATORS:
             if name == "grpo_passk" and set_name == "with_singleton":
                 continue                                               # verl refuses a group of one
             for norm in ((True, False) if name.startswith("grpo") else (True,)):
                 for gamma in ((1.0, 0.9) if name == "reinforce_plus_plus" else (1.0,)):
-                    for kl in (False, True):
-                        out = verl_advantage(core, name, inp, norm, gamma, kl)
-                        advantages.append(dict(inputs=set_name, estimator=name, norm=norm, gamma=gamma, kl=kl,
-                                               advantages=out))
+                    for f_norm in (GPG_F_NORMS if name == "gpg" else (1.0,)):
+                        for kl in (False, True):
+                            adv, ret = verl_advantage(core, name, inp, norm, gamma, kl, f_norm)
+                            out.append(dict(inputs=set_name, estimator=name, norm=norm, gamma=gamma, kl=kl,
+                                            f_norm=f_norm, advantages=adv, returns=ret))
+    return out
+
+
+def generate(core: object, helper: object) -> dict:
+    g = torch.Generator().manual_seed(20240611)
+    adv_sets = {"with_singleton": advantage_inputs(g, [4, 4, 3, 1, 5]),
+                "groups": advantage_inputs(g, [4, 4, 3, 2, 5])}
+    holes = dict(adv_sets["groups"], mask=adv_sets["groups"]["mask"].clone())
+    holes["mask"][::3, 1] = 0.0                                        # tool tokens inside multi-turn responses
+    adv_sets["groups_holes"] = holes
+    for inp in adv_sets.values():
+        inp["components"] = torch.stack([inp["scores"], (torch.rand(len(inp["scores"]), generator=g) > 0.4).float()],
+                                        -1)
+    advantages = advantage_cases(core, adv_sets)
+    gdpo = [dict(inputs=set_name, weights=w, norm=norm, advantages=gdpo_case(core, adv_sets[set_name], w, norm))
+            for set_name in ("with_singleton", "groups") for w in GDPO_WEIGHTS for norm in (True, False)]
     loss_in = loss_inputs(g)
     losses = []
     for seed, (mode, agg, weighted) in enumerate((m, a, w) for m in LOSS_MODES for a in AGG_MODES
@@ -198,34 +185,34 @@ def generate(core: object) -> dict:
     for set_name, inp in otb_sets.items():
         for name in OTB_ESTIMATORS:
             for weighted in (False, True):
-                rewards = inp["token_rewards_kl"] * inp["mask"]
-                out = core.get_adv_estimator_fn(name)(
-                    token_level_rewards=rewards.clone(), response_mask=inp["mask"],
-                    index=np.array(inp["group_ids"], dtype=object), old_log_probs=inp["old_log_probs"],
-                    sum_pi_squared=inp["sum_pi_squared"],
-                    rollout_is_weights=inp["rollout_is_weights"] if weighted else None)[0]
-                otb.append(dict(inputs=set_name, estimator=name, weighted=weighted, advantages=out))
-    return dict(advantage_inputs=adv_sets, advantages=advantages, loss_inputs=loss_in, losses=losses,
-                actor=ACTOR, behav_cap=BEHAV_CAP, otb_inputs=otb_sets, otb=otb)
+                for zero_tail in (True, False):
+                    rewards = inp["token_rewards_kl"] * inp["mask"]
+                    adv, ret = core.get_adv_estimator_fn(name)(
+                        token_level_rewards=rewards.clone(), response_mask=inp["mask"],
+                        index=np.array(inp["group_ids"], dtype=object), old_log_probs=inp["old_log_probs"],
+                        sum_pi_squared=inp["sum_pi_squared"], handle_zero_tail=zero_tail,
+                        rollout_is_weights=inp["rollout_is_weights"] if weighted else None)
+                    otb.append(dict(inputs=set_name, estimator=name, weighted=weighted, zero_tail=zero_tail,
+                                    advantages=adv, returns=ret))
+    corr, bypass = verl_corr_cases.generate(helper, core, ACTOR)
+    return dict(advantage_inputs=adv_sets, advantages=advantages, gdpo=gdpo, loss_inputs=loss_in, losses=losses,
+                actor=ACTOR, behav_cap=BEHAV_CAP, otb_inputs=otb_sets, otb=otb, rollout_corr=corr, bypass=bypass)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--git-dir", default="/work/.mirror/volcengine+verl/repo")
-    ap.add_argument("--commit", default="b178a3cd5")
+    ap.add_argument("--version", default="0.9.1", help="the verl release (PyPI version)")
+    ap.add_argument("--wheel", default=None, help="that release's wheel, already downloaded (else pip downloads it)")
     ap.add_argument("--out", default=OUT)
     args = ap.parse_args()
-    commit = subprocess.run(["git", f"--git-dir={args.git_dir}", "rev-parse", args.commit], check=True,
-                            capture_output=True, text=True).stdout.strip()
     with tempfile.TemporaryDirectory() as where:
-        build_package(args.git_dir, commit, where)
-        sys.path.insert(0, where)
-        from verl.trainer.ppo import core_algos
-        data = generate(core_algos)
-    data["verl_commit"] = commit
+        core, helper = verl_release.load(args.version, args.wheel, where)
+        data = generate(core, helper)
+    data["verl_version"] = args.version
     torch.save(data, args.out)
-    print(f"wrote {len(data['advantages']) + len(data['otb'])} advantage and {len(data['losses'])} loss vectors of "
-          f"verl {commit[:10]} to {args.out}")
+    print(f"wrote {len(data['advantages']) + len(data['otb']) + len(data['gdpo'])} advantage, {len(data['losses'])} "
+          f"loss, {len(data['rollout_corr'])} rollout-correction and {len(data['bypass'])} bypass vectors of verl "
+          f"{args.version} to {args.out} ({os.path.getsize(args.out) / 1e6:.2f} MB)")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,43 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir))
 TSV = os.path.join(ROOT, "docs", "verl_config_keys.tsv")
 DOC = os.path.join(ROOT, "docs", "verl_compat.md")
 
+# what the RL math follows, and what changed for a user of the older verl (docs/verl_compat.md's second section)
+FOLLOWED = (
+    "The RL math (advantage estimators and their returns, policy losses, rollout correction) follows verl **0.9.1**, "
+    "the release on PyPI: `tests/fixtures/verl_algo_vectors.pt` holds the vectors of 0.9.1's own functions and "
+    "`tests/unit/algorithms/test_verl_parity.py` and `test_rollout_correction.py` check ours against them "
+    "(`python scripts/gen_verl_algo_vectors.py --version <release>` regenerates them from another release's wheel, "
+    "installed with `--no-deps` into a temporary folder).  The key table below and the example scripts are those of "
+    "the verl commit b178a3cd.  What a user of that older verl sees change:")
+CHANGES = (
+    "`rollout_corr/rollout_is_mean`, `_max`, `_min`, `_std`, `_eff_sample_size` and `_seq_mean/std/max/min/"
+    "max_deviation` are computed on the applied (truncated) weights, std and ESS with the weights clamped to "
+    "[0, rollout_is_threshold] (before: the weights before truncation, clamped to [1/threshold, threshold]); "
+    "`_seq_fraction_high/low` compare each response's mean raw weight with the bounds.  Dashboards show other "
+    "numbers for the same run; the weights applied to the loss are unchanged.",
+    "`algorithm.rollout_correction.rollout_is_threshold` also takes `\"lower_upper\"` (IcePop: a weight outside "
+    "[lower, upper] becomes 0 instead of being truncated; `rollout_corr/rollout_is_oob_ratio`); a lower bound above "
+    "the upper one is refused.",
+    "Bypass mode (`rollout_correction.bypass_mode=true`) reports every `rollout_corr/*` metric of the current policy "
+    "against the behaviour one, per micro-batch (before: only the rejected fraction).",
+    "`loss_mode=gspo` is aggregated by `actor.loss_agg_mode` (before: always seq-mean-token-mean; set "
+    "`loss_agg_mode=seq-mean-token-mean` for the old loss).",
+    "The returns of `reinforce_plus_plus`, `remax`, `optimal_token_baseline` and `tir_optimal_token_baseline` are the "
+    "reward-to-go (discounted by `algorithm.gamma` for reinforce_plus_plus), which a critic trained beside them "
+    "(`critic.enable=true`) learns (before: the advantages).",
+    "`reinforce_plus_plus` carries the running return unchanged through tokens outside the response mask (a multi-turn "
+    "response's tool output) instead of restarting it there.",
+    "`grpo_vectorized` takes a two-pass float32 variance without a floor (before: one pass, floored at 1e-6); groups "
+    "whose scores nearly agree get different advantages.",
+    "`optimal_token_baseline` gives the group's single longest response no baseline past the second longest, as "
+    "`tir_optimal_token_baseline` did (verl 0.9.1's default); `algorithm.handle_zero_tail=false` turns it off for "
+    "both (verl has no key for it: its function argument).",
+    "New: policy-loss modes `dppo_tv`, `dppo_kl` (clip_ratio_low/high are the divergence bounds, clip_ratio_c the "
+    "ratio truncation) and `dro` (`actor_rollout_ref.actor.policy_loss.dro_beta`, required); the `gdpo` estimator "
+    "(`algorithm.gdpo_reward_keys`: keys of the reward function's dict, `score` being the score; "
+    "`algorithm.gdpo_reward_weights`); `algorithm.gpg_f_norm` (gpg's f_norm, a function argument in verl).",
+)
+
 PLUS_FORMS = [
     ("+reward_model.reward_kwargs.overlong_buffer_cfg.<field>", "reward_model.reward_kwargs.overlong_buffer_cfg.len"),
     ("+reward_model.reward_kwargs.max_resp_len", "reward_model.reward_kwargs.max_resp_len"),
@@ -64,6 +101,7 @@ def render() -> str:
            f"**{len(rows)} keys: {counts[HONOURED]} honoured ({counts[HONOURED] - mapped} by name, {mapped} mapped "
            f"onto our keys), {counts['warned']} warned ({guarded} of them refuse values they cannot honour, e.g. "
            f"`actor_rollout_ref.rollout.data_parallel_size=2`), {counts['refused']} refused at verl's default value.**",
+           "", "## The verl version followed", "", FOLLOWED, ""] + [f"- {c}" for c in CHANGES] + [
            "",
            "## Defaults that differ from verl's", "",
            "The schema's defaults are verl's, so a ported script that leaves a key unset gets verl's value, except "

@@ -17,7 +17,9 @@ device tensor (`metric_tensor`, no sync) with the same rounding as before the tw
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import torch
@@ -25,17 +27,38 @@ import torch
 from fully_async.algorithms.losses import agg_denominator, agg_loss, kl_penalty
 from fully_async.algorithms.policy_losses import (PolicyLossInput, policy_agg_mode, policy_denominator, policy_loss,
                                                   reinforce_loss)
-from fully_async.algorithms.rollout_correction import is_weights as correction_weights, rejection_mask
+from fully_async.algorithms.rollout_correction import active as correction_active, correct_batch
 from fully_async.core.config import clip_bounds
 
 BYPASS_RS_METRIC = "rollout_corr/rollout_rs_masked_fraction"
 
 
-def bypass_rejection(rollout_correction: Any) -> bool:
-    """Rollout rejection sampling in the loss (verl's bypass mode: the behaviour policy is the old one, tokens are
-    rejected against the current policy, on every micro-batch)."""
+def bypass_correction(rollout_correction: Any) -> bool:
+    """verl's bypass mode with rollout_is or rollout_rs set: importance weights (applied by loss_type=reinforce,
+    reported otherwise), rejection and the rollout_corr/* metrics computed in the loss, on every micro-batch, of the
+    current policy against the behaviour one (verl's compute_policy_loss_bypass_mode)."""
     rc = rollout_correction
-    return rc is not None and bool(rc.bypass_mode) and rc.rollout_rs is not None
+    return rc is not None and bool(rc.bypass_mode) and correction_active(rc)
+
+
+@functools.lru_cache(maxsize=32)
+def _bypass_metric_names(rollout_is: Any, threshold: Any, normalize: bool, rollout_rs: Any,
+                         rs_threshold: Any) -> tuple[str, ...]:
+    """The rollout_corr/* keys bypass mode reports for these options (they depend on the options only: found by
+    running the correction once on two fixed responses)."""
+    rc = SimpleNamespace(rollout_is=rollout_is, rollout_is_threshold=threshold, rollout_is_batch_normalize=normalize,
+                         rollout_rs=rollout_rs, rollout_rs_threshold=rs_threshold)
+    old = torch.tensor([[-0.5, -1.0, -0.2], [-0.3, -0.7, -1.1]])
+    return tuple(sorted(correct_batch(old, old - 0.1, torch.ones_like(old), rc)[2]))
+
+
+def bypass_metric_names(rc: Any) -> tuple[str, ...]:
+    """rollout_corr/* names of bypass mode (sorted; empty without bypass_correction)."""
+    if not bypass_correction(rc):
+        return ()
+    rs_thr = rc.rollout_rs_threshold
+    return _bypass_metric_names(rc.rollout_is, rc.rollout_is_threshold, bool(rc.rollout_is_batch_normalize),
+                                rc.rollout_rs, rs_thr if not isinstance(rs_thr, list) else ",".join(map(str, rs_thr)))
 
 
 def bypass_reinforce(rollout_correction: Any) -> bool:
@@ -73,7 +96,7 @@ def actor_metric_names(actor: Any, async_training: Any, with_entropy: bool = Tru
     names = ["actor/pg_loss"] + ["actor/entropy"] * with_entropy
     names += ["actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl"]
     names += ["actor/behav_imp_weight"] * decoupled_weights(async_training, rollout_correction)
-    names += [BYPASS_RS_METRIC] * bypass_rejection(rollout_correction)
+    names += list(bypass_metric_names(rollout_correction))
     names += ["actor/kl_loss"] * bool(actor.use_kl_loss)
     return names
 
@@ -117,19 +140,22 @@ def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], *, old_logp:
     if at.decoupled_ppo and rollout_logp is None:
         raise ValueError("actor_loss needs rollout_logp when async_training.decoupled_ppo is set")
     clip_low, clip_high = clip_bounds(a)
-    rejected = None
-    if bypass_rejection(rollout_correction):
+    bypass_weights, bypass_metrics = None, None
+    if bypass_correction(rollout_correction):
         if rollout_logp is None:
-            raise ValueError("actor_loss needs rollout_logp for rollout_correction.bypass_mode rejection sampling")
-        kept, _ = rejection_mask((logp.detach() - rollout_logp), mask, rollout_correction.rollout_rs,
-                                 rollout_correction.rollout_rs_threshold)
-        rejected = ((mask - kept).float().sum() / mask.float().sum().clamp(min=1)).detach()
-        mask = kept
+            raise ValueError("actor_loss needs rollout_logp for rollout_correction.bypass_mode")
+        bypass_metrics = {name: 0.0 for name in bypass_metric_names(rollout_correction)}
+        if mask.any():
+            bypass_weights, kept, found = correct_batch(logp.detach(), rollout_logp, mask, rollout_correction)
+            bypass_metrics.update((k, v) for k, v in found.items() if k in bypass_metrics)
+            mask = kept.to(mask.dtype)
     pl = a.policy_loss
     if pg_denom is None and policy_agg_mode(pl.loss_mode, a.loss_agg_mode) == a.loss_agg_mode:
         pg_denom = denom
     if bypass_reinforce(rollout_correction):
-        res = _bypass_reinforce(logp, rollout_logp, advantages, mask, rollout_correction, a.loss_agg_mode, pg_denom)
+        if rollout_logp is None:
+            raise ValueError("actor_loss needs rollout_logp for rollout_correction.loss_type=reinforce")
+        res = reinforce_loss(logp, rollout_logp, advantages, mask, bypass_weights, a.loss_agg_mode, pg_denom)
     else:
         res = policy_loss(PolicyLossInput(
             logp=logp, old_logp=old_logp, advantages=advantages, mask=mask,
@@ -138,7 +164,7 @@ def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], *, old_logp:
             behav_cap=at.behav_imp_weight_cap,
             is_weights=is_weights, mode=pl.loss_mode, clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb,
             clip_cov_ub=pl.clip_cov_ub, kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, tau_pos=a.tau_pos,
-            tau_neg=a.tau_neg))
+            tau_neg=a.tau_neg, dro_beta=pl.dro_beta))
     loss = res.loss
     share = logp.shape[0] / rows_total
     metrics: dict[str, tuple[torch.Tensor, float]] = {"actor/pg_loss": (res.loss.detach(), 1.0)}
@@ -152,23 +178,11 @@ def actor_loss(logp: torch.Tensor, entropy: Optional[torch.Tensor], *, old_logp:
     metrics["actor/ppo_kl"] = (res.ppo_kl, share)
     if res.behav_weight_mean is not None:
         metrics["actor/behav_imp_weight"] = (res.behav_weight_mean, share)
-    if rejected is not None:
-        metrics[BYPASS_RS_METRIC] = (rejected, share)
+    for name, value in (bypass_metrics or {}).items():
+        metrics[name] = (torch.tensor(value, dtype=torch.float32, device=logp.device), share)
     if a.use_kl_loss:
         kl = agg_loss(kl_penalty(logp, ref_logp, a.kl_loss_type), mask, a.loss_agg_mode, denom)
         loss = loss + a.kl_loss_coef * kl
         metrics["actor/kl_loss"] = (kl.detach(), 1.0)
     return ActorLossOutput(loss=loss, metrics=metrics)
 
-
-def _bypass_reinforce(logp: torch.Tensor, rollout_logp: Optional[torch.Tensor], advantages: torch.Tensor,
-                      mask: torch.Tensor, rc: Any, agg_mode: str, denom: Optional[float]) -> Any:
-    """Bypass mode's REINFORCE: the importance weights of the current policy against the behaviour one (rollout_is;
-    detached, on this micro-batch, as verl computes them in the loss) times -A log pi."""
-    if rollout_logp is None:
-        raise ValueError("actor_loss needs rollout_logp for rollout_correction.loss_type=reinforce")
-    weights = None
-    if rc.rollout_is is not None:
-        weights, _ = correction_weights(logp.detach() - rollout_logp, mask, rc.rollout_is, rc.rollout_is_threshold,
-                                        rc.rollout_is_batch_normalize)
-    return reinforce_loss(logp, rollout_logp, advantages, mask, weights, agg_mode, denom)

@@ -8,18 +8,23 @@ response; it returns advantages (B, T), zero off the mask.  `compute_advantages`
 
   grpo                  (score - group mean) / (group std + eps), unbiased std; `norm_adv_by_std_in_grpo=false`
                         drops the division (Dr. GRPO).  A group of one: mean 0, std 1.
-  grpo_vectorized       the same with verl's vectorised statistics: the variance (sum of squares form) is floored
-                        at eps before the square root.  verl's trainer does not pass norm_adv_by_std_in_grpo to it
-                        (b178a3cd: it always divides); here the key acts, as its name says.
+  grpo_vectorized       the same with verl's vectorised statistics (verl 0.9.1: two-pass float32 variance, not
+                        floored).  verl's trainer does not pass norm_adv_by_std_in_grpo to it (it always divides);
+                        here the key acts, as its name says.
+  gdpo                  GDPO: grpo of each reward component (algorithm.gdpo_reward_keys, read from the reward
+                        function's dict; `reward_components`) separately, summed with gdpo_reward_weights (default
+                        1 each), whitened over the batch's response tokens.
   grpo_passk            Pass@k: only each group's best response gets (best - second best), over (group std + eps)
                         with norm_adv_by_std_in_grpo; a group needs two responses.
   rloo                  leave-one-out: (score - mean of the others) = (n score - sum) / (n - 1); a group of one
                         keeps its raw score.
   rloo_vectorized       the same, but a group of one gets 0 (verl's vectorised form).
   opo                   score - length-weighted group mean (sum len * score / sum len); a group of one: baseline 0.
-  gpg                   alpha (score - group mean), alpha = batch size / responses with a non-zero score.
-  reinforce_plus_plus   discounted token returns (algorithm.gamma; the running return restarts at every token
-                        outside the mask), whitened over the batch's response tokens.
+  gpg                   alpha (score - group mean) / f_norm, alpha = batch size / responses with a non-zero score,
+                        f_norm = algorithm.gpg_f_norm (verl's default 1).
+  reinforce_plus_plus   discounted token returns (algorithm.gamma), whitened over the batch's response tokens; the
+                        running return is carried unchanged through tokens outside the mask (a multi-turn
+                        response's tool output, the prompt in front), as verl 0.9.1.
   reinforce_plus_plus_baseline  (score - group mean) on every token, whitened over the batch's response tokens.
 
   optimal_token_baseline  per-timestep baseline of each group, B_t = sum G_t W_t / (sum W_t + 1e-8) over its
@@ -28,12 +33,17 @@ response; it returns advantages (B, T), zero off the mask.  `compute_advantages`
                         rollout correction's weights w, each term times w^2); A_t = G_t - B_t.  A group of one:
                         A = G.  Column t is the same response position for every member (they share the prompt).
   tir_optimal_token_baseline  the same over each response's own tokens (a response mask with holes is compacted,
-                        verl's multi-turn form), and the longest response's tail past the group's second longest
-                        gets no baseline (handle_zero_tail).
+                        verl's multi-turn form).
+                        Both: with algorithm.handle_zero_tail (verl 0.9.1's default, true) the group's single
+                        longest response gets no baseline past the second longest.
 
   remax                 the token returns (reward-to-go of the token-level rewards) minus the reward of the
                         prompt's greedy response (generated beside the n sampled ones, rollout/generation.py
                         group_pendings; not trained), on every response token.
+
+Returns (`compute_advantages_and_returns`, a critic trained beside the estimator reads them): reinforce_plus_plus,
+remax and the optimal-token-baseline estimators return verl 0.9.1's discounted reward-to-go; the others return
+their advantages, as verl's do.
 """
 from __future__ import annotations
 
@@ -76,6 +86,7 @@ class AdvantageInput:
     sum_pi_squared: Optional[torch.Tensor] = None      # (B, T) sum over the vocabulary of pi^2 per position
     rollout_is_weights: Optional[torch.Tensor] = None  # (B, T) rollout correction's truncated weights, if any
     reward_baselines: Optional[torch.Tensor] = None    # (B,) remax: the reward of each prompt's greedy response
+    reward_components: Optional[torch.Tensor] = None   # (B, K) gdpo: the gdpo_reward_keys of each response
 
 
 def token_level_rewards(scores: torch.Tensor, mask: torch.Tensor, penalty: Any = None) -> torch.Tensor:
@@ -134,10 +145,10 @@ def _grpo_vectorized(inp: AdvantageInput, alg: Any) -> torch.Tensor:
     scores = inp.scores.float()
     inv, groups = _group_index(inp.group_ids, scores.device)
     count = _group_sum(torch.ones_like(scores), inv, groups)
-    s1, s2 = _group_sum(scores, inv, groups), _group_sum(scores * scores, inv, groups)
-    mean = s1 / count.clamp_min(1.0)
-    var = (s2 - s1 * s1 / count.clamp_min(1.0)) / (count - 1.0).clamp_min(1.0)
-    std = torch.sqrt(var.clamp(min=EPS))
+    mean = _group_sum(scores, inv, groups) / count.clamp_min(1.0)
+    centred = scores - mean[inv]                                   # two passes: mean, then squared deviations
+    var = _group_sum(centred * centred, inv, groups) / (count - 1.0).clamp_min(1.0)
+    std = torch.sqrt(var.clamp(min=0.0))
     single = count <= 1.0
     mean, std = mean.masked_fill(single, 0.0), std.masked_fill(single, 1.0)
     adv = scores - mean[inv]
@@ -191,7 +202,7 @@ def _gpg(inp: AdvantageInput, alg: Any) -> torch.Tensor:
     alpha = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1)
     inv, groups = _group_index(inp.group_ids, scores.device)
     mean, _ = _group_mean(scores, inv, groups)
-    return _broadcast(alpha * (scores - mean), inp.mask)      # verl's f_norm is 1
+    return _broadcast(alpha * (scores - mean) / getattr(alg, "gpg_f_norm", 1.0), inp.mask)
 
 
 def _reinforce_plus_plus(inp: AdvantageInput, alg: Any) -> torch.Tensor:
@@ -199,10 +210,10 @@ def _reinforce_plus_plus(inp: AdvantageInput, alg: Any) -> torch.Tensor:
     returns = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[:, 0])
     for t in reversed(range(rewards.shape[1])):
-        running = rewards[:, t] + alg.gamma * running
-        returns[:, t] = running
-        running = running * mask[:, t]                    # restart outside the response (verl: after EOS)
-    return masked_whiten(returns, mask) * mask
+        step = rewards[:, t] + alg.gamma * running
+        returns[:, t] = step * mask[:, t]
+        running = step * mask[:, t] + running * (1 - mask[:, t])    # carried through tokens off the mask
+    return masked_whiten(returns, mask) * mask, returns
 
 
 def _reinforce_plus_plus_baseline(inp: AdvantageInput, alg: Any) -> torch.Tensor:
@@ -217,8 +228,13 @@ def _remax(inp: AdvantageInput, alg: Any) -> torch.Tensor:
     if inp.reward_baselines is None:
         raise ValueError("remax needs each prompt's greedy baseline reward (reward_baselines)")
     mask = inp.mask.to(torch.float32)
-    returns = (inp.token_rewards.float() * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
-    return returns - inp.reward_baselines.float().unsqueeze(-1) * mask
+    returns = _reward_to_go(inp.token_rewards, mask)
+    return returns - inp.reward_baselines.float().unsqueeze(-1) * mask, returns
+
+
+def _reward_to_go(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) undiscounted sum of the masked token rewards from each position on."""
+    return (rewards.float() * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
 
 
 OTB_EPS = 1e-8   # verl's epsilon of the optimal-token-baseline estimators
@@ -231,7 +247,7 @@ def _otb_terms(inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor, torch.T
         raise ValueError("the optimal-token-baseline estimators need old log-probs and sum_pi_squared "
                          "(actor_rollout_ref.actor.calculate_sum_pi_squared=true)")
     mask = inp.mask.to(torch.float32)
-    returns = (inp.token_rewards.float() * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    returns = _reward_to_go(inp.token_rewards, mask)
     w = 1 - 2 * torch.exp(inp.old_log_probs.float()) + inp.sum_pi_squared.float()
     if inp.rollout_is_weights is not None:
         w = w * inp.rollout_is_weights.float() ** 2
@@ -255,8 +271,9 @@ def _zero_tail(baselines: torch.Tensor, rows: list[int], lengths: torch.Tensor) 
         baselines[longest[0], ordered[-2]:] = 0.0
 
 
-def _optimal_token_baseline(inp: AdvantageInput, alg: Any, zero_tail: bool = False) -> torch.Tensor:
+def _optimal_token_baseline(inp: AdvantageInput, alg: Any) -> tuple[torch.Tensor, torch.Tensor]:
     returns, w_cum, mask = _otb_terms(inp)
+    zero_tail = getattr(alg, "handle_zero_tail", True)
     baselines = torch.zeros_like(returns)
     for rows in _members(inp.group_ids):
         if len(rows) == 1:
@@ -266,10 +283,10 @@ def _optimal_token_baseline(inp: AdvantageInput, alg: Any, zero_tail: bool = Fal
         baselines[idx] = ((g * w * m).sum(0) / ((w * m).sum(0) + OTB_EPS)).expand(len(rows), -1)
         if zero_tail:
             _zero_tail(baselines, rows, m.sum(-1))
-    return (returns - baselines) * mask
+    return (returns - baselines) * mask, returns
 
 
-def _tir_optimal_token_baseline(inp: AdvantageInput, alg: Any) -> torch.Tensor:
+def _tir_optimal_token_baseline(inp: AdvantageInput, alg: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Each response's own tokens, compacted to the left (verl's multi-turn form), baselined as above per
     position of that compacted layout, the longest response's lone tail unbaselined, then scattered back."""
     returns, w_cum, mask = _otb_terms(inp)
@@ -285,14 +302,30 @@ def _tir_optimal_token_baseline(inp: AdvantageInput, alg: Any) -> torch.Tensor:
             continue
         idx = torch.tensor(rows, device=returns.device)
         baselines[idx] = (g_all[idx] * w_all[idx]).sum(0) / (w_all[idx].sum(0) + OTB_EPS)
-        _zero_tail(baselines, rows, lengths[idx])
+        if getattr(alg, "handle_zero_tail", True):
+            _zero_tail(baselines, rows, lengths[idx])
     out = torch.zeros_like(returns)
     out[keep] = (g_all - baselines)[cols]
-    return out
+    return out, returns
 
 
-ESTIMATORS: dict[str, Callable[[AdvantageInput, Any], torch.Tensor]] = {
-    "grpo": _grpo, "grpo_vectorized": _grpo_vectorized, "grpo_passk": _grpo_passk, "rloo": _rloo,
+def _gdpo(inp: AdvantageInput, alg: Any) -> torch.Tensor:
+    """Each reward component normalised in its group as grpo, weighted, summed, whitened over the batch."""
+    if inp.reward_components is None:
+        raise ValueError("gdpo needs each response's reward components (algorithm.gdpo_reward_keys)")
+    parts = inp.reward_components.float()                           # (B, K)
+    weights = getattr(alg, "gdpo_reward_weights", None) or [1.0] * parts.shape[1]
+    if len(weights) != parts.shape[1]:
+        raise ValueError(f"algorithm.gdpo_reward_weights has {len(weights)} entries for {parts.shape[1]} "
+                         "gdpo_reward_keys: give one weight per key")
+    total = sum(float(w) * grpo_advantages(parts[:, k], inp.group_ids, inp.mask, alg.norm_adv_by_std_in_grpo, EPS)
+                for k, w in enumerate(weights))
+    mask = inp.mask.to(torch.float32)
+    return masked_whiten(total, mask) * mask
+
+
+ESTIMATORS: dict[str, Callable[[AdvantageInput, Any], Any]] = {   # advantages, or (advantages, returns)
+    "grpo": _grpo, "gdpo": _gdpo, "grpo_vectorized": _grpo_vectorized, "grpo_passk": _grpo_passk, "rloo": _rloo,
     "rloo_vectorized": _rloo_vectorized, "opo": _opo, "gpg": _gpg, "reinforce_plus_plus": _reinforce_plus_plus,
     "reinforce_plus_plus_baseline": _reinforce_plus_plus_baseline,
     "remax": _remax, "optimal_token_baseline": _optimal_token_baseline,
@@ -300,10 +333,18 @@ ESTIMATORS: dict[str, Callable[[AdvantageInput, Any], torch.Tensor]] = {
 }
 
 
-def compute_advantages(inp: AdvantageInput, alg: Any) -> torch.Tensor:
-    """(B, T) advantages of `alg.adv_estimator` (alg: the algorithm section: norm_adv_by_std_in_grpo, gamma)."""
+def compute_advantages_and_returns(inp: AdvantageInput, alg: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) advantages and returns of `alg.adv_estimator` (alg: the algorithm section: norm_adv_by_std_in_grpo,
+    gamma, gpg_f_norm, handle_zero_tail, gdpo_reward_weights).  An estimator without returns of its own returns
+    its advantages, as verl's outcome estimators do."""
     fn = ESTIMATORS.get(alg.adv_estimator)
     if fn is None:
         raise ValueError(f"algorithm.adv_estimator {alg.adv_estimator!r} is not one of {sorted(ESTIMATORS)}")
     with torch.no_grad():
-        return fn(inp, alg)
+        out = fn(inp, alg)
+    return out if isinstance(out, tuple) else (out, out)
+
+
+def compute_advantages(inp: AdvantageInput, alg: Any) -> torch.Tensor:
+    """(B, T) advantages of `alg.adv_estimator` (compute_advantages_and_returns without the returns)."""
+    return compute_advantages_and_returns(inp, alg)[0]

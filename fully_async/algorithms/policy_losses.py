@@ -6,7 +6,8 @@ every mode is taken against `old_logp`, the PPO old (proximal) policy.
 
   vanilla   PPO clip with dual clip (clip_ratio_low/high, clip_ratio_c), aggregated by loss_agg_mode.
   gspo      sequence-level ratio exp(mean over the response of log(pi/pi_old)) carried on each token with the
-            token's own gradient, clipped like PPO (no dual clip); always aggregated seq-mean-token-mean.
+            token's own gradient, clipped like PPO (no dual clip); aggregated by loss_agg_mode (verl 0.9.1; the
+            paper's and older verl's fixed seq-mean-token-mean is loss_agg_mode=seq-mean-token-mean).
   sapo      soft gate sigmoid(tau (ratio - 1)) * 4 / tau times the advantage, tau = tau_pos where A > 0, else
             tau_neg; always aggregated seq-mean-token-mean.
   gpg       -logp * A (plain policy gradient, no ratio), aggregated by loss_agg_mode.
@@ -19,6 +20,13 @@ every mode is taken against `old_logp`, the PPO old (proximal) policy.
             advantage's side) times the sequence's mean advantage; the mean over the mini-batch's rows
             (loss_agg_mode is not used, as in verl).
   cispo     -sg(clip(ratio, 1 - clip_low, 1 + clip_high)) * A * logp, aggregated by loss_agg_mode.
+  dppo_tv   DPPO-Binary-TV: -A * sg(min(ratio, clip_ratio_c)) * logp on the tokens whose probability moved less than
+            the divergence bound (pi - pi_old <= clip_high where A > 0, >= -clip_low elsewhere), 0 on the others;
+            clip_ratio_low/high are the TV bounds and clip_ratio_c the truncation of the ratio (no dual clip).
+            pg_clipfrac: the tokens left out; pg_clipfrac_lower: kept tokens whose ratio was truncated.
+  dppo_kl   the same with the binary KL of the token's probability as the divergence: a token is left out where
+            KL(pi_old || pi) exceeds the bound and the probability moved in the advantage's direction.
+  dro       Direct Reward Optimisation: -(A * logp - dro_beta / 2 * (logp - old_logp)^2), by loss_agg_mode.
 
 The covariance modes select tokens within the micro-batch they see, as verl's per-micro-batch call does; every
 other mode's aggregate splits exactly over micro-batches (the mini-batch denominator `denom`:
@@ -44,11 +52,11 @@ from fully_async.algorithms.losses import agg_denominator, agg_loss, masked_mean
 
 ROWS = "rows"                                    # geo_mean: the mean over the mini-batch's rows
 SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
-_OWN_AGGREGATION = {"gspo": SEQ_MEAN_TOKEN_MEAN, "sapo": SEQ_MEAN_TOKEN_MEAN, "geo_mean": ROWS}
+_OWN_AGGREGATION = {"sapo": SEQ_MEAN_TOKEN_MEAN, "geo_mean": ROWS}
 
 
 def policy_agg_mode(loss_mode: str, loss_agg_mode: str) -> str:
-    """How `loss_mode` aggregates its token losses: its own fixed mode (gspo, sapo, geo_mean) or loss_agg_mode."""
+    """How `loss_mode` aggregates its token losses: its own fixed mode (sapo, geo_mean) or loss_agg_mode."""
     return _OWN_AGGREGATION.get(loss_mode, loss_agg_mode)
 
 
@@ -68,7 +76,7 @@ class PolicyLossInput:
     clip_low: float = 0.2
     clip_high: float = 0.2
     clip_c: float = 3.0
-    agg_mode: str = "token-mean"         # actor.loss_agg_mode (gspo, sapo and geo_mean use their own)
+    agg_mode: str = "token-mean"         # actor.loss_agg_mode (sapo and geo_mean use their own)
     denom: Optional[float] = None        # mini-batch denominator of the mode's aggregation (policy_denominator)
     behav_logp: Optional[torch.Tensor] = None  # (B, T) set for decoupled PPO
     behav_cap: float = 5.0
@@ -81,6 +89,7 @@ class PolicyLossInput:
     ppo_kl_coef: float = 0.1
     tau_pos: float = 1.0
     tau_neg: float = 1.05
+    dro_beta: Optional[float] = None
 
 
 @dataclass
@@ -141,7 +150,7 @@ def _gspo(inp: PolicyLossInput, mask: torch.Tensor, weight: Optional[torch.Tenso
     loss1 = -inp.advantages * ratio
     loss2 = -inp.advantages * ratio.clamp(1.0 - inp.clip_low, 1.0 + inp.clip_high)
     losses = _weighted(torch.maximum(loss1, loss2), weight)
-    return _out(agg_loss(losses, mask, SEQ_MEAN_TOKEN_MEAN, inp.denom), masked_mean((loss2 > loss1).float(), mask),
+    return _out(agg_loss(losses, mask, inp.agg_mode, inp.denom), masked_mean((loss2 > loss1).float(), mask),
                 _zero(inp), masked_mean(-neg_kl, mask))
 
 
@@ -235,10 +244,50 @@ def _cispo(inp: PolicyLossInput, mask: torch.Tensor, weight: Optional[torch.Tens
                 _zero(inp), masked_mean(-neg_kl, mask))
 
 
+def _dppo(inp: PolicyLossInput, mask: torch.Tensor, weight: Optional[torch.Tensor],
+          kl: bool) -> PolicyLossOutput:
+    """DPPO-Binary (TV or KL divergence): the truncated ratio times -A logp on the tokens inside the trust region."""
+    adv = inp.advantages
+    neg_kl = (inp.logp - inp.old_logp).clamp(-20.0, 20.0)
+    ratio = neg_kl.exp()
+    truncated = ratio.clamp(max=inp.clip_c).detach()
+    prob, old_prob = inp.logp.exp(), inp.old_logp.exp()
+    if kl:
+        binary_kl = old_prob * (inp.old_logp - inp.logp) + (1 - old_prob) * torch.log(
+            (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8))
+        inside_pos = (binary_kl <= inp.clip_high) | (prob <= old_prob)
+        inside_neg = (binary_kl <= inp.clip_low) | (prob >= old_prob)
+    else:
+        inside_pos = (prob - old_prob) <= inp.clip_high
+        inside_neg = (prob - old_prob) >= -inp.clip_low
+    inside = torch.where(adv > 0, inside_pos, inside_neg).detach().to(inp.logp.dtype)
+    losses = _weighted(-adv * truncated * inp.logp * inside, weight)
+    return _out(agg_loss(losses, mask, inp.agg_mode, inp.denom), masked_mean(1.0 - inside, mask),
+                masked_mean((ratio > inp.clip_c).to(inside.dtype) * inside, mask), masked_mean(-neg_kl, mask))
+
+
+def _dppo_tv(inp: PolicyLossInput, mask: torch.Tensor, weight: Optional[torch.Tensor]) -> PolicyLossOutput:
+    return _dppo(inp, mask, weight, kl=False)
+
+
+def _dppo_kl(inp: PolicyLossInput, mask: torch.Tensor, weight: Optional[torch.Tensor]) -> PolicyLossOutput:
+    return _dppo(inp, mask, weight, kl=True)
+
+
+def _dro(inp: PolicyLossInput, mask: torch.Tensor, weight: Optional[torch.Tensor]) -> PolicyLossOutput:
+    if inp.dro_beta is None or not inp.dro_beta > 0:
+        raise ValueError(f"actor_rollout_ref.actor.policy_loss.dro_beta={inp.dro_beta!r}: loss_mode=dro needs a "
+                         "positive coefficient")
+    log_ratio = inp.logp - inp.old_logp
+    losses = _weighted(-(inp.logp * inp.advantages - 0.5 * inp.dro_beta * log_ratio.square()), weight)
+    return _out(agg_loss(losses, mask, inp.agg_mode, inp.denom), _zero(inp), _zero(inp),
+                masked_mean(-log_ratio, mask))
+
+
 PolicyLossFn = Callable[[PolicyLossInput, torch.Tensor, Optional[torch.Tensor]], PolicyLossOutput]
 POLICY_LOSSES: dict[str, PolicyLossFn] = {
     "vanilla": _vanilla, "gspo": _gspo, "sapo": _sapo, "gpg": _gpg, "clip_cov": _clip_cov, "kl_cov": _kl_cov,
-    "geo_mean": _geo_mean, "cispo": _cispo,
+    "geo_mean": _geo_mean, "cispo": _cispo, "dppo_tv": _dppo_tv, "dppo_kl": _dppo_kl, "dro": _dro,
 }
 
 

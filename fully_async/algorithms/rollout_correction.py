@@ -6,7 +6,9 @@ log r = old - rollout per response token:
 
   rollout_is=token      w_t = min(exp(log r_t), rollout_is_threshold)          one weight per token
   rollout_is=sequence   w   = min(exp(sum_t log r_t), rollout_is_threshold)    one weight per response
-                        (exponents clamped to +-20; rollout_is_batch_normalize divides by the batch mean)
+                        (exponents clamped to +-20; rollout_is_batch_normalize divides by the batch mean);
+                        rollout_is_threshold="lower_upper" is IcePop: a weight outside [lower, upper] becomes 0
+                        instead of being truncated (rollout_is_oob_ratio: the fraction of such tokens)
   rollout_rs=<options>  a token or response is dropped from the loss (response mask 0) where a divergence
                         estimate leaves its bounds: k1 = -log r (bounds on the ratio: "lower_upper"), k2 = (log r)^2/2,
                         k3 = r - 1 - log r; token_*, or seq_sum_* / seq_mean_* / seq_max_* of the per-token values
@@ -24,7 +26,7 @@ Two modes, as verl's:
       use_rollout_log_probs=true, decoupled_ppo=false); the PPO ratio itself carries the correction, so no weight
       is applied (loss_type=ppo_clip; verl computes one for its metrics only) -- or, with loss_type=reinforce,
       the clipped surrogate gives way to -A log pi times the truncated weight of the current policy against the
-      behaviour one (computed in the loss, per micro-batch: actor_loss._bypass_reinforce) -- and rejection sampling
+      behaviour one (computed in the loss, per micro-batch: actor_loss.bypass_correction) -- and rejection sampling
       runs in the loss on every micro-batch against the current policy (`rejection_mask`).
 
 Metrics are verl's names under `rollout_corr/`: the weights' statistics, the rejected fractions per option and
@@ -37,7 +39,7 @@ from typing import Any, Optional
 
 import torch
 
-from fully_async.core.config import rs_options, rs_thresholds
+from fully_async.core.config import is_threshold, rs_options, rs_thresholds
 
 SAFETY_BOUND = 20.0
 
@@ -53,20 +55,28 @@ def _mean(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -
 
 
 # ------------------------------------------------------------------------------------------ importance weights
-def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshold: float,
+def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshold: Any,
                batch_normalize: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
-    """(B, T) truncated importance weights (0 off the mask, detached) and their `rollout_is_*` metrics."""
+    """(B, T) importance weights (0 off the mask, detached) and their `rollout_is_*` metrics.  `threshold`: one
+    number (TIS: truncated at it) or "lower_upper" (IcePop: weights outside [lower, upper] set to 0)."""
+    upper, lower = is_threshold(threshold)
     if level == "token":
         for_metrics = log_ratio
-        weights = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+        raw = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))
     elif level == "sequence":
         for_metrics = _sum(log_ratio, mask).unsqueeze(-1)   # (B, 1)
-        weights = torch.exp(for_metrics.clamp(-SAFETY_BOUND, SAFETY_BOUND)).expand_as(log_ratio)
+        raw = torch.exp(for_metrics.clamp(-SAFETY_BOUND, SAFETY_BOUND)).expand_as(log_ratio)
     else:
         raise ValueError(f"algorithm.rollout_correction.rollout_is={level!r} is not one of token, sequence, null")
-    weights = weights * mask
-    metrics = _is_metrics(weights, for_metrics, mask, level, threshold)
-    weights = weights.clamp(max=threshold).detach()
+    raw = raw * mask
+    if lower is None:
+        weights = raw.clamp(max=upper)
+    else:
+        weights = torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw))
+    metrics = _is_metrics(weights, raw, for_metrics, mask, level, upper, lower)
+    if lower is not None:
+        metrics["rollout_is_oob_ratio"] = _mean(((raw < lower) | (raw > upper)).float(), mask).item()
+    weights = weights.detach()
     if batch_normalize:
         if level == "token":
             mean = _mean(weights, mask)
@@ -81,9 +91,13 @@ def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor, level: str, threshol
     return weights, metrics
 
 
-def _is_metrics(weights: torch.Tensor, for_metrics: torch.Tensor, mask: torch.Tensor, level: str,
-                threshold: float) -> dict[str, float]:
-    lower = 1.0 / threshold
+def _is_metrics(weights: torch.Tensor, raw: torch.Tensor, for_metrics: torch.Tensor, mask: torch.Tensor, level: str,
+                threshold: float, lower: Optional[float]) -> dict[str, float]:
+    """verl 0.9.1's statistics: mean, max/min (token level), std, ESS and the per-response means of the applied
+    (truncated or IcePop-zeroed) weights; the fractions beyond the bounds from the raw weights."""
+    if not mask.any():
+        raise ValueError("rollout correction needs at least one response token")
+    lower = 1.0 / threshold if lower is None else lower
     m: dict[str, float] = {"rollout_is_mean": _mean(weights, mask).item()}
     if level == "sequence":
         m["rollout_is_max"] = math.exp(min(for_metrics.max().item(), SAFETY_BOUND))
@@ -91,12 +105,12 @@ def _is_metrics(weights: torch.Tensor, for_metrics: torch.Tensor, mask: torch.Te
         m["rollout_is_ratio_fraction_high"] = (for_metrics > math.log(threshold)).float().mean().item()
         m["rollout_is_ratio_fraction_low"] = (for_metrics < math.log(lower)).float().mean().item()
     else:
-        m["rollout_is_ratio_fraction_high"] = _mean((weights > threshold).float(), mask).item()
-        m["rollout_is_ratio_fraction_low"] = _mean((weights < lower).float(), mask).item()
+        m["rollout_is_ratio_fraction_high"] = _mean((raw > threshold).float(), mask).item()
+        m["rollout_is_ratio_fraction_low"] = _mean((raw < lower).float(), mask).item()
         on = mask.bool()
         m["rollout_is_max"] = weights.masked_fill(~on, float("-inf")).max().item()
         m["rollout_is_min"] = weights.masked_fill(~on, float("inf")).min().item()
-    clamped = weights.clamp(min=lower, max=threshold)
+    clamped = weights.clamp(min=0.0, max=threshold)
     if mask.sum() > 1:
         var = _mean(clamped.square(), mask) - _mean(clamped, mask).square()
         m["rollout_is_std"] = var.clamp(min=0.0).sqrt().item()
@@ -109,10 +123,10 @@ def _is_metrics(weights: torch.Tensor, for_metrics: torch.Tensor, mask: torch.Te
     m["rollout_is_seq_std"] = seq.std().item() if seq.numel() > 1 else 0.0
     m["rollout_is_seq_max"] = seq.max().item()
     m["rollout_is_seq_min"] = seq.min().item()
-    dev = (seq - 1.0).abs()
-    m["rollout_is_seq_max_deviation"] = dev.max().item()
-    m["rollout_is_seq_fraction_high"] = (seq > threshold).float().mean().item()
-    m["rollout_is_seq_fraction_low"] = (seq < lower).float().mean().item()
+    m["rollout_is_seq_max_deviation"] = (seq - 1.0).abs().max().item()
+    raw_seq = _mean(raw, mask, -1)
+    m["rollout_is_seq_fraction_high"] = (raw_seq > threshold).float().mean().item()
+    m["rollout_is_seq_fraction_low"] = (raw_seq < lower).float().mean().item()
     return m
 
 

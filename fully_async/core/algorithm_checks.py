@@ -7,8 +7,8 @@ import logging
 from typing import Any
 
 from fully_async.core.config import (ADV_ESTIMATORS, FILTER_METRICS, GROUP_ADV_ESTIMATORS, KL_TYPES, OTB_ESTIMATORS,
-                                     PF_PPO_REWEIGHT_METHODS, ROLLOUT_IS_LEVELS, ConfigError, rs_options,
-                                     rs_thresholds)
+                                     PF_PPO_REWEIGHT_METHODS, ROLLOUT_IS_LEVELS, ConfigError, is_threshold,
+                                     rs_options, rs_thresholds)
 
 logger = logging.getLogger(__name__)
 
@@ -64,12 +64,34 @@ def check_algorithm(cfg: Any) -> None:
     if cfg.algorithm.lam != 1.0 and estimator != "gae":
         logger.warning("algorithm.lam=%r has no effect: only adv_estimator=gae has a lambda (%s has none)",
                        cfg.algorithm.lam, estimator)
+    check_estimator_options(cfg.algorithm)
     _choice("algorithm.kl_penalty", cfg.algorithm.kl_penalty, KL_TYPES)
     ctrl = cfg.algorithm.kl_ctrl
     _choice("algorithm.kl_ctrl.type", ctrl.type, ("fixed", "adaptive"))
     if ctrl.type == "adaptive":
         _at_least("algorithm.kl_ctrl.horizon", ctrl.horizon, 0, strict=True)
         _at_least("algorithm.kl_ctrl.target_kl", ctrl.target_kl, 0.0, strict=True)
+
+
+def check_estimator_options(alg: Any) -> None:
+    """gpg's f_norm, the optimal-token-baseline estimators' handle_zero_tail and gdpo's reward keys and weights."""
+    if alg.gpg_f_norm == 0 or alg.gpg_f_norm != alg.gpg_f_norm:
+        raise ConfigError("algorithm.gpg_f_norm", f"{alg.gpg_f_norm!r}: the gpg advantages are divided by it; give a "
+                          "non-zero number (verl's default 1.0)")
+    if alg.gpg_f_norm != 1.0 and alg.adv_estimator != "gpg":
+        logger.warning("algorithm.gpg_f_norm=%r has no effect: only adv_estimator=gpg reads it", alg.gpg_f_norm)
+    if not alg.handle_zero_tail and alg.adv_estimator not in OTB_ESTIMATORS:
+        logger.warning("algorithm.handle_zero_tail=false has no effect: only %s read it", " and ".join(OTB_ESTIMATORS))
+    if alg.adv_estimator != "gdpo":
+        return
+    keys, weights = alg.gdpo_reward_keys, alg.gdpo_reward_weights
+    if not keys:
+        raise ConfigError("algorithm.gdpo_reward_keys", "is required with adv_estimator=gdpo (as verl): the keys of "
+                          "the reward function's dict to normalise separately, e.g. [format_reward,accuracy_reward] "
+                          "('score' is the score itself)")
+    if weights is not None and len(weights) != len(keys):
+        raise ConfigError("algorithm.gdpo_reward_weights", f"{list(weights)} has {len(weights)} entries for "
+                          f"{len(keys)} gdpo_reward_keys {list(keys)}: give one weight per key (or null: 1 each)")
 
 
 def check_grpo_group(cfg: Any) -> None:
@@ -101,7 +123,10 @@ def check_rollout_correction(cfg: Any) -> None:
     key = "algorithm.rollout_correction"
     if rc.rollout_is is not None:
         _choice(f"{key}.rollout_is", rc.rollout_is, ROLLOUT_IS_LEVELS)
-        _at_least(f"{key}.rollout_is_threshold", rc.rollout_is_threshold, 0.0, strict=True)
+        try:
+            is_threshold(rc.rollout_is_threshold)
+        except ValueError as exc:
+            raise ConfigError(f"{key}.rollout_is_threshold", str(exc)) from None
     if rc.rollout_rs is not None:
         try:
             rs_thresholds(rs_options(rc.rollout_rs), rc.rollout_rs_threshold)

@@ -31,6 +31,7 @@ class TrainBatch:
     returns: Optional[torch.Tensor] = None         # (B, L) GAE returns, the critic's targets (gae)
     sum_pi_squared: Optional[torch.Tensor] = None  # (B, L) sum_v pi_v^2 under the actor (calculate_sum_pi_squared)
     reward_baselines: Optional[torch.Tensor] = None  # (B,) remax: the reward of each prompt's greedy response
+    reward_components: Optional[torch.Tensor] = None  # (B, K) gdpo: algorithm.gdpo_reward_keys of each response
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -78,6 +79,21 @@ def build_batch(samples: Sequence[Sample], pad_token_id: int = 0) -> TrainBatch:
     if any(s.reward_baseline is not None for s in samples):
         baselines = torch.tensor([s.reward_baseline or 0.0 for s in samples], dtype=torch.float32)
     return TrainBatch(ids, attn, resp, logp, scores, [s.uid for s in samples], reward_baselines=baselines)
+
+
+def reward_components(samples: Sequence[Sample], keys: Sequence[str]) -> torch.Tensor:
+    """(B, K) the `keys` (algorithm.gdpo_reward_keys) of each sample's reward dict (`reward_extra`, what the reward
+    function returned besides its score; "score" is the score itself)."""
+    rows = []
+    for s in samples:
+        extra = dict(s.reward_extra or {}, score=s.reward)
+        missing = [k for k in keys if not isinstance(extra.get(k), (bool, int, float))]
+        if missing:
+            raise ValueError(f"algorithm.gdpo_reward_keys: {missing} not numbers in the reward of sample "
+                             f"{s.sample_id} (its reward function returned {sorted(extra)}); name keys the reward "
+                             "function's dict carries")
+        rows.append([float(extra[k]) for k in keys])
+    return torch.tensor(rows, dtype=torch.float32)
 
 
 def token_rows(rows: Sequence[Sequence[int]], pad_token_id: int = 0) -> TrainBatch:

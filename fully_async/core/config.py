@@ -139,12 +139,14 @@ class MegatronConfig:
 class PolicyLossConfig:
     """actor_rollout_ref.actor.policy_loss: which surrogate the actor minimises (algorithms/policy_losses.py) and
     the parameters of the covariance losses, with verl's defaults."""
-    loss_mode: str = "vanilla"            # vanilla | gspo | sapo | gpg | clip_cov | kl_cov | geo_mean | cispo
+    # vanilla | gspo | sapo | gpg | clip_cov | kl_cov | geo_mean | cispo | dppo_tv | dppo_kl | dro
+    loss_mode: str = "vanilla"
     clip_cov_ratio: float = 0.0002        # clip_cov: fraction of tokens whose gradient is detached
     clip_cov_lb: float = 1.0              # clip_cov: covariance window the detached tokens are drawn from
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 0.0002          # kl_cov: fraction of tokens (largest covariance) given the KL penalty
     ppo_kl_coef: float = 0.1              # kl_cov: coefficient of that |log-ratio| penalty
+    dro_beta: Optional[float] = None      # dro: coefficient of the quadratic log-ratio penalty (required, > 0)
 
 
 @dataclass
@@ -295,8 +297,9 @@ class RolloutCorrectionConfig:
     """verl's rollout correction (algorithms/rollout_correction.py): importance weights and rejection of tokens or
     responses by the trainer's old policy against the engine's behaviour policy."""
     rollout_is: Optional[str] = None      # null | token | sequence: truncated importance weights in the loss
-    rollout_is_threshold: Optional[float] = 2.0   # upper truncation of the importance weights (null: only with
-    #                                               rollout_is=null)
+    # upper truncation of the importance weights (TIS), or "lower_upper" (IcePop: weights outside [lower, upper]
+    # become 0); null: only with rollout_is=null
+    rollout_is_threshold: Optional[Any] = 2.0
     rollout_is_batch_normalize: bool = False  # weights divided by their batch mean
     rollout_rs: Optional[str] = None      # null | comma list of token_k1..3, seq_{sum,mean}_k1..3, seq_max_k2..3
     rollout_rs_threshold: Optional[Any] = None  # one per option (or one for all); k1: "lower_upper" or upper
@@ -326,6 +329,10 @@ class AlgorithmConfig:
     lam: float = 1.0                      # gae: lambda of Generalized Advantage Estimation
     use_pf_ppo: bool = False              # gae: resample each step's batch by reward (algorithms/pf_ppo.py)
     pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
+    gpg_f_norm: float = 1.0               # gpg: the advantages are divided by it (verl's f_norm)
+    handle_zero_tail: bool = True         # (tir_)optimal_token_baseline: no baseline on a lone longest response's tail
+    gdpo_reward_keys: Optional[list[str]] = None     # gdpo: the reward function's dict keys normalised separately
+    gdpo_reward_weights: Optional[list[float]] = None  # gdpo: one weight per key (null: 1 each)
 
 
 # ----------------------------------------------------------------------------------- critic (adv_estimator=gae)
@@ -560,12 +567,13 @@ PLACEMENTS = ("split", "colocated", "elastic")
 # the advantage estimators: gae needs a critic (critic.*); the critic-free ones (algorithms/advantages.py) all but
 # reinforce_plus_plus and remax (a greedy baseline response) compare a response with the other responses to its
 # prompt, so they need rollout.n >= 2
-ADV_ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
+ADV_ESTIMATORS = ("grpo", "grpo_vectorized", "gdpo", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg",
                   "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "optimal_token_baseline",
                   "tir_optimal_token_baseline", "gae")
 OTB_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")   # read the actor's sum_pi_squared
 GROUP_ADV_ESTIMATORS = tuple(e for e in ADV_ESTIMATORS if e not in ("reinforce_plus_plus", "remax", "gae"))
-POLICY_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo")
+POLICY_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo", "dppo_tv", "dppo_kl",
+                     "dro")
 REWARD_MANAGERS = ("naive", "dapo", "prime")
 LOGGERS = ("console", "tensorboard", "wandb", "swanlab", "mlflow")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -678,6 +686,25 @@ def rs_options(spec: str) -> list[str]:
     if not options:
         raise ValueError("algorithm.rollout_correction.rollout_rs names no option")
     return options
+
+
+def is_threshold(spec: Any) -> tuple[float, Optional[float]]:
+    """(upper, lower or None) of algorithm.rollout_correction.rollout_is_threshold: one positive number (TIS: the
+    weights truncated at it) or "lower_upper" (IcePop: weights outside [lower, upper] set to 0), as verl 0.9.1."""
+    key = "algorithm.rollout_correction.rollout_is_threshold"
+    if isinstance(spec, bool) or not isinstance(spec, (int, float, str)):
+        raise ValueError(f"{key}={spec!r}: give a positive number or a 'lower_upper' string such as '0.5_5.0'")
+    text = str(spec).strip()
+    try:
+        lower, upper = (float(x) for x in text.split("_", 1)) if "_" in text else (None, float(text))
+    except ValueError:
+        raise ValueError(f"{key}={spec!r} is not a number or a 'lower_upper' pair such as '0.5_5.0'") from None
+    if upper <= 0 or (lower is not None and lower <= 0):
+        raise ValueError(f"{key}={spec!r}: the bounds must be positive")
+    if lower is not None and lower > upper:
+        raise ValueError(f"{key}={spec!r}: the lower bound {lower} is above the upper bound {upper} "
+                         "(write 'lower_upper')")
+    return upper, lower
 
 
 def rs_thresholds(options: list[str], spec: Any) -> dict[str, tuple[Optional[float], float]]:

@@ -105,17 +105,19 @@ def inert_overrides(cfg: Any, overrides: list[str]) -> list[str]:
     return found
 
 
-# the parameters only one policy_loss.loss_mode reads (algorithms/policy_losses.py)
-_POLICY_LOSS_KEYS = {"vanilla": ("actor_rollout_ref.actor.clip_ratio_c",),
-                     "clip_cov": ("actor_rollout_ref.actor.policy_loss.clip_cov_",),
-                     "kl_cov": ("actor_rollout_ref.actor.policy_loss.kl_cov_ratio",
-                                "actor_rollout_ref.actor.policy_loss.ppo_kl_coef"),
-                     "sapo": ("actor_rollout_ref.actor.tau_",)}
+# the parameters only some policy_loss.loss_modes read (algorithms/policy_losses.py): key prefix -> those modes
+_POLICY_LOSS_KEYS = {"actor_rollout_ref.actor.clip_ratio_c": ("vanilla", "dppo_tv", "dppo_kl"),
+                     "actor_rollout_ref.actor.policy_loss.clip_cov_": ("clip_cov",),
+                     "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": ("kl_cov",),
+                     "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": ("kl_cov",),
+                     "actor_rollout_ref.actor.tau_": ("sapo",),
+                     "actor_rollout_ref.actor.policy_loss.dro_beta": ("dro",)}
 
 
 def _inert_policy_loss_keys(loss_mode: str) -> list[tuple[str, str]]:
-    return [(prefix, f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}: it is read only by loss_mode={mode}")
-            for mode, prefixes in _POLICY_LOSS_KEYS.items() if mode != loss_mode for prefix in prefixes]
+    return [(prefix, f"actor_rollout_ref.actor.policy_loss.loss_mode={loss_mode}: it is read only by loss_mode="
+                     f"{'/'.join(modes)}")
+            for prefix, modes in _POLICY_LOSS_KEYS.items() if loss_mode not in modes]
 
 
 # ------------------------------------------------------------------ one function per section
@@ -270,6 +272,9 @@ def _check_policy_loss(actor: Any) -> None:
     if pl.clip_cov_lb >= pl.clip_cov_ub:
         raise ConfigError(f"{key}.clip_cov_lb", f"{pl.clip_cov_lb!r} must be below clip_cov_ub={pl.clip_cov_ub!r}")
     _at_least(f"{key}.ppo_kl_coef", pl.ppo_kl_coef, 0.0)
+    if pl.loss_mode == "dro" and (pl.dro_beta is None or not pl.dro_beta > 0):
+        raise ConfigError(f"{key}.dro_beta", f"{pl.dro_beta!r}: loss_mode=dro needs a positive coefficient of its "
+                          "quadratic log-ratio penalty (verl has no default), e.g. dro_beta=0.1")
     _at_least("actor_rollout_ref.actor.tau_pos", actor.tau_pos, 0.0, strict=True)
     _at_least("actor_rollout_ref.actor.tau_neg", actor.tau_neg, 0.0, strict=True)
 

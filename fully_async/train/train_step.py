@@ -27,10 +27,10 @@ from typing import Any, Optional, Sequence
 
 from fully_async.core.plan import RunPlan
 from fully_async.core.config import FullyAsyncConfig, uses_critic
-from fully_async.algorithms import AdvantageInput, compute_advantages, kl_penalty, token_level_rewards
+from fully_async.algorithms import AdvantageInput, compute_advantages_and_returns, kl_penalty, token_level_rewards
 from fully_async.algorithms.gae import gae_advantages, value_metrics
 from fully_async.algorithms.kl_control import build_kl_controller
-from fully_async.core.batch import TrainBatch, build_batch
+from fully_async.core.batch import TrainBatch, build_batch, reward_components
 from fully_async.core.flops import estimate_flops, match_device, mfu, peak_tflops, unsupported_reason
 from fully_async.telemetry.metrics import batch_metrics
 from fully_async.core.types import Sample, SampleGroup
@@ -52,6 +52,8 @@ def train_step(backend: TrainBackend, cfg: FullyAsyncConfig, groups: Sequence[Sa
     samples = [s for g in groups for s in g.samples]
     timing: dict[str, float] = {}
     batch = build_batch(samples, pad_token_id)
+    if cfg.algorithm.adv_estimator == "gdpo":
+        batch.reward_components = reward_components(samples, cfg.algorithm.gdpo_reward_keys)
     metrics = prepare_batch(backend, cfg, batch, timing, timeline)
     batch = pf_ppo_resample(cfg, batch, step, metrics)
     if uses_critic(cfg):
@@ -169,18 +171,19 @@ def fill_advantages(batch: TrainBatch, alg: Any, scores: Any, rewards: Any, crit
     the in-reward KL) or the (B, T) token-level `rewards`; returns the (B,) rewards the metrics report.
 
     gae: the token-level rewards and the critic's batch.values (returns: the critic's targets).  The critic-free
-    estimators (algorithms/advantages.py): a critic trained beside them (critic.enable=true) gets the advantages
-    as its returns, as verl's estimators return them."""
+    estimators (algorithms/advantages.py): a critic trained beside them (critic.enable=true) gets their returns
+    (verl 0.9.1: the reward-to-go for reinforce_plus_plus, remax and the optimal-token-baseline estimators, the
+    advantages for the others)."""
     if alg.adv_estimator == "gae":
         batch.advantages, batch.returns = gae_advantages(rewards, batch.values, batch.response_mask, alg.gamma,
                                                          alg.lam)
         return rewards.sum(-1)
-    batch.advantages = compute_advantages(AdvantageInput(
+    batch.advantages, returns = compute_advantages_and_returns(AdvantageInput(
         scores, rewards, batch.response_mask, batch.group_ids, old_log_probs=batch.old_log_probs,
         sum_pi_squared=batch.sum_pi_squared, rollout_is_weights=batch.rollout_is_weights,
-        reward_baselines=batch.reward_baselines), alg)
+        reward_baselines=batch.reward_baselines, reward_components=batch.reward_components), alg)
     if critic:
-        batch.returns = batch.advantages
+        batch.returns = returns
     return scores
 
 

@@ -18,12 +18,14 @@ def test_every_estimator_validates(estimator):
     from fully_async.core.config import OTB_ESTIMATORS
     # the optimal-token-baseline estimators read the actor's sum_pi_squared, asked for as verl asks for it
     extra = ["actor_rollout_ref.actor.calculate_sum_pi_squared=true"] if estimator in OTB_ESTIMATORS else []
+    extra += ["algorithm.gdpo_reward_keys=[score,acc]"] * (estimator == "gdpo")   # gdpo: the components it reads
     check(f"algorithm.adv_estimator={estimator}", *extra)
 
 
 @pytest.mark.parametrize("mode", POLICY_LOSS_MODES)
 def test_every_loss_mode_validates(mode):
-    check(f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}")
+    extra = ["actor_rollout_ref.actor.policy_loss.dro_beta=0.1"] * (mode == "dro")
+    check(f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}", *extra)
 
 
 @pytest.mark.parametrize("overrides,key,says", [
@@ -44,6 +46,16 @@ def test_every_loss_mode_validates(mode):
     (["actor_rollout_ref.actor.policy_loss.kl_cov_ratio=2"], "actor_rollout_ref.actor.policy_loss.kl_cov_ratio",
      "(0, 1]"),
     (["actor_rollout_ref.actor.tau_neg=0"], "actor_rollout_ref.actor.tau_neg", "> 0"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=dro"], "actor_rollout_ref.actor.policy_loss.dro_beta",
+     "positive"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=dro", "actor_rollout_ref.actor.policy_loss.dro_beta=-1"],
+     "actor_rollout_ref.actor.policy_loss.dro_beta", "dro_beta=0.1"),
+    (["algorithm.adv_estimator=gdpo"], "algorithm.gdpo_reward_keys", "required"),
+    (["algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[score,acc]", "algorithm.gdpo_reward_weights=[1]"],
+     "algorithm.gdpo_reward_weights", "one weight per key"),
+    (["algorithm.adv_estimator=gpg", "algorithm.gpg_f_norm=0"], "algorithm.gpg_f_norm", "non-zero"),
+    (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold='5_0.5'"],
+     "algorithm.rollout_correction.rollout_is_threshold", "lower bound 5.0 is above the upper bound 0.5"),
 ])
 def test_bad_values_name_the_key_and_what_is_valid(overrides, key, says):
     with pytest.raises(ConfigError) as err:
@@ -65,10 +77,15 @@ def test_another_modes_parameters_are_warned_as_inert():
                                                 "actor_rollout_ref.actor.clip_ratio_c"]
     sapo = ["actor_rollout_ref.actor.policy_loss.loss_mode=sapo", "actor_rollout_ref.actor.tau_pos=2"]
     assert inert_overrides(load_config(sapo), sapo) == []
+    dppo = ["actor_rollout_ref.actor.policy_loss.loss_mode=dppo_kl", "actor_rollout_ref.actor.clip_ratio_c=20",
+            "actor_rollout_ref.actor.policy_loss.dro_beta=0.1"]   # DPPO's ratio truncation is clip_ratio_c
+    assert [f.split(" ")[0] for f in inert_overrides(load_config(dppo), dppo)] == [
+        "actor_rollout_ref.actor.policy_loss.dro_beta"]
 
 
 @pytest.mark.parametrize("mode,agg,expected", [
-    ("vanilla", "token-mean", 7.0), ("gspo", "token-mean", 3.0), ("sapo", "token-sum", 3.0),
+    ("vanilla", "token-mean", 7.0), ("gspo", "token-mean", 7.0), ("gspo", "seq-mean-token-mean", 3.0),
+    ("sapo", "token-sum", 3.0), ("dro", "token-sum", 1.0),
     ("geo_mean", "token-mean", 4.0), ("cispo", "seq-mean-token-sum", 3.0)])
 def test_the_policy_denominator_follows_the_modes_own_aggregation(mode, agg, expected):
     from types import SimpleNamespace

@@ -63,7 +63,8 @@ def test_the_step_uses_the_coefficient_before_its_update():
     ref = torch.tensor([[-1.5, -1.5, 0.0], [-2.0, -2.0, -2.0]])  # kl (k1) = 0.5 per token on row 0, 0 on row 1
     batch = SimpleNamespace(rollout_log_probs=old, response_mask=mask, scores=torch.tensor([1.0, 1.0]),
                             group_ids=torch.tensor([0, 0]), old_log_probs=None, ref_log_probs=None, advantages=None,
-                            sum_pi_squared=None, rollout_is_weights=None, reward_baselines=None)
+                            sum_pi_squared=None, rollout_is_weights=None, reward_baselines=None,
+                            reward_components=None)
 
     class Backend:
         def compute_log_probs(self, b, which):
