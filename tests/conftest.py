@@ -33,3 +33,5 @@ def random_model_dir(tmp_path_factory) -> str:
 import sys as _sys  # noqa: E402
 
 _sys.path.insert(0, os.path.dirname(__file__))  # tests_helpers, fakes
+
+from suite_budget import pytest_configure, pytest_runtest_logreport, pytest_terminal_summary  # noqa: E402,F401

@@ -1,0 +1,72 @@
+"""The suite's time budget, recorded by every run (hooks re-exported by conftest.py).
+
+Each module's time (setup + call + teardown of its tests, module-scoped fixtures such as a module's Ray included)
+goes to a JSON file at the end of the session, `.test_durations.json` in the repository root unless
+`FULLY_ASYNC_TEST_DURATIONS` names another path, and the terminal summary lists the slowest modules against the
+budget: the whole suite in `SUITE_BUDGET_S` on the 2-core CPU CI runs on (docs/testing.md), no module over
+`MODULE_BUDGET_S` unless its docstring says why (a line starting "Slow:").  A module over its budget without
+that line is named in the summary; nothing fails on time alone (a noisy machine must not fail CI)."""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+import time
+
+SUITE_BUDGET_S = 23 * 60      # pytest on the 2-core CPU: 25 minutes for CI less ~2 for the install
+MODULE_BUDGET_S = 90.0        # one module; more needs a "Slow:" line in its docstring saying why
+
+_module_s: dict[str, float] = collections.defaultdict(float)
+_module_tests: dict[str, int] = collections.defaultdict(int)
+_started = [0.0]
+
+
+def pytest_configure(config):
+    _started[0] = time.time()
+
+
+def pytest_runtest_logreport(report):
+    module = report.nodeid.split("::", 1)[0]
+    _module_s[module] += report.duration
+    if report.when == "call" or (report.when == "setup" and report.skipped):
+        _module_tests[module] += 1
+
+
+def _says_why(rootdir: str, module: str) -> bool:
+    """The module's docstring has a line starting "Slow:" (read as text: the module may not import here)."""
+    import ast
+
+    try:
+        with open(os.path.join(rootdir, module), encoding="utf-8") as fh:
+            doc = ast.get_docstring(ast.parse(fh.read())) or ""
+    except (OSError, SyntaxError):
+        return False
+    return any(line.strip().startswith("Slow:") for line in doc.splitlines())
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not _module_s or hasattr(config, "workerinput"):   # nothing ran, or an xdist worker (the controller writes)
+        return
+    rootdir = str(config.rootpath)
+    wall = time.time() - _started[0]
+    rows = sorted(_module_s.items(), key=lambda kv: -kv[1])
+    record = {"wall_s": round(wall, 1), "suite_budget_s": SUITE_BUDGET_S, "module_budget_s": MODULE_BUDGET_S,
+              "python": sys.version.split()[0], "cpus": os.cpu_count(),
+              "modules": {m: {"s": round(s, 2), "tests": _module_tests[m]} for m, s in rows}}
+    path = os.environ.get("FULLY_ASYNC_TEST_DURATIONS") or os.path.join(rootdir, ".test_durations.json")
+    try:
+        with open(path, "w") as fh:
+            json.dump(record, fh, indent=1)
+    except OSError as exc:
+        terminalreporter.write_line(f"suite budget: could not write {path}: {exc}")
+    over = [(m, s) for m, s in rows if s > MODULE_BUDGET_S and not _says_why(rootdir, m)]
+    tr = terminalreporter
+    tr.section("suite budget")
+    tr.write_line(f"wall {wall:.0f} s against a budget of {SUITE_BUDGET_S} s on the 2-core CPU "
+                  f"({len(rows)} modules; per-module times in {path})")
+    for m, s in rows[:10]:
+        tr.write_line(f"  {s:7.1f} s  {m}")
+    for m, s in over:
+        tr.write_line(f"over budget: {m} took {s:.0f} s (> {MODULE_BUDGET_S:.0f} s) and its docstring has no "
+                      "'Slow:' line saying why")
