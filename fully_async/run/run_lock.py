@@ -12,6 +12,7 @@ that share a hostname look like one host.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -115,8 +116,14 @@ def acquire(folder: str, what: str = "trainer.default_local_dir") -> RunLock:
     text = json.dumps(info)
     for _ in range(5):
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o644)
         except FileExistsError:
+            if os.path.islink(path):   # never read or followed: whoever planted it may read this run's log
+                logger.warning("removed a symbolic link planted at %s (this run's lock file); it was not followed "
+                               "(check who can write into %s)", path, folder)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                continue
             held = _read(path)
             if held is None:
                 continue  # released meanwhile
