@@ -160,7 +160,8 @@ def take_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, version: in
     parts are in (checkpoint.py), with `config` (the run's resolved config) and the manifest.  The rollouter
     holds from its part until the queue's is written, so the two are one cut; it generates again while the
     trainer writes its (larger) part.  `get`: ray.get."""
-    from fully_async.core.checkpoint import CheckpointError, abandon_checkpoint, begin_checkpoint, commit_checkpoint
+    from fully_async.core.checkpoint import CheckpointError, begin_checkpoint, commit_checkpoint
+    from fully_async.core.checkpoint_space import abandon_checkpoint
 
     root = trainer_cfg.default_local_dir
     tmp = begin_checkpoint(root, version)
