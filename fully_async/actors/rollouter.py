@@ -102,6 +102,9 @@ class Rollouter(MetricsOutbox):
         self.filter = GroupFilter.from_config(cfg, self.scheduler.staleness.required)
         if self.filter is not None:
             self.scheduler.stats["filtered_groups"] = 0
+            # a dropped group is replaced by another prompt (within the epochs) until the steps' groups are kept
+            wanted = cfg.trainer.total_training_steps * self.scheduler.staleness.required
+            self.scheduler.demand = lambda: wanted - self.filter.kept
         self.val_records = val_records
         test_freq = cfg.rollout.test_freq if cfg.rollout.test_freq is not None else cfg.trainer.test_freq
         self.test_freq = test_freq
@@ -288,6 +291,10 @@ class Rollouter(MetricsOutbox):
                     self.closed = True
                     logger.info("rollouter: all %d prompts generated; serving weight updates and validation",
                                 sched.stream.num_emitted)
+                    if self.filter is not None and sched.demand is not None and sched.demand() > 0:
+                        logger.warning("rollouter: the data ran out %d groups short of the run's steps: dynamic "
+                                       "sampling dropped %d of the %d prompts generated", sched.demand(),
+                                       self.filter.filtered, sched.stream.num_emitted)
                 if residency.wanted():
                     residency.give_back("idle")   # nothing to generate: whoever waits for the devices goes first
                 idle_from = time.perf_counter()
@@ -306,7 +313,7 @@ class Rollouter(MetricsOutbox):
         only that update lets generation go on)."""
         sched = self.scheduler
         return bool(sched.in_flight() or sched.parked or self.residency.has_kept()
-                    or not (sched.at_bound() or sched.stream.exhausted))
+                    or not (sched.at_bound() or sched.drawn_out()))
 
     def _serve(self) -> None:
         """Between two polls for the devices: weight updates and checkpoint calls go on (not when the wait itself

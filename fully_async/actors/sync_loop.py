@@ -238,6 +238,9 @@ class SyncWorker(DriverFacing):
             groups, metrics = self._rollout()
             if not groups:   # dynamic sampling dropped every group the data had left
                 break
+            if not state.done() and self.stream.exhausted and len(groups) < cfg.data.train_batch_size:
+                logger.warning("step %d trains %d of the %d groups of a batch: the data ran out",
+                               state.step + 1, len(groups), cfg.data.train_batch_size)
             # ---- train phase: trainer on (engines off), update, checkpoint when due, weight update
             t = time.perf_counter()
             with self.turns.phase("trainer", "train") as (ph, switch):
@@ -255,6 +258,13 @@ class SyncWorker(DriverFacing):
             metrics.update(self._memory("param_sync"))
             metrics["timing_s/onload"] = onload_s
             self._end_step(metrics, time.perf_counter() - t_step)  # validation excluded, as in async mode
+        if not self._stop_requested:   # the data ran out short of the steps asked for: fail naming why
+            from fully_async.core.trainer_state import check_run_length
+
+            note = check_run_length(state.step, state.total_steps, cfg,
+                                    self.filter.filtered if self.filter is not None else None)
+            if note:
+                logger.warning("%s", note)
         return self._result()
 
     def _rollout(self) -> tuple[list, dict]:

@@ -153,6 +153,23 @@ class Trainer(DriverFacing, EngineHost):
         return {"step": self.state.step, "version": self.state.version, "total_steps": self.state.total_steps,
                 "lease_polls": self.residency.polls}
 
+    def _check_length(self) -> None:
+        """The queue closed: the rollouter has no prompts left.  Short of the steps asked for, the run fails
+        naming why (trainer_state.check_run_length)."""
+        from fully_async.core.trainer_state import check_run_length
+
+        if self.state.done():
+            return
+        filtered = None
+        if self.cfg.algorithm.filter_groups.enable:
+            try:
+                filtered = len(ray_get(self.rollouter.filtered_groups.remote()))
+            except Exception:  # noqa: BLE001 - only the message's count is lost
+                pass
+        note = check_run_length(self.state.step, self.state.total_steps, self.cfg, filtered)
+        if note:
+            logger.warning("%s", note)
+
     def run(self) -> dict:
         try:
             return self._run()
@@ -174,6 +191,7 @@ class Trainer(DriverFacing, EngineHost):
             if not res["groups"]:
                 if res["closed"]:
                     logger.info("queue closed and empty after %d steps: training ends", state.step)
+                    self._check_length()
                 break
             rollouter_metrics = self.rollouter.pop_step_metrics.remote()  # its window ends at this take
             metrics = residency.hold("train") or {}

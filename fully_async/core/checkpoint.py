@@ -36,6 +36,7 @@ import re
 import shutil
 from typing import Any, Callable, Optional
 
+from fully_async.core import safe_write
 from fully_async.core.state_files import CheckpointError, read_state, write_state  # noqa: F401 - part of this API
 
 logger = logging.getLogger("fully_async")
@@ -58,6 +59,7 @@ def begin_checkpoint(root: str, version: int) -> str:
     """A fresh, empty temporary folder for the parts of checkpoint `version` (invisible to resume)."""
     os.makedirs(root, exist_ok=True)
     tmp = os.path.join(root, f".tmp_global_step_{version}")
+    safe_write.refuse_link(tmp)
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     return tmp
@@ -78,17 +80,14 @@ def commit_checkpoint(root: str, version: int, tmp: str, keep: Optional[int] = N
     if not os.path.isfile(os.path.join(tmp, TRAINER_STATE)):
         raise RuntimeError(f"checkpoint folder {tmp} has no {TRAINER_STATE}: not committed")
     if config is not None:
-        with open(os.path.join(tmp, CONFIG), "w") as fh:
-            json.dump(config, fh, indent=1, default=str)
+        safe_write.write_json(os.path.join(tmp, CONFIG), config, indent=1, default=str)
     write_manifest(tmp)
     final = step_dir(root, version)
+    safe_write.refuse_link(final)
     if os.path.exists(final):
         shutil.rmtree(final)
     os.replace(tmp, final)
-    marker_tmp = os.path.join(root, LATEST + ".tmp")
-    with open(marker_tmp, "w") as fh:
-        fh.write(str(version))
-    os.replace(marker_tmp, os.path.join(root, LATEST))
+    safe_write.write_text(os.path.join(root, LATEST), str(version))
     if keep is not None:
         prune(root, version, keep)
     return final
@@ -128,9 +127,7 @@ def retire_abandoned(root: str, resumed_version: int) -> Optional[str]:
     marker = os.path.join(root, LATEST)
     left = [v for v in list_checkpoints(root) if v <= resumed_version]
     if left:
-        with open(marker + ".tmp", "w") as fh:
-            fh.write(str(left[-1]))
-        os.replace(marker + ".tmp", marker)
+        safe_write.write_text(marker, str(left[-1]))
     elif os.path.exists(marker):
         os.remove(marker)
     logger.warning("checkpoints %s of %s are newer than the step this run starts from (%d): they belong to the "
@@ -201,19 +198,21 @@ def signing_key(create: bool) -> Optional[bytes]:
             return None
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
     key = os.urandom(32)
-    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(key)
-    os.replace(path + ".tmp", path)
+    safe_write.write_bytes(path, key, perm=0o600)
     logger.info("checkpoint signing key created: %s (keep it with your checkpoints' machine; %s names another)",
                 path, KEY_ENV)
     return key
 
 
-def _signature(key: bytes, files: dict) -> dict:
+MANIFEST_FORMAT = 2   # 2: the signature covers the format and the file list; 1 (older): the file list only
+READ_FORMATS = (1, 2)
+
+
+def _signature(key: bytes, files: dict, fmt: int = MANIFEST_FORMAT) -> dict:
     import hmac
 
-    body = json.dumps(files, sort_keys=True, separators=(",", ":")).encode()
+    signed: Any = files if fmt == 1 else {"format": fmt, "files": files}
+    body = json.dumps(signed, sort_keys=True, separators=(",", ":")).encode()
     return {"hmac_sha256": hmac.new(key, body, hashlib.sha256).hexdigest(),
             "key_id": hashlib.sha256(key).hexdigest()[:16]}
 
@@ -222,6 +221,11 @@ def _signature_problem(manifest: dict, folder: str) -> Optional[str]:
     """Why the manifest's signature does not hold (None: it does), with what to do."""
     import hmac
 
+    fmt = manifest.get("format")
+    if type(fmt) is not int or fmt not in READ_FORMATS:
+        return (f"{MANIFEST} has format {fmt!r}, which this version does not read (it reads "
+                f"{', '.join(map(str, READ_FORMATS))}): written by a newer version or altered; resume with the version "
+                f"that wrote it, or {NO_MANIFEST_FIX.format(path=folder)}")
     sig = manifest.get("signature")
     if not isinstance(sig, dict) or "hmac_sha256" not in sig:
         return (f"{MANIFEST} is not signed (written by hand or by an older version): nothing says this user's runs "
@@ -230,7 +234,7 @@ def _signature_problem(manifest: dict, folder: str) -> Optional[str]:
     if key is None:
         return (f"{MANIFEST} is signed with key {sig.get('key_id')} but there is no key at {key_path()} (copy the key "
                 f"of the machine that wrote it there, or point {KEY_ENV} at it)")
-    want = _signature(key, manifest["files"])
+    want = _signature(key, manifest["files"], fmt)
     if not hmac.compare_digest(want["hmac_sha256"], str(sig["hmac_sha256"])):
         return (f"{MANIFEST} signature does not verify with the key at {key_path()} (key id {want['key_id']}, the "
                 f"manifest's {sig.get('key_id')}): its file list was altered, or another key signed it; "
@@ -239,18 +243,16 @@ def _signature_problem(manifest: dict, folder: str) -> Optional[str]:
 
 
 def write_manifest(folder: str) -> dict:
-    """manifest.json: {"files": {relative path: {"size", "sha256"}}, "signature"} of every other file in `folder`;
-    written last (through a temporary name), so its presence says every file it lists was complete.  The signature
-    (HMAC-SHA256 of the file list with this user's key, `signing_key`) says this user's run wrote it: someone who
-    can write into the checkpoint folder but cannot read the key cannot make a resume load altered files."""
+    """manifest.json: {"format", "files": {relative path: {"size", "sha256"}}, "signature"} of every other file in
+    `folder`; written last (through a temporary name), so its presence says every file it lists was complete.  The
+    signature (HMAC-SHA256 of the format and the file list with this user's key, `signing_key`) says this user's run
+    wrote it: someone who can write into the checkpoint folder but cannot read the key cannot make a resume load
+    altered files, nor change the format a resume reads them as."""
     rels = [r for r in _files(folder) if r not in (MANIFEST, MANIFEST + ".tmp")]
     files = {r: {"size": os.path.getsize(os.path.join(folder, r)), "sha256": h}
              for r, h in zip(rels, _hash_all(folder, rels))}
-    manifest = {"format": 1, "files": files, "signature": _signature(signing_key(create=True), files)}
-    tmp = os.path.join(folder, MANIFEST + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(manifest, fh, indent=1)
-    os.replace(tmp, os.path.join(folder, MANIFEST))
+    manifest = {"format": MANIFEST_FORMAT, "files": files, "signature": _signature(signing_key(create=True), files)}
+    safe_write.write_json(os.path.join(folder, MANIFEST), manifest, indent=1)
     return manifest
 
 
@@ -416,9 +418,43 @@ def check_resume_config(path: str, new_config: dict, allow: Any = ()) -> None:
             f"trainer.resume_allow_config_change=[{','.join(keys)}]")
 
 
+STATE_KEYS = {TRAINER_STATE: ("step", "version", "trained_sample_ids"),
+              ROLLOUT_STATE: {"async": ("stream", "staleness", "groups", "pending"), "sync": ("stream",)}}
+
+
+def check_resume_state(path: str, mode: str, total_steps: int) -> int:
+    """Before Ray starts: the checkpoint's state files hold what this version's `mode` continues from (an older
+    format is refused naming the file and the keys it lacks), and it is short of the run's `total_steps` (a run
+    resumed at or past its end would train nothing).  Returns the checkpoint's step."""
+    def keys_of(name: str, want: tuple) -> dict:
+        full = os.path.join(path, name)
+        try:
+            state = read_json(full) if name == TRAINER_STATE else read_state(full)
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"cannot resume from {path}: {full} is unreadable ({exc})") from None
+        missing = [k for k in want if not isinstance(state, dict) or k not in state]
+        if missing:
+            raise CheckpointError(
+                f"cannot resume from {path}: {full} lacks {', '.join(map(repr, missing))} (it was written by an older "
+                f"version, whose {mode}-mode state this one cannot continue exactly).  Resume it with the version "
+                "that wrote it, start fresh from its weights (actor_rollout_ref.model.path="
+                f"{os.path.join(path, 'actor')} trainer.resume_mode=disable), or start fresh")
+        return state
+
+    step = int(keys_of(TRAINER_STATE, STATE_KEYS[TRAINER_STATE])["step"])
+    if os.path.exists(os.path.join(path, ROLLOUT_STATE)) or os.path.exists(os.path.join(path, "rollout_state.pkl")):
+        keys_of(ROLLOUT_STATE, STATE_KEYS[ROLLOUT_STATE].get(mode, ()))
+    if step >= total_steps:
+        raise CheckpointError(
+            f"cannot resume from {path}: it was saved after step {step}, and this run trains {total_steps} steps "
+            "(trainer.total_training_steps, or what the data and trainer.total_epochs fill), so nothing is left to "
+            f"train.  Raise trainer.total_training_steps above {step} to train on from it, or start fresh "
+            "(trainer.resume_mode=disable or another trainer.default_local_dir)")
+    return step
+
+
 def write_json(path: str, data: Any) -> None:
-    with open(path, "w") as fh:
-        json.dump(data, fh)
+    safe_write.write_json(path, data)
 
 
 def read_json(path: str) -> Any:
@@ -428,3 +464,4 @@ def read_json(path: str) -> Any:
 
 def dir_size_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+

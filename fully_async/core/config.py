@@ -377,6 +377,8 @@ class TrainerConfig:
     n_gpus_per_node: int = 1              # trainer devices per node
     total_epochs: int = 30
     total_training_steps: Optional[int] = None  # null: derived from the data and total_epochs
+    steps_from_data: bool = False         # filled in at start-up: total_training_steps was derived, not given (with
+    #                                       dynamic sampling the run then ends when the data does, as verl's DAPO)
     logger: list[str] = field(default_factory=lambda: ["console"])  # console, tensorboard, wandb, swanlab, mlflow
     project_name: str = "fully_async"
     experiment_name: str = "default"

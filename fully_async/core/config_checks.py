@@ -205,6 +205,8 @@ def _check_data(cfg: Any) -> None:
     train_files = as_file_list(data.train_files)
     if not train_files:
         raise ConfigError("data.train_files", "no training file given")
+    from fully_async.core.data import path_problem
+
     custom = data.custom_cls
     if custom.path or custom.name:
         if not (custom.path and custom.name):
@@ -215,8 +217,11 @@ def _check_data(cfg: Any) -> None:
         return   # the files are the callable's to read (verl's custom classes take dataset folders too)
     for key, files in (("data.train_files", train_files), ("data.val_files", as_file_list(data.val_files))):
         for path in files:
-            if not os.path.isfile(path):
+            if not os.path.lexists(path):
                 raise ConfigError(key, f"file not found: {path}")
+            problem = path_problem(path)
+            if problem:
+                raise ConfigError(key, problem)
             if not path.endswith((".parquet", ".jsonl", ".json")):
                 raise ConfigError(key, f"{path}: expected a .parquet or .jsonl file")
 

@@ -37,10 +37,46 @@ def _read_parquet(path: str) -> list[dict]:
         raise DataError(f"{path}: cannot read as parquet ({type(e).__name__}: {e})") from e
 
 
+def path_problem(path: str) -> Optional[str]:
+    """What keeps `path` from being read as a data file (None: nothing): a folder, a link that loops or points
+    nowhere, a missing, unreadable or empty file."""
+    import errno
+
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"{path} is a symbolic link that loops (it resolves to itself): point it at a data file"
+        if os.path.islink(path):
+            return f"{path} is a symbolic link to {os.readlink(path)!r}, which does not exist (file not found)"
+        return f"{path}: file not found"
+    if os.path.isdir(path):
+        inside = sorted(n for n in os.listdir(path) if n.endswith((".parquet", ".jsonl", ".json")))[:3]
+        return (f"{path} is a folder, not a data file: name the .parquet/.jsonl files"
+                + (f" in it (e.g. {os.path.join(path, inside[0])})" if inside else ""))
+    if not os.access(path, os.R_OK):
+        return f"{path} is not readable by this user"
+    if st.st_size == 0:
+        return f"{path} is empty (0 bytes): it holds no prompts"
+    return None
+
+
+def _decode_lines(path: str) -> str:
+    """The file's text; a line that is not UTF-8 is a DataError naming the file, the line and the byte."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        lineno = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise DataError(f"{path}: line {lineno} is not UTF-8 text (byte 0x{data[exc.start]:02x} at column "
+                        f"{column}); save the file as UTF-8") from None
+
+
 def _read_jsonl(path: str) -> list[dict]:
     """One JSON object per line; a .json file may instead hold one array of objects."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    text = _decode_lines(path)
     rows: list[Any] = []
     if path.endswith(".json") and text.lstrip().startswith("["):
         try:
@@ -55,6 +91,8 @@ def _read_jsonl(path: str) -> list[dict]:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}: invalid JSON on line {lineno} ({e})") from e
+    if not rows:
+        raise DataError(f"{path} is empty: it holds no rows (no prompts), only blank lines or []")
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise DataError(f"{path}: row {i} is a {type(row).__name__}, expected a JSON object")
@@ -68,8 +106,9 @@ def read_rows_with_origin(files: list[str]) -> list[tuple[str, int, dict]]:
     out: list[tuple[str, int, dict]] = []
     for path in files:
         path = str(path)
-        if not os.path.isfile(path):
-            raise DataError(f"{path}: file not found")
+        problem = path_problem(path)
+        if problem:
+            raise DataError(problem)
         if path.endswith(".parquet"):
             rows = _read_parquet(path)
         elif path.endswith((".jsonl", ".json")):

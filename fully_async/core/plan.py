@@ -45,7 +45,9 @@ class RunPlan:
         """Totals for `num_train_prompts` training prompts, as verl's fully-async rollouter counts them: the
         smaller of rollout.total_rollout_steps and the epochs over the data (trainer.total_epochs, and
         rollout.total_epochs when set); trainer.total_training_steps caps what is generated (no prompt is
-        generated that no step uses), else the steps are what the prompts fill."""
+        generated that no step uses), else the steps are what the prompts fill.  With dynamic sampling
+        (algorithm.filter_groups.enable) the steps do not cap the prompts: a dropped group is replaced by another
+        prompt, within the epochs (the rollouter stops drawing once the steps' groups are kept)."""
         epochs = cfg.trainer.total_epochs
         rollout_epochs = getattr(cfg.rollout, "total_epochs", None)
         if rollout_epochs is not None:
@@ -55,7 +57,7 @@ class RunPlan:
             total_prompts = min(total_prompts, cfg.rollout.total_rollout_steps)
         if cfg.trainer.total_training_steps is not None:
             total_steps = cfg.trainer.total_training_steps
-            if not cfg.rollout.total_rollout_steps:
+            if not cfg.rollout.total_rollout_steps and not cfg.algorithm.filter_groups.enable:
                 total_prompts = min(total_prompts, total_steps * self.groups_per_step)
         else:
             total_steps = max(1, math.ceil(total_prompts / self.groups_per_step))

@@ -12,6 +12,8 @@ import os
 import pickle
 from typing import Any
 
+from fully_async.core import safe_write
+
 
 class CheckpointError(RuntimeError):
     """No checkpoint can be resumed from as asked (broken files, a config change that breaks saved state)."""
@@ -75,8 +77,7 @@ def _decode(value: Any) -> Any:
 def write_state(path: str, data: Any) -> None:
     """`data` (dicts, lists, tuples, numbers, strings, numpy arrays and the records of core.types / core.partial)
     as JSON at `path`."""
-    with open(path, "w") as fh:
-        json.dump(_encode(data), fh, separators=(",", ":"))
+    safe_write.write_json(path, _encode(data), separators=(",", ":"))
 
 
 def read_state(path: str) -> Any:

@@ -75,3 +75,30 @@ class TrainerState:
         """What a trainer's run() returns to the driver."""
         return {"steps": self.step, "version": self.version, "trained_sample_ids": self.trained_sample_ids,
                 "response_lengths": dict(self.response_lengths), "checkpoint": checkpoint, "stopped": stopped}
+
+
+class RunTooShort(RuntimeError):
+    """Training ended before the steps the run was asked for: the data ran out."""
+
+
+def check_run_length(step: int, total_steps: int, cfg, filtered: Optional[int] = None) -> Optional[str]:
+    """The trainer's data ran out after `step` of `total_steps` steps: RunTooShort naming why, unless the steps were
+    derived from the data (trainer.steps_from_data) under dynamic sampling, where the run ends with its data as
+    verl's DAPO does (at least one step trained): then the warning to log.  `filtered`: groups dynamic sampling
+    dropped, when known.  None: the run is complete."""
+    if step >= total_steps:
+        return None
+    fg = cfg.algorithm.filter_groups
+    dropped = f"{filtered} groups" if filtered is not None else "groups"
+    why = (f"dynamic sampling (algorithm.filter_groups, metric={fg.metric}) dropped {dropped} whose responses all "
+           f"agree, and the prompts of trainer.total_epochs={cfg.trainer.total_epochs} epochs "
+           f"(rollout.total_rollout_steps={cfg.rollout.total_rollout_steps}) were used up before enough were kept"
+           if fg.enable else
+           f"trainer.total_epochs={cfg.trainer.total_epochs} epochs of the data (rollout.total_rollout_steps="
+           f"{cfg.rollout.total_rollout_steps} prompts) fill only that many steps")
+    if fg.enable and getattr(cfg.trainer, "steps_from_data", False) and step > 0:
+        return f"training ends with its data after {step} of at most {total_steps} steps: {why}"
+    raise RunTooShort(f"training ended after {step} of the {total_steps} steps asked for "
+                      f"(trainer.total_training_steps): {why}.  Raise trainer.total_epochs, lower "
+                      "trainer.total_training_steps" + (", or change algorithm.filter_groups.metric (or the data: "
+                                                        "too easy or too hard for the policy)" if fg.enable else ""))

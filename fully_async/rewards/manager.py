@@ -180,22 +180,26 @@ class RewardManager:
             raise RewardError(outcome[1])
         raise _crash_error(outcome[1], outcome[2])
 
-    def _check(self, value: Any, what: str) -> float:
+    def _check(self, value: Any, what: str, data_source: str) -> float:
         if isinstance(value, (bool, int, float)):
             score = float(value)
             if math.isfinite(score):
                 return score
         elif hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # numpy / torch scalar
-            return self._check(value.item(), what)
+            return self._check(value.item(), what, data_source)
         raise RewardError(f"reward function {_fn_name(self.compute_score)} returned {what} {value!r} "
-                          f"({type(value).__name__}); expected a finite float, or a dict with a finite 'score'")
+                          f"({type(value).__name__}) for data_source {data_source!r}; expected a finite float, or a "
+                          "dict with a finite 'score'")
 
-    def _parse(self, result: Any) -> tuple[float, dict]:
+    def _parse(self, result: Any, data_source: str) -> tuple[float, dict]:
+        """(score, extras) of what the function returned; a non-finite number, the score or an extra, is refused
+        (RewardError naming the key and the data source): extras are metrics (`reward_extra/<key>`), a validation's
+        headline and may drive algorithm.filter_groups.metric, where one NaN would silently poison them."""
         if isinstance(result, dict):
             if "score" not in result:
                 raise RewardError(f"reward function {_fn_name(self.compute_score)} returned a dict without "
                                   f"'score': keys {sorted(result)}")
-            score = self._check(result["score"], "score")
+            score = self._check(result["score"], "score", data_source)
             extra = {}
             for key, value in result.items():
                 if key == "score":
@@ -204,8 +208,13 @@ class RewardManager:
                     extra[key] = float(value)
                 elif hasattr(value, "item") and getattr(value, "ndim", None) == 0:
                     extra[key] = float(value.item())
+                if key in extra and not math.isfinite(extra[key]):
+                    raise RewardError(f"reward function {_fn_name(self.compute_score)} returned extra {key!r} = "
+                                      f"{value!r} for data_source {data_source!r}; every number it returns must be "
+                                      f"finite (extras become metrics and may drive algorithm.filter_groups.metric): "
+                                      f"return a finite {key!r}, or leave it out of the dict")
             return score, extra
-        return self._check(result, "the value"), {}
+        return self._check(result, "the value", data_source), {}
 
     def overlong_penalty(self, response_length: int) -> float:
         """DAPO: 0 up to `max_response_length - len` tokens, then -penalty_factor per `len` tokens over."""
@@ -244,7 +253,7 @@ class RewardManager:
             raise self._crash(data_source, response_str, ground_truth) from None
         except Exception:  # noqa: BLE001 - the user's function crashed: say where, with its traceback
             raise self._crash(data_source, response_str, ground_truth) from None
-        score, extra = self._parse(result)
+        score, extra = self._parse(result, data_source)
         if self.reward_manager == "dapo" and self.overlong_buffer.enable:
             penalty = self.overlong_penalty(response_length)
             score += penalty

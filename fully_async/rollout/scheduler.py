@@ -82,6 +82,8 @@ class RolloutScheduler:
         self.partial_rollout = partial_rollout
         self.on_complete = on_complete
         self.lengths = lengths            # workload.LengthProfile (benchmarks) or None
+        # groups the run still wants completed (dynamic sampling: kept ones; None: every prompt the stream has)
+        self.demand: Optional[Callable[[], int]] = None
         self.groups: dict[str, GroupState] = {}
         self.pending: dict[str, PendingResponse] = {}
         self.parked: list[PendingResponse] = []
@@ -102,7 +104,12 @@ class RolloutScheduler:
     @property
     def exhausted(self) -> bool:
         """Every prompt was admitted and every group completed."""
-        return self.stream.exhausted and not self.groups
+        return self.drawn_out() and not self.groups
+
+    def drawn_out(self) -> bool:
+        """No prompt is admitted any more: the stream has none left, or the groups in flight are all the run still
+        wants (`demand`)."""
+        return self.stream.exhausted or (self.demand is not None and self.demand() <= len(self.groups))
 
     def in_flight(self) -> int:
         """Responses being generated: inside the engine or between two turns, their tools running (parked ones
@@ -117,7 +124,7 @@ class RolloutScheduler:
         """Admit prompt groups while the engine has room and the staleness bound allows; returns how many."""
         admitted = 0
         room = max(self.max_in_flight, self.size)
-        while self.engine.num_in_flight() + self.size <= room and not self.stream.exhausted:
+        while self.engine.num_in_flight() + self.size <= room and not self.drawn_out():
             if not self.staleness.can_admit():
                 if self.staleness.note_stop():
                     self.stats["bound_pauses"] = self.staleness.state.pauses

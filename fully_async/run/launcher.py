@@ -136,6 +136,8 @@ def run_locks(cfg: Any) -> list:
     locks = [acquire(cfg.trainer.default_local_dir)]
     if "tensorboard" in cfg.trainer.logger or cfg.trainer.timeline:
         tb = tensorboard_dir(cfg.trainer.project_name, cfg.trainer.experiment_name)
+        if os.path.realpath(tb) == os.path.realpath(cfg.trainer.default_local_dir):
+            return locks   # one folder (TENSORBOARD_DIR = trainer.default_local_dir): its lock is this run's already
         try:
             locks.append(acquire(tb, "TensorBoard run dir (TENSORBOARD_DIR or trainer.project_name/experiment_name)"))
         except BaseException:
@@ -158,21 +160,28 @@ def take_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, version: in
     parts are in (checkpoint.py), with `config` (the run's resolved config) and the manifest.  The rollouter
     holds from its part until the queue's is written, so the two are one cut; it generates again while the
     trainer writes its (larger) part.  `get`: ray.get."""
-    from fully_async.core.checkpoint import begin_checkpoint, commit_checkpoint
+    from fully_async.core.checkpoint import CheckpointError, begin_checkpoint, commit_checkpoint
+    from fully_async.core.checkpoint_space import abandon_checkpoint
 
-    tmp = begin_checkpoint(trainer_cfg.default_local_dir, version)
-    rollouter = actors.get("rollouter")
-    if rollouter is not None:
-        get(rollouter.save_part.remote(tmp))
-        try:
-            if "queue" in actors:
-                get(actors["queue"].save_part.remote(tmp))
-        finally:
-            get(rollouter.release.remote())
-    get(actors[main_actor].save_part.remote(tmp))
-    t0 = time.perf_counter()
-    path = commit_checkpoint(trainer_cfg.default_local_dir, version, tmp, keep=trainer_cfg.max_ckpt_to_keep,
-                             config=config)
+    root = trainer_cfg.default_local_dir
+    tmp = begin_checkpoint(root, version)
+    try:
+        rollouter = actors.get("rollouter")
+        if rollouter is not None:
+            get(rollouter.save_part.remote(tmp))
+            try:
+                if "queue" in actors:
+                    get(actors["queue"].save_part.remote(tmp))
+            finally:
+                get(rollouter.release.remote())
+        get(actors[main_actor].save_part.remote(tmp))
+        t0 = time.perf_counter()
+        path = commit_checkpoint(root, version, tmp, keep=trainer_cfg.max_ckpt_to_keep, config=config)
+    except Exception as exc:
+        full = abandon_checkpoint(root, version, tmp, exc)
+        if full:
+            raise CheckpointError(full) from exc
+        raise
     logger.debug("checkpoint manifest and commit of %s took %.2fs", path, time.perf_counter() - t0)
     return path
 
@@ -184,7 +193,7 @@ def serve_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, config: Op
     are waited on at most `deadline_s` (trainer.progress_timeout_s)."""
     import ray
 
-    from fully_async.cluster.ray_utils import Calls, RunFailed, describe, is_secondary, root_cause
+    from fully_async.cluster.ray_utils import Calls, RunFailed, describe, failure_traceback, is_secondary, root_cause
 
     calls = calls if calls is not None else Calls()
     main = actors[main_actor]
@@ -204,7 +213,8 @@ def serve_checkpoint(trainer_cfg: Any, actors: dict, main_actor: str, config: Op
         if isinstance(cause, ray.exceptions.GetTimeoutError):
             raise RunFailed(f"checkpoint global_step_{version} failed: an actor did not write its part within "
                             f"{deadline_s:g}s (trainer.progress_timeout_s); states: not saved") from None
-        raise RunFailed(f"checkpoint global_step_{version} failed: {describe(exc)}") from None
+        raise RunFailed(f"checkpoint global_step_{version} failed: {describe(exc)}",
+                        failure_traceback(exc)) from None
     calls.get(f"{main_actor}.checkpoint_done", lambda: main.checkpoint_done.remote(path), deadline_s or 60.0)
     return True
 
@@ -313,7 +323,8 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     taken."""
     import ray
 
-    from fully_async.core.checkpoint import check_resume_config, checkpoint_version, find_resume_path, retire_abandoned
+    from fully_async.core.checkpoint import (check_resume_config, check_resume_state, checkpoint_version,
+                                             find_resume_path, retire_abandoned)
     from fully_async.device import check_available, describe_hardware, get_device
     from fully_async.run.prepare import prepare
     from fully_async.cluster.ray_utils import RunFailed, check_cpu_devices, check_resources, kill_all, wait_ready
@@ -337,6 +348,7 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     saved_config = config_dict(prep.cfg)
     if resume_path:
         check_resume_config(resume_path, saved_config, cfg.trainer.resume_allow_config_change)
+        check_resume_state(resume_path, cfg.mode, prep.total_steps)
         logger.info("resuming from %s", resume_path)
     # the timeline trained from here: newer checkpoints (another timeline) leave retention's and auto's sight
     retire_abandoned(cfg.trainer.default_local_dir, checkpoint_version(resume_path) if resume_path else 0)
@@ -414,6 +426,8 @@ def _supervise(cfg: Any, actors: dict, runners: dict, main_actor: str, run_log: 
     helpers = {name: a for name, a in actors.items() if name not in runners}  # the queue: no run() of its own
     result = supervise(runs, until=main_actor, on_tick=tick, helpers=helpers)
     run_log.drain(deadline_s=answer)
+    if isinstance(result, dict) and isinstance(result.get("steps"), int) and validate_at is not None:
+        validate_at = result["steps"]   # the step the weights are from (a run whose data ended early included)
     if not signals and validate_at is not None and not run_log.has_val_at(validate_at):
         name = "rollouter" if "rollouter" in actors else main_actor
         val = calls.get(f"{name}.validate", actors[name].validate.remote, deadline)

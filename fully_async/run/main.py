@@ -16,6 +16,7 @@ from typing import Any, Optional
 import hydra
 from omegaconf import DictConfig
 
+from fully_async.core import safe_write
 from fully_async.core.plan import RunPlan
 from fully_async.run.hydra_setup import CONFIG_DIR, register
 
@@ -159,8 +160,7 @@ def write_traceback(details: str) -> str:
     from hydra.core.hydra_config import HydraConfig
 
     path = os.path.join(HydraConfig.get().runtime.output_dir, "failure_traceback.txt")
-    with open(path, "w") as fh:
-        fh.write(details)
+    safe_write.write_text(path, details)
     return path
 
 

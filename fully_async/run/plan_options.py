@@ -16,6 +16,9 @@ from fully_async.planner.hardware import DEVICES
 from fully_async.planner.stage_costs import ESTIMATE_ASSUMPTIONS
 
 PREFIX = "plan."
+# the largest device count planned: the simulation replays every group of every step, and the batch grows with the
+# devices (batch_scaling=weak), so its time grows with them (about 20 s for 64 devices on a 2-core machine)
+MAX_DEVICES = 1024
 
 
 @dataclass
@@ -86,6 +89,11 @@ def _check(key: str, name: str, value: Any) -> Any:
         if not isinstance(value, list) or not value or any(isinstance(v, bool) or not isinstance(v, int) or v < 1
                                                            for v in value):
             raise ConfigError(key, f"{value!r}: expected a positive integer or a list of them, e.g. [8,32,128]")
+        big = [v for v in value if v > MAX_DEVICES]
+        if big:
+            raise ConfigError(key, f"{big[0]} devices: at most {MAX_DEVICES} are planned (the simulation replays "
+                              "every group of every step, and its time grows with the devices); plan the devices "
+                              f"of one job, at most {MAX_DEVICES}")
         return value
     if name == "device":
         if value is not None and str(value).lower() not in DEVICES:

@@ -457,6 +457,7 @@ def prepare(cfg: Any) -> Prepared:
     cfg_dict = OmegaConf.to_container(cfg, resolve=True)
     cfg_dict["rollout"]["total_rollout_steps"] = total_prompts
     cfg_dict["trainer"]["total_training_steps"] = total_steps
+    cfg_dict["trainer"]["steps_from_data"] = cfg.trainer.total_training_steps is None
     if cfg.mode == "sync":   # one engine per trainer device (config_checks warned a larger tensor parallel size)
         cfg_dict["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] = 1
     actor = cfg_dict["actor_rollout_ref"]["actor"]

@@ -12,6 +12,7 @@ that share a hostname look like one host.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -104,10 +105,27 @@ def _take_over(path: str, stale_text: str) -> None:
     os.remove(grave)
 
 
+def _writable_folder(folder: str, what: str) -> None:
+    """`folder` exists (made if needed) as a folder this user can write, else ConfigError naming the key."""
+    from fully_async.core.config import ConfigError
+
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ConfigError(what, f"{folder} is a file, not a folder: this run writes its files into it; name a "
+                          "folder (or move the file away)")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(what, f"cannot create the folder {folder} ({exc.strerror}): name a folder this user "
+                          "can write") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(what, f"{folder} is not writable by this user (this run writes its checkpoints, logs "
+                          "and lock there): name a writable folder, or fix its permissions")
+
+
 def acquire(folder: str, what: str = "trainer.default_local_dir") -> RunLock:
     """Take the lock of `folder` (created if needed) or raise RunLocked; `what` names the config key that
     chose the folder, for the message."""
-    os.makedirs(folder, exist_ok=True)
+    _writable_folder(folder, what)
     path = os.path.join(folder, LOCK_NAME)
     host = socket.gethostname()
     info = {"pid": os.getpid(), "hostname": host, "started": time.time(), "command": " ".join(sys.argv),
@@ -115,8 +133,14 @@ def acquire(folder: str, what: str = "trainer.default_local_dir") -> RunLock:
     text = json.dumps(info)
     for _ in range(5):
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o644)
         except FileExistsError:
+            if os.path.islink(path):   # never read or followed: whoever planted it may read this run's log
+                logger.warning("removed a symbolic link planted at %s (this run's lock file); it was not followed "
+                               "(check who can write into %s)", path, folder)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                continue
             held = _read(path)
             if held is None:
                 continue  # released meanwhile

@@ -17,6 +17,8 @@ import json
 import os
 from typing import Any, Iterable, Sequence
 
+from fully_async.core import safe_write
+
 VAL_GENERATIONS = "val/generations"     # the metrics-dict key of a validation's rows, and the sinks' name for them
 ROLLOUT_GENERATIONS = "rollout/generations"   # ... of a trained batch's rows (trainer.rollout_data_dir)
 
@@ -77,11 +79,9 @@ def dump(directory: str, step: int, rows: Sequence[dict]) -> str:
     """`<directory>/<step>.jsonl`, one row a line with its step (verl's `_dump_generations`); the path."""
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"{step}.jsonl")
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with safe_write.atomic_open(path, fsync=False) as fh:   # a reader never sees half a file
         for row in rows:
             fh.write(json.dumps(dict(row, step=step), ensure_ascii=False, default=_jsonable) + "\n")
-    os.replace(tmp, path)   # a reader never sees half a file
     return path
 
 

@@ -7,6 +7,7 @@ import logging
 import os
 from typing import Any, Optional, Sequence
 
+from fully_async.core import safe_write
 from fully_async.core.types import Sample, SampleGroup
 
 logger = logging.getLogger(__name__)
@@ -203,8 +204,7 @@ class MetricLogger:
         """A side file in the TensorBoard run directory (no-op without TensorBoard)."""
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
-            with open(os.path.join(self.log_dir, name), "w") as fh:
-                json.dump(data, fh, indent=1, default=str)
+            safe_write.write_json(os.path.join(self.log_dir, name), data, indent=1, default=str)
 
     def close(self, failed: bool = False) -> None:
         """Flush and close every sink (once; `failed`: the trackers mark the run failed/crashed)."""

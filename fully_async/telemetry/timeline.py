@@ -9,10 +9,11 @@ writes one `timeline.json` (load it in chrome://tracing or ui.perfetto.dev).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from typing import Iterator
+
+from fully_async.core import safe_write
 
 MERGE_GAP_US = 2000.0
 
@@ -60,8 +61,7 @@ def write_trace(path: str, events: list[dict]) -> None:
     trace = [{"name": "process_name", "ph": "M", "pid": ids[a], "tid": ids[a], "args": {"name": a}} for a in actors]
     trace += [dict(e, pid=ids[e["pid"]], tid=ids[e["tid"]]) for e in sorted(events, key=lambda e: e["ts"])]
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as fh:
-        json.dump({"traceEvents": trace, "displayTimeUnit": "ms"}, fh)
+    safe_write.write_json(path, {"traceEvents": trace, "displayTimeUnit": "ms"})
 
 
 def write_pool_trace(path: str, spans: list) -> None:
@@ -82,7 +82,4 @@ def write_pool_trace(path: str, spans: list) -> None:
         trace.append({"name": s.name, "ph": "X", "ts": s.start * 1e6, "dur": max(0.0, s.end - s.start) * 1e6,
                       "pid": pid[s.job], "tid": tid[s.track], "args": s.args})
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump({"traceEvents": trace, "displayTimeUnit": "ms"}, fh)
-    os.replace(tmp, path)
+    safe_write.write_json(path, {"traceEvents": trace, "displayTimeUnit": "ms"})

@@ -21,6 +21,7 @@ import os
 import re
 from typing import Any, Optional, Protocol, Sequence
 
+from fully_async.core import safe_write
 from fully_async.core.config import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -205,8 +206,8 @@ class MlflowTracker:
 
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, f"val_step{step}.json")
-            with open(path, "w", encoding="utf-8") as fh:
-                json.dump([{"input": i, "output": o, "score": s} for i, o, s in samples], fh, ensure_ascii=False)
+            safe_write.write_json(path, [{"input": i, "output": o, "score": s} for i, o, s in samples],
+                                  fsync=False, ensure_ascii=False)
             self.mlflow.log_artifact(path)
 
     def close(self, failed: bool = False) -> None:

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 import math
 import os
 import time
 from typing import Any, Optional, Sequence
 
+from fully_async.core import safe_write
 from fully_async.core.plan import RunPlan
 from fully_async.core.config import FullyAsyncConfig, uses_critic
 from fully_async.algorithms import AdvantageInput, compute_advantages_and_returns, kl_penalty, token_level_rewards
@@ -276,9 +276,8 @@ def check_bad_steps(backend: TrainBackend, cfg: FullyAsyncConfig, step: int, sam
     folder = os.path.join(cfg.trainer.default_local_dir, "bad_batches")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"step_{step}.json")
-    with open(path, "w") as fh:
-        json.dump([{"sample_id": s.sample_id, "reward": s.reward, "response_len": len(s.response_ids),
-                    "versions": [s.param_version_start, s.param_version_end]} for s in samples], fh)
+    safe_write.write_json(path, [{"sample_id": s.sample_id, "reward": s.reward, "response_len": len(s.response_ids),
+                                  "versions": [s.param_version_start, s.param_version_end]} for s in samples])
     logger.warning("step %d: non-finite loss or gradient, update skipped; batch logged to %s", step, path)
     if backend.consecutive_bad_steps >= cfg.trainer.max_bad_steps:
         raise BadStepsError(f"{backend.consecutive_bad_steps} consecutive optimizer steps had a NaN/inf loss or "

@@ -23,6 +23,8 @@ from typing import Any, Iterable, Iterator, Optional, Union
 import torch
 import torch.nn.functional as F
 
+from fully_async.core import safe_write
+
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 
@@ -161,8 +163,7 @@ def save_adapter(folder: str, state: dict[str, torch.Tensor], rank: int, alpha: 
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha, "lora_dropout": 0.0,
               "bias": "none", "target_modules": sorted(targets),
               "base_model_name_or_path": base_model, "fan_in_fan_out": False, "inference_mode": True}
-    with open(os.path.join(folder, ADAPTER_CONFIG), "w") as f:
-        json.dump(config, f, indent=2)
+    safe_write.write_json(os.path.join(folder, ADAPTER_CONFIG), config, indent=2)
     save_file(state, os.path.join(folder, ADAPTER_WEIGHTS))
 
 

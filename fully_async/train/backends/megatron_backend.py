@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from fully_async.core import safe_write
 from fully_async.core.config import FullyAsyncConfig
 from fully_async.algorithms.actor_loss import actor_metric_names
 from fully_async.algorithms.lr_schedule import lr_lambda, warmup_steps
@@ -593,7 +594,7 @@ class MegatronBackend:
             save_file({k: v.contiguous() for k, v in state.items()}, os.path.join(folder, "model.safetensors"),
                       metadata={"format": "pt"})
             hf_config.save_pretrained(folder)
-        torch.save({**extra, "layout": (self.tp, self.pp, self.dp)}, rank_file)
+        safe_write.torch_save({**extra, "layout": (self.tp, self.pp, self.dp)}, rank_file)
         dist.barrier()
 
     def _optimizer_state(self, optimizer: Any) -> list[dict]:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from fully_async.core import safe_write
 from fully_async.core.config import FullyAsyncConfig, actor_strategy, sequence_parallel_size, uses_critic
 from fully_async.algorithms.lr_schedule import lr_lambda, warmup_steps
 from fully_async.train.backends import MiniBatch, StepResult, fsdp, lora, ulysses, varlen_attention
@@ -440,14 +441,14 @@ class TorchBackend:
             self.save_critic(path)
         if not self.fsdp and self.lora is None:
             self.model.save_pretrained(os.path.join(path, "actor"), safe_serialization=True)
-            torch.save(self._extra_state(True), os.path.join(path, "actor_optim.pt"))
+            safe_write.torch_save(self._extra_state(True), os.path.join(path, "actor_optim.pt"))
             return
         full = self._save_merged_and_adapter(path) if self.lora is not None else self.named_parameters_for_sync()
         if not self.fsdp:   # LoRA on one device: the adapter's optimizer state with the rest
-            torch.save(self._extra_state(True), os.path.join(path, "actor_optim.pt"))
+            safe_write.torch_save(self._extra_state(True), os.path.join(path, "actor_optim.pt"))
             return
         fsdp.save_sharded(self.model, self.optimizer, path)
-        torch.save(self._extra_state(False), os.path.join(path, f"actor_extra_rank{self.rank}.pt"))
+        safe_write.torch_save(self._extra_state(False), os.path.join(path, f"actor_extra_rank{self.rank}.pt"))
         if self.rank == 0 and self.lora is None:
             self._save_hf_folder(path, full)
 
@@ -486,11 +487,11 @@ class TorchBackend:
         critic = self._critic()
         if not self.fsdp:
             critic.model.save_pretrained(os.path.join(path, "critic"), safe_serialization=True)
-            torch.save({"optimizer": critic.optimizer.state_dict(), **critic.state()},
+            safe_write.torch_save({"optimizer": critic.optimizer.state_dict(), **critic.state()},
                        os.path.join(path, "critic_optim.pt"))
             return
         fsdp.save_sharded(critic.model, critic.optimizer, path, "fsdp_critic")
-        torch.save(critic.state(), os.path.join(path, f"critic_extra_rank{self.rank}.pt"))
+        safe_write.torch_save(critic.state(), os.path.join(path, f"critic_extra_rank{self.rank}.pt"))
 
     def load_critic(self, path: str) -> None:
         """What save_critic wrote; a checkpoint without a critic is an error naming the folder."""
