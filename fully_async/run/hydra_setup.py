@@ -28,7 +28,9 @@ def register() -> None:
         OmegaConf.register_new_resolver("asset", asset_path)
     if not OmegaConf.has_resolver("fa_div"):  # one_step_off_*.yaml: mini-batches per step = batch / mini-batch
         OmegaConf.register_new_resolver("fa_div", _whole_quotient)
-    ConfigStore.instance().store(name="fully_async_schema", node=FullyAsyncConfig)
+    store = ConfigStore.instance()
+    if "fully_async_schema.yaml" not in store.repo:   # building the schema node costs ~0.1 s: once a process
+        store.store(name="fully_async_schema", node=FullyAsyncConfig)
 
 
 def _user_errors() -> tuple:
