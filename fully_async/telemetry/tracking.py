@@ -201,7 +201,6 @@ class MlflowTracker:
 
     def log_generations(self, samples: list[tuple[str, str, float]], step: int) -> None:
         """The artifact val_step<step>.json: [{input, output, score}, ...], as verl's."""
-        import json
         import tempfile
 
         with tempfile.TemporaryDirectory() as tmp:

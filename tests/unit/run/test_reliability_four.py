@@ -2,9 +2,7 @@
 a resume past the end is refused, reward extras are finite, a full disk during a checkpoint is named, and bad paths
 and sizes give clear errors."""
 import errno
-import logging
 import os
-import shutil
 from types import SimpleNamespace
 
 import pytest
