@@ -40,8 +40,11 @@ the report lists it).  Runs whose summary.json names different hardware (a sync 
 with --sync-log or --from-logs) are refused too: a ratio across cards is no speedup (`--allow-diff hardware`).
 
 `--repeats K` (default 3 on CPU, 1 on accelerators) runs both modes K times, alternating which goes first,
-each repeat into DIR/repeat_<i>/, and prints the median, min, max and spread of tokens/s, time/step and the
-speedup (DIR/repeats.json), warning when a spread exceeds 20% or the load average before a run was high.
+each repeat into DIR/repeat_<i>/, and writes one report over them, DIR/report.md (DIR/<placement>/ with several):
+every row's mean, standard deviation and min..max, the headline figures plotted with error bars (repeats.png); it
+prints the median, min, max and spread of tokens/s, time/step and the speedup (DIR/repeats.json), warning when a
+spread exceeds 20% or the load average before a run was high.  On a CPU the report opens by saying that both sides
+share the machine's cores (so async can read below 1x there).
 
 Writes into DIR: report.md, table.json, PNG plots (and bench.json when it ran the bench); prints the side-by-side
 table: devices, the split and why (candidate splits with predicted ceilings), each mode's pipeline efficiency =
@@ -61,6 +64,7 @@ from fully_async.compare.driver import (REFUSED, _key, compare, default_repeats,
                                         saved_bench)
 from fully_async.compare.placements import format_placements, placements_summary
 from fully_async.compare.plots import pyplot
+from fully_async.compare.repeats import write_report as repeats_report
 from fully_async.compare.report import format_repeats, summarize_repeats
 from fully_async.compare.runs import CompareError
 from fully_async.compare.stats import format_split
@@ -197,7 +201,11 @@ def run_both(args: argparse.Namespace, out_dir: str) -> int:
             with open(os.path.join(out_dir, name), "w") as fh:
                 json.dump(summary, fh, indent=1)
             print(f"=== {p}\n" + format_repeats(summary) if len(placements) > 1 else format_repeats(summary))
-        print(f"per-repeat reports: {os.path.join(out_dir, 'repeat_<i>', 'report.md')}")
+            pair_dirs = [os.path.join(out_dir, f"repeat_{i}") if len(placements) == 1 else
+                         os.path.join(out_dir, f"repeat_{i}", p) for i in range(repeats)]
+            report = repeats_report(out_dir if len(placements) == 1 else os.path.join(out_dir, p), ts, summary,
+                                    pair_dirs)
+            print(f"report over {repeats} repeats (mean and spread of every row): {report}")
     else:
         for warning in busy:
             print(f"WARNING: {warning}")

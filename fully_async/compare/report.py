@@ -12,6 +12,7 @@ def write_report(out_dir: str, table: dict, runs: dict[str, Run], plots: dict[st
     hw = table["hardware"]
     same_hw = len(set(hw.values())) == 1
     lines = ["# Sync vs async comparison", ""]
+    lines += [f"> {table['shared_cpu']}", ""] if table.get("shared_cpu") else []
     lines.append(f"Hardware: {hw['async']}" if same_hw else
                  f"Hardware DIFFERS: async on {hw['async']}, sync on {hw['sync']}")
     for mode, run in runs.items():

@@ -16,6 +16,7 @@ Definitions (per run):
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 from fully_async.compare.runs import PLACEMENT_KEYS, VAL_PREFIX, CompareError, Run, placement_of, workload_of
@@ -166,7 +167,23 @@ def build_table(runs: dict[str, Run], threshold: float, bench: Optional[dict] = 
             "hardware": hardware, "config_diff": diff, "bench": bench, "devices_total": totals,
             "fair": totals["async"] == totals["sync"], "dp_efficiency": dp_efficiency,
             "placement_diff": [d[0] for d in diff if d[0] in PLACEMENT_KEYS and totals["async"] == totals["sync"]],
-            "split": split, "workload": workload_of(runs["async"].config)}
+            "split": split, "workload": workload_of(runs["async"].config),
+            "shared_cpu": shared_cpu_note({m: st["devices"] for m, st in stats.items()})}
+
+
+def shared_cpu_note(devices: dict[str, dict], cores: Optional[int] = None) -> Optional[str]:
+    """What a reader must know first about a comparison run on a CPU (None elsewhere): a CPU "device" is a process,
+    and both sides of each mode run on the same cores, so async's overlap of generation and training adds no compute
+    there and it can read below 1x."""
+    if any(d.get("device") != "cpu" for d in devices.values()):
+        return None
+    cores = cores or os.cpu_count() or 1
+    n = max(d["total"] for d in devices.values())
+    return (f"CPU comparison: each mode's {n} \"device(s)\" are processes sharing this machine's {cores} core(s), the "
+            "rollout and trainer sides included, so async's overlap of generation and training adds no compute here "
+            "(both sides compete for the same cores, and it pays the weight pushes on top): async can read below 1x "
+            "sync.  Its speedup needs devices each side has to itself (accelerators); read CPU numbers as a check "
+            "that both modes run, not as a speedup.")
 
 
 def _fmt(value: Any, fmt: Optional[str]) -> str:
@@ -215,7 +232,7 @@ def format_table(table: dict) -> str:
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    header = device_lines(table) + (format_split(table["split"]) if table["split"] else [])
+    header = ([table["shared_cpu"]] if table.get("shared_cpu") else []) + device_lines(table) + (format_split(table["split"]) if table["split"] else [])
     lines = header + ([table["workload"]["description"]] if table["workload"] else []) + [""] + lines
     sp = table["speedup"]
     lines.append(f"speedup async/sync: tokens/s {_fmt(sp['tokens_per_s'], '{:.2f}')}x, "

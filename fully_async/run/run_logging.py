@@ -17,7 +17,7 @@ from typing import Any, Optional, TextIO
 
 from fully_async.core.plan import RunPlan
 from fully_async.telemetry import generations
-from fully_async.telemetry.metrics import MetricLogger
+from fully_async.telemetry.metrics import WALL_TIME, MetricLogger
 
 logger = logging.getLogger("fully_async")
 
@@ -133,6 +133,9 @@ class RunLogger:
         self._log(step, metrics)
 
     def _log(self, step: int, metrics: dict) -> None:
+        wall_time = metrics.get(WALL_TIME)
+        if wall_time is not None:   # the step's own end (MetricsOutbox._emit), not this drain's time
+            metrics = {k: v for k, v in metrics.items() if k != WALL_TIME}
         rows = {k: metrics[k] for k in (generations.VAL_GENERATIONS, generations.ROLLOUT_GENERATIONS) if k in metrics}
         if rows:   # responses riding with the metrics: written / shown, never logged as scalars
             metrics = {k: v for k, v in metrics.items() if k not in rows}
@@ -145,7 +148,10 @@ class RunLogger:
         else:
             self.history.append((step, metrics))
             self.bar.update(step - self.bar.n)
-        self.sink.log(metrics, step)
+        if wall_time is None:
+            self.sink.log(metrics, step)
+        else:
+            self.sink.log(metrics, step, wall_time=wall_time)
 
     def _generations(self, step: int, rows: list[dict]) -> None:
         """A validation's responses: every one into trainer.validation_data_dir, trainer.log_val_generations of them
