@@ -72,7 +72,7 @@ from fully_async.planner.search import choose_split
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m fully_async.compare", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--out", default="compare_out", help="output folder (default compare_out)")
     ap.add_argument("--threshold", type=float, default=0.8, help="validation reward to time (default 0.8)")
