@@ -20,6 +20,7 @@ from fully_async.telemetry import generations
 from fully_async.telemetry.metrics import WALL_TIME, MetricLogger
 
 logger = logging.getLogger("fully_async")
+BOUND_PAUSES = "fully_async/rollouter/bound_pauses"
 
 
 def is_tty(stream: Any) -> bool:
@@ -59,6 +60,23 @@ def hydra_log_dir() -> Optional[str]:
         return HydraConfig.get().runtime.output_dir
     except (ImportError, ValueError):
         return None
+
+
+def fresh_tensorboard_dir(tb: str) -> Optional[str]:
+    """None when `tb` holds no TensorBoard event file; else the first `<tb>_<k>` (k = 2, 3, ...) that holds none (a
+    run's own folder beside the earlier run's: TensorBoard overlays the event files of one folder)."""
+    def has_events(folder: str) -> bool:
+        try:
+            return any(name.startswith("events.out.tfevents") for name in os.listdir(folder))
+        except OSError:
+            return False
+
+    if not has_events(tb):
+        return None
+    k = 2
+    while has_events(f"{tb.rstrip(os.sep)}_{k}"):
+        k += 1
+    return f"{tb.rstrip(os.sep)}_{k}"
 
 
 def open_metric_logger(cfg: Any) -> MetricLogger:
@@ -220,6 +238,11 @@ class RunLogger:
         elif "val_last" in summary:
             lines.append(f"validation reward at step {summary['val_last_step']}: {summary['val_last']:.3f}")
         lines += [f"mean {k}: {summary[k]:.4g}" for k in summary if "/" in k]
+        pauses = [m[BOUND_PAUSES] for _, m in self.history if BOUND_PAUSES in m]
+        if pauses:   # cumulative; each version's own line is at debug level
+            summary["rollouter_bound_pauses"] = int(max(pauses))
+            lines.append(f"rollouter: paused at the staleness bound {summary['rollouter_bound_pauses']} time(s), each "
+                         "until the trainer's next weight update (async mode's normal flow control)")
         lines.append(f"checkpoints: {self._checkpoints()}")
         if self.sink.log_dir:
             lines.append(f"TensorBoard: {self.sink.log_dir}")
