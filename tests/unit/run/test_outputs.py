@@ -112,6 +112,13 @@ def test_cfg_job_runs_the_starts_checks_and_says_what_it_skipped(caplog):
     assert asked[0] == "fully_async_ppo_trainer" and "reward_model.overlong_buffer.len=0" in asked[2]
     with pytest.raises(ConfigError, match="reward_model.overlong_buffer.len"):
         dry_run.run_checks(*asked)
+    with pytest.raises(ConfigError, match="reward_model.overlong_buffer.len"):   # a file not here does not hide it
+        dry_run.run_checks(*dry_run.wanted(rewrite_argv(argv + ["data.val_files=/nonexistent/val.parquet"])))
+    missing = dry_run.run_checks(*dry_run.wanted(rewrite_argv(["main", "--cfg", "job", "trainer.device=npu",
+                                                               "data.val_files=/nonexistent/val.parquet"])))
+    assert len(missing) == 2 and "/nonexistent/val.parquet" in missing[0] and "npu" in missing[1].lower()
+    assert "not on this machine, so not checked here" in caplog.text
+    caplog.clear()
     assert dry_run.wanted(["main", "trainer.device=cpu"]) is None and dry_run.wanted(["main", "--help"]) is None
     assert dry_run.wanted(["main", "--cfg", "hydra"]) is None
     caplog.set_level(logging.INFO, logger="fully_async")
