@@ -232,7 +232,8 @@ def format_table(table: dict) -> str:
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    header = ([table["shared_cpu"]] if table.get("shared_cpu") else []) + device_lines(table) + (format_split(table["split"]) if table["split"] else [])
+    header = ([table["shared_cpu"]] if table.get("shared_cpu") else []) + device_lines(table) + \
+        (format_split(table["split"]) if table["split"] else [])
     lines = header + ([table["workload"]["description"]] if table["workload"] else []) + [""] + lines
     sp = table["speedup"]
     lines.append(f"speedup async/sync: tokens/s {_fmt(sp['tokens_per_s'], '{:.2f}')}x, "
