@@ -6,7 +6,8 @@ spread of every row.
   runs.py        one logged run (TensorBoard scalars, config.json, summary.json) and the config diff rules
   stats.py       per-run numbers, the side-by-side table and its text forms
   plots.py       the PNGs (matplotlib: the `plots` extra)
-  report.py      report.md, the repeat summary and the combined report of repeats
+  report.py      report.md and the repeat summary (median, spread, warnings)
+  repeats.py     the one report of repeated comparisons (mean ± std per row, error-bar plot)
   placements.py  several async placements against one sync run, with the planner's simulation of each
   simulate.py    the planner's simulation of a logged run (scripts/sim_check.py is its command line)
   bench.py       rollout-only and train-only tokens/s of one device (python -m fully_async.compare.bench)
