@@ -29,8 +29,8 @@ from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from compare_lib import read_run, workload_of  # noqa: E402
-from compare_sync_async import STRATEGY, _key, _stream, _value  # noqa: E402
+from fully_async.compare.runs import read_run, workload_of  # noqa: E402
+from fully_async.compare.driver import STRATEGY, _key, _stream, _value  # noqa: E402
 
 
 def run_sync(devices: int, overrides: list[str], out_dir: str) -> str:

@@ -42,7 +42,7 @@ def measure(cfg) -> dict:
     """Peak allocated bytes of the engine phase and of the trainer phase on one device."""
     import torch
 
-    from bench_pipeline import _rollout_phase, _train_phase, one_device_config
+    from fully_async.compare.bench import _rollout_phase, _train_phase, one_device_config
     from fully_async.device import check_available, get_device
     from fully_async.run.prepare import prepare
 

@@ -65,8 +65,14 @@ class MetricsOutbox:
         return out
 
     def _emit(self, step: int, metrics: dict) -> None:
+        """`metrics` of `step`, stamped with the time they were produced (telemetry.metrics.WALL_TIME): the driver
+        writes them later, at its next drain, and TensorBoard keeps this time, the step's own end."""
+        import time
+
+        from fully_async.telemetry.metrics import WALL_TIME
+
         with self._lock:
-            self._metrics.append((step, metrics))
+            self._metrics.append((step, dict(metrics, **{WALL_TIME: time.time()})))
 
 
 class DriverFacing(MetricsOutbox):

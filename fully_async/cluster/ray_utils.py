@@ -180,6 +180,23 @@ def accelerator_counts(accelerator: str) -> dict:
     return {**out, "resources": others} if others else out
 
 
+def plain_log_prefixes(streams: Optional[tuple] = None) -> bool:
+    """No ANSI colour codes into a pipe or a file: Ray colours the `(Actor pid=...)` prefix of every actor line it
+    forwards to the driver unless RAY_COLOR_PREFIX=0, which it reads as it prints; set here (the user's own setting
+    kept) when the driver's stdout or stderr is not a terminal.  Returns whether the prefixes are plain."""
+    import sys
+
+    def tty(stream: Any) -> bool:
+        try:
+            return bool(stream.isatty())
+        except (AttributeError, ValueError):
+            return False
+
+    if "RAY_COLOR_PREFIX" not in os.environ and not all(tty(s) for s in (streams or (sys.stdout, sys.stderr))):
+        os.environ["RAY_COLOR_PREFIX"] = "0"
+    return os.environ.get("RAY_COLOR_PREFIX") == "0"
+
+
 def start_ray(num_cpus_needed: int, env_vars: Optional[dict] = None, address: Optional[str] = None,
               namespace: Optional[str] = None, accelerator: str = "") -> bool:
     """Join `address` (else `RAY_ADDRESS`) when set, else start a local Ray; returns True when we started it.
@@ -193,6 +210,7 @@ def start_ray(num_cpus_needed: int, env_vars: Optional[dict] = None, address: Op
 
     if ray.is_initialized():
         return False
+    plain_log_prefixes()
     address = address or os.environ.get("RAY_ADDRESS")
     env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", **(env_vars or {})}}
     if address:

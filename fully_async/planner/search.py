@@ -5,7 +5,9 @@ batch.
 Candidates.  Rollout devices r come in whole replicas (multiples of rollout.tensor_model_parallel_size),
 trainer devices N - r in whole model-parallel groups (megatron tp x pp); up to 16 evenly spaced splits are
 simulated, then the interval around the best of them is narrowed (up to 4 more per round) until the best
-split's simulated neighbours are adjacent valid splits.  Every simulation draws the same responses (the
+split's simulated neighbours are adjacent valid splits; a tie goes to fewer rollout devices.  `choose_split` runs the
+same search with each split priced by its ceiling, for the comparison, which measures one device's rollout-only and
+train-only tokens/s instead of the stage costs.  Every simulation draws the same responses (the
 lengths are a function of the sample id), so they are computed once.
 
 Batch at another scale (`batch_scaling`).  weak (default): the groups per step grow with the device count
@@ -28,8 +30,10 @@ from typing import Any, Callable, Optional
 
 from fully_async.planner.colocated_sim import simulate_colocated
 from fully_async.planner.pipeline_sim import AsyncSetup, StageCosts, Workload, simulate_async, simulate_sync
+from fully_async.planner.sim_engine import data_parallel_speedup
 
 MAX_COARSE = 16
+TIE = 1e-9                 # relative: rates closer than this are a tie (fewer rollout devices wins)
 MODES = ("sync", "split", "elastic", "colocated")
 
 
@@ -89,9 +93,13 @@ def _best_split(valid: list[int], simulate: Callable[[int], dict]) -> tuple[list
 
     for r in _candidates(valid):
         run(r)
+    def top(rs: list[int]) -> int:   # the fastest; a tie (within rounding) goes to fewer rollout devices
+        rate = max(results[r]["steady_tokens_per_s"] for r in rs)
+        return next(r for r in rs if results[r]["steady_tokens_per_s"] >= rate * (1 - TIE))
+
     while True:
         done = sorted(results)
-        k = done.index(max(done, key=lambda r: results[r]["steady_tokens_per_s"]))
+        k = done.index(top(done))
         lo = valid.index(done[k - 1]) if k > 0 else valid.index(done[k])
         hi = valid.index(done[k + 1]) if k + 1 < len(done) else valid.index(done[k])
         todo = [valid[j] for j in range(lo, hi + 1) if valid[j] not in results]
@@ -100,7 +108,7 @@ def _best_split(valid: list[int], simulate: Callable[[int], dict]) -> tuple[list
         for r in todo[::max(1, -(-len(todo) // 4))]:
             run(r)
     candidates = [results[r] for r in sorted(results)]
-    return candidates, max(candidates, key=lambda c: c["steady_tokens_per_s"])
+    return candidates, results[top(sorted(results))]
 
 
 def recommend(result: dict, allowed: Optional[dict[str, bool]] = None) -> tuple[Optional[str], Optional[float]]:
@@ -166,4 +174,75 @@ def plan_devices(devices: int, shape: PipelineShape, costs: StageCosts, length: 
                    f"{shape.rollout_tp}, trainer devices of {shape.trainer_mp}")
     out["modes"] = {"sync": out["sync"], "split": out["best"], "elastic": out["elastic"], "colocated": out["colocated"]}
     out["recommended"], out["recommended_speedup"] = recommend(out)
+    return out
+
+
+# ----------------------------------------------------------------------------------- from one device's R and T
+def train_capacity(devices: int, train_tps: float, dp_efficiency: float = 1.0) -> float:
+    """Train-only tokens/s of `devices` data-parallel trainer devices (e kept per doubling: data_parallel_speedup)."""
+    return train_tps * data_parallel_speedup(devices, dp_efficiency)
+
+
+def async_ceiling(rollout: int, trainer: int, rollout_tps: float, train_tps: float,
+                  dp_efficiency: float = 1.0) -> float:
+    """Best tokens/s of a split async run on `rollout` + `trainer` devices: the slower stage (they overlap)."""
+    return min(rollout * rollout_tps, train_capacity(trainer, train_tps, dp_efficiency))
+
+
+def sync_ceiling(devices: int, rollout_tps: float, train_tps: float, dp_efficiency: float = 1.0) -> float:
+    """Best tokens/s of the sync loop on `devices` devices: generate and train alternate on all of them."""
+    return 1.0 / (1.0 / (devices * rollout_tps) + 1.0 / train_capacity(devices, train_tps, dp_efficiency))
+
+
+def choose_split(devices: int, rollout_tps: Optional[float], train_tps: Optional[float],
+                 dp_efficiency: float = 1.0, force: Optional[int] = None, forced_by: Optional[str] = None) -> dict:
+    """The async rollout/trainer split of `devices` devices when only one device's rollout-only (R) and train-only
+    (T) tokens/s are measured (the comparison's bench): the same search as `plan_devices` (`_best_split`, ties to
+    fewer rollout devices), each split priced by its ceiling min(r R, capacity(N - r)) instead of a simulation.
+
+    rollout_tps/train_tps None: not measured, then `force` must be given and no ceiling is predicted.  force: use
+    this rollout device count (--split), still reporting the candidates; forced_by: how the report names where
+    `force` came from (default "forced by --split <force>").  Returns {"devices", "rollout", "trainer", "forced",
+    "reason", "candidates": [{rollout, trainer, rollout_tokens_per_s, train_tokens_per_s, ceiling, bottleneck}],
+    "best", "ceiling", "sync_ceiling", ...}.  Raises ValueError naming the flag."""
+    if devices < 2:
+        raise ValueError(f"--devices {devices}: async needs at least 2 devices (one rollout, one trainer)")
+    if force is not None and not 1 <= force <= devices - 1:
+        raise ValueError(f"--split {force} must be in 1..{devices - 1} (rollout devices of --devices {devices}; "
+                         "the rest train)")
+    if not 0.0 < dp_efficiency <= 1.0:
+        raise ValueError(f"--dp-efficiency {dp_efficiency} must be in (0, 1]")
+    out: dict[str, Any] = {"devices": devices, "rollout_tokens_per_s_per_device": rollout_tps,
+                           "train_tokens_per_s_per_device": train_tps, "dp_efficiency": dp_efficiency,
+                           "forced": force is not None, "candidates": [], "best": None, "ceiling": None,
+                           "sync_ceiling": None}
+    forced_by = forced_by or f"forced by --split {force}"
+    if not rollout_tps or not train_tps:
+        if force is None:
+            raise ValueError("choosing the split needs the measured rollout-only and train-only tokens/s "
+                             "(--bench); or pass --split R")
+        out.update(rollout=force, trainer=devices - force, reason=f"{forced_by} (no bench: ceilings not predicted)")
+        return out
+
+    def ceiling(r: int) -> dict:
+        roll, train = r * rollout_tps, train_capacity(devices - r, train_tps, dp_efficiency)
+        return {"rollout": r, "trainer": devices - r, "rollout_tokens_per_s": roll, "train_tokens_per_s": train,
+                "ceiling": min(roll, train), "steady_tokens_per_s": min(roll, train),
+                "bottleneck": "rollout" if roll <= train else "train"}
+
+    valid = list(range(1, devices))
+    out["candidates"], best = _best_split(valid, ceiling)
+    if force is not None and all(c["rollout"] != force for c in out["candidates"]):
+        out["candidates"] = sorted(out["candidates"] + [ceiling(force)], key=lambda c: c["rollout"])
+    tied = [c for c in out["candidates"] if c["ceiling"] >= best["ceiling"] * (1 - TIE) and c is not best]
+    chosen = best if force is None else next(c for c in out["candidates"] if c["rollout"] == force)
+    out.update(rollout=chosen["rollout"], trainer=chosen["trainer"], best=best["rollout"], ceiling=chosen["ceiling"],
+               sync_ceiling=sync_ceiling(devices, rollout_tps, train_tps, dp_efficiency))
+    why = (f"r={best['rollout']} maximises min(r x R, train capacity(N - r)) = "
+           f"{best['ceiling']:.1f} tokens/s over r in 1..{devices - 1}")
+    if tied:
+        why += f" (tied with r={', '.join(str(c['rollout']) for c in tied)}: fewer rollout devices wins)"
+    if force is not None:
+        why = f"{forced_by}: predicted {chosen['ceiling']:.1f} tokens/s; the best split: {why}"
+    out["reason"] = why
     return out

@@ -154,12 +154,14 @@ class RolloutScheduler:
             self._pauses["since"] = None
 
     def log_pauses(self) -> None:
-        """One line for the param version ending now, if the staleness bound paused admission in it: how many
-        pauses, how long in all, and why (the last reason).  Called at every weight update and at the end."""
+        """One debug line for the param version ending now, if the staleness bound paused admission in it: how many
+        pauses, how long in all, and why (the last reason).  Called at every weight update and at the end.  Debug:
+        pausing at the bound is async mode's normal operation; the run's count is in the end-of-run summary
+        (metric fully_async/rollouter/bound_pauses)."""
         self._pause_ended()
         p = self._pauses
         if p["count"]:
-            logger.info("rollouter paused %d time(s), %.1fs in all, at param version %d: %s", p["count"],
+            logger.debug("rollouter paused %d time(s), %.1fs in all, at param version %d: %s", p["count"],
                         p["seconds"], self.staleness.state.version, p["reason"])
         self._pauses = {"count": 0, "seconds": 0.0, "since": None, "reason": ""}
 

@@ -206,8 +206,22 @@ def run_check(fn: Callable[[], Any], name: str) -> Any:
         return Check(name, "FAIL", f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
 
 
+USAGE = """Checks an environment in seconds, before a real run: torch and the device, CUDA, the composed config (the
+same keys as python -m fully_async.main, so pass the run's own), torch_npu / CANN, vLLM / vLLM-Ascend, megatron-core,
+the configured loggers, Ray, and the run's data, model and reward.  Each line is PASS / WARN / FAIL / SKIP with
+what it saw and the fix; exit 1 when any check FAILs.
+
+Other commands:
+  python -m fully_async.main ...           train (async; mode=sync for verl's main_ppo loop)
+  python -m fully_async.plan ...           memory and predicted speed of each mode (plan.* keys); no device needed
+  python -m fully_async.compare ...        measure sync against async on this machine's devices
+Manual: docs/getting-started.md"""
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fully_async.doctor", description=USAGE,
+                                     usage="%(prog)s [KEY=VALUE ...] [--no-ray]",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for fully_async.main")
     parser.add_argument("--no-ray", action="store_true", help="skip starting Ray")
     args = parser.parse_args(argv)

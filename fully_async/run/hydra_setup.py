@@ -51,15 +51,38 @@ def _user_errors() -> tuple:
 USER_ERRORS = _user_errors()
 
 
-def compose_overrides(overrides: list[str], bundled_preset: bool = True) -> list[str]:
+def config_mode(config_name: str, overrides: list[str] = ()) -> str:
+    """The mode a config composes to: the last `mode=` override, else the YAML's own `mode:` (followed through its
+    first default: dapo_trainer -> ppo_trainer says sync), else async (the schema's default)."""
+    import yaml
+
+    given = [o.split("=", 1)[1] for o in overrides if o.lstrip("+~").split("=", 1)[0] == "mode" and "=" in o]
+    if given:
+        return given[-1]
+    name, seen = config_name, set()
+    while name and name not in seen:
+        seen.add(name)
+        try:
+            with open(os.path.join(CONFIG_DIR, f"{name}.yaml")) as fh:
+                doc = yaml.safe_load(fh) or {}
+        except OSError:
+            break
+        if "mode" in doc:
+            return str(doc["mode"])
+        name = next((d for d in doc.get("defaults") or [] if isinstance(d, str) and d != "_self_"), None)
+    return "async"
+
+
+def compose_overrides(overrides: list[str], bundled_preset: bool = True,
+                      config_name: str = "fully_async_ppo_trainer") -> list[str]:
     """What Hydra composes for these command-line overrides: the bundled task's preset first (when no
-    data.train_files is given), then the overrides with verl's keys mapped, warned or refused
-    (verl/compat.py; a refused or unknown key raises ConfigError).  The entry point, the doctor and
-    load_config all go through here."""
+    data.train_files is given; without the async knobs when the config composes to sync mode), then the overrides
+    with verl's keys mapped, warned or refused (verl/compat.py; a refused or unknown key raises ConfigError).  The
+    entry point, the doctor and load_config all go through here."""
     from fully_async.verl.compat import translate
     from fully_async.run.prepare import bundled_task_overrides
 
-    preset = bundled_task_overrides(overrides) if bundled_preset else []
+    preset = bundled_task_overrides(overrides, config_mode(config_name, overrides)) if bundled_preset else []
     return translate(preset + list(overrides)).overrides
 
 
@@ -77,7 +100,8 @@ def rewrite_argv(argv: list[str]) -> list[str]:
         else:
             rest.append(item)
     own_config = args.config_path is not None
-    return [argv[0], *rest, *compose_overrides(overrides, bundled_preset=not own_config)]
+    return [argv[0], *rest, *compose_overrides(overrides, bundled_preset=not own_config,
+                                               config_name=args.config_name or "fully_async_ppo_trainer")]
 
 
 def load_config(overrides: list[str] | None = None, config_name: str = "fully_async_ppo_trainer"):
@@ -86,4 +110,5 @@ def load_config(overrides: list[str] | None = None, config_name: str = "fully_as
 
     register()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
-        return compose(config_name=config_name, overrides=compose_overrides(list(overrides or [])))
+        return compose(config_name=config_name, overrides=compose_overrides(list(overrides or []),
+                                                                            config_name=config_name))

@@ -146,6 +146,30 @@ def run_locks(cfg: Any) -> list:
     return locks
 
 
+def own_tensorboard_dir(cfg: Any, teardown: Any) -> Optional[str]:
+    """A new run (not resuming) whose TensorBoard dir holds an earlier run's event files writes into the next free
+    `<dir>_<k>` instead (locked, named in the log, TENSORBOARD_DIR set for this run's writers and restored at the
+    end), so TensorBoard shows it as a run of its own; returns that folder, or None when the dir is free."""
+    from fully_async.run.run_lock import acquire
+    from fully_async.run.run_logging import fresh_tensorboard_dir
+    from fully_async.telemetry.metrics import tensorboard_dir
+
+    if "tensorboard" not in cfg.trainer.logger and not cfg.trainer.timeline:
+        return None
+    tb = tensorboard_dir(cfg.trainer.project_name, cfg.trainer.experiment_name)
+    fresh = fresh_tensorboard_dir(tb)
+    if fresh is None:
+        return None
+    teardown.callback(acquire(fresh, "TensorBoard run dir (next free beside an earlier run's)").release)
+    before = os.environ.get("TENSORBOARD_DIR")
+    teardown.callback(lambda: os.environ.pop("TENSORBOARD_DIR", None) if before is None
+                      else os.environ.__setitem__("TENSORBOARD_DIR", before))
+    os.environ["TENSORBOARD_DIR"] = fresh
+    logger.info("%s holds an earlier run's TensorBoard events: this run writes to %s, a run of its own (to continue "
+                "a run's curves, resume it from a checkpoint: trainer.resume_mode=auto)", tb, fresh)
+    return fresh
+
+
 def config_dict(typed_cfg: Any) -> dict:
     """The resolved config as plain data (what a checkpoint stores as config.json)."""
     import dataclasses
@@ -350,6 +374,8 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
         check_resume_config(resume_path, saved_config, cfg.trainer.resume_allow_config_change)
         check_resume_state(resume_path, cfg.mode, prep.total_steps)
         logger.info("resuming from %s", resume_path)
+    if resume_path is None:   # a new run: its own TensorBoard run, never another run's events overlaid
+        own_tensorboard_dir(cfg, teardown)
     # the timeline trained from here: newer checkpoints (another timeline) leave retention's and auto's sight
     retire_abandoned(cfg.trainer.default_local_dir, checkpoint_version(resume_path) if resume_path else 0)
     plan = RunPlan.of(cfg)

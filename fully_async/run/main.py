@@ -121,7 +121,25 @@ def main() -> None:
         logging.basicConfig(format="%(message)s")
         logger.error("%s", exc)
         sys.exit(1)
+    dry_run_checks(sys.argv)
     hydra_main()
+
+
+def dry_run_checks(argv: list[str]) -> None:
+    """`--cfg job|all`: the checks a start runs before Ray, on the config Hydra is about to print (run/dry_run.py);
+    a config the run would refuse exits 1 here, naming the key."""
+    from fully_async.run import dry_run
+    from fully_async.run.hydra_setup import USER_ERRORS
+
+    asked = dry_run.wanted(argv)
+    if asked is None:
+        return
+    logging.basicConfig(level=logging.INFO, format="%(message)s")   # stderr: stdout stays the config
+    try:
+        dry_run.run_checks(*asked)
+    except USER_ERRORS as exc:
+        logger.error("%s", exc)
+        sys.exit(1)
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="fully_async_ppo_trainer", version_base=None)

@@ -59,8 +59,33 @@ def model_shape(cfg: Any) -> tuple[Shape, str]:
     return Shape.of(shape), f"built-in shape table: {name} (no local config.json; from the model's Hub config)"
 
 
-def device_spec(cfg: Any, opts: PlanOptions) -> DeviceSpec:
-    key = opts.device or DEFAULT_DEVICE.get(str(cfg.trainer.device))
+def assumed_device(cfg: Any, opts: PlanOptions, detect: Optional[Any] = None) -> tuple[Optional[str], str]:
+    """(the device table row the prediction prices, why that one).  plan.device wins; trainer.device=npu|cuda take
+    their default row; trainer.device=auto resolves as a run would on this machine (`detect`: () -> npu|cuda|cpu,
+    fully_async.device by default), and where it finds no accelerator the plan is for the package's first target,
+    Ascend 910B, said so rather than assumed silently."""
+    if opts.device:
+        return opts.device, f"plan.device={opts.device}"
+    asked = str(cfg.trainer.device)
+    if asked != "auto":
+        key = DEFAULT_DEVICE.get(asked)
+        return key, (f"trainer.device={asked}: its default row ({key}); another card: plan.device="
+                     f"{'|'.join(sorted(DEVICES))}" if key else f"trainer.device={asked}: no table row")
+    if detect is None:
+        def detect() -> str:
+            from fully_async.device import get_device
+            return get_device("auto").name
+    found = detect()
+    if found in DEFAULT_DEVICE and found != "auto":
+        return DEFAULT_DEVICE[found], (f"trainer.device=auto is {found} on this machine: its default row "
+                                       f"({DEFAULT_DEVICE[found]}); another card: plan.device=...")
+    return DEFAULT_DEVICE["auto"], ("trainer.device=auto and this machine has no NPU or GPU: planning for an Ascend "
+                                    "910B (ascend910b), the package's first target; name the cards you will run on "
+                                    f"with plan.device={'|'.join(sorted(DEVICES))}")
+
+
+def device_spec(cfg: Any, opts: PlanOptions, key: Optional[str] = None) -> DeviceSpec:
+    key = key or opts.device or DEFAULT_DEVICE.get(str(cfg.trainer.device))
     if key is None:
         if None in (opts.device_memory_gib, opts.device_tflops, opts.device_hbm_gbs):
             raise ConfigError("plan.device", f"trainer.device={cfg.trainer.device}: name a device row "
@@ -369,17 +394,51 @@ def build_report(overrides: list[str], config_name: str = "fully_async_ppo_train
     cfg = load_config(hydra_args, config_name=config_name)
     warnings = validate_for_plan(cfg)
     shape, source = model_shape(cfg)
-    spec = device_spec(cfg, opts)
+    key, why = assumed_device(cfg, opts)
+    spec = device_spec(cfg, opts, key)
     from fully_async.core.plan import RunPlan
 
     return {"mode": cfg.mode, "warnings": warnings, "config_devices": RunPlan.of(cfg).total_devices,
+            "hardware": {"device": spec.name, "why": why},
             "model": {"source": source, "params": shape.params(), "shape": vars(shape)},
             "memory": memory_section(cfg, shape, spec, opts), "device_plan": device_plan(cfg),
             "throughput": throughput_section(cfg, opts, shape, spec)}
 
 
+USAGE = """Memory per device, the device plan and the predicted tokens/s of sync, split, elastic and colocated async
+for a config, before any device is used (the same keys as python -m fully_async.main).  Exit 2 when a role does
+not fit in device memory.
+
+Planner keys (plan.KEY=VALUE; the rest are the run's own keys):
+  plan.devices=[8,32,128]           device counts to predict for (default: the config's)
+  plan.device=ascend910b|h100|...   the cards priced (default: from trainer.device; said in the output)
+  plan.stage_costs=FILE_OR_DIR      measured costs: a bench JSON (python -m fully_async.compare.bench --out) or a
+                                    run's TensorBoard dir (default: estimated from FLOPs and bandwidth)
+  plan.response_lengths=config|lognormal|HISTOGRAM.json|RUN_DIR    plan.sim_steps=16
+  plan.batch_scaling=weak|fixed     plan.weight_sync_s=S  plan.sync_step_s=S  plan.dp_efficiency=0.9
+  every key:
+    {keys}
+
+Other commands:
+  python -m fully_async.main ...           train (async; mode=sync for verl's main_ppo loop)
+  python -m fully_async.compare ...        measure sync against async on this machine's devices
+  python -m fully_async.doctor ...         check data, model, reward and device before a run
+Manual: docs/planner.md"""
+
+
+def usage() -> str:
+    from dataclasses import fields
+
+    import textwrap
+
+    keys = textwrap.fill(" ".join(f"plan.{f.name}" for f in fields(PlanOptions)), 112, subsequent_indent=" " * 4)
+    return USAGE.format(keys=keys)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m fully_async.plan", description=usage(),
+                                 usage="%(prog)s [plan.KEY=VALUE ...] [KEY=VALUE ...] [--json] [--config-name NAME]",
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object")
     ap.add_argument("--config-name", default="fully_async_ppo_trainer",
                     help="Hydra config in hydra_configs/ (as for python -m fully_async.main --config-name=...)")

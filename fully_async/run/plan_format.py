@@ -15,7 +15,9 @@ def _table(rows: list[tuple]) -> list[str]:
 def format_text(report: dict) -> str:
     mem = report["memory"]
     out = [f"model: {report['model']['source']}; {report['model']['params'] / 1e9:.3f}B parameters",
-           f"config: mode={report['mode']}"] + [f"warning: {w}" for w in report["warnings"]] + ["",
+           f"config: mode={report['mode']}"] + \
+        ([f"hardware assumed: {report['hardware']['device']} ({report['hardware']['why']})"]
+         if report.get("hardware") else []) + [f"warning: {w}" for w in report["warnings"]] + ["",
            f"== memory per device ({mem['device']}, {mem['capacity_gib']:g} GiB)"]
     for role in mem["roles"]:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in role["parts_gib"].items())

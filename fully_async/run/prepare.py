@@ -347,8 +347,9 @@ BUNDLED_TASK_OVERRIDES = (
 )
 
 
-def bundled_task_overrides(overrides: list[str]) -> list[str]:
-    """The bundled task's preset when the overrides name no data.train_files (it is the task being run)."""
+def bundled_task_overrides(overrides: list[str], mode: str = "async") -> list[str]:
+    """The bundled task's preset when the overrides name no data.train_files (it is the task being run); in sync
+    mode (`mode`: what the config composes to, hydra_setup.config_mode) without the async knobs."""
     from fully_async.core.mode_keys import MODE_ONLY
 
     named = any(o.lstrip("+").split("=", 1)[0] == "data.train_files" for o in overrides)
@@ -359,7 +360,7 @@ def bundled_task_overrides(overrides: list[str]) -> list[str]:
         rule = MODE_ONLY.get(override.split("=", 1)[0])
         return rule is not None and "sync" not in rule.acts_in
 
-    sync = "mode=sync" in overrides
+    sync = mode == "sync"
     return [o for o in BUNDLED_TASK_OVERRIDES if not (sync and inert_in_sync(o))]
 
 

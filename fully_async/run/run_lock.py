@@ -56,18 +56,37 @@ def _describe(info: dict) -> str:
 
 
 class RunLock:
-    def __init__(self, path: str, text: str):
+    def __init__(self, path: str, text: str, created: Optional[list[str]] = None):
         self.path, self.text = path, text
+        self.created = created or []   # the folders acquire() made, deepest first
 
     def release(self) -> None:
-        """Remove the lock file if it is still ours."""
+        """Remove the lock file if it is still ours, and the folders acquire() made that stayed empty (a run refused
+        before it wrote anything leaves no empty checkpoint or TensorBoard folder behind)."""
         try:
             with open(self.path) as fh:
                 if fh.read() != self.text:
                     return
             os.remove(self.path)
         except OSError:
-            pass
+            return
+        for folder in self.created:
+            try:
+                os.rmdir(folder)   # only when empty
+            except OSError:
+                return
+
+
+def _missing(folder: str) -> list[str]:
+    """`folder` and the parents of it that do not exist yet, deepest first."""
+    out, current = [], os.path.abspath(folder)
+    while not os.path.exists(current):
+        out.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    return out
 
 
 def _read(path: str) -> Optional[str]:
@@ -125,6 +144,7 @@ def _writable_folder(folder: str, what: str) -> None:
 def acquire(folder: str, what: str = "trainer.default_local_dir") -> RunLock:
     """Take the lock of `folder` (created if needed) or raise RunLocked; `what` names the config key that
     chose the folder, for the message."""
+    created = _missing(folder)
     _writable_folder(folder, what)
     path = os.path.join(folder, LOCK_NAME)
     host = socket.gethostname()
@@ -171,5 +191,5 @@ def acquire(folder: str, what: str = "trainer.default_local_dir") -> RunLock:
             os.remove(path)
             raise
         os.close(fd)
-        return RunLock(path, text)
+        return RunLock(path, text, created)
     raise RunLocked(f"could not take the lock {path}: other runs keep taking it")

@@ -17,9 +17,10 @@ from typing import Any, Optional, TextIO
 
 from fully_async.core.plan import RunPlan
 from fully_async.telemetry import generations
-from fully_async.telemetry.metrics import MetricLogger
+from fully_async.telemetry.metrics import WALL_TIME, MetricLogger
 
 logger = logging.getLogger("fully_async")
+BOUND_PAUSES = "fully_async/rollouter/bound_pauses"
 
 
 def is_tty(stream: Any) -> bool:
@@ -59,6 +60,23 @@ def hydra_log_dir() -> Optional[str]:
         return HydraConfig.get().runtime.output_dir
     except (ImportError, ValueError):
         return None
+
+
+def fresh_tensorboard_dir(tb: str) -> Optional[str]:
+    """None when `tb` holds no TensorBoard event file; else the first `<tb>_<k>` (k = 2, 3, ...) that holds none (a
+    run's own folder beside the earlier run's: TensorBoard overlays the event files of one folder)."""
+    def has_events(folder: str) -> bool:
+        try:
+            return any(name.startswith("events.out.tfevents") for name in os.listdir(folder))
+        except OSError:
+            return False
+
+    if not has_events(tb):
+        return None
+    k = 2
+    while has_events(f"{tb.rstrip(os.sep)}_{k}"):
+        k += 1
+    return f"{tb.rstrip(os.sep)}_{k}"
 
 
 def open_metric_logger(cfg: Any) -> MetricLogger:
@@ -133,6 +151,9 @@ class RunLogger:
         self._log(step, metrics)
 
     def _log(self, step: int, metrics: dict) -> None:
+        wall_time = metrics.get(WALL_TIME)
+        if wall_time is not None:   # the step's own end (MetricsOutbox._emit), not this drain's time
+            metrics = {k: v for k, v in metrics.items() if k != WALL_TIME}
         rows = {k: metrics[k] for k in (generations.VAL_GENERATIONS, generations.ROLLOUT_GENERATIONS) if k in metrics}
         if rows:   # responses riding with the metrics: written / shown, never logged as scalars
             metrics = {k: v for k, v in metrics.items() if k not in rows}
@@ -145,7 +166,10 @@ class RunLogger:
         else:
             self.history.append((step, metrics))
             self.bar.update(step - self.bar.n)
-        self.sink.log(metrics, step)
+        if wall_time is None:
+            self.sink.log(metrics, step)
+        else:
+            self.sink.log(metrics, step, wall_time=wall_time)
 
     def _generations(self, step: int, rows: list[dict]) -> None:
         """A validation's responses: every one into trainer.validation_data_dir, trainer.log_val_generations of them
@@ -214,6 +238,11 @@ class RunLogger:
         elif "val_last" in summary:
             lines.append(f"validation reward at step {summary['val_last_step']}: {summary['val_last']:.3f}")
         lines += [f"mean {k}: {summary[k]:.4g}" for k in summary if "/" in k]
+        pauses = [m[BOUND_PAUSES] for _, m in self.history if BOUND_PAUSES in m]
+        if pauses:   # cumulative; each version's own line is at debug level
+            summary["rollouter_bound_pauses"] = int(max(pauses))
+            lines.append(f"rollouter: paused at the staleness bound {summary['rollouter_bound_pauses']} time(s), each "
+                         "until the trainer's next weight update (async mode's normal flow control)")
         lines.append(f"checkpoints: {self._checkpoints()}")
         if self.sink.log_dir:
             lines.append(f"TensorBoard: {self.sink.log_dir}")

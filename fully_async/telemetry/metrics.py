@@ -143,6 +143,11 @@ def console_line(step: int, metrics: dict[str, float]) -> str:
     return " | ".join(parts)
 
 
+# the wall time an actor produced a step's metrics (actor_setup.MetricsOutbox._emit), riding with them to the driver:
+# TensorBoard's event time for them, so a plot against time puts each step at its own end, not at the driver's drain
+WALL_TIME = "_wall_time"
+
+
 def tensorboard_dir(project: str, experiment: str) -> str:
     return os.environ.get("TENSORBOARD_DIR") or os.path.join("tensorboard_log", project, experiment)
 
@@ -177,10 +182,11 @@ class MetricLogger:
             self.close(failed=True)  # the trackers already started end as failed runs
             raise
 
-    def log(self, metrics: dict[str, float], step: int) -> None:
+    def log(self, metrics: dict[str, float], step: int, wall_time: Optional[float] = None) -> None:
+        """`wall_time`: when the step's metrics were produced (TensorBoard's event time; now when None)."""
         if self.writer is not None:
             for key, value in metrics.items():
-                self.writer.add_scalar(key, value, step)
+                self.writer.add_scalar(key, value, step, walltime=wall_time)
             self.writer.flush()
         for tracker in self.trackers:
             tracker.log(metrics, step)

@@ -9,6 +9,8 @@
 #     default Qwen3-30B-A3B-Base is a mixture-of-experts model and is refused when it loads);
 #   * `trainer.device=npu` added.
 # Every other key is verl's: docs/verl_compat.md says what each one does here (honoured, warned, or refused).
+# Refused as verl has it: a start (and `--cfg job`) stops at actor_rollout_ref.actor.megatron.context_parallel_size=2
+# (context parallelism is not implemented); run it with ACTOR_CP=1.
 # Like verl's, it takes no extra arguments; tests/integration/test_verl_ported.py composes its command line with
 # `--cfg job` and runs it, shrunk to the bundled tiny model and data, for 2 steps on CPU.
 set -xeuo pipefail

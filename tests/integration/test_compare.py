@@ -88,7 +88,7 @@ def test_runs_differ_only_in_mode_and_placement(compared):
         c["mode"], c["trainer"]["n_gpus_per_node"], c["actor_rollout_ref"]["actor"]["strategy"] = "x", 0, "x"
         c["trainer"]["experiment_name"] = c["trainer"]["default_local_dir"] = "x"
     cfg["async"]["rollout"]["n_gpus_per_node"] = cfg["sync"]["rollout"]["n_gpus_per_node"]
-    from compare_lib import async_only_keys, flatten   # keys a sync run does not read may differ (the preset)
+    from fully_async.compare.runs import async_only_keys, flatten  # keys a sync run does not read may differ
 
     flat = {m: {k: v for k, v in flatten(c).items() if k not in async_only_keys()} for m, c in cfg.items()}
     assert flat["async"] == flat["sync"]
@@ -304,7 +304,7 @@ def test_choose_split_rejects_bad_flags(args, words):
 
 
 def test_plan_devices_and_mode_overrides():
-    import compare_sync_async as cs
+    from fully_async.compare import __main__ as cs
 
     assert cs.plan_devices(["a=1"], None) == (2, ["a=1"])
     assert cs.plan_devices(["trainer.n_gpus_per_node=4", "a=1"], None) == (4, ["a=1"])
@@ -318,7 +318,7 @@ def test_plan_devices_and_mode_overrides():
 
 def fake_run(mode, trainer, rollout, strategy, tps, log_dir="/x"):
     """A Run with 2 steps of 1000 tokens each at 1000 / tps seconds per step, two validations."""
-    from compare_lib import Run
+    from fully_async.compare.runs import Run
 
     step = 1000.0 / tps
     scalars = {"timing_s/step": [(1, 10.0, step), (2, 20.0, step)],
@@ -338,7 +338,9 @@ def fake_run(mode, trainer, rollout, strategy, tps, log_dir="/x"):
 
 def test_report_of_synthetic_runs_states_split_ceilings_and_workload(tmp_path):
     from bench_pipeline import choose_split
-    from compare_lib import build_table, check_diff, config_diff, format_table, write_report
+    from fully_async.compare.stats import build_table, format_table
+    from fully_async.compare.runs import check_diff, config_diff
+    from fully_async.compare.report import write_report
 
     runs = {"async": fake_run("async", 3, 1, "fsdp2", 250.0), "sync": fake_run("sync", 4, 0, "fsdp2", 160.0)}
     bench = {"rollout": {"tokens_per_s": 300.0}, "train": {"tokens_per_s": 100.0}, "device": "cuda", "threads": None}

@@ -34,7 +34,7 @@ def runs(tmp_path_factory):
 
 
 def test_simulation_within_15_percent_of_both_measured_modes(runs):
-    from compare_lib import read_run
+    from fully_async.compare.runs import read_run
     from sim_check import predict
 
     for log_dir in runs:
@@ -47,7 +47,7 @@ def test_the_check_refuses_runs_whose_lengths_were_not_logged(runs, tmp_path):
     import json
     import shutil
 
-    from compare_lib import read_run
+    from fully_async.compare.runs import read_run
     from sim_check import predict
 
     copy = tmp_path / "async"

@@ -1,6 +1,6 @@
 """Import hygiene, read from the source: the layers import downwards only (core <- the domain packages algorithms,
-rewards, verl, planner, pool, telemetry <- cluster <- weight_sync <- rollout / train <- actors <- run), nothing below
-cluster imports Ray, vendor stacks stay lazy and in their own files, pure modules
+rewards, verl, planner, pool, telemetry <- cluster <- weight_sync <- rollout / train <- actors <- run <-
+compare), nothing below cluster imports Ray, vendor stacks stay lazy and in their own files, pure modules
 stay free of Ray and torch, and only fully_async/device.py touches torch.cuda / torch.npu."""
 import ast
 import os
@@ -20,7 +20,7 @@ PURE = ["rollout/scheduler.py", "core/staleness.py", "core/workload.py", "core/p
 ROOT_MODULES = ("__init__.py", "main.py", "doctor.py", "plan.py", "device.py")   # entry shims; device.py is layer 0
 # core is the shared base; the domain packages of layer 1 build on it and never on each other
 LAYERS = {"core": 0, "algorithms": 1, "rewards": 1, "verl": 1, "planner": 1, "pool": 1, "telemetry": 1,
-          "cluster": 2, "weight_sync": 3, "rollout": 4, "train": 4, "actors": 5, "run": 6}
+          "cluster": 2, "weight_sync": 3, "rollout": 4, "train": 4, "actors": 5, "run": 6, "compare": 7}
 NO_RAY = {"core", "algorithms", "rewards", "verl", "planner", "pool", "telemetry"}
 
 

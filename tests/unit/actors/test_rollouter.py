@@ -1,5 +1,7 @@
 """The rollouter's own metrics: its idle ratio per trainer step, computed where the counters live, and its
 validation results, which go into its outbox for the driver (not through the queue)."""
+import time
+
 import pytest
 
 from fully_async.run.hydra_setup import load_config
@@ -50,7 +52,9 @@ def test_validation_goes_to_the_outbox_at_the_step_of_its_version(rollouter):
     metrics = rollouter._validate(3)
     assert any(k.startswith("val-core/") for k in metrics)
     assert metrics["rollouter/validate_time"] == metrics["timing_s/testing"] > 0
-    assert rollouter.pop_metrics() == [(6, metrics)]       # version 3 x trigger_parameter_sync_step 2
+    [(step, emitted)] = rollouter.pop_metrics()
+    assert step == 6 and emitted == dict(metrics, _wall_time=emitted["_wall_time"])   # version 3 x trigger 2
+    assert time.time() - 60 < emitted["_wall_time"] <= time.time()       # stamped when produced: the step's end
     assert rollouter.pop_metrics() == []
     assert any(k.startswith("val-core/") for k in rollouter.validate())
     assert rollouter.pop_metrics() == []                   # the driver's own validation comes back to it

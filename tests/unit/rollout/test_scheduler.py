@@ -36,7 +36,7 @@ def check_exact(done, n=2):
 
 
 def test_admission_stops_at_the_bound_and_says_why(caplog):
-    caplog.set_level(logging.INFO, logger="fully_async.rollout.scheduler")
+    caplog.set_level(logging.DEBUG, logger="fully_async.rollout.scheduler")
     sched, engine, done = make(threshold=0.5, mini=2, max_in_flight=100)   # bound: 2 * 1.5 = 3 groups
     assert sched.admit() == 3
     assert engine.num_in_flight() == 6 and sched.at_bound()
@@ -51,8 +51,9 @@ def test_admission_stops_at_the_bound_and_says_why(caplog):
 
 def test_bound_pauses_are_one_line_per_param_version_with_counts(caplog, monkeypatch):
     """Many pauses in a version (the bound lifts and falls again as a test forces it here) make one line, at
-    the weight update that ends the version, with the count, the seconds paused and the reason."""
-    caplog.set_level(logging.INFO, logger="fully_async.rollout.scheduler")
+    the weight update that ends the version, with the count, the seconds paused and the reason; at debug level (the
+    run's count is in its summary), so nothing at info."""
+    caplog.set_level(logging.DEBUG, logger="fully_async.rollout.scheduler")
     sched, engine, done = make(prompts=40, threshold=0.5, mini=2, max_in_flight=100)
     for version in (1, 2, 3):
         for _ in range(4):                                 # 4 separate pauses in this version
@@ -64,6 +65,7 @@ def test_bound_pauses_are_one_line_per_param_version_with_counts(caplog, monkeyp
         sched.apply_weights(lambda v=version: engine.update_weights({}, v), version, queued=lambda: 0)
     lines = [r.getMessage() for r in caplog.records if "paused" in r.getMessage()]
     assert len(lines) == 3, lines
+    assert {r.levelno for r in caplog.records if "paused" in r.getMessage()} == {logging.DEBUG}
     for version, line in enumerate(lines):
         assert line.startswith("rollouter paused 4 time(s), ") and f"at param version {version}:" in line
         assert "s in all" in line and "staleness bound" in line

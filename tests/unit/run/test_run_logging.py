@@ -109,7 +109,7 @@ def test_short_real_run_output_to_a_pipe(tmp_path):
                         "trainer.total_training_steps=3", "trainer.logger=[console]", "trainer.resume_mode=disable"],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=dict(os.environ))
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert "\r" not in r.stdout + r.stderr
+    assert "\r" not in r.stdout + r.stderr and "\x1b[" not in r.stdout + r.stderr     # no colour codes into pipes
     assert "FutureWarning" not in r.stderr and "DeprecationWarning" not in r.stderr
     for step in (1, 2, 3):
         assert f"\nstep {step} | reward" in r.stdout

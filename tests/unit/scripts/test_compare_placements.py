@@ -7,8 +7,10 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, "scripts"))
 
-import compare_sync_async as cs  # noqa: E402
-from compare_lib import Run, format_placements, placement_of, placements_summary, run_ceiling, step_phases  # noqa: E402
+from fully_async.compare import __main__ as cs  # noqa: E402
+from fully_async.compare.runs import Run, placement_of  # noqa: E402
+from fully_async.compare.placements import format_placements, placements_summary  # noqa: E402
+from fully_async.compare.stats import run_ceiling, step_phases  # noqa: E402
 
 
 def test_default_placements_and_refusals():
@@ -110,7 +112,8 @@ def test_placements_summary_ranks_every_run_against_the_shared_sync():
 def test_the_summary_puts_the_planners_simulation_next_to_each_measured_run():
     """2x H200 seed-003 runs (tests/fixtures/gpu_runs/h200_2dev_seed003): each row's every-step tokens/s beside the
     simulation of that run from its own logs; a run the simulator cannot read (no synthetic lengths) gets none."""
-    from compare_lib import build_table, read_run
+    from fully_async.compare.stats import build_table
+    from fully_async.compare.runs import read_run
 
     fix = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "fixtures", "gpu_runs", "h200_2dev_seed003")
     sync = read_run(os.path.join(fix, "sync"))
@@ -158,7 +161,8 @@ def test_the_summary_puts_the_planners_forward_prediction_next_to_each_run():
     """4x H200 (tests/fixtures/gpu_runs/h200_4dev_seed003): split 2+2 and colocated each predicted from the sync
     run's costs and their own first-step compiling, against their every-step tokens/s: within 5% (the split's engines
     run ahead while its trainer compiles and the next steps drain that queue; the simulation does the same)."""
-    from compare_lib import build_table, read_run
+    from fully_async.compare.stats import build_table
+    from fully_async.compare.runs import read_run
 
     fix = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "fixtures", "gpu_runs", "h200_4dev_seed003")
     sync = read_run(os.path.join(fix, "sync"))

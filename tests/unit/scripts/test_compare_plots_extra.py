@@ -7,8 +7,9 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, "scripts"))
 
-import compare_lib  # noqa: E402
-import compare_sync_async  # noqa: E402
+from fully_async.compare import __main__ as compare_cli  # noqa: E402
+from fully_async.compare import plots  # noqa: E402
+from fully_async.compare.runs import CompareError  # noqa: E402
 
 
 @pytest.fixture
@@ -19,20 +20,20 @@ def no_matplotlib(monkeypatch):
 
 
 def test_missing_matplotlib_names_the_plots_extra(no_matplotlib):
-    with pytest.raises(compare_lib.CompareError, match=r"pip install 'fully_async\[plots\]'"):
-        compare_lib.pyplot()
+    with pytest.raises(CompareError, match=r"pip install 'fully_async\[plots\]'"):
+        plots.pyplot()
 
 
 def test_the_comparison_refuses_before_any_run(no_matplotlib, monkeypatch, capsys, tmp_path):
     def must_not_run(*_a, **_k):
         raise AssertionError("a run started without matplotlib")
-    monkeypatch.setattr(compare_sync_async, "run_both", must_not_run)
-    rc = compare_sync_async.main(["--out", str(tmp_path / "out"), "--devices", "1"])
+    monkeypatch.setattr(compare_cli, "run_both", must_not_run)
+    rc = compare_cli.main(["--out", str(tmp_path / "out"), "--devices", "1"])
     assert rc == 1
     assert "fully_async[plots]" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
 def test_with_matplotlib_pyplot_is_the_agg_backend():
-    plt = compare_lib.pyplot()
+    plt = plots.pyplot()
     assert plt.get_backend().lower() == "agg"

@@ -1,4 +1,4 @@
-"""scripts/compare_lib.py: the repeat summary (median, spread, warnings) and the speedup wording."""
+"""fully_async/compare/report.py: the repeat summary (median, spread, warnings) and the speedup wording."""
 import os
 import sys
 
@@ -6,7 +6,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, "scripts"))
 
-from compare_lib import _speedup, format_repeats, summarize_repeats  # noqa: E402
+from fully_async.compare.report import _speedup, format_repeats, summarize_repeats  # noqa: E402
 
 
 def table(a, s, step_a=1.0, step_s=1.0):

@@ -53,7 +53,7 @@ def test_one_gpu_colocated_and_sync_runs_within_15_percent():
     """1x H200, the seed-003 shape (PROVENANCE.md): each run simulated from its own logs' stage costs, whole-run
     average as measured (compiling step included).  Colocated pays each weight update (trainer push, then the
     engine's load on the same device) on top of its per-step switch."""
-    from compare_lib import read_run
+    from fully_async.compare.runs import read_run
     from sim_check import predict
 
     runs = os.path.join(FIX, "h200_1dev_seed003")
@@ -75,7 +75,7 @@ def test_one_gpu_colocated_keep_mode_with_device_ipc_within_15_percent():
     """1x H100, the same seed-003 shape with device-IPC weight sync and pause_mode=keep (PROVENANCE.md): each run
     simulated from its own logs, every step averaged as measured; an update costs what device IPC costs (packing and
     loading on the same device, a few tens of milliseconds) instead of the object store's seconds."""
-    from compare_lib import read_run
+    from fully_async.compare.runs import read_run
     from sim_check import predict
 
     runs = os.path.join(FIX, "h100_1dev_seed003_keep_ipc")
@@ -87,10 +87,11 @@ def test_one_gpu_colocated_keep_mode_with_device_ipc_within_15_percent():
 
 
 def test_steady_window_leaves_out_the_compiling_first_and_the_end_of_run_last_step():
-    """compare_lib's steady window (--warmup-steps 1 --tail-steps 1) on the 1x H100 keep/device-IPC runs: the last
+    """the comparison's steady window (--warmup-steps 1 --tail-steps 1) on the 1x H100 keep/device-IPC runs: the last
     colocated step waits for its own tail because the rollouter has admitted the run's last prompts (8 steps x 64:
     its staleness count ends at the carried-over 51 + 205 new = 256, under the bound of 307), once per run."""
-    from compare_lib import build_table, read_run
+    from fully_async.compare.stats import build_table
+    from fully_async.compare.runs import read_run
 
     runs = os.path.join(FIX, "h100_1dev_seed003_keep_ipc")
     by_mode = {"async": read_run(os.path.join(runs, "colocated")), "sync": read_run(os.path.join(runs, "sync"))}
@@ -109,7 +110,7 @@ def test_two_gpu_sync_split_elastic_and_colocated_within_15_percent():
     """2x H200, the seed-003 shape at 2 GPUs (PROVENANCE.md): every run simulated from its own logs, every step
     averaged as measured.  The elastic run is simulated with its lent engine (one per trainer device): as a split
     run it was predicted 36% under the measurement."""
-    from compare_lib import placement_of, read_run
+    from fully_async.compare.runs import placement_of, read_run
     from sim_check import predict
 
     runs = os.path.join(FIX, "h200_2dev_seed003")
@@ -128,7 +129,7 @@ def test_two_gpu_sync_split_elastic_and_colocated_within_15_percent():
 def test_four_gpu_sync_split_and_colocated_within_15_percent():
     """4x H200, the seed-003 shape at 4 GPUs (256 prompts x 8 per step; PROVENANCE.md): sync, split 2+2 (the
     planner's split) and colocated each simulated from their own logs, every step averaged as measured."""
-    from compare_lib import build_table
+    from fully_async.compare.stats import build_table
 
     by_name, out = _replayed("h200_4dev_seed003", ("sync", "split", "colocated"))
     measured = {name: r["measured_tokens_per_s"] / out["sync"]["measured_tokens_per_s"] for name, r in out.items()}
@@ -142,7 +143,8 @@ def test_four_gpu_sync_split_and_colocated_within_15_percent():
 def test_one_h200_colocated_keep_mode_with_device_ipc():
     """1x H200 (an H200 this time), the seed-003 shape, device IPC and pause_mode=keep, 6 steps each: steady
     (compiling first and end-of-run last step left out) 1.89x, every step 1.60x; each run's simulation within 15%."""
-    from compare_lib import build_table, read_run
+    from fully_async.compare.stats import build_table
+    from fully_async.compare.runs import read_run
     from sim_check import predict
 
     runs = os.path.join(FIX, "h200_1dev_seed003_keep_ipc")
@@ -159,7 +161,7 @@ def test_one_h200_colocated_keep_mode_with_device_ipc():
 
 def _replayed(runs_dir, names):
     """Each run of a fixture dir simulated from its own logs (every step), and the runs themselves."""
-    from compare_lib import placement_of, read_run
+    from fully_async.compare.runs import placement_of, read_run
     from sim_check import predict
 
     runs = {name: read_run(os.path.join(FIX, runs_dir, name)) for name in names}
@@ -187,7 +189,7 @@ def test_four_gpu_split_three_plus_one_is_trainer_bound():
 def test_four_gpu_one_and_a_half_b_shape_colocated():
     """4x H200, the 1.5B shape (Qwen2.5-1.5B's, 1.31B parameters), 4 steps each: colocated 1.58x every step, 1.62x
     without the first, 1.93x on its steps 2-3; generation 29 s of sync's 39 s per step."""
-    from compare_lib import build_table
+    from fully_async.compare.stats import build_table
 
     runs, out = _replayed("h200_4dev_1p5b", ("sync", "colocated"))
     every = out["colocated"]["measured_tokens_per_s"] / out["sync"]["measured_tokens_per_s"]
@@ -207,7 +209,7 @@ def test_forward_prediction_from_the_sync_run(runs_dir, names):
     of the run's.  Without that price the split runs came out 23-30% under their rate without the first step (in 6
     steps their engines run ahead while the trainer compiles and the next steps drain that queue) and colocated
     18-26% over its every-step rate."""
-    from compare_lib import read_run
+    from fully_async.compare.runs import read_run
     from sim_check import first_train_s, forward_costs, predict
 
     costs = forward_costs(read_run(os.path.join(FIX, runs_dir, "sync")), 0.9)
@@ -224,7 +226,7 @@ def test_forward_prediction_from_the_sync_run(runs_dir, names):
 def test_a_steady_prediction_without_compiling_misses_the_split_runs_transient():
     """The same costs without the first step's compiling (the planner's steady view) simulate a 2+2 split that never
     builds the queue its 6 measured steps drained: 27% under the rate without the first step."""
-    from compare_lib import read_run
+    from fully_async.compare.runs import read_run
     from sim_check import forward_costs, predict
 
     fix = os.path.join(FIX, "h200_4dev_seed003")
@@ -239,7 +241,8 @@ def test_one_gpu_colocated_with_every_rollout_default():
     """1x H200, colocated with the rollout's defaults (abort: responses re-prefilled at every turn; device IPC; an
     8,192-token prefill budget): 1.45x sync every step, 1.56x without the first, 1.64x on steps 2-5; each run
     replayed from its own logs within 15%, and forecast from the sync run within 15%."""
-    from compare_lib import build_table, read_run
+    from fully_async.compare.stats import build_table
+    from fully_async.compare.runs import read_run
     from sim_check import forward_costs, predict
 
     runs = os.path.join(FIX, "h200_1dev_seed003_defaults")
