@@ -34,4 +34,24 @@ import sys as _sys  # noqa: E402
 
 _sys.path.insert(0, os.path.dirname(__file__))  # tests_helpers, fakes
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared_ray_only_where_asked(request):
+    """tests_helpers.ray_session leaves its Ray up for the next module that asks for the same one: a module none of
+    whose tests use the `ray_session` fixture starts with no Ray in this process (it may start its own, or run code
+    that would join one), and the session ends with none."""
+    import tests_helpers
+
+    if not any("ray_session" in getattr(item, "fixturenames", ()) for item in request.session.items
+               if item.module is request.module):
+        tests_helpers.shutdown_shared_ray()
+    yield
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import tests_helpers
+
+    tests_helpers.shutdown_shared_ray()
+
+
 from suite_budget import pytest_configure, pytest_runtest_logreport, pytest_terminal_summary  # noqa: E402,F401

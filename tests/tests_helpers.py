@@ -115,14 +115,37 @@ def close_group(group) -> None:
         ray.kill(w)
 
 
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+# every actor of the shared Ray sees these: the tests' own modules importable (fakes.py, reward functions), one thread
+# per process, vLLM's CPU KV cache small
+SHARED_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": TESTS_DIR,
+              "VLLM_CPU_KVCACHE_SPACE": "1"}
+_shared_key: list = [None]   # the (num_cpus, env) of the Ray this process started through ray_session, if up
+
+
 def ray_session(num_cpus: int, **env: str):
-    """A local Ray for one test module (use with `yield from` in a module-scoped fixture)."""
+    """A local Ray for a test module (use with `yield from` in a module-scoped fixture).  A start costs ~5 s of the
+    2-core CI machine, so the Ray is left up for the next module that asks for the same one (num_cpus and env
+    variables); conftest.py shuts it down before a module that does not use this fixture, and at the end."""
     import ray
 
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **env}})
+    key = (num_cpus, tuple(sorted({**SHARED_ENV, **env}.items())))
+    if ray.is_initialized() and _shared_key[0] != key:
+        shutdown_shared_ray()
+    if not ray.is_initialized():
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": dict(key[1])})
+        _shared_key[0] = key
     yield
-    ray.shutdown()
+
+
+def shutdown_shared_ray() -> None:
+    import sys
+
+    ray = sys.modules.get("ray")   # never imported: nothing to shut down (and no ~1 s import for it)
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+    _shared_key[0] = None
 
 
 def _leveldb_records(path, ident):
