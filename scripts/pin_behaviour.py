@@ -65,15 +65,19 @@ def compare(got: dict, pinned: dict, rel: float = 1e-5) -> list[str]:
 
 
 def fresh() -> dict:
+    """Every run of RUNS, on the Ray this process has up (a test's), else on a local one started for them."""
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    own = not ray.is_initialized()
+    if own:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}})
     try:
         with tempfile.TemporaryDirectory() as workdir:
             return {name: record(name, workdir) for name in RUNS}
     finally:
-        ray.shutdown()
+        if own:
+            ray.shutdown()
 
 
 def main() -> None:
