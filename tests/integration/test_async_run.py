@@ -1,7 +1,5 @@
 """End to end on Ray with the bundled tiny task: a few async steps, metrics, failures."""
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -31,17 +29,36 @@ def ray_session():
     yield from tests_helpers.ray_session(num_cpus=3)
 
 
-def test_async_run_completes_and_writes_metrics(ray_session, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def metrics_run(ray_session, tmp_path_factory):
+    """One 4-step async run that every metrics test reads: TensorBoard, W&B offline, the dumps."""
     from fully_async.run.main import run_async
 
-    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
-    cfg = load_config([f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.total_training_steps=4",
-                       "trainer.test_freq=2", "actor_rollout_ref.actor.use_kl_loss=true",
-                       "trainer.progress_bar=false", "actor_rollout_ref.rollout.n=4",
-                       "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.logger=[console,tensorboard]",
-                       "trainer.log_val_generations=2", f"trainer.validation_data_dir={tmp_path}/val_gen",
-                       f"trainer.rollout_data_dir={tmp_path}/rollouts"])
-    summary = run_async(cfg)
+    tmp_path = tmp_path_factory.mktemp("metrics_run")
+    env = {"TENSORBOARD_DIR": str(tmp_path / "tb"), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb")}
+    (tmp_path / "wandb").mkdir()
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        cfg = load_config([f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.total_training_steps=4",
+                           "trainer.test_freq=2", "actor_rollout_ref.actor.use_kl_loss=true",
+                           "trainer.progress_bar=false", "actor_rollout_ref.rollout.n=4",
+                           "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                           "trainer.logger=[console,tensorboard,wandb]",
+                           "trainer.log_val_generations=2", f"trainer.validation_data_dir={tmp_path}/val_gen",
+                           f"trainer.rollout_data_dir={tmp_path}/rollouts"])
+        summary = run_async(cfg)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return tmp_path, cfg, summary
+
+
+def test_async_run_completes_and_writes_metrics(metrics_run):
+    tmp_path, cfg, summary = metrics_run
     assert summary["steps"] == 4
     # every validation's responses (the bundled task's 128 validation prompts, val_kwargs.n=1) dumped, 2 shown
     tests_helpers.check_val_generations(str(tmp_path / "val_gen"), str(tmp_path / "tb"), [0, 2, 4], 128)
@@ -69,24 +86,17 @@ def test_async_run_completes_and_writes_metrics(ray_session, tmp_path, monkeypat
     assert lengths == sorted(lengths) and 1 <= lengths[0] and lengths[-1] <= cfg.data.max_response_length
 
 
-def test_wandb_offline_gets_the_tensorboard_scalars(ray_session, tmp_path, monkeypatch):
+def test_wandb_offline_gets_the_tensorboard_scalars(metrics_run):
     """trainer.logger=[console,tensorboard,wandb] with WANDB_MODE=offline: the W&B run file holds every scalar
     name TensorBoard got, at the same steps, with the same values."""
     pytest.importorskip("wandb")
-    from fully_async.run.main import run_async
-
-    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
-    (tmp_path / "wandb").mkdir()
-    cfg = load_config([f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.total_training_steps=3",
-                       "trainer.logger=[console,tensorboard,wandb]", "trainer.progress_bar=false",
-                       "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8"])
-    assert run_async(cfg)["steps"] == 3
+    tmp_path, _, _ = metrics_run
     tb = read_scalars(str(tmp_path / "tb"))
     wb = read_wandb_offline(str(tmp_path / "wandb"))
     assert {"trainer/idle_ratio", "rollouter/idle_ratio", "val-core/arithmetic/reward/mean@1"} <= set(tb)
-    assert set(wb) == set(tb)
+    # the validation generations (trainer.log_val_generations=2) are TensorBoard text and a W&B table
+    table = {k for k in wb if k.startswith("val/generations/")}
+    assert "val/generations/nrows" in table and set(wb) - table == set(tb)
     for key, points in tb.items():
         if key == "training/global_step":  # W&B's step axis: on every row it got, validation rows too
             assert {s for s, _ in points} <= {s for s, _ in wb[key]} and all(s == v for s, v in wb[key])
@@ -131,35 +141,35 @@ SCORE_HEADER = ("def compute_score(data_source, solution_str, ground_truth, extr
                 "    if solution_str.strip() != str(ground_truth):\n")
 
 
-def run_with_reward(tmp_path, source: str, *overrides: str, timeout: int = 300) -> tuple[str, str]:
-    """A 3-step default run scoring with the custom reward function `source` (written to a file): (its path,
-    the run's output); the run must exit 1."""
+def run_with_reward(tmp_path, monkeypatch, source: str, *overrides: str) -> tuple[str, str]:
+    """A 3-step default run (in this process, on the module's Ray) scoring with the custom reward function `source`
+    (written to a file): (its path, the error the run failed with, as the driver reports it)."""
+    from fully_async.cluster.ray_utils import RunFailed
+    from fully_async.run.main import run
+
     path = tmp_path / "reward_fn.py"
     path.write_text(source)
-    env = dict(os.environ, TENSORBOARD_DIR=str(tmp_path / "tb"))
-    r = subprocess.run([sys.executable, "-m", "fully_async.main", f"custom_reward_function.path={path}",
-                        *overrides, "trainer.total_training_steps=3", "trainer.val_before_train=false",
-                        "trainer.progress_bar=false",
-                        f"trainer.default_local_dir={tmp_path}/ckpt", f"hydra.run.dir={tmp_path}/hydra"],
-                       capture_output=True, text=True, timeout=timeout, env=env)
-    out = r.stdout + r.stderr
-    assert r.returncode == 1, out[-3000:]
-    return str(path), out
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    with pytest.raises(RunFailed) as err:
+        run(load_config([f"custom_reward_function.path={path}", *overrides, "trainer.total_training_steps=3",
+                         "trainer.val_before_train=false", "trainer.progress_bar=false",
+                         f"trainer.default_local_dir={tmp_path}/ckpt"]))
+    return str(path), str(err.value)
 
 
-def test_failing_rollouter_exits_nonzero_with_its_error(tmp_path):
+def test_failing_rollouter_fails_the_run_with_its_error(ray_session, tmp_path, monkeypatch):
     # correct answers score (so the driver's probe passes); the first wrong answer blows up in the rollouter
-    bad, out = run_with_reward(tmp_path, SCORE_HEADER + "        raise ValueError('reward exploded on purpose')\n"
+    bad, out = run_with_reward(tmp_path, monkeypatch, SCORE_HEADER + "        raise ValueError('reward exploded on purpose')\n"
                                                        "    return 1.0\n")
     # the user's error, where it was raised (file and line), reaches the driver
     assert "rollouter failed: RewardError: reward function compute_score" in out
     assert "raised ValueError: reward exploded on purpose" in out and f"{bad}:3 (in compute_score)" in out
 
 
-def test_hanging_reward_fails_the_run_within_its_timeout(tmp_path):
+def test_hanging_reward_fails_the_run_within_its_timeout(ray_session, tmp_path, monkeypatch):
     # correct answers score at once (so the driver's probe passes); the first wrong answer hangs in the rollouter
-    slow, out = run_with_reward(tmp_path, SCORE_HEADER + "        __import__('time').sleep(600)\n"
-                                                        "    return 1.0\n", "reward_model.timeout_s=3", timeout=200)
+    slow, out = run_with_reward(tmp_path, monkeypatch, SCORE_HEADER + "        __import__('time').sleep(600)\n"
+                                                                     "    return 1.0\n", "reward_model.timeout_s=3")
     assert f"rollouter failed: RewardError: reward function {slow}:compute_score did not return within " \
            "reward_model.timeout_s=3s on sample e0-p" in out, out[-3000:]
     assert "(prompt index " in out
