@@ -48,6 +48,29 @@ def _shared_ray_only_where_asked(request):
     yield
 
 
+@pytest.fixture(scope="session")
+def sync_learning_run(tmp_path_factory):
+    """The bundled task in sync mode, tests_helpers.SYNC_LEARNING (10 steps, validation every 5), once a session on
+    the shared Ray: the placements' "learns as sync does at equal steps" tests compare with it.  (summary, (first, last)
+    validation reward)."""
+    import tests_helpers
+    from fully_async.run.hydra_setup import load_config
+    from fully_async.run.main import run
+
+    next(tests_helpers.ray_session(num_cpus=3))
+    tmp = tmp_path_factory.mktemp("sync_learning")
+    saved = os.environ.get("TENSORBOARD_DIR")
+    os.environ["TENSORBOARD_DIR"] = str(tmp / "tb")
+    try:
+        summary = run(load_config([*tests_helpers.SYNC_LEARNING, "mode=sync", f"trainer.default_local_dir={tmp}/ck"]))
+    finally:
+        if saved is None:
+            os.environ.pop("TENSORBOARD_DIR", None)
+        else:
+            os.environ["TENSORBOARD_DIR"] = saved
+    return summary, tests_helpers.first_and_last_val(str(tmp / "tb"))
+
+
 def pytest_sessionfinish(session, exitstatus):
     import tests_helpers
 

@@ -115,6 +115,10 @@ def close_group(group) -> None:
         ray.kill(w)
 
 
+# the placements' "learns as sync does at equal steps" runs; conftest.sync_learning_run is the sync one
+SYNC_LEARNING_STEPS = 10
+SYNC_LEARNING = [f"trainer.total_training_steps={SYNC_LEARNING_STEPS}", "trainer.progress_bar=false",
+                 "trainer.test_freq=5", "trainer.resume_mode=disable"]
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 # every actor of the shared Ray sees these: the tests' own modules importable (fakes.py, reward functions), one thread
 # per process, vLLM's CPU KV cache small

@@ -8,12 +8,9 @@ import pytest
 
 from fully_async.run.hydra_setup import load_config
 import tests_helpers
-from tests_helpers import read_scalars
+from tests_helpers import SYNC_LEARNING as COMMON, SYNC_LEARNING_STEPS as STEPS, read_scalars
 
 pytestmark = pytest.mark.integration
-STEPS = 10
-COMMON = [f"trainer.total_training_steps={STEPS}", "trainer.progress_bar=false", "trainer.test_freq=5",
-          "trainer.resume_mode=disable"]
 # one group (rollout.n=8) per engine at a time: the rollout replica alone cannot keep up, so the trainer waits and
 # lends its engine
 ELASTIC = ["async_training.placement=elastic", "actor_rollout_ref.rollout.max_num_seqs=8"]
@@ -29,16 +26,18 @@ def total(scalars, tag):
     return sum(v for _, v in scalars.get(tag, []))
 
 
-def test_elastic_learns_as_sync_does_and_trains_each_sample_once(ray_session, tmp_path, monkeypatch):
+def test_elastic_learns_as_sync_does_and_trains_each_sample_once(ray_session, sync_learning_run, tmp_path,
+                                                                monkeypatch):
     from fully_async.run.main import run
 
     got = {}
-    for name, extra in (("sync", ["mode=sync"]), ("elastic", ELASTIC)):
-        monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / name))
-        summary = run(load_config([*COMMON, *extra, f"trainer.default_local_dir={tmp_path}/ck_{name}"]))
-        ids = summary["trained_sample_ids"]
-        assert summary["steps"] == STEPS and len(ids) == len(set(ids)) == STEPS * 16 * 8, name
-        got[name] = tests_helpers.first_and_last_val(str(tmp_path / name))
+    sync_summary, got["sync"] = sync_learning_run   # the same COMMON, mode=sync (conftest.SYNC_LEARNING)
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "elastic"))
+    summary = run(load_config([*COMMON, *ELASTIC, f"trainer.default_local_dir={tmp_path}/ck_elastic"]))
+    got["elastic"] = tests_helpers.first_and_last_val(str(tmp_path / "elastic"))
+    for mode, run_summary in (("sync", sync_summary), ("elastic", summary)):
+        ids = run_summary["trained_sample_ids"]
+        assert run_summary["steps"] == STEPS and len(ids) == len(set(ids)) == STEPS * 16 * 8, mode
     (sync_before, sync_after), (el_before, el_after) = got["sync"], got["elastic"]
     assert el_after - el_before > 0.3, got                     # it learns
     assert el_after >= sync_after - 0.1, got                    # as well as sync at equal steps
