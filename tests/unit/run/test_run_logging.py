@@ -98,27 +98,6 @@ def test_summary_after_ctrl_c_says_stopped_at_step(caplog):
     assert summary["stopped_at_step"] == 4 and "val_before" not in summary
 
 
-def test_short_real_run_output_to_a_pipe(tmp_path):
-    """A 3-step run with stdout/stderr to pipes (progress_bar left at its default, true): plain step lines, no
-    \\r, no FutureWarning, and main.log holds every step line."""
-    import os
-    import subprocess
-    import sys
-
-    r = subprocess.run([sys.executable, "-m", "fully_async.main", f"hydra.run.dir={tmp_path}/run",
-                        "trainer.total_training_steps=3", "trainer.logger=[console]", "trainer.resume_mode=disable"],
-                       capture_output=True, text=True, timeout=300, cwd=tmp_path, env=dict(os.environ))
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert "\r" not in r.stdout + r.stderr and "\x1b[" not in r.stdout + r.stderr     # no colour codes into pipes
-    assert "FutureWarning" not in r.stderr and "DeprecationWarning" not in r.stderr
-    for step in (1, 2, 3):
-        assert f"\nstep {step} | reward" in r.stdout
-    log = (tmp_path / "run" / "main.log").read_text()
-    for step in (1, 2, 3):
-        assert f"step {step} | reward" in log
-    assert "step 0 | val" in log and "run finished" in log
-
-
 def test_sync_and_async_default_run_folders_differ(monkeypatch):
     from fully_async.telemetry.metrics import tensorboard_dir
 
