@@ -152,11 +152,11 @@ def test_failing_engine_replica_stops_the_run_naming_it(tmp_path):
 def test_a_stopped_trainer_is_named_and_the_run_ends(tmp_path):
     """kill -STOP of the trainer (a scheduler's suspend, a debugger, a reward holding the GIL): the watchdog, which
     never waits on an actor, ends the run within trainer.progress_timeout_s plus a poll, naming the trainer."""
-    run = Run(tmp_path, *common(tmp_path, 5000), "data.val_files=null", "trainer.progress_timeout_s=8")
+    run = Run(tmp_path, *common(tmp_path, 5000), "data.val_files=null", "trainer.progress_timeout_s=10")
     run.wait_for(r"step 2 \|")
-    # the watchdog polls every 2 s here (a quarter of the timeout) and steps take a fraction of a second: stopping
+    # the watchdog polls every 2.5 s here (a quarter of the timeout) and steps take a fraction of a second: stopping
     # the trainer right at step 2 could beat its first answer, and the watchdog would have no last state to name
-    time.sleep(5)
+    time.sleep(6)
     assert run.proc.poll() is None, run.output[-3000:]
     pid = run.pids["trainer"]
     os.kill(pid, signal.SIGSTOP)
