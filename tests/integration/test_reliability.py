@@ -1,4 +1,9 @@
-"""Crashes, restarts, hangs and signals, end to end on the bundled tiny task (real Ray, real processes)."""
+"""Crashes, restarts, hangs and signals, end to end on the bundled tiny task (real Ray, real processes).
+
+Slow: six `python -m fully_async.main` subprocesses (~15-20 s of fixed cost each), one per failure, since the process
+is what each test checks (SIGKILL of an actor, SIGSTOP, exit codes, Ray shut down with the driver), plus the watchdog's
+own timeouts, set as short as the runs allow.  The timeline checks, where the process is not the point, run
+in-process in test_reliability_timeline.py."""
 import json
 import os
 import re
