@@ -1,4 +1,9 @@
-"""Crashes, restarts, hangs and signals, end to end on the bundled tiny task (real Ray, real processes)."""
+"""Crashes, restarts, hangs and signals, end to end on the bundled tiny task (real Ray, real processes).
+
+Slow: six `python -m fully_async.main` subprocesses (~15-20 s of fixed cost each), one per failure, since the process
+is what each test checks (SIGKILL of an actor, SIGSTOP, exit codes, Ray shut down with the driver), plus the watchdog's
+own timeouts, set as short as the runs allow.  The timeline checks, where the process is not the point, run
+in-process in test_reliability_timeline.py."""
 import json
 import os
 import re
@@ -61,10 +66,10 @@ def common(tmp_path, steps):
     return [f"trainer.default_local_dir={tmp_path}/ckpt", f"trainer.total_training_steps={steps}"]
 
 
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_trainer_killed_then_resume_loses_and_repeats_nothing(tmp_path, replicas):
-    """With 2 rollout replicas the checkpoint holds partial responses interrupted on both engines."""
-    args = common(tmp_path, 8) + ["trainer.save_freq=2", "data.val_files=null", f"rollout.n_gpus_per_node={replicas}"]
+def test_trainer_killed_then_resume_loses_and_repeats_nothing(tmp_path):
+    """With 2 rollout replicas the checkpoint holds partial responses interrupted on both engines.  (One replica
+    was a second run of this test; the single-replica resume is test_signals' SIGTERM case, exactly-once included.)"""
+    args = common(tmp_path, 8) + ["trainer.save_freq=2", "data.val_files=null", "rollout.n_gpus_per_node=2"]
     first = Run(tmp_path, *args)
     first.wait_for(r"checkpoint .*global_step_4")
     first.wait_for(r"\(Trainer pid=")
@@ -102,7 +107,7 @@ def raylets() -> int:
 
 def test_rollouter_killed_exits_nonzero_fast_naming_it(tmp_path):
     before = raylets()
-    run = Run(tmp_path, *common(tmp_path, 200))
+    run = Run(tmp_path, *common(tmp_path, 200), "data.val_files=null")
     run.wait_for(r"step 2 \|")
     run.wait_for(r"\(Rollouter pid=")
     start = time.monotonic()
@@ -114,7 +119,7 @@ def test_rollouter_killed_exits_nonzero_fast_naming_it(tmp_path):
     assert re.search(r"rollouter failed: .*(died|ActorDiedError|RayActorError)", run.output), run.output[-3000:]
     deadline = time.monotonic() + 15
     while raylets() > before and time.monotonic() < deadline:  # the Ray it started is shut down with it
-        time.sleep(0.5)
+        time.sleep(0.2)
     assert raylets() == before
 
 
@@ -128,39 +133,6 @@ def test_watchdog_fails_a_wedged_engine_with_state(tmp_path):
     out = run.output
     assert "no progress for" in out and "trainer.progress_timeout_s=6" in out
     assert "in_flight_requests" in out and re.search(r"'trainer': \{'step': \d+", out)  # the counters
-
-
-def test_sigterm_saves_a_checkpoint_and_resume_finishes(tmp_path):
-    args = common(tmp_path, 30) + ["data.val_files=null", "trainer.save_freq=1000"]  # saves: SIGTERM and the end
-    run = Run(tmp_path, *args)
-    run.wait_for(r"step 3 \|")
-    run.proc.send_signal(signal.SIGTERM)
-    assert run.wait(120) == 128 + signal.SIGTERM
-    assert "interrupted by SIGTERM; checkpoint:" in run.output
-    from fully_async.core.checkpoint import list_checkpoints
-    saved = list_checkpoints(str(tmp_path / "ckpt"))
-    assert len(saved) == 1 and 3 <= saved[0] < 30
-    again = Run(tmp_path, *args)
-    assert again.wait(300) == 0, again.output[-3000:]
-    state = json.loads((tmp_path / "ckpt" / "global_step_30" / "trainer_state.json").read_text())
-    assert len(state["trained_sample_ids"]) == len(set(state["trained_sample_ids"])) == 30 * 16 * 8
-
-
-@pytest.mark.parametrize("mode,extra,phases", [
-    ("async", ["async_training.use_rollout_log_probs=false", "actor_rollout_ref.actor.use_kl_loss=true",
-               "trainer.save_freq=2"],
-     {"generate", "reward", "queue_wait", "old_log_prob", "ref", "adv", "update_actor", "param_sync", "save",
-      "validate"}),
-    ("sync", ["actor_rollout_ref.actor.fsdp_config.param_offload=true", "trainer.save_freq=2"],
-     {"generate", "reward", "onload", "offload", "adv", "update_actor", "param_sync", "save", "validate"}),
-])
-def test_timeline_has_every_phase(tmp_path, mode, extra, phases):
-    run = Run(tmp_path, *common(tmp_path, 4), f"mode={mode}", "trainer.timeline=true", *extra)
-    assert run.wait(300) == 0, run.output[-3000:]
-    trace = json.loads((tmp_path / "tb" / "timeline.json").read_text())
-    names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
-    assert phases <= names, phases - names
-    assert all(e["dur"] >= 0 for e in trace["traceEvents"] if e["ph"] == "X")
 
 
 def test_failing_engine_replica_stops_the_run_naming_it(tmp_path):
@@ -185,11 +157,11 @@ def test_failing_engine_replica_stops_the_run_naming_it(tmp_path):
 def test_a_stopped_trainer_is_named_and_the_run_ends(tmp_path):
     """kill -STOP of the trainer (a scheduler's suspend, a debugger, a reward holding the GIL): the watchdog, which
     never waits on an actor, ends the run within trainer.progress_timeout_s plus a poll, naming the trainer."""
-    run = Run(tmp_path, *common(tmp_path, 5000), "data.val_files=null", "trainer.progress_timeout_s=20")
+    run = Run(tmp_path, *common(tmp_path, 5000), "data.val_files=null", "trainer.progress_timeout_s=10")
     run.wait_for(r"step 2 \|")
-    # the watchdog polls every 5 s here (a quarter of the timeout) and steps take a fraction of a second: stopping
+    # the watchdog polls every 2.5 s here (a quarter of the timeout) and steps take a fraction of a second: stopping
     # the trainer right at step 2 could beat its first answer, and the watchdog would have no last state to name
-    time.sleep(12)
+    time.sleep(6)
     assert run.proc.poll() is None, run.output[-3000:]
     pid = run.pids["trainer"]
     os.kill(pid, signal.SIGSTOP)

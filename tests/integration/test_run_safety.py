@@ -47,17 +47,15 @@ def test_damaged_newest_checkpoint_falls_back_and_config_changes_are_checked(tmp
     assert f"cannot resume from {ckpt}/global_step_1" in out and "actor_rollout_ref.rollout.n: 8 -> 4" in out
     assert "trainer.resume_allow_config_change=[actor_rollout_ref.rollout.n]" in out and "Traceback" not in out
 
-    again = Run(tmp_path, *args)
-    assert again.wait(300) == 0, again.output[-3000:]
-    assert f"resuming from {ckpt}/global_step_1" in again.output
-    state = json.loads((ckpt / "global_step_2" / "trainer_state.json").read_text())
-    assert state["step"] == 2 and len(set(state["trained_sample_ids"])) == len(state["trained_sample_ids"])
-
+    # one run carries both: it resumes from the fallback (the damaged step 2 was set aside) and the change is accepted
     allowed = Run(tmp_path, *common(tmp_path, 3), "trainer.save_freq=1", "data.val_files=null",
                   "actor_rollout_ref.rollout.n=4", "trainer.resume_allow_config_change=[actor_rollout_ref.rollout.n]")
     assert allowed.wait(300) == 0, allowed.output[-3000:]
     assert "accepted by trainer.resume_allow_config_change: actor_rollout_ref.rollout.n: 8 -> 4" in allowed.output
-    assert f"resuming from {ckpt}/global_step_2" in allowed.output
+    assert f"resuming from {ckpt}/global_step_1" in allowed.output
+    for step in (2, 3):  # the step the damaged checkpoint held is trained again, and the run goes on past it
+        state = json.loads((ckpt / f"global_step_{step}" / "trainer_state.json").read_text())
+        assert state["step"] == step and len(set(state["trained_sample_ids"])) == len(state["trained_sample_ids"])
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -73,5 +71,5 @@ def test_signal_during_start_up_exits_cleanly(tmp_path, signum):
     assert not (tmp_path / "ckpt" / "fully_async.lock").exists()
     deadline = time.monotonic() + 15
     while raylets() > before and time.monotonic() < deadline:  # the Ray it started is shut down with it
-        time.sleep(0.5)
+        time.sleep(0.2)
     assert raylets() <= before
