@@ -39,19 +39,14 @@ def test_the_kernel_is_cuda_only_outside_the_interpreter(monkeypatch):
     assert "int8" in supported("cuda", torch.int8)
 
 
-def interpreted(code: str) -> str:
-    pytest.importorskip("triton")
+def start_interpreted(code: str) -> subprocess.Popen:
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
 
-def test_kernel_equals_reference_under_the_interpreter():
-    """Ragged lengths across several splits and blocks, a length of 1, one past the span, rows beyond the batch;
-    fp32 (exact dot products) and fp16."""
-    out = interpreted("""
+def kernel_code() -> str:
+    return """
         import torch
         from fully_async.rollout.engines.decode_attention import reference_decode_attention, split_kv_decode_attention
 
@@ -79,15 +74,11 @@ def test_kernel_equals_reference_under_the_interpreter():
                 assert torch.equal(k1.float(), written(k, kn, lengths, 97) if new else k.float()), (dtype, new)
                 assert torch.equal(v1.float(), written(v, vn, lengths, 97) if new else v.float()), (dtype, new)
             print("ok", dtype)
-    """)
-    assert out.count("ok") == 2
+    """
 
 
-def test_engine_through_the_kernel_samples_what_transformers_modules_sample(tmp_path):
-    """HFEngine(split_kv=True) on CPU under the interpreter against HFEngine(fused_decode=False): rows of different
-    lengths (more prompts than slots, admission mid-run, the cache grown past max_model_len), then an interrupt
-    and a resume of prompt + partial, all with one seed."""
-    out = interpreted(f"""
+def engine_code(tmp_path) -> str:
+    return f"""
         import sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_fused_decode import build
@@ -131,5 +122,38 @@ def test_engine_through_the_kernel_samples_what_transformers_modules_sample(tmp_
                 if lps[0] is not None:
                     assert max(abs(a - b) for a, b in zip(*lps)) < 1e-4, (kind, rid)
             print("ok", kind)
-    """)
+    """
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory):
+    """The two interpreter runs (each ~10 s of imports and interpreted kernels), started side by side: {name: stdout}."""
+    pytest.importorskip("triton")
+    procs = {"kernel": start_interpreted(kernel_code()),
+             "engine": start_interpreted(engine_code(tmp_path_factory.mktemp("engine")))}
+    out = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=600)
+        out[name] = (proc.returncode, stdout, stderr)
+    return out
+
+
+def interpreter_output(interpreted, name: str) -> str:
+    code, stdout, stderr = interpreted[name]
+    assert code == 0, stderr[-3000:]
+    return stdout
+
+
+def test_kernel_equals_reference_under_the_interpreter(interpreted):
+    """Ragged lengths across several splits and blocks, a length of 1, one past the span, rows beyond the batch;
+    fp32 (exact dot products) and fp16."""
+    out = interpreter_output(interpreted, "kernel")
+    assert out.count("ok") == 2
+
+
+def test_engine_through_the_kernel_samples_what_transformers_modules_sample(interpreted):
+    """HFEngine(split_kv=True) on CPU under the interpreter against HFEngine(fused_decode=False): rows of different
+    lengths (more prompts than slots, admission mid-run, the cache grown past max_model_len), then an interrupt
+    and a resume of prompt + partial, all with one seed."""
+    out = interpreter_output(interpreted, "engine")
     assert out.count("ok") == 2

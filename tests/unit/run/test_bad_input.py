@@ -1,4 +1,5 @@
 """Every bad input fails early, in the driver, with a message naming the key/file/value."""
+import importlib.util
 import json
 import os
 import shutil
@@ -139,23 +140,38 @@ def test_unknown_data_source_without_custom_reward(tmp_path):
         prep(f"data.train_files={path}", "actor_rollout_ref.actor.ppo_mini_batch_size=2")
 
 
-def test_npu_without_torch_npu_names_the_fix():
-    r = subprocess.run([sys.executable, "-m", "fully_async.main", "trainer.device=npu", "hydra.run.dir=/tmp/fa_npu"],
-                       capture_output=True, text=True, timeout=120, env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0"))
-    out = r.stdout + r.stderr
-    assert r.returncode == 1
+@pytest.fixture(scope="module")
+def refused_runs(tmp_path_factory):
+    """The two `python -m fully_async.main` runs refused before Ray (the process's exit code and output are what is
+    checked), started side by side: {name: (returncode, stdout + stderr)}."""
+    tmp_path = tmp_path_factory.mktemp("refused")
+    runs = {"npu": ([sys.executable, "-m", "fully_async.main", "trainer.device=npu", "hydra.run.dir=/tmp/fa_npu"],
+                    dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0"))}
+    if importlib.util.find_spec("mlflow") is not None:
+        runs["mlflow"] = ([sys.executable, "-m", "fully_async.main", "trainer.logger=[console,mlflow]",
+                           f"trainer.default_local_dir={tmp_path}/ckpt", f"hydra.run.dir={tmp_path}/hydra"],
+                          dict(os.environ, MLFLOW_TRACKING_URI="nosuchscheme://nowhere",
+                               TENSORBOARD_DIR=str(tmp_path / "tb")))
+    procs = {name: subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, (cmd, env) in runs.items()}
+    out = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=120)
+        out[name] = (proc.returncode, stdout + stderr)
+    return out
+
+
+def test_npu_without_torch_npu_names_the_fix(refused_runs):
+    returncode, out = refused_runs["npu"]
+    assert returncode == 1
     assert "trainer.device=npu needs torch_npu" in out and "set_env.sh" in out
     assert "Started a local Ray instance" not in out
 
 
-def test_a_tracker_that_cannot_start_stops_the_run_before_ray(tmp_path):
+def test_a_tracker_that_cannot_start_stops_the_run_before_ray(refused_runs):
     pytest.importorskip("mlflow")
-    env = dict(os.environ, MLFLOW_TRACKING_URI="nosuchscheme://nowhere", TENSORBOARD_DIR=str(tmp_path / "tb"))
-    r = subprocess.run([sys.executable, "-m", "fully_async.main", "trainer.logger=[console,mlflow]",
-                        f"trainer.default_local_dir={tmp_path}/ckpt", f"hydra.run.dir={tmp_path}/hydra"],
-                       capture_output=True, text=True, timeout=120, env=env)
-    out = r.stdout + r.stderr
-    assert r.returncode == 1, out[-3000:]
+    returncode, out = refused_runs["mlflow"]
+    assert returncode == 1, out[-3000:]
     assert "trainer.logger=mlflow: mlflow did not start" in out and "check MLFLOW_TRACKING_URI" in out
     assert "Started a local Ray instance" not in out and "Traceback" not in out
 

@@ -40,21 +40,39 @@ def test_manager_error_names_function_file_line_and_keeps_user_frames(tmp_path):
     assert "manager.py" not in msg  # our own frames are trimmed
 
 
-def run_main(tmp_path, *overrides):
+def start_main(tmp_path, *overrides):
     env = dict(os.environ, RAY_DEDUP_LOGS="0")
-    r = subprocess.run([sys.executable, "-m", "fully_async.main", f"hydra.run.dir={tmp_path}/run",
-                        "trainer.progress_bar=false", "trainer.logger=[console]", *overrides],
-                       capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    return r, r.stdout + r.stderr
+    return subprocess.Popen([sys.executable, "-m", "fully_async.main", f"hydra.run.dir={tmp_path}/run",
+                             "trainer.progress_bar=false", "trainer.logger=[console]", *overrides],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
 
 
-def test_probe_crash_names_file_and_line(tmp_path):
-    f = tmp_path / "my_reward.py"
+@pytest.fixture(scope="module")
+def driver_runs(tmp_path_factory):
+    """The two driver runs (a crash at the pre-run probe; a crash inside the rollouter), started side by side:
+    {name: (folder, reward file, returncode, stdout + stderr)}."""
+    probe = tmp_path_factory.mktemp("probe")
+    f = probe / "my_reward.py"
     f.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                  "    x = 1\n"
                  "    raise KeyError(solution_str)  # line 3\n")
-    r, out = run_main(tmp_path, f"custom_reward_function.path={f}")
-    assert r.returncode == 1, out
+    inside = tmp_path_factory.mktemp("rollouter")
+    # the probe scores the ground truth as the response (passes); the first wrong response raises
+    path = write_reward(inside, "solution_str.strip() != str(ground_truth).strip()")
+    procs = {"probe": (probe, str(f), start_main(probe, f"custom_reward_function.path={f}")),
+             "rollouter": (inside, path, start_main(inside, f"custom_reward_function.path={path}",
+                                                    "trainer.total_training_steps=2",
+                                                    "trainer.val_before_train=false"))}
+    out = {}
+    for name, (folder, reward, proc) in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        out[name] = (folder, reward, proc.returncode, stdout + stderr)
+    return out
+
+
+def test_probe_crash_names_file_and_line(driver_runs):
+    tmp_path, f, returncode, out = driver_runs["probe"]
+    assert returncode == 1, out
     assert f"at {f}:3 (in compute_score)" in out and f'File "{f}", line 3, in compute_score' in out
     assert "probed before the run" in out
     assert "Started a local Ray instance" not in out
@@ -62,12 +80,9 @@ def test_probe_crash_names_file_and_line(tmp_path):
     assert f"at {f}:3 (in compute_score)" in log
 
 
-def test_crash_inside_the_rollouter_reaches_the_driver_with_the_traceback(tmp_path):
-    # the probe scores the ground truth as the response (passes); the first wrong response raises
-    path = write_reward(tmp_path, "solution_str.strip() != str(ground_truth).strip()")
-    r, out = run_main(tmp_path, f"custom_reward_function.path={path}", "trainer.total_training_steps=2",
-                      "trainer.val_before_train=false")
-    assert r.returncode == 1, out[-3000:]
+def test_crash_inside_the_rollouter_reaches_the_driver_with_the_traceback(driver_runs):
+    tmp_path, path, returncode, out = driver_runs["rollouter"]
+    assert returncode == 1, out[-3000:]
     assert "rollouter failed: RewardError" in out, out[-3000:]
     assert f"at {path}:2 (in _parse)" in out and f'File "{path}", line 7, in compute_score' in out
     log = (tmp_path / "run" / "main.log").read_text()

@@ -113,39 +113,41 @@ def test_the_folder_and_the_prompts_are_checked_before_ray(tmp_path):
     assert err.value.key == "reward_model.model.path"
 
 
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray for the four runs and the rank groups (tests_helpers.cpu_group asks for the same one)."""
+    import tests_helpers
+
+    yield from tests_helpers.ray_session(num_cpus=3)
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("mode", [["mode=sync"], ["mode=async"],
                                   ["mode=async", "async_training.placement=colocated", "rollout.n_gpus_per_node=0"],
                                   ["mode=async", "async_training.placement=elastic",
                                    "actor_rollout_ref.rollout.max_num_seqs=8"]],
                          ids=["sync", "async", "colocated", "elastic"])
-def test_a_runs_rewards_and_validation_are_the_reward_models(tmp_path, monkeypatch, mode):
+def test_a_runs_rewards_and_validation_are_the_reward_models(tmp_path, monkeypatch, ray_session, mode):
     """Every mode: the training rewards and every validation (before training, at test_freq, the driver's final one)
     are the reward model's; in async modes the rollouter attaches its tokens and the trainer scores them."""
     from fully_async.run.main import run
-    import tests_helpers
     from tests_helpers import read_scalars
 
     path = make_reward_model(tmp_path / "rm", kind="token", bias=0.375)   # every response scores 0.375
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
-    session = tests_helpers.ray_session(num_cpus=2)
-    next(session)
-    try:
-        summary = run(load_config([*mode, "reward_model.enable=true", f"reward_model.model.path={path}",
-                                   "trainer.total_training_steps=4", "trainer.test_freq=2",
-                                   "trainer.progress_bar=false",
-                                   f"trainer.default_local_dir={tmp_path}/ck", "trainer.resume_mode=disable"]))
-    finally:
-        next(session, None)
-    assert summary["steps"] == 4
+    summary = run(load_config([*mode, "reward_model.enable=true", f"reward_model.model.path={path}",
+                               "trainer.total_training_steps=2", "trainer.test_freq=1",
+                               "trainer.progress_bar=false",
+                               f"trainer.default_local_dir={tmp_path}/ck", "trainer.resume_mode=disable"]))
+    assert summary["steps"] == 2
     scalars = read_scalars(str(tmp_path / "tb"))
-    assert [round(v, 4) for _, v in scalars["critic/score/mean"]] == [0.375] * 4   # not the rule's 0/1
+    assert [round(v, 4) for _, v in scalars["critic/score/mean"]] == [0.375] * 2   # not the rule's 0/1
     val = scalars["val-core/arithmetic/reward/mean@1"]
-    assert sorted({s for s, _ in val}) == [0, 2, 4] and {round(v, 4) for _, v in val} == {0.375}, val
+    assert sorted({s for s, _ in val}) == [0, 1, 2] and {round(v, 4) for _, v in val} == {0.375}, val
 
 
 @pytest.mark.parametrize("sp", [1, 2])
-def test_two_fsdp2_ranks_score_as_one_device(tmp_path, sp):
+def test_two_fsdp2_ranks_score_as_one_device(tmp_path, ray_session, sp):
     from fully_async.train.backends.torch_backend import TorchBackend
     import tests_helpers
 

@@ -79,20 +79,21 @@ def test_the_switch_without_the_estimator_is_warned_inert(caplog):
     assert "calculate_sum_pi_squared=true has no effect" in caplog.text
 
 
-@pytest.mark.parametrize("estimator", ["optimal_token_baseline", "tir_optimal_token_baseline"])
-def test_the_estimators_learn_the_bundled_task(tmp_path, monkeypatch, estimator):
-    from fully_async.run.main import run
+@pytest.fixture(scope="module")
+def ray_session():
     import tests_helpers
 
+    yield from tests_helpers.ray_session(num_cpus=3)
+
+
+@pytest.mark.parametrize("estimator", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_the_estimators_learn_the_bundled_task(tmp_path, monkeypatch, ray_session, estimator):
+    from fully_async.run.main import run
+
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
-    session = tests_helpers.ray_session(num_cpus=3)
-    next(session)
-    try:
-        run(load_config(["mode=sync", f"algorithm.adv_estimator={estimator}",
-                         "actor_rollout_ref.actor.calculate_sum_pi_squared=true", "trainer.total_training_steps=20",
-                         "trainer.test_freq=20", "trainer.progress_bar=false", "trainer.resume_mode=disable",
-                         f"trainer.default_local_dir={tmp_path}/ck"]))
-    finally:
-        next(session, None)
+    run(load_config(["mode=sync", f"algorithm.adv_estimator={estimator}",
+                     "actor_rollout_ref.actor.calculate_sum_pi_squared=true", "trainer.total_training_steps=20",
+                     "trainer.test_freq=20", "trainer.progress_bar=false", "trainer.resume_mode=disable",
+                     f"trainer.default_local_dir={tmp_path}/ck"]))
     val = [v for _, v in sorted(read_scalars(str(tmp_path / "tb"))["val-core/arithmetic/reward/mean@1"])]
     assert val[-1] - val[0] >= 0.3, val
