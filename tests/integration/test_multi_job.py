@@ -268,10 +268,10 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, p
     c.wait_for(r"step 2 \|")
     wrong = Job(tmp_path, ray_head, pool, "d", "multi_job.devices=3", "multi_job.job_devices=[0]")
     # e's lease limit is shorter than its phases take on any machine (building on a slow one; on a fast one its
-    # train phase, made long by 40 PPO epochs: a few seconds where one epoch takes 0.1 s): revoked, and e fails
-    # saying so
+    # train phase, made long by 20 PPO epochs: 2 s, 4x the limit, where one epoch takes 0.1 s): revoked, and e
+    # fails saying so
     overstay = Job(tmp_path, ray_head, pool, "e", "multi_job.max_lease_s=0.5", "multi_job.job_devices=[0]",
-                   "actor_rollout_ref.actor.ppo_epochs=40")
+                   "actor_rollout_ref.actor.ppo_epochs=20")
     # a and b start beside d and e (their start-ups overlap); they wait behind c, and are still running when c is
     # killed: c is killed as soon as both trained a step
     a = Job(tmp_path, ray_head, pool, "a", "multi_job.job_devices=[0]", "trainer.total_training_steps=3",
