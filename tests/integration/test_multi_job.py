@@ -273,19 +273,11 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, p
     overstay = Job(tmp_path, ray_head, pool, "e", "multi_job.max_lease_s=0.5", "multi_job.job_devices=[0]",
                    "actor_rollout_ref.actor.ppo_epochs=20")
     # a and b start beside d and e (their start-ups overlap); they wait behind c, and are still running when c is
-    # killed: c is killed as soon as both trained a step
+    # killed: as soon as both trained a step (d and e are judged after)
     a = Job(tmp_path, ray_head, pool, "a", "multi_job.job_devices=[0]", "trainer.total_training_steps=3",
             "trainer.test_freq=-1")
     b = Job(tmp_path, ray_head, pool, "b", "multi_job.job_devices=[1]", "trainer.total_training_steps=3",
             "trainer.test_freq=-1")
-    assert wrong.wait(120) == 1, wrong.output[-3000:]
-    assert "this pool has 2 device(s) but the job was configured for 3 (multi_job.devices)" in wrong.output
-    assert "Traceback" not in wrong.output
-    assert overstay.wait(180) == 1, overstay.output[-3000:]
-    assert "Traceback" not in overstay.output, overstay.output[-3000:]
-    assert re.search(r"sync failed( to start)?: LeaseExpired: e/colocated: lease of \[0\] for phase '\w+' "
-                     r"revoked after [0-9.]+s > multi_job.max_lease_s=0.5: the phase overstayed",
-                     overstay.output), overstay.output[-3000:]
     a.wait_for(r"step 1 \|")
     b.wait_for(r"step 1 \|")
     killed_at = time.time()
@@ -302,6 +294,14 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, p
     assert not any(h.startswith("c/") for h in state["held"]) and not any(h.startswith("c/") for h in
                                                                            state["waiting"])
     assert any("job c sent no heartbeat" in line for line in state["log"])
+    assert wrong.wait(120) == 1, wrong.output[-3000:]
+    assert "this pool has 2 device(s) but the job was configured for 3 (multi_job.devices)" in wrong.output
+    assert "Traceback" not in wrong.output
+    assert overstay.wait(180) == 1, overstay.output[-3000:]
+    assert "Traceback" not in overstay.output, overstay.output[-3000:]
+    assert re.search(r"sync failed( to start)?: LeaseExpired: e/colocated: lease of \[0\] for phase '\w+' "
+                     r"revoked after [0-9.]+s > multi_job.max_lease_s=0.5: the phase overstayed",
+                     overstay.output), overstay.output[-3000:]
     for job in (a, b):
         assert job.wait(300) == 0, job.output[-4000:]
         s = job.summary()
