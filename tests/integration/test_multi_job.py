@@ -1,7 +1,11 @@
 """Several independent `python -m fully_async.main` jobs share one device pool on one Ray cluster (issue #15):
 they all finish and learn, their outputs stay apart, the pool's timeline shows them taking turns on the
 devices (never two at once), a pool of another size is refused, and a job killed mid-run (SIGKILL of its
-driver) loses its leases within seconds while the others finish."""
+driver) loses its leases within seconds while the others finish.
+
+Slow: every job is a `python -m fully_async.main` process of its own (~15-20 s to start; 11 of them), since the
+processes are what is tested (one pool shared by separate drivers, SIGTERM and SIGKILL of a driver); the tests share
+one Ray head, each with a pool of its own."""
 import json
 import os
 import re

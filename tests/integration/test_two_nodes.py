@@ -3,7 +3,10 @@ joins it (RAY_ADDRESS), places trainer ranks and rollout replicas on both nodes,
 the second node stops the run naming it, and the run resumes from its checkpoint.
 
 Which node hosted which actor is read from the actors' own processes: each raylet is started with FA_NODE=<name>
-in its environment, which its workers inherit."""
+in its environment, which its workers inherit.
+
+Slow: two raylets started with `ray start` for the module, and 4 runs as `python -m fully_async.main` processes
+joining them (RAY_ADDRESS: a driver of its own each; one replica SIGKILLed on the second node)."""
 import json
 import os
 import re
