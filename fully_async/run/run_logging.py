@@ -132,11 +132,16 @@ class RunLogger:
     def drain(self, wait_s: float = 0.1, deadline_s: Optional[float] = None) -> None:
         """Log what every source's outbox holds; a source that does not answer within `wait_s` is skipped this
         time (its outbox waits for the next drain), or, with `deadline_s` (the last drain of a run), waited on
-        that long and then named (Unresponsive)."""
+        that long and then named (Unresponsive).  A last drain that finds an earlier call outstanding asks once
+        more after its answer: that call may have popped the outbox before the source's last metrics (the final
+        validation a driver then runs again when it does not see it)."""
         for name, source in zip(self.names, self.sources):
             key, start = f"{name}.pop_metrics", source.pop_metrics.remote
             if deadline_s is not None:
+                stale = key in self.calls.pending
                 batch = self.calls.get(key, start, deadline_s)
+                if stale:
+                    batch = list(batch) + list(self.calls.get(key, start, deadline_s))
             else:
                 done, batch = self.calls.poll(key, start, wait_s)
                 if not done:

@@ -1,7 +1,11 @@
 """Several independent `python -m fully_async.main` jobs share one device pool on one Ray cluster (issue #15):
 they all finish and learn, their outputs stay apart, the pool's timeline shows them taking turns on the
 devices (never two at once), a pool of another size is refused, and a job killed mid-run (SIGKILL of its
-driver) loses its leases within seconds while the others finish."""
+driver) loses its leases within seconds while the others finish.
+
+Slow: every job is a `python -m fully_async.main` process of its own (~15-20 s to start; 11 of them), since the
+processes are what is tested (one pool shared by separate drivers, SIGTERM and SIGKILL of a driver); the tests share
+one Ray head, each with a pool of its own."""
 import json
 import os
 import re
@@ -31,9 +35,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def ray_head(tmp_path):
-    """A private Ray head (its own temp dir and port), stopped by killing the process group it started in."""
+@pytest.fixture(scope="module")
+def ray_head():
+    """A private Ray head (its own temp dir and port) for the module's tests, stopped by killing the process group it
+    started in.  Each test's jobs use a pool of their own (`pool`), so nothing of one test is seen by the next."""
     port = free_port()
     temp = tempfile.mkdtemp(prefix="mjray", dir="/tmp")   # short: Ray's socket paths must stay under 107 bytes
     proc = subprocess.Popen([*RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=8",
@@ -70,7 +75,7 @@ import ray
 from fully_async.cluster.device_pool import get_pool
 ray.init(address=sys.argv[1], namespace="test", log_to_driver=False)
 killed_at = float(sys.argv[2])
-pool = get_pool("cpu_pool")
+pool = get_pool(sys.argv[3])
 while True:
     state = ray.get(pool.state.remote())
     if "c" not in state["jobs"]:
@@ -79,6 +84,16 @@ while True:
     time.sleep(0.2)
 print(json.dumps([state, time.time() - killed_at], default=str))
 """   # polls the pool until the killed job c is gone; prints [state, seconds since the kill]
+
+POOLS = iter(range(1, 1000))
+
+
+@pytest.fixture
+def pool():
+    """A device pool name of this test's own on the module's Ray head (pools are detached actors that outlive their
+    jobs)."""
+    return f"cpu_pool{next(POOLS)}"
+
 
 RUNNING: list = []   # every Job's process, killed after its test whatever the outcome
 
@@ -94,11 +109,11 @@ def kill_leftover_jobs():
 
 
 class Job:
-    def __init__(self, tmp_path, address, name, *overrides, mode="sync"):
+    def __init__(self, tmp_path, address, pool, name, *overrides, mode="sync"):
         self.name, self.lines = name, []
         self.tb = tmp_path / f"tb_{name}"
         cmd = [sys.executable, "-u", "-m", "fully_async.main", f"mode={mode}", "trainer.device=cpu",
-               "trainer.progress_bar=false", f"trainer.experiment_name={name}", "multi_job.pool=cpu_pool",
+               "trainer.progress_bar=false", f"trainer.experiment_name={name}", f"multi_job.pool={pool}",
                "multi_job.devices=2", "multi_job.heartbeat_timeout_s=3", f"multi_job.pool_dir={tmp_path}/pool",
                f"trainer.default_local_dir={tmp_path}/ckpt_{name}", f"hydra.run.dir={tmp_path}/hydra_{name}",
                *overrides]
@@ -152,31 +167,31 @@ def scalars(tb_dir, prefix):
     return {tag: [s.value for s in acc.Scalars(tag)] for tag in acc.Tags()["scalars"] if tag.startswith(prefix)}
 
 
-def test_two_jobs_share_the_pool_learn_and_keep_their_outputs_apart(tmp_path, ray_head):
-    steps = ["trainer.total_training_steps=6", "trainer.test_freq=3"]
-    jobs = [Job(tmp_path, ray_head, name, *steps) for name in ("a", "b")]   # both lease the whole pool
+def test_two_jobs_share_the_pool_learn_and_keep_their_outputs_apart(tmp_path, ray_head, pool):
+    steps = ["trainer.total_training_steps=4", "trainer.test_freq=2"]
+    jobs = [Job(tmp_path, ray_head, pool, name, *steps) for name in ("a", "b")]   # both lease the whole pool
     for job in jobs:
         assert job.wait(300) == 0, job.output[-4000:]
     for job in jobs:
         s = job.summary()
-        assert s["steps"] == 6 and s["val_after"] > s["val_before"] + 0.15, s
-        assert "device pool cpu_pool: job %s leases devices [0, 1] of 2" % job.name in job.output
+        assert s["steps"] == 4 and s["val_after"] > s["val_before"] + 0.15, s
+        assert "device pool %s: job %s leases devices [0, 1] of 2" % (pool, job.name) in job.output
         m = scalars(job.tb, "multi_job/")
         for key in ("multi_job/rollout/onload_s", "multi_job/rollout/offload_s", "multi_job/train/onload_s",
                     "multi_job/train/offload_s", "multi_job/rollout/lease_wait_s",
                     "multi_job/rollout/offload/host_rss_gib_before", "multi_job/rollout/offload/host_rss_gib_after"):
-            assert len(m[key]) == 6, (key, sorted(m))
+            assert len(m[key]) == 4, (key, sorted(m))
         # the embedded engine takes each step's weights at the end of the train phase, asleep (no later copy)
-        assert len(m["multi_job/train/param_sync_s"]) == 6
+        assert len(m["multi_job/train/param_sync_s"]) == 4
         assert "multi_job/rollout/param_sync_s" not in m and "multi_job/validate/param_sync_s" not in m
-        assert len(m["multi_job/validate/onload_s"]) == 3          # before training, after steps 3 and 6
+        assert len(m["multi_job/validate/onload_s"]) == 3          # before training, after steps 2 and 4
     # isolated outputs: a run folder and a TensorBoard run per job, with their own config
     assert json.loads((tmp_path / "tb_a" / "config.json").read_text())["trainer"]["experiment_name"] == "a"
     assert json.loads((tmp_path / "tb_b" / "config.json").read_text())["trainer"]["experiment_name"] == "b"
     assert any(p.name.startswith("events.") for p in (tmp_path / "tb_a").iterdir())
     assert any(p.name.startswith("events.") for p in (tmp_path / "tb_b").iterdir())
     # one timeline for the pool: a process per job, a track per device; leases never overlap and alternate
-    trace = json.loads((tmp_path / "pool" / "cpu_pool" / "timeline.json").read_text())["traceEvents"]
+    trace = json.loads((tmp_path / "pool" / pool / "timeline.json").read_text())["traceEvents"]
     assert {e["args"]["name"] for e in trace if e["name"] == "process_name"} == {"job a", "job b"}
     spans = sorted((s for s in leases(trace) if s[1] == "device 0"), key=lambda s: s[2])
     assert {s[0] for s in spans} == {"job a", "job b"}
@@ -186,19 +201,19 @@ def test_two_jobs_share_the_pool_learn_and_keep_their_outputs_apart(tmp_path, ra
     assert switches >= 4, [(s[0], round(s[2], 2)) for s in spans]   # interleaved, not one after the other
 
 
-def test_async_jobs_lease_per_side_beside_a_sync_job(tmp_path, ray_head):
+def test_async_jobs_lease_per_side_beside_a_sync_job(tmp_path, ray_head, pool):
     """a (async): trainer on device 0, rollout on device 1; c (async): both sides on device 1, taking turns; b (sync):
     both devices per phase.  All finish and learn; no device ever has two holders; each side leases only its own
     devices; the rollouter parks and gives back a wanted lease, and takes weight updates while it waits."""
-    steps = ["trainer.total_training_steps=8", "trainer.test_freq=4", "multi_job.min_slice_s=0.3"]
-    a = Job(tmp_path, ray_head, "a", *steps, mode="async")
-    b = Job(tmp_path, ray_head, "b", *steps)
-    c = Job(tmp_path, ray_head, "c", *steps, "multi_job.job_devices=[1]", "multi_job.rollout_devices=[1]",
+    steps = ["trainer.total_training_steps=6", "trainer.test_freq=-1", "multi_job.min_slice_s=0.3"]
+    a = Job(tmp_path, ray_head, pool, "a", *steps, mode="async")
+    b = Job(tmp_path, ray_head, pool, "b", *steps)
+    c = Job(tmp_path, ray_head, pool, "c", *steps, "multi_job.job_devices=[1]", "multi_job.rollout_devices=[1]",
             mode="async")
     for job in (a, b, c):
         assert job.wait(300) == 0, job.output[-4000:]
         s = job.summary()
-        assert s["steps"] == 8 and s["val_after"] > s["val_before"] + 0.15, s
+        assert s["steps"] == 6 and s["val_after"] > s["val_before"] + 0.15, s
     assert "job a leases devices [0] (trainer) and [1] (rollout) of 2" in a.output
     assert "job c leases devices [1] (trainer) and [1] (rollout) of 2" in c.output
     for job in (a, c):
@@ -207,7 +222,7 @@ def test_async_jobs_lease_per_side_beside_a_sync_job(tmp_path, ray_head):
                     "multi_job/rollout/offload_s", "multi_job/rollout/offload/host_rss_gib_after"):
             assert m.get(key), (job.name, key, sorted(m))
         assert sum(m["multi_job/rollout/yields"]) >= 1, (job.name, m["multi_job/rollout/yields"])
-    trace = json.loads((tmp_path / "pool" / "cpu_pool" / "timeline.json").read_text())["traceEvents"]
+    trace = json.loads((tmp_path / "pool" / pool / "timeline.json").read_text())["traceEvents"]
     spans = leases(trace)
     for dev in ("device 0", "device 1"):
         on = sorted((s for s in spans if s[1] == dev), key=lambda s: s[2])
@@ -221,54 +236,51 @@ def test_async_jobs_lease_per_side_beside_a_sync_job(tmp_path, ray_head):
     assert {("job a", "train"), ("job a", "rollout"), ("job c", "train"), ("job c", "rollout")} <= names
 
 
-def test_async_job_on_the_pool_stops_and_resumes_losing_and_repeating_nothing(tmp_path, ray_head):
-    """An async job beside a sync one (so its sides wait, park and stage updates): SIGTERM after step 3 saves a
+def test_async_job_on_the_pool_stops_and_resumes_losing_and_repeating_nothing(tmp_path, ray_head, pool):
+    """An async job beside a sync one (so its sides wait, park and stage updates): SIGTERM after step 2 saves a
     checkpoint (taken while its rollouter may hold no lease), and the restarted job resumes from it -- its parked
-    responses continue at its first turn on the devices -- and trains every sample exactly once."""
-    steps = ["trainer.total_training_steps=10", "trainer.test_freq=-1", "multi_job.min_slice_s=0.2",
+    responses continue at its first turn on the devices -- and trains every sample exactly once.  The sync job runs
+    beside it all along (far more steps than the test takes) and stops cleanly on SIGTERM at the end."""
+    steps = ["trainer.total_training_steps=6", "trainer.test_freq=-1", "multi_job.min_slice_s=0.2",
              "trainer.save_freq=1000"]   # saves: SIGTERM and the end
-    b = Job(tmp_path, ray_head, "b", "trainer.total_training_steps=40", "trainer.test_freq=-1")
-    a = Job(tmp_path, ray_head, "a", *steps, mode="async")
-    a.wait_for(r"step 3 \|", timeout=240)
+    b = Job(tmp_path, ray_head, pool, "b", "trainer.total_training_steps=1000", "trainer.test_freq=-1")
+    a = Job(tmp_path, ray_head, pool, "a", *steps, mode="async")
+    a.wait_for(r"step 2 \|", timeout=240)
     a.proc.send_signal(signal.SIGTERM)
     assert a.wait(120) == 128 + signal.SIGTERM, a.output[-3000:]
     assert "interrupted by SIGTERM; checkpoint:" in a.output
     from fully_async.core.checkpoint import list_checkpoints
     saved = list_checkpoints(str(tmp_path / "ckpt_a"))
-    assert len(saved) == 1 and 3 <= saved[0] < 10
-    again = Job(tmp_path, ray_head, "a", *steps, mode="async")
+    assert len(saved) == 1 and 2 <= saved[0] < 6
+    again = Job(tmp_path, ray_head, pool, "a", *steps, mode="async")
     assert again.wait(300) == 0, again.output[-4000:]
     assert f"resuming from {tmp_path}/ckpt_a/global_step_{saved[0]}" in again.output
-    state = json.loads((tmp_path / "ckpt_a" / "global_step_10" / "trainer_state.json").read_text())
+    state = json.loads((tmp_path / "ckpt_a" / "global_step_6" / "trainer_state.json").read_text())
     ids = state["trained_sample_ids"]
-    assert len(ids) == len(set(ids)) == 10 * 16 * 8                 # nothing trained twice, nothing lost
-    assert len({i.rsplit("-s", 1)[0] for i in ids}) == 10 * 16       # each prompt once: the data position went on
-    assert b.wait(300) == 0, b.output[-3000:]
+    assert len(ids) == len(set(ids)) == 6 * 16 * 8                  # nothing trained twice, nothing lost
+    assert len({i.rsplit("-s", 1)[0] for i in ids}) == 6 * 16        # each prompt once: the data position went on
+    assert b.proc.poll() is None, b.output[-3000:]                   # the sync job was there all along
+    b.proc.send_signal(signal.SIGTERM)
+    assert b.wait(120) == 128 + signal.SIGTERM, b.output[-3000:]
+    assert "interrupted by SIGTERM; checkpoint:" in b.output, b.output[-3000:]
 
 
-def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head):
+def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, pool):
     # c leases both devices, a and b one each: c waits for both (all or nothing) and they wait behind c
     # c must still be running when it is killed, however slow the machine: far more steps than the test waits for
-    c = Job(tmp_path, ray_head, "c", "trainer.total_training_steps=1000", "trainer.test_freq=-1")
+    c = Job(tmp_path, ray_head, pool, "c", "trainer.total_training_steps=1000", "trainer.test_freq=-1")
     c.wait_for(r"step 2 \|")
-    wrong = Job(tmp_path, ray_head, "d", "multi_job.devices=3", "multi_job.job_devices=[0]")
+    wrong = Job(tmp_path, ray_head, pool, "d", "multi_job.devices=3", "multi_job.job_devices=[0]")
     # e's lease limit is shorter than its phases take on any machine (building on a slow one; on a fast one its
-    # train phase, made long by 40 PPO epochs: a few seconds where one epoch takes 0.1 s): revoked, and e fails
-    # saying so
-    overstay = Job(tmp_path, ray_head, "e", "multi_job.max_lease_s=0.5", "multi_job.job_devices=[0]",
-                   "actor_rollout_ref.actor.ppo_epochs=40")
-    assert wrong.wait(120) == 1, wrong.output[-3000:]
-    assert "this pool has 2 device(s) but the job was configured for 3 (multi_job.devices)" in wrong.output
-    assert "Traceback" not in wrong.output
-    assert overstay.wait(180) == 1, overstay.output[-3000:]
-    assert "Traceback" not in overstay.output, overstay.output[-3000:]
-    assert re.search(r"sync failed( to start)?: LeaseExpired: e/colocated: lease of \[0\] for phase '\w+' "
-                     r"revoked after [0-9.]+s > multi_job.max_lease_s=0.5: the phase overstayed",
-                     overstay.output), overstay.output[-3000:]
-    # a and b start once d and e are done (however long e's phase took, they are still running when c is killed)
-    a = Job(tmp_path, ray_head, "a", "multi_job.job_devices=[0]", "trainer.total_training_steps=5",
+    # train phase, made long by 20 PPO epochs: 2 s, 4x the limit, where one epoch takes 0.1 s): revoked, and e
+    # fails saying so
+    overstay = Job(tmp_path, ray_head, pool, "e", "multi_job.max_lease_s=0.5", "multi_job.job_devices=[0]",
+                   "actor_rollout_ref.actor.ppo_epochs=20")
+    # a and b start beside d and e (their start-ups overlap); they wait behind c, and are still running when c is
+    # killed: as soon as both trained a step (d and e are judged after)
+    a = Job(tmp_path, ray_head, pool, "a", "multi_job.job_devices=[0]", "trainer.total_training_steps=3",
             "trainer.test_freq=-1")
-    b = Job(tmp_path, ray_head, "b", "multi_job.job_devices=[1]", "trainer.total_training_steps=5",
+    b = Job(tmp_path, ray_head, pool, "b", "multi_job.job_devices=[1]", "trainer.total_training_steps=3",
             "trainer.test_freq=-1")
     a.wait_for(r"step 1 \|")
     b.wait_for(r"step 1 \|")
@@ -278,7 +290,7 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head):
 
     # the pool is watched from a subprocess: a driver connected to this test's private head would leave Ray's
     # process-wide state (its auth mode) behind for the in-process Ray sessions of later test modules
-    watch = subprocess.run([sys.executable, "-c", POOL_WATCH, ray_head, str(killed_at)], capture_output=True,
+    watch = subprocess.run([sys.executable, "-c", POOL_WATCH, ray_head, str(killed_at), pool], capture_output=True,
                            text=True, timeout=60, cwd=REPO, env=dict(os.environ, **ENV))
     assert watch.returncode == 0, watch.stdout + watch.stderr
     state, freed_after = json.loads(watch.stdout.strip().splitlines()[-1])
@@ -286,11 +298,19 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head):
     assert not any(h.startswith("c/") for h in state["held"]) and not any(h.startswith("c/") for h in
                                                                            state["waiting"])
     assert any("job c sent no heartbeat" in line for line in state["log"])
+    assert wrong.wait(120) == 1, wrong.output[-3000:]
+    assert "this pool has 2 device(s) but the job was configured for 3 (multi_job.devices)" in wrong.output
+    assert "Traceback" not in wrong.output
+    assert overstay.wait(180) == 1, overstay.output[-3000:]
+    assert "Traceback" not in overstay.output, overstay.output[-3000:]
+    assert re.search(r"sync failed( to start)?: LeaseExpired: e/colocated: lease of \[0\] for phase '\w+' "
+                     r"revoked after [0-9.]+s > multi_job.max_lease_s=0.5: the phase overstayed",
+                     overstay.output), overstay.output[-3000:]
     for job in (a, b):
         assert job.wait(300) == 0, job.output[-4000:]
         s = job.summary()
-        assert s["steps"] == 5 and s["val_after"] > s["val_before"] + 0.1, s   # they learn, as alone
-    trace = json.loads((tmp_path / "pool" / "cpu_pool" / "timeline.json").read_text())["traceEvents"]
+        assert s["steps"] == 3 and s["val_after"] > s["val_before"] + 0.1, s   # they learn, as alone
+    trace = json.loads((tmp_path / "pool" / pool / "timeline.json").read_text())["traceEvents"]
     lost = [s for s in leases(trace) if s[0] == "job c" and s[4] == "job lost"]
     for s in lost:  # whatever c held at its death ended on the heartbeat timeout
         assert s[3] - killed_at < 3 + 4, s

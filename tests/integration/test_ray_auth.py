@@ -29,10 +29,19 @@ def clean_env(**extra):
     return {**env, **extra}
 
 
-def join(gcs, timeout=60, **env):
-    res = subprocess.run([sys.executable, "-c", JOIN, gcs], env=clean_env(**env), capture_output=True, text=True,
-                         timeout=timeout)
-    return res.returncode == 0 and "JOINED" in res.stdout
+def joins(gcs, *envs, timeout=60):
+    """Whether a driver joins the Ray at `gcs` under each of `envs`: the drivers run side by side (a refused one
+    waits on its connection; one after the other they cost their waits in sum)."""
+    procs = [subprocess.Popen([sys.executable, "-c", JOIN, gcs], env=clean_env(**env), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for env in envs]
+    try:
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [p.returncode == 0 and "JOINED" in out for p, out in zip(procs, outs)]
 
 
 def test_a_local_ray_answers_only_this_runs_token(tmp_path):
@@ -49,11 +58,11 @@ def test_a_local_ray_answers_only_this_runs_token(tmp_path):
         assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
         assert info["workers_see"] == path
         assert not (home / ".ray" / "auth_token").exists()     # Ray's shared default token is not written
-        # nobody without the token gets in: no authentication, a wrong token, another run's token
-        assert not join(info["gcs"], RAY_AUTH_MODE="disabled", HOME=str(home))
-        assert not join(info["gcs"], RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64, HOME=str(home))
-        # the right token does (the test's own control: the refusals above are the token's doing)
-        assert join(info["gcs"], RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=path, HOME=str(home))
+        # nobody without the token gets in: no authentication, a wrong token, another run's token; the right token
+        # does (the test's own control: the refusals are the token's doing)
+        assert joins(info["gcs"], dict(RAY_AUTH_MODE="disabled", HOME=str(home)),
+                     dict(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64, HOME=str(home)),
+                     dict(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=path, HOME=str(home))) == [False, False, True]
     finally:
         driver.stdin.write("\n")
         driver.stdin.flush()
@@ -80,19 +89,29 @@ COUNT = ("import sys, ray; from fully_async.cluster.ray_utils import start_ray; 
          "print({k: v for k, v in ray.cluster_resources().items() if k in ('GPU', 'NPU')})")
 
 
-@pytest.mark.parametrize("kind,expected", [("NPU", {"NPU": 2.0}), ("GPU", {})])
-def test_a_local_ray_counts_the_runs_accelerator_kind(kind, expected):
+def test_a_local_ray_counts_the_runs_accelerator_kind():
     """Ray keeps one accelerator family per node, the first of a set whose order changes per process: on a node
     with NPUs (the stand-in's two, through its `acl`) and GPUs, a run on one kind must not get the other.  Here
-    the node has NPUs only: an NPU run counts them, a GPU run's local Ray is told the node has none."""
+    the node has NPUs only: an NPU run counts them, a GPU run's local Ray is told the node has none.  The two runs
+    are processes of their own, side by side (each starts a Ray: one after the other they cost two start-ups)."""
     import ast
 
     standin = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "npu_standin")
     env = clean_env(FA_NPU_STANDIN_DEVICES="2", PYTHONPATH=os.pathsep.join(
         p for p in (standin, os.environ.get("PYTHONPATH")) if p))
-    res = subprocess.run([sys.executable, "-c", COUNT, kind], env=env, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert ast.literal_eval(res.stdout.strip().splitlines()[-1]) == expected
+    runs = {kind: subprocess.Popen([sys.executable, "-c", COUNT, kind], env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True) for kind in ("NPU", "GPU")}
+    try:
+        outs = {kind: p.communicate(timeout=120) for kind, p in runs.items()}
+    finally:
+        for p in runs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for kind, expected in (("NPU", {"NPU": 2.0}), ("GPU", {})):
+        out, err = outs[kind]
+        assert runs[kind].returncode == 0, (kind, err[-2000:])
+        assert ast.literal_eval(out.strip().splitlines()[-1]) == expected, kind
 
 
 def test_the_other_accelerator_families_are_zeroed():
