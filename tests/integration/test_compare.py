@@ -2,7 +2,8 @@
 
 One module fixture runs the comparison script itself at equal total devices (N=2: async 1 rollout +
 1 trainer vs sync on 2 devices, 3 steps each, the bench measured first to choose the split, a
-synthetic response-length workload); the tests then re-read those TensorBoard dirs independently and
+synthetic response-length workload, --repeats 2: both modes twice, the second repeat in the other order);
+the tests read the combined repeats report and re-read the first repeat's TensorBoard dirs independently and
 check the report, the plots, every number of the table, and the refusal of configs that differ beyond
 `mode` and placement.  The split/ceiling model and the report are also tested on synthetic runs.
 """
@@ -48,30 +49,31 @@ def read_events(logdir):
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
+    """ONE invocation serves every test: the bench, then both modes twice (--repeats 2).  Returns the comparison's
+    folder, its stdout and the first repeat's folder (runs/, table.json, report.md of one async/sync pair)."""
     out = tmp_path_factory.mktemp("compare")
-    r = run_script("--out", str(out), "--threshold", "0.0", "--bench-batches", "1", "--repeats", "1", *OVERRIDES)
+    r = run_script("--out", str(out), "--threshold", "0.0", "--bench-batches", "1", "--repeats", "2", *OVERRIDES)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    return out, r.stdout
+    return out, r.stdout, out / "repeat_0"
 
 
-def test_repeats_report_median_and_spread(compared, tmp_path):
+def test_repeats_report_median_and_spread(compared):
     """--repeats 2: both modes twice (the second repeat runs sync first), one report per repeat, and the
-    median/min/max/spread of each headline figure in repeats.json and on stdout."""
-    out, _ = compared
-    dest = tmp_path / "rep"
-    r = run_script("--out", str(dest), "--threshold", "0.0", "--repeats", "2", "--split", "1", "--bench-json",
-                   str(out / "bench.json"), *OVERRIDES)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    summary = json.loads((dest / "repeats.json").read_text())
+    median/min/max/spread of each headline figure in repeats.json and on stdout, and the combined report."""
+    out, stdout, _ = compared
+    summary = json.loads((out / "repeats.json").read_text())
     assert summary["repeats"] == 2
     speed = summary["figures"]["speedup async/sync"]
     assert len(speed["values"]) == 2 and speed["min"] <= speed["median"] <= speed["max"]
     for i in range(2):
-        assert (dest / f"repeat_{i}" / "report.md").is_file()
-    order = [line.split(":")[0].removeprefix("=== ") for line in r.stdout.splitlines()
+        assert (out / f"repeat_{i}" / "report.md").is_file()
+        assert {p.name for p in (out / f"repeat_{i}" / "runs").iterdir()} == {"async", "sync"}
+    order = [line.split(":")[0].removeprefix("=== ") for line in stdout.splitlines()
              if line.startswith(("=== async:", "=== sync:"))]
     # each repeat runs both modes, the second in the other order than the first
-    assert sorted(order[:2]) == ["async", "sync"] and order[2:] == order[:2][::-1] and "over 2 repeats" in r.stdout
+    assert sorted(order[:2]) == ["async", "sync"] and order[2:] == order[:2][::-1] and "over 2 repeats" in stdout
+    combined = (out / "report.md").read_text()
+    assert "# Sync vs async comparison: 2 repeats" in combined and "](repeat_1/report.md)" in combined
 
 
 def placement_of(cfg):
@@ -80,7 +82,7 @@ def placement_of(cfg):
 
 
 def test_runs_differ_only_in_mode_and_placement(compared):
-    out, stdout = compared
+    top, stdout, out = compared
     cfg = {m: json.loads((out / "runs" / m / "config.json").read_text()) for m in ("async", "sync")}
     assert cfg["async"]["mode"] == "async" and cfg["sync"]["mode"] == "sync"
     assert {m: placement_of(c) for m, c in cfg.items()} == PLACEMENT
@@ -95,12 +97,12 @@ def test_runs_differ_only_in_mode_and_placement(compared):
     assert "tokens/s (total)" in stdout and "speedup async/sync" in stdout
     assert "total devices: 2 cpu per mode (equal)" in stdout and "<- chosen" in stdout
     assert "synthetic response lengths: lognormal(median 2 = 0.25 x 8, sigma 0.75)" in stdout
-    bench = json.loads((out / "bench.json").read_text())   # the split was chosen from a measured bench
+    bench = json.loads((top / "bench.json").read_text())   # the split was chosen from a measured bench
     assert bench["workload"]["kind"] == "lognormal" and bench["rollout"]["tokens_per_s"] > 0
 
 
 def test_ceilings_and_efficiency_of_the_split(compared, tmp_path):
-    out, _ = compared
+    _, _, out = compared
     table = json.loads((out / "table.json").read_text())
     R, T = table["bench"]["rollout"]["tokens_per_s"], table["bench"]["train"]["tokens_per_s"]
     split = table["split"]
@@ -128,7 +130,7 @@ def test_ceilings_and_efficiency_of_the_split(compared, tmp_path):
 
 
 def test_from_logs_report_plots_and_numbers(compared, tmp_path):
-    out, _ = compared
+    _, _, out = compared
     a_dir, s_dir = str(out / "runs" / "async"), str(out / "runs" / "sync")
     events = {"async": read_events(a_dir), "sync": read_events(s_dir)}
     # a threshold some but not necessarily all validation points reach
@@ -191,7 +193,7 @@ def _edit(run_dir, fn, name="config.json"):
 
 
 def test_config_diff_beyond_mode_and_placement_is_refused(compared, tmp_path):
-    out, _ = compared
+    _, _, out = compared
     a_dir, s_dir = tmp_path / "async", tmp_path / "sync"
     shutil.copytree(out / "runs" / "async", a_dir)
     shutil.copytree(out / "runs" / "sync", s_dir)
@@ -386,7 +388,7 @@ CORE_METRICS = ["perf/throughput", "perf/time_per_step", "perf/total_num_tokens"
 
 
 def test_sync_logs_the_same_metric_set_as_async(compared):
-    out, _ = compared
+    _, _, out = compared
     tags = {m: set(read_events(str(out / "runs" / m))[0]) for m in ("async", "sync")}
     for mode in ("async", "sync"):
         assert not [m for m in CORE_METRICS if m not in tags[mode]], mode
