@@ -5,7 +5,7 @@ ASCEND_RT_VISIBLE_DEVICES; the trainer world and the weight broadcast are built 
 goes through torch_npu.npu_fusion_attention; a run resumes from its checkpoint; the doctor reports an NPU node.
 The stand-in poisons torch.cuda and nccl for the package's own code: a call from fully_async fails the run and is
 logged, and every test asserts none was made.
-Slow: 9 `python -m fully_async.main` subprocesses (the stand-in cannot be loaded into the pytest process, so no run
+Slow: 8 training runs as subprocesses and the doctor's (the stand-in cannot be loaded into the pytest process, so no run
 can share its Ray): one async run per tensor kind serves both the learning and the resume test, the resumes, the
 sync 30-step learning run, the reward model, the doctor and npu_on_cuda_check's two sync runs."""
 import os
