@@ -2,9 +2,12 @@
 
 One module fixture runs the comparison script itself at equal total devices (N=2: async 1 rollout +
 1 trainer vs sync on 2 devices, 3 steps each, the bench measured first to choose the split, a
-synthetic response-length workload); the tests then re-read those TensorBoard dirs independently and
+synthetic response-length workload, --repeats 2: both modes twice, the second repeat in the other order);
+the tests read the combined repeats report and re-read the first repeat's TensorBoard dirs independently and
 check the report, the plots, every number of the table, and the refusal of configs that differ beyond
 `mode` and placement.  The split/ceiling model and the report are also tested on synthetic runs.
+Slow: the comparison itself, once: the bench and four `python -m fully_async.main` runs (--repeats 2 both modes), each
+a subprocess of the script's own (the --from-logs comparisons run in this process).
 """
 import json
 import os
@@ -36,6 +39,19 @@ def run_script(*args, timeout=600):
                           timeout=timeout, env=env)
 
 
+def in_process(capsys, *args):
+    """`python -m fully_async.compare ARGS` in this process (what the script runs; ~3 s of start-up and imports
+    saved per call): its return code and what it printed, as run_script gives them."""
+    from types import SimpleNamespace
+
+    from fully_async.compare.__main__ import main
+
+    capsys.readouterr()
+    rc = main(list(args))
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=rc, stdout=out.out, stderr=out.err)
+
+
 def read_events(logdir):
     """tag -> [(step, wall_time, value)] and the first event's wall time, straight from TensorBoard."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -48,30 +64,31 @@ def read_events(logdir):
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
+    """ONE invocation serves every test: the bench, then both modes twice (--repeats 2).  Returns the comparison's
+    folder, its stdout and the first repeat's folder (runs/, table.json, report.md of one async/sync pair)."""
     out = tmp_path_factory.mktemp("compare")
-    r = run_script("--out", str(out), "--threshold", "0.0", "--bench-batches", "1", "--repeats", "1", *OVERRIDES)
+    r = run_script("--out", str(out), "--threshold", "0.0", "--bench-batches", "1", "--repeats", "2", *OVERRIDES)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    return out, r.stdout
+    return out, r.stdout, out / "repeat_0"
 
 
-def test_repeats_report_median_and_spread(compared, tmp_path):
+def test_repeats_report_median_and_spread(compared):
     """--repeats 2: both modes twice (the second repeat runs sync first), one report per repeat, and the
-    median/min/max/spread of each headline figure in repeats.json and on stdout."""
-    out, _ = compared
-    dest = tmp_path / "rep"
-    r = run_script("--out", str(dest), "--threshold", "0.0", "--repeats", "2", "--split", "1", "--bench-json",
-                   str(out / "bench.json"), *OVERRIDES)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    summary = json.loads((dest / "repeats.json").read_text())
+    median/min/max/spread of each headline figure in repeats.json and on stdout, and the combined report."""
+    out, stdout, _ = compared
+    summary = json.loads((out / "repeats.json").read_text())
     assert summary["repeats"] == 2
     speed = summary["figures"]["speedup async/sync"]
     assert len(speed["values"]) == 2 and speed["min"] <= speed["median"] <= speed["max"]
     for i in range(2):
-        assert (dest / f"repeat_{i}" / "report.md").is_file()
-    order = [line.split(":")[0].removeprefix("=== ") for line in r.stdout.splitlines()
+        assert (out / f"repeat_{i}" / "report.md").is_file()
+        assert {p.name for p in (out / f"repeat_{i}" / "runs").iterdir()} == {"async", "sync"}
+    order = [line.split(":")[0].removeprefix("=== ") for line in stdout.splitlines()
              if line.startswith(("=== async:", "=== sync:"))]
     # each repeat runs both modes, the second in the other order than the first
-    assert sorted(order[:2]) == ["async", "sync"] and order[2:] == order[:2][::-1] and "over 2 repeats" in r.stdout
+    assert sorted(order[:2]) == ["async", "sync"] and order[2:] == order[:2][::-1] and "over 2 repeats" in stdout
+    combined = (out / "report.md").read_text()
+    assert "# Sync vs async comparison: 2 repeats" in combined and "](repeat_1/report.md)" in combined
 
 
 def placement_of(cfg):
@@ -80,7 +97,7 @@ def placement_of(cfg):
 
 
 def test_runs_differ_only_in_mode_and_placement(compared):
-    out, stdout = compared
+    top, stdout, out = compared
     cfg = {m: json.loads((out / "runs" / m / "config.json").read_text()) for m in ("async", "sync")}
     assert cfg["async"]["mode"] == "async" and cfg["sync"]["mode"] == "sync"
     assert {m: placement_of(c) for m, c in cfg.items()} == PLACEMENT
@@ -95,12 +112,12 @@ def test_runs_differ_only_in_mode_and_placement(compared):
     assert "tokens/s (total)" in stdout and "speedup async/sync" in stdout
     assert "total devices: 2 cpu per mode (equal)" in stdout and "<- chosen" in stdout
     assert "synthetic response lengths: lognormal(median 2 = 0.25 x 8, sigma 0.75)" in stdout
-    bench = json.loads((out / "bench.json").read_text())   # the split was chosen from a measured bench
+    bench = json.loads((top / "bench.json").read_text())   # the split was chosen from a measured bench
     assert bench["workload"]["kind"] == "lognormal" and bench["rollout"]["tokens_per_s"] > 0
 
 
-def test_ceilings_and_efficiency_of_the_split(compared, tmp_path):
-    out, _ = compared
+def test_ceilings_and_efficiency_of_the_split(compared, tmp_path, capsys):
+    _, _, out = compared
     table = json.loads((out / "table.json").read_text())
     R, T = table["bench"]["rollout"]["tokens_per_s"], table["bench"]["train"]["tokens_per_s"]
     split = table["split"]
@@ -117,8 +134,8 @@ def test_ceilings_and_efficiency_of_the_split(compared, tmp_path):
     assert "candidate splits of N=2 devices" in report and "why: r=1 maximises" in report
     assert f"= {s['ceiling_tokens_per_s']:.1f} tokens/s (efficiency {s['pipeline_efficiency']:.3f})" in report
     # from saved logs with --bench: the async run's split among the candidates, e on the 2-device sync trainer
-    r = run_script("--from-logs", str(out / "runs" / "async"), str(out / "runs" / "sync"), "--out", str(tmp_path),
-                   "--bench", "--bench-batches", "1", "--dp-efficiency", "0.5")
+    r = in_process(capsys, "--from-logs", str(out / "runs" / "async"), str(out / "runs" / "sync"),
+                   "--out", str(tmp_path), "--bench", "--bench-batches", "1", "--dp-efficiency", "0.5")
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     again = json.loads((tmp_path / "table.json").read_text())
     R, T = again["bench"]["rollout"]["tokens_per_s"], again["bench"]["train"]["tokens_per_s"]
@@ -127,15 +144,15 @@ def test_ceilings_and_efficiency_of_the_split(compared, tmp_path):
     assert again["modes"]["sync"]["ceiling_tokens_per_s"] == pytest.approx(1 / (1 / (2 * R) + 1 / (2 * T * 0.5)))
 
 
-def test_from_logs_report_plots_and_numbers(compared, tmp_path):
-    out, _ = compared
+def test_from_logs_report_plots_and_numbers(compared, tmp_path, capsys):
+    _, _, out = compared
     a_dir, s_dir = str(out / "runs" / "async"), str(out / "runs" / "sync")
     events = {"async": read_events(a_dir), "sync": read_events(s_dir)}
     # a threshold some but not necessarily all validation points reach
     all_vals = sorted(v for m in events for _, _, v in events[m][0][VAL_TAG])
     threshold = all_vals[len(all_vals) // 2]
     dest = tmp_path / "report"
-    r = run_script("--from-logs", s_dir, a_dir, "--out", str(dest), "--threshold", str(threshold))
+    r = in_process(capsys, "--from-logs", s_dir, a_dir, "--out", str(dest), "--threshold", str(threshold))
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     report = (dest / "report.md").read_text()
     summary = json.loads((out / "runs" / "async" / "summary.json").read_text())
@@ -190,19 +207,19 @@ def _edit(run_dir, fn, name="config.json"):
     path.write_text(json.dumps(doc))
 
 
-def test_config_diff_beyond_mode_and_placement_is_refused(compared, tmp_path):
-    out, _ = compared
+def test_config_diff_beyond_mode_and_placement_is_refused(compared, tmp_path, capsys):
+    _, _, out = compared
     a_dir, s_dir = tmp_path / "async", tmp_path / "sync"
     shutil.copytree(out / "runs" / "async", a_dir)
     shutil.copytree(out / "runs" / "sync", s_dir)
     _edit(s_dir, lambda c: c["actor_rollout_ref"]["actor"]["optim"].update(lr=0.5))
-    r = run_script("--from-logs", str(a_dir), str(s_dir), "--out", str(tmp_path / "refused"))
+    r = in_process(capsys, "--from-logs", str(a_dir), str(s_dir), "--out", str(tmp_path / "refused"))
     assert r.returncode == 2, r.stdout + r.stderr
     named = [line.split(":")[0].strip() for line in r.stderr.splitlines() if line.startswith("  ")]
     assert named == ["actor_rollout_ref.actor.optim.lr"], r.stderr   # the placement keys are not named
     assert not (tmp_path / "refused" / "report.md").exists()
     # a deliberate difference is accepted when named, and the report states it
-    r = run_script("--from-logs", str(a_dir), str(s_dir), "--out", str(tmp_path / "allowed"),
+    r = in_process(capsys, "--from-logs", str(a_dir), str(s_dir), "--out", str(tmp_path / "allowed"),
                    "--allow-diff", "actor_rollout_ref.actor.optim.lr")
     assert r.returncode == 0, r.stdout + r.stderr
     lr = json.loads((a_dir / "config.json").read_text())["actor_rollout_ref"]["actor"]["optim"]["lr"]
@@ -212,7 +229,7 @@ def test_config_diff_beyond_mode_and_placement_is_refused(compared, tmp_path):
     _edit(s_dir, lambda c: c["actor_rollout_ref"]["actor"]["optim"].update(lr=lr))
     _edit(s_dir, lambda c: c["trainer"].update(n_gpus_per_node=3))
     _edit(s_dir, lambda s: s["devices"].update(trainer=3, total=3), "summary.json")
-    r = run_script("--from-logs", str(a_dir), str(s_dir), "--out", str(tmp_path / "unequal"))
+    r = in_process(capsys, "--from-logs", str(a_dir), str(s_dir), "--out", str(tmp_path / "unequal"))
     assert r.returncode == 2 and "at equal total devices; these runs use async 2 vs sync 3" in r.stderr, r.stderr
     assert [line.split(":")[0].strip() for line in r.stderr.splitlines() if line.startswith("  ")] == [
         "actor_rollout_ref.actor.strategy", "trainer.n_gpus_per_node"]
@@ -220,18 +237,18 @@ def test_config_diff_beyond_mode_and_placement_is_refused(compared, tmp_path):
     _edit(s_dir, lambda c: (c["trainer"].update(n_gpus_per_node=1), c["actor_rollout_ref"]["actor"].update(
         strategy="torch")))
     _edit(s_dir, lambda s: s["devices"].update(trainer=1, total=1), "summary.json")
-    r = run_script("--from-logs", str(a_dir), str(s_dir), "--out", str(tmp_path / "legacy"))
+    r = in_process(capsys, "--from-logs", str(a_dir), str(s_dir), "--out", str(tmp_path / "legacy"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "total devices DIFFER: async 2, sync 1" in (tmp_path / "legacy" / "report.md").read_text()
     # two runs of the same mode, a mode override or bad placement flags are refused before anything runs
-    assert run_script("--from-logs", str(a_dir), str(a_dir), "--out", str(tmp_path / "x")).returncode == 2
+    assert in_process(capsys, "--from-logs", str(a_dir), str(a_dir), "--out", str(tmp_path / "x")).returncode == 2
     for args, words in ((["mode=sync"], "mode="),   # (--devices 1 now compares sync with colocated async)
                         (["--split", "2"], "--split 2 must be in 1..1"), (["--split", "0"], "--split 0 must be"),
                         (["--dp-efficiency", "1.5"], "--dp-efficiency 1.5"), (["--repeats", "0"], "--repeats 0"),
                         (["rollout.n_gpus_per_node=2"], "pass --split R"),
                         (["trainer.nnodes=2"], "trainer.nnodes=2"),
                         (["--devices", "3", "trainer.n_gpus_per_node=2"], "contradicts --devices 3")):
-        r = run_script("--out", str(tmp_path / "x"), *args)
+        r = in_process(capsys, "--out", str(tmp_path / "x"), *args)
         assert r.returncode == 2 and words in r.stderr, (args, r.stderr)
     assert not (tmp_path / "x" / "runs").exists()
 
@@ -386,7 +403,7 @@ CORE_METRICS = ["perf/throughput", "perf/time_per_step", "perf/total_num_tokens"
 
 
 def test_sync_logs_the_same_metric_set_as_async(compared):
-    out, _ = compared
+    _, _, out = compared
     tags = {m: set(read_events(str(out / "runs" / m))[0]) for m in ("async", "sync")}
     for mode in ("async", "sync"):
         assert not [m for m in CORE_METRICS if m not in tags[mode]], mode

@@ -4,7 +4,10 @@ stand-in `acl`).  The default async and sync runs learn the bundled task; each a
 ASCEND_RT_VISIBLE_DEVICES; the trainer world and the weight broadcast are built on `hccl`; the fused varlen attention
 goes through torch_npu.npu_fusion_attention; a run resumes from its checkpoint; the doctor reports an NPU node.
 The stand-in poisons torch.cuda and nccl for the package's own code: a call from fully_async fails the run and is
-logged, and every test asserts none was made."""
+logged, and every test asserts none was made.
+Slow: 8 training runs as subprocesses and the doctor's (the stand-in cannot be loaded into the pytest process, so no run
+can share its Ray): one async run per tensor kind serves both the learning and the resume test, the resumes, the
+sync 30-step learning run, the reward model, the doctor and npu_on_cuda_check's two sync runs."""
 import os
 
 import pytest
@@ -16,18 +19,26 @@ pytestmark = pytest.mark.integration
 VAL = "val-core/arithmetic/reward/mean@1"
 
 
-@pytest.fixture
-def npu(tmp_path, request):
-    """The environment of a run under the stand-in (2 NPUs on this node), skipped where Ray cannot declare NPUs.
-    Its npu tensors: the CPU backend's own, or (parameter "npu") PrivateUse1 tensors over CPU memory, the kind the
-    stand-in makes on CUDA (tests/npu_standin/torch_npu/_tensor.py)."""
-    log = str(tmp_path / "standin.jsonl")
-    env = standin_env(log, devices=2, TENSORBOARD_DIR=str(tmp_path / "tb"),
-                      FA_NPU_STANDIN_TENSORS=getattr(request, "param", "backend"))
-    found = ray_npu_count(env)
+@pytest.fixture(scope="module")
+def ray_sees_npus(tmp_path_factory) -> None:
+    """Skips the module's runs where Ray cannot declare NPUs through the stand-in (asked once: a Ray import)."""
+    log = str(tmp_path_factory.mktemp("probe") / "standin.jsonl")
+    found = ray_npu_count(standin_env(log, devices=2))
     if found != 2:
         pytest.skip(f"this Ray cannot declare NPU resources through the stand-in's acl (found {found})")
-    return env, log
+
+
+def npu_env(tmp_path, tensors: str = "backend") -> tuple[dict, str]:
+    """The environment of a run under the stand-in (2 NPUs on this node) and its log.  Its npu tensors: the CPU
+    backend's own, or ("npu") PrivateUse1 tensors over CPU memory, the kind the stand-in makes on CUDA
+    (tests/npu_standin/torch_npu/_tensor.py)."""
+    log = str(tmp_path / "standin.jsonl")
+    return standin_env(log, devices=2, TENSORBOARD_DIR=str(tmp_path / "tb"), FA_NPU_STANDIN_TENSORS=tensors), log
+
+
+@pytest.fixture
+def npu(ray_sees_npus, tmp_path):
+    return npu_env(tmp_path)
 
 
 def common(tmp_path, name: str = "run") -> list[str]:
@@ -65,13 +76,19 @@ def check_no_cuda_or_nccl(log: list[dict]) -> None:
     assert all(r["backend"] == "hccl" for r in log if r["event"] == "init_process_group"), log
 
 
-TENSOR_KINDS = pytest.mark.parametrize("npu", ["backend", "npu"], indirect=True)
+@pytest.fixture(scope="module", params=["backend", "npu"])
+def async_run(ray_sees_npus, tmp_path_factory, request):
+    """ONE default async run per tensor kind, saving its final checkpoint (save_freq past the end: only the final
+    one): the learning test reads it and the resume test continues from it.  (env, log path, run dir, result)."""
+    tmp_path = tmp_path_factory.mktemp(f"async_{request.param}")
+    env, log_path = npu_env(tmp_path, request.param)
+    r = run_main(env, *common(tmp_path), "trainer.save_freq=1000")
+    return env, log_path, tmp_path, r
 
 
-@TENSOR_KINDS
-def test_async_run_learns_with_an_npu_per_actor_and_hccl_weight_sync(npu, tmp_path):
-    env, log_path = npu
-    check_ok(run_main(env, *common(tmp_path)))
+def test_async_run_learns_with_an_npu_per_actor_and_hccl_weight_sync(async_run):
+    env, log_path, tmp_path, r = async_run
+    check_ok(r)
     check_learned(str(tmp_path / "tb"))
     log = read_log(log_path)
     check_no_cuda_or_nccl(log)
@@ -118,21 +135,23 @@ def test_a_reward_models_scores_are_the_rewards_on_two_npus(npu, tmp_path):
     check_no_cuda_or_nccl(read_log(log_path))
 
 
-@TENSOR_KINDS
-def test_async_run_resumes_from_its_checkpoint_on_npu(npu, tmp_path):
-    env, log_path = npu
-    base = [*common(tmp_path), "trainer.save_freq=2", "trainer.test_freq=-1", "trainer.val_before_train=false"]
-    check_ok(run_main(env, *base, "trainer.total_training_steps=4", "trainer.resume_mode=disable",
-                      "hydra.run.dir=" + str(tmp_path / "h1")))
-    assert os.path.isdir(tmp_path / "ckpt" / "global_step_4"), os.listdir(tmp_path / "ckpt")
-    env2 = dict(env, TENSORBOARD_DIR=str(tmp_path / "tb2"))
-    r = run_main(env2, *base, "trainer.total_training_steps=6", "trainer.resume_mode=auto",
+def test_async_run_resumes_from_its_checkpoint_on_npu(async_run):
+    """The learning run's final checkpoint (global_step_<last>) resumed for 2 more steps, per tensor kind."""
+    env, log_path, tmp_path, first = async_run
+    check_ok(first)
+    last = max(s for s, _ in read_scalars(str(tmp_path / "tb"))["actor/pg_loss"])
+    assert os.path.isdir(tmp_path / "ckpt" / f"global_step_{last}"), os.listdir(tmp_path / "ckpt")
+    log2 = str(tmp_path / "standin_resumed.jsonl")   # its own log: the learning test reads the first run's
+    env2 = dict(env, TENSORBOARD_DIR=str(tmp_path / "tb2"), FA_NPU_STANDIN_LOG=log2)
+    r = run_main(env2, *common(tmp_path), "trainer.test_freq=-1", "trainer.val_before_train=false",
+                 f"trainer.total_training_steps={last + 2}", "trainer.resume_mode=auto",
                  "hydra.run.dir=" + str(tmp_path / "h2"))
     check_ok(r)
-    assert "resuming from" in r.stdout + r.stderr and "global_step_4" in r.stdout + r.stderr
+    assert "resuming from" in r.stdout + r.stderr and f"global_step_{last}" in r.stdout + r.stderr
     steps = [s for s, _ in read_scalars(str(tmp_path / "tb2"))["actor/pg_loss"]]
-    assert steps == [5, 6], steps                 # the resumed run trains only the remaining steps
-    check_no_cuda_or_nccl(read_log(log_path))
+    assert steps == [last + 1, last + 2], steps   # the resumed run trains only the remaining steps
+    check_no_cuda_or_nccl(read_log(log_path) + read_log(log2))
+    assert read_log(log2), "the resumed run ran outside the stand-in"
 
 
 def test_doctor_reports_an_npu_node(npu, tmp_path):

