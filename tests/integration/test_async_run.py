@@ -159,8 +159,8 @@ def run_with_reward(tmp_path, monkeypatch, source: str, *overrides: str) -> tupl
 
 def test_failing_rollouter_fails_the_run_with_its_error(ray_session, tmp_path, monkeypatch):
     # correct answers score (so the driver's probe passes); the first wrong answer blows up in the rollouter
-    bad, out = run_with_reward(tmp_path, monkeypatch, SCORE_HEADER + "        raise ValueError('reward exploded on purpose')\n"
-                                                       "    return 1.0\n")
+    bad, out = run_with_reward(tmp_path, monkeypatch, SCORE_HEADER + "        raise ValueError('reward exploded on "
+                                                                    "purpose')\n    return 1.0\n")
     # the user's error, where it was raised (file and line), reaches the driver
     assert "rollouter failed: RewardError: reward function compute_score" in out
     assert "raised ValueError: reward exploded on purpose" in out and f"{bad}:3 (in compute_score)" in out
