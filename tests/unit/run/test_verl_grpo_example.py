@@ -47,9 +47,13 @@ def header_overrides():
 
 
 def test_verls_grpo_example_composes_as_main_ppo_means_it(tmp_path, caplog):
-    for name in ("train", "test"):   # verl's paths under $HOME (validate checks that the files exist)
+    import pandas as pd
+
+    row = {"prompt": [{"role": "user", "content": "1+1?"}], "data_source": "openai/gsm8k",
+           "reward_model": {"ground_truth": "2", "style": "rule"}, "extra_info": {"index": 0}}
+    for name in ("train", "test"):   # verl's paths under $HOME (validate checks that the files exist and hold rows)
         os.makedirs(tmp_path / "data" / "gsm8k", exist_ok=True)
-        (tmp_path / "data" / "gsm8k" / f"{name}.parquet").write_bytes(b"")
+        pd.DataFrame([row]).to_parquet(tmp_path / "data" / "gsm8k" / f"{name}.parquet")
     model = tmp_path / "models" / "Qwen2-7B-Instruct"   # the model folder the script names (its config only)
     model.mkdir(parents=True)
     (model / "config.json").write_text('{"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], '
