@@ -166,7 +166,21 @@ class Device:
             stats["allocated_gib"] = mod.memory_allocated() / 2**30
             stats["reserved_gib"] = mod.memory_reserved() / 2**30
             stats["max_allocated_gib"] = mod.max_memory_allocated() / 2**30
+            free, total = mod.mem_get_info()
+            stats["device_used_gib"] = (total - free) / 2**30   # every process's, and memory outside torch's allocator
         return stats
+
+    def current_index(self) -> int:
+        """The index of this process's current device (0 on cpu)."""
+        return int(self.module().current_device()) if self.is_accelerator else 0
+
+    def mem_info(self) -> tuple[int, int]:
+        """(free, total) bytes of the current device, as its driver counts them (every process's use included);
+        on cpu the host's available and total memory (/proc/meminfo)."""
+        if self.is_accelerator:
+            free, total = self.module().mem_get_info()
+            return int(free), int(total)
+        return host_memory()
 
     def reset_peak_memory(self) -> None:
         """Start a new max_allocated_gib window (no-op on cpu)."""
@@ -282,6 +296,19 @@ def host_rss_gib() -> float:
         return pages * os.sysconf("SC_PAGE_SIZE") / 2**30
     except (OSError, ValueError, IndexError):
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def host_memory() -> tuple[int, int]:
+    """(available, total) bytes of host memory (MemAvailable / MemTotal); (0, 0) where /proc/meminfo is missing."""
+    fields = {}
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                fields[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return fields.get("MemAvailable", 0), fields.get("MemTotal", 0)
 
 
 def parse_dtype(name: str) -> torch.dtype:

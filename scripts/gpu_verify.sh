@@ -10,6 +10,7 @@
 #   bash scripts/gpu_verify.sh multijob                   (#15: two jobs share one GPU under the pool's leases; 1 GPU)
 #   bash scripts/gpu_verify.sh memory                     (memory model vs measured peak, trainer + engine, #16: 1 GPU)
 #   bash scripts/gpu_verify.sh colocated                  (colocated async vs sync, seed-003 shape, #27: 1 GPU)
+#   bash scripts/gpu_verify.sh switch                     (#41: a turn switch of the embedded engine, VMM vs the old sleep: 1 GPU)
 #   bash scripts/gpu_verify.sh elastic                    (elastic vs split async vs sync, #27: N=2 or 4 GPUs)
 #   bash scripts/gpu_verify.sh seed                       (#28: sync vs split/elastic/colocated, seed-003 shape, N GPUs)
 #   bash scripts/gpu_verify.sh features                   (#24/#26: Ulysses over NCCL, LoRA, reward model, NPU path: 2 GPUs)
@@ -73,7 +74,16 @@ tests)
   CUDA_VISIBLE_DEVICES=0 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py \
       tests/gpu/test_device_ipc_cuda.py 2>&1 | tail -15
   ;;
+switch)
+  # what a turn switch costs the embedded engine and what it frees (#41): its memory at fixed addresses (CUDA VMM)
+  # against the old sleep, 256 slots of the 0.5B shape with the responses kept in flight through the sleep (KV swap)
+  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  CUDA_VISIBLE_DEVICES=0 timeout ${LIMIT:-300} python3 scripts/bench_engine_switch.py --model /tmp/m05 --device cuda \
+      --slots ${NSEQS:-256} --tokens ${TOKENS:-1024} --before ${BEFORE:-600} --out "$OUT/engine_switch.json" 2>&1 | tail -8
+  ;;
 colocated)
+  # FCE: actor_rollout_ref.rollout.free_cache_engine (default true, verl's default; COLO_EXTRA may add
+  # actor_rollout_ref.rollout.free_cache_engine_force=true, which frees the engine's memory at every turn)
   # colocated async against sync on ONE GPU (#27), the seed-003 shape: 0.5B-shaped bf16, 64 prompts x 8, lognormal
   # lengths up to MAXLEN (3072), EOS ignored, packed trainer with dynamic batch size, staleness 0.2, trigger 4;
   # both runs in this invocation, then compared from their logs (steady steps: the first, compiling, step excluded
@@ -85,13 +95,14 @@ colocated)
         actor_rollout_ref.model.use_remove_padding=true actor_rollout_ref.actor.use_dynamic_bsz=true
         actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768 actor_rollout_ref.actor.ppo_mini_batch_size=64
         data.train_batch_size=64 actor_rollout_ref.rollout.n=8 actor_rollout_ref.rollout.max_num_seqs=${NSEQS:-256}
-        benchmark.response_length=lognormal benchmark.ignore_eos=true actor_rollout_ref.rollout.free_cache_engine=false
+        benchmark.response_length=lognormal benchmark.ignore_eos=true actor_rollout_ref.rollout.free_cache_engine=${FCE:-true}
         async_training.staleness_threshold=${STALENESS:-0.2} async_training.trigger_parameter_sync_step=${TRIGGER:-4}
         trainer.resume_mode=disable trainer.progress_bar=false
         trainer.val_before_train=false trainer.test_freq=-1 trainer.logger=[console,tensorboard] trainer.timeline=true
         "trainer.default_local_dir=/tmp/ckpt")
   # RUNS: where the runs' logs go (default $OUT/runs); SKIP_SYNC=1 RUNS=<an earlier call's, same warm machine>
-  # compares a new colocated variant (TAG names it, COLO_EXTRA its overrides) with that call's sync run
+  # compares a new colocated variant (TAG names it, COLO_EXTRA its overrides, ALLOW_DIFF="--allow-diff KEY ..." the
+  # keys they set) with that call's sync run
   export CUDA_VISIBLE_DEVICES=0
   RUNS=${RUNS:-$OUT/runs}; COLO=$RUNS/colocated${TAG:+_$TAG}
   [ "${SKIP_SYNC:-0}" = 1 ] || TENSORBOARD_DIR=$RUNS/sync timeout ${RUN_LIMIT:-260} python3 -m fully_async.main \
@@ -103,7 +114,7 @@ colocated)
       | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
   python3 scripts/compare_sync_async.py --from-logs $COLO $RUNS/sync --out $OUT/compare${TAG:+_$TAG} \
       --allow-diff async_training.placement --allow-diff trainer.total_training_steps \
-      --allow-diff actor_rollout_ref.rollout.weight_sync --warmup-steps ${WARMUP:-1} 2>&1 | tail -30
+      --allow-diff actor_rollout_ref.rollout.weight_sync ${ALLOW_DIFF:-} --warmup-steps ${WARMUP:-1} 2>&1 | tail -30
   tar czf "$OUT/runs${TAG:+_$TAG}.tgz" -C "$RUNS" sync "$(basename "$COLO")" 2>/dev/null
   ;;
 elastic)

@@ -71,8 +71,15 @@ class Rollouter(MetricsOutbox):
         # the turn is the trainer's alone, on one device or several); exact: no weights change meanwhile; a weight
         # update parks them and they continue on the new weights from prompt + partial response, as in split async
         # (pause_mode=keep: they continue over their KV cache)
-        self._keeps_in_flight = (cfg.async_training.placement == "colocated"
-                                 and not cfg.actor_rollout_ref.rollout.free_cache_engine)
+        self._colocated = cfg.async_training.placement == "colocated"
+        self._keeps_in_flight = self._colocated and not cfg.actor_rollout_ref.rollout.free_cache_engine
+        # free_cache_engine=true: each switch asks the engines whether they keep their memory (the trainer fits beside
+        # them: device_memory/policy.py); when they do, or when they swap the KV of what is in flight to host memory
+        # and back (the embedded engine), the responses are held through the trainer's turn instead of parked -- as
+        # with free_cache_engine=false: no weights change in the trainer's turn (its update is loaded after the
+        # wake), so holding is exact; an update then parks them (pause_mode=abort) or continues them (keep)
+        self._swap_in_flight = self._colocated
+        self._held_through = False
         self.queue = queue
         self.tokenizer = build_tokenizer(cfg)
         self.tools = ToolLoop.from_config(cfg, self.tokenizer)   # multi-turn tool rollouts, or None
@@ -344,8 +351,10 @@ class Rollouter(MetricsOutbox):
                 self._apply_weights(load, version)
         if not self.held:   # (a checkpoint's hold resumes them at its release)
             self.scheduler.resume()
-        if self._keeps_in_flight:
+        if self._held_through:
+            self._held_through = False
             self.pool.release()   # the responses kept through the trainer's turn go on
+        m.update(self.pool.memory_report())
         self._gen_from = time.time()
         return m
 
@@ -360,20 +369,32 @@ class Rollouter(MetricsOutbox):
         if self._gen_from is not None:
             ph.spans.append({"name": "generate", "start": self._gen_from, "end": time.time(), "args": {}})
         self._yields += 1
-        if self._keeps_in_flight and why != "done":
+        if self._colocated and why != "done" and self._holds_through():
             self._gen_from = None
+            self._held_through = True
             self.pool.hold()   # engines in their own actors would go on decoding in the trainer's turn otherwise
-            return {"multi_job/rollout/yields": self._yields, "fully_async/rollouter/kept_in_flight":
-                    float(sched.in_flight())}
+            m = {"multi_job/rollout/yields": self._yields, "fully_async/rollouter/kept_in_flight":
+                 float(sched.in_flight())}
+            if self.pool.swaps_in_flight:   # resident (nothing moves), or the KV of what is in flight swapped out
+                m.update(timed_event(self.device, ph, "rollout", "offload", lambda: self.pool.sleep(1, True)))
+            return m
         if sched.partial_rollout or why == "done":
             sched.stats["interrupted_samples"] += sched.park()
         else:
             sched.drain()
         m = timed_event(self.device, ph, "rollout", "offload", lambda: self.pool.sleep(1))
+        m.update(self.pool.memory_report())
         m["multi_job/rollout/held_s"] = time.time() - (self._gen_from or time.time())
         m["multi_job/rollout/yields"] = self._yields
         self._gen_from = None
         return m
+
+    def _holds_through(self) -> bool:
+        """Hold the responses in flight through the trainer's turn (not park them)?  The engines keep their memory
+        (free_cache_engine=false, or the trainer fits beside them), or swap what is in flight to host memory."""
+        if self._keeps_in_flight:
+            return True
+        return self.pool.keeps_resident() or (self._swap_in_flight and self.pool.swaps_in_flight)
 
     def _run_commands(self, block: bool, timeout: float = 0.0) -> None:
         while True:

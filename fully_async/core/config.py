@@ -240,8 +240,10 @@ class RolloutConfig:
     fused_decode: bool = True             # embedded engine, llama-family models: decode as fused per-layer functions
     #                                       (torch.compile on CUDA); false: transformers' own modules
     cudagraph_capture_sizes: Optional[list[int]] = None  # decode batch sizes captured as graphs; null: engine's
-    free_cache_engine: bool = True        # sync mode: the engine frees its KV cache and weights while the trainer
-    #                                       runs; false keeps them resident (and the decode graphs valid)
+    free_cache_engine: bool = True        # sync / colocated: the engine frees its KV cache and weights for the
+    #                                       trainer's turn where the trainer needs the memory (what fits beside it
+    #                                       stays resident, measured: device_memory/policy.py); false: always resident
+    free_cache_engine_force: bool = False  # true: free at every switch even where both fit (a measurement, a pool)
     load_format: str = "auto"             # auto | dummy (random init; real weights arrive from the trainer)
     max_model_len: Optional[int] = None   # tokens per sequence (both engines; the embedded one sizes its KV
     #                                       cache slots by it); null: max_prompt_length + max_response_length

@@ -53,6 +53,8 @@ MODE_ONLY: dict[str, ModeOnly] = {
         (ASYNC,), "sync mode updates weights between phases, with nothing in flight"),
     "actor_rollout_ref.rollout.free_cache_engine": ModeOnly(
         (SYNC, POOL), "async engines on their own devices never sleep (nothing else needs their memory)"),
+    "actor_rollout_ref.rollout.free_cache_engine_force": ModeOnly(
+        (SYNC, POOL), "async engines on their own devices never sleep (nothing else needs their memory)"),
     "data.train_batch_size": ModeOnly((SYNC,), "a trainer step is ppo_mini_batch_size x require_batches",
                                       checked_elsewhere=True),
     "actor_rollout_ref.actor.fsdp_config.param_offload": ModeOnly(

@@ -66,7 +66,8 @@ def test_colocated_keep_mode_continues_responses_across_updates(ray_session, tmp
     """pause_mode=keep with the embedded engine: responses in flight at a weight update continue on the new weights
     without being parked (tokens of two versions in one response), every sample trained once.  Long synthetic
     responses (lognormal up to 48 tokens, EOS ignored) and a loose staleness bound keep responses in flight when the
-    trainer takes its turn."""
+    trainer takes its turn.  The engine frees its memory at every turn (free_cache_engine_force): the responses in
+    flight go through each trainer turn with their KV swapped to host memory and back, not parked."""
     from fully_async.run.main import run
 
     steps = 6
@@ -74,7 +75,7 @@ def test_colocated_keep_mode_continues_responses_across_updates(ray_session, tmp
     summary = run(load_config([f"trainer.total_training_steps={steps}", "trainer.progress_bar=false",
                                "trainer.test_freq=-1", "trainer.resume_mode=disable", "trainer.val_before_train=false",
                                *COLOCATED, "actor_rollout_ref.rollout.pause_mode=keep",
-                               "actor_rollout_ref.rollout.free_cache_engine=false", "data.max_response_length=48",
+                               "actor_rollout_ref.rollout.free_cache_engine_force=true", "data.max_response_length=48",
                                "benchmark.response_length=lognormal", "benchmark.ignore_eos=true",
                                "async_training.staleness_threshold=2",
                                f"trainer.default_local_dir={tmp_path}/ck_keep"]))
@@ -83,3 +84,7 @@ def test_colocated_keep_mode_continues_responses_across_updates(ray_session, tmp
     scalars = read_scalars(str(tmp_path / "keep"))
     assert max(v for _, v in scalars["fully_async/partial/max_partial_span"]) >= 1   # a response spans an update
     assert max(v for _, v in scalars["fully_async/partial/total_partial_num"]) > 0
+    assert max(v for _, v in scalars["memory/rollout/swap_gib"]) > 0                  # KV swapped through turns
+    assert max(v for _, v in scalars["memory/rollout/freed_switches"]) >= 2         # (a trainer may keep its turn)
+    assert max(v for _, v in scalars["fully_async/rollouter/kept_in_flight"]) > 0
+    assert all(v == 0 for _, v in scalars["memory/rollout/kept_resident"])          # forced: never kept

@@ -26,8 +26,12 @@ def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: 
         module, _, cls_name = rollout.name.partition(":")
         return getattr(importlib.import_module(module), cls_name)(cfg.actor_rollout_ref.model.path, **hf_kwargs)
     if rollout.name == "hf":
+        from fully_async.device_memory.policy import engine_memory_mode
         from fully_async.rollout.engines.hf_engine import HFEngine
+
+        job = cfg.multi_job.job_name or cfg.trainer.experiment_name
         return HFEngine(cfg.actor_rollout_ref.model.path, max_num_batched_tokens=rollout.max_num_batched_tokens,
+                        keep_when_fits=engine_memory_mode(cfg)[0] == "auto", memory_tag=f"{job}/rollout{replica}",
                         **hf_kwargs)
     if rollout.name == "vllm":
         from fully_async.rollout.engines.vllm_engine import VLLMEngine

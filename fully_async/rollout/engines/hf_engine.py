@@ -71,8 +71,10 @@ class _SlotCache:
     decode(hi, positions, span): slot i < hi writes its one new key/value at positions[i] and the attention
     reads slots [0, hi) over columns [0, span)."""
 
-    def __init__(self, slots: int, capacity: int):
+    def __init__(self, slots: int, capacity: int, alloc: Optional[Callable[..., torch.Tensor]] = None):
         self.slots, self.capacity = slots, capacity
+        # where the buffers live: torch's allocator, or the engine's KV arena (engine_memory.py)
+        self.alloc = alloc or (lambda shape, dtype, device: torch.zeros(shape, dtype=dtype, device=device))
         self.spans = span_buckets(capacity)          # attention-span buckets of the decode graphs
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
@@ -90,17 +92,20 @@ class _SlotCache:
         """Make room for `capacity` positions per slot, keeping what is cached."""
         for buffers in (self.keys, self.values):
             for i, old in enumerate(buffers):
-                new = old.new_zeros(old.shape[0], old.shape[1], capacity, old.shape[3])
+                new = self.alloc((old.shape[0], old.shape[1], capacity, old.shape[3]), old.dtype, old.device)
                 new[:, :, :old.shape[2]] = old
                 buffers[i] = new
         self.capacity = capacity
         self.spans = span_buckets(capacity)
 
+    def add_layer(self, heads: int, dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (self.slots, heads, self.capacity, dim)
+        self.keys.append(self.alloc(shape, dtype, device))
+        self.values.append(self.alloc(shape, dtype, device))
+
     def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
         if layer_idx == len(self.keys):  # first use: shapes come from the model's own projections
-            shape = (self.slots, key.shape[1], self.capacity, key.shape[3])
-            self.keys.append(key.new_zeros(shape))
-            self.values.append(value.new_zeros(shape))
+            self.add_layer(key.shape[1], key.shape[3], key.dtype, key.device)
         k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
         if self._mode[0] == "prefill":
             _, slots, length = self._mode
@@ -178,12 +183,15 @@ def _bucket(value: int, buckets: list[int]) -> Optional[int]:
 
 
 class HFEngine:
+    swaps_in_flight = True   # sleep(keep_in_flight=True) keeps the occupied slots' KV through the sleep
+
     def __init__(self, model_path: str, device: Device, dtype: str = "float32", max_num_seqs: int = 256,
                  eos_token_ids: Optional[list[int]] = None, pad_token_id: int = 0, seed: int = 1,
                  trust_remote_code: bool = False, max_model_len: Optional[int] = None, enforce_eager: bool = True,
                  graph_batch_sizes: Optional[list[int]] = None, free_cache_engine: bool = True,
                  fused_decode: bool = True, split_kv: Optional[bool] = None, keep_in_flight: bool = False,
-                 quantization: Optional[str] = None, max_num_batched_tokens: Optional[int] = None):
+                 quantization: Optional[str] = None, max_num_batched_tokens: Optional[int] = None,
+                 keep_when_fits: bool = False, device_memory: str = "auto", memory_tag: str = "run/rollout"):
         from transformers import AutoModelForCausalLM
 
         start = time.perf_counter()
@@ -213,6 +221,32 @@ class HFEngine:
             if fused_decode:
                 logger.info("embedded engine: fp8 rollout emulated over transformers' decode forward")
                 fused_decode = False
+        # free_cache_engine: freed at every switch, or (keep_when_fits) kept resident where the trainer fits beside it
+        from fully_async.device_memory.policy import KeepWhenFits
+
+        self.choice = KeepWhenFits("keep" if not free_cache_engine else "auto" if keep_when_fits else "free")
+        self._decided: Optional[bool] = None     # keeps_resident()'s answer, for the sleep that follows it
+        self._resident_sleep = False             # asleep without freeing anything
+        self._turn = False                       # the current sleep followed generation (the trainer's turn)
+        self._worked = False                     # generated since the last wake: the sleep is a real turn switch
+        self._swap: Optional[Any] = None         # responses kept in flight through a sleep (engine_memory.KvSwap)
+        self._staging: Optional[Any] = None      # its host buffer, kept from one sleep to the next
+        self.memory_stats: dict[str, float] = {"sleeps": 0.0, "freed_sleeps": 0.0, "graph_captures": 0.0}
+        # weights, KV cache and decode state at fixed addresses whose memory a sleep gives back (CUDA VMM): the
+        # decode graphs stay valid across a sleep; elsewhere (cpu, npu, fp8 emulation) a sleep drops and rebuilds
+        self.memory = None
+        if free_cache_engine and self.fp8 is None:
+            from fully_async.device_memory.arena import memory_backend
+
+            backend, why = memory_backend(device, device_memory)
+            if backend is not None:
+                from fully_async.rollout.engines.engine_memory import EngineMemory
+
+                self.memory = EngineMemory(backend, device, memory_tag)
+                self.memory.place_module(self.model)
+                device.empty_cache()
+            else:
+                logger.debug("embedded engine: sleep drops and rebuilds its memory (%s)", why)
         self.max_num_seqs = max_num_seqs
         self.admit_batch = max(1, max_num_seqs // 8)  # free slots that trigger an admission mid-run
         if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
@@ -306,6 +340,7 @@ class HFEngine:
         own (then free) slot, which nothing reads."""
         if not self.waiting and not self._occ.any():
             return []
+        self._worked = True
         with torch.inference_mode():
             self._admit()
             host = self._sample()
@@ -346,15 +381,64 @@ class HFEngine:
             if kept:
                 logger.info("embedded engine: weights v%d loaded with %d requests kept in flight", version, kept)
 
-    def sleep(self, level: int = 1) -> None:
-        """Free device memory for the colocated trainer (rollout.free_cache_engine=true): drop the KV cache and
-        the decode graphs and move the weights (and buffers such as RoPE's inv_freq, which are not in the state
-        dict) to host memory; with free_cache_engine=false everything stays resident (and the graphs valid).
+    def keeps_resident(self) -> bool:
+        """Will the next sleep keep this engine's memory resident (free_cache_engine=false, or true with the trainer
+        fitting beside it: device_memory/policy.py)?  The answer holds for that sleep."""
+        if not self.free_cache_engine:
+            return True
+        free, total = self.device.mem_info()
+        self._decided = self.choice.decide(free, total, self.device_bytes())
+        return self._decided
+
+    def device_bytes(self) -> int:
+        """The device memory this engine holds for its weights, KV cache and decode state."""
+        if self.memory is not None:
+            return sum(a.nbytes for a in self.memory.arenas())
+        tensors = list(self.model.parameters()) + list(self.model.buffers())
+        if self._cache is not None:
+            tensors += self._cache.keys + self._cache.values
+        if self._state is not None:
+            tensors += list(self._state.values())
+        return sum(t.numel() * t.element_size() for t in tensors if t.device.type == self.torch_device.type)
+
+    def sleep(self, level: int = 1, keep_in_flight: bool = False) -> None:
+        """Give the device to the other tenant (the trainer's turn).  free_cache_engine=false, or a turn where the
+        trainer fits beside the engine (`keeps_resident`): nothing moves.  Otherwise the memory is freed: on CUDA
+        the weights go to a pinned host copy and the weights', KV cache's and decode state's memory goes back to
+        the device at fixed addresses (engine_memory.py: the decode graphs stay valid); elsewhere the cache, the
+        state and the graphs are dropped and the weights (and buffers such as RoPE's inv_freq, which are not in
+        the state dict) moved to host memory.  keep_in_flight: requests stay in flight; the KV positions and
+        decode state of the occupied slots go to host memory and come back at the wake (no re-prefill).
         Level 2 is treated as level 1: this engine has no way to rebuild non-persistent buffers from nothing."""
-        if self.num_in_flight():
+        if self.num_in_flight() and not keep_in_flight:
             raise RuntimeError("HFEngine.sleep() with requests in flight")
-        if self.free_cache_engine:
-            self.device.synchronize()   # a decode step queued by the last collect() may still read the buffers
+        if self._sleep_level:
+            return
+        keep, self._decided = (self._decided if self._decided is not None else self.keeps_resident()), None
+        self._sleep_level, self._turn = level, self._worked
+        self.memory_stats["sleeps"] += 1
+        if keep:
+            self._resident_sleep = True
+            return
+        start = time.perf_counter()
+        self.device.synchronize()   # a decode step queued by the last collect() may still read the buffers
+        held = self.device_bytes()
+        rows = np.flatnonzero(self._occ)
+        swap_s = 0.0
+        if len(rows) and self._cache is not None and self._cache.keys:
+            from fully_async.rollout.engines.engine_memory import KvSwap
+
+            with torch.inference_mode():   # (a cache made in inference mode is written only there)
+                if self._staging is None:
+                    from fully_async.rollout.engines.engine_memory import HostStaging
+
+                    self._staging = HostStaging(self.device.is_accelerator)
+                self._swap = KvSwap.out(self._cache.keys, self._cache.values, self._state, rows, self._len[rows],
+                                        self.device, self._staging)
+            swap_s = time.perf_counter() - start
+        if self.memory is not None:
+            self.memory.release()
+        else:
             self._cache = self._state = None
             self._graphs = {}
             if self.device.is_accelerator:
@@ -365,17 +449,61 @@ class HFEngine:
                 self._host.module_to_host(self.model)   # pinned buffers, reused at every sleep
                 self.device.synchronize()
                 self.device.empty_cache()
-        self._sleep_level = level
+        self.memory_stats.update(freed_sleeps=self.memory_stats["freed_sleeps"] + 1, freed_gib=held / 2**30,
+                                 sleep_s=time.perf_counter() - start, swap_out_s=swap_s,
+                                 swap_gib=self._swap.nbytes / 2**30 if self._swap is not None else 0.0)
 
     def wake_up(self) -> None:
-        if self._sleep_level and self.free_cache_engine:
+        if not self._sleep_level:
+            return
+        if self._turn:   # the other tenant had a turn: its allocator now holds what its step needed
+            self.choice.other_turn_seen()
+        self._sleep_level, self._worked = 0, False
+        if self._resident_sleep:
+            self._resident_sleep = False
+            return
+        start = time.perf_counter()
+        if self.memory is not None:
+            self.memory.restore()
+            if self._state is not None:
+                self._reset_state()
+        else:
             if self.device.is_accelerator:
                 if self._host is not None:
                     self._host.module_to_device(self.model, self.torch_device)
                 else:
                     self.model.to(self.torch_device)
             self._invalidate_graphs()   # the weights have new addresses
-        self._sleep_level = 0
+        swap_s = 0.0
+        if self._swap is not None:
+            swap_from = time.perf_counter()
+            swap, self._swap = self._swap, None
+            with torch.inference_mode():
+                cache, state = self._buffers(swap.capacity)
+                if not cache.keys:   # a dropped cache is rebuilt at the saved shape
+                    layers, heads, dim, dtype = swap.meta
+                    for _ in range(layers):
+                        cache.add_layer(heads, dim, dtype, self.torch_device)
+                swap.back(cache.keys, cache.values, state)
+            self.device.synchronize()
+            swap_s = time.perf_counter() - swap_from
+        self.memory_stats.update(wake_s=time.perf_counter() - start, swap_in_s=swap_s)
+
+    def memory_report(self) -> dict[str, float]:
+        """Device memory and switch metrics of this engine (the rollouter's memory/rollout/* and timing_s/switch/*)."""
+        out = {"memory/rollout/engine_gib": self.device_bytes() / 2**30,
+               "memory/rollout/kept_resident": float(self.choice.last),
+               "memory/rollout/freed_switches": self.memory_stats["freed_sleeps"],
+               "memory/rollout/graph_captures": float(self.memory_stats["graph_captures"])}
+        if self.memory is not None:
+            out.update({f"memory/{tag}_gib": held / 2**30 for tag, held in self.memory.held().items()})
+        for key in ("freed_gib", "swap_gib"):
+            if key in self.memory_stats:
+                out[f"memory/rollout/{key}"] = self.memory_stats[key]
+        for key in ("sleep_s", "wake_s", "swap_out_s", "swap_in_s"):
+            if key in self.memory_stats:
+                out[f"timing_s/switch/{key[:-2]}"] = self.memory_stats[key]
+        return out
 
     # ------------------------------------------------------------------ internals
     def _want_split_kv(self, asked: Optional[bool]) -> bool:
@@ -394,12 +522,16 @@ class HFEngine:
 
     def _buffers(self, need: int) -> tuple[_SlotCache, dict[str, torch.Tensor]]:
         """The slot cache (room for `need` positions per slot) and the per-slot device state."""
+        kv_alloc = None if self.memory is None else lambda shape, dtype, device: self.memory.kv_alloc(shape, dtype)
         if self._cache is None:
-            self._cache = _SlotCache(self.max_num_seqs, max(self.max_model_len, need))
+            self._cache = _SlotCache(self.max_num_seqs, max(self.max_model_len, need), kv_alloc)
         elif need > self._cache.capacity:
             logger.warning("a request needs %d positions, the slot cache has %d: growing it (raise "
                            "actor_rollout_ref.rollout.max_model_len to avoid this)", need, self._cache.capacity)
+            old = self.memory.new_kv_arena() if self.memory is not None else None
             self._cache.grow(max(need, 2 * self._cache.capacity))
+            if old is not None:
+                old.close()
             self._invalidate_graphs()   # the cache buffers moved
         capacity = self._cache.capacity
         if self._tok.shape[1] < capacity:   # host history: a slot generates at most `capacity` tokens
@@ -408,14 +540,23 @@ class HFEngine:
             self._lp = np.pad(self._lp, ((0, 0), (0, grow)))
             self._ver = np.pad(self._ver, ((0, 0), (0, grow)))
         if self._state is None:
-            dev, s = self.torch_device, self.max_num_seqs
-            vocab = self.lm_head.weight.shape[0]
-            self._state = {"logits": torch.zeros(s, vocab, device=dev),
-                           "tokens": torch.zeros(s, dtype=torch.long, device=dev),
-                           "lengths": torch.zeros(s, dtype=torch.long, device=dev),
-                           "temperature": torch.ones(s, device=dev), "top_p": torch.ones(s, device=dev),
-                           "top_k": torch.full((s,), -1, dtype=torch.long, device=dev)}
+            s, vocab = self.max_num_seqs, self.lm_head.weight.shape[0]
+            new = ((lambda shape, dtype: torch.zeros(shape, dtype=dtype, device=self.torch_device))
+                   if self.memory is None else self.memory.state_alloc)
+            self._state = {"logits": new((s, vocab), torch.float32), "tokens": new((s,), torch.long),
+                           "lengths": new((s,), torch.long), "temperature": new((s,), torch.float32),
+                           "top_p": new((s,), torch.float32), "top_k": new((s,), torch.long)}
+            self._reset_state()
         return self._cache, self._state
+
+    def _reset_state(self) -> None:
+        """Every slot's decode state as a free slot's (sampling parameters valid: free rows are sampled too)."""
+        state = self._state
+        for name in ("logits", "tokens", "lengths"):
+            state[name].zero_()
+        state["temperature"].fill_(1.0)
+        state["top_p"].fill_(1.0)
+        state["top_k"].fill_(-1)
 
     def _mask(self, query_pos: torch.Tensor, span: int) -> torch.Tensor:
         """Additive (B, 1, q, span) mask: key j visible to a query at position p when j <= p."""
@@ -549,6 +690,7 @@ class HFEngine:
         start = time.perf_counter()
         self._graphs[key] = self._graph_api.capture(partial(self._decode_step, *key), warmup=0)
         self.graph_capture_s += time.perf_counter() - start
+        self.memory_stats["graph_captures"] += 1
 
     def _invalidate_graphs(self) -> None:
         """The buffers a graph reads moved: drop every graph; buckets are captured again at their next use, into

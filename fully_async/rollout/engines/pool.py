@@ -141,8 +141,28 @@ class EnginePool:
                    for i, rep in enumerate(own)]
         self._loaded(version, [self._result(i, fut.result) for i, fut in futures])
 
-    def sleep(self, level: int = 1) -> None:
-        self._all("sleep", level)
+    def sleep(self, level: int = 1, keep_in_flight: bool = False) -> None:
+        """keep_in_flight: the requests stay in flight through the sleep (engines that swap them: `swaps_in_flight`)."""
+        if keep_in_flight:
+            self._all("sleep", level, True)
+        else:
+            self._all("sleep", level)
+
+    def keeps_resident(self) -> bool:
+        """Does every replica keep its memory through the next sleep (free_cache_engine=false, or what fits)?"""
+        return all(self._all("keeps_resident"))
+
+    @property
+    def swaps_in_flight(self) -> bool:
+        return all(self._all("swaps_in_flight"))
+
+    def memory_report(self) -> dict[str, float]:
+        """The replicas' memory metrics: bytes summed, flags and times at their largest."""
+        out: dict[str, float] = {}
+        for report in self._all("memory_report"):
+            for key, value in (report or {}).items():
+                out[key] = out.get(key, 0.0) + value if key.endswith("_gib") else max(out.get(key, 0.0), value)
+        return out
 
     def wake_up(self) -> None:
         self._all("wake_up")

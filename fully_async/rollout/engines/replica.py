@@ -86,6 +86,11 @@ LOADS = ("update_weights", "receive_weights", "load_trainer_weights")  # return 
 # an engine in its own driver thread stops advancing its requests ("hold") and goes on ("release"), requests and KV
 # cache kept: colocated async's engines while the trainer has its turn on their devices
 HOLDS = ("hold", "release")
+# what a sleep will do with the engine's memory (device_memory/policy.py), and what it did
+MEMORY_QUERIES: dict[str, Callable[[Any], Any]] = {
+    "keeps_resident": lambda engine: not getattr(engine, "free_cache_engine", True),
+    "swaps_in_flight": lambda engine: False,
+    "memory_report": lambda engine: {}}
 
 
 def engine_command(engine: Any, receiver: Any, method: str, args: tuple,
@@ -96,6 +101,11 @@ def engine_command(engine: Any, receiver: Any, method: str, args: tuple,
         return engine.interrupt()
     if method == "keeps_in_flight":
         return bool(getattr(engine, "keeps_in_flight", False))
+    if method in MEMORY_QUERIES:   # engines without them: freed at every sleep as configured, no swap, no report
+        if hasattr(engine, method):
+            attr = getattr(engine, method)
+            return attr() if callable(attr) else attr
+        return MEMORY_QUERIES[method](engine)
     if method in HOLDS:   # an engine in its caller's thread advances only when the caller collects: nothing to hold
         return None
     if extra and method in extra:

@@ -1,0 +1,91 @@
+"""What `free_cache_engine` means at each turn switch (layer 1): free the engine's memory, or keep what fits.
+
+verl's `actor_rollout_ref.rollout.free_cache_engine=true` (the default) frees the engine's KV cache and weights for
+the trainer at every switch, which memory-bound runs need.  Where the trainer fits beside the resident engine, the
+freeing only costs time (the parked responses re-prefilled or swapped, the weights moved).  So the engine's memory
+mode is one of:
+    keep  free_cache_engine=false: the engine stays resident, its responses wait through the trainer's turn
+    free  every switch frees: free_cache_engine_force=true, a device pool shared with other jobs (they need the
+          memory), a trainer that offloads between turns (its memory comes back at its onload, where a measurement
+          taken while it is away cannot see it), or an engine without the measurement (vLLM: its own sleep mode)
+    auto  free_cache_engine=true otherwise: free at the first switch (the trainer's peak is not known yet), then keep
+          the engine resident at a switch when the device's free memory, measured with the engine resident and the
+          trainer holding what its allocator kept of its largest step, leaves `margin` for the trainer to grow
+          (10% of the device, at least 2 GiB); free again as soon as it does not.  Said once in the log, with the
+          numbers, and at every change.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+PRIVATE_POOL_MARK = "-colocated-"   # the name of colocated async's own two-holder pool (run/shared_pool.py)
+GIB = float(1 << 30)
+
+
+def engine_memory_mode(cfg: Any) -> tuple[str, str]:
+    """(keep | free | auto, why) for the run's engines (module docstring)."""
+    r = cfg.actor_rollout_ref.rollout
+    if not r.free_cache_engine:
+        return "keep", "actor_rollout_ref.rollout.free_cache_engine=false"
+    if r.free_cache_engine_force:
+        return "free", "actor_rollout_ref.rollout.free_cache_engine_force=true"
+    pool = cfg.multi_job.pool
+    if pool is not None and PRIVATE_POOL_MARK not in pool:
+        return "free", f"multi_job.pool={pool}: other jobs lease these devices"
+    off = cfg.actor_rollout_ref.actor.fsdp_config
+    if off.param_offload or off.optimizer_offload:
+        return "free", "the trainer offloads between turns (actor.fsdp_config.param_offload / optimizer_offload)"
+    if r.name != "hf":
+        return "free", f"actor_rollout_ref.rollout.name={r.name}: the engine's own sleep mode frees at every switch"
+    return "auto", "actor_rollout_ref.rollout.free_cache_engine=true: what fits stays resident"
+
+
+class KeepWhenFits:
+    """The `auto` decision of one engine, switch by switch."""
+
+    def __init__(self, mode: str, margin_fraction: float = 0.1, margin_min_bytes: float = 2 * GIB,
+                 label: str = "embedded engine"):
+        if mode not in ("keep", "free", "auto"):
+            raise ValueError(f"engine memory mode {mode!r} is not one of ['keep', 'free', 'auto']")
+        self.mode, self.label = mode, label
+        self.margin_fraction, self.margin_min_bytes = margin_fraction, margin_min_bytes
+        self.measured = False        # the other tenant has had a turn: its allocator holds its peak
+        self.last: bool = mode == "keep"
+        self.said = False
+        self.decisions = {"kept": 0, "freed": 0}
+
+    def other_turn_seen(self) -> None:
+        self.measured = True
+
+    def margin(self, total: int) -> float:
+        return max(self.margin_min_bytes, self.margin_fraction * total)
+
+    def decide(self, free: int, total: int, engine_bytes: int) -> bool:
+        """Keep the engine resident through the other tenant's next turn?  free/total: the device's memory now (the
+        engine resident); engine_bytes: what it would give back."""
+        if self.mode != "auto":
+            keep = self.mode == "keep"
+        else:
+            keep = self.measured and total > 0 and free >= self.margin(total)
+            if keep != self.last or not self.said:
+                self._say(keep, free, total, engine_bytes)
+        self.last = keep
+        self.decisions["kept" if keep else "freed"] += 1
+        return keep
+
+    def _say(self, keep: bool, free: int, total: int, engine_bytes: int) -> None:
+        numbers = (f"{engine_bytes / GIB:.2f} GiB of engine memory; the device has {free / GIB:.1f} of "
+                   f"{total / GIB:.1f} GiB free beside both tenants, margin {self.margin(total) / GIB:.1f} GiB")
+        if keep:
+            logger.info("%s: free_cache_engine=true, but the trainer fits beside the resident engine: it keeps its "
+                        "%s (actor_rollout_ref.rollout.free_cache_engine_force=true frees it anyway)", self.label,
+                        numbers)
+            self.said = True
+        elif self.measured:
+            logger.info("%s: free_cache_engine=true: the engine frees its memory at each switch (%s)", self.label,
+                        numbers)
+            self.said = True
+        # (before the first measurement nothing is said: the first switch always frees)

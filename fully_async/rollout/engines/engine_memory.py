@@ -1,0 +1,209 @@
+"""The embedded engine's device memory across a sleep (layer 4): weights and KV cache at fixed addresses, and the
+KV of responses kept in flight swapped to host memory and back.
+
+`EngineMemory` holds three arenas (device_memory/arena.py), tagged "<job>/rollout/weights", ".../kv" and
+".../state" (the decode state: pending logits, tokens, lengths, sampling parameters).  The model's parameters and
+buffers are packed into the weights arena once, at start-up (their `.data` points there; the Parameter objects,
+which the fused decoder and the optimizer-less model hold, stay the same).  A sleep copies the weights to one pinned
+host buffer (the parameters point into it meanwhile, so a weight update that arrives while asleep lands there) and
+gives the physical memory of all three arenas back to the device; a wake maps fresh memory at the same addresses,
+copies the weights back and zeroes the rest.  Every address the decode graphs recorded is valid again: nothing is
+captured twice.
+
+`KvSwap` keeps the responses in flight through a sleep (pause_mode=keep, the colocated trainer's turn): the KV
+positions each occupied slot has written, gathered into one packed tensor per layer, and the slots' decode state,
+copied to pinned host memory before the sleep and scattered back after the wake, so they continue exactly as if
+the engine had never slept (no re-prefill).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from fully_async.device_memory.arena import ALIGN, Arena, round_up
+
+GIB = float(1 << 30)
+
+
+def _module_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    out, seen = [], set()
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
+
+
+class EngineMemory:
+    def __init__(self, backend: Any, device: Any, tag: str = "run/rollout"):
+        self.backend, self.device, self.tag = backend, device, tag
+        self.weights: Optional[Arena] = None
+        self.kv: Optional[Arena] = None
+        self.state: Optional[Arena] = None
+        self._placed: list[tuple[torch.Tensor, torch.Tensor, slice]] = []   # (tensor, its arena view, its bytes)
+        self._host: Optional[torch.Tensor] = None                           # pinned copy of the weights arena
+        self.asleep = False
+        self.last: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ allocation
+    def _reserve(self) -> int:
+        free, total = self.device.mem_info()
+        return max(total, 1 << 30)
+
+    def place_module(self, model: torch.nn.Module) -> int:
+        """Move every parameter and buffer of `model` (on the device) into the weights arena; returns its bytes."""
+        tensors = [t for t in _module_tensors(model) if t.device.type != "cpu" or not self.device.is_accelerator]
+        sizes = [round_up(t.numel() * t.element_size(), ALIGN) for t in tensors]
+        self.weights = Arena(self.backend, f"{self.tag}/weights", sum(sizes) + self.backend.granularity)
+        region = self.weights.alloc((sum(sizes),), torch.uint8)
+        offset = 0
+        with torch.no_grad():
+            for t, size in zip(tensors, sizes):
+                nbytes = t.numel() * t.element_size()
+                view = region[offset:offset + nbytes].view(t.dtype).view(t.shape)
+                view.copy_(t.data)
+                t.data = view
+                self._placed.append((t, view, slice(offset, offset + nbytes)))
+                offset += size
+        self._region = region
+        # the weights' host copy, pinned once here: a first sleep would otherwise pay the pinned allocation
+        self._host = torch.empty(region.shape, dtype=torch.uint8, device="cpu", pin_memory=self.device.is_accelerator)
+        return self.weights.nbytes
+
+    def kv_alloc(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        if self.kv is None:
+            self.kv = Arena(self.backend, f"{self.tag}/kv", self._reserve())
+        return self.kv.alloc(shape, dtype)
+
+    def state_alloc(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        if self.state is None:
+            self.state = Arena(self.backend, f"{self.tag}/state", self._reserve())
+        return self.state.alloc(shape, dtype)
+
+    def new_kv_arena(self) -> Optional[Arena]:
+        """A growing cache moves into a new arena; returns the old one, for the caller to close once copied."""
+        old, self.kv = self.kv, None
+        return old
+
+    def arenas(self) -> list[Arena]:
+        return [a for a in (self.weights, self.kv, self.state) if a is not None]
+
+    def held(self) -> dict[str, int]:
+        """Device bytes each tag holds now."""
+        return {a.tag: a.held for a in self.arenas()}
+
+    # ------------------------------------------------------------------ sleep / wake
+    def release(self) -> dict[str, float]:
+        """Weights to the pinned host copy, every arena's memory back to the device."""
+        start = time.perf_counter()
+        if self.weights is not None:
+            if self._host is None:
+                self._host = torch.empty(self._region.shape, dtype=torch.uint8, device="cpu",
+                                         pin_memory=self.device.is_accelerator)
+            self._host.copy_(self._region, non_blocking=True)
+            self.device.synchronize()
+            for t, _, where in self._placed:
+                t.data = self._host[where].view(t.dtype).view(t.shape)
+        freed = sum(a.release() for a in self.arenas())
+        self.asleep = True
+        self.last = {"freed_gib": freed / GIB, "release_s": time.perf_counter() - start}
+        return dict(self.last)
+
+    def restore(self) -> dict[str, float]:
+        start = time.perf_counter()
+        try:
+            mapped = sum(a.restore() for a in self.arenas())
+        except RuntimeError as exc:   # (cuda_vmm.VmmError) the trainer kept the memory the engine gave back
+            free, total = self.device.mem_info()
+            need = sum(a.nbytes for a in self.arenas() if not a.mapped)
+            raise RuntimeError(
+                f"the embedded engine cannot take its memory back after the trainer's turn: it needs "
+                f"{need / GIB:.2f} GiB more, the device has {free / GIB:.2f} of {total / GIB:.2f} GiB free ({exc}); "
+                "let the trainer give its memory back between turns (actor_rollout_ref.actor.fsdp_config."
+                "param_offload=true / optimizer_offload=true) or lower actor_rollout_ref.rollout.max_num_seqs / "
+                "max_model_len") from exc
+        if self.weights is not None and self._host is not None:
+            self._region.copy_(self._host, non_blocking=True)
+            for t, view, _ in self._placed:
+                t.data = view
+        self.device.synchronize()
+        self.asleep = False
+        self.last = {"mapped_gib": mapped / GIB, "restore_s": time.perf_counter() - start}
+        return dict(self.last)
+
+
+class HostStaging:
+    """One host buffer (pinned on an accelerator) that a swap's tensors are copied into, kept from one swap to the
+    next and grown when a swap needs more: a pinned allocation costs far more than the copy it serves."""
+
+    def __init__(self, pinned: bool):
+        self.pinned = pinned
+        self.buf = torch.empty(0, dtype=torch.uint8)
+
+    def reserve(self, nbytes: int) -> torch.Tensor:
+        """At least `nbytes`; a new buffer has half as much again, so that the next swaps (their responses a little
+        longer) fit (1x H200: pinning 2 GB took 2.3-2.8 s, copying it 0.05 s)."""
+        if self.buf.numel() < nbytes:
+            self.buf = torch.empty(max(int(1.5 * nbytes), int(1.25 * self.buf.numel())), dtype=torch.uint8,
+                                   device="cpu", pin_memory=self.pinned)
+        return self.buf
+
+
+class KvSwap:
+    """The KV positions and decode state of the occupied slots, on the host across a sleep."""
+
+    def __init__(self, rows: np.ndarray, lengths: np.ndarray, capacity: int, parts: list[tuple[int, tuple, Any]],
+                 host: torch.Tensor, meta: tuple, names: list[str]):
+        self.rows, self.lengths, self.capacity = rows, lengths, capacity
+        self.parts = parts   # (offset, shape, dtype) in `host` of each layer's keys, values, then each state tensor
+        self.host, self.meta, self.names = host, meta, names   # meta: (layers, kv heads, head dim, dtype)
+        self.nbytes = sum(int(np.prod(shape)) * torch.empty((), dtype=dt).element_size() for _, shape, dt in parts)
+
+    @staticmethod
+    def _index(rows: np.ndarray, lengths: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        slot = np.repeat(rows, lengths)
+        pos = np.concatenate([np.arange(n) for n in lengths]) if len(lengths) else np.zeros(0, dtype=np.int64)
+        return torch.as_tensor(slot, device=device), torch.as_tensor(pos, device=device)
+
+    def _view(self, i: int) -> torch.Tensor:
+        offset, shape, dtype = self.parts[i]
+        n = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+        return self.host[offset:offset + n].view(dtype).view(shape)
+
+    @classmethod
+    def out(cls, keys: list[torch.Tensor], values: list[torch.Tensor], state: dict[str, torch.Tensor],
+            rows: np.ndarray, lengths: np.ndarray, device: Any, staging: HostStaging) -> "KvSwap":
+        """Copy out the positions [0, lengths[i]) of slot rows[i] of every layer, and those rows' state."""
+        dev = keys[0].device
+        slot, pos = cls._index(rows, lengths, dev)
+        index = torch.as_tensor(rows, device=dev)
+        k0, tokens = keys[0], int(lengths.sum())
+        shapes = [((tokens, k0.shape[1], k0.shape[3]), k0.dtype)] * (2 * len(keys)) + \
+            [((len(rows),) + tuple(t.shape[1:]), t.dtype) for t in state.values()]
+        parts, offset = [], 0
+        for shape, dtype in shapes:
+            parts.append((offset, shape, dtype))
+            offset += round_up(int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size(), ALIGN)
+        swap = cls(rows.copy(), lengths.copy(), k0.shape[2], parts, staging.reserve(offset),
+                   (len(keys), k0.shape[1], k0.shape[3], k0.dtype), list(state))
+        sources = [c for k, v in zip(keys, values) for c in (k, v)]
+        for i, t in enumerate(sources):
+            swap._view(i).copy_(t.permute(0, 2, 1, 3)[slot, pos], non_blocking=staging.pinned)
+        for j, t in enumerate(state.values()):
+            swap._view(len(sources) + j).copy_(t[index], non_blocking=staging.pinned)
+        device.synchronize()   # the copies are on the host before the device memory goes back
+        return swap
+
+    def back(self, keys: list[torch.Tensor], values: list[torch.Tensor], state: dict[str, torch.Tensor]) -> None:
+        """Scatter the saved positions and state into a (restored or rebuilt) cache of at least the same capacity."""
+        dev = keys[0].device
+        slot, pos = self._index(self.rows, self.lengths, dev)
+        index = torch.as_tensor(self.rows, device=dev)
+        targets = [c for k, v in zip(keys, values) for c in (k, v)]
+        for i, t in enumerate(targets):
+            t.permute(0, 2, 1, 3)[slot, pos] = self._view(i).to(dev, non_blocking=True)
+        for j, name in enumerate(self.names):
+            state[name][index] = self._view(len(targets) + j).to(dev, non_blocking=True)
