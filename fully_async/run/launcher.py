@@ -398,20 +398,30 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     actors: dict = {}
     teardown.callback(_release_actors, cfg, actors)   # also what a create that failed half-way made
     teardown.on_error(lambda exc: isinstance(exc, RunFailed) and kill_all(list(actors.values())))
+    watchdog = _startup_watchdog(cfg, actors)   # every actor watched from its creation (its constructor included)
     actors.update(create(prep, device, resume_path))
     sig.check()
     runners = {name: a for name, a in actors.items() if name != "queue"}
-    logger.info("actors ready in %.1fs on %s", wait_ready(runners, on_tick=sig.check), device.name)
+    watchdog.beating = tuple(runners)
+
+    def starting() -> None:
+        sig.check()
+        watchdog.check_start()
+
+    logger.info("actors ready in %.1fs on %s", wait_ready(runners, on_tick=starting), device.name)
     sig.defer = False
     sig.running()  # a signal from now on: finish the step, checkpoint, exit
     main = actors[main_actor]
     if cfg.mode == "async" and (resume_path or cfg.actor_rollout_ref.rollout.load_format == "dummy"):
-        ray.get(main.sync_initial_weights.remote())  # the engine must generate with these weights
+        from fully_async.cluster.ray_utils import supervise
+
+        # the engine must generate with these weights; a trainer that stalls here is named by the watchdog
+        supervise({main.sync_initial_weights.remote(): main_actor}, until=main_actor, on_tick=watchdog.check)
     # every running actor reports its own metrics (async: the trainer its steps, the rollouter its validations)
     run_log = RunLogger(cfg, prep.total_steps, list(runners.values()), hardware=describe_hardware(device), sink=sink,
                         names=list(runners))
     result = _supervise(cfg, actors, runners, main_actor, run_log, sig.received, saved_config,
-                        validate_at=prep.total_steps if prep.val else None)
+                        validate_at=prep.total_steps if prep.val else None, watchdog=watchdog)
     lengths = result.get("response_lengths") if isinstance(result, dict) else None
     if lengths:   # the run's response lengths as a histogram file (plan.response_lengths / a benchmark replay)
         run_log.sink.write_json(RESPONSE_LENGTHS, length_histogram(lengths))
@@ -423,8 +433,18 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     return summary
 
 
+def _startup_watchdog(cfg: Any, actors: dict) -> Watchdog:
+    """The run's watchdog, made before its actors: it watches `actors` (filled as they are created, the queue
+    included) and, through their heartbeats, every actor process of the run (cluster/heartbeat.py)."""
+    from fully_async.cluster.heartbeat import Heartbeats
+
+    beats = Heartbeats()
+    beats.kv.clear()   # beats of an earlier run of this driver (a Ray session it shares) are not this run's
+    return Watchdog(actors, cfg.trainer.progress_timeout_s, beats=beats)
+
+
 def _supervise(cfg: Any, actors: dict, runners: dict, main_actor: str, run_log: Any, signals: list[int],
-               saved_config: dict, validate_at: Optional[int]) -> Any:
+               saved_config: dict, validate_at: Optional[int], watchdog: Optional[Watchdog] = None) -> Any:
     """Run every actor until the main one returns (checkpoints, the stop on a signal, the watchdog on each tick),
     validate the final weights at step `validate_at` (unless validated there already), stop the others; the main
     actor's result."""
@@ -434,7 +454,9 @@ def _supervise(cfg: Any, actors: dict, runners: dict, main_actor: str, run_log: 
     calls = run_log.calls  # every call from the driver: none waited on past its deadline
     deadline = cfg.trainer.progress_timeout_s  # for work an actor does (a checkpoint part, a validation)
     answer = min(60.0, deadline)  # for a call an actor only has to answer (stop, request_stop)
-    watchdog = Watchdog(runners, cfg.trainer.progress_timeout_s, calls=calls)
+    if watchdog is None:
+        watchdog = Watchdog(actors, cfg.trainer.progress_timeout_s)
+    watchdog.calls = calls   # the queue too: a stopped queue is named, not only the sides waiting on it
     stop_sent = []
 
     def tick() -> None:
