@@ -345,13 +345,12 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
          t_start: float) -> dict:
     """Start-up (checks, locks, data, Ray, actors), supervision, finish; every resource goes to `teardown` as it is
     taken."""
-    import ray
-
     from fully_async.core.checkpoint import (check_resume_config, check_resume_state, checkpoint_version,
                                              find_resume_path, retire_abandoned)
     from fully_async.device import check_available, describe_hardware, get_device
     from fully_async.run.prepare import prepare
-    from fully_async.cluster.ray_utils import RunFailed, check_cpu_devices, check_resources, kill_all, wait_ready
+    from fully_async.cluster.ray_utils import (RunFailed, check_cpu_devices, check_resources, kill_all, supervise,
+                                               wait_ready)
     from fully_async.run.run_logging import RunLogger, open_metric_logger
 
     shared = cfg.multi_job.pool is not None
@@ -413,8 +412,6 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     sig.running()  # a signal from now on: finish the step, checkpoint, exit
     main = actors[main_actor]
     if cfg.mode == "async" and (resume_path or cfg.actor_rollout_ref.rollout.load_format == "dummy"):
-        from fully_async.cluster.ray_utils import supervise
-
         # the engine must generate with these weights; a trainer that stalls here is named by the watchdog
         supervise({main.sync_initial_weights.remote(): main_actor}, until=main_actor, on_tick=watchdog.check)
     # every running actor reports its own metrics (async: the trainer its steps, the rollouter its validations)
