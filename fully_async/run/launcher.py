@@ -30,7 +30,7 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 from fully_async.core.plan import RunPlan
-from fully_async.run.watchdog import Watchdog
+from fully_async.run.watchdog import Watchdog, run_watchdog
 from fully_async.core.workload import RESPONSE_LENGTHS, length_histogram
 
 logger = logging.getLogger("fully_async")
@@ -397,7 +397,7 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     actors: dict = {}
     teardown.callback(_release_actors, cfg, actors)   # also what a create that failed half-way made
     teardown.on_error(lambda exc: isinstance(exc, RunFailed) and kill_all(list(actors.values())))
-    watchdog = _startup_watchdog(cfg, actors)   # every actor watched from its creation (its constructor included)
+    watchdog = run_watchdog(actors, cfg.trainer.progress_timeout_s)   # every actor watched from its creation (its constructor included)
     actors.update(create(prep, device, resume_path))
     sig.check()
     runners = {name: a for name, a in actors.items() if name != "queue"}
@@ -428,16 +428,6 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     if sig.received:
         raise RunInterrupted(sig.received[0], result.get("checkpoint") if isinstance(result, dict) else None)
     return summary
-
-
-def _startup_watchdog(cfg: Any, actors: dict) -> Watchdog:
-    """The run's watchdog, made before its actors: it watches `actors` (filled as they are created, the queue
-    included) and, through their heartbeats, every actor process of the run (cluster/heartbeat.py)."""
-    from fully_async.cluster.heartbeat import Heartbeats
-
-    beats = Heartbeats()
-    beats.kv.clear()   # beats of an earlier run of this driver (a Ray session it shares) are not this run's
-    return Watchdog(actors, cfg.trainer.progress_timeout_s, beats=beats)
 
 
 def _supervise(cfg: Any, actors: dict, runners: dict, main_actor: str, run_log: Any, signals: list[int],

@@ -114,3 +114,13 @@ class Watchdog:
     def touch(self) -> None:
         """Something the counters do not show made progress (a checkpoint the driver itself took)."""
         self.last_change = self.clock()
+
+
+def run_watchdog(actors: dict, timeout_s: float) -> Watchdog:
+    """The run's watchdog, made before its actors: it watches `actors` (filled as they are created, the queue
+    included) and, through their heartbeats, every actor process of the run (cluster/heartbeat.py)."""
+    from fully_async.cluster.heartbeat import Heartbeats
+
+    beats = Heartbeats()
+    beats.kv.clear()   # beats of an earlier run of this driver (a Ray session it shares) are not this run's
+    return Watchdog(actors, timeout_s, beats=beats)
