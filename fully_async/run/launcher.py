@@ -369,9 +369,10 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     check_available(device)
     resume_path = find_resume_path(cfg.trainer)
     saved_config = config_dict(prep.cfg)
+    resumed_at = 0   # the checkpoint's step, resuming
     if resume_path:
         check_resume_config(resume_path, saved_config, cfg.trainer.resume_allow_config_change)
-        check_resume_state(resume_path, cfg.mode, prep.total_steps)
+        resumed_at = check_resume_state(resume_path, cfg.mode, prep.total_steps)
         logger.info("resuming from %s", resume_path)
     if resume_path is None:   # a new run: its own TensorBoard run, never another run's events overlaid
         own_tensorboard_dir(cfg, teardown)
@@ -416,7 +417,7 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
         supervise({main.sync_initial_weights.remote(): main_actor}, until=main_actor, on_tick=watchdog.check)
     # every running actor reports its own metrics (async: the trainer its steps, the rollouter its validations)
     run_log = RunLogger(cfg, prep.total_steps, list(runners.values()), hardware=describe_hardware(device), sink=sink,
-                        names=list(runners))
+                        names=list(runners), resumed_at=resumed_at)
     result = _supervise(cfg, actors, runners, main_actor, run_log, sig.received, saved_config,
                         validate_at=prep.total_steps if prep.val else None, watchdog=watchdog)
     lengths = result.get("response_lengths") if isinstance(result, dict) else None
