@@ -470,7 +470,8 @@ def _supervise(cfg: Any, actors: dict, runners: dict, main_actor: str, run_log: 
         if isinstance(val, dict) and "rm_validation" in val:   # the trainer scores it with the reward model
             item = val["rm_validation"]
             val = calls.get(f"{main_actor}.score_validation", lambda: main.score_validation.remote(item), deadline)
-        run_log.log_val(val, validate_at)
+        if val is not None:   # None: the rollouter validated these weights itself; they come with the last drain
+            run_log.log_val(val, validate_at)
     others = {ref: name for ref, name in runs.items() if name != main_actor}
     for name in others.values():
         calls.get(f"{name}.stop", actors[name].stop.remote, answer)
