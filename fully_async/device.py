@@ -182,6 +182,15 @@ class Device:
             return int(free), int(total)
         return host_memory()
 
+    def memory_room(self) -> tuple[float, float]:
+        """(bytes this process could still take, the device's total bytes): on an accelerator its free memory plus
+        what this process's allocator already holds (it can reuse that), on cpu the host's available RAM plus this
+        process's RSS (over its total RAM)."""
+        if self.is_accelerator:
+            free, total = self.module().mem_get_info()
+            return float(free + self.module().memory_reserved()), float(total)
+        return host_available_bytes() + host_rss_gib() * 2**30, host_total_bytes()
+
     def reset_peak_memory(self) -> None:
         """Start a new max_allocated_gib window (no-op on cpu)."""
         if self.is_accelerator:
@@ -298,17 +307,30 @@ def host_rss_gib() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def host_memory() -> tuple[int, int]:
-    """(available, total) bytes of host memory (MemAvailable / MemTotal); (0, 0) where /proc/meminfo is missing."""
-    fields = {}
+def _meminfo(field: str) -> float:
+    """A /proc/meminfo field in bytes (Linux); the physical pages otherwise."""
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:
-                key, _, rest = line.partition(":")
-                fields[key] = int(rest.split()[0]) * 1024
+                if line.startswith(field + ":"):
+                    return float(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
-        return 0, 0
-    return fields.get("MemAvailable", 0), fields.get("MemTotal", 0)
+        pass
+    return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def host_available_bytes() -> float:
+    """The host's RAM a new allocation can take without swapping (MemAvailable)."""
+    return _meminfo("MemAvailable")
+
+
+def host_total_bytes() -> float:
+    return _meminfo("MemTotal")
+
+
+def host_memory() -> tuple[int, int]:
+    """(available, total) bytes of host memory (MemAvailable / MemTotal)."""
+    return int(host_available_bytes()), int(host_total_bytes())
 
 
 def parse_dtype(name: str) -> torch.dtype:

@@ -11,7 +11,11 @@ from fully_async.core.config import FullyAsyncConfig, typed_config
 def actor_init(cfg: FullyAsyncConfig, role: str, uses_device: bool = True) -> tuple[FullyAsyncConfig, Any]:
     """The typed config (as shipped, or from a plain dict), the device, CPU threads pinned.
 
-    `uses_device=False`: an actor that drives others and holds no accelerator itself."""
+    `uses_device=False`: an actor that drives others and holds no accelerator itself.  From here the actor beats
+    (cluster/heartbeat.py): the driver sees it stall, start-up included."""
+    from fully_async.cluster import heartbeat
+
+    heartbeat.start(role)
     import torch
 
     from fully_async.device import get_device

@@ -22,12 +22,14 @@ class GroupQueue:
         self._groups: deque[SampleGroup] = deque(load_queue_part(resume_path) if resume_path else [])
         self._cond = threading.Condition()
         self._closed = False
+        self._put = self._taken = 0
 
     def put_many(self, groups: list[SampleGroup]) -> int:
         with self._cond:
             if self._closed and groups:
                 raise RuntimeError("put into a closed queue: the rollouter already declared the data exhausted")
             self._groups.extend(groups)
+            self._put += len(groups)
             self._cond.notify_all()
             return len(self._groups)
 
@@ -52,6 +54,7 @@ class GroupQueue:
             ready = len(self._groups) >= n or self._closed
             take = min(n, len(self._groups)) if ready else 0
             groups = [self._groups.popleft() for _ in range(take)]
+            self._taken += take
             return {"groups": groups, "closed": self._closed and not self._groups}
 
     def snapshot(self) -> list[SampleGroup]:
@@ -63,6 +66,11 @@ class GroupQueue:
         """This queue's part of a checkpoint: the groups generated and not yet trained (the driver calls it while
         the rollouter holds, so no group is between the two)."""
         write_state(os.path.join(folder, QUEUE_STATE), self.snapshot())
+
+    def progress(self) -> dict:
+        """What the driver's watchdog shows of the queue (a stopped queue answers nothing, and is named)."""
+        with self._cond:
+            return {"queued": len(self._groups), "put": self._put, "taken": self._taken, "closed": self._closed}
 
     def size(self) -> int:
         with self._cond:

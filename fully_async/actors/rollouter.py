@@ -125,6 +125,7 @@ class Rollouter(MetricsOutbox):
         self.held = False  # a checkpoint is being taken: nothing is generated or pushed until release()
         self.loop_running = False
         self._loop_lock = threading.Lock()
+        self._published_val: Optional[int] = None   # the last version whose validation went to the outbox
         self.stats = {"idle_s": 0.0, "wall_s": 0.0, "version": 0, "validations": 0, "elastic_lends": 0,
                       "elastic_parked": 0}
         self._lent: list[int] = []   # pool indices of the trainer's engines while it lends them (placement=elastic)
@@ -182,9 +183,18 @@ class Rollouter(MetricsOutbox):
         the lent engines did over the lend (`fully_async/elastic/...`)."""
         return self._call(self._reclaim)
 
-    def validate(self) -> dict:
-        """Validation on the current weights, for the caller (the driver's final one; not put in the outbox)."""
-        return self._call(lambda: self._validate(self.pool.version, publish=False))
+    def validate(self) -> Optional[dict]:
+        """The driver's final validation, on the last weights, for the caller (not put in the outbox).  An update
+        still kept while away (a shared pool, colocated) is loaded first; None when that version was validated
+        and published already (loading it validated it, or the update ran just before this call): its metrics
+        are in the outbox the driver drains next, and no version is validated twice."""
+        def final() -> Optional[dict]:
+            self.residency.hold("validate")   # the devices, and the update kept while away (validated at test_freq)
+            if self._published_val == self.pool.version:
+                return None
+            return self._validate(self.pool.version, publish=False)
+
+        return self._call(final)
 
     def pop_rm_validations(self) -> list[dict]:
         """reward_model.enable: the validations generated since the last call, unscored, for the trainer to score
@@ -505,6 +515,7 @@ class Rollouter(MetricsOutbox):
         metrics["rollouter/validate_time"] = metrics["timing_s/testing"]  # verl's name for the rollouter's validation
         if publish:
             self._emit(self._step_of(version), dict(metrics))
+            self._published_val = version
         logger.info("validation at param version %d: %s", version,
                     ", ".join(f"{k}={v:.3f}" for k, v in metrics.items() if isinstance(v, float)))
         return metrics

@@ -219,6 +219,9 @@ def start_ray(num_cpus_needed: int, env_vars: Optional[dict] = None, address: Op
         except ConnectionError as exc:
             raise RunFailed(f"cannot join the Ray cluster at {address}: {exc}") from None
         return False
+    from fully_async.cluster.leftovers import clean_dead_drivers
+
+    clean_dead_drivers()   # what a SIGKILLed run left (Ray agents, its token file), each said
     private_auth_token()
     with ray_processes_in_own_session():
         ray.init(num_cpus=max(num_cpus_needed, os.cpu_count() or 1), include_dashboard=False, runtime_env=env,

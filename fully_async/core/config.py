@@ -486,6 +486,8 @@ class RewardModelConfig:
     reward_manager: str = "naive"         # naive | dapo | prime (a call that raises or overruns timeout_s scores 0)
     timeout_s: Optional[float] = 300.0    # seconds one call of a custom reward function may take (it runs in a
     #                                       worker process); over it the run fails naming it. null/0: no limit
+    probe_timeout_s: float = 60.0         # seconds the start-up probe waits for the reward function (its import and
+    #                                       one call per data_source, each); over it the run fails naming it
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
 

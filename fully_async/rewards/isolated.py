@@ -94,6 +94,13 @@ class ScoringPool:
                 pass
         executor.shutdown(wait=False, cancel_futures=True)
 
+    def kill(self) -> None:
+        """Kill the workers now, busy or not (a caller that gave up on them); the next call starts a fresh pool."""
+        with self._lock:
+            executor = self._executor
+        if executor is not None:
+            self._kill(executor)
+
     def shutdown(self) -> None:
         with self._lock:
             executor, self._executor = self._executor, None

@@ -127,6 +127,8 @@ class RewardManager:
         self.source = (os.path.abspath(source[0]), source[1]) if source else None
         self.source_kwargs = dict(source_kwargs or {})   # custom_reward_function.reward_kwargs, for the worker
         self.timeout_s = float(timeout_s) if timeout_s else 0.0
+        self.timeout_key = "reward_model.timeout_s"   # the key named when a call overruns (the start-up probe: its own)
+        self.start_s, self.start_key = WORKER_START_S, ""   # the worker's start and import (the probe: its key)
         self.prime_failures = 0          # reward_manager=prime: responses scored 0.0 because their call failed
         self.pool: Optional[Any] = None  # the custom function's worker (isolated.ScoringPool), started on first use
         if self.source and self.timeout_s > 0:
@@ -158,14 +160,15 @@ class RewardManager:
         try:
             outcome = self.pool.run(score_in_worker, path, name, {**kwargs, **self.source_kwargs},
                                     timeout=self.timeout_s,
-                                    warmup=(warm_worker, (path, name), WORKER_START_S))
+                                    warmup=(warm_worker, (path, name), self.start_s))
         except ScoringTimeout as exc:
             if exc.stage == "start":
                 raise RewardError(f"{what}: its scoring process did not start and import {path} within "
-                                  f"{exc.limit:g}s (before scoring {where}); its process was killed") from None
-            raise RewardError(f"{what} did not return within reward_model.timeout_s={self.timeout_s:g}s on "
-                              f"{where}; its process was killed. Fix the function, or raise reward_model.timeout_s "
-                              "(null: no limit, in the calling process)") from None
+                                  f"{exc.limit:g}s{self.start_key} (before scoring {where}); its process was "
+                                  "killed") from None
+            raise RewardError(f"{what} did not return within {self.timeout_key}={self.timeout_s:g}s on "
+                              f"{where}; its process was killed. Fix the function, or raise {self.timeout_key} "
+                              "(reward_model.timeout_s=null: no limit, in the calling process)") from None
         except ScoringWorkerDied:
             raise RewardError(f"{what} killed its scoring process (a crash in native code, out of memory or "
                               f"exit()) on {where}") from None

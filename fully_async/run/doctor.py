@@ -91,6 +91,15 @@ def check_ray() -> Check:
                  f"{ {k: v for k, v in res.items() if k in ('CPU', 'GPU', 'NPU')} }")
 
 
+def check_leftovers() -> Check:
+    """A run killed with SIGKILL leaves Ray's agents running and its token file (cluster/leftovers.py): cleaned."""
+    from fully_async.cluster.leftovers import clean_dead_drivers
+
+    done = clean_dead_drivers()
+    return Check("dead-run leftovers", "PASS", f"cleaned {len(done)}: " + "; ".join(done) if done else
+                 "none (no Ray process or token file of a driver that is no longer running)")
+
+
 def check_config(overrides: list[str]) -> tuple[Check, Any]:
     from fully_async.core.config_checks import validate
     from fully_async.run.hydra_setup import load_config
@@ -245,6 +254,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     loggers = list(cfg.trainer.logger) if cfg is not None else []
     for name in (n for n in loggers if n in TRACKER_DISTS):  # the configured trackers: FAIL when absent
         rows.append(check_optional(TRACKER_DISTS[name], f"logger {name}", True, f"pip install 'fully_async[{name}]'"))
+    rows.append(run_check(check_leftovers, "dead-run leftovers"))
     rows.append(Check("Ray", "SKIP", "--no-ray") if args.no_ray else run_check(check_ray, "Ray"))
     if cfg is not None:
         rows.append(run_check(lambda: check_device(cfg), "requested device"))

@@ -30,7 +30,7 @@ import time
 from typing import Any, Callable, Iterator, Optional
 
 from fully_async.core.plan import RunPlan
-from fully_async.run.watchdog import Watchdog
+from fully_async.run.watchdog import Watchdog, run_watchdog
 from fully_async.core.workload import RESPONSE_LENGTHS, length_histogram
 
 logger = logging.getLogger("fully_async")
@@ -345,13 +345,12 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
          t_start: float) -> dict:
     """Start-up (checks, locks, data, Ray, actors), supervision, finish; every resource goes to `teardown` as it is
     taken."""
-    import ray
-
     from fully_async.core.checkpoint import (check_resume_config, check_resume_state, checkpoint_version,
                                              find_resume_path, retire_abandoned)
     from fully_async.device import check_available, describe_hardware, get_device
     from fully_async.run.prepare import prepare
-    from fully_async.cluster.ray_utils import RunFailed, check_cpu_devices, check_resources, kill_all, wait_ready
+    from fully_async.cluster.ray_utils import (RunFailed, check_cpu_devices, check_resources, kill_all, supervise,
+                                               wait_ready)
     from fully_async.run.run_logging import RunLogger, open_metric_logger
 
     shared = cfg.multi_job.pool is not None
@@ -370,9 +369,10 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     check_available(device)
     resume_path = find_resume_path(cfg.trainer)
     saved_config = config_dict(prep.cfg)
+    resumed_at = 0   # the checkpoint's step, resuming
     if resume_path:
         check_resume_config(resume_path, saved_config, cfg.trainer.resume_allow_config_change)
-        check_resume_state(resume_path, cfg.mode, prep.total_steps)
+        resumed_at = check_resume_state(resume_path, cfg.mode, prep.total_steps)
         logger.info("resuming from %s", resume_path)
     if resume_path is None:   # a new run: its own TensorBoard run, never another run's events overlaid
         own_tensorboard_dir(cfg, teardown)
@@ -398,20 +398,28 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     actors: dict = {}
     teardown.callback(_release_actors, cfg, actors)   # also what a create that failed half-way made
     teardown.on_error(lambda exc: isinstance(exc, RunFailed) and kill_all(list(actors.values())))
+    watchdog = run_watchdog(actors, cfg.trainer.progress_timeout_s)   # every actor watched from its creation (its constructor included)
     actors.update(create(prep, device, resume_path))
     sig.check()
     runners = {name: a for name, a in actors.items() if name != "queue"}
-    logger.info("actors ready in %.1fs on %s", wait_ready(runners, on_tick=sig.check), device.name)
+    watchdog.beating = tuple(runners)
+
+    def starting() -> None:
+        sig.check()
+        watchdog.check_start()
+
+    logger.info("actors ready in %.1fs on %s", wait_ready(runners, on_tick=starting), device.name)
     sig.defer = False
     sig.running()  # a signal from now on: finish the step, checkpoint, exit
     main = actors[main_actor]
     if cfg.mode == "async" and (resume_path or cfg.actor_rollout_ref.rollout.load_format == "dummy"):
-        ray.get(main.sync_initial_weights.remote())  # the engine must generate with these weights
+        # the engine must generate with these weights; a trainer that stalls here is named by the watchdog
+        supervise({main.sync_initial_weights.remote(): main_actor}, until=main_actor, on_tick=watchdog.check)
     # every running actor reports its own metrics (async: the trainer its steps, the rollouter its validations)
     run_log = RunLogger(cfg, prep.total_steps, list(runners.values()), hardware=describe_hardware(device), sink=sink,
-                        names=list(runners))
+                        names=list(runners), resumed_at=resumed_at)
     result = _supervise(cfg, actors, runners, main_actor, run_log, sig.received, saved_config,
-                        validate_at=prep.total_steps if prep.val else None)
+                        validate_at=prep.total_steps if prep.val else None, watchdog=watchdog)
     lengths = result.get("response_lengths") if isinstance(result, dict) else None
     if lengths:   # the run's response lengths as a histogram file (plan.response_lengths / a benchmark replay)
         run_log.sink.write_json(RESPONSE_LENGTHS, length_histogram(lengths))
@@ -424,7 +432,7 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
 
 
 def _supervise(cfg: Any, actors: dict, runners: dict, main_actor: str, run_log: Any, signals: list[int],
-               saved_config: dict, validate_at: Optional[int]) -> Any:
+               saved_config: dict, validate_at: Optional[int], watchdog: Optional[Watchdog] = None) -> Any:
     """Run every actor until the main one returns (checkpoints, the stop on a signal, the watchdog on each tick),
     validate the final weights at step `validate_at` (unless validated there already), stop the others; the main
     actor's result."""
@@ -434,7 +442,9 @@ def _supervise(cfg: Any, actors: dict, runners: dict, main_actor: str, run_log: 
     calls = run_log.calls  # every call from the driver: none waited on past its deadline
     deadline = cfg.trainer.progress_timeout_s  # for work an actor does (a checkpoint part, a validation)
     answer = min(60.0, deadline)  # for a call an actor only has to answer (stop, request_stop)
-    watchdog = Watchdog(runners, cfg.trainer.progress_timeout_s, calls=calls)
+    if watchdog is None:
+        watchdog = Watchdog(actors, cfg.trainer.progress_timeout_s)
+    watchdog.calls = calls   # the queue too: a stopped queue is named, not only the sides waiting on it
     stop_sent = []
 
     def tick() -> None:
@@ -460,7 +470,8 @@ def _supervise(cfg: Any, actors: dict, runners: dict, main_actor: str, run_log: 
         if isinstance(val, dict) and "rm_validation" in val:   # the trainer scores it with the reward model
             item = val["rm_validation"]
             val = calls.get(f"{main_actor}.score_validation", lambda: main.score_validation.remote(item), deadline)
-        run_log.log_val(val, validate_at)
+        if val is not None:   # None: the rollouter validated these weights itself; they come with the last drain
+            run_log.log_val(val, validate_at)
     others = {ref: name for ref, name in runs.items() if name != main_actor}
     for name in others.values():
         calls.get(f"{name}.stop", actors[name].stop.remote, answer)

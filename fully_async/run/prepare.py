@@ -253,11 +253,26 @@ def probe_rewards(cfg: Any, records: list[PromptRecord]) -> None:
     """Call the reward function once per data_source (ground truth as the response) before Ray.
 
     Catches a missing function, an unknown data_source and a non-number result in the driver,
-    instead of in the rollouter after the engines started.
+    instead of in the rollouter after the engines started.  Bounded by reward_model.probe_timeout_s per import
+    and call, and logged as it waits (run/reward_probe.py).
     """
+    from fully_async.run.reward_probe import bounded_probe, reward_function
+
+    limit = cfg.reward_model.probe_timeout_s
+    bounded_probe(lambda watch: _probe_all(cfg, records, watch, limit), reward_function(cfg), limit)
+
+
+def _probe_all(cfg: Any, records: list[PromptRecord], watch: Any, limit: float) -> None:
     from fully_async.rewards import build_reward_manager
 
+    function = cfg.custom_reward_function
+    watch.stage(f"importing {function.path}:{function.name}" if function.path else "loading the built-in rules")
     manager = build_reward_manager(cfg)
+    if manager.pool is not None:   # a call in its worker process: bounded (and killed) by the probe's own limit
+        if limit < manager.timeout_s:
+            manager.timeout_s, manager.timeout_key = limit, "reward_model.probe_timeout_s"
+        manager.start_s, manager.start_key = limit, " (reward_model.probe_timeout_s)"
+        watch.on_timeout = manager.pool.kill
     firsts: dict[str, PromptRecord] = {}
     for rec in records:
         firsts.setdefault(rec.data_source, rec)
@@ -265,6 +280,7 @@ def probe_rewards(cfg: Any, records: list[PromptRecord]) -> None:
     check_sandbox(cfg, set(firsts))
     try:
         for source, rec in firsts.items():
+            watch.stage(f"scoring data_source {source!r}, row {rec.index} (its ground truth as the response)")
             _probe(manager, key, source, rec)
     finally:
         manager.close()

@@ -92,7 +92,7 @@ def open_metric_logger(cfg: Any) -> MetricLogger:
 class RunLogger:
     def __init__(self, cfg: Any, total_steps: int, sources: list[Any], hardware: str = "",
                  stream: Optional[TextIO] = None, sink: Optional[MetricLogger] = None,
-                 names: Optional[list[str]] = None):
+                 names: Optional[list[str]] = None, resumed_at: Optional[int] = None):
         from tqdm import tqdm
 
         from fully_async.cluster.ray_utils import Calls
@@ -103,6 +103,9 @@ class RunLogger:
         self.calls = Calls()  # an actor that does not answer is asked again only once it has
         self.stream = stream if stream is not None else sys.stdout
         self.total_steps = total_steps
+        # the checkpoint's step a resumed run continues from (check_resume_state): told, not guessed from the first
+        # step logged, which can be the checkpoint's own (a colocated rollouter's metrics of the resumed version)
+        self.resumed_at = resumed_at
         # a bar redraws itself with \r: only where a person watches a terminal
         self.interactive = bool(t.progress_bar) and is_tty(self.stream)
         self.bar = tqdm(total=total_steps, desc="steps", dynamic_ncols=True, disable=not self.interactive,
@@ -211,8 +214,11 @@ class RunLogger:
         run that went from step 0 to the end compares the validation reward before and after."""
         self.bar.close()
         steps = [s for s, _ in self.history]
-        last = max(steps) if steps else 0
-        resumed_at = min(steps) - 1 if steps and min(steps) > 1 else None
+        last = max(steps + [self.resumed_at or 0])   # a resumed run that trained nothing stands at its checkpoint
+        if self.resumed_at:
+            resumed_at: Optional[int] = self.resumed_at
+        else:   # not told (a caller without a checkpoint at hand): the step before the first one logged
+            resumed_at = min(steps) - 1 if steps and min(steps) > 1 and self.resumed_at is None else None
         stopped_at = last if last < self.total_steps else None
         summary: dict[str, Any] = {"wall_s": wall_s, "steps": last, "mode": self.mode, "hardware": self.hardware,
                                    "devices": self.devices}

@@ -20,6 +20,10 @@ def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: 
                      keep_in_flight=rollout.pause_mode == "keep")
     if rollout.quantization is not None:  # only then: a user engine with HFEngine's older constructor still works
         hf_kwargs["quantization"] = rollout.quantization
+    if ":" not in rollout.name:   # a size that cannot fit is refused here, naming its key, before any allocation
+        from fully_async.rollout.engine_fit import check_engine_fit
+
+        check_engine_fit(cfg, device)
     if ":" in rollout.name:  # a user engine "package.module:Class" with HFEngine's constructor
         import importlib
 

@@ -130,3 +130,33 @@ def test_summary_names_where_the_checkpoints_went_or_why_none(caplog, tmp_path):
     run_log._log(1, step_metrics(1))
     _, text = summary_lines(caplog, run_log)
     assert f"checkpoints: {tmp_path} (latest global_step_7)" in text
+
+
+def test_a_resumed_colocated_runs_summary_counts_from_the_checkpoints_step(caplog):
+    """Issue 42: a colocated rollouter loads the resumed weights at its first turn and reports that version's
+    metrics at the checkpoint's own step (5): the summary counts from the step it is told, not from the first one
+    logged (which said "resumed at step 4: 6 steps")."""
+    cfg = load_config(["trainer.logger=[console]"])
+    run_log = RunLogger(cfg, 10, [], stream=io.StringIO(), resumed_at=5)
+    run_log._log(5, {"fully_async/rollouter/active_time": 1.0})
+    for step in range(6, 11):
+        run_log._log(step, step_metrics(step))
+    summary, text = summary_lines(caplog, run_log)
+    assert summary["resumed_at_step"] == 5 and summary["steps"] == 10 and "stopped_at_step" not in summary
+    assert "resumed at step 5: 5 steps in this run" in text and "run finished" in text
+
+
+def test_a_resumed_run_stopped_before_its_first_step_stands_at_the_checkpoint(caplog):
+    cfg = load_config(["trainer.logger=[console]"])
+    summary, text = summary_lines(caplog, RunLogger(cfg, 10, [], stream=io.StringIO(), resumed_at=5))
+    assert summary["steps"] == 5 and summary["stopped_at_step"] == 5 and summary["resumed_at_step"] == 5
+    assert "run stopped at step 5 (of 10)" in text and "resumed at step 5: 0 steps in this run" in text
+
+
+def test_a_fresh_run_is_never_called_resumed(caplog):
+    cfg = load_config(["trainer.logger=[console]"])
+    run_log = RunLogger(cfg, 3, [], stream=io.StringIO(), resumed_at=0)
+    for step in (2, 3):   # (its step 1 line not drained: still a fresh run)
+        run_log._log(step, step_metrics(step))
+    summary, text = summary_lines(caplog, run_log)
+    assert "resumed_at_step" not in summary and "resumed" not in text

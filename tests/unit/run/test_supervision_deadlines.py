@@ -163,3 +163,39 @@ def test_an_actor_whose_reward_holds_the_gil_is_named_and_the_driver_never_block
         ray.kill(holder)
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(stuck, timeout=30)
+
+
+@ray.remote(num_cpus=0)
+class Beating:
+    def __init__(self):
+        from fully_async.cluster import heartbeat
+
+        heartbeat.start("engine1", period_s=0.2)
+
+    def pid(self):
+        return os.getpid()
+
+
+def test_a_stopped_actor_stops_beating_and_the_driver_names_it(ray_local):
+    """The heartbeat through Ray's key-value store (cluster/heartbeat.py): how the watchdog sees an actor it holds
+    no handle of, or one still in its constructor."""
+    from fully_async.cluster.heartbeat import Heartbeats
+
+    beats = Heartbeats()
+    beats.kv.clear()
+    actor = Beating.remote()
+    pid = ray.get(actor.pid.remote())
+    t0 = time.monotonic()
+    while "engine1" not in beats.roles() and time.monotonic() - t0 < 10:
+        beats.poll()
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        while not beats.stalled(1.0) and time.monotonic() - t0 < 15:
+            beats.poll()
+            time.sleep(0.2)
+        stalled = beats.stalled(1.0)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        ray.kill(actor)
+    assert len(stalled) == 1 and stalled[0].startswith(f"engine1 (pid {pid} on "), stalled
