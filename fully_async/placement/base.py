@@ -39,6 +39,7 @@ class Placement:
     keeps_in_flight = False         # the rollouter keeps its responses in flight (held) through the trainer's turn
     trainer_hosts_engines = False   # an engine beside every trainer rank (lent to the rollout pool: elastic)
     engines_load_asleep = False     # sync on a pool: sleeping embedded engines take new weights into host copies
+    private_pool = False            # the launcher makes the trainer's devices a pool of this run's two sides
 
     def __init__(self, cfg: Any):
         self.cfg = cfg

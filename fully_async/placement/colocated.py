@@ -24,6 +24,7 @@ from fully_async.placement.base import Placement
 
 class ColocatedAsync(Placement):
     name = "colocated"
+    private_pool = True
 
     @property
     def keeps_in_flight(self) -> bool:   # type: ignore[override]

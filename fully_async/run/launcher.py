@@ -386,9 +386,11 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     teardown.on_error(lambda exc: sink.close(failed=not isinstance(exc, (RunInterrupted, StartInterrupted))))
     sig.check()
     teardown.enter_context(_ray_session(cfg, sig, plan, device))
+    from fully_async.placement import placement_of
+
     if shared:
         teardown.callback(leave_pool, join_pool(cfg, device))
-    elif plan.placement == "colocated" and cfg.mode == "async":   # a private pool of the trainer's devices
+    elif placement_of(cfg).private_pool:   # colocated async: a private pool of the trainer's devices
         from fully_async.placement.shared_pool import colocate, leave_pool
 
         check_resources(device, {"trainer": plan.trainer_devices})
