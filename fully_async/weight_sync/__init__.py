@@ -21,6 +21,9 @@ def build_weight_sync(cfg: Any, backend: Any, rollouter: Any, device: Any) -> An
 
     rollout = cfg.actor_rollout_ref.rollout
     kind = placement_of(cfg).weight_sync_route(device)   # the placement says which route applies
+    if kind == "local":
+        raise ValueError("mode=sync loads each rank's weights into the engine beside it (LocalWeightSync): there is "
+                         "no rollouter to send them to")
     if kind == "device_ipc":
         from fully_async.device import parse_dtype
         from fully_async.weight_sync.device_ipc import DeviceIpcWeightSync
