@@ -85,7 +85,8 @@ class SyncWorker(DriverFacing):
             self.backend = connect_trainer_group(cfg, self.device, total_optimizer_steps(cfg, total_steps, minis),
                                                  (node_ip(), free_port()), self.device.ray_actor_options(1),
                                                  placement, engine_args=(eos_token_ids, pad_token_id, 0),
-                                                 rank_options=self.placement.rank_options(self.device), worker=TrainWorker)
+                                                 rank_options=self.placement.rank_options(self.device),
+                                                 worker=TrainWorker)
             self.pool, per_rank = build_sync_pool(cfg, self.device, self.backend, eos_token_ids, pad_token_id)
             self.weight_sync = LocalWeightSync(self.backend, self.pool, per_rank,
                                                parse_dtype(cfg.actor_rollout_ref.rollout.dtype).itemsize)

@@ -91,7 +91,8 @@ class Trainer(DriverFacing, EngineHost):
                            else None)
             self.backend = connect_trainer_group(cfg, self.device, optimizer_steps, (node_ip(), free_port()),
                                                  self.device.ray_actor_options(1), placement, engine_args=engine_args,
-                                                 rank_options=self.placement.rank_options(self.device), worker=TrainWorker)
+                                                 rank_options=self.placement.rank_options(self.device),
+                                                 worker=TrainWorker)
             self.weight_sync = build_weight_sync(cfg, self.backend, rollouter, self.device)
             if self.elastic:   # the engines beside the ranks load each push in their own processes
                 from fully_async.actors.engine_replica import host_trainer_engines

@@ -1,4 +1,4 @@
-"""The sync worker's engines and trainer take turns (placement/residency.py Turns).  On a shared pool, the loop keeps its
+"""The sync worker's engines and trainer take turns (placement/residency Turns).  On a shared pool, the loop keeps its
 weights on the devices only inside its leases: every wake/onload comes after the
 acquire and every sleep/offload before the release of the same phase; the weight update goes into the sleeping
 embedded engine at the end of the train phase, or (an engine that cannot load asleep) rides on the next phase
