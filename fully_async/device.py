@@ -152,7 +152,7 @@ class Device:
     def pinned_env(self, indices: list[int]) -> dict[str, str]:
         """Environment that shows a process exactly these devices of its node (by the node's numbering), with
         Ray told not to overwrite it: for actors that share devices with other jobs' actors and so request no
-        device resource from Ray (a shared device pool, cluster/device_pool.py).  Empty on cpu."""
+        device resource from Ray (a shared device pool, placement/device_pool.py).  Empty on cpu."""
         if not self.is_accelerator:
             return {}
         return {self.visible_devices_env: ",".join(str(i) for i in indices),

@@ -1,4 +1,4 @@
-"""What every actor does first (layer 5): logging, config object, device, threads, tokenizer."""
+"""What every actor does first (layer 6): logging, config object, device, threads, tokenizer."""
 from __future__ import annotations
 
 import logging

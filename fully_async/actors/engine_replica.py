@@ -1,4 +1,4 @@
-"""Engine replica actors (layer 5): async mode's K rollout engines, each a Ray actor on its own device(s).
+"""Engine replica actors (layer 6): async mode's K rollout engines, each a Ray actor on its own device(s).
 
 The engine side (EngineHost: driver thread, submit/poll/engine_call) lives in rollout/engines/replica.py;
 this is the thin actor around it, and the function that builds async mode's pool from them."""
@@ -35,9 +35,10 @@ def build_async_pool(cfg: FullyAsyncConfig, device: Any, eos_token_ids: list[int
     from fully_async.rollout.engines import build_engine
     from fully_async.rollout.engines.pool import EnginePool
     from fully_async.rollout.engines.replica import InlineReplica, RemoteReplica
-    from fully_async.cluster.placement import in_bundle, rollout_layout
+    from fully_async.placement import placement_of
+    from fully_async.placement.groups import in_bundle
 
-    k, tp = rollout_layout(cfg)
+    k, tp = placement_of(cfg).engine_layout()
     r = cfg.actor_rollout_ref.rollout
     if k == 1:
         replicas: list[Any] = [InlineReplica(build_engine(cfg, device, eos_token_ids, pad_token_id), device)]

@@ -1,4 +1,4 @@
-"""The queue between rollouter and trainer (layer 5; wrapped as a Ray actor by main).
+"""The queue between rollouter and trainer (layer 6; wrapped as a Ray actor by main).
 
 Back-pressure does not live here: the rollouter's staleness bound limits how many groups can be
 admitted per param version, so the queue never needs to drop or refuse a group.  The queue is a

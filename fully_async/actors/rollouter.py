@@ -1,4 +1,4 @@
-"""Rollouter actor (layer 5): a thin Ray shell around the rollout scheduler and the engine pool.
+"""Rollouter actor (layer 6): a thin Ray shell around the rollout scheduler and the engine pool.
 
 One thread owns the engines.  `run()` is that thread's loop: let the scheduler (scheduler.py: admission
 under the staleness bound, partial responses, grouping) admit prompts and advance the engine pool
@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from fully_async.core.config import FullyAsyncConfig, generates_baseline
+from fully_async.core.config import FullyAsyncConfig, generates_baseline, typed_config
 from fully_async.actors.actor_setup import MetricsOutbox
 from fully_async.algorithms.dynamic_sampling import GroupFilter
 from fully_async.rollout.tools import ToolLoop
@@ -47,45 +47,39 @@ class Rollouter(MetricsOutbox):
         from fully_async.actors.actor_setup import actor_init, build_tokenizer
         from fully_async.core.data import PromptStream
         from fully_async.actors.engine_replica import build_async_pool
-        from fully_async.cluster.placement import rollout_layout
+        from fully_async.placement import placement_of
         from fully_async.rewards import build_reward_manager
         from fully_async.core.staleness import StalenessManager
         from fully_async.telemetry.timeline import Timeline
         from fully_async.core.workload import LengthProfile
 
-        from fully_async.actors.residency import Dedicated, pool_residency
-
+        # how the devices are shared (placement/): the engines' layout, their residency, what a turn keeps
+        self.placement = placement_of(typed_config(cfg))
         # with several replicas the engines live in their own actors and this shell holds no device
-        self.cfg, self.device = actor_init(cfg, "rollouter", uses_device=rollout_layout(cfg)[0] == 1)
+        self.cfg, self.device = actor_init(cfg, "rollouter", uses_device=self.placement.engine_layout()[0] == 1)
         cfg = self.cfg
-        # the engines' devices: their own, or a lease on a shared pool held while generating and given back when
+        # the engines' devices: their own, or a lease on a pool held while generating and given back when
         # wanted (partial responses parked; updates that come meanwhile kept and loaded at the next hold)
-        self.residency = pool_residency(cfg, "rollout") or Dedicated()
+        self.residency = self.placement.residency("rollout")
         self.residency.attach(on=self._devices_on, off=self._devices_off)
         self.min_slice_s = cfg.multi_job.min_slice_s
         self._serving = False
         self._gen_from: Optional[float] = None   # wall time the engines came on (a pool's generate span)
         self._yields = 0                         # times the engines gave a wanted pool lease back
-        # colocated with engines that keep their cache while asleep (free_cache_engine=false): responses in flight
+        # colocated with engines that keep their cache while asleep (placement.keeps_in_flight): responses in flight
         # wait through the trainer's turn with their KV cache, held (engines in their own actors stop advancing them:
         # the turn is the trainer's alone, on one device or several); exact: no weights change meanwhile; a weight
         # update parks them and they continue on the new weights from prompt + partial response, as in split async
         # (pause_mode=keep: they continue over their KV cache)
-        self._colocated = cfg.async_training.placement == "colocated"
-        self._keeps_in_flight = self._colocated and not cfg.actor_rollout_ref.rollout.free_cache_engine
-        # free_cache_engine=true: each switch asks the engines whether they keep their memory (the trainer fits beside
-        # them: device_memory/policy.py); when they do, or when they swap the KV of what is in flight to host memory
-        # and back (the embedded engine), the responses are held through the trainer's turn instead of parked -- as
-        # with free_cache_engine=false: no weights change in the trainer's turn (its update is loaded after the
-        # wake), so holding is exact; an update then parks them (pause_mode=abort) or continues them (keep)
-        self._swap_in_flight = self._colocated
+        self._keeps_in_flight = self.placement.keeps_in_flight
+        self._holds_through_turns = self.placement.holds_through_turns   # (placement/colocated.py)
         self._held_through = False
         self.queue = queue
         self.tokenizer = build_tokenizer(cfg)
         self.tools = ToolLoop.from_config(cfg, self.tokenizer)   # multi-turn tool rollouts, or None
         with self.residency.setup():   # the engines load onto the devices: on a pool, under a lease
             self.pool = build_async_pool(cfg, self.device, eos_token_ids, pad_token_id, placement,
-                                         replica_options(cfg, self.device))
+                                         self.placement.replica_options(self.device))
         self.reward = build_reward_manager(cfg)
         self.rm_inputs: Optional[Any] = None   # reward_model.enable: responses carry its tokens; the trainer scores
         if cfg.reward_model.enable:
@@ -335,7 +329,7 @@ class Rollouter(MetricsOutbox):
     def _serve(self) -> None:
         """Between two polls for the devices: weight updates and checkpoint calls go on (not when the wait itself
         runs inside one of them)."""
-        from fully_async.actors.residency import Stopped
+        from fully_async.placement.residency import Stopped
 
         if self._serving:
             return
@@ -350,7 +344,7 @@ class Rollouter(MetricsOutbox):
     # ------------------------------------------------------------------ the engines on and off the devices
     def _devices_on(self, ph: Any, phase: str) -> dict:
         """The engines wake, load an update kept while away, and continue the responses parked when they left."""
-        from fully_async.cluster.device_pool import timed_event
+        from fully_async.placement.device_pool import timed_event
 
         m = timed_event(self.device, ph, "rollout", "onload", self.pool.wake_up)
         m["multi_job/rollout/lease_wait_s"] = ph.waited_s
@@ -371,7 +365,7 @@ class Rollouter(MetricsOutbox):
     def _devices_off(self, ph: Any, why: str) -> dict:
         """Park the in-flight responses (finish them without partial rollouts: a response never spans two turns or
         two versions), then the engines sleep."""
-        from fully_async.cluster.device_pool import timed_event
+        from fully_async.placement.device_pool import timed_event
 
         if why == "setup":
             return timed_event(self.device, ph, "setup", "offload", lambda: self.pool.sleep(1))
@@ -379,7 +373,7 @@ class Rollouter(MetricsOutbox):
         if self._gen_from is not None:
             ph.spans.append({"name": "generate", "start": self._gen_from, "end": time.time(), "args": {}})
         self._yields += 1
-        if self._colocated and why != "done" and self._holds_through():
+        if self._holds_through_turns and why != "done" and self._holds_through():
             self._gen_from = None
             self._held_through = True
             self.pool.hold()   # engines in their own actors would go on decoding in the trainer's turn otherwise
@@ -404,7 +398,7 @@ class Rollouter(MetricsOutbox):
         (free_cache_engine=false, or the trainer fits beside them), or swap what is in flight to host memory."""
         if self._keeps_in_flight:
             return True
-        return self.pool.keeps_resident() or (self._swap_in_flight and self.pool.swaps_in_flight)
+        return self.pool.keeps_resident() or self.pool.swaps_in_flight
 
     def _run_commands(self, block: bool, timeout: float = 0.0) -> None:
         while True:
@@ -583,14 +577,3 @@ class Rollouter(MetricsOutbox):
         if self.residency.holding:
             self.scheduler.resume()
 
-
-def replica_options(cfg: FullyAsyncConfig, device: Any) -> Optional[Callable[[int], dict]]:
-    """Ray options of engine replica i: on a shared pool each replica is pinned to its pool devices; else None (the
-    device's own, in the rollout placement group)."""
-    if cfg.multi_job.pool is None:
-        return None
-    from fully_async.cluster.device_pool import pinned_actor_options, rollout_devices
-    from fully_async.cluster.placement import rollout_layout
-
-    tp, devs = rollout_layout(cfg)[1], rollout_devices(cfg)
-    return lambda i: pinned_actor_options(device, cfg, 0, devices=devs[i * tp:(i + 1) * tp])

@@ -6,18 +6,18 @@ rank hosts a rollout engine on its own device (rank 0 in this actor, ranks 1.. i
 and the engine pool (engines/pool.py) spreads each batch's prompt groups over all of them, so sync
 mode at N devices generates on N devices.  Same engines, backend, rewards, metrics as async mode.
 
-The engines and the trainer take turns on the devices (actors/residency.py `Turns`): each step is a rollout phase
-(engines on: generate) and a train phase (trainer on: update, checkpoint when due, weight update), and the switch
-between them is the residency's.  On the run's own devices the engines sleep while the trainer works and the
-trainer offloads what `actor.fsdp_config.*_offload` asks while the engines generate; the new weights go into the
-engines, awake, at the end of the train phase.  On a device pool shared with other jobs (`multi_job.pool`) each
-phase is a lease and both tenants leave the devices when it ends: the embedded engine takes the new weights asleep
-(into its host copies) at the end of the train phase, while the trainer is still on; an engine that cannot load
-asleep (vLLM) loads at the next phase that wakes it, the trainer coming on for the copy.  Rewards are scored between
-the two phases, holding nothing; keeping a job at one lease at a time is what rules out the deadlock seen in
-practice (job A holding the rollout devices and job B the update's, each waiting for the other's).  On a pool each
-phase reports its switches' durations and memory as `multi_job/<phase>/<event>...` and its spans go to the pool's
-timeline.
+The engines and the trainer take turns on the devices (placement/residency.py `Turns`, which the run's placement,
+placement/sync_turns.py, builds): each step is a rollout phase (engines on: generate) and a train phase (trainer on:
+update, checkpoint when due, weight update), and the switch between them is the residency's.  On the run's own
+devices the engines sleep while the trainer works and the trainer offloads what `actor.fsdp_config.*_offload` asks
+while the engines generate; the new weights go into the engines, awake, at the end of the train phase.  On a device
+pool shared with other jobs (`multi_job.pool`) each phase is a lease and both tenants leave the devices when it
+ends: the embedded engine takes the new weights asleep (into its host copies) at the end of the train phase, while
+the trainer is still on; an engine that cannot load asleep (vLLM) loads at the next phase that wakes it, the trainer
+coming on for the copy.  Rewards are scored between the two phases, holding nothing; keeping a job at one lease at a
+time is what rules out the deadlock seen in practice (job A holding the rollout devices and job B the update's, each
+waiting for the other's).  On a pool each phase reports its switches' durations and memory as
+`multi_job/<phase>/<event>...` and its spans go to the pool's timeline.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class SyncWorker(DriverFacing):
                  total_steps: int, num_devices: int, eos_token_ids: list[int], pad_token_id: int,
                  resume_path: Optional[str] = None, placement: Optional[Any] = None):
         from fully_async.actors.actor_setup import actor_init, build_tokenizer
-        from fully_async.actors.residency import Dedicated, Turns, pool_residency, rank_options
+        from fully_async.placement import placement_of
         from fully_async.cluster.network import free_port, node_ip
         from fully_async.actors.train_worker import TrainWorker
         from fully_async.train.group import connect_trainer_group, total_optimizer_steps
@@ -59,17 +59,17 @@ class SyncWorker(DriverFacing):
 
         self.cfg, self.device = actor_init(cfg, "sync")
         cfg = self.cfg
-        outer = pool_residency(cfg, "colocated") or Dedicated()
-        self.turns = Turns(outer, engines=(self._switch(lambda: self.pool.wake_up(), "onload"),
-                                           self._switch(lambda: self.pool.sleep(1), "offload")),
-                           trainer=(self._switch(self._trainer_on, "onload"),
-                                    self._switch(self._trainer_off, "offload")))
-        off = cfg.actor_rollout_ref.actor.fsdp_config
+        # the engines and the trainer take turns on the run's devices, or inside a pool's lease (placement/)
+        self.placement = placement_of(cfg)
+        self.turns = self.placement.residency(
+            "sync", engines=(self._switch(lambda: self.pool.wake_up(), "onload"),
+                             self._switch(lambda: self.pool.sleep(1), "offload")),
+            trainer=(self._switch(self._trainer_on, "onload"), self._switch(self._trainer_off, "offload")))
         # the trainer leaves the devices while the engines generate: on a pool always, else when the config asks
-        self.offload_trainer = self.turns.shared or off.param_offload or off.optimizer_offload
+        self.offload_trainer = self.placement.trainer_offloads
         # the embedded engine loads weights in place wherever they are, so on a pool a sleeping one takes them into
         # its host copies at the end of the train phase; other engines load at their next wake-up
-        self.loads_asleep = self.turns.shared and cfg.actor_rollout_ref.rollout.name == "hf"
+        self.loads_asleep = self.placement.engines_load_asleep
         self.timeline = Timeline("sync", cfg.trainer.timeline)
         self.state = TrainerState.of(cfg, total_steps)
         self.tokenizer = build_tokenizer(cfg)
@@ -85,7 +85,8 @@ class SyncWorker(DriverFacing):
             self.backend = connect_trainer_group(cfg, self.device, total_optimizer_steps(cfg, total_steps, minis),
                                                  (node_ip(), free_port()), self.device.ray_actor_options(1),
                                                  placement, engine_args=(eos_token_ids, pad_token_id, 0),
-                                                 rank_options=rank_options(cfg, self.device), worker=TrainWorker)
+                                                 rank_options=self.placement.rank_options(self.device),
+                                                 worker=TrainWorker)
             self.pool, per_rank = build_sync_pool(cfg, self.device, self.backend, eos_token_ids, pad_token_id)
             self.weight_sync = LocalWeightSync(self.backend, self.pool, per_rank,
                                                parse_dtype(cfg.actor_rollout_ref.rollout.dtype).itemsize)
@@ -138,7 +139,7 @@ class SyncWorker(DriverFacing):
         metrics, a span in the pool's timeline); on the run's own devices a span of this worker's timeline."""
         def run(ph: Any, phase: str) -> dict:
             if self.turns.shared:
-                from fully_async.cluster.device_pool import timed_event
+                from fully_async.placement.device_pool import timed_event
 
                 return timed_event(self.device, ph, phase, event, fn)
             with self.timeline.span(event):

@@ -1,4 +1,4 @@
-"""Data-parallel trainer rank >= 1 (layer 5): the thin Ray shell around one rank's backend.
+"""Data-parallel trainer rank >= 1 (layer 6): the thin Ray shell around one rank's backend.
 
 The group itself (rank 0's `GroupBackend`, sharding, spawning and joining the ranks) is `train/group.py`;
 this file holds only what needs the actor layer: `TrainWorker`, a plain class that `connect_trainer_group`

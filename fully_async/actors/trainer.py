@@ -1,4 +1,4 @@
-"""Trainer actor (layer 5): take a step's groups from the queue, update, push weights.
+"""Trainer actor (layer 6): take a step's groups from the queue, update, push weights.
 
 Per step: wait for `required_samples` groups (that wait is the trainer's idle time), then the step
 both modes share (train_step.py: batch, old/ref log-probs, advantages, mini-batch updates).  Every
@@ -56,11 +56,10 @@ class Trainer(DriverFacing, EngineHost):
                  pad_token_id: int, resume_path: Optional[str] = None, placement: Optional[Any] = None,
                  eos_token_ids: Optional[list[int]] = None):
         from fully_async.actors.actor_setup import actor_init
-        from fully_async.actors.residency import Dedicated, Elastic, pool_residency, rank_options
         from fully_async.cluster.network import free_port, node_ip
         from fully_async.telemetry.timeline import Timeline
         from fully_async.actors.train_worker import TrainWorker
-        from fully_async.cluster.placement import rollout_layout
+        from fully_async.placement import placement_of
         from fully_async.train.group import connect_trainer_group, total_optimizer_steps
         from fully_async.weight_sync import build_weight_sync
 
@@ -68,15 +67,15 @@ class Trainer(DriverFacing, EngineHost):
         cfg = self.cfg
         self.tokenizer = None   # trainer.rollout_data_dir decodes the trained responses (loaded on first use)
         at = cfg.async_training
-        self.elastic = at.placement == "elastic"
-        # the trainer's devices: its own, or a lease on a shared pool it holds for its steps and gives back when
+        self.placement = placement_of(cfg)   # how the devices are shared (placement/)
+        # engines beside the trainer ranks, lent to the rollouter while the trainer waits for samples (elastic)
+        self.elastic = self.placement.trainer_hosts_engines
+        # the trainer's devices: its own, or a lease on a pool it holds for its steps and gives back when
         # wanted, or (elastic) its own with their engines lent to the rollouter while it waits for samples
-        self.residency = (Elastic(self._lend, self._reclaim) if self.elastic
-                          else pool_residency(cfg, "train") or Dedicated())
-        off = cfg.actor_rollout_ref.actor.fsdp_config
+        self.residency = self.placement.residency("train", lend=self._lend, reclaim=self._reclaim)
         # between its turns on the devices the trainer offloads on a pool shared with other jobs, and, colocated with
         # its own engines, when the config asks (as sync mode: the engines sleep, the trainer stays unless told)
-        offload = cfg.async_training.placement != "colocated" or off.param_offload or off.optimizer_offload
+        offload = self.placement.trainer_offloads
         self.residency.attach(on=self._timed("onload", lambda: offload and self.backend.onload()),
                               off=self._timed("offload", lambda: offload and self.backend.offload()))
         self.queue = queue
@@ -88,10 +87,12 @@ class Trainer(DriverFacing, EngineHost):
         optimizer_steps = total_optimizer_steps(cfg, total_steps, at.require_batches)
         with self.residency.setup():   # building loads onto the devices: on a pool, under a lease
             # rank 0 of the data-parallel group; ranks 1..W-1 are spawned (one device each) and joined here
-            engine_args = (eos_token_ids or [], pad_token_id, rollout_layout(cfg)[0]) if self.elastic else None
+            engine_args = ((eos_token_ids or [], pad_token_id, self.placement.engine_layout()[0]) if self.elastic
+                           else None)
             self.backend = connect_trainer_group(cfg, self.device, optimizer_steps, (node_ip(), free_port()),
                                                  self.device.ray_actor_options(1), placement, engine_args=engine_args,
-                                                 rank_options=rank_options(cfg, self.device), worker=TrainWorker)
+                                                 rank_options=self.placement.rank_options(self.device),
+                                                 worker=TrainWorker)
             self.weight_sync = build_weight_sync(cfg, self.backend, rollouter, self.device)
             if self.elastic:   # the engines beside the ranks load each push in their own processes
                 from fully_async.actors.engine_replica import host_trainer_engines
@@ -112,7 +113,7 @@ class Trainer(DriverFacing, EngineHost):
     def _timed(self, event: str, fn: Callable[[], None]) -> Callable[[Any, str], dict]:
         """An onload/offload on a pool lease, timed with the device memory around it (multi_job/train/...)."""
         def run(ph: Any, phase: str) -> dict:
-            from fully_async.cluster.device_pool import timed_event
+            from fully_async.placement.device_pool import timed_event
 
             m = timed_event(self.device, ph, "setup" if phase == "setup" else "train", event, fn)
             if event == "onload":

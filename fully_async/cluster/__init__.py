@@ -1,3 +1,3 @@
-"""Ray plumbing (layer 2): placement groups, waiting for actors, root causes of actor failures, group addresses, the
-device-pool service and its clients (lease client of a job's worker, membership and heartbeat of its driver).  It
-imports core and the domain packages below it (pool, telemetry); weight_sync and every layer above import it."""
+"""Ray plumbing (layer 2): starting or joining Ray, waiting for actors, root causes of actor failures, group
+addresses.  It imports core and the domain packages below it (telemetry); placement (placement groups, the
+device pool and its clients), weight_sync and every layer above import it."""

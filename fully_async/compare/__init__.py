@@ -1,4 +1,4 @@
-"""The built-in comparison of sync and async mode (layer 7: above run/, whose config loading and checks it uses;
+"""The built-in comparison of sync and async mode (layer 8: above run/, whose config loading and checks it uses;
 nothing in the package imports it): `python -m fully_async.compare` runs the same workload in both modes on equal
 devices (or reads two saved runs) and writes one report with both modes, its plots and, with repeats, the mean and
 spread of every row.

@@ -1,4 +1,4 @@
-"""Ceilings of the async pipeline (layer 7, the comparison's bench): rollout-only and train-only throughput of ONE
+"""Ceilings of the async pipeline (layer 8, the comparison's bench): rollout-only and train-only throughput of ONE
 device each.
 
 An async run splits N devices into r rollout devices and N - r trainer devices, so its tokens/s can

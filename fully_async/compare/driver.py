@@ -1,5 +1,5 @@
 """The comparison's runs: which runs with which overrides, each as a subprocess, and the comparison of two run
-dirs into a report (layer 7; the command line is compare/__main__.py)."""
+dirs into a report (layer 8; the command line is compare/__main__.py)."""
 from __future__ import annotations
 
 import json

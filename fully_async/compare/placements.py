@@ -1,5 +1,5 @@
 """Several placements against one sync run: a row each, with the planner's simulation and forward prediction of
-every run from the logs (layer 7; compare/simulate.py)."""
+every run from the logs (layer 8; compare/simulate.py)."""
 from __future__ import annotations
 
 from typing import Any, Optional

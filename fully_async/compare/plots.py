@@ -1,4 +1,4 @@
-"""The comparison's PNG plots (layer 7); matplotlib is the `plots` extra, asked for before any run starts."""
+"""The comparison's PNG plots (layer 8); matplotlib is the `plots` extra, asked for before any run starts."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""One report of a repeated comparison (layer 7): every row of the side-by-side table as the mean and the spread of
+"""One report of a repeated comparison (layer 8): every row of the side-by-side table as the mean and the spread of
 its values over the repeats (each repeat: both modes on the same workload, alternating which goes first), and the
 headline figures plotted with error bars.
 

@@ -1,4 +1,4 @@
-"""The comparison's report.md and the summary of repeated comparisons (layer 7)."""
+"""The comparison's report.md and the summary of repeated comparisons (layer 8)."""
 from __future__ import annotations
 
 import os

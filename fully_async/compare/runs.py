@@ -1,4 +1,4 @@
-"""One run of a comparison as it was logged: its TensorBoard scalars, `config.json` and `summary.json` (layer 7).
+"""One run of a comparison as it was logged: its TensorBoard scalars, `config.json` and `summary.json` (layer 8).
 
 Everything a comparison reports is computed from what a run wrote into its TensorBoard directory (scalars, the
 event wall times, `config.json`, `summary.json`), so a comparison can be redone from saved logs.  Each step's

@@ -1,4 +1,4 @@
-"""The planner's simulation of a logged run (layer 7): stage costs from the run's own logs (or forward, from another
+"""The planner's simulation of a logged run (layer 8): stage costs from the run's own logs (or forward, from another
 run's), then the simulated tokens/s beside the measured one (planner/pipeline_sim.py, colocated_sim.py).
 scripts/sim_check.py is its command line; the comparison prints both beside every run (compare/placements.py).
 

@@ -1,4 +1,4 @@
-"""The numbers of a comparison: per-run statistics, the side-by-side table and its text forms (layer 7).
+"""The numbers of a comparison: per-run statistics, the side-by-side table and its text forms (layer 8).
 
 Definitions (per run):
   tokens/s         sum(perf/total_num_tokens) / sum(timing_s/step)   (all devices together)

@@ -522,7 +522,7 @@ class MultiJobConfig:
 
     Each job is started on its own (`python -m fully_async.main multi_job.pool=<name> ...`), joins one Ray
     cluster and leases the pool's devices from the pool's scheduler, a detached Ray actor the first job creates
-    (pool/leases.py: FIFO, all-or-nothing).  A sync job leases its devices per phase (rollout incl. the weight
+    (placement/leases.py: FIFO, all-or-nothing).  A sync job leases its devices per phase (rollout incl. the weight
     update, then train); an async job's rollout and train sides lease their own devices separately, each keeping
     its lease while nobody else wants those devices."""
     pool: Optional[str] = None            # name of the shared device pool; null: this job does not share (default)

@@ -4,7 +4,7 @@ Why: a verl key we honour can still do nothing in one of our modes -- sync mode 
 data.train_batch_size prompts per step on the current weights, so the staleness knobs of async mode have nothing to
 bound; async mode on dedicated devices has no phase in which an engine sleeps.  Setting such a key there changed
 nothing without a word.  MODE_ONLY lists every key of the schema that acts in some modes only (read from the loops
-that use them: actors/sync_loop.py, actors/rollouter.py, actors/trainer.py, weight_sync/, actors/residency.py), with
+that use them: actors/sync_loop.py, actors/rollouter.py, actors/trainer.py, weight_sync/, placement/residency.py), with
 where it acts; `inert_keys` names the ones set away from their default in a mode where they do nothing, and
 config_checks warns once per key.  tests/unit/verl/test_mode_keys.py walks verl's documented-honoured keys in every
 mode against this table.

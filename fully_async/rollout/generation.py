@@ -1,4 +1,4 @@
-"""Generation helpers shared by the rollouter and the sync loop (layer 4).
+"""Generation helpers shared by the rollouter and the sync loop (layer 5).
 
 Both modes turn prompts into scored groups the same way: n pending responses per prompt, run
 on an engine, decoded, scored by the reward manager.  Validation is the same in both modes too,

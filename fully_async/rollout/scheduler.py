@@ -1,4 +1,4 @@
-"""Rollout scheduler (layer 4: pure Python, no Ray, no torch): what to generate, when, and what is done.
+"""Rollout scheduler (layer 5: pure Python, no Ray, no torch): what to generate, when, and what is done.
 
 The rollouter actor used to mix this logic with its Ray plumbing; here it stands alone so it can be
 tested with a scripted fake engine.  It talks to an engine only through the `RolloutEngine` contract

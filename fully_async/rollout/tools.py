@@ -1,4 +1,4 @@
-"""Multi-turn tool rollouts (layer 4): verl's tool agent loop (actor_rollout_ref.rollout.multi_turn.*).
+"""Multi-turn tool rollouts (layer 5): verl's tool agent loop (actor_rollout_ref.rollout.multi_turn.*).
 
 A response is a conversation: the policy writes an assistant turn (ended by EOS, the chat template's end of turn);
 if that turn calls tools in hermes format -- `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number,

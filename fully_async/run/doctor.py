@@ -177,18 +177,19 @@ def check_attention(cfg: Any) -> Check:
 def check_placement(cfg: Any) -> Check:
     """Rollout replicas and trainer ranks the config asks for, against the devices this host sees."""
     from fully_async.device import get_device
-    from fully_async.cluster.placement import rollout_layout
+    from fully_async.placement import placement_of
 
     device = get_device(cfg.trainer.device)
     ranks = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     if cfg.mode == "sync":
         detail, need = f"sync: {ranks} trainer rank(s), each generating with its own engine", ranks
     else:
-        replicas, tp = rollout_layout(cfg)
+        placement = placement_of(cfg)
+        replicas, tp = placement.engine_layout()
         need = ranks + replicas * tp
         detail = (f"async: {replicas} rollout replica(s) x {tp} device(s) + {ranks} trainer rank(s) = {need} "
                   f"{device.name} device(s)")
-        if cfg.async_training.placement == "elastic":
+        if placement.trainer_hosts_engines:
             detail += " (elastic: each trainer rank also hosts an engine, lent to the rollout pool while it waits)"
     if not device.is_accelerator:
         from fully_async.cluster.ray_utils import RunFailed, check_cpu_devices

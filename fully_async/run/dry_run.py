@@ -1,4 +1,4 @@
-"""`python -m fully_async.main ... --cfg job` runs the checks a real start runs before Ray (layer 6).
+"""`python -m fully_async.main ... --cfg job` runs the checks a real start runs before Ray (layer 7).
 
 Hydra prints the composed config for `--cfg job|all` and returns without calling the task, so a command that the
 real run would refuse (a reward manager's bound, a missing data file, a layout that does not divide) printed a

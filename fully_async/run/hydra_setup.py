@@ -41,7 +41,7 @@ def _user_errors() -> tuple:
     from fully_async.rewards import RewardError
     from fully_async.telemetry.tracking import TrackerStartError
     from fully_async.run.run_lock import RunLocked
-    from fully_async.pool.leases import LeaseError, LeaseExpired
+    from fully_async.placement.leases import LeaseError, LeaseExpired
     from fully_async.core.safe_write import PlantedLinkError
 
     return (ConfigError, DataError, DeviceError, RewardError, RunFailed, RunLocked, CheckpointError, TrackerStartError,

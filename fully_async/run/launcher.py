@@ -1,4 +1,4 @@
-"""The launcher both modes share (layer 6): prepare, start Ray, create actors, supervise, finish.
+"""The launcher both modes share (layer 7): prepare, start Ray, create actors, supervise, finish.
 
 Supervision is where "no hangs, no silent failures" lives:
   * every actor's run() is awaited together; the first failure stops everything and the run exits
@@ -278,7 +278,7 @@ def _ray_session(cfg: Any, sig: _Signals, plan: RunPlan, device: Any) -> Iterato
     sig.defer = True
     try:
         if cfg.multi_job.pool is not None:
-            from fully_async.run.shared_pool import pool_ray_args
+            from fully_async.placement.shared_pool import pool_ray_args
 
             where = pool_ray_args(cfg)
         else:
@@ -311,7 +311,7 @@ def filtered_groups(cfg: Any, actor: Any) -> list[str]:
 def _release_actors(cfg: Any, actors: dict) -> None:
     """The actors' timelines (trainer.timeline), then the actors and their placement groups (a Ray session shared
     with the caller gets its resources back)."""
-    from fully_async.cluster.placement import release_placement_groups
+    from fully_async.placement.groups import release_placement_groups
     from fully_async.cluster.ray_utils import kill_all
     from fully_async.telemetry.metrics import tensorboard_dir
 
@@ -355,9 +355,9 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
 
     shared = cfg.multi_job.pool is not None
     if shared:  # a shared pool: its checks come before the lock and the data (cheap, and the likeliest mistakes)
-        from fully_async.cluster.device_pool import check_reachable
+        from fully_async.placement.device_pool import check_reachable
         from fully_async.core.config_checks import validate
-        from fully_async.run.shared_pool import join_pool, leave_pool
+        from fully_async.placement.shared_pool import join_pool, leave_pool
 
         validate(cfg)
         check_reachable(cfg.multi_job.ray_address or os.environ["RAY_ADDRESS"])
@@ -386,10 +386,12 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     teardown.on_error(lambda exc: sink.close(failed=not isinstance(exc, (RunInterrupted, StartInterrupted))))
     sig.check()
     teardown.enter_context(_ray_session(cfg, sig, plan, device))
+    from fully_async.placement import placement_of
+
     if shared:
         teardown.callback(leave_pool, join_pool(cfg, device))
-    elif plan.placement == "colocated" and cfg.mode == "async":   # a private pool of the trainer's devices
-        from fully_async.run.shared_pool import colocate, leave_pool
+    elif placement_of(cfg).private_pool:   # colocated async: a private pool of the trainer's devices
+        from fully_async.placement.shared_pool import colocate, leave_pool
 
         check_resources(device, {"trainer": plan.trainer_devices})
         teardown.callback(leave_pool, colocate(prep.cfg, device))

@@ -28,18 +28,20 @@ def create_async_actors(cfg: Any, prep: Any, device: Any, resume_path: Optional[
     """Queue, rollouter and trainer; resuming, each loads its own part of the checkpoint at `resume_path`."""
     import ray
 
-    from fully_async.cluster.placement import in_bundle, make_placement_group, rollout_layout
     from fully_async.actors.queue import GroupQueue
     from fully_async.actors.rollouter import Rollouter
     from fully_async.actors.trainer import Trainer
+    from fully_async.placement import placement_of
+    from fully_async.placement.groups import in_bundle, make_placement_group
 
     plan = RunPlan.of(cfg)
     n_train, n_roll = plan.trainer_devices, plan.rollout_devices
-    replicas, tp = rollout_layout(cfg)
-    if prep.cfg.multi_job.pool is not None and device.is_accelerator:   # a shared pool, or colocated's own
+    placement = placement_of(prep.cfg)   # (colocated: the private pool the launcher made is in prep.cfg)
+    replicas, tp = placement.engine_layout()
+    if placement.on_pool and device.is_accelerator:   # a shared pool, or colocated's own
         # a shared pool's jobs take no device resource from Ray: each actor is pinned to its pool devices and the
-        # pool's leases keep the jobs apart in time (actors/residency.py)
-        from fully_async.cluster.device_pool import pinned_actor_options, rollout_devices
+        # pool's leases keep the jobs apart in time (placement/residency.py)
+        from fully_async.placement.device_pool import pinned_actor_options, rollout_devices
 
         roll_pg = train_pg = None
         roll_opts = (pinned_actor_options(device, prep.cfg, 0, devices=rollout_devices(prep.cfg))
@@ -62,7 +64,7 @@ def create_async_actors(cfg: Any, prep: Any, device: Any, resume_path: Optional[
         roll_pg if replicas > 1 else None)
     # the trainer actor is data-parallel rank 0 (bundle 0); it spawns ranks 1..n_train-1 into bundles 1..
     # threads: its loop and the driver's calls; elastic, also the rollouter's polls and commands of its engine
-    trainer = ray.remote(Trainer).options(max_concurrency=8 if plan.placement == "elastic" else 3,
+    trainer = ray.remote(Trainer).options(max_concurrency=8 if placement.trainer_hosts_engines else 3,
                                           **train_opts).remote(
         prep.cfg, queue, rollouter, prep.total_steps, n_train + n_roll, prep.pad_token_id, resume_path,
         train_pg, prep.eos_token_ids)
@@ -80,12 +82,13 @@ def run_sync(cfg: Any) -> dict:
     import ray
 
     from fully_async.actors.sync_loop import SyncWorker
-    from fully_async.cluster.placement import in_bundle, make_placement_group
+    from fully_async.placement import placement_of
+    from fully_async.placement.groups import in_bundle, make_placement_group
     from fully_async.run.launcher import launch
 
     def create(prep: Any, device: Any, resume_path: Optional[str]) -> dict:
         n_dev = RunPlan.of(cfg).trainer_devices
-        shared = cfg.multi_job.pool is not None
+        shared = placement_of(prep.cfg).on_pool
         # a shared pool's jobs take no device resource from Ray (the pool's leases share the devices in time)
         pg = make_placement_group(device, n_dev, 1, f"{n_dev} trainer rank(s)") \
             if n_dev > 1 and not (shared and device.is_accelerator) else None
@@ -94,7 +97,7 @@ def run_sync(cfg: Any) -> dict:
         cpus = 1 if device.is_accelerator or n_dev > 1 else 2
         opts = device.ray_actor_options(1, num_cpus=cpus)
         if shared:
-            from fully_async.cluster.device_pool import pinned_actor_options
+            from fully_async.placement.device_pool import pinned_actor_options
 
             opts = pinned_actor_options(device, prep.cfg, 0, num_cpus=cpus)
         worker = ray.remote(SyncWorker).options(max_concurrency=2, **opts, **in_bundle(pg, 0)).remote(

@@ -272,7 +272,7 @@ def memory_section(cfg: Any, shape: Shape, spec: DeviceSpec, opts: PlanOptions) 
                  "elastic": (elastic_row or rows[0])["verdict"] != "does not fit",
                  "split": fits if cfg.mode == "async" else True}
     # which async placements the run would take with this engine and trainer (the recommendation's other filter)
-    from fully_async.core.config_checks import placement_refusal
+    from fully_async.core.placement_checks import placement_refusal
 
     refusals = {m: placement_refusal(cfg, m) for m in ("colocated", "elastic")}
     return {"device": spec.name, "capacity_gib": spec.memory_gib, "params": shape.params(), "roles": rows,

@@ -1,4 +1,4 @@
-"""The text of `python -m fully_async.plan` (layer 6, pure formatting of build_report's dict): memory per role,
+"""The text of `python -m fully_async.plan` (layer 7, pure formatting of build_report's dict): memory per role,
 the device plan, every mode's predicted throughput per device count, the per-step breakdown (generating / train /
 switch) and idle ratios of each mode at the last count, the split search around the best split, the
 recommendation (the fastest mode whose memory fits) and the assumptions.  --json prints the dict itself."""

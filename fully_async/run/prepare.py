@@ -1,4 +1,4 @@
-"""Everything the driver checks and loads before Ray starts (layer 6 helper).
+"""Everything the driver checks and loads before Ray starts (layer 7 helper).
 
 Fail fast and cheaply: config rules, files, tokenizer, dataset (tokenised once here, then
 shipped to the rollouter), derived step counts.  Nothing here touches a device.

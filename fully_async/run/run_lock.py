@@ -1,4 +1,4 @@
-"""One run per folder (layer 6 helper): a lock file in trainer.default_local_dir and the TensorBoard run dir.
+"""One run per folder (layer 7 helper): a lock file in trainer.default_local_dir and the TensorBoard run dir.
 
 `acquire(folder)` creates `<folder>/fully_async.lock` atomically (os.open with O_CREAT|O_EXCL) holding the
 pid, hostname, start time and command of this run; a second run with the same folder is refused with

@@ -1,4 +1,4 @@
-"""Driver-side view of a run (layer 6 helper): progress bar, console, TensorBoard and trackers, summary.
+"""Driver-side view of a run (layer 7 helper): progress bar, console, TensorBoard and trackers, summary.
 
 Actors only produce metric dicts; the driver drains them from every running actor (the trainer's or sync
 worker's steps, the rollouter's validations) and writes every sink, so TensorBoard files land on the

@@ -1,4 +1,4 @@
-"""The run's watchdog (layer 6): fails a run whose actors all stood still for trainer.progress_timeout_s.
+"""The run's watchdog (layer 7): fails a run whose actors all stood still for trainer.progress_timeout_s.
 
 Why apart from the launcher: it is the one piece of supervision that must never wait on an actor.  It asks each
 actor for its progress through `Calls` (one outstanding call per actor, never waited on past a moment), so an actor

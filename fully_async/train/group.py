@@ -1,4 +1,4 @@
-"""Data-parallel trainer group (layer 4): one process per trainer device, rank 0 drives.
+"""Data-parallel trainer group (layer 5): one process per trainer device, rank 0 drives.
 
 Rank 0 is the Trainer (or SyncWorker) actor itself; ranks 1..W-1 are `actors/train_worker.TrainWorker` actors
 (the thin Ray shell, passed in as `worker`: this layer cannot import the actors).  All ranks join one
@@ -272,7 +272,7 @@ def connect_trainer_group(cfg: FullyAsyncConfig, device: Any, optimizer_steps: i
     to its own pool device)."""
     import ray
 
-    from fully_async.cluster.placement import in_bundle
+    from fully_async.placement.groups import in_bundle
 
     world = RunPlan.of(cfg).trainer_devices
     if world == 1:

@@ -1,4 +1,4 @@
-"""The one PPO update (layer 4): epochs x mini-batches x micro-batches, for every strategy and the data-parallel group.
+"""The one PPO update (layer 5): epochs x mini-batches x micro-batches, for every strategy and the data-parallel group.
 
 Each of `actor.ppo_epochs` passes shuffles the batch (the backend's RNG, checkpointed with it) and cuts it into
 `num_mini_batches` mini-batches, one optimizer step each.  A mini-batch is cut into data-parallel shards and

@@ -1,4 +1,4 @@
-"""How a batch is cut across data-parallel ranks and into micro-batches (layer 4): one rule for every strategy.
+"""How a batch is cut across data-parallel ranks and into micro-batches (layer 5): one rule for every strategy.
 
 Rank r of a data-parallel world of W takes rows r::W, or with trainer.balance_batch (verl's default) a share of
 about equal tokens (`balanced_rows`: the same row counts, which differ by at most one).  Every rank waits for the

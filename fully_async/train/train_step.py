@@ -1,4 +1,4 @@
-"""The one training step both modes run (layer 4): the async Trainer and the sync loop call `train_step`.
+"""The one training step both modes run (layer 5): the async Trainer and the sync loop call `train_step`.
 
 Per step: build the padded batch of the groups' samples, compute the PPO "old" policy (the behaviour
 log-probs, or recomputed), reference log-probs when a KL term needs them, the advantages of

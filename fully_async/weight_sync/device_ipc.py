@@ -11,7 +11,7 @@ device, and the handles of all ranks travel together (`SharedWeightsByDevice`): 
 its own device.
 
 Lifetime.  The trainer keeps its buffers and rewrites them in place at the next push.  That is safe because the
-two sides take turns on the device under one lease (run/shared_pool.py colocate()): the trainer packs (and
+two sides take turns on the device under one lease (placement/shared_pool.py colocate()): the trainer packs (and
 synchronises) during its turn, the engine loads during its own turn, and `flush()` waits for the previous load
 before a buffer is rewritten.  Validity: both processes must see the same physical device; `open()` checks the
 device UUID and refuses otherwise, naming it.

@@ -71,7 +71,7 @@ def test_placement_that_cannot_fit_fails_at_once_naming_the_need(ray_session):
     import time
 
     from fully_async.device import CPU
-    from fully_async.cluster.placement import make_placement_group
+    from fully_async.placement.groups import make_placement_group
     from fully_async.cluster.ray_utils import RunFailed
 
     start = time.monotonic()

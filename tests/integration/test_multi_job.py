@@ -72,7 +72,7 @@ def ray_head():
 POOL_WATCH = """
 import json, sys, time
 import ray
-from fully_async.cluster.device_pool import get_pool
+from fully_async.placement.device_pool import get_pool
 ray.init(address=sys.argv[1], namespace="test", log_to_driver=False)
 killed_at = float(sys.argv[2])
 pool = get_pool(sys.argv[3])

@@ -1,5 +1,5 @@
 """Import hygiene, read from the source: the layers import downwards only (core <- the domain packages algorithms,
-rewards, verl, planner, pool, telemetry <- cluster <- weight_sync <- rollout / train <- actors <- run <-
+rewards, verl, planner, telemetry <- cluster <- placement <- weight_sync <- rollout / train <- actors <- run <-
 compare), nothing below cluster imports Ray, vendor stacks stay lazy and in their own files, pure modules
 stay free of Ray and torch, and only fully_async/device.py touches torch.cuda / torch.npu."""
 import ast
@@ -13,15 +13,15 @@ VENDORS = {"vllm": {"rollout/engines/vllm_engine.py"}, "torch_npu": {"device.py"
                         "train/backends/megatron_critic.py", "train/backends/megatron_lora.py"},
            "mindspeed": {"train/backends/megatron_backend.py"}}
 PURE = ["rollout/scheduler.py", "core/staleness.py", "core/workload.py", "core/partial.py", "core/types.py",
-        "actors/queue.py", "core/flops.py", "pool/leases.py", "planner/pipeline_sim.py", "planner/memory_model.py",
+        "actors/queue.py", "core/flops.py", "placement/leases.py", "planner/pipeline_sim.py", "planner/memory_model.py",
         "planner/hardware.py", "planner/search.py", "planner/stage_costs.py", "planner/sim_engine.py",
         "planner/colocated_sim.py", "device_memory/policy.py"]
 # a layer may import only from layers of a lower rank (and from itself); the entry shims sit above everything
 ROOT_MODULES = ("__init__.py", "main.py", "doctor.py", "plan.py", "device.py")   # entry shims; device.py is layer 0
 # core is the shared base; the domain packages of layer 1 build on it and never on each other
-LAYERS = {"core": 0, "device_memory": 1, "algorithms": 1, "rewards": 1, "verl": 1, "planner": 1, "pool": 1, "telemetry": 1,
-          "cluster": 2, "weight_sync": 3, "rollout": 4, "train": 4, "actors": 5, "run": 6, "compare": 7}
-NO_RAY = {"core", "device_memory", "algorithms", "rewards", "verl", "planner", "pool", "telemetry"}
+LAYERS = {"core": 0, "device_memory": 1, "algorithms": 1, "rewards": 1, "verl": 1, "planner": 1, "telemetry": 1,
+          "cluster": 2, "placement": 3, "weight_sync": 4, "rollout": 5, "train": 5, "actors": 6, "run": 7, "compare": 8}
+NO_RAY = {"core", "device_memory", "algorithms", "rewards", "verl", "planner", "telemetry"}
 
 
 def sources():

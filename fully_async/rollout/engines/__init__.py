@@ -1,4 +1,4 @@
-"""Rollout engines (layer 3); each implementation lives in its own file and is imported lazily."""
+"""Rollout engines (layer 5); each implementation lives in its own file and is imported lazily."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,4 @@
-"""The `RolloutEngine` contract every rollout engine implements (layer 4).
+"""The `RolloutEngine` contract every rollout engine implements (layer 5).
 
 The rollouter drives an engine from one thread: it submits single-sequence requests, calls
 `collect()` in a loop (each call advances generation a bounded amount and returns whatever

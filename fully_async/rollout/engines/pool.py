@@ -1,4 +1,4 @@
-"""Engine pool (layer 4): the `RolloutEngine` contract over K engine replicas.
+"""Engine pool (layer 5): the `RolloutEngine` contract over K engine replicas.
 
 Why: rollout is the stage every RL step waits on; one engine on one device leaves the other devices
 idle.  The pool lets the scheduler (and sync mode's generate phase) drive K replicas exactly as it

@@ -1,4 +1,4 @@
-"""Engine replicas (layer 4): one engine, driven either in the caller's thread or in its own process.
+"""Engine replicas (layer 5): one engine, driven either in the caller's thread or in its own process.
 
 An engine pool (engines/pool.py) talks to every replica through the same small handle:
 `submit(requests)`, `poll(timeout_s) -> Future[list[GenOutput]]` and `call(method, *args) -> Future`.

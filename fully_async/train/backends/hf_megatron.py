@@ -1,4 +1,4 @@
-"""Hugging Face <-> Megatron-core GPTModel weight conversion for Qwen2 / Qwen2.5 / Qwen3 (dense) / Llama (layer 4,
+"""Hugging Face <-> Megatron-core GPTModel weight conversion for Qwen2 / Qwen2.5 / Qwen3 (dense) / Llama (layer 5,
 pure torch).
 
 The Megatron side is GPTModel built from the *local* layer spec (`get_gpt_layer_local_spec`, no

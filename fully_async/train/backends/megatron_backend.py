@@ -1,4 +1,4 @@
-"""Megatron-core training backend (layer 4): GPTModel with tensor, pipeline and data parallelism.
+"""Megatron-core training backend (layer 5): GPTModel with tensor, pipeline and data parallelism.
 
 Every trainer rank builds one backend and is called with the *same* full batch (train/group.ReplicatedGroupBackend):
 log-probs take their data-parallel shard here (train/sharding.py's shares; an empty shard runs one zero-weighted row

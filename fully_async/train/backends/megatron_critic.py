@@ -1,4 +1,4 @@
-"""Models with a one-output head on strategy=megatron (layer 4): the critic of PPO (algorithm.adv_estimator=gae), a
+"""Models with a one-output head on strategy=megatron (layer 5): the critic of PPO (algorithm.adv_estimator=gae), a
 value model with the actor's tensor/pipeline/data-parallel layout, its own distributed optimizer and LR schedule;
 and the frozen reward model of reward_model.enable (`MegatronRewardModel`).
 

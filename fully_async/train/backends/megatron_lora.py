@@ -1,5 +1,5 @@
 """LoRA for strategy=megatron (actor_rollout_ref.model.lora_rank > 0): verl's megatron LoRA, megatron-bridge's fused
-`lora` type, on our local-spec GPTModel (layer 4).
+`lora` type, on our local-spec GPTModel (layer 5).
 
 Each targeted megatron linear layer (core/lora_targets.py: linear_qkv, linear_proj, linear_fc1, linear_fc2 by
 default) becomes a `LoRAParallelLinear`: the frozen layer plus a trainable lora_A (r x in) and lora_B (out x r), so

@@ -1,4 +1,4 @@
-"""The reward model of reward_model.enable (layer 4): frozen, beside the actor in a `TorchBackend` (torch or one FSDP2
+"""The reward model of reward_model.enable (layer 5): frozen, beside the actor in a `TorchBackend` (torch or one FSDP2
 rank: the same device, sharding, dtype, offload and Ulysses groups as the reference model), as verl's
 RewardModelWorker builds it: Hugging Face's `...ForTokenClassification` with one label over the reward model's
 folder (a `...ForSequenceClassification` checkpoint loads into it: the same `score` head), and a response's score is

@@ -1,4 +1,4 @@
-"""Torch training backend, one device or an FSDP2 rank (layer 4): log-probs, the PPO primitives, weights for sync.
+"""Torch training backend, one device or an FSDP2 rank (layer 5): log-probs, the PPO primitives, weights for sync.
 
 The PPO loop is train/ppo_update.py; this backend runs its two primitives.  `forward_backward` runs a
 mini-batch's micro-batches (each loss already divided by its whole mini-batch's token or sequence count, so

@@ -1,4 +1,4 @@
-"""The critic of PPO with algorithm.adv_estimator=gae (layer 4): a value model, its AdamW and its LR schedule.
+"""The critic of PPO with algorithm.adv_estimator=gae (layer 5): a value model, its AdamW and its LR schedule.
 
 A `ValueModel` belongs to a `TorchBackend` (torch or one FSDP2 rank): it lives on the same device, is sharded the
 same way and computes in the same dtype as the actor, so the trainer's process group, the data-parallel group

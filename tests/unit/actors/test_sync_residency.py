@@ -1,4 +1,4 @@
-"""The sync worker's engines and trainer take turns (actors/residency.py Turns).  On a shared pool, the loop keeps its
+"""The sync worker's engines and trainer take turns (placement/residency Turns).  On a shared pool, the loop keeps its
 weights on the devices only inside its leases: every wake/onload comes after the
 acquire and every sleep/offload before the release of the same phase; the weight update goes into the sleeping
 embedded engine at the end of the train phase, or (an engine that cannot load asleep) rides on the next phase
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fully_async.actors.residency import Dedicated, PoolLease, Turns
+from fully_async.placement.residency import Dedicated, PoolLease, Turns
 from fully_async.actors.sync_loop import SyncWorker
 from fully_async.telemetry.metrics import StaleCounter
 from fully_async.core.trainer_state import TrainerState

@@ -94,13 +94,13 @@ def test_rollout_layout_errors_name_the_tp_key(overrides, message):
 
 
 def test_rollout_devices_split_into_replicas():
-    from fully_async.cluster.placement import rollout_layout
+    from fully_async.placement import placement_of
 
-    assert rollout_layout(cfg_with("rollout.n_gpus_per_node=4")) == (4, 1)
+    assert placement_of(cfg_with("rollout.n_gpus_per_node=4")).engine_layout() == (4, 1)
     cfg = cfg_with("actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
                    "rollout.n_gpus_per_node=4", "rollout.nnodes=2")
     validate(cfg)
-    assert rollout_layout(cfg) == (4, 2)   # 8 devices / tp 2, each replica's 2 ranks on one node
+    assert placement_of(cfg).engine_layout() == (4, 2)   # 8 devices / tp 2, each replica's 2 ranks on one node
 
 
 def _leaf_keys(cls, prefix=""):

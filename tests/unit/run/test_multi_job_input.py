@@ -61,7 +61,7 @@ def test_async_jobs_may_share(monkeypatch, overrides):
 
 
 def test_async_devices_default_after_the_trainer():
-    from fully_async.cluster.device_pool import job_devices, rollout_devices
+    from fully_async.placement.device_pool import job_devices, rollout_devices
 
     cfg = load_config(["multi_job.pool=p", "multi_job.devices=4", "trainer.n_gpus_per_node=2",
                        "rollout.n_gpus_per_node=2"])
@@ -88,7 +88,7 @@ def test_address_from_the_config_key_is_enough(monkeypatch):
 
 
 def test_unreachable_cluster_fails_fast():
-    from fully_async.cluster.device_pool import check_reachable
+    from fully_async.placement.device_pool import check_reachable
     from fully_async.cluster.ray_utils import RunFailed
 
     with pytest.raises(RunFailed, match="no Ray cluster answers at 127.0.0.1:1"):

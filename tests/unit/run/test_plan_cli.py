@@ -166,7 +166,7 @@ def test_a_mode_that_does_not_fit_is_not_recommended():
 def test_a_placement_the_run_would_refuse_is_never_recommended():
     """vLLM engines cannot be lent (elastic) and tensor-parallel engines cannot sit beside one trainer rank each
     (colocated): the planner simulates them but recommends only what the run takes, saying why."""
-    from fully_async.core.config_checks import placement_refusal
+    from fully_async.core.placement_checks import placement_refusal
     from fully_async.run.hydra_setup import load_config
 
     vllm_tp2 = load_config(["mode=async", "actor_rollout_ref.rollout.name=vllm",

@@ -109,9 +109,10 @@ def test_a_constructor_error_read_from_a_dead_actor_is_named_without_its_traceba
     from fully_async.cluster.ray_utils import describe
 
     text = ("The actor died because of an error raised in its creation task, ray::SyncWorker.__init__() (pid=1)\n"
-            "  File \"/x/fully_async/cluster/device_pool.py\", line 316, in release\n"
+            "  File \"/x/fully_async/placement/device_pool.py\", line 316, in release\n"
             "    raise _unwrap(exc) from None\n"
-            "fully_async.pool.leases.LeaseExpired: e/colocated: lease of [0] for phase 'setup' revoked after 0.5s\n")
+            "fully_async.placement.leases.LeaseExpired: e/colocated: lease of [0] for phase 'setup' revoked after "
+            "0.5s\n")
     assert describe(rex.RayActorError("ab" * 8, text, True)) == \
         "LeaseExpired: e/colocated: lease of [0] for phase 'setup' revoked after 0.5s"
     assert describe(ValueError("bad: value")) == "ValueError: bad: value"

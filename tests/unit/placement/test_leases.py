@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from fully_async.pool.leases import LeaseBook, LeaseError, LeaseExpired
+from fully_async.placement.leases import LeaseBook, LeaseError, LeaseExpired
 
 
 def book(devices=2, hold=10.0, hb=3.0, jobs=("a", "b", "c", "d")):

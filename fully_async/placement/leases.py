@@ -1,9 +1,9 @@
-"""Leases on a shared device pool (layer 1, pure: no Ray, no threads, no clock of its own).
+"""Leases on a shared device pool (the placement package, layer 3; pure: no Ray, no threads, no clock of its own).
 
 Several independent jobs time-slice one set of devices: a job holds a device set only for one phase
 (sync mode's "rollout + weight update" or "train"), keeps its weights on the devices only while it holds
 the lease, and offloads them before releasing.  `LeaseBook` decides who may hold what; the caller passes
-the time in, so every rule is tested deterministically (tests/unit/pool/test_leases.py).
+the time in, so every rule is tested deterministically (tests/unit/placement/test_leases.py).
 
 Why it cannot deadlock.  A deadlock needs a holder that waits for more while holding (Coffman's
 hold-and-wait).  Here a holder (one side of one job) holds at most one lease, asks for its whole device

@@ -1,16 +1,21 @@
-"""A device pool shared by several jobs (layer 2): the lease book behind a lock, and its two clients.
+"""A device pool shared by several jobs (layer 3, the placement package): the lease book behind a lock, the Ray
+actor that serves it, and its two clients.
 
-`DevicePoolService` runs `core.leases.LeaseBook` with the wall clock, a lock and a ticker thread (expiry of
+`DevicePoolService` runs `placement.leases.LeaseBook` with the wall clock, a lock and a ticker thread (expiry of
 overstayed leases, jobs that stopped heartbeating), and writes the pool's Perfetto timeline: one process per
 job, one track per device (the leases and what the job did inside them: onload, offload, generate, train)
-plus a track of its waits.  `actors/device_pool.py` makes it a named, detached Ray actor; the stress test
-runs it with plain threads.
+plus a track of its waits.  `DevicePool` / `get_or_create_pool` make it a named Ray actor (detached for a pool of
+several jobs: it outlives the job that created it; one run's private pool for colocated async); the stress test
+runs the service with plain threads.  Later jobs find a pool by name in the `fully_async_pools` namespace, whatever
+their own namespaces; the actor is threaded (max_concurrency): a job blocked in `acquire` does not block the others'
+releases and heartbeats.
 
 `PoolMembership` is the driver's side: it registers the job and heartbeats from a thread, so a job whose
 driver dies (SIGKILL) stops heartbeating and the pool frees its leases `multi_job.heartbeat_timeout_s` later;
 Ray kills that driver's actors at the same time, so nobody still uses the devices.  `LeaseClient` is the
 worker's side: `with client.phase("train") as ph:` blocks until the job holds its devices, and gives them
-back (with the spans recorded in `ph`) when the block ends.
+back (with the spans recorded in `ph`) when the block ends.  Which pool devices each side leases is the placement's
+device layout (`job_devices`, `rollout_devices` below).
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from fully_async.pool.leases import LeaseBook, LeaseError, LeaseExpired, PoolEvent
+from fully_async.placement.leases import LeaseBook, LeaseError, LeaseExpired, PoolEvent
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +106,7 @@ class DevicePoolService:
 
     def renew(self, job: str, holder: str) -> bool:
         """A side keeping its lease: its time limit restarts unless someone waits for its devices; returns whether
-        someone does (core.leases.LeaseBook.renew).  Also a heartbeat."""
+        someone does (leases.LeaseBook.renew).  Also a heartbeat."""
         with self.cond:
             return self.book.renew(job, holder, self.clock())
 
@@ -150,6 +155,33 @@ class DevicePoolService:
                     self.write_timeline()
                 except OSError as exc:
                     logger.warning("pool %s: cannot write %s: %s", self.name, self.timeline_path, exc)
+
+
+class DevicePool(DevicePoolService):
+    """The service as a Ray actor (its log lines name the pool)."""
+
+    def __init__(self, name: str, num_devices: int, max_hold_s: float, heartbeat_timeout_s: float,
+                 timeline_path: Optional[str]):
+        logging.basicConfig(level=logging.INFO, format=f"[pool {name}] %(message)s", force=True)
+        super().__init__(name, num_devices, max_hold_s, heartbeat_timeout_s, timeline_path)
+
+    def ready(self) -> bool:
+        return True
+
+
+def get_or_create_pool(name: str, num_devices: int, max_hold_s: float, heartbeat_timeout_s: float,
+                       timeline_path: Optional[str], detached: bool = True) -> Any:
+    """The pool actor `name`; created (no resources; detached unless it is one run's private pool) when no job
+    created it yet."""
+    import ray
+
+    handle = ray.remote(DevicePool).options(
+        name=pool_actor_name(name), namespace=POOL_NAMESPACE, lifetime="detached" if detached else None,
+        get_if_exists=True,
+        num_cpus=0, max_concurrency=64, max_restarts=0).remote(name, num_devices, max_hold_s, heartbeat_timeout_s,
+                                                              timeline_path)
+    ray.get(handle.ready.remote(), timeout=120)
+    return handle
 
 
 # ---------------------------------------------------------------------------------------------- clients

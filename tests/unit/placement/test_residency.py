@@ -1,10 +1,10 @@
-"""The residency collaborator (actors/residency.py): when a side's on/off transitions run, what a pool lease keeps,
+"""The residency collaborator (placement/residency.py): when a side's on/off transitions run, what a pool lease keeps,
 and that no loop is varied by subclassing any more."""
 import ast
 import contextlib
 import os
 
-from fully_async.actors.residency import Dedicated, Elastic, PoolLease, Stopped, Turns
+from fully_async.placement.residency import Dedicated, Elastic, PoolLease, Stopped, Turns
 
 
 class FakeClient:

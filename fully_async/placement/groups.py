@@ -1,4 +1,5 @@
-"""Where actors run (layer 2): Ray placement groups for the rollout replicas and the trainer ranks.
+"""Where actors run (layer 3, the placement package): Ray placement groups for the rollout replicas and the trainer
+ranks.
 
 verl's keys, verl's meaning: async mode has `rollout.nnodes x rollout.n_gpus_per_node` rollout devices,
 split into K = devices / `actor_rollout_ref.rollout.tensor_model_parallel_size` engine replicas, and
@@ -6,21 +7,12 @@ split into K = devices / `actor_rollout_ref.rollout.tensor_model_parallel_size` 
 (its tensor-parallel devices stay on one node) and each trainer rank is one bundle; bundles are PACKed,
 so replicas and ranks fill a node before spilling to the next.  Ray reserves a group atomically: either
 every bundle fits or the run stops with a message naming what was asked and what the cluster has,
-instead of leaving actors pending forever.  On CPU a "device" is one core.
+instead of leaving actors pending forever.  On CPU a "device" is one core.  How many replicas and ranks a run has
+is its placement's `engine_layout()` / `layout()` (placement/base.py).
 """
 from __future__ import annotations
 
 from typing import Any, Optional
-
-
-def rollout_layout(cfg: Any) -> tuple[int, int]:
-    """(replicas, devices per replica) of async mode's engines (config.validate checked the split): one per rollout
-    device group, or, colocated, one per trainer device."""
-    if cfg.mode == "async" and cfg.async_training.placement == "colocated":
-        return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node, 1
-    devices = cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node   # also in sync mode (RunPlan says 0 there)
-    tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
-    return max(1, devices // tp), tp
 
 
 def bundle_resources(device: Any, devices: int) -> dict[str, float]:

@@ -1,5 +1,6 @@
-"""Where a side's weights live between pieces of work (layer 5): the one place that decides when an engine or a
-trainer comes onto its devices and leaves them.
+"""Where a side's weights live between pieces of work (layer 3, the placement package): the one place that decides
+when an engine or a trainer comes onto its devices and leaves them.  The placement objects (base.py and one file
+per placement) choose which residency each side gets: `placement_of(cfg).residency(side, ...)`.
 
 A loop (the rollouter, the trainer, the sync worker) hands its residency its own two transitions once -- `on(phase)`
 puts its state on the devices, `off(phase, why)` takes it off; each returns its metrics -- and then calls it at a few
@@ -13,8 +14,8 @@ named points:
 The residency decides whether and when the transitions run:
   * `Dedicated`: the devices are this side's alone (the default).  Held from start to end: `on`/`off` never run,
     nothing is wanted, nothing is kept.
-  * `PoolLease`: a lease of a device pool shared with other jobs (cluster/device_pool.py; the lease rules are
-    pool/leases.py).  The state is on the devices only while the lease is held; building happens under a lease
+  * `PoolLease`: a lease of a device pool shared with other jobs (device_pool.py; the lease rules are
+    leases.py).  The state is on the devices only while the lease is held; building happens under a lease
     too (`setup()`), after which the state goes off.  A side keeps an uncontended lease and gives a wanted one back
     at its next safe point, so no side waits for another while holding devices someone wants.
   * `Turns`: an engine and a trainer taking turns on the same devices (sync mode; colocated async builds on it),
@@ -32,8 +33,6 @@ from __future__ import annotations
 import contextlib
 import time
 from typing import Any, Callable, Iterator, Optional, Protocol
-
-from fully_async.core.config import FullyAsyncConfig
 
 Transition = Callable[..., dict]
 
@@ -125,7 +124,7 @@ class Dedicated:
 
 
 class PoolLease:
-    """A lease of a shared device pool (`client`: cluster.device_pool.LeaseClient, or a test's fake)."""
+    """A lease of a shared device pool (`client`: device_pool.LeaseClient, or a test's fake)."""
 
     def __init__(self, client: Any, waiting_poll_s: float = 0.5):
         self.client = client
@@ -328,23 +327,3 @@ class Elastic(Dedicated):
         self.hold(name)
         yield NO_PHASE
 
-
-def pool_residency(cfg: FullyAsyncConfig, side: str) -> Optional[Any]:
-    """The lease of this job's side on its shared device pool (multi_job.pool), or None: the run's own devices."""
-    if cfg.multi_job.pool is None:
-        return None
-    from fully_async.cluster.device_pool import LeaseClient, job_devices, job_name, rollout_devices
-
-    devices = rollout_devices(cfg) if side == "rollout" else job_devices(cfg)
-    poll_s = 2.0 if side == "colocated" else 0.5
-    return PoolLease(LeaseClient(cfg.multi_job.pool, job_name(cfg), devices, side=side, poll_s=poll_s))
-
-
-def rank_options(cfg: FullyAsyncConfig, device: Any) -> Optional[Callable[[int], dict]]:
-    """Ray options of trainer rank r >= 1: on a shared pool each rank is pinned to its pool device; else None (the
-    device's own, in the trainer placement group)."""
-    if cfg.multi_job.pool is None:
-        return None
-    from fully_async.cluster.device_pool import pinned_actor_options
-
-    return lambda rank: pinned_actor_options(device, cfg, rank)

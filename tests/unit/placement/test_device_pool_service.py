@@ -7,8 +7,8 @@ import random
 import threading
 import time
 
-from fully_async.cluster.device_pool import DevicePoolService
-from fully_async.pool.leases import LeaseExpired
+from fully_async.placement.device_pool import DevicePoolService
+from fully_async.placement.leases import LeaseExpired
 
 
 def test_threaded_stress_random_delays_no_deadlock_exclusive(tmp_path):
@@ -98,8 +98,8 @@ class _Remote:
 def test_a_restarted_job_waits_for_its_old_entry_then_joins(monkeypatch):
     import ray
 
-    from fully_async.cluster.device_pool import PoolMembership
-    from fully_async.pool.leases import LeaseError
+    from fully_async.placement.device_pool import PoolMembership
+    from fully_async.placement.leases import LeaseError
 
     monkeypatch.setattr(ray, "get", lambda value, timeout=None: value)
     svc = DevicePoolService("restart", 1, max_hold_s=60.0, heartbeat_timeout_s=0.5, tick_s=0.02)

@@ -1,8 +1,8 @@
-"""The driver's side of a shared device pool (layer 6 helper; README "Several jobs on one device pool").
+"""The driver's side of a device pool (layer 3, the placement package; README "Several jobs on one device pool").
 
 A job whose config names `multi_job.pool` joins the shared Ray cluster in a namespace of its own, finds or creates
-the pool's scheduler (the detached actor of actors/device_pool.py), registers and heartbeats from a thread
-(cluster/device_pool.PoolMembership), and at the end unregisters and has the pool write its timeline.
+the pool's scheduler (the detached actor of device_pool.py), registers and heartbeats from a thread
+(device_pool.PoolMembership), and at the end unregisters and has the pool write its timeline.
 """
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import logging
 import os
 from typing import Any
 
-logger = logging.getLogger("fully_async")
+logger = logging.getLogger(__name__)
 
 
 def pool_ray_args(cfg: Any) -> dict:
     """A job on a shared pool joins the shared cluster in a namespace of its own."""
-    from fully_async.cluster.device_pool import job_name
+    from fully_async.placement.device_pool import job_name
 
     return {"address": cfg.multi_job.ray_address or os.environ["RAY_ADDRESS"],
             "namespace": f"fully_async.{job_name(cfg)}"}
@@ -26,9 +26,8 @@ def join_pool(cfg: Any, device: Any) -> Any:
     same name); its driver heartbeats from now on."""
     import ray
 
-    from fully_async.actors.device_pool import get_or_create_pool
-    from fully_async.cluster.device_pool import (PoolMembership, job_devices, job_name, pool_timeline_path,
-                                                 rollout_devices)
+    from fully_async.placement.device_pool import (PoolMembership, get_or_create_pool, job_devices, job_name,
+                                                   pool_timeline_path, rollout_devices)
     from fully_async.cluster.ray_utils import RunFailed
 
     mj = cfg.multi_job
@@ -54,13 +53,14 @@ def colocate(cfg: Any, device: Any) -> Any:
     import dataclasses
     import uuid
 
-    from fully_async.actors.device_pool import get_or_create_pool
-    from fully_async.cluster.device_pool import PoolMembership, job_name
+    from fully_async.placement.device_pool import PoolMembership, get_or_create_pool, job_name
     from fully_async.core.plan import RunPlan
 
     n = RunPlan.of(cfg).trainer_devices
     mj = cfg.multi_job
-    name = f"{job_name(cfg)}-colocated-{uuid.uuid4().hex[:8]}"
+    from fully_async.device_memory.policy import PRIVATE_POOL_MARK   # (the engines' memory mode reads it)
+
+    name = f"{job_name(cfg)}{PRIVATE_POOL_MARK}{uuid.uuid4().hex[:8]}"
     cfg.multi_job = dataclasses.replace(mj, pool=name, devices=n, job_devices=list(range(n)),
                                         rollout_devices=list(range(n)), min_slice_s=0.0, max_lease_s=1e9)
     timeline = None
