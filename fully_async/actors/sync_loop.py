@@ -63,7 +63,7 @@ class SyncWorker(DriverFacing):
         self.placement = placement_of(cfg)
         self.turns = self.placement.residency(
             "sync", engines=(self._switch(lambda: self.pool.wake_up(), "onload"),
-                             self._switch(lambda: self.pool.sleep(1), "offload")),
+                             self._switch(lambda: self.pool.sleep(1), "offload", engines=True)),
             trainer=(self._switch(self._trainer_on, "onload"), self._switch(self._trainer_off, "offload")))
         # the trainer leaves the devices while the engines generate: on a pool always, else when the config asks
         self.offload_trainer = self.placement.trainer_offloads
@@ -134,17 +134,21 @@ class SyncWorker(DriverFacing):
         if self.offload_trainer:
             self.backend.offload()
 
-    def _switch(self, fn: Callable[[], None], event: str) -> Callable[[Any, str], dict]:
+    def _switch(self, fn: Callable[[], None], event: str, engines: bool = False) -> Callable[[Any, str], dict]:
         """A tenant's transition: on a pool timed with the device memory around it (multi_job/<phase>/<event>...
         metrics, a span in the pool's timeline); on the run's own devices a span of this worker's timeline."""
         def run(ph: Any, phase: str) -> dict:
             if self.turns.shared:
                 from fully_async.placement.device_pool import timed_event
 
-                return timed_event(self.device, ph, phase, event, fn)
-            with self.timeline.span(event):
-                fn()
-            return {}
+                m = timed_event(self.device, ph, phase, event, fn)
+            else:
+                with self.timeline.span(event):
+                    fn()
+                m = {}
+            if engines and event == "offload":   # what the engines' sleep freed or kept (memory/rollout/...)
+                m.update(self.pool.memory_report())
+            return m
         return run
 
     def _push(self, ph: Any, phase: str) -> dict:

@@ -1,4 +1,4 @@
-"""Device memory that can be given back and taken again at the same addresses (layer 1).
+"""Device memory that can be given back and taken again at the same addresses (layer 0).
 
 An `Arena` is one tag's memory ("<job>/<tenant>/<kind>", e.g. "run/rollout/kv"): a reserved address range,
 bump-allocated into chunks of physical memory.  `release()` gives every chunk's physical memory back to the device

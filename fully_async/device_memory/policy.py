@@ -1,4 +1,4 @@
-"""What `free_cache_engine` means at each turn switch (layer 1): free the engine's memory, or keep what fits.
+"""What `free_cache_engine` means at each turn switch (layer 0): free the engine's memory, or keep what fits.
 
 verl's `actor_rollout_ref.rollout.free_cache_engine=true` (the default) frees the engine's KV cache and weights for
 the trainer at every switch, which memory-bound runs need.  Where the trainer fits beside the resident engine, the

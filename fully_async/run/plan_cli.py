@@ -135,6 +135,28 @@ def length_profile(cfg: Any, opts: PlanOptions) -> tuple[Any, str]:
     return profile.target, label + profile.describe()
 
 
+def engine_stays_resident(cfg: Any, shape: Shape, spec: DeviceSpec) -> tuple[bool, str]:
+    """Does the engine keep its memory through the trainer's turns (no weights to the host and back at a switch)?
+    free_cache_engine=false: yes; true: where the runtime would find that both fit (device_memory/policy.py), as
+    the memory model sees it: trainer and engine within 90% of the device; never with the force key, a pool or an
+    offloading trainer."""
+    from fully_async.device_memory.policy import engine_memory_mode
+
+    mode, why = engine_memory_mode(cfg)
+    if mode != "auto":
+        return mode == "keep", why
+    actor = cfg.actor_rollout_ref.actor
+    mp = actor.megatron.tensor_model_parallel_size * actor.megatron.pipeline_model_parallel_size \
+        if actor.strategy == "megatron" else 1
+    capacity = spec.memory_gib * GIB
+    both = trainer_memory(cfg, shape, max(1, cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node // mp)).total + \
+        engine_memory(cfg, shape, capacity).total
+    fits = both <= 0.9 * capacity
+    return fits, (f"free_cache_engine=true: trainer + engine {both / GIB:.1f} GiB "
+                  f"{'within' if fits else 'over'} 90% of {spec.memory_gib:.0f} GiB: the engine "
+                  f"{'stays resident' if fits else 'frees its memory at each switch'}")
+
+
 def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mean_response: float) -> tuple:
     """(StageCosts, derivation dict, prompt length)."""
     from dataclasses import replace
@@ -150,14 +172,16 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
     prompt = opts.prompt_length or max(1, cfg.data.max_prompt_length // 2)
     rollout = cfg.actor_rollout_ref.rollout
     off = actor.fsdp_config
-    host = (2.0 * shape.params() / rollout.tensor_model_parallel_size if rollout.free_cache_engine else 0.0) + \
+    resident, resident_why = engine_stays_resident(cfg, shape, spec)
+    host = (0.0 if resident else 2.0 * shape.params() / rollout.tensor_model_parallel_size) + \
         (4.0 * shape.params() / mp if off.param_offload else 0.0) + (8.0 * shape.params() / mp if off.optimizer_offload
                                                                      else 0.0)
     est = estimate(shape, spec, mean_context=prompt + mean_response / 2,
                    rollout_tp=cfg.actor_rollout_ref.rollout.tensor_model_parallel_size, train_mp=mp,
                    checkpointing=bool(cfg.actor_rollout_ref.model.enable_gradient_checkpointing),
                    extra_forwards=extra, host_bytes=host, assumptions=opts.estimate_assumptions())
-    derived: dict[str, Any] = {"estimate": est.as_dict(), "host_bytes_per_sync_step": host}
+    derived: dict[str, Any] = {"estimate": est.as_dict(), "host_bytes_per_sync_step": host,
+                               "engine_resident": resident_why}
     if opts.stage_costs is None:
         costs = est
     elif os.path.isdir(opts.stage_costs):
@@ -350,7 +374,8 @@ def throughput_section(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSp
         f"sync per-step switch {costs.sync_step_s:.3f} s" + (
             " (plan.sync_step_s)" if opts.sync_step_s is not None else " (measured by the run)"
             if derived.get("sync_step") == "measured" else f" (estimated: local reload + "
-            f"{derived['host_bytes_per_sync_step'] / 1e9:.1f} GB to the host and back: free_cache_engine / offloads)"),
+            f"{derived['host_bytes_per_sync_step'] / 1e9:.1f} GB to the host and back: offloads, and the engine's "
+            f"weights unless it stays resident; {derived['engine_resident']})"),
         f"staleness_threshold={pshape.staleness_threshold:g}, trigger_parameter_sync_step={pshape.trigger}, "
         f"partial_rollout={pshape.partial_rollout}, max_num_seqs={pshape.max_num_seqs} per replica",
         f"batch at other device counts: {opts.batch_scaling} (config: {pshape.async_groups} groups/step async, "

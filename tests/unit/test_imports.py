@@ -19,7 +19,7 @@ PURE = ["rollout/scheduler.py", "core/staleness.py", "core/workload.py", "core/p
 # a layer may import only from layers of a lower rank (and from itself); the entry shims sit above everything
 ROOT_MODULES = ("__init__.py", "main.py", "doctor.py", "plan.py", "device.py")   # entry shims; device.py is layer 0
 # core is the shared base; the domain packages of layer 1 build on it and never on each other
-LAYERS = {"core": 0, "device_memory": 1, "algorithms": 1, "rewards": 1, "verl": 1, "planner": 1, "telemetry": 1,
+LAYERS = {"core": 0, "device_memory": 0, "algorithms": 1, "rewards": 1, "verl": 1, "planner": 1, "telemetry": 1,
           "cluster": 2, "placement": 3, "weight_sync": 4, "rollout": 5, "train": 5, "actors": 6, "run": 7, "compare": 8}
 NO_RAY = {"core", "device_memory", "algorithms", "rewards", "verl", "planner", "telemetry"}
 

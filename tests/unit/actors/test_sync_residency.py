@@ -77,12 +77,12 @@ def worker(monkeypatch, request):
     w.device, w.timeline = CPU, Timeline("sync")
     outer = PoolLease(FakeLease(rec)) if request.param == "pool" else Dedicated()
     w.turns = Turns(outer, engines=(w._switch(lambda: w.pool.wake_up(), "onload"),
-                                    w._switch(lambda: w.pool.sleep(1), "offload")),
+                                    w._switch(lambda: w.pool.sleep(1), "offload", engines=True)),
                     trainer=(w._switch(w._trainer_on, "onload"), w._switch(w._trainer_off, "offload")))
     if w.turns.shared:   # built under the setup lease, both tenants left the devices
         w.turns.on = {"engines": False, "trainer": False}
     w.offload_trainer = w.turns.shared
-    w.pool = Fake(rec, "engines", {"engine_stats": []})
+    w.pool = Fake(rec, "engines", {"engine_stats": [], "memory_report": {"memory/rollout/freed_gib": 1.0}})
     w.backend = Fake(rec, "trainer")
     w.weight_sync = Fake(rec, "weights", {"push": {"timing_s/param_sync": 0.0}})
     w.val_records, w.engine_version, w.state = ["v"], 0, TrainerState(total_steps=3)
@@ -123,13 +123,13 @@ def test_weights_are_on_the_devices_only_inside_leases(worker):
     phases = leased_phases(rec.events)
     names = [e[1] for e in rec.events if e[0] == "acquire"]
     assert names == ["validate", "rollout", "train", "rollout", "train", "validate", "rollout", "train"]
-    on, off = ("engines.wake_up",), ("engines.sleep",)
+    on, off = ("engines.wake_up",), ("engines.sleep", "engines.memory_report")   # what each sleep freed, reported
     assert phases[0] == [*on, "validate", *off]                    # version 0: nothing to load
     assert phases[1] == [*on, "engines.engine_stats", "generate", "engines.engine_stats", *off]
     assert phases[2] == ["trainer.onload", "train", "trainer.offload"]
     # step 2's rollout loads version 1 (the trainer comes on the device for the copy and leaves)
     assert phases[3][:4] == ["engines.wake_up", "trainer.onload", "weights.push", "trainer.offload"]
-    assert phases[3][-1] == "engines.sleep"
+    assert phases[3][-2:] == list(off)
     # after step 2 (test_freq=2) validation loads version 2 itself, so step 3's rollout has nothing to load
     assert phases[5][:4] == ["engines.wake_up", "trainer.onload", "weights.push", "trainer.offload"]
     assert "weights.push" not in phases[6]
@@ -177,7 +177,7 @@ def test_on_its_own_devices_the_engines_and_the_trainer_hand_over_in_the_classic
     names = [e[0] for e in rec.events]
     assert "acquire" not in names
     step = ["trainer.offload", "engines.engine_stats", "generate", "engines.engine_stats", "reward",
-            "engines.sleep", "trainer.onload", "train", "engines.wake_up", "weights.push"]
+            "engines.sleep", "engines.memory_report", "trainer.onload", "train", "engines.wake_up", "weights.push"]
     assert names[:1 + len(step)] == ["validate", *step]                 # validation before training: no switch
     assert names[1 + len(step):1 + 2 * len(step)] == step
     assert names.count("weights.push") == 3 and w.engine_version == w.state.version == 3

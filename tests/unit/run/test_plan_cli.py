@@ -208,3 +208,25 @@ def test_a_run_on_several_trainer_devices_is_predicted_at_its_own_count_as_measu
     # 4 devices are two doublings from one: one device costs the run's per-device-token cost times eff^2
     assert costs.train_time(2_000_000, 1) == pytest.approx(2_000_000 * raw.train_token_s * eff ** 2)
     assert costs.train_time(2_000_000, 2) == pytest.approx(2_000_000 * raw.train_token_s * eff / 2)
+
+
+def test_the_switch_prices_the_engine_weights_only_where_the_engine_frees_its_memory():
+    """free_cache_engine=true keeps the engine resident where trainer and engine fit (the runtime's rule): the
+    planned sync switch moves no engine weights; the force key, or a device too small for both, moves them."""
+    import dataclasses
+
+    from fully_async.planner.hardware import DEVICES
+    from fully_async.run.hydra_setup import load_config
+    from fully_async.run.plan_cli import engine_stays_resident, model_shape
+
+    cfg = load_config(["mode=sync"])
+    shape, _ = model_shape(cfg)
+    big = next(iter(DEVICES.values()))
+    assert engine_stays_resident(cfg, shape, big)[0]
+    tiny = dataclasses.replace(big, memory_gib=0.01)
+    fits, why = engine_stays_resident(cfg, shape, tiny)
+    assert not fits and "frees its memory" in why
+    forced = load_config(["mode=sync", "actor_rollout_ref.rollout.free_cache_engine_force=true"])
+    assert engine_stays_resident(forced, shape, big) == (False, "actor_rollout_ref.rollout.free_cache_engine_force=true")
+    kept = load_config(["mode=sync", "actor_rollout_ref.rollout.free_cache_engine=false"])
+    assert engine_stays_resident(kept, shape, tiny)[0]
