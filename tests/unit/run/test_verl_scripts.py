@@ -44,6 +44,8 @@ def ported(overrides):
             o = f"{key}={PATHS[key]}"
         elif key in ("trainer.default_local_dir", "trainer.rollout_data_dir", "trainer.validation_data_dir"):
             continue
+        elif key == "trainer.experiment_name" and "$(" in o:    # a name bash computes ($(basename ...)): free text
+            continue
         out.append(o)
     return out + ["trainer.device=cuda"]       # verl's scripts are for GPUs (validation reads no device)
 
