@@ -6,7 +6,8 @@ submit`, `pip install`) is out of the question, so this reads them statically, t
 
 * backslash continuations are joined; `NAME=value` / `export NAME=value` assignments are evaluated in file order
   (the last one before the command wins; both branches of an `if` are read, in order), with `${NAME:-default}`,
-  `${NAME:?message}` (`<NAME>`: a value the user must give), `${NAME}`, `$NAME` and `$(( arithmetic ))` expanded; `NAME=( ... )` arrays expand at `"${NAME[@]}"`;
+  `${NAME:?message}` (`<NAME>`: a value the user must give), `${NAME}`, `$NAME` and `$(( arithmetic ))`
+  expanded; `NAME=( ... )` arrays expand at `"${NAME[@]}"`;
   a variable never assigned (the script's arguments `$1` included) is empty or its `:-` default, as in bash;
   `$(pwd)` is /workspace and `$HOME` /home/user; other command substitutions stay as written;
 * the command is the first line that runs a verl entry module (`-m verl.trainer.main_ppo`, `-m recipe....`,

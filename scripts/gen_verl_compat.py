@@ -24,8 +24,8 @@ FOLLOWED = (
     "the release on PyPI: `tests/fixtures/verl_algo_vectors.pt` holds the vectors of 0.9.1's own functions and "
     "`tests/unit/algorithms/test_verl_parity.py` and `test_rollout_correction.py` check ours against them "
     "(`python scripts/gen_verl_algo_vectors.py --version <release>` regenerates them from another release's wheel, "
-    "installed with `--no-deps` into a temporary folder).  The key table below is that of "
-    "the verl commit b178a3cd (not regenerated for 0.9); the launch scripts are tested from both b178a3cd and verl 0.9 (below).  What a user "
+    "installed with `--no-deps` into a temporary folder).  The key table below is "
+    "that of the verl commit b178a3cd (not regenerated for 0.9); the launch scripts are tested from both b178a3cd and verl 0.9 (below).  What a user "
     "of that older verl sees change:")
 CHANGES = (
     "`rollout_corr/rollout_is_mean`, `_max`, `_min`, `_std`, `_eff_sample_size` and `_seq_mean/std/max/min/"
@@ -56,7 +56,7 @@ CHANGES = (
     "`algorithm.gdpo_reward_weights`); `algorithm.gpg_f_norm` (gpg's f_norm, a function argument in verl).",
 )
 
-# tests/unit/run/test_verl_scripts_0_9.py checks this line against both script tables (it runs every script)
+# tests/unit/run/test_verl_scripts_0_9.py checks this line against both script tables (runs every script)
 SCRIPT_COUNTS = ("170 of 250 verl launch scripts translate (3 without a warning, 167 with warnings) and 80 are "
                  "refused for a documented reason: b178a3cd 1/105/16, verl 0.9 2/62/64 (translated / warned / "
                  "refused)")

@@ -584,7 +584,8 @@ SCRIPT_REFUSALS: list[tuple[str, str]] = [
      r"trainer\.v1\.sampler\.max_off_policy_threshold"),
     ("packing under megatron (Transformer Engine's THD attention)", r"actor_rollout_ref\.model\.use_remove_padding"),
     ("activation offload, shared-prefix grouping, an absolute lr floor (min_lr)",
-     r"actor_rollout_ref\.model\.enable_activation_offload|actor_rollout_ref\.actor\.(use_prefix_grouper|optim\.min_lr)"),
+     r"actor_rollout_ref\.model\.enable_activation_offload|"
+     r"actor_rollout_ref\.actor\.(use_prefix_grouper|optim\.min_lr)"),
     ("a setting checked here that verl checks later or not at all (one response with a group estimator, fewer "
      "groups than data-parallel ranks, a token budget below one sequence)",
      r"actor_rollout_ref\.rollout\.(n|max_num_batched_tokens)|actor_rollout_ref\.actor\.(ppo_mini_batch_size|"
