@@ -25,8 +25,8 @@ FOLLOWED = (
     "`tests/unit/algorithms/test_verl_parity.py` and `test_rollout_correction.py` check ours against them "
     "(`python scripts/gen_verl_algo_vectors.py --version <release>` regenerates them from another release's wheel, "
     "installed with `--no-deps` into a temporary folder).  The key table below is "
-    "that of the verl commit b178a3cd (not regenerated for 0.9); the launch scripts are tested from both b178a3cd and verl 0.9 (below).  What a user "
-    "of that older verl sees change:")
+    "that of the verl commit b178a3cd (not regenerated for 0.9); the launch scripts are tested from both "
+    "b178a3cd and verl 0.9 (below).  What a user of that older verl sees change:")
 CHANGES = (
     "`rollout_corr/rollout_is_mean`, `_max`, `_min`, `_std`, `_eff_sample_size` and `_seq_mean/std/max/min/"
     "max_deviation` are computed on the applied (truncated) weights, std and ESS with the weights clamped to "
@@ -70,7 +70,8 @@ V1_SECTION = (
     "verl 0.9's V1 trainer (`trainer.use_v1`, default true there; `trainer.v1.trainer_mode`) is translated by "
     "`fully_async/verl/v1.py`, before the one-key rules, because one key sets several of ours:",
     "- `trainer_mode=sync` is `mode=sync`.",
-    "- `trainer_mode=colocate_async` (verl: replicas on the trainer's GPUs; each step submits a train batch of prompts, "
+    "- `trainer_mode=colocate_async` (verl: replicas on the trainer's GPUs; each step submits a train batch of "
+    "prompts, "
     "`colocate_async.num_warmup_batches` batches are submitted ahead; once a batch of groups is complete the "
     "unfinished requests are aborted, the replicas sleep, the trainer trains, pushes, and the aborted requests resume "
     "on the new weights) is `mode=async async_training.placement=colocated rollout.n_gpus_per_node=0`, "
