@@ -6,18 +6,29 @@ submit`, `pip install`) is out of the question, so this reads them statically, t
 
 * backslash continuations are joined; `NAME=value` / `export NAME=value` assignments are evaluated in file order
   (the last one before the command wins; both branches of an `if` are read, in order), with `${NAME:-default}`,
-  `${NAME}`, `$NAME` and `$(( arithmetic ))` expanded; `NAME=( ... )` arrays expand at `"${NAME[@]}"`;
+  `${NAME:?message}` (`<NAME>`: a value the user must give), `${NAME}`, `$NAME` and `$(( arithmetic ))`
+  expanded; `NAME=( ... )` arrays expand at `"${NAME[@]}"`;
   a variable never assigned (the script's arguments `$1` included) is empty or its `:-` default, as in bash;
   `$(pwd)` is /workspace and `$HOME` /home/user; other command substitutions stay as written;
 * the command is the first line that runs a verl entry module (`-m verl.trainer.main_ppo`, `-m recipe....`,
   `-m verl.experimental....`), also behind `ray job submit ... --`; its `--config-path`/`--config-name` and
   `key=value` words are kept (up to a pipe or redirection), `$@` dropped.
 
-Usage (a bare git dir, as `fetch github:volcengine/verl` gives; the recipe submodule's commit is read from
-verl's tree and must exist in the verl-recipe mirror):
+Only commands of the entry modules in DEFAULT_CONFIG are read (a script that runs another module, e.g. the SFT
+trainer, or one verl no longer has, is left out).  Two sets:
 
-    python scripts/extract_verl_scripts.py --verl /work/.mirror/volcengine+verl/repo \
+* `--set b178a3cd` (tests/fixtures/verl_scripts.tsv): examples/grpo_trainer and ppo_trainer, the fully-async and
+  one-step-off recipes, and the DAPO recipe of verl's `recipe` submodule;
+* `--set 0.9` (tests/fixtures/verl_scripts_0_9.tsv): every folder of examples/, the fully-async and one-step-off
+  recipes, and the V1 async trainer's recipes (tests/special_e2e/run_v1_*.sh: separate_async, colocate_async).
+
+Usage (a bare git dir, as `fetch github:verl-project/verl` gives; for the first set the recipe submodule's commit
+is read from verl's tree and must exist in the verl-recipe mirror):
+
+    python scripts/extract_verl_scripts.py --verl /work/.mirror/volcengine+verl/repo --commit b178a3cd \
         --recipe /work/.mirror/verl-project+verl-recipe/repo > tests/fixtures/verl_scripts.tsv
+    python scripts/extract_verl_scripts.py --set 0.9 --verl /work/.mirror/verl-project+verl/repo \
+        --commit 1dda039b > tests/fixtures/verl_scripts_0_9.tsv
 """
 from __future__ import annotations
 
@@ -33,6 +44,10 @@ from typing import Optional
 VERL_FOLDERS = ("examples/grpo_trainer", "examples/ppo_trainer", "verl/experimental/fully_async_policy/shell",
                 "verl/experimental/one_step_off_policy/shell")
 RECIPE_FOLDERS = ("dapo",)
+# the 0.9 set: (folder, file-name prefix) pairs; verl 0.9's V1 trainer (trainer.v1.trainer_mode) has its async
+# recipes among verl's end-to-end scripts only
+VERL_09_FOLDERS = (("examples", ""), ("verl/experimental/fully_async_policy/shell", ""),
+                   ("verl/experimental/one_step_off_policy/shell", ""), ("tests/special_e2e", "run_v1_"))
 ENTRY = re.compile(r"-m\s+(verl\.[\w.]+|recipe\.[\w.]+)")
 ASSIGN = re.compile(r"^\s*(?:export\s+|local\s+|readonly\s+)?([A-Za-z_]\w*)=(.*)$")
 HOME = "/home/user"
@@ -94,10 +109,12 @@ class Expander:
                 return word if value else ""
             if op in (":-", "-", ":=", "=") and not value:
                 return word
+            if op in (":?", "?") and not value:     # a value the user must give: named, as a placeholder
+                return f"<{name}>"
             return value
 
         text = text.replace("$(pwd)", self.env["PWD"]).replace("`pwd`", self.env["PWD"])
-        text = re.sub(r"\$\{([A-Za-z_]\w*|\d)(?:(:-|-|:=|=|:\+)([^{}]*))?\}", brace, text)
+        text = re.sub(r"\$\{([A-Za-z_]\w*|\d)(?:(:-|-|:=|=|:\+|:\?|\?)([^{}]*))?\}", brace, text)
         return re.sub(r"\$([A-Za-z_]\w*)", lambda m: self.env.get(m.group(1), ""), text)
 
     def assign(self, name: str, raw: str) -> None:
@@ -137,6 +154,8 @@ def extract(text: str) -> Optional[tuple[str, str, list[str]]]:
             ex.arrays[m.group(1)] = _words(ex, m.group(2))
             continue
         entry = ENTRY.search(line)
+        if entry and entry.group(1) not in DEFAULT_CONFIG:      # not a training command (SFT, generation)
+            return None
         if entry:
             module = entry.group(1)
             name, overrides = _command(ex, line[entry.end():], DEFAULT_CONFIG.get(module, "ppo_trainer"))
@@ -191,30 +210,45 @@ def _command(ex: Expander, rest: str, config_name: str) -> tuple[str, list[str]]
     return config_name.strip("'\"").removesuffix(".yaml"), overrides
 
 
+def _write_rows(out, source: str, gitdir: str, commit: str, folders: tuple[tuple[str, str], ...]) -> None:
+    for folder, prefix in folders:
+        for path in git(gitdir, "ls-tree", "-r", "--name-only", commit, folder).split():
+            if not path.endswith(".sh") or not path.rsplit("/", 1)[-1].startswith(prefix):
+                continue
+            found = extract(git(gitdir, "show", f"{commit}:{path}"))
+            if found is None:       # data preparation, or no training command of verl's RL entry modules
+                continue
+            module, name, overrides = found
+            out.write(f"{source}\t{path}\t{module}\t{name}\t{json.dumps(overrides)}\n")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--verl", required=True, help="bare git dir of volcengine/verl")
-    ap.add_argument("--recipe", required=True, help="bare git dir of verl-project/verl-recipe")
+    ap.add_argument("--verl", required=True, help="bare git dir of verl")
+    ap.add_argument("--recipe", help="bare git dir of verl-project/verl-recipe (the b178a3cd set)")
     ap.add_argument("--commit", default="HEAD", help="verl commit (default HEAD)")
+    ap.add_argument("--set", dest="which", choices=("b178a3cd", "0.9"), default="b178a3cd",
+                    help="which folders (see the module's docstring)")
     args = ap.parse_args(argv)
     verl_commit = git(args.verl, "rev-parse", args.commit).strip()
-    recipe_commit = git(args.verl, "ls-tree", verl_commit, "recipe").split()[2]
     out = sys.stdout
-    out.write(f"# verl's example launch scripts, their overrides as scripts/extract_verl_scripts.py reads them.\n"
-              f"# volcengine/verl {verl_commit}; recipe/ = verl-project/verl-recipe {recipe_commit} (verl's "
+    head = "# verl's example launch scripts, their overrides as scripts/extract_verl_scripts.py reads them.\n"
+    if args.which == "0.9":
+        version = git(args.verl, "show", f"{verl_commit}:verl/version/version").strip()
+        date = git(args.verl, "log", "-1", "--format=%cs", verl_commit).strip()
+        out.write(f"{head}# verl-project/verl {verl_commit} ({date}, version file {version}; --set 0.9).\n"
+                  f"# Folders: {', '.join(f + ('/' + p + '*' if p else '') for f, p in VERL_09_FOLDERS)}.\n"
+                  "source\tpath\tmodule\tconfig_name\toverrides\n")
+        _write_rows(out, "verl", args.verl, verl_commit, VERL_09_FOLDERS)
+        return 0
+    if not args.recipe:
+        ap.error("--recipe is required for --set b178a3cd")
+    recipe_commit = git(args.verl, "ls-tree", verl_commit, "recipe").split()[2]
+    out.write(f"{head}# volcengine/verl {verl_commit}; recipe/ = verl-project/verl-recipe {recipe_commit} (verl's "
               f"submodule pin).\n# Folders: {', '.join(VERL_FOLDERS)}; recipe/{', recipe/'.join(RECIPE_FOLDERS)}.\n"
               "source\tpath\tmodule\tconfig_name\toverrides\n")
-    for source, gitdir, commit, folders in (("verl", args.verl, verl_commit, VERL_FOLDERS),
-                                            ("recipe", args.recipe, recipe_commit, RECIPE_FOLDERS)):
-        for folder in folders:
-            for path in git(gitdir, "ls-tree", "-r", "--name-only", commit, folder).split():
-                if not path.endswith(".sh"):
-                    continue
-                found = extract(git(gitdir, "show", f"{commit}:{path}"))
-                if found is None:       # data preparation, no training command
-                    continue
-                module, name, overrides = found
-                out.write(f"{source}\t{path}\t{module}\t{name}\t{json.dumps(overrides)}\n")
+    _write_rows(out, "verl", args.verl, verl_commit, tuple((f, "") for f in VERL_FOLDERS))
+    _write_rows(out, "recipe", args.recipe, recipe_commit, tuple((f, "") for f in RECIPE_FOLDERS))
     return 0
 
 

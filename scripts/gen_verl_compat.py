@@ -24,8 +24,9 @@ FOLLOWED = (
     "the release on PyPI: `tests/fixtures/verl_algo_vectors.pt` holds the vectors of 0.9.1's own functions and "
     "`tests/unit/algorithms/test_verl_parity.py` and `test_rollout_correction.py` check ours against them "
     "(`python scripts/gen_verl_algo_vectors.py --version <release>` regenerates them from another release's wheel, "
-    "installed with `--no-deps` into a temporary folder).  The key table below and the example scripts are those of "
-    "the verl commit b178a3cd.  What a user of that older verl sees change:")
+    "installed with `--no-deps` into a temporary folder).  The key table below is "
+    "that of the verl commit b178a3cd (not regenerated for 0.9); the launch scripts are tested from both "
+    "b178a3cd and verl 0.9 (below).  What a user of that older verl sees change:")
 CHANGES = (
     "`rollout_corr/rollout_is_mean`, `_max`, `_min`, `_std`, `_eff_sample_size` and `_seq_mean/std/max/min/"
     "max_deviation` are computed on the applied (truncated) weights, std and ESS with the weights clamped to "
@@ -53,6 +54,44 @@ CHANGES = (
     "ratio truncation) and `dro` (`actor_rollout_ref.actor.policy_loss.dro_beta`, required); the `gdpo` estimator "
     "(`algorithm.gdpo_reward_keys`: keys of the reward function's dict, `score` being the score; "
     "`algorithm.gdpo_reward_weights`); `algorithm.gpg_f_norm` (gpg's f_norm, a function argument in verl).",
+)
+
+# tests/unit/run/test_verl_scripts_0_9.py checks this line against both script tables (runs every script)
+SCRIPT_COUNTS = ("170 of 250 verl launch scripts translate (3 without a warning, 167 with warnings) and 80 are "
+                 "refused for a documented reason: b178a3cd 1/105/16, verl 0.9 2/62/64 (translated / warned / "
+                 "refused)")
+V1_SECTION = (
+    "`tests/fixtures/verl_scripts_0_9.tsv` holds verl 0.9's scripts: every folder of `examples/`, the fully-async and "
+    "one-step-off recipes and the V1 async trainer's recipes (`tests/special_e2e/run_v1_*.sh`), at "
+    "verl-project/verl 1dda039b (2026-08-22), the newest verl commit stored here.  verl 0.9.1's wheel and sdist on "
+    "PyPI ship no scripts; its Python and YAML files are this commit's in 324 of 417 files (0.9.1 was built on "
+    "2026-09-20), and the V1 keys below are read from 0.9.1's own code.  `scripts/extract_verl_scripts.py --set 0.9` "
+    "regenerates the table from a newer commit.  " + SCRIPT_COUNTS + ".",
+    "verl 0.9's V1 trainer (`trainer.use_v1`, default true there; `trainer.v1.trainer_mode`) is translated by "
+    "`fully_async/verl/v1.py`, before the one-key rules, because one key sets several of ours:",
+    "- `trainer_mode=sync` is `mode=sync`.",
+    "- `trainer_mode=colocate_async` (verl: replicas on the trainer's GPUs; each step submits a train batch of "
+    "prompts, "
+    "`colocate_async.num_warmup_batches` batches are submitted ahead; once a batch of groups is complete the "
+    "unfinished requests are aborted, the replicas sleep, the trainer trains, pushes, and the aborted requests resume "
+    "on the new weights) is `mode=async async_training.placement=colocated rollout.n_gpus_per_node=0`, "
+    "`trigger_parameter_sync_step=1`, `require_batches=train_batch_size/ppo_mini_batch_size`, `partial_rollout=true` "
+    "and `staleness_threshold=num_warmup_batches` (extra train batches admitted ahead of the current version; verl "
+    "rounds a fraction down to whole gen_batch_size chunks, here it is exact).",
+    "- `trainer_mode=separate_async` (a standalone rollout pool `actor_rollout_ref.rollout.nnodes x n_gpus_per_node`, "
+    "mapped onto `rollout.nnodes` / `rollout.n_gpus_per_node`; `parameter_sync_step` mini-batch updates per push; "
+    "verl asserts train_batch_size = parameter_sync_step x ppo_mini_batch_size, refused here too) is split async "
+    "with `trigger_parameter_sync_step=parameter_sync_step`, `require_batches=1` and the same admission window; "
+    "`separate_async.hybrid_rollout.enable_switch=true` (idle trainer GPUs lent to generation) is "
+    "`async_training.placement=elastic`; its threshold tuning keys are warned (the lent engines are reclaimed as "
+    "soon as a step's groups are queued).",
+    "- `sampler.max_off_policy_threshold` T: verl drops finished groups spanning more than T versions (`drop`) or "
+    "stops sampling while an in-flight group has reached T (`wait`).  Nothing is dropped here and no group's age is "
+    "capped in versions: the bound is on admission.  T=1 (every trained group from one version) is "
+    "`staleness_threshold=0 partial_rollout=false`; null (no cap) is warned; T >= 2 is refused, naming "
+    "`async_training.staleness_threshold` and `fully_async/staleness/max`.",
+    "- `model_engine=megatron` is `actor_rollout_ref.actor.strategy=megatron`, `dp` is warned (the strategy "
+    "decides), `veomni` / `torchtitan` are refused; `transfer_queue.enable` is warned (verl's V1 data plane).",
 )
 
 PLUS_FORMS = [
@@ -138,6 +177,8 @@ def render() -> str:
             "checks that every script, with its paths changed, translates, composes and passes validation, or is "
             "refused for one of these reasons (the first refused key decides):", ""]
     out += [f"- {reason}" for reason, _ in SCRIPT_REFUSALS]
+    out += ["", "## verl 0.9's scripts and the V1 trainer", "", V1_SECTION[0], "", V1_SECTION[1], ""]
+    out += list(V1_SECTION[2:])
     out += ["", "## Every key", "", "| key | verl default | status | note |", "| --- | --- | --- | --- |"]
     for key, default, status, note in rows:
         shown = HONOURED if status == MAPPED else status

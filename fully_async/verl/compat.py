@@ -63,7 +63,9 @@ def find_rule(key: str) -> Optional[tuple[Rule, tuple[str, ...]]]:
     """The first rule matching `key` (and its wildcards' matches), or None."""
     global _COMPILED
     if _COMPILED is None:
-        _COMPILED = [(r.regex(), r) for r in RULES]
+        from fully_async.verl.rules_09 import RULES_09
+
+        _COMPILED = [(r.regex(), r) for r in RULES + RULES_09]
     for rx, rule in _COMPILED:
         m = rx.match(key)
         if m:
@@ -109,8 +111,11 @@ def translate(overrides: list[str]) -> Translation:
     """Apply the rules to Hydra command-line overrides; raises ConfigError for a refused or unknown key."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    from fully_async.verl.v1 import translate_v1
+
     parser = OverridesParser.create()
-    out, warnings, mapped = [], [], []
+    overrides, warnings, mapped = translate_v1(overrides)
+    out: list[str] = []
     engine_served: Optional[str] = None
     for line in overrides:
         ov = parser.parse_overrides([line])[0]

@@ -488,8 +488,8 @@ RULES: list[Rule] = [
     _warn("ray_kwargs.ray_init.num_cpus", "Ray is started with the cores the placement needs (or joins "
           "RAY_ADDRESS)"),
     _warn("ray_kwargs.**", "Ray is started by the launcher; trainer.timeline=true writes a trace"),
-    _warn_if("transfer_queue.enable", _is(False), "false", "groups move through the staleness-bounded queue",
-             "the transfer queue is not implemented"),
+    _warn("transfer_queue.enable", "groups move through the staleness-bounded queue (verl 0.9's V1 trainer "
+          "moves them through its TransferQueue: a data plane, the same groups either way)"),
 ]
 
 # values of our schema's keys that verl scripts use and that are served here by another value (warned): key ->
@@ -568,4 +568,29 @@ SCRIPT_REFUSALS: list[tuple[str, str]] = [
      r"algorithm\.rollout_correction\.(rollout_rs_threshold_lower|rollout_token_veto_threshold)"),
     ("config missing from verl itself", r"--config-name"),
     ("an override Hydra cannot parse (in verl too)", r"hydra-grammar"),
+    # verl 0.9's scripts (tests/fixtures/verl_scripts_0_9.tsv)
+    ("an override verl's own config cannot take either (an empty value, a key verl does not have)",
+     r"hydra-compose|actor_rollout_ref\.rollout\.single_turn_response_length"),
+    ("verl 0.9's engines other than fsdp and megatron (VeOmni, FSDP-turbo, megatron-lite, Megatron-FSDP)",
+     r"(actor_rollout_ref\.actor\.)?model_engine|actor_rollout_ref\.actor\.(engine\..*|fsdp_config\.turbo_config\..*|"
+     r"megatron\.use_megatron_fsdp)"),
+    ("mixture-of-experts parallelism in the rollout (expert / MoE tensor parallel)",
+     r"actor_rollout_ref\.rollout\.(expert_parallel_size|moe_tensor_parallel_size)"),
+    ("data parallelism inside one rollout engine", r"actor_rollout_ref\.rollout\.data_parallel_size"),
+    ("multi-token prediction", r"actor_rollout_ref\.model\.mtp\.enable"),
+    ("on-policy distillation", r"distillation\.enabled"),
+    ("dynamic resource scheduling (verl 0.9's fully-async)", r"async_training\.use_dynamic_resource_scheduling"),
+    ("a V1 cap on the versions a group spans (max_off_policy_threshold >= 2)",
+     r"trainer\.v1\.sampler\.max_off_policy_threshold"),
+    ("packing under megatron (Transformer Engine's THD attention)", r"actor_rollout_ref\.model\.use_remove_padding"),
+    ("activation offload, shared-prefix grouping, an absolute lr floor (min_lr)",
+     r"actor_rollout_ref\.model\.enable_activation_offload|"
+     r"actor_rollout_ref\.actor\.(use_prefix_grouper|optim\.min_lr)"),
+    ("a setting checked here that verl checks later or not at all (one response with a group estimator, fewer "
+     "groups than data-parallel ranks, a token budget below one sequence)",
+     r"actor_rollout_ref\.rollout\.(n|max_num_batched_tokens)|actor_rollout_ref\.actor\.(ppo_mini_batch_size|"
+     r"ppo_max_token_len_per_gpu)"),
+    ("a logger not wired here (file)", r"trainer\.logger"),
+    ("a reward manager not built in here (gdpo: use algorithm.adv_estimator=gdpo with a reward function's keys)",
+     r"reward_model\.reward_manager"),
 ]

@@ -22,12 +22,13 @@ PATHS = {"data.train_files": asset_path("tiny_arithmetic/data/train.parquet"),
          "data.val_files": asset_path("tiny_arithmetic/data/val.parquet"),
          "actor_rollout_ref.model.path": asset_path("tiny_arithmetic/model"),
          "custom_reward_function.path": os.path.join(ROOT, "tests", "fixtures", "verl_reward_fn.py"),
+         "reward.custom_reward_function.path": os.path.join(ROOT, "tests", "fixtures", "verl_reward_fn.py"),
          "data.custom_cls.path": os.path.join(ROOT, "tests", "fixtures", "verl_custom_rows.py")}
 from fully_async.verl.rules import SCRIPT_REFUSALS as REASONS
 
 
-def rows():
-    with open(TABLE) as f:
+def rows(table=None):
+    with open(table or TABLE) as f:
         for line in f:
             if line.startswith("#") or line.startswith("source\t"):
                 continue
@@ -43,6 +44,8 @@ def ported(overrides):
             o = f"{key}={PATHS[key]}"
         elif key in ("trainer.default_local_dir", "trainer.rollout_data_dir", "trainer.validation_data_dir"):
             continue
+        elif key == "trainer.experiment_name" and "$(" in o:    # a name bash computes ($(basename ...)): free text
+            continue
         out.append(o)
     return out + ["trainer.device=cuda"]       # verl's scripts are for GPUs (validation reads no device)
 
@@ -56,7 +59,7 @@ def reason_of(err):
 
 def outcome(name, overrides):
     """'ok' or the refusal reason (None: refused for a reason not listed)."""
-    from hydra.errors import MissingConfigException, OverrideParseException
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
     try:
         cfg = load_config(ported(overrides), config_name=name)
         validate(cfg)
@@ -67,6 +70,8 @@ def outcome(name, overrides):
         return reason_of(ConfigError("--config-name", str(err))), str(err)
     except OverrideParseException as err:
         return reason_of(ConfigError("hydra-grammar", str(err))), str(err)
+    except ConfigCompositionException as err:
+        return reason_of(ConfigError("hydra-compose", str(err))), str(err)
 
 
 @pytest.fixture(scope="module")
