@@ -3,6 +3,7 @@ from verl's examples, its fully-async and one-step-off recipes and the DAPO reci
 changing the module name and the paths: its overrides translate, compose under its own --config-name and pass
 validation, or the script is refused for one of the reasons docs/verl_compat.md lists ("verl's example scripts").
 """
+import functools
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ PATHS = {"data.train_files": asset_path("tiny_arithmetic/data/train.parquet"),
          "custom_reward_function.path": os.path.join(ROOT, "tests", "fixtures", "verl_reward_fn.py"),
          "reward.custom_reward_function.path": os.path.join(ROOT, "tests", "fixtures", "verl_reward_fn.py"),
          "data.custom_cls.path": os.path.join(ROOT, "tests", "fixtures", "verl_custom_rows.py")}
+from fully_async.verl.compat import translate
 from fully_async.verl.rules import SCRIPT_REFUSALS as REASONS
 
 
@@ -74,13 +76,24 @@ def outcome(name, overrides):
         return reason_of(ConfigError("hydra-compose", str(err))), str(err)
 
 
-@pytest.fixture(scope="module")
-def outcomes():
+@functools.lru_cache(maxsize=None)
+def table_outcomes(table=None):
+    """{path: (reason, message, translated with warnings)} of every script of `table` (b178a3cd's by default),
+    composed once per session: test_verl_scripts_0_9 counts over the same results."""
     logging.disable(logging.WARNING)
     try:
-        return {path: outcome(name, overrides) for _, path, _, name, overrides in rows()}
+        out = {}
+        for _, path, _, name, overrides in rows(table):
+            reason, msg = outcome(name, overrides)
+            out[path] = (reason, msg, reason == "ok" and bool(translate(ported(overrides)).warnings))
+        return out
     finally:
         logging.disable(logging.NOTSET)
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    return {path: (reason, msg) for path, (reason, msg, _) in table_outcomes().items()}
 
 
 def test_the_table_is_verls_scripts_at_the_pinned_commit():

@@ -4,42 +4,29 @@ here; verl 0.9.1 on PyPI ships no scripts) port like b178a3cd's (test_verl_scrip
 and passes validation, or is refused for a reason docs/verl_compat.md lists.  The counts over both sets are the
 ones docs/verl_compat.md and the README state.
 """
-import logging
 import os
 
 import pytest
 
-from test_verl_scripts import DOC, ROOT, TABLE, outcome, ported, rows  # noqa: I100
+from test_verl_scripts import DOC, ROOT, TABLE, rows, table_outcomes  # noqa: I100
 
-from fully_async.verl.compat import translate
 
 TABLE_09 = os.path.join(ROOT, "tests", "fixtures", "verl_scripts_0_9.tsv")
 
 
 def counts(table):
     """(translated without a warning, translated with warnings, refused, unexplained paths) over one table."""
-    clean = warned = refused = 0
-    unexplained = []
-    for _, path, _, name, overrides in rows(table):
-        reason, _ = outcome(name, overrides)
-        if reason is None:
-            unexplained.append(path)
-        elif reason != "ok":
-            refused += 1
-        elif translate(ported(overrides)).warnings:
-            warned += 1
-        else:
-            clean += 1
+    results = table_outcomes(table).items()
+    unexplained = [path for path, (reason, _, _) in results if reason is None]
+    refused = sum(1 for _, (reason, _, _) in results if reason not in (None, "ok"))
+    warned = sum(1 for _, (reason, _, w) in results if reason == "ok" and w)
+    clean = sum(1 for _, (reason, _, w) in results if reason == "ok" and not w)
     return clean, warned, refused, unexplained
 
 
 @pytest.fixture(scope="module")
 def both():
-    logging.disable(logging.WARNING)
-    try:
-        return counts(TABLE), counts(TABLE_09)
-    finally:
-        logging.disable(logging.NOTSET)
+    return counts(TABLE), counts(TABLE_09)
 
 
 def test_the_second_table_is_verl_0_9s_scripts():
