@@ -197,10 +197,30 @@ def plain_log_prefixes(streams: Optional[tuple] = None) -> bool:
     return os.environ.get("RAY_COLOR_PREFIX") == "0"
 
 
+@contextlib.contextmanager
+def inherited_by_ray(env_vars: dict[str, str]) -> Any:
+    """`env_vars` in this process's environment while ray.init starts a local Ray (restored after): its raylet
+    inherits them, and every worker the raylet starts inherits the raylet's environment, so each actor sees them as a
+    job-level runtime_env would show them.  A runtime_env would cost each worker a second Python start and Ray
+    import (Ray's runtime-env wrapper, setup_worker.py, then the worker), and leave unused the idle workers Ray
+    starts for the first driver (they have no runtime_env): ~0.5 s of CPU per actor on a 2-core machine."""
+    saved = {key: os.environ.get(key) for key in env_vars}
+    os.environ.update(env_vars)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def start_ray(num_cpus_needed: int, env_vars: Optional[dict] = None, address: Optional[str] = None,
               namespace: Optional[str] = None, accelerator: str = "") -> bool:
     """Join `address` (else `RAY_ADDRESS`) when set, else start a local Ray; returns True when we started it.
-    `env_vars` reach every actor (the device's runtime variables, device.py); `namespace`: the job's own Ray
+    `env_vars` reach every actor (the device's runtime variables, device.py: a joined cluster's through the job's
+    runtime_env, a local Ray's through its processes' environment, `inherited_by_ray`); `namespace`: the job's own Ray
     namespace (jobs sharing a cluster keep their actor names apart).  A local Ray is this run's own: it
     advertises the loopback address, answers only requests carrying this run's token (`private_auth_token`: Ray
     listens on every interface), its processes are shielded from the job's process-group signals
@@ -223,10 +243,9 @@ def start_ray(num_cpus_needed: int, env_vars: Optional[dict] = None, address: Op
 
     clean_dead_drivers()   # what a SIGKILLed run left (Ray agents, its token file), each said
     private_auth_token()
-    with ray_processes_in_own_session():
-        ray.init(num_cpus=max(num_cpus_needed, os.cpu_count() or 1), include_dashboard=False, runtime_env=env,
-                 log_to_driver=True, _node_ip_address="127.0.0.1", _temp_dir=private_temp_root(),
-                 **accelerator_counts(accelerator))
+    with ray_processes_in_own_session(), inherited_by_ray(env["env_vars"]):
+        ray.init(num_cpus=max(num_cpus_needed, os.cpu_count() or 1), include_dashboard=False, log_to_driver=True,
+                 _node_ip_address="127.0.0.1", _temp_dir=private_temp_root(), **accelerator_counts(accelerator))
     logger.info("local Ray started, its processes in a session of their own; session folder %s (in a 0700 folder)",
                 session_dir())
     return True

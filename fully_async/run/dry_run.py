@@ -56,7 +56,7 @@ FILE_KEYS = ("data.train_files", "data.val_files", "data.custom_cls.path", "cust
 
 def run_checks(config_name: str, config_path: Optional[str], overrides: list[str]) -> list[str]:
     """The start's checks before Ray on the config Hydra will print (module docstring); raises what the run raises
-    (one of hydra_setup.USER_ERRORS) for a config it would refuse.  A check that fails only for want of this
+    (one of hydra_setup.user_errors()) for a config it would refuse.  A check that fails only for want of this
     machine's files or devices (`here_only`) is named instead, with the checks that need them; returns those."""
     from hydra import compose, initialize_config_dir
 

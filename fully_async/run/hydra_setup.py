@@ -33,22 +33,24 @@ def register() -> None:
         store.store(name="fully_async_schema", node=FullyAsyncConfig)
 
 
-def _user_errors() -> tuple:
-    from fully_async.core.data import DataError
-    from fully_async.device import DeviceError
-    from fully_async.cluster.ray_utils import RunFailed
-    from fully_async.core.checkpoint import CheckpointError
-    from fully_async.rewards import RewardError
-    from fully_async.telemetry.tracking import TrackerStartError
-    from fully_async.run.run_lock import RunLocked
-    from fully_async.placement.leases import LeaseError, LeaseExpired
-    from fully_async.core.safe_write import PlantedLinkError
-
-    return (ConfigError, DataError, DeviceError, RewardError, RunFailed, RunLocked, CheckpointError, TrackerStartError,
-            LeaseError, LeaseExpired, PlantedLinkError)
+# the errors an entry point reports as one line and exit 1 (a user's input, not a bug): (module, class)
+_USER_ERRORS = (("fully_async.core.config", "ConfigError"), ("fully_async.core.data", "DataError"),
+                ("fully_async.device", "DeviceError"), ("fully_async.rewards", "RewardError"),
+                ("fully_async.cluster.ray_utils", "RunFailed"), ("fully_async.run.run_lock", "RunLocked"),
+                ("fully_async.core.checkpoint", "CheckpointError"),
+                ("fully_async.telemetry.tracking", "TrackerStartError"), ("fully_async.placement.leases", "LeaseError"),
+                ("fully_async.placement.leases", "LeaseExpired"), ("fully_async.core.safe_write", "PlantedLinkError"))
 
 
-USER_ERRORS = _user_errors()
+def user_errors() -> tuple:
+    """The user-error classes (`_USER_ERRORS`) for an `except user_errors() as exc:` clause, which Python evaluates only
+    when an exception reaches it.  Only those whose module is imported are looked up: an exception of a class whose
+    module was never imported cannot have been raised, and a config error is then reported without importing torch
+    (fully_async.device) or Ray's modules for the tuple (~2 s of a refused start)."""
+    import sys
+
+    found = (getattr(sys.modules.get(module), name, None) for module, name in _USER_ERRORS)
+    return (ConfigError, *(cls for cls in found if cls is not None and cls is not ConfigError))
 
 
 def config_mode(config_name: str, overrides: list[str] = ()) -> str:

@@ -344,10 +344,10 @@ def launch(cfg: Any, create: Callable[..., dict], main_actor: str) -> dict:
 def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, teardown: _Teardown,
          t_start: float) -> dict:
     """Start-up (checks, locks, data, Ray, actors), supervision, finish; every resource goes to `teardown` as it is
-    taken."""
+    taken.  Ray and torch (fully_async.device) are imported after the config and data checks: a refused config
+    costs neither."""
     from fully_async.core.checkpoint import (check_resume_config, check_resume_state, checkpoint_version,
                                              find_resume_path, retire_abandoned)
-    from fully_async.device import check_available, describe_hardware, get_device
     from fully_async.run.prepare import prepare
     from fully_async.cluster.ray_utils import (RunFailed, check_cpu_devices, check_resources, kill_all, supervise,
                                                wait_ready)
@@ -365,6 +365,8 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
         teardown.callback(lock.release)
     prep = prepare(cfg)
     sig.check()
+    from fully_async.device import check_available, describe_hardware, get_device
+
     device = get_device(cfg.trainer.device)
     check_available(device)
     resume_path = find_resume_path(cfg.trainer)

@@ -132,7 +132,7 @@ def dry_run_checks(argv: list[str]) -> None:
     """`--cfg job|all`: the checks a start runs before Ray, on the config Hydra is about to print (run/dry_run.py);
     a config the run would refuse exits 1 here, naming the key."""
     from fully_async.run import dry_run
-    from fully_async.run.hydra_setup import USER_ERRORS
+    from fully_async.run.hydra_setup import user_errors
 
     asked = dry_run.wanted(argv)
     if asked is None:
@@ -140,14 +140,14 @@ def dry_run_checks(argv: list[str]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")   # stderr: stdout stays the config
     try:
         dry_run.run_checks(*asked)
-    except USER_ERRORS as exc:
+    except user_errors() as exc:
         logger.error("%s", exc)
         sys.exit(1)
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="fully_async_ppo_trainer", version_base=None)
 def hydra_main(cfg: DictConfig) -> None:
-    from fully_async.run.hydra_setup import USER_ERRORS
+    from fully_async.run.hydra_setup import user_errors
     from fully_async.run.launcher import RunInterrupted
 
     try:
@@ -163,7 +163,7 @@ def hydra_main(cfg: DictConfig) -> None:
     except KeyboardInterrupt:  # Ctrl-C before the launcher's handlers were in place
         logger.error("interrupted by SIGINT during start-up; nothing was trained")
         sys.exit(130)
-    except USER_ERRORS as exc:
+    except user_errors() as exc:
         logger.error("%s", exc)
         details = getattr(exc, "details", "")
         if details:

@@ -469,11 +469,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="Hydra config in hydra_configs/ (as for python -m fully_async.main --config-name=...)")
     ap.add_argument("overrides", nargs="*", help="plan.* keys and Hydra overrides, as for python -m fully_async.main")
     args = ap.parse_args(argv)
-    from fully_async.run.hydra_setup import USER_ERRORS
+    from fully_async.run.hydra_setup import user_errors
 
     try:
         report = build_report(args.overrides, args.config_name)
-    except USER_ERRORS as exc:
+    except user_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(report, indent=1, default=str) if args.json else format_text(report))

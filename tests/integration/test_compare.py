@@ -2,12 +2,14 @@
 
 One module fixture runs the comparison script itself at equal total devices (N=2: async 1 rollout +
 1 trainer vs sync on 2 devices, 3 steps each, the bench measured first to choose the split, a
-synthetic response-length workload, --repeats 2: both modes twice, the second repeat in the other order);
-the tests read the combined repeats report and re-read the first repeat's TensorBoard dirs independently and
+synthetic response-length workload); the tests read its report and re-read its TensorBoard dirs independently and
 check the report, the plots, every number of the table, and the refusal of configs that differ beyond
-`mode` and placement.  The split/ceiling model and the report are also tested on synthetic runs.
-Slow: the comparison itself, once: the bench and four `python -m fully_async.main` runs (--repeats 2 both modes), each
-a subprocess of the script's own (the --from-logs comparisons run in this process).
+`mode` and placement.  --repeats 2 (both modes twice, the second repeat in the other order, the combined report) is
+checked in this process with each repeat's runs replayed from the fixture's real runs (a copy instead of a
+subprocess: the repeats' machinery is what is tested, and the fixture's runs are real).  The split/ceiling model
+and the report are also tested on synthetic runs.
+Slow: the comparison itself, once: the bench and two `python -m fully_async.main` runs, each a subprocess of the
+script's own (the --from-logs comparisons and the replayed repeats run in this process).
 """
 import json
 import os
@@ -64,18 +66,37 @@ def read_events(logdir):
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
-    """ONE invocation serves every test: the bench, then both modes twice (--repeats 2).  Returns the comparison's
-    folder, its stdout and the first repeat's folder (runs/, table.json, report.md of one async/sync pair)."""
+    """ONE invocation serves every test: the bench, then both modes (--repeats 1).  Returns the comparison's
+    folder, its stdout and the folder of its async/sync pair (runs/, table.json, report.md: the same folder)."""
     out = tmp_path_factory.mktemp("compare")
-    r = run_script("--out", str(out), "--threshold", "0.0", "--bench-batches", "1", "--repeats", "2", *OVERRIDES)
+    r = run_script("--out", str(out), "--threshold", "0.0", "--bench-batches", "1", "--repeats", "1", *OVERRIDES)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    return out, r.stdout, out / "repeat_0"
+    return out, r.stdout, out
 
 
-def test_repeats_report_median_and_spread(compared):
+def test_repeats_report_median_and_spread(compared, tmp_path, capsys, monkeypatch):
     """--repeats 2: both modes twice (the second repeat runs sync first), one report per repeat, and the
-    median/min/max/spread of each headline figure in repeats.json and on stdout, and the combined report."""
-    out, stdout, _ = compared
+    median/min/max/spread of each headline figure in repeats.json and on stdout, and the combined report.  The
+    script's own code in this process, its saved bench and each run's subprocess a copy of the fixture's real run
+    of that mode (driver._stream runs `cp` instead of `python -m fully_async.main`)."""
+    from fully_async.compare import driver
+
+    real_stream, source = driver._stream, compared[2]
+    copied = []
+
+    def replay(name, cmd, out_dir, env):   # the run `name` writes its TensorBoard dir: the fixture's run of it
+        assert cmd[1:3] == ["-m", "fully_async.main"] and f"mode={name}" in cmd, cmd
+        copied.append(name)
+        os.makedirs(os.path.dirname(env["TENSORBOARD_DIR"]), exist_ok=True)
+        real_stream(name, ["cp", "-r", str(source / "runs" / name), env["TENSORBOARD_DIR"]], out_dir, env)
+
+    monkeypatch.setattr(driver, "_stream", replay)
+    out = tmp_path / "repeats"
+    r = in_process(capsys, "--out", str(out), "--threshold", "0.0", "--bench-json", str(source / "bench.json"),
+                   "--repeats", "2", *OVERRIDES)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    stdout = r.stdout
+    assert sorted(copied) == ["async", "async", "sync", "sync"]
     summary = json.loads((out / "repeats.json").read_text())
     assert summary["repeats"] == 2
     speed = summary["figures"]["speedup async/sync"]

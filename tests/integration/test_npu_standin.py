@@ -7,7 +7,7 @@ The stand-in poisons torch.cuda and nccl for the package's own code: a call from
 logged, and every test asserts none was made.
 Slow: 8 training runs as subprocesses and the doctor's (the stand-in cannot be loaded into the pytest process, so no run
 can share its Ray): one async run per tensor kind serves both the learning and the resume test, the resumes, the
-sync 30-step learning run, the reward model, the doctor and npu_on_cuda_check's two sync runs."""
+sync 20-step learning run, the reward model, the doctor and npu_on_cuda_check's two sync runs."""
 import os
 
 import pytest
@@ -78,11 +78,12 @@ def check_no_cuda_or_nccl(log: list[dict]) -> None:
 
 @pytest.fixture(scope="module", params=["backend", "npu"])
 def async_run(ray_sees_npus, tmp_path_factory, request):
-    """ONE default async run per tensor kind, saving its final checkpoint (save_freq past the end: only the final
-    one): the learning test reads it and the resume test continues from it.  (env, log path, run dir, result)."""
+    """ONE default async run per tensor kind, 20 steps (validation reward 0.03 -> 0.93-0.95 in 3 tries each; 0.96
+    at the bundled task's 40), saving its final checkpoint (save_freq past the end: only the final one): the
+    learning test reads it and the resume test continues from it.  (env, log path, run dir, result)."""
     tmp_path = tmp_path_factory.mktemp(f"async_{request.param}")
     env, log_path = npu_env(tmp_path, request.param)
-    r = run_main(env, *common(tmp_path), "trainer.save_freq=1000")
+    r = run_main(env, *common(tmp_path), "trainer.save_freq=1000", "trainer.total_training_steps=20")
     return env, log_path, tmp_path, r
 
 
@@ -101,9 +102,10 @@ def test_async_run_learns_with_an_npu_per_actor_and_hccl_weight_sync(async_run):
 
 
 def test_sync_run_learns_on_two_npus_over_hccl_with_fused_varlen_attention(npu, tmp_path):
+    """20 steps: validation reward 0.03 -> 0.91 (3 tries: 0.906, 0.914, 0.914; 0.97 at 30)."""
     env, log_path = npu
     check_ok(run_main(env, *common(tmp_path), "mode=sync", "trainer.n_gpus_per_node=2",
-                      "actor_rollout_ref.model.use_remove_padding=true", "trainer.total_training_steps=30"))
+                      "actor_rollout_ref.model.use_remove_padding=true", "trainer.total_training_steps=20"))
     check_learned(str(tmp_path / "tb"))
     log = read_log(log_path)
     check_no_cuda_or_nccl(log)

@@ -14,7 +14,10 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def ray_session():
-    yield from tests_helpers.ray_session(num_cpus=3, VLLM_CPU_KVCACHE_SPACE="1")
+    """VLLM_CPU_CI_ENV=1: vLLM-CPU's own switch for its CI, which keeps its dynamo-traced model but runs it with
+    the eager backend instead of compiling it with inductor (the C++ kernels' compile is ~20 s of an engine's start on
+    the 2-core CPU, and what is tested here is the weight path into vLLM, not inductor)."""
+    yield from tests_helpers.ray_session(num_cpus=3, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_CI_ENV="1")
 
 
 @pytest.fixture(scope="module")
