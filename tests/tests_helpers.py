@@ -123,7 +123,7 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 # every actor of the shared Ray sees these: the tests' own modules importable (fakes.py, reward functions), one thread
 # per process, vLLM's CPU KV cache small
 SHARED_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": TESTS_DIR,
-              "VLLM_CPU_KVCACHE_SPACE": "1"}
+              "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_CI_ENV": "1"}   # vLLM-CPU's CI switch: no inductor compile
 _shared_key: list = [None]   # the (num_cpus, env) of the Ray this process started through ray_session, if up
 
 
@@ -137,8 +137,12 @@ def ray_session(num_cpus: int, **env: str):
     if ray.is_initialized() and _shared_key[0] != key:
         shutdown_shared_ray()
     if not ray.is_initialized():
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": dict(key[1])})
+        from fully_async.cluster.ray_utils import inherited_by_ray
+
+        # the variables reach the workers through the raylet's environment, not a runtime_env (a worker started
+        # through the runtime-env wrapper costs a second Python start, and Ray's prestarted workers stay unused)
+        with inherited_by_ray(dict(key[1])):
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
         _shared_key[0] = key
     yield
 
