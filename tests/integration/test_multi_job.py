@@ -313,24 +313,28 @@ def test_async_job_on_the_pool_stops_and_resumes_losing_and_repeating_nothing(as
 
 
 def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, pool):
-    # c leases both devices, a and b one each: c waits for both (all or nothing) and they wait behind c
-    # c must still be running when it is killed, however slow the machine: far more steps than the test waits for
+    # c leases both devices, a and b one each: c waits for both (all or nothing) and they wait for c (the pool's
+    # queue is first come, first served, with no overtaking on a device): they take turns.  c must still be running
+    # when it is killed, however slow the machine: far more steps than the test waits for.  They start side by side
+    # (c ahead, alone, would train all through the others' start-ups)
     c = Job(tmp_path, ray_head, pool, "c", "trainer.total_training_steps=1000", "trainer.test_freq=-1")
-    c.wait_for(r"step 2 \|")
-    wrong = Job(tmp_path, ray_head, pool, "d", "multi_job.devices=3", "multi_job.job_devices=[0]")
     # e's lease limit is shorter than its phases take on any machine (building on a slow one; on a fast one its
     # train phase, made long by 20 PPO epochs: 2 s, 4x the limit, where one epoch takes 0.1 s): revoked, and e
     # fails saying so
     overstay = Job(tmp_path, ray_head, pool, "e", "multi_job.max_lease_s=0.5", "multi_job.job_devices=[0]",
                    "actor_rollout_ref.actor.ppo_epochs=20")
-    # a and b start beside d and e (their start-ups overlap); they wait behind c, and are still running when c is
-    # killed: as soon as both trained a step (d and e are judged after)
+    # a and b are still running when c is killed: as soon as c trained 2 steps and both of them one (d and e are
+    # judged after)
     a = Job(tmp_path, ray_head, pool, "a", "multi_job.job_devices=[0]", "trainer.total_training_steps=3",
             "trainer.test_freq=-1")
     b = Job(tmp_path, ray_head, pool, "b", "multi_job.job_devices=[1]", "trainer.total_training_steps=3",
             "trainer.test_freq=-1")
+    c.wait_for(f"device pool {pool}: job c leases")   # the pool is there, of 2 devices: d asks for 3
+    wrong = Job(tmp_path, ray_head, pool, "d", "multi_job.devices=3", "multi_job.job_devices=[0]")
+    c.wait_for(r"step 2 \|")
     a.wait_for(r"step 1 \|")
     b.wait_for(r"step 1 \|")
+    still = {job.name: job.proc.poll() is None for job in (a, b)}
     killed_at = time.time()
     c.proc.send_signal(signal.SIGKILL)
     c.wait(30)
@@ -353,6 +357,7 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, p
     assert re.search(r"sync failed( to start)?: LeaseExpired: e/colocated: lease of \[0\] for phase '\w+' "
                      r"revoked after [0-9.]+s > multi_job.max_lease_s=0.5: the phase overstayed",
                      overstay.output), overstay.output[-3000:]
+    assert still == {"a": True, "b": True}, still   # c died while they ran
     for job in (a, b):
         assert job.wait(300) == 0, job.output[-4000:]
         s = job.summary()
