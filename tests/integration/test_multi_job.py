@@ -3,9 +3,10 @@ they all finish and learn, their outputs stay apart, the pool's timeline shows t
 devices (never two at once), a pool of another size is refused, and a job killed mid-run (SIGKILL of its
 driver) loses its leases within seconds while the others finish.
 
-Slow: every job is a `python -m fully_async.main` process of its own (~15-20 s to start; 11 of them), since the
+Slow: every job is a `python -m fully_async.main` process of its own (~15-20 s to start; 12 of them), since the
 processes are what is tested (one pool shared by separate drivers, SIGTERM and SIGKILL of a driver); the tests share
-one Ray head, each with a pool of its own."""
+one Ray head, each with a pool of its own, the two async tests one pool and its jobs (fixture `async_pool`), and the
+jobs of a test start side by side."""
 import json
 import os
 import re

@@ -6,7 +6,10 @@ failure is injected into a run in the test's process under the shared Ray (modul
 than a subprocess each): a thread watches the run's console and kills (SIGKILL) or stops (SIGSTOP) one of its actors'
 processes (reliability_inprocess.py), and the test checks the driver's RunFailed, which the entry point prints as
 the one-line cause before it exits 1.  The watchdog's timeouts are set as short as the runs allow.  The timeline
-checks run in-process in test_reliability_timeline.py."""
+checks run in-process in test_reliability_timeline.py.
+
+Slow: six runs (one a subprocess, ~15-20 s; two of the in-process ones with two rollout replicas, whose actors take
+~10 s to start), each failure needing a run of its own, plus the watchdog's own timeouts."""
 import json
 import os
 import re
