@@ -316,22 +316,22 @@ def test_async_job_on_the_pool_stops_and_resumes_losing_and_repeating_nothing(as
 def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, pool):
     # c leases both devices, a and b one each: c waits for both (all or nothing) and they wait for c (the pool's
     # queue is first come, first served, with no overtaking on a device): they take turns.  c must still be running
-    # when it is killed, however slow the machine: far more steps than the test waits for.  They start side by side
-    # (c ahead, alone, would train all through the others' start-ups)
+    # when it is killed, however slow the machine: far more steps than the test waits for
     c = Job(tmp_path, ray_head, pool, "c", "trainer.total_training_steps=1000", "trainer.test_freq=-1")
     # e's lease limit is shorter than its phases take on any machine (building on a slow one; on a fast one its
     # train phase, made long by 20 PPO epochs: 2 s, 4x the limit, where one epoch takes 0.1 s): revoked, and e
     # fails saying so
     overstay = Job(tmp_path, ray_head, pool, "e", "multi_job.max_lease_s=0.5", "multi_job.job_devices=[0]",
                    "actor_rollout_ref.actor.ppo_epochs=20")
-    # a and b are still running when c is killed: as soon as c trained 2 steps and both of them one (d and e are
-    # judged after)
+    # the others start once c is in the pool (of 2 devices: d asks for 3), so that c is ahead of a and b in its queue
+    # (their start-ups overlap c's actors' and e's); a and b are still running when c is killed: as soon as c trained
+    # 2 steps and both of them one (d and e are judged after)
+    c.wait_for(f"device pool {pool}: job c leases")
+    wrong = Job(tmp_path, ray_head, pool, "d", "multi_job.devices=3", "multi_job.job_devices=[0]")
     a = Job(tmp_path, ray_head, pool, "a", "multi_job.job_devices=[0]", "trainer.total_training_steps=3",
             "trainer.test_freq=-1")
     b = Job(tmp_path, ray_head, pool, "b", "multi_job.job_devices=[1]", "trainer.total_training_steps=3",
             "trainer.test_freq=-1")
-    c.wait_for(f"device pool {pool}: job c leases")   # the pool is there, of 2 devices: d asks for 3
-    wrong = Job(tmp_path, ray_head, pool, "d", "multi_job.devices=3", "multi_job.job_devices=[0]")
     c.wait_for(r"step 2 \|")
     a.wait_for(r"step 1 \|")
     b.wait_for(r"step 1 \|")
