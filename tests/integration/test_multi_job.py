@@ -212,12 +212,22 @@ def async_pool(tmp_path_factory, ray_head):
     both sides on device 1, taking turns), b (sync: both devices per phase; far more steps than the test takes,
     validated every 6) and d (async, as a), which gets SIGTERM after its step 2 and is started again to resume; b gets
     SIGTERM once the others finished.  What each job did, once they all ended."""
+    import pandas as pd
+
+    from fully_async.core.config import asset_path
+
     tmp = tmp_path_factory.mktemp("async_pool")
     pool = f"cpu_pool{next(POOLS)}"
     six = ["trainer.total_training_steps=6", "trainer.test_freq=-1"]
-    stops = [*six, "multi_job.min_slice_s=0.2", "trainer.save_freq=1000"]   # d saves: on SIGTERM and at the end
+    # d saves on SIGTERM and at the end; what it checks needs no validation
+    stops = [*six, "multi_job.min_slice_s=0.2", "trainer.save_freq=1000", "data.val_files=null"]
+    # b validates (every 6 steps, holding both devices while the others wait) the first 32 validation prompts: from
+    # ~0.03 before training to ~0.7 at step 6 on all 128, far from the +0.15 it must gain
+    val32 = tmp / "val32.parquet"
+    pd.read_parquet(asset_path("tiny_arithmetic/data/val.parquet")).head(32).to_parquet(val32)
     a = Job(tmp, ray_head, pool, "a", *six, "multi_job.min_slice_s=0.3", mode="async")
-    b = Job(tmp, ray_head, pool, "b", "trainer.total_training_steps=1000", "trainer.test_freq=6")
+    b = Job(tmp, ray_head, pool, "b", "trainer.total_training_steps=1000", "trainer.test_freq=6",
+            f"data.val_files={val32}")
     c = Job(tmp, ray_head, pool, "c", *six, "multi_job.min_slice_s=0.3", "multi_job.job_devices=[1]",
             "multi_job.rollout_devices=[1]", mode="async")
     d = Job(tmp, ray_head, pool, "d", *stops, mode="async")
@@ -266,7 +276,7 @@ def test_async_jobs_lease_per_side_beside_a_sync_job(async_pool):
         assert jobs.rc[job.name] == 0, job.output[-4000:]
         s = job.summary()
         assert s["steps"] == 6 and s["val_after"] > s["val_before"] + 0.15, s
-    val = dict(read_val(jobs.b.tb))   # b (many steps) validated before training and after its step 6
+    val = dict(read_val(jobs.b.tb))   # b (many steps, 32 prompts) validated before training and after its step 6
     assert 6 in val and val[6] > val[0] + 0.15, (val, jobs.b.output[-3000:])
     assert "job a leases devices [0] (trainer) and [1] (rollout) of 2" in jobs.a.output
     assert "job c leases devices [1] (trainer) and [1] (rollout) of 2" in jobs.c.output
