@@ -3,9 +3,10 @@ they all finish and learn, their outputs stay apart, the pool's timeline shows t
 devices (never two at once), a pool of another size is refused, and a job killed mid-run (SIGKILL of its
 driver) loses its leases within seconds while the others finish.
 
-Slow: every job is a `python -m fully_async.main` process of its own (~15-20 s to start; 11 of them), since the
+Slow: every job is a `python -m fully_async.main` process of its own (~15-20 s to start; 12 of them), since the
 processes are what is tested (one pool shared by separate drivers, SIGTERM and SIGKILL of a driver); the tests share
-one Ray head, each with a pool of its own."""
+one Ray head, each with a pool of its own, the two async tests one pool and its jobs (fixture `async_pool`), and the
+jobs of a test start side by side."""
 import json
 import os
 import re
@@ -101,6 +102,10 @@ RUNNING: list = []   # every Job's process, killed after its test whatever the o
 @pytest.fixture(autouse=True)
 def kill_leftover_jobs():
     yield
+    kill_jobs()
+
+
+def kill_jobs():
     while RUNNING:
         proc = RUNNING.pop()
         if proc.poll() is None:
@@ -201,28 +206,87 @@ def test_two_jobs_share_the_pool_learn_and_keep_their_outputs_apart(tmp_path, ra
     assert switches >= 4, [(s[0], round(s[2], 2)) for s in spans]   # interleaved, not one after the other
 
 
-def test_async_jobs_lease_per_side_beside_a_sync_job(tmp_path, ray_head, pool):
+@pytest.fixture(scope="module")
+def async_pool(tmp_path_factory, ray_head):
+    """Four jobs on one pool, for the two async tests: a (async: trainer on device 0, rollout on device 1), c (async:
+    both sides on device 1, taking turns), b (sync: both devices per phase; far more steps than the test takes,
+    validated every 6) and d (async, as a), which gets SIGTERM after its step 2 and is started again to resume; b gets
+    SIGTERM once the others finished.  What each job did, once they all ended."""
+    import pandas as pd
+
+    from fully_async.core.config import asset_path
+
+    tmp = tmp_path_factory.mktemp("async_pool")
+    pool = f"cpu_pool{next(POOLS)}"
+    six = ["trainer.total_training_steps=6", "trainer.test_freq=-1"]
+    # d saves on SIGTERM and at the end; what it checks needs no validation
+    stops = [*six, "multi_job.min_slice_s=0.2", "trainer.save_freq=1000", "data.val_files=null"]
+    # b validates (every 6 steps, holding both devices while the others wait) the first 32 validation prompts: from
+    # ~0.03 before training to ~0.7 at step 6 on all 128, far from the +0.15 it must gain
+    val32 = tmp / "val32.parquet"
+    pd.read_parquet(asset_path("tiny_arithmetic/data/val.parquet")).head(32).to_parquet(val32)
+    a = Job(tmp, ray_head, pool, "a", *six, "multi_job.min_slice_s=0.3", mode="async")
+    b = Job(tmp, ray_head, pool, "b", "trainer.total_training_steps=1000", "trainer.test_freq=6",
+            f"data.val_files={val32}")
+    c = Job(tmp, ray_head, pool, "c", *six, "multi_job.min_slice_s=0.3", "multi_job.job_devices=[1]",
+            "multi_job.rollout_devices=[1]", mode="async")
+    d = Job(tmp, ray_head, pool, "d", *stops, mode="async")
+    try:
+        return run_async_pool(tmp, ray_head, pool, stops, a, b, c, d)
+    except BaseException:
+        kill_jobs()   # no test's teardown has started yet: this fixture's jobs go now
+        raise
+
+
+def run_async_pool(tmp, ray_head, pool, stops, a, b, c, d):
+    from types import SimpleNamespace
+
+    d.wait_for(r"step 2 \|", timeout=240)
+    d.proc.send_signal(signal.SIGTERM)
+    out = SimpleNamespace(tmp=tmp, pool=pool, a=a, b=b, c=c, d=d, d_rc=d.wait(120))
+    from fully_async.core.checkpoint import list_checkpoints
+    out.d_saved = list_checkpoints(str(tmp / "ckpt_d"))
+    out.again = Job(tmp, ray_head, pool, "d", *stops, mode="async")
+    out.rc = {name: job.wait(300) for name, job in (("a", a), ("c", c), ("again", out.again))}
+    deadline = time.monotonic() + 180   # b validated at step 6 (it may be behind the async jobs, or far past)
+    while 6 not in dict(read_val(b.tb)) and b.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(1)
+    out.b_ran_all_along = b.proc.poll() is None
+    b.proc.send_signal(signal.SIGTERM)
+    out.b_rc = b.wait(120)
+    return out
+
+
+def read_val(tb_dir):
+    """[(step, validation reward)] of a job's TensorBoard run."""
+    from tests_helpers import read_scalars
+
+    try:
+        return read_scalars(str(tb_dir)).get("val-core/arithmetic/reward/mean@1", [])
+    except (KeyError, OSError):   # no event file yet
+        return []
+
+
+def test_async_jobs_lease_per_side_beside_a_sync_job(async_pool):
     """a (async): trainer on device 0, rollout on device 1; c (async): both sides on device 1, taking turns; b (sync):
-    both devices per phase.  All finish and learn; no device ever has two holders; each side leases only its own
-    devices; the rollouter parks and gives back a wanted lease, and takes weight updates while it waits."""
-    steps = ["trainer.total_training_steps=6", "trainer.test_freq=-1", "multi_job.min_slice_s=0.3"]
-    a = Job(tmp_path, ray_head, pool, "a", *steps, mode="async")
-    b = Job(tmp_path, ray_head, pool, "b", *steps)
-    c = Job(tmp_path, ray_head, pool, "c", *steps, "multi_job.job_devices=[1]", "multi_job.rollout_devices=[1]",
-            mode="async")
-    for job in (a, b, c):
-        assert job.wait(300) == 0, job.output[-4000:]
+    both devices per phase (d: the next test's).  All learn; no device ever has two holders; each side leases only its
+    own devices; the rollouter parks and gives back a wanted lease, and takes weight updates while it waits."""
+    jobs = async_pool
+    for job in (jobs.a, jobs.c):
+        assert jobs.rc[job.name] == 0, job.output[-4000:]
         s = job.summary()
         assert s["steps"] == 6 and s["val_after"] > s["val_before"] + 0.15, s
-    assert "job a leases devices [0] (trainer) and [1] (rollout) of 2" in a.output
-    assert "job c leases devices [1] (trainer) and [1] (rollout) of 2" in c.output
-    for job in (a, c):
+    val = dict(read_val(jobs.b.tb))   # b (many steps, 32 prompts) validated before training and after its step 6
+    assert 6 in val and val[6] > val[0] + 0.15, (val, jobs.b.output[-3000:])
+    assert "job a leases devices [0] (trainer) and [1] (rollout) of 2" in jobs.a.output
+    assert "job c leases devices [1] (trainer) and [1] (rollout) of 2" in jobs.c.output
+    for job in (jobs.a, jobs.c):
         m = scalars(job.tb, "multi_job/")
         for key in ("multi_job/train/onload_s", "multi_job/train/lease_wait_s", "multi_job/rollout/onload_s",
                     "multi_job/rollout/offload_s", "multi_job/rollout/offload/host_rss_gib_after"):
             assert m.get(key), (job.name, key, sorted(m))
         assert sum(m["multi_job/rollout/yields"]) >= 1, (job.name, m["multi_job/rollout/yields"])
-    trace = json.loads((tmp_path / "pool" / pool / "timeline.json").read_text())["traceEvents"]
+    trace = json.loads((jobs.tmp / "pool" / jobs.pool / "timeline.json").read_text())["traceEvents"]
     spans = leases(trace)
     for dev in ("device 0", "device 1"):
         on = sorted((s for s in spans if s[1] == dev), key=lambda s: s[2])
@@ -236,54 +300,52 @@ def test_async_jobs_lease_per_side_beside_a_sync_job(tmp_path, ray_head, pool):
     assert {("job a", "train"), ("job a", "rollout"), ("job c", "train"), ("job c", "rollout")} <= names
 
 
-def test_async_job_on_the_pool_stops_and_resumes_losing_and_repeating_nothing(tmp_path, ray_head, pool):
-    """An async job beside a sync one (so its sides wait, park and stage updates): SIGTERM after step 2 saves a
-    checkpoint (taken while its rollouter may hold no lease), and the restarted job resumes from it -- its parked
-    responses continue at its first turn on the devices -- and trains every sample exactly once.  The sync job runs
-    beside it all along (far more steps than the test takes) and stops cleanly on SIGTERM at the end."""
-    steps = ["trainer.total_training_steps=6", "trainer.test_freq=-1", "multi_job.min_slice_s=0.2",
-             "trainer.save_freq=1000"]   # saves: SIGTERM and the end
-    b = Job(tmp_path, ray_head, pool, "b", "trainer.total_training_steps=1000", "trainer.test_freq=-1")
-    a = Job(tmp_path, ray_head, pool, "a", *steps, mode="async")
-    a.wait_for(r"step 2 \|", timeout=240)
-    a.proc.send_signal(signal.SIGTERM)
-    assert a.wait(120) == 128 + signal.SIGTERM, a.output[-3000:]
-    assert "interrupted by SIGTERM; checkpoint:" in a.output
-    from fully_async.core.checkpoint import list_checkpoints
-    saved = list_checkpoints(str(tmp_path / "ckpt_a"))
+def test_async_job_on_the_pool_stops_and_resumes_losing_and_repeating_nothing(async_pool):
+    """An async job (d) beside a sync one and two async ones (so its sides wait, park and stage updates): SIGTERM
+    after step 2 saves a checkpoint (taken while its rollouter may hold no lease), and the restarted job resumes from
+    it -- its parked responses continue at its first turn on the devices -- and trains every sample exactly once.
+    The sync job b runs beside it all along (far more steps than the test takes) and stops cleanly on SIGTERM at
+    the end."""
+    jobs = async_pool
+    assert jobs.d_rc == 128 + signal.SIGTERM, jobs.d.output[-3000:]
+    assert "interrupted by SIGTERM; checkpoint:" in jobs.d.output
+    saved = jobs.d_saved
     assert len(saved) == 1 and 2 <= saved[0] < 6
-    again = Job(tmp_path, ray_head, pool, "a", *steps, mode="async")
-    assert again.wait(300) == 0, again.output[-4000:]
-    assert f"resuming from {tmp_path}/ckpt_a/global_step_{saved[0]}" in again.output
-    state = json.loads((tmp_path / "ckpt_a" / "global_step_6" / "trainer_state.json").read_text())
+    again = jobs.again
+    assert jobs.rc["again"] == 0, again.output[-4000:]
+    assert f"resuming from {jobs.tmp}/ckpt_d/global_step_{saved[0]}" in again.output
+    state = json.loads((jobs.tmp / "ckpt_d" / "global_step_6" / "trainer_state.json").read_text())
     ids = state["trained_sample_ids"]
     assert len(ids) == len(set(ids)) == 6 * 16 * 8                  # nothing trained twice, nothing lost
     assert len({i.rsplit("-s", 1)[0] for i in ids}) == 6 * 16        # each prompt once: the data position went on
-    assert b.proc.poll() is None, b.output[-3000:]                   # the sync job was there all along
-    b.proc.send_signal(signal.SIGTERM)
-    assert b.wait(120) == 128 + signal.SIGTERM, b.output[-3000:]
-    assert "interrupted by SIGTERM; checkpoint:" in b.output, b.output[-3000:]
+    assert jobs.b_ran_all_along, jobs.b.output[-3000:]               # the sync job was there all along
+    assert jobs.b_rc == 128 + signal.SIGTERM, jobs.b.output[-3000:]
+    assert "interrupted by SIGTERM; checkpoint:" in jobs.b.output, jobs.b.output[-3000:]
 
 
 def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, pool):
-    # c leases both devices, a and b one each: c waits for both (all or nothing) and they wait behind c
-    # c must still be running when it is killed, however slow the machine: far more steps than the test waits for
+    # c leases both devices, a and b one each: c waits for both (all or nothing) and they wait for c (the pool's
+    # queue is first come, first served, with no overtaking on a device): they take turns.  c must still be running
+    # when it is killed, however slow the machine: far more steps than the test waits for
     c = Job(tmp_path, ray_head, pool, "c", "trainer.total_training_steps=1000", "trainer.test_freq=-1")
-    c.wait_for(r"step 2 \|")
-    wrong = Job(tmp_path, ray_head, pool, "d", "multi_job.devices=3", "multi_job.job_devices=[0]")
     # e's lease limit is shorter than its phases take on any machine (building on a slow one; on a fast one its
     # train phase, made long by 20 PPO epochs: 2 s, 4x the limit, where one epoch takes 0.1 s): revoked, and e
     # fails saying so
     overstay = Job(tmp_path, ray_head, pool, "e", "multi_job.max_lease_s=0.5", "multi_job.job_devices=[0]",
                    "actor_rollout_ref.actor.ppo_epochs=20")
-    # a and b start beside d and e (their start-ups overlap); they wait behind c, and are still running when c is
-    # killed: as soon as both trained a step (d and e are judged after)
+    # the others start once c is in the pool (of 2 devices: d asks for 3), so that c is ahead of a and b in its queue
+    # (their start-ups overlap c's actors' and e's); a and b are still running when c is killed: as soon as c trained
+    # 2 steps and both of them one (d and e are judged after)
+    c.wait_for(f"device pool {pool}: job c leases")
+    wrong = Job(tmp_path, ray_head, pool, "d", "multi_job.devices=3", "multi_job.job_devices=[0]")
     a = Job(tmp_path, ray_head, pool, "a", "multi_job.job_devices=[0]", "trainer.total_training_steps=3",
             "trainer.test_freq=-1")
     b = Job(tmp_path, ray_head, pool, "b", "multi_job.job_devices=[1]", "trainer.total_training_steps=3",
             "trainer.test_freq=-1")
+    c.wait_for(r"step 2 \|")
     a.wait_for(r"step 1 \|")
     b.wait_for(r"step 1 \|")
+    still = {job.name: job.proc.poll() is None for job in (a, b)}
     killed_at = time.time()
     c.proc.send_signal(signal.SIGKILL)
     c.wait(30)
@@ -306,6 +368,7 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, p
     assert re.search(r"sync failed( to start)?: LeaseExpired: e/colocated: lease of \[0\] for phase '\w+' "
                      r"revoked after [0-9.]+s > multi_job.max_lease_s=0.5: the phase overstayed",
                      overstay.output), overstay.output[-3000:]
+    assert still == {"a": True, "b": True}, still   # c died while they ran
     for job in (a, b):
         assert job.wait(300) == 0, job.output[-4000:]
         s = job.summary()

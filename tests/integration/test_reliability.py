@@ -1,9 +1,15 @@
 """Crashes, restarts, hangs and signals, end to end on the bundled tiny task (real Ray, real processes).
 
-Slow: six `python -m fully_async.main` subprocesses (~15-20 s of fixed cost each), one per failure, since the process
-is what each test checks (SIGKILL of an actor, SIGSTOP, exit codes, Ray shut down with the driver), plus the watchdog's
-own timeouts, set as short as the runs allow.  The timeline checks, where the process is not the point, run
-in-process in test_reliability_timeline.py."""
+A failing run is a `python -m fully_async.main` subprocess where the process is what is checked (its exit code, the
+console and the traceback file, the Ray it started shut down with it): the failing engine replica.  Every other
+failure is injected into a run in the test's process under the shared Ray (module fixture `ray_session`, ~10 s less
+than a subprocess each): a thread watches the run's console and kills (SIGKILL) or stops (SIGSTOP) one of its actors'
+processes (reliability_inprocess.py), and the test checks the driver's RunFailed, which the entry point prints as
+the one-line cause before it exits 1.  The watchdog's timeouts are set as short as the runs allow.  The timeline
+checks run in-process in test_reliability_timeline.py.
+
+Slow: six runs (one a subprocess, ~15-20 s; two of the in-process ones with two rollout replicas, whose actors take
+~10 s to start), each failure needing a run of its own, plus the watchdog's own timeouts."""
 import json
 import os
 import re
@@ -15,10 +21,27 @@ import time
 
 import pytest
 
+from fully_async.cluster.ray_utils import RunFailed
+from fully_async.run.hydra_setup import load_config
+import tests_helpers
+
 pytestmark = pytest.mark.integration
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTS = os.path.join(REPO, "tests")
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    yield from tests_helpers.ray_session(num_cpus=3)
+
+
+def run_here(tmp_path, monkeypatch, *overrides) -> dict:
+    """The run in this process under the shared Ray, its TensorBoard run in tmp_path/tb; its summary."""
+    from fully_async.run.main import run
+
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    return run(load_config(["trainer.progress_bar=false", *overrides]))
 
 
 class Run:
@@ -66,16 +89,21 @@ def common(tmp_path, steps):
     return [f"trainer.default_local_dir={tmp_path}/ckpt", f"trainer.total_training_steps={steps}"]
 
 
-def test_trainer_killed_then_resume_loses_and_repeats_nothing(tmp_path):
+def test_trainer_killed_then_resume_loses_and_repeats_nothing(tmp_path, monkeypatch, caplog, ray_session):
     """With 2 rollout replicas the checkpoint holds partial responses interrupted on both engines.  (One replica
-    was a second run of this test; the single-replica resume is test_signals' SIGTERM case, exactly-once included.)"""
+    was a second run of this test; the single-replica resume is test_signals' SIGTERM case, exactly-once included.)
+    The trainer's process is killed (SIGKILL) after the step-4 checkpoint: the run fails naming it; the resumed run
+    goes on from the last checkpoint."""
+    from reliability_inprocess import Injection, checkpointed, kill_after
+
     args = common(tmp_path, 8) + ["trainer.save_freq=2", "data.val_files=null", "rollout.n_gpus_per_node=2"]
-    first = Run(tmp_path, *args)
-    first.wait_for(r"checkpoint .*global_step_4")
-    first.wait_for(r"\(Trainer pid=")
-    os.kill(first.pids["trainer"], signal.SIGKILL)
-    assert first.wait(120) == 1
-    assert "trainer failed" in first.output
+    killed_at: list = []
+    injection = Injection(monkeypatch, kill_after(checkpointed(str(tmp_path / "ckpt"), 4), "Trainer", killed_at))
+    caplog.set_level("INFO", logger="fully_async")
+    with pytest.raises(RunFailed, match="trainer failed"):
+        run_here(tmp_path, monkeypatch, *args)
+    injection.check()
+    assert killed_at
     from fully_async.core.checkpoint import list_checkpoints, read_state
     saved = list_checkpoints(str(tmp_path / "ckpt"))
     assert saved and saved[-1] < 8
@@ -83,9 +111,9 @@ def test_trainer_killed_then_resume_loses_and_repeats_nothing(tmp_path):
     snap = read_state(str(tmp_path / "ckpt" / f"global_step_{resumed_from}" / "rollout_state.json"))
     queued = read_state(str(tmp_path / "ckpt" / f"global_step_{resumed_from}" / "queue_state.json"))
 
-    second = Run(tmp_path, *args)
-    assert second.wait(300) == 0, second.output[-4000:]
-    assert f"resuming from {tmp_path}/ckpt/global_step_{resumed_from}" in second.output
+    caplog.clear()
+    assert run_here(tmp_path, monkeypatch, *args)["steps"] == 8
+    assert f"resuming from {tmp_path}/ckpt/global_step_{resumed_from}" in caplog.text
     state = json.loads((tmp_path / "ckpt" / "global_step_8" / "trainer_state.json").read_text())
     ids = state["trained_sample_ids"]
     assert len(ids) == len(set(ids)) == 8 * 16 * 8          # nothing trained twice, nothing lost
@@ -105,38 +133,38 @@ def raylets() -> int:
     return len(r.stdout.split())
 
 
-def test_rollouter_killed_exits_nonzero_fast_naming_it(tmp_path):
-    before = raylets()
-    run = Run(tmp_path, *common(tmp_path, 200), "data.val_files=null")
-    run.wait_for(r"step 2 \|")
-    run.wait_for(r"\(Rollouter pid=")
-    start = time.monotonic()
-    os.kill(run.pids["rollouter"], signal.SIGKILL)
-    rc = run.wait(60)
-    elapsed = time.monotonic() - start
-    print(f"time to exit after the rollouter was killed: {elapsed:.1f}s")
-    assert rc == 1 and elapsed < 30
-    assert re.search(r"rollouter failed: .*(died|ActorDiedError|RayActorError)", run.output), run.output[-3000:]
-    deadline = time.monotonic() + 15
-    while raylets() > before and time.monotonic() < deadline:  # the Ray it started is shut down with it
-        time.sleep(0.2)
-    assert raylets() == before
+def test_rollouter_killed_fails_the_run_fast_naming_it(tmp_path, monkeypatch, ray_session):
+    """SIGKILL of the rollouter's process: the driver notices within seconds and fails the run naming it (the entry
+    point's exit 1 and the Ray shut down with the driver: test_failing_engine_replica_stops_the_run_naming_it)."""
+    from reliability_inprocess import Injection, kill_after, printed
+
+    killed_at: list = []
+    injection = Injection(monkeypatch, kill_after(printed(r"step 2 \|"), "Rollouter", killed_at))
+    with pytest.raises(RunFailed) as failed:
+        run_here(tmp_path, monkeypatch, *common(tmp_path, 200), "data.val_files=null")
+    ended = time.monotonic()
+    injection.check()
+    elapsed = ended - killed_at[0]
+    print(f"time to fail after the rollouter was killed: {elapsed:.1f}s")
+    assert elapsed < 30
+    assert re.search(r"rollouter failed: .*(died|ActorDiedError|RayActorError)", str(failed.value)), failed.value
 
 
-def test_watchdog_fails_a_wedged_engine_with_state(tmp_path):
-    run = Run(tmp_path, *common(tmp_path, 20), "actor_rollout_ref.rollout.name=fakes:HangingEngine",
-              "trainer.progress_timeout_s=6", "trainer.val_before_train=false",
-              env={"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")})
+def test_watchdog_fails_a_wedged_engine_with_state(tmp_path, monkeypatch, ray_session):
     start = time.monotonic()
-    assert run.wait(120) == 1
+    with pytest.raises(RunFailed) as failed:
+        run_here(tmp_path, monkeypatch, *common(tmp_path, 20), "actor_rollout_ref.rollout.name=fakes:HangingEngine",
+                 "trainer.progress_timeout_s=4", "trainer.val_before_train=false")
     assert time.monotonic() - start < 90
-    out = run.output
-    assert "no progress for" in out and "trainer.progress_timeout_s=6" in out
+    out = str(failed.value)
+    assert "no progress for" in out and "trainer.progress_timeout_s=4" in out
     assert "in_flight_requests" in out and re.search(r"'trainer': \{'step': \d+", out)  # the counters
 
 
 def test_failing_engine_replica_stops_the_run_naming_it(tmp_path):
-    """Two rollout replicas; replica 1's engine raises: the run exits 1 naming the replica and its cause."""
+    """Two rollout replicas; replica 1's engine raises: the run exits 1 naming the replica and its cause, and the Ray
+    it started is shut down with it."""
+    before = raylets()
     run = Run(tmp_path, *common(tmp_path, 20), "rollout.n_gpus_per_node=2",
               "actor_rollout_ref.rollout.name=fakes:SecondReplicaCrashes", "trainer.val_before_train=false",
               env={"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")})
@@ -152,28 +180,39 @@ def test_failing_engine_replica_stops_the_run_naming_it(tmp_path):
     text = tb.read_text()
     assert re.search(r'File ".*fakes\.py", line \d+, in collect', text) and "replica exploded on purpose" in text
     assert "\x1b[" not in text
+    deadline = time.monotonic() + 15
+    while raylets() > before and time.monotonic() < deadline:  # the Ray it started is shut down with it
+        time.sleep(0.2)
+    assert raylets() == before
 
 
-def test_a_stopped_trainer_is_named_and_the_run_ends(tmp_path):
+def test_a_stopped_trainer_is_named_and_the_run_ends(tmp_path, monkeypatch, ray_session):
     """kill -STOP of the trainer (a scheduler's suspend, a debugger, a reward holding the GIL): the watchdog, which
     never waits on an actor, ends the run within trainer.progress_timeout_s plus a poll, naming the trainer."""
-    run = Run(tmp_path, *common(tmp_path, 5000), "data.val_files=null", "trainer.progress_timeout_s=10")
-    run.wait_for(r"step 2 \|")
-    # the watchdog polls every 2.5 s here (a quarter of the timeout) and steps take a fraction of a second: stopping
-    # the trainer right at step 2 could beat its first answer, and the watchdog would have no last state to name
-    time.sleep(6)
-    assert run.proc.poll() is None, run.output[-3000:]
-    pid = run.pids["trainer"]
-    os.kill(pid, signal.SIGSTOP)
-    t0 = time.monotonic()
+    from reliability_inprocess import Injection, actor_pid, ensure_gone
+
+    stopped: list = []
+
+    def stop_the_trainer(console, since):
+        console.wait_for(r"step 2 \|")
+        # the watchdog polls every 1.5 s here (a quarter of the timeout) and steps take a fraction of a second:
+        # stopping the trainer right at step 2 could beat its first answer, and the watchdog would have no last
+        # state to name
+        time.sleep(4)
+        pid = actor_pid("Trainer", since)
+        os.kill(pid, signal.SIGSTOP)
+        stopped.append((pid, time.monotonic()))
+
+    injection = Injection(monkeypatch, stop_the_trainer)
     try:
-        rc = run.wait(60)
+        with pytest.raises(RunFailed) as failed:
+            run_here(tmp_path, monkeypatch, *common(tmp_path, 1000), "data.val_files=null",
+                     "trainer.progress_timeout_s=6")
+        ended = time.monotonic()
+        injection.check()
     finally:
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-    assert rc == 1, run.output[-3000:]
-    assert time.monotonic() - t0 < 60
-    assert "trainer is not responding (its process is stopped" in run.output, run.output[-3000:]
-    assert "its last state: {" in run.output
+        for pid, _ in stopped:
+            ensure_gone(pid)
+    assert ended - stopped[0][1] < 60
+    assert "trainer is not responding (its process is stopped" in str(failed.value), failed.value
+    assert "its last state: {" in str(failed.value)

@@ -1,5 +1,8 @@
 """A run's folder is its own (lock), a damaged checkpoint is never resumed, a config change that breaks
-the saved state is refused, and Ctrl-C during start-up ends the run cleanly (real processes)."""
+the saved state is refused, and Ctrl-C during start-up ends the run cleanly.
+
+The lock and the signals are checked on `python -m fully_async.main` processes (the signals' two runs side by side);
+the checkpoint runs, where the process is not the point, run in the test's process on the shared Ray."""
 import json
 import os
 import signal
@@ -28,48 +31,94 @@ def test_second_run_in_a_locked_folder_is_refused(tmp_path):
     assert (ckpt / "fully_async.lock").exists()  # the holder's lock is left alone
 
 
-def test_damaged_newest_checkpoint_falls_back_and_config_changes_are_checked(tmp_path):
-    args = common(tmp_path, 2) + ["trainer.save_freq=1", "data.val_files=null"]
-    first = Run(tmp_path, *args)
-    assert first.wait(300) == 0, first.output[-3000:]
+@pytest.fixture(scope="module")
+def ray_session():
+    """The shared Ray, for the damaged-checkpoint runs (in this process: the process is not what they check)."""
+    import tests_helpers
+
+    yield from tests_helpers.ray_session(num_cpus=3)
+
+
+def test_damaged_newest_checkpoint_falls_back_and_config_changes_are_checked(tmp_path, monkeypatch, caplog,
+                                                                          ray_session):
+    from fully_async.run.hydra_setup import USER_ERRORS, load_config
+    from fully_async.run.main import run
+
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    args = ["trainer.progress_bar=false", *common(tmp_path, 2), "trainer.save_freq=1", "data.val_files=null"]
+    assert run(load_config(args))["steps"] == 2
     ckpt = tmp_path / "ckpt"
-    assert not (ckpt / "fully_async.lock").exists()  # released at exit
+    assert not (ckpt / "fully_async.lock").exists()  # released at the end
     assert (ckpt / "global_step_2" / "manifest.json").exists() and (ckpt / "global_step_2" / "config.json").exists()
     model = next((ckpt / "global_step_2").rglob("model.safetensors"))
     with open(model, "r+b") as fh:
         fh.truncate(model.stat().st_size // 2)
     rel = model.relative_to(ckpt / "global_step_2")
 
-    changed = Run(tmp_path, *args, "actor_rollout_ref.rollout.n=4")
-    assert changed.wait(120) == 1, changed.output[-3000:]
-    out = changed.output
+    caplog.set_level("INFO", logger="fully_async")
+    # refused with an error the entry point prints as one line (no traceback) before it exits 1
+    with pytest.raises(USER_ERRORS) as refused:
+        run(load_config([*args, "actor_rollout_ref.rollout.n=4"]))
+    out = caplog.text + str(refused.value)
     assert f"checkpoint {ckpt}/global_step_2 is damaged ({rel}: " in out  # the fallback, then the config check
     assert f"cannot resume from {ckpt}/global_step_1" in out and "actor_rollout_ref.rollout.n: 8 -> 4" in out
-    assert "trainer.resume_allow_config_change=[actor_rollout_ref.rollout.n]" in out and "Traceback" not in out
+    assert "trainer.resume_allow_config_change=[actor_rollout_ref.rollout.n]" in str(refused.value)
 
     # one run carries both: it resumes from the fallback (the damaged step 2 was set aside) and the change is accepted
-    allowed = Run(tmp_path, *common(tmp_path, 3), "trainer.save_freq=1", "data.val_files=null",
-                  "actor_rollout_ref.rollout.n=4", "trainer.resume_allow_config_change=[actor_rollout_ref.rollout.n]")
-    assert allowed.wait(300) == 0, allowed.output[-3000:]
-    assert "accepted by trainer.resume_allow_config_change: actor_rollout_ref.rollout.n: 8 -> 4" in allowed.output
-    assert f"resuming from {ckpt}/global_step_1" in allowed.output
+    caplog.clear()
+    allowed = run(load_config(["trainer.progress_bar=false", *common(tmp_path, 3), "trainer.save_freq=1",
+                               "data.val_files=null", "actor_rollout_ref.rollout.n=4",
+                               "trainer.resume_allow_config_change=[actor_rollout_ref.rollout.n]"]))
+    assert allowed["steps"] == 3
+    assert "accepted by trainer.resume_allow_config_change: actor_rollout_ref.rollout.n: 8 -> 4" in caplog.text
+    assert f"resuming from {ckpt}/global_step_1" in caplog.text
     for step in (2, 3):  # the step the damaged checkpoint held is trained again, and the run goes on past it
         state = json.loads((ckpt / f"global_step_{step}" / "trainer_state.json").read_text())
         assert state["step"] == step and len(set(state["trained_sample_ids"])) == len(state["trained_sample_ids"])
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_signal_during_start_up_exits_cleanly(tmp_path, signum):
+SIGNALS = [signal.SIGINT, signal.SIGTERM]
+
+
+@pytest.fixture(scope="module")
+def interrupted_start_ups(tmp_path_factory):
+    """One run per signal, started side by side, each sent its signal once it read its data (during start-up):
+    {signum: (run, its tmp folder)}; and whether the Rays they started are gone with them: (raylets before, after)."""
     before = raylets()
-    run = Run(tmp_path, *common(tmp_path, 20))
-    run.wait_for(r"data: ")
-    run.proc.send_signal(signum)
-    assert run.wait(120) == 128 + signum, run.output[-3000:]
+    runs = {}
+    for signum in SIGNALS:
+        tmp = tmp_path_factory.mktemp(f"start_{signal.Signals(signum).name}")
+        runs[signum] = (Run(tmp, *common(tmp, 20)), tmp)
+    try:
+        waiting, deadline = dict(runs), time.monotonic() + 180
+        while waiting:  # each signalled as soon as it printed its data line (the start-up has begun)
+            for signum, (run, _) in list(waiting.items()):
+                if any("data: " in line for line in list(run.lines)):
+                    run.proc.send_signal(signum)
+                    del waiting[signum]
+                else:
+                    assert run.proc.poll() is None and time.monotonic() < deadline, run.output[-4000:]
+            time.sleep(0.05)
+        for run, _ in runs.values():
+            run.wait(120)
+        deadline = time.monotonic() + 15
+        while raylets() > before and time.monotonic() < deadline:  # the Rays they started are shut down with them
+            time.sleep(0.2)
+        yield runs, (before, raylets())
+    finally:
+        for run, _ in runs.values():
+            if run.proc.poll() is None:
+                run.proc.kill()
+                run.proc.wait(30)
+
+
+@pytest.mark.parametrize("signum", SIGNALS)
+def test_signal_during_start_up_exits_cleanly(interrupted_start_ups, signum):
+    runs, (before, after) = interrupted_start_ups
+    run, tmp_path = runs[signum]
+    assert run.proc.returncode == 128 + signum, run.output[-3000:]
     out = run.output
     assert f"interrupted by {signal.Signals(signum).name} during start-up" in out
     assert "Traceback" not in out, out[-3000:]
     assert not (tmp_path / "ckpt" / "fully_async.lock").exists()
-    deadline = time.monotonic() + 15
-    while raylets() > before and time.monotonic() < deadline:  # the Ray it started is shut down with it
-        time.sleep(0.2)
-    assert raylets() <= before
+    assert after <= before

@@ -2,7 +2,11 @@
 run with a complete checkpoint, no lock, no Ray process behind, within a bounded time (real Ray, real processes).
 
 Ray's processes run in a session of their own, so only the driver receives the group's signal; it stops the run
-gracefully (with the default trainer.save_freq=-1: an emergency checkpoint) and shuts Ray down itself."""
+gracefully (with the default trainer.save_freq=-1: an emergency checkpoint) and shuts Ray down itself.
+
+The three signals' runs start side by side (one module fixture; their start-ups overlap on the CPU's idle waits);
+the resume from the SIGTERM checkpoint, where the process is not the point, runs in the test's process on the
+shared Ray."""
 import json
 import os
 import re
@@ -13,6 +17,8 @@ import threading
 import time
 
 import pytest
+
+import tests_helpers
 
 pytestmark = pytest.mark.integration
 
@@ -59,24 +65,65 @@ def ray_processes_of(session: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_a_signal_to_the_whole_process_group_ends_in_a_checkpoint(tmp_path, signum):
+SIGNALS = [signal.SIGTERM, signal.SIGHUP, signal.SIGINT]
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """The shared Ray, for the in-process run that resumes from the SIGTERM checkpoint."""
+    yield from tests_helpers.ray_session(num_cpus=3)
+
+
+@pytest.fixture(scope="module")
+def signalled(tmp_path_factory):
+    """One run per signal, started side by side (their start-ups overlap), each sent its signal to its whole process
+    group once it trained step 2: {signum: (run, its folder, seconds from the signal to its exit, the processes of
+    its Ray session still there 2 s after the exit)}."""
+    runs = {}
+    for signum in SIGNALS:
+        tmp = tmp_path_factory.mktemp(signal.Signals(signum).name)
+        # trainer.save_freq stays -1 (the default): an emergency checkpoint
+        runs[signum] = (GroupRun(tmp, f"trainer.default_local_dir={tmp / 'ckpt'}", "trainer.total_training_steps=2000",
+                                 "data.val_files=null", "trainer.progress_timeout_s=60"), tmp)
+    sent = {}
+    try:
+        for signum, (run, _) in runs.items():
+            run.wait_for(r"step 2 \|")
+            sent[signum] = time.monotonic()
+            os.killpg(run.proc.pid, signum)  # what `timeout`, a scheduler or `kill -- -PGID` does
+        ended, left, deadline = {}, {}, time.monotonic() + 90
+        while len(left) < len(runs) and time.monotonic() < deadline:
+            for signum, (run, _) in runs.items():
+                if signum not in ended and run.proc.poll() is not None:
+                    ended[signum] = time.monotonic()
+                    run.reader.join(10)
+                if signum in ended and signum not in left:
+                    # the last Ray processes may take a moment to go after the driver exits: 2 s
+                    m = re.search(r"session folder (\S+) \(in a 0700 folder\)", run.output)
+                    there = ray_processes_of(os.path.basename(m.group(1))) if m else ["no session folder printed"]
+                    if not there or time.monotonic() > ended[signum] + 2:
+                        left[signum] = there
+            time.sleep(0.1)
+        out = {signum: (run, tmp, ended.get(signum, float("inf")) - sent[signum], left.get(signum))
+               for signum, (run, tmp) in runs.items()}
+        yield out
+    finally:
+        for run, _ in runs.values():
+            if run.proc.poll() is None:
+                os.killpg(run.proc.pid, signal.SIGKILL)
+                run.proc.wait(30)
+
+
+@pytest.mark.parametrize("signum", SIGNALS)
+def test_a_signal_to_the_whole_process_group_ends_in_a_checkpoint(ray_session, signalled, monkeypatch, signum):
+    run, tmp_path, took, left = signalled[signum]
     ckpt = tmp_path / "ckpt"
-    args = [f"trainer.default_local_dir={ckpt}", "trainer.total_training_steps=200", "data.val_files=null",
-            "trainer.progress_timeout_s=60"]  # trainer.save_freq stays -1 (the default): an emergency checkpoint
-    run = GroupRun(tmp_path, *args)
-    run.wait_for(r"step 2 \|")
+    assert run.proc.returncode == 128 + signum, run.output[-3000:]
+    assert took < 60, took
     folder = re.search(r"session folder (\S+) \(in a 0700 folder\)", run.output).group(1)
     private = os.path.dirname(os.path.dirname(folder))  # <tmp>/fully_async-<uid>/ray/session_...
     assert os.stat(private).st_mode & 0o777 == 0o700 and private.endswith(f"fully_async-{os.getuid()}")
     session = os.path.basename(folder)
-    t0 = time.monotonic()
-    os.killpg(run.proc.pid, signum)  # what `timeout`, a scheduler or `kill -- -PGID` does
-    rc = run.proc.wait(90)
-    run.reader.join(10)
-    took = time.monotonic() - t0
-    assert rc == 128 + signum, run.output[-3000:]
-    assert took < 60, took
     m = re.search(rf"interrupted by {signal.Signals(signum).name}; checkpoint: (\S+)", run.output)
     assert m, run.output[-3000:]
     from fully_async.core.checkpoint import find_resume_path, list_checkpoints
@@ -91,18 +138,19 @@ def test_a_signal_to_the_whole_process_group_ends_in_a_checkpoint(tmp_path, sign
     state = json.loads((ckpt / f"global_step_{saved[0]}" / "trainer_state.json").read_text())
     assert len(state["trained_sample_ids"]) == len(set(state["trained_sample_ids"])) == saved[0] * 16 * 8
     assert "Failed to connect to GCS" not in run.output
-    deadline = time.monotonic() + 2  # the last Ray processes may take a moment to go after the driver exits
-    while ray_processes_of(session) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert session.startswith("session_") and not ray_processes_of(session), ray_processes_of(session)
+    assert session.startswith("session_") and left == [], left
     if signum != signal.SIGTERM:
         return
-    # the checkpoint resumes: two more steps, every sample trained exactly once over both runs
+    # the checkpoint resumes (in this process, on the shared Ray: the process is not what is checked here): two more
+    # steps, every sample trained exactly once over both runs
+    from fully_async.run.hydra_setup import load_config
+    from fully_async.run.main import run as run_here
+
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
     total = saved[0] + 2
-    again = subprocess.run([sys.executable, "-m", "fully_async.main", "trainer.progress_bar=false",
-                            f"hydra.run.dir={tmp_path}/hydra2", *args[:1], f"trainer.total_training_steps={total}",
-                            "data.val_files=null", "trainer.save_freq=1000"], cwd=REPO, capture_output=True,
-                           text=True, timeout=300, env=dict(os.environ, TENSORBOARD_DIR=str(tmp_path / "tb")))
-    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    summary = run_here(load_config(["trainer.progress_bar=false", f"trainer.default_local_dir={ckpt}",
+                                    f"trainer.total_training_steps={total}", "data.val_files=null",
+                                    "trainer.save_freq=1000"]))
+    assert summary["steps"] == total
     state = json.loads((ckpt / f"global_step_{total}" / "trainer_state.json").read_text())
     assert len(state["trained_sample_ids"]) == len(set(state["trained_sample_ids"])) == total * 16 * 8

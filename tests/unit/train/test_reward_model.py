@@ -121,13 +121,24 @@ def ray_session():
     yield from tests_helpers.ray_session(num_cpus=3)
 
 
+@pytest.fixture(scope="module")
+def small_val(tmp_path_factory):
+    """The bundled validation set's first 16 prompts: each validation scores what it generates with the reward model,
+    and what these runs check (every score is the reward model's 0.375, at every validation step) needs no more."""
+    import pandas as pd
+
+    path = tmp_path_factory.mktemp("rm_val") / "val.parquet"
+    pd.read_parquet(asset_path("tiny_arithmetic/data/val.parquet")).head(16).to_parquet(path)
+    return str(path)
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("mode", [["mode=sync"], ["mode=async"],
                                   ["mode=async", "async_training.placement=colocated", "rollout.n_gpus_per_node=0"],
                                   ["mode=async", "async_training.placement=elastic",
                                    "actor_rollout_ref.rollout.max_num_seqs=8"]],
                          ids=["sync", "async", "colocated", "elastic"])
-def test_a_runs_rewards_and_validation_are_the_reward_models(tmp_path, monkeypatch, ray_session, mode):
+def test_a_runs_rewards_and_validation_are_the_reward_models(tmp_path, monkeypatch, ray_session, small_val, mode):
     """Every mode: the training rewards and every validation (before training, at test_freq, the driver's final one)
     are the reward model's; in async modes the rollouter attaches its tokens and the trainer scores them."""
     from fully_async.run.main import run
@@ -136,7 +147,7 @@ def test_a_runs_rewards_and_validation_are_the_reward_models(tmp_path, monkeypat
     path = make_reward_model(tmp_path / "rm", kind="token", bias=0.375)   # every response scores 0.375
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
     summary = run(load_config([*mode, "reward_model.enable=true", f"reward_model.model.path={path}",
-                               "trainer.total_training_steps=2", "trainer.test_freq=1",
+                               "trainer.total_training_steps=2", "trainer.test_freq=1", f"data.val_files={small_val}",
                                "trainer.progress_bar=false",
                                f"trainer.default_local_dir={tmp_path}/ck", "trainer.resume_mode=disable"]))
     assert summary["steps"] == 2
