@@ -46,6 +46,7 @@ class DevicePoolService:
         self.timeline_path = timeline_path
         self.clock = clock
         self.cond = threading.Condition()
+        self._write_lock = threading.Lock()
         self.spans: list[PoolEvent] = []
         self._dirty = False
         self._written = 0.0
@@ -126,7 +127,8 @@ class DevicePoolService:
             self._dirty = False
             self._written = time.monotonic()
         if self.timeline_path:
-            write_pool_trace(self.timeline_path, spans)
+            with self._write_lock:   # the actor serves calls concurrently, and every writer uses one temp name
+                write_pool_trace(self.timeline_path, spans)
         return self.timeline_path
 
     def stop(self) -> None:
