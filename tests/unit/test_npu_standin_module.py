@@ -35,7 +35,8 @@ def test_npu_device_module_tensors_and_visible_devices(tmp_path):
         x = torch.ones(3, device=NPU.torch_device()) + torch.nn.Linear(3, 3).to(NPU.torch_device()).weight.sum()
         g = torch.Generator(device=NPU.torch_device()).manual_seed(1)
         assert isinstance(g, torch.Generator) and torch.rand(2, generator=g).shape == (2,)
-        assert set(NPU.memory_stats()) == {"host_rss_gib", "allocated_gib", "reserved_gib", "max_allocated_gib"}
+        assert set(NPU.memory_stats()) == {"host_rss_gib", "allocated_gib", "reserved_gib", "max_allocated_gib",
+                                           "device_used_gib"}
         assert NPU.graphs() is None                              # the CPU backend has no device graphs
         try:
             NPU.set_device(1)

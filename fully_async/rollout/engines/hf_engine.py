@@ -34,8 +34,9 @@ engine iteration:
 The decode forward reads and writes only persistent device buffers (last tokens, lengths, logits, the
 cache), so on CUDA (and NPU where torch_npu has graphs) it is captured once per (batch bucket, span
 bucket) at start-up and replayed: one launch per step instead of hundreds.  Weight updates copy into the
-parameters' own storage, so the graphs stay valid; a cache that has to grow, or a sleep/wake that moves the
-weights (rollout.free_cache_engine=true), drops them, and each bucket is captured again at its next use.
+parameters' own storage, so the graphs stay valid; so does a sleep on CUDA, which gives the memory of the weights,
+the cache and the decode state back at fixed addresses (engine_memory.py); a cache that has to grow, or a sleep
+elsewhere (cpu, npu, fp8 emulation: the weights moved), drops them, and each bucket is captured again at its next use.
 `enforce_eager=True` (actor_rollout_ref.rollout.enforce_eager) skips graphs.
 The transformers model sees a duck-typed cache (`_SlotCache.update`) and a prepared 4D mask, which
 transformers passes through untouched, so any causal LM whose attention calls
@@ -57,6 +58,7 @@ import torch
 from fully_async.algorithms.sampling import sample_tokens
 from fully_async.device import Device, parse_dtype
 from fully_async.rollout.engines.base import NamedTensors
+from fully_async.rollout.engines.engine_memory import EngineSleep
 from fully_async.core.types import GenOutput, GenRequest
 
 logger = logging.getLogger(__name__)
@@ -182,9 +184,7 @@ def _bucket(value: int, buckets: list[int]) -> Optional[int]:
     return next((b for b in buckets if b >= value), None)
 
 
-class HFEngine:
-    swaps_in_flight = True   # sleep(keep_in_flight=True) keeps the occupied slots' KV through the sleep
-
+class HFEngine(EngineSleep):
     def __init__(self, model_path: str, device: Device, dtype: str = "float32", max_num_seqs: int = 256,
                  eos_token_ids: Optional[list[int]] = None, pad_token_id: int = 0, seed: int = 1,
                  trust_remote_code: bool = False, max_model_len: Optional[int] = None, enforce_eager: bool = True,
@@ -380,130 +380,6 @@ class HFEngine:
             self.last_update_timings = {"pause": 0.0, "load": time.perf_counter() - start, "resume": 0.0}
             if kept:
                 logger.info("embedded engine: weights v%d loaded with %d requests kept in flight", version, kept)
-
-    def keeps_resident(self) -> bool:
-        """Will the next sleep keep this engine's memory resident (free_cache_engine=false, or true with the trainer
-        fitting beside it: device_memory/policy.py)?  The answer holds for that sleep."""
-        if not self.free_cache_engine:
-            return True
-        free, total = self.device.mem_info()
-        self._decided = self.choice.decide(free, total, self.device_bytes())
-        return self._decided
-
-    def device_bytes(self) -> int:
-        """The device memory this engine holds for its weights, KV cache and decode state."""
-        if self.memory is not None:
-            return sum(a.nbytes for a in self.memory.arenas())
-        tensors = list(self.model.parameters()) + list(self.model.buffers())
-        if self._cache is not None:
-            tensors += self._cache.keys + self._cache.values
-        if self._state is not None:
-            tensors += list(self._state.values())
-        return sum(t.numel() * t.element_size() for t in tensors if t.device.type == self.torch_device.type)
-
-    def sleep(self, level: int = 1, keep_in_flight: bool = False) -> None:
-        """Give the device to the other tenant (the trainer's turn).  free_cache_engine=false, or a turn where the
-        trainer fits beside the engine (`keeps_resident`): nothing moves.  Otherwise the memory is freed: on CUDA
-        the weights go to a pinned host copy and the weights', KV cache's and decode state's memory goes back to
-        the device at fixed addresses (engine_memory.py: the decode graphs stay valid); elsewhere the cache, the
-        state and the graphs are dropped and the weights (and buffers such as RoPE's inv_freq, which are not in
-        the state dict) moved to host memory.  keep_in_flight: requests stay in flight; the KV positions and
-        decode state of the occupied slots go to host memory and come back at the wake (no re-prefill).
-        Level 2 is treated as level 1: this engine has no way to rebuild non-persistent buffers from nothing."""
-        if self.num_in_flight() and not keep_in_flight:
-            raise RuntimeError("HFEngine.sleep() with requests in flight")
-        if self._sleep_level:
-            return
-        keep, self._decided = (self._decided if self._decided is not None else self.keeps_resident()), None
-        self._sleep_level, self._turn = level, self._worked
-        self.memory_stats["sleeps"] += 1
-        if keep:
-            self._resident_sleep = True
-            return
-        start = time.perf_counter()
-        self.device.synchronize()   # a decode step queued by the last collect() may still read the buffers
-        held = self.device_bytes()
-        rows = np.flatnonzero(self._occ)
-        swap_s = 0.0
-        if len(rows) and self._cache is not None and self._cache.keys:
-            from fully_async.rollout.engines.engine_memory import KvSwap
-
-            with torch.inference_mode():   # (a cache made in inference mode is written only there)
-                if self._staging is None:
-                    from fully_async.rollout.engines.engine_memory import HostStaging
-
-                    self._staging = HostStaging(self.device.is_accelerator)
-                self._swap = KvSwap.out(self._cache.keys, self._cache.values, self._state, rows, self._len[rows],
-                                        self.device, self._staging)
-            swap_s = time.perf_counter() - start
-        if self.memory is not None:
-            self.memory.release()
-        else:
-            self._cache = self._state = None
-            self._graphs = {}
-            if self.device.is_accelerator:
-                if self._host is None:
-                    from fully_async.core.host_offload import HostOffload
-
-                    self._host = HostOffload()
-                self._host.module_to_host(self.model)   # pinned buffers, reused at every sleep
-                self.device.synchronize()
-                self.device.empty_cache()
-        self.memory_stats.update(freed_sleeps=self.memory_stats["freed_sleeps"] + 1, freed_gib=held / 2**30,
-                                 sleep_s=time.perf_counter() - start, swap_out_s=swap_s,
-                                 swap_gib=self._swap.nbytes / 2**30 if self._swap is not None else 0.0)
-
-    def wake_up(self) -> None:
-        if not self._sleep_level:
-            return
-        if self._turn:   # the other tenant had a turn: its allocator now holds what its step needed
-            self.choice.other_turn_seen()
-        self._sleep_level, self._worked = 0, False
-        if self._resident_sleep:
-            self._resident_sleep = False
-            return
-        start = time.perf_counter()
-        if self.memory is not None:
-            self.memory.restore()
-            if self._state is not None:
-                self._reset_state()
-        else:
-            if self.device.is_accelerator:
-                if self._host is not None:
-                    self._host.module_to_device(self.model, self.torch_device)
-                else:
-                    self.model.to(self.torch_device)
-            self._invalidate_graphs()   # the weights have new addresses
-        swap_s = 0.0
-        if self._swap is not None:
-            swap_from = time.perf_counter()
-            swap, self._swap = self._swap, None
-            with torch.inference_mode():
-                cache, state = self._buffers(swap.capacity)
-                if not cache.keys:   # a dropped cache is rebuilt at the saved shape
-                    layers, heads, dim, dtype = swap.meta
-                    for _ in range(layers):
-                        cache.add_layer(heads, dim, dtype, self.torch_device)
-                swap.back(cache.keys, cache.values, state)
-            self.device.synchronize()
-            swap_s = time.perf_counter() - swap_from
-        self.memory_stats.update(wake_s=time.perf_counter() - start, swap_in_s=swap_s)
-
-    def memory_report(self) -> dict[str, float]:
-        """Device memory and switch metrics of this engine (the rollouter's memory/rollout/* and timing_s/switch/*)."""
-        out = {"memory/rollout/engine_gib": self.device_bytes() / 2**30,
-               "memory/rollout/kept_resident": float(self.choice.last),
-               "memory/rollout/freed_switches": self.memory_stats["freed_sleeps"],
-               "memory/rollout/graph_captures": float(self.memory_stats["graph_captures"])}
-        if self.memory is not None:
-            out.update({f"memory/{tag}_gib": held / 2**30 for tag, held in self.memory.held().items()})
-        for key in ("freed_gib", "swap_gib"):
-            if key in self.memory_stats:
-                out[f"memory/rollout/{key}"] = self.memory_stats[key]
-        for key in ("sleep_s", "wake_s", "swap_out_s", "swap_in_s"):
-            if key in self.memory_stats:
-                out[f"timing_s/switch/{key[:-2]}"] = self.memory_stats[key]
-        return out
 
     # ------------------------------------------------------------------ internals
     def _want_split_kv(self, asked: Optional[bool]) -> bool:
