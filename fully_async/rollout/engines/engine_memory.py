@@ -54,8 +54,8 @@ class EngineMemory:
 
     # ------------------------------------------------------------------ allocation
     def _reserve(self) -> int:
-        free, total = self.device.mem_info()
-        return max(total, 1 << 30)
+        """An arena's address range: the device's size (reserving addresses costs no memory)."""
+        return max(self.device.mem_info()[1], 1 << 30)
 
     def place_module(self, model: torch.nn.Module) -> int:
         """Move every parameter and buffer of `model` (on the device) into the weights arena; returns its bytes."""
@@ -103,10 +103,7 @@ class EngineMemory:
     def release(self) -> dict[str, float]:
         """Weights to the pinned host copy, every arena's memory back to the device."""
         start = time.perf_counter()
-        if self.weights is not None:
-            if self._host is None:
-                self._host = torch.empty(self._region.shape, dtype=torch.uint8, device="cpu",
-                                         pin_memory=self.device.is_accelerator)
+        if self.weights is not None:   # (its pinned host copy was made by place_module)
             self._host.copy_(self._region, non_blocking=True)
             self.device.synchronize()
             for t, _, where in self._placed:
