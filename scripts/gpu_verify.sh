@@ -106,16 +106,28 @@ colocated)
   export CUDA_VISIBLE_DEVICES=0
   RUNS=${RUNS:-$OUT/runs}; COLO=$RUNS/colocated${TAG:+_$TAG}
   [ "${SKIP_SYNC:-0}" = 1 ] || TENSORBOARD_DIR=$RUNS/sync timeout ${RUN_LIMIT:-260} python3 -m fully_async.main \
-      mode=sync "${SEED[@]}" trainer.total_training_steps=${SYNC_STEPS:-${STEPS:-6}} hydra.run.dir=/tmp/h_sync 2>&1 \
+      mode=sync "${SEED[@]}" trainer.total_training_steps=${SYNC_STEPS:-${STEPS:-8}} hydra.run.dir=/tmp/h_sync 2>&1 \
       | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
   TENSORBOARD_DIR=$COLO timeout ${RUN_LIMIT:-260} python3 -m fully_async.main mode=async \
-      async_training.placement=colocated rollout.n_gpus_per_node=0 "${SEED[@]}" trainer.total_training_steps=${STEPS:-6} \
+      async_training.placement=colocated rollout.n_gpus_per_node=0 "${SEED[@]}" trainer.total_training_steps=${STEPS:-8} \
       hydra.run.dir=/tmp/h_colo ${COLO_EXTRA:-} 2>&1 \
       | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
   python3 scripts/compare_sync_async.py --from-logs $COLO $RUNS/sync --out $OUT/compare${TAG:+_$TAG} \
       --allow-diff async_training.placement --allow-diff trainer.total_training_steps \
-      --allow-diff actor_rollout_ref.rollout.weight_sync ${ALLOW_DIFF:-} --warmup-steps ${WARMUP:-1} 2>&1 | tail -30
-  tar czf "$OUT/runs${TAG:+_$TAG}.tgz" -C "$RUNS" sync "$(basename "$COLO")" 2>/dev/null
+      --allow-diff actor_rollout_ref.rollout.weight_sync ${ALLOW_DIFF:-} --warmup-steps ${WARMUP:-1} \
+      --tail-steps ${TAIL:-1} 2>&1 | tail -30
+  # ALSO_FORCE=1: the same colocated run again with the engine's memory freed at every turn, against the same sync run
+  if [ "${ALSO_FORCE:-0}" = 1 ]; then
+    TENSORBOARD_DIR=$RUNS/colocated_force timeout ${RUN_LIMIT:-260} python3 -m fully_async.main mode=async \
+        async_training.placement=colocated rollout.n_gpus_per_node=0 "${SEED[@]}" trainer.total_training_steps=${STEPS:-8} \
+        hydra.run.dir=/tmp/h_colo_force actor_rollout_ref.rollout.free_cache_engine_force=true ${COLO_EXTRA:-} 2>&1 \
+        | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
+    python3 scripts/compare_sync_async.py --from-logs $RUNS/colocated_force $RUNS/sync --out $OUT/compare_force \
+        --allow-diff async_training.placement --allow-diff trainer.total_training_steps \
+        --allow-diff actor_rollout_ref.rollout.weight_sync --allow-diff actor_rollout_ref.rollout.free_cache_engine_force \
+        ${ALLOW_DIFF:-} --warmup-steps ${WARMUP:-1} --tail-steps ${TAIL:-1} 2>&1 | tail -30
+  fi
+  tar czf "$OUT/runs${TAG:+_$TAG}.tgz" -C "$RUNS" . 2>/dev/null
   ;;
 elastic)
   # elastic trainer devices (#27 item 2) against split async and sync at equal devices (N, default 2), one

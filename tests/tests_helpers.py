@@ -7,6 +7,21 @@ import torch
 from fully_async.core.types import Sample
 
 
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free local ports: every socket stays bound until all are chosen (a port closed before the next
+    is picked may be handed out again; the suite's two workers also start Ray heads side by side)."""
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def tiny_samples(seed: int = 0, groups: int = 2, n: int = 2, vocab: int = 21):
     g = torch.Generator().manual_seed(seed)
     out = []

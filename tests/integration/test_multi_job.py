@@ -30,19 +30,17 @@ RAY = [sys.executable, "-m", "ray.scripts.scripts"]   # the ray CLI
 ENV = {"RAY_AUTH_MODE": "disabled", "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ray_head():
     """A private Ray head (its own temp dir and port) for the module's tests, stopped by killing the process group it
     started in.  Each test's jobs use a pool of their own (`pool`), so nothing of one test is seen by the next."""
-    port = free_port()
+    from tests_helpers import free_ports
+
+    # every port of its own: the suite's other worker may start a Ray head of its own meanwhile
+    port, client_port, agent_port = free_ports(3)
     temp = tempfile.mkdtemp(prefix="mjray", dir="/tmp")   # short: Ray's socket paths must stay under 107 bytes
     proc = subprocess.Popen([*RAY, "start", "--head", "--block", f"--port={port}", "--num-cpus=8",
+                             f"--ray-client-server-port={client_port}", f"--dashboard-agent-listen-port={agent_port}",
                              f"--temp-dir={temp}", "--include-dashboard=false", "--disable-usage-stats"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=dict(os.environ, **ENV),
                             start_new_session=True)

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,12 +24,6 @@ pytestmark = pytest.mark.integration
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def groups_alive(groups):
@@ -49,13 +42,15 @@ def two_nodes():
     """`ray start --head` (node a) and `ray start --address` (node b), 2 CPUs each, each in a session of its own;
     both process groups are killed at the end."""
     temp = tempfile.mkdtemp(prefix="fa2n", dir="/tmp")  # short: Ray's socket paths live under it
-    port = free_port()
+    from tests_helpers import free_ports
+
+    port, agent_port, client_port = free_ports(3)
     groups = []
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
     common = ["--node-ip-address=127.0.0.1", "--num-cpus=2", "--disable-usage-stats",
-              f"--dashboard-agent-listen-port={free_port()}"]
+              f"--dashboard-agent-listen-port={agent_port}"]
     for node, extra in (("a", ["--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp}",
-                               f"--ray-client-server-port={free_port()}"]),
+                               f"--ray-client-server-port={client_port}"]),
                         ("b", [f"--address=127.0.0.1:{port}"])):
         p = subprocess.Popen([RAY, "start", *extra, *common, f"--resources={json.dumps({f'node_{node}': 1})}"],
                              env=dict(env, FA_NODE=node), start_new_session=True, stdout=subprocess.PIPE,

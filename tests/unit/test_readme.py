@@ -28,7 +28,7 @@ def test_what_it_is_comes_first_then_the_two_commands():
     assert "RL post-training" in head and "verl" in head
     blocks = bash_blocks(text)
     assert "python -m fully_async.main" in blocks[0] and "pip install" in blocks[0]
-    assert blocks[1].rstrip().endswith("python -m pytest -q tests")
+    assert blocks[1].rstrip().endswith("python -m pytest -q -n 2 --dist loadfile tests")
 
 
 def test_the_test_command_is_byte_for_byte_what_ci_runs():
