@@ -110,7 +110,7 @@ colocated)
       | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
   TENSORBOARD_DIR=$COLO timeout ${RUN_LIMIT:-260} python3 -m fully_async.main mode=async \
       async_training.placement=colocated rollout.n_gpus_per_node=0 "${SEED[@]}" trainer.total_training_steps=${STEPS:-8} \
-      hydra.run.dir=/tmp/h_colo ${COLO_EXTRA:-} 2>&1 \
+      hydra.run.dir=/tmp/h_colo ${COLO_EXTRA:-} 2>&1 | tee "$RUNS/colocated${TAG:+_$TAG}.log" \
       | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
   python3 scripts/compare_sync_async.py --from-logs $COLO $RUNS/sync --out $OUT/compare${TAG:+_$TAG} \
       --allow-diff async_training.placement --allow-diff trainer.total_training_steps \
@@ -121,7 +121,7 @@ colocated)
     TENSORBOARD_DIR=$RUNS/colocated_force timeout ${RUN_LIMIT:-260} python3 -m fully_async.main mode=async \
         async_training.placement=colocated rollout.n_gpus_per_node=0 "${SEED[@]}" trainer.total_training_steps=${STEPS:-8} \
         hydra.run.dir=/tmp/h_colo_force actor_rollout_ref.rollout.free_cache_engine_force=true ${COLO_EXTRA:-} 2>&1 \
-        | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
+        | tee "$RUNS/colocated_force.log" | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
     python3 scripts/compare_sync_async.py --from-logs $RUNS/colocated_force $RUNS/sync --out $OUT/compare_force \
         --allow-diff async_training.placement --allow-diff trainer.total_training_steps \
         --allow-diff actor_rollout_ref.rollout.weight_sync --allow-diff actor_rollout_ref.rollout.free_cache_engine_force \

@@ -176,6 +176,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     finally:
         if head is not None:
             stop_head(*head)
+    if "shared_makespan_s" in report and "sequential_total_s" in report:
+        report["shared_over_sequential"] = report["shared_makespan_s"] / report["sequential_total_s"]
     with open(os.path.join(out, "multi_job.json"), "w") as fh:
         json.dump(report, fh, indent=1)
     print_table(report)
@@ -195,6 +197,8 @@ def print_table(report: dict) -> None:
         print(f"all jobs shared (start to last finish): {report['shared_makespan_s']:.1f}s")
     if "sequential_total_s" in report:
         print(f"one after another (sum):               {report['sequential_total_s']:.1f}s")
+    if "shared_over_sequential" in report:
+        print(f"shared / one after another:            {report['shared_over_sequential']:.2f}")
     for i, sh in enumerate(report.get("shared", [])):
         m = sh.get("metrics", {})
         if not m:
@@ -212,6 +216,11 @@ def print_table(report: dict) -> None:
             wait = m.get(f"multi_job/{phase}/lease_wait_s")
             if wait is not None:
                 print(f"  {phase:8} lease wait {wait:.3f}s")
+            together, kept = m.get(f"multi_job/{phase}/shared"), m.get(f"multi_job/{phase}/kept")
+            if together is not None:   # co-tenancy: leases granted on the measured need, state kept between them
+                print(f"  {phase:8} shared leases {together:.0%}, state kept after {kept or 0.0:.0%}")
+        if "multi_job/need_gib" in m:
+            print(f"  declared need (mean over steps) {m['multi_job/need_gib']:.1f} GiB")
 
 
 if __name__ == "__main__":

@@ -77,4 +77,5 @@ def pytest_sessionfinish(session, exitstatus):
     tests_helpers.shutdown_shared_ray()
 
 
-from suite_budget import pytest_configure, pytest_runtest_logreport, pytest_terminal_summary  # noqa: E402,F401
+from suite_budget import (pytest_collection_modifyitems, pytest_configure, pytest_runtest_logreport,  # noqa: E402,F401
+                          pytest_terminal_summary)

@@ -26,6 +26,13 @@ def pytest_configure(config):
     _started[0] = time.time()
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """The Ray runs (tests/integration/) first, each module's tests together, the rest in their order: the suite's
+    two workers take whole modules in this order (-n 2 --dist loadfile), so the long modules start early and the
+    run ends on short unit modules instead of one worker finishing a 3-minute module alone."""
+    items.sort(key=lambda item: 0 if item.nodeid.startswith("tests/integration/") else 1)
+
+
 def pytest_runtest_logreport(report):
     module = report.nodeid.split("::", 1)[0]
     _module_s[module] += report.duration

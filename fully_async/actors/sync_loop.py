@@ -39,6 +39,8 @@ from fully_async.core.types import PromptRecord, SamplingParams
 
 logger = logging.getLogger(__name__)
 
+CONTEXT_GIB = 1.0   # a process's device context and library workspaces, outside the allocator (co-tenancy's count)
+
 
 class SyncWorker(DriverFacing):
     def __init__(self, cfg: FullyAsyncConfig, train_records: list[PromptRecord], val_records: list[PromptRecord],
@@ -64,7 +66,8 @@ class SyncWorker(DriverFacing):
         self.turns = self.placement.residency(
             "sync", engines=(self._switch(lambda: self.pool.wake_up(), "onload"),
                              self._switch(lambda: self.pool.sleep(1), "offload", engines=True)),
-            trainer=(self._switch(self._trainer_on, "onload"), self._switch(self._trainer_off, "offload")))
+            trainer=(self._switch(self._trainer_on, "onload"), self._switch(self._trainer_off, "offload")),
+            measure=self._footprint)
         # the trainer leaves the devices while the engines generate: on a pool always, else when the config asks
         self.offload_trainer = self.placement.trainer_offloads
         # the embedded engine loads weights in place wherever they are, so on a pool a sleeping one takes them into
@@ -133,6 +136,25 @@ class SyncWorker(DriverFacing):
     def _trainer_off(self) -> None:
         if self.offload_trainer:
             self.backend.offload()
+
+    def _footprint(self, phase: str) -> tuple[Optional[float], Optional[float]]:
+        """Co-tenancy on a pool (placement/residency.py Turns): (GiB this job holds on its device now, the device's
+        GiB); (None, None) when the pool is not to share memory with it.  On an accelerator: what the allocator
+        holds, plus the engines' own memory while they are on (their arenas are outside the allocator; without
+        arenas it is counted twice, on the safe side), plus the process's context; on cpu the process's RSS, and
+        only where multi_job.device_memory_gib gives the logical devices a size."""
+        from fully_async.device import host_rss_gib
+
+        mj = self.cfg.multi_job
+        if not mj.co_tenancy:
+            return None, None
+        if not self.device.is_accelerator:
+            return (host_rss_gib(), mj.device_memory_gib) if mj.device_memory_gib else (None, None)
+        _, total = self.device.mem_info()
+        held = self.device.memory_stats()["reserved_gib"] + CONTEXT_GIB
+        if self.turns.on["engines"]:
+            held += self.pool.memory_report().get("memory/rollout/engine_gib", 0.0)
+        return held, mj.device_memory_gib or total / 2**30
 
     def _switch(self, fn: Callable[[], None], event: str, engines: bool = False) -> Callable[[Any, str], dict]:
         """A tenant's transition: on a pool timed with the device memory around it (multi_job/<phase>/<event>...

@@ -543,6 +543,11 @@ class MultiJobConfig:
     #                                       creator sets it for the pool, a different value is warned about)
     pool_dir: str = "multi_job_pool"      # the pool writes <pool_dir>/<pool>/timeline.json (absolute-ised by
     #                                       the job that creates the pool; on the pool actor's node)
+    co_tenancy: bool = True               # sync jobs whose measured device memory fits together hold a device at
+    #                                       once and keep their state on it between phases; false: one lease at a
+    #                                       time, state off between leases (the pool's creator sets it)
+    device_memory_gib: Optional[float] = None  # each pool device's memory (GiB) for co_tenancy; null: what the
+    #                                            accelerator reports (CPU: none, so CPU jobs take turns)
 
 
 @dataclass

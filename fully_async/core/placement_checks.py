@@ -89,6 +89,11 @@ def check_multi_job(cfg: Any) -> None:
     _at_least("multi_job.max_lease_s", mj.max_lease_s, 0.0, strict=True)
     _at_least("multi_job.heartbeat_timeout_s", mj.heartbeat_timeout_s, 0.0, strict=True)
     _at_least("multi_job.min_slice_s", mj.min_slice_s, 0.0)
+    if mj.device_memory_gib is not None:
+        _at_least("multi_job.device_memory_gib", mj.device_memory_gib, 0.0, strict=True)
+    if mj.co_tenancy and cfg.mode == "async":
+        logger.info("multi_job.co_tenancy=true shares a device between sync jobs whose measured memory fits "
+                    "together; this async job's rollout and train sides lease their devices alone")
     plan = RunPlan.of(cfg)
     world = plan.trainer_devices
     from fully_async.device import get_device

@@ -40,9 +40,9 @@ def pool_actor_name(pool: str) -> str:
 class DevicePoolService:
     def __init__(self, name: str, num_devices: int, max_hold_s: float, heartbeat_timeout_s: float,
                  timeline_path: Optional[str] = None, tick_s: float = 0.1, write_every_s: float = 1.0,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, co_tenancy: bool = True):
         self.name = name
-        self.book = LeaseBook(num_devices, max_hold_s, heartbeat_timeout_s)
+        self.book = LeaseBook(num_devices, max_hold_s, heartbeat_timeout_s, co_tenancy=co_tenancy)
         self.timeline_path = timeline_path
         self.clock = clock
         self.cond = threading.Condition()
@@ -61,7 +61,8 @@ class DevicePoolService:
             self.book.register(job, num_devices, self.clock(), max_hold_s)
             logger.info("pool %s: job %s joined (%d jobs)", self.name, job, len(self.book.jobs))
             return {"pool": self.name, "num_devices": self.book.num_devices, "timeline": self.timeline_path,
-                    "max_hold_s": self.book.max_hold_s, "heartbeat_timeout_s": self.book.heartbeat_timeout_s}
+                    "max_hold_s": self.book.max_hold_s, "heartbeat_timeout_s": self.book.heartbeat_timeout_s,
+                    "co_tenancy": self.book.co_tenancy}
 
     def heartbeat(self, job: str) -> None:
         with self.cond:
@@ -75,20 +76,26 @@ class DevicePoolService:
             self._changed()
 
     # ------------------------------------------------------------------ leases
-    def acquire(self, job: str, holder: str, phase: str, devices: list[int], timeout_s: float) -> Optional[dict]:
+    def acquire(self, job: str, holder: str, phase: str, devices: list[int], timeout_s: float,
+                need_gib: Optional[float] = None, capacity_gib: Optional[float] = None) -> Optional[dict]:
         """Queue the request (first call) and wait up to `timeout_s` for the grant: the lease, or None (call
-        again; the request keeps its place).  Each call also counts as a heartbeat of the job."""
+        again; the request keeps its place), or {"drop": True} when the state this holder kept on the devices is
+        in another request's way (take it off, say `dropped`, call again).  need_gib / capacity_gib: see
+        LeaseBook.request.  Each call also counts as a heartbeat of the job."""
         deadline = time.monotonic() + timeout_s
         with self.cond:
             self.book.heartbeat(job, self.clock())
             if self.book.granted(job, holder) is None and holder not in self.book.waiting_holders():
-                self.book.request(job, holder, phase, devices, self.clock())
+                self.book.request(job, holder, phase, devices, self.clock(), need_gib, capacity_gib)
                 self._changed()
             while True:
                 lease = self.book.granted(job, holder)
                 if lease is not None:
                     return {"devices": sorted(lease.devices), "phase": lease.phase, "granted_at": lease.granted_at,
-                            "waited_s": lease.granted_at - lease.requested_at, "expires_at": lease.expires_at}
+                            "waited_s": lease.granted_at - lease.requested_at, "expires_at": lease.expires_at,
+                            "shared": lease.need_gib is not None}
+                if self.book.must_drop(holder):
+                    return {"drop": True}
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return None
@@ -105,6 +112,27 @@ class DevicePoolService:
             self._changed()
             return {"held_s": self.clock() - lease.granted_at}
 
+    def keep(self, job: str, holder: str, gib: float) -> bool:
+        """May the holder leave its state on the devices as it releases them (LeaseBook.keep)?"""
+        with self.cond:
+            ok = self.book.keep(job, holder, gib, self.clock())
+            if ok:
+                logger.info("pool %s: %s keeps %.1f GiB on devices %s between its leases", self.name, holder, gib,
+                            self.book.holders().get(holder))
+            return ok
+
+    def dropped(self, job: str, holder: str, spans: Optional[list[dict]] = None) -> None:
+        """The holder took the state it kept off its devices (asked to by `acquire`), with the spans of doing so."""
+        with self.cond:
+            devices = sorted(self.book.footprint.get(holder, (frozenset(), None))[0])
+            self.book.kept_dropped(job, holder, self.clock())
+            for sp in spans or []:
+                for d in devices:
+                    self.spans.append(PoolEvent(job, f"device {d}", sp["name"], sp["start"], sp["end"],
+                                                dict(sp.get("args", {}))))
+            logger.info("pool %s: %s took its kept state off devices %s", self.name, holder, devices)
+            self._changed()
+
     def renew(self, job: str, holder: str) -> bool:
         """A side keeping its lease: its time limit restarts unless someone waits for its devices; returns whether
         someone does (leases.LeaseBook.renew).  Also a heartbeat."""
@@ -115,7 +143,7 @@ class DevicePoolService:
     def state(self) -> dict:
         with self.cond:
             return {"jobs": sorted(self.book.jobs), "held": self.book.holders(), "waiting": self.book.waiting_holders(),
-                    "log": list(self.book.log), "num_devices": self.book.num_devices}
+                    "log": list(self.book.log), "num_devices": self.book.num_devices, "memory": self.book.memory()}
 
     def write_timeline(self) -> Optional[str]:
         """The pool's trace so far (also written by the ticker at most once per write_every_s while it changes)."""
@@ -163,25 +191,26 @@ class DevicePool(DevicePoolService):
     """The service as a Ray actor (its log lines name the pool)."""
 
     def __init__(self, name: str, num_devices: int, max_hold_s: float, heartbeat_timeout_s: float,
-                 timeline_path: Optional[str]):
+                 timeline_path: Optional[str], co_tenancy: bool = True):
         logging.basicConfig(level=logging.INFO, format=f"[pool {name}] %(message)s", force=True)
-        super().__init__(name, num_devices, max_hold_s, heartbeat_timeout_s, timeline_path)
+        super().__init__(name, num_devices, max_hold_s, heartbeat_timeout_s, timeline_path, co_tenancy=co_tenancy)
 
     def ready(self) -> bool:
         return True
 
 
 def get_or_create_pool(name: str, num_devices: int, max_hold_s: float, heartbeat_timeout_s: float,
-                       timeline_path: Optional[str], detached: bool = True) -> Any:
+                       timeline_path: Optional[str], detached: bool = True, co_tenancy: bool = True) -> Any:
     """The pool actor `name`; created (no resources; detached unless it is one run's private pool) when no job
-    created it yet."""
+    created it yet (co_tenancy: whether it lets jobs whose memory fits together share a device, its creator's
+    multi_job.co_tenancy)."""
     import ray
 
     handle = ray.remote(DevicePool).options(
         name=pool_actor_name(name), namespace=POOL_NAMESPACE, lifetime="detached" if detached else None,
         get_if_exists=True,
         num_cpus=0, max_concurrency=64, max_restarts=0).remote(name, num_devices, max_hold_s, heartbeat_timeout_s,
-                                                              timeline_path)
+                                                              timeline_path, co_tenancy)
     ray.get(handle.ready.remote(), timeout=120)
     return handle
 
@@ -263,8 +292,9 @@ class PoolMembership:
 class Phase:
     """What a job did while holding one lease: its spans go to the pool's timeline at release."""
 
-    def __init__(self, name: str, waited_s: float, devices: list[int]):
+    def __init__(self, name: str, waited_s: float, devices: list[int], shared: bool = False):
         self.name, self.waited_s, self.devices = name, waited_s, devices
+        self.shared = shared    # granted on the holder's declared need: other holders whose needs fit may share it
         self.spans: list[dict] = []
 
     @contextlib.contextmanager
@@ -292,6 +322,12 @@ class LeaseClient:
         self.current: Optional[Phase] = None
         self.polls = 0   # acquire calls: a job waiting its turn is not stuck (the driver's watchdog reads this)
         self._renewed = (0.0, False)   # (monotonic time, contended) of the last renewal
+        # co-tenancy (leases.py): what this side holds on each device with all its state on (GiB, None: unmeasured,
+        # it takes the devices alone), each device's memory, and how to take off state it kept between leases
+        self.need_gib: Optional[float] = None
+        self.capacity_gib: Optional[float] = None
+        self.on_drop: Optional[Callable[[Phase], None]] = None
+        self.drops = 0
 
     def acquire(self, name: str, serve: Optional[Callable[[], Any]] = None, poll_s: Optional[float] = None) -> Phase:
         """Block until this side holds its devices; `serve()` runs between two polls (a rollouter keeps taking
@@ -304,8 +340,12 @@ class LeaseClient:
         try:
             while True:
                 got = ray.get(self.pool.acquire.remote(self.job, self.holder, name, self.devices,
-                                                       self.poll_s if poll_s is None else poll_s))
+                                                       self.poll_s if poll_s is None else poll_s, self.need_gib,
+                                                       self.capacity_gib))
                 self.polls += 1
+                if got is not None and got.get("drop"):
+                    self._drop()
+                    continue
                 if got is not None:
                     break
                 if serve is not None:
@@ -314,9 +354,32 @@ class LeaseClient:
                         return self.current
         except Exception as exc:  # noqa: BLE001
             raise _unwrap(exc) from None
-        self.current = Phase(name, time.perf_counter() - start, got["devices"])
+        self.current = Phase(name, time.perf_counter() - start, got["devices"], bool(got.get("shared")))
         self._renewed = (time.monotonic(), False)
         return self.current
+
+    def keep(self, gib: float) -> bool:
+        """Ending the current lease: may this side leave its state (`gib` per device) on the devices?"""
+        import ray
+
+        if self.current is None or not gib > 0:
+            return False
+        try:
+            return bool(ray.get(self.pool.keep.remote(self.job, self.holder, float(gib))))
+        except Exception as exc:  # noqa: BLE001
+            raise _unwrap(exc) from None
+
+    def _drop(self) -> None:
+        """The pool wants the state this side kept on the devices off them: take it off, then say so."""
+        import ray
+
+        if self.on_drop is None:
+            raise LeaseError(f"{self.holder}: the pool asks to take kept state off the devices, but this side "
+                             "keeps none (no on_drop)")
+        ph = Phase("drop", 0.0, list(self.devices))
+        self.on_drop(ph)
+        self.drops += 1
+        ray.get(self.pool.dropped.remote(self.job, self.holder, ph.spans))
 
     def renew(self) -> bool:
         """Whether another request waits for this side's devices (asked at most every renew_every_s; an

@@ -225,13 +225,28 @@ class PoolLease:
 
 class Turns:
     """Engines and a trainer taking turns on one set of devices, inside `outer` (Dedicated or a PoolLease held per
-    phase).  `engines` and `trainer` are (on, off) transitions of each tenant: on(ph) / off(ph) -> metrics."""
+    phase).  `engines` and `trainer` are (on, off) transitions of each tenant: on(ph) / off(ph) -> metrics.
 
-    def __init__(self, outer: Any, engines: tuple[Transition, Transition], trainer: tuple[Transition, Transition]):
+    On a pool that shares memory (leases.py, co-tenancy), `measure(phase)` (the job's, called at the end of each
+    phase while the lease is held) returns what the job holds on each device then (GiB) and the device's memory:
+    once a rollout and a train phase are measured the job declares the sum (both tenants on at once, plus what the
+    engines hold outside the allocator, which the caller adds) as its need.  A lease granted on that need holds
+    both tenants: nothing goes off at the switch, and at its end the job keeps its state on the devices when the
+    pool lets it (nobody waits), else puts it off as before.  Kept state the pool later wants off goes off in the
+    job's next lease request (`on_drop`)."""
+
+    def __init__(self, outer: Any, engines: tuple[Transition, Transition], trainer: tuple[Transition, Transition],
+                 measure: Optional[Callable[[str], tuple[Optional[float], Optional[float]]]] = None):
         self.outer = outer
         self.tenants = {"engines": engines, "trainer": trainer}
         self.on: dict[str, bool] = {"engines": True, "trainer": True}   # both come up built on the devices
         self.shared = isinstance(outer, PoolLease)
+        self.measure = measure if self.shared else None
+        self.measured: dict[str, float] = {}     # phase kind (rollout | train) -> the most the job held at its end
+        self.kept = False                        # the state stayed on the devices after the last lease
+        self.counts = {"shared": 0, "kept": 0, "dropped": 0}
+        if self.shared:
+            outer.client.on_drop = self._drop
 
     @property
     def polls(self) -> int:
@@ -271,13 +286,52 @@ class Turns:
         (the lease phase, the switch's metrics).  On a pool, `tenant` goes off again before the lease goes back."""
         other = "trainer" if tenant == "engines" else "engines"
         with self.outer.phase(name) as ph:
-            metrics = self.put_off(ph, other, name)
+            together = self.shared and getattr(ph, "shared", False)   # granted on the job's need: both may stay on
+            self.kept = False
+            metrics = {} if together else self.put_off(ph, other, name)
             metrics.update(self.put_on(ph, tenant, name))
             if self.shared:
                 metrics[f"multi_job/{name}/lease_wait_s"] = ph.waited_s
+                metrics[f"multi_job/{name}/shared"] = float(together)
+                self.counts["shared"] += together
             yield ph, metrics
             if self.shared:
-                metrics.update(self.put_off(ph, tenant, name))
+                self._measure(tenant, together)
+                need = self.outer.client.need_gib
+                if together and need is not None and self.outer.client.keep(need):
+                    self.kept = True
+                    self.counts["kept"] += 1
+                else:
+                    metrics.update(self.put_off(ph, other, name))
+                    metrics.update(self.put_off(ph, tenant, name))
+                metrics[f"multi_job/{name}/kept"] = float(self.kept)
+                metrics["multi_job/need_gib"] = need or 0.0
+
+    def _measure(self, tenant: str, together: bool) -> None:
+        """At the end of a phase, still holding: what the job holds now.  A phase with one tenant on measures that
+        tenant (rollout or train); both measured, their sum is the job's need.  A phase with both on measures the
+        need itself (it only grows: the pool counts what was declared)."""
+        if self.measure is None:
+            return
+        kind = "rollout" if tenant == "engines" else "train"
+        held, capacity = self.measure(kind)
+        client = self.outer.client
+        client.capacity_gib = capacity
+        if held is None or capacity is None:
+            return
+        if together:
+            client.need_gib = max(client.need_gib or 0.0, held)
+            return
+        self.measured[kind] = max(self.measured.get(kind, 0.0), held)
+        if len(self.measured) == 2:
+            client.need_gib = max(client.need_gib or 0.0, sum(self.measured.values()))
+
+    def _drop(self, ph: Any) -> None:
+        """The pool wants the state this job kept on the devices off them (another job's request needs the room)."""
+        for tenant in ("engines", "trainer"):
+            self.put_off(ph, tenant, "drop")
+        self.kept = False
+        self.counts["dropped"] += 1
 
 
 class Elastic(Dedicated):

@@ -35,12 +35,16 @@ def join_pool(cfg: Any, device: Any) -> Any:
         have = int(ray.cluster_resources().get(device.ray_resource, 0))
         if mj.devices > have:
             raise RunFailed(f"multi_job.devices={mj.devices} but the Ray cluster has {have} {device.ray_resource}")
-    pool = get_or_create_pool(mj.pool, mj.devices, mj.max_lease_s, mj.heartbeat_timeout_s, pool_timeline_path(cfg))
+    pool = get_or_create_pool(mj.pool, mj.devices, mj.max_lease_s, mj.heartbeat_timeout_s, pool_timeline_path(cfg),
+                              co_tenancy=mj.co_tenancy)
     membership = PoolMembership(pool, job_name(cfg), mj.devices, mj.heartbeat_timeout_s, mj.max_lease_s)
     leases = (f"devices {job_devices(cfg)}" if cfg.mode == "sync" else
               f"devices {job_devices(cfg)} (trainer) and {rollout_devices(cfg)} (rollout)")
     logger.info("device pool %s: job %s leases %s of %d (timeline: %s)", mj.pool, job_name(cfg), leases,
                 membership.info["num_devices"], membership.info["timeline"])
+    if membership.info.get("co_tenancy", True) != mj.co_tenancy:
+        logger.warning("device pool %s: co_tenancy is %s (set by the job that created it), not this job's "
+                       "multi_job.co_tenancy=%s", mj.pool, membership.info.get("co_tenancy"), mj.co_tenancy)
     return membership
 
 
@@ -69,7 +73,8 @@ def colocate(cfg: Any, device: Any) -> Any:
 
         timeline = os.path.abspath(os.path.join(tensorboard_dir(cfg.trainer.project_name, cfg.trainer.experiment_name),
                                                 "pool_timeline.json"))
-    pool = get_or_create_pool(name, n, 1e9, mj.heartbeat_timeout_s, timeline, detached=False)
+    # its two holders take turns: the placement's point (a side's state goes off when the other one wants the device)
+    pool = get_or_create_pool(name, n, 1e9, mj.heartbeat_timeout_s, timeline, detached=False, co_tenancy=False)
     membership = PoolMembership(pool, job_name(cfg), n, mj.heartbeat_timeout_s, 1e9)
     logger.info("colocated async: trainer and rollouter take turns on %d %s device(s) (private pool %s)", n,
                 device.name, name)

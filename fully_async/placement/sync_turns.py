@@ -33,11 +33,13 @@ class SyncTurns(Placement):
         return self.plan.trainer_devices, 1
 
     def residency(self, side: str, **transitions: Any) -> Any:
-        """`side` "sync": Turns of the engines and the trainer (pass `engines=(on, off)` and `trainer=(on, off)`)."""
+        """`side` "sync": Turns of the engines and the trainer (pass `engines=(on, off)` and `trainer=(on, off)`, and
+        on a pool `measure(phase) -> (GiB the job holds, device GiB)` for co-tenancy)."""
         if side != "sync":
             raise ValueError(f"residency side {side!r}: a sync run's one side is 'sync'")
         outer = pool_lease(self.cfg, "sync") if self.on_pool else Dedicated()
-        return Turns(outer, engines=transitions["engines"], trainer=transitions["trainer"])
+        return Turns(outer, engines=transitions["engines"], trainer=transitions["trainer"],
+                     measure=transitions.get("measure"))
 
     def weight_sync_route(self, device: Any) -> str:
         return "local"

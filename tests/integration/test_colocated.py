@@ -1,7 +1,10 @@
 """Colocated async (async_training.placement=colocated) on CPU: the trainer and the rollouter take turns on the
 trainer's device through a private device pool; it learns the bundled task as well as sync at equal steps, trains
 every sample exactly once, and a run stopped at a checkpoint (responses parked in it) resumes losing and repeating
-nothing."""
+nothing.
+
+Slow: three colocated Ray runs (a trainer and a rollouter taking turns through a private pool; one of them stopped
+at a checkpoint and resumed), ~50 s alone and up to ~95 s beside the suite's other worker."""
 import json
 import os
 

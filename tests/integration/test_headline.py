@@ -1,7 +1,10 @@
 """The headline, pinned: the default run (`python -m fully_async.main`, CPU, tiny bundled task, nothing but its
 output folders set) learns, in both modes: the greedy validation reward rises by >= 0.3 and ends >= 0.8.  The same
 runs, with stdout/stderr to pipes and the progress bar at its default, print plain step lines (no \\r, no colour
-codes, no FutureWarning/DeprecationWarning) that Hydra's main.log holds too."""
+codes, no FutureWarning/DeprecationWarning) that Hydra's main.log holds too.
+
+Slow: the default run itself (`python -m fully_async.main` in a subprocess, Ray start-up and all), in both modes;
+~35 s alone and up to ~90 s beside the suite's other worker."""
 import os
 import subprocess
 import sys

@@ -1,7 +1,7 @@
 """Several independent `python -m fully_async.main` jobs share one device pool on one Ray cluster (issue #15):
 they all finish and learn, their outputs stay apart, the pool's timeline shows them taking turns on the
-devices (never two at once), a pool of another size is refused, and a job killed mid-run (SIGKILL of its
-driver) loses its leases within seconds while the others finish.
+devices (never two at once, unless their measured memory fits together: co-tenancy), a pool of another size is
+refused, and a job killed mid-run (SIGKILL of its driver) loses its leases within seconds while the others finish.
 
 Slow: every job is a `python -m fully_async.main` process of its own (~15-20 s to start; 12 of them), since the
 processes are what is tested (one pool shared by separate drivers, SIGTERM and SIGKILL of a driver); the tests share
@@ -378,3 +378,26 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, p
     ours = [s for s in leases(trace) if s[0] in ("job a", "job b")]
     assert {s[1] for s in ours if s[0] == "job a"} == {"device 0"}
     assert {s[1] for s in ours if s[0] == "job b"} == {"device 1"}
+
+
+def test_two_jobs_whose_memory_fits_share_a_device_and_keep_their_state_on(tmp_path, ray_head, pool):
+    """Co-tenancy (placement/leases.py): with a size for the logical devices, each sync job's first rollout and
+    train phases hold device 0 alone and are measured (the process's RSS on CPU); from then on each asks for its
+    measured need, the two fit together, and their leases overlap on the device with nothing put off between
+    them (kept).  Both finish and learn as alone."""
+    fit = ["multi_job.job_devices=[0]", "multi_job.device_memory_gib=64", "trainer.total_training_steps=4",
+           "trainer.test_freq=-1"]
+    jobs = [Job(tmp_path, ray_head, pool, name, *fit) for name in ("a", "b")]
+    for job in jobs:
+        assert job.wait(300) == 0, job.output[-4000:]
+    for job in jobs:
+        s = job.summary()
+        assert s["steps"] == 4 and s["val_after"] > s["val_before"] + 0.1, s
+        m = scalars(job.tb, "multi_job/")
+        assert m["multi_job/train/shared"][0] == 0.0 and m["multi_job/train/shared"][-1] == 1.0, m
+        assert m["multi_job/train/kept"][-1] == 1.0 and 0 < m["multi_job/need_gib"][-1] < 64 * 0.9, m
+    trace = json.loads((tmp_path / "pool" / pool / "timeline.json").read_text())["traceEvents"]
+    spans = sorted((s for s in leases(trace) if s[1] == "device 0"), key=lambda s: s[2])
+    assert any(s[4] == "kept" for s in spans)
+    overlaps = [(p, n) for p, n in zip(spans, spans[1:]) if n[2] < p[3] - 1e-3 and n[0] != p[0]]
+    assert overlaps, [(s[0], round(s[2], 2), round(s[3], 2), s[4]) for s in spans]

@@ -17,10 +17,10 @@ engine iteration:
      (max_num_seqs / 8) are free, so the prefill forward is paid once per batch of joiners.  With
      `max_num_batched_tokens` (actor_rollout_ref.rollout.max_num_batched_tokens, as vLLM bounds its steps)
      the joiners of one step are those that fit the budget as one padded prefill (joiners x the longest of
-     them), first come first served, the rest at the next steps: a burst of long requests (a weight update's
-     parked responses, prompt + partial response each) is prefilled over several steps that also decode,
-     never in one forward that stalls every running sequence.  The first joiner always joins: a prompt longer
-     than the budget is prefilled alone (vLLM would split it into chunks over steps);
+     them), the rest at the next steps: a burst of long requests (a weight update's parked responses, prompt +
+     partial response each) is prefilled over several steps that also decode, never in one forward that stalls
+     every running sequence, each step's joiners of similar lengths (`_joining`).  The oldest always joins: a prompt longer than the budget is prefilled alone
+     (vLLM would split it into chunks over steps);
   2. sample one token for every slot below hi (hi = highest occupied slot + 1) from its pending logits,
      on the device; one host transfer per step brings back the tokens and their behaviour log-probs,
      which land in per-slot host arrays (numpy, vectorised: no per-sequence Python work per step);
@@ -44,6 +44,7 @@ the cache's `update(key, value, layer_idx)` works; sliding-window layers are ref
 """
 from __future__ import annotations
 
+import bisect
 import inspect
 import itertools
 import logging
@@ -481,16 +482,39 @@ class HFEngine(EngineSleep):
         self._truncates[slot_ids] = [p.top_k > 0 or p.top_p < 1.0 for p in params]
 
     def _joining(self, free: int) -> list[GenRequest]:
-        """The waiting requests that join at this step, first come first served: as many as there are free slots
-        and, with a budget, as fit in it as one padded prefill (joiners x the longest of them); the first always
-        joins."""
-        budget, take, width = self.max_num_batched_tokens, 0, 0
-        for req in itertools.islice(self.waiting, free):
-            wider = max(width, len(req.prompt_ids))
-            if take and budget is not None and (take + 1) * wider > budget:
+        """The waiting requests that join at this step: as many as there are free slots and, with a budget, as fit
+        in it as one padded prefill (joiners x the longest of them).  Without a budget, or when the first `free`
+        waiting requests fit it together, they join first come first served.  Otherwise the oldest joins, with the
+        others among the next `free` waiting requests that make the most real tokens at one padded width: for
+        each width (the oldest's length or a longer one of theirs), the longest of those no longer than it, as
+        many as the budget holds at that width.  A burst of resumed partial responses (prompt + partial response
+        each, from tens to thousands of tokens) then fills each prefill with tokens of similar length instead of
+        padding short ones to the longest (up to half of a first-come step's tokens were padding).  No request
+        waits past the ones ahead of it becoming the oldest: the oldest always joins."""
+        budget = self.max_num_batched_tokens
+        window = list(itertools.islice(self.waiting, free))
+        if budget is None or len(window) * max(len(r.prompt_ids) for r in window) <= budget:
+            return [self.waiting.popleft() for _ in window]
+        head = window[0]
+        first = len(head.prompt_ids)
+        others = sorted(window[1:], key=lambda r: len(r.prompt_ids))          # shortest first
+        lens = [len(r.prompt_ids) for r in others]
+        best, best_width, best_take = -1, first, 0
+        for width in sorted({first, *(n for n in lens if n > first)}):
+            room = budget // width - 1
+            if room < 0:
                 break
-            take, width = take + 1, wider
-        return [self.waiting.popleft() for _ in range(take)]
+            upto = bisect.bisect_right(lens, width)                          # others no longer than width
+            take = min(room, upto)
+            real = first + sum(lens[upto - take:upto])
+            if real > best:
+                best, best_width, best_take = real, width, take
+        upto = bisect.bisect_right(lens, best_width)
+        chosen = {id(r) for r in others[upto - best_take:upto]}
+        joining = [head] + [r for r in window[1:] if id(r) in chosen]
+        self.waiting.popleft()
+        self.waiting = deque(r for r in self.waiting if id(r) not in chosen)
+        return joining
 
     def _hi(self) -> int:
         occupied = np.flatnonzero(self._occ)

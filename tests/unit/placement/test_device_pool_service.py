@@ -114,3 +114,30 @@ def test_a_restarted_job_waits_for_its_old_entry_then_joins(monkeypatch):
         assert "live job named 'job'" in str(exc)
     member.close()
     svc.stop()
+
+
+def test_kept_state_is_asked_off_through_the_holders_next_acquire_and_the_waiter_then_gets_the_device():
+    """Co-tenancy with threads: job a keeps 60 of 100 GiB between its leases; job b (50) blocks in acquire; a's next
+    acquire answers "drop"; once a says it dropped the state, b holds the device and a waits behind it."""
+    svc = DevicePoolService("co", 1, max_hold_s=30.0, heartbeat_timeout_s=30.0, tick_s=0.02)
+    try:
+        for j in "ab":
+            svc.register(j, 1)
+        got = svc.acquire("a", "a/x", "rollout", [0], 1.0, need_gib=60, capacity_gib=100)
+        assert got["shared"] and svc.keep("a", "a/x", 60)
+        svc.release("a", "a/x")
+        assert svc.state()["memory"][0]["kept"] == {"a/x": 60}
+        b_got = []
+        waiter = threading.Thread(target=lambda: b_got.append(
+            svc.acquire("b", "b/x", "rollout", [0], 10.0, need_gib=50, capacity_gib=100)))
+        waiter.start()
+        time.sleep(0.2)
+        assert not b_got and svc.state()["memory"][0]["evicting"] == ["a/x"]
+        assert svc.acquire("a", "a/x", "train", [0], 1.0, need_gib=60) == {"drop": True}
+        svc.dropped("a", "a/x", [{"name": "offload", "start": time.time(), "end": time.time()}])
+        waiter.join(5)
+        assert b_got and b_got[0]["devices"] == [0] and b_got[0]["shared"]
+        assert svc.acquire("a", "a/x", "train", [0], 0.2, need_gib=60) is None   # 60 + 50 > 90: behind b
+        assert svc.state()["waiting"] == ["a/x"]
+    finally:
+        svc.stop()

@@ -10,14 +10,21 @@ from fully_async.placement.residency import Dedicated, Elastic, PoolLease, Stopp
 class FakeClient:
     """A LeaseClient stand-in: `waiting` says whether another holder wants the devices."""
 
-    def __init__(self, waiting=False):
+    def __init__(self, waiting=False, share=False):
         self.current, self.polls, self.waiting, self.log = None, 0, waiting, []
+        self.share = share                      # the pool shares memory: a declared need is granted "shared"
+        self.need_gib = self.capacity_gib = self.on_drop = None
+
+    def keep(self, gib):
+        self.log.append(("keep", gib))
+        return self.share and not self.waiting
 
     def acquire(self, name, serve=None):
         self.polls += 1
         if serve is not None:
             serve()
-        ph = type("Ph", (), {"waited_s": 0.5, "name": name, "spans": []})()
+        ph = type("Ph", (), {"waited_s": 0.5, "name": name, "spans": [],
+                             "shared": self.share and self.need_gib is not None})()
 
         @contextlib.contextmanager
         def span(n, **args):
@@ -105,6 +112,50 @@ def test_turns_switch_tenants_and_on_a_pool_both_leave_with_the_lease():
         assert switch["multi_job/rollout/lease_wait_s"] == 0.5
     assert log == [("engines", "off", "setup"), ("trainer", "off", "setup"), ("engines", "on", "rollout"),
                    ("engines", "off", "rollout")]
+
+
+def test_turns_on_a_pool_that_shares_memory_measure_then_declare_then_keep_both_tenants_on():
+    """A job's first rollout and train phases are measured one tenant at a time (alone on the device); their sum is
+    the need it declares; a lease granted on it switches nothing and keeps the state on between leases, until the
+    pool asks for it off (on_drop) or someone waits at the end of a phase."""
+    log, held = [], {"rollout": 10.0, "train": 20.0}
+
+    def tenant(name):
+        return (lambda ph, phase: log.append((name, "on", phase)) or {},
+                lambda ph, phase: log.append((name, "off", phase)) or {})
+    client = FakeClient(share=True)
+    turns = Turns(PoolLease(client), engines=tenant("engines"), trainer=tenant("trainer"),
+                  measure=lambda kind: (held[kind], 100.0))
+    with turns.setup():
+        pass
+    log.clear()
+    with turns.phase("engines", "rollout") as (_, m):
+        pass
+    assert client.need_gib is None and m["multi_job/rollout/shared"] == 0.0    # one tenant measured so far
+    with turns.phase("trainer", "train") as (_, m):
+        pass
+    assert client.need_gib == 30.0 and client.capacity_gib == 100.0 and m["multi_job/train/kept"] == 0.0
+    assert log == [("engines", "on", "rollout"), ("engines", "off", "rollout"), ("trainer", "on", "train"),
+                   ("trainer", "off", "train")]
+    log.clear()
+    held["rollout"] = 29.0      # both tenants on: the need itself is measured (it only grows)
+    with turns.phase("engines", "rollout") as (_, m):
+        pass
+    with turns.phase("trainer", "train") as (_, m):
+        pass
+    with turns.phase("engines", "rollout") as (_, m):
+        pass
+    assert log == [("engines", "on", "rollout"), ("trainer", "on", "train")]   # then nothing moves
+    assert m["multi_job/rollout/shared"] == 1.0 and m["multi_job/rollout/kept"] == 1.0 and turns.kept
+    assert client.need_gib == 30.0 and turns.counts == {"shared": 3, "kept": 3, "dropped": 0}
+    log.clear()
+    client.on_drop(None)        # another job's request needs the room: the kept state goes off
+    assert log == [("engines", "off", "drop"), ("trainer", "off", "drop")] and not turns.kept
+    log.clear()
+    client.waiting = True       # someone waits as the phase ends: the state goes off with the lease
+    with turns.phase("trainer", "train") as (_, m):
+        pass
+    assert log == [("trainer", "on", "train"), ("trainer", "off", "train")] and m["multi_job/train/kept"] == 0.0
 
 
 def test_elastic_lends_the_engines_while_the_trainer_waits_and_reclaims_them_for_its_work():

@@ -1,5 +1,6 @@
 """Embedded engine: continuous batching is exact, interrupt/resume is exact, weights update."""
 import inspect
+from collections import deque
 
 import pytest
 import torch
@@ -225,8 +226,9 @@ def test_default_graph_buckets():
 
 def test_prefill_budget_admits_what_fits_and_changes_no_token(random_model_dir):
     """max_num_batched_tokens (verl's rollout key, honoured by the embedded engine): one step's joiners fit the
-    budget as one padded prefill (joiners x the longest of them), first come first served; the first always joins
-    (a prompt over the budget is prefilled alone); the rest join at the next steps; no token changes."""
+    budget as one padded prefill (joiners x the longest of them); the oldest always joins (a prompt over the budget
+    is prefilled alone), with the waiting ones that make the most real tokens at one padded width; the rest join at
+    the next steps; no token changes."""
     prompts = [[5, 6, 7, 8], [8, 9], [10, 11, 12], list(range(20, 31)), [3], [4, 5]]
     reqs = [GenRequest(f"r{i}", p, GREEDY) for i, p in enumerate(prompts)]
     free = HFEngine(random_model_dir, CPU, max_num_seqs=8, eos_token_ids=[], pad_token_id=0)
@@ -234,18 +236,42 @@ def test_prefill_budget_admits_what_fits_and_changes_no_token(random_model_dir):
     eng = HFEngine(random_model_dir, CPU, max_num_seqs=8, eos_token_ids=[], pad_token_id=0, max_num_batched_tokens=12)
     eng.submit(reqs)
     eng.collect()
-    # 3 x 4 = 12 fit; with the 4th (11 tokens) the padded prefill would be 4 x 11
-    assert int(eng._occ.sum()) == 3 and len(eng.waiting) == 3
+    # the oldest (4 tokens) and, at width 4, the two longest no longer than it (3 and 2 tokens): 3 x 4 = 12, 9 real
+    assert [r.request_id for r in eng.slots if r is not None] == ["r0", "r2", "r5"]
+    assert [r.request_id for r in eng.waiting] == ["r1", "r3", "r4"]
     eng.admit_batch = 1   # admit at every step from here (8 slots would wait for 1 free anyway)
     eng.collect()
-    assert int(eng._occ.sum()) == 4 and len(eng.waiting) == 2     # 11 tokens: over the budget, alone
+    assert [r.request_id for r in eng.waiting] == ["r3"]          # r1 (2) with r4 (1); 11 tokens would be alone
     eng.collect()
-    assert int(eng._occ.sum()) == 6 and not eng.waiting            # 2 x 2 = 4
+    assert int(eng._occ.sum()) == 6 and not eng.waiting            # 11 tokens: over the budget, alone
     got = run_all(eng, [])
     for rid, out in want.items():
         assert got[rid].token_ids == out.token_ids and got[rid].log_probs == pytest.approx(out.log_probs, abs=1e-5)
     with pytest.raises(ValueError, match="max_num_batched_tokens=0"):
         HFEngine(random_model_dir, CPU, max_num_batched_tokens=0)
+
+
+def test_a_burst_of_resumed_responses_is_prefilled_at_similar_lengths():
+    """The joiners of each step when a weight update's parked responses come back (lognormal lengths up to 3072,
+    budget 8192): every request joins exactly once, the oldest at each step, and far less of each prefill is padding
+    than first come first served (measured here: 90% real tokens over 37 steps against 62% over 61)."""
+    import random
+    import types
+
+    rng = random.Random(0)
+    reqs = [types.SimpleNamespace(prompt_ids=[0] * int(min(3072, 16 + rng.lognormvariate(6.6, 0.75))), n=i)
+            for i in range(256)]
+    eng = types.SimpleNamespace(max_num_batched_tokens=8192, waiting=deque(reqs))
+    seen, steps, padded, real = [], 0, 0, 0
+    while eng.waiting:
+        oldest = eng.waiting[0]
+        joining = HFEngine._joining(eng, 256)
+        assert joining[0] is oldest
+        width = max(len(r.prompt_ids) for r in joining)
+        assert len(joining) == 1 or len(joining) * width <= 8192
+        seen += [r.n for r in joining]
+        steps, padded, real = steps + 1, padded + width * len(joining), real + sum(len(r.prompt_ids) for r in joining)
+    assert sorted(seen) == list(range(256)) and steps < 45 and real / padded > 0.85, (steps, real / padded)
 
 
 def test_the_cache_goes_under_the_keyword_the_model_takes(random_model_dir):
