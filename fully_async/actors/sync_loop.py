@@ -84,6 +84,7 @@ class SyncWorker(DriverFacing):
 
             self.rm_inputs = RewardModelInputs(cfg, self.tokenizer)
         minis = cfg.data.train_batch_size // cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+        self.turns.declare(*self._estimated_need())
         with self.turns.setup():   # building loads the engines and the trainer onto the devices
             self.backend = connect_trainer_group(cfg, self.device, total_optimizer_steps(cfg, total_steps, minis),
                                                  (node_ip(), free_port()), self.device.ray_actor_options(1),
@@ -137,6 +138,46 @@ class SyncWorker(DriverFacing):
         if self.offload_trainer:
             self.backend.offload()
 
+    def _capacity_gib(self) -> Optional[float]:
+        """Each pool device's memory for co-tenancy (None: the pool is not to share memory with this job)."""
+        mj = self.cfg.multi_job
+        if not mj.co_tenancy:
+            return None
+        if not self.device.is_accelerator:
+            return mj.device_memory_gib
+        return mj.device_memory_gib or self.device.mem_info()[1] / 2**30
+
+    def _estimated_need(self) -> tuple[Optional[float], Optional[float]]:
+        """Co-tenancy before anything is measured: the memory model's estimate of the device memory this job holds
+        with its trainer and engines on at once (planner/memory_model.py, its context added), 20% over, so that
+        building and the first steps can share the device too; (None, capacity) where the model's config.json is
+        not readable here (the first phases then hold the device alone and are measured)."""
+        import json
+        import os
+
+        from fully_async.planner.hardware import Shape
+        from fully_async.planner.memory_model import GIB, engine_memory, trainer_memory
+
+        capacity = self._capacity_gib()
+        if capacity is None:
+            return None, None
+        cfg = self.cfg
+        try:
+            with open(os.path.join(str(cfg.actor_rollout_ref.model.path), "config.json")) as fh:
+                config = json.load(fh)
+            shape = Shape.of(config.get("text_config", config) if "hidden_size" not in config else config)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None, capacity
+        actor = cfg.actor_rollout_ref.actor
+        mp = (actor.megatron.tensor_model_parallel_size * actor.megatron.pipeline_model_parallel_size
+              if actor.strategy == "megatron" else 1)
+        dp = max(1, self.placement.plan.trainer_devices // mp)
+        both = trainer_memory(cfg, shape, dp).total + engine_memory(cfg, shape, capacity * GIB).total
+        need = 1.2 * (both / GIB + CONTEXT_GIB)
+        logger.info("device pool: co-tenancy: this job's estimated need %.1f GiB of %.1f per device (memory model, "
+                    "20%% over; measurements raise it)", need, capacity)
+        return need, capacity
+
     def _footprint(self, phase: str) -> tuple[Optional[float], Optional[float]]:
         """Co-tenancy on a pool (placement/residency.py Turns): (GiB this job holds on its device now, the device's
         GiB); (None, None) when the pool is not to share memory with it.  On an accelerator: what the allocator
@@ -145,16 +186,15 @@ class SyncWorker(DriverFacing):
         only where multi_job.device_memory_gib gives the logical devices a size."""
         from fully_async.device import host_rss_gib
 
-        mj = self.cfg.multi_job
-        if not mj.co_tenancy:
+        capacity = self._capacity_gib()
+        if capacity is None:
             return None, None
         if not self.device.is_accelerator:
-            return (host_rss_gib(), mj.device_memory_gib) if mj.device_memory_gib else (None, None)
-        _, total = self.device.mem_info()
+            return host_rss_gib(), capacity
         held = self.device.memory_stats()["reserved_gib"] + CONTEXT_GIB
         if self.turns.on["engines"]:
             held += self.pool.memory_report().get("memory/rollout/engine_gib", 0.0)
-        return held, mj.device_memory_gib or total / 2**30
+        return held, capacity
 
     def _switch(self, fn: Callable[[], None], event: str, engines: bool = False) -> Callable[[Any, str], dict]:
         """A tenant's transition: on a pool timed with the device memory around it (multi_job/<phase>/<event>...

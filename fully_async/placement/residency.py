@@ -256,15 +256,27 @@ class Turns:
     def holding(self) -> bool:
         return self.outer.holding
 
+    def declare(self, need_gib: Optional[float], capacity_gib: Optional[float]) -> None:
+        """On a pool that shares memory: the job's need before anything is measured (the memory model's estimate;
+        measurements only raise it) and its devices' memory."""
+        if self.shared:
+            self.outer.client.need_gib, self.outer.client.capacity_gib = need_gib, capacity_gib
+
     @contextlib.contextmanager
     def setup(self) -> Iterator[Any]:
-        """Building puts both tenants on the devices; on a pool both go off before the lease is given back."""
+        """Building puts both tenants on the devices; on a pool both go off before the lease is given back, unless
+        the lease was granted on a declared need and the pool lets the job keep them on."""
         if not self.shared:
             yield NO_PHASE
             return
         with self.outer.phase("setup") as ph:
             with ph.span("build"):
                 yield ph
+            need = self.outer.client.need_gib
+            if getattr(ph, "shared", False) and need is not None and self.outer.client.keep(need):
+                self.kept = True
+                self.counts["kept"] += 1
+                return
             self.put_off(ph, "engines", "setup")
             self.put_off(ph, "trainer", "setup")
 

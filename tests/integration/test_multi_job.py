@@ -381,10 +381,10 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, p
 
 
 def test_two_jobs_whose_memory_fits_share_a_device_and_keep_their_state_on(tmp_path, ray_head, pool):
-    """Co-tenancy (placement/leases.py): with a size for the logical devices, each sync job's first rollout and
-    train phases hold device 0 alone and are measured (the process's RSS on CPU); from then on each asks for its
-    measured need, the two fit together, and their leases overlap on the device with nothing put off between
-    them (kept).  Both finish and learn as alone."""
+    """Co-tenancy (placement/leases.py): with a size for the logical devices, each sync job declares the memory
+    model's estimate of its need from the start (the tiny model's config.json is here), raised by what it measures
+    (the process's RSS on CPU); the two fit together, so their leases overlap on the device from building on, with
+    nothing put off between them (kept).  Both finish and learn as alone."""
     fit = ["multi_job.job_devices=[0]", "multi_job.device_memory_gib=64", "trainer.total_training_steps=4",
            "trainer.test_freq=-1"]
     jobs = [Job(tmp_path, ray_head, pool, name, *fit) for name in ("a", "b")]
@@ -394,8 +394,10 @@ def test_two_jobs_whose_memory_fits_share_a_device_and_keep_their_state_on(tmp_p
         s = job.summary()
         assert s["steps"] == 4 and s["val_after"] > s["val_before"] + 0.1, s
         m = scalars(job.tb, "multi_job/")
-        assert m["multi_job/train/shared"][0] == 0.0 and m["multi_job/train/shared"][-1] == 1.0, m
-        assert m["multi_job/train/kept"][-1] == 1.0 and 0 < m["multi_job/need_gib"][-1] < 64 * 0.9, m
+        assert m["multi_job/train/shared"] == [1.0] * 4 and m["multi_job/train/kept"] == [1.0] * 4, m
+        assert 0 < m["multi_job/need_gib"][-1] < 64 * 0.9, m
+        assert "co-tenancy: this job's estimated need" in job.output
+        assert "multi_job/train/offload_s" not in m     # nothing left the device after building
     trace = json.loads((tmp_path / "pool" / pool / "timeline.json").read_text())["traceEvents"]
     spans = sorted((s for s in leases(trace) if s[1] == "device 0"), key=lambda s: s[2])
     assert any(s[4] == "kept" for s in spans)

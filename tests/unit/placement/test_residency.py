@@ -193,3 +193,28 @@ def test_no_loop_is_varied_by_a_subclass():
                         if bases & loops:
                             bad.append(f"{f}:{node.name}")
     assert bad == []
+
+
+def test_a_declared_estimate_lets_building_keep_both_tenants_on():
+    """An estimated need declared before building: the setup lease is granted on it, and the built state stays on
+    (kept) instead of going off; without a share (or with someone waiting) it goes off as before."""
+    log = []
+
+    def tenant(name):
+        return (lambda ph, phase: log.append((name, "on", phase)) or {},
+                lambda ph, phase: log.append((name, "off", phase)) or {})
+    client = FakeClient(share=True)
+    turns = Turns(PoolLease(client), engines=tenant("engines"), trainer=tenant("trainer"),
+                  measure=lambda kind: (5.0, 100.0))
+    turns.declare(12.0, 100.0)
+    with turns.setup():
+        pass
+    assert log == [] and turns.kept and ("keep", 12.0) in client.log
+    with turns.phase("trainer", "train") as (_, m):
+        pass
+    assert log == [] and client.need_gib == 12.0     # measured 5 GiB: the estimate stays the floor
+    plain = Turns(PoolLease(FakeClient()), engines=tenant("engines"), trainer=tenant("trainer"))
+    plain.declare(12.0, 100.0)
+    with plain.setup():
+        pass
+    assert log == [("engines", "off", "setup"), ("trainer", "off", "setup")] and not plain.kept
