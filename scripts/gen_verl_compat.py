@@ -96,6 +96,9 @@ V1_SECTION = (
     "`async_training.staleness_threshold` and `fully_async/staleness/max`.",
     "- `model_engine=megatron` is `actor_rollout_ref.actor.strategy=megatron`, `dp` is warned (the strategy "
     "decides), `veomni` / `torchtitan` are refused; `transfer_queue.enable` is warned (verl's V1 data plane).",
+    "- `trainer.v1.sync` and the sampler's `custom_sampler.*`, `sampler_kwargs` and `sync_refill_failed_groups` "
+    "are warned at verl 0.9.1's defaults and refused otherwise; a key of the `colocate_async` or `separate_async` "
+    "section under another trainer_mode is warned (only that mode's trainer reads it).",
 )
 
 PLUS_FORMS = [

@@ -25,6 +25,9 @@ refused here, naming what to use.  What verl 0.9.1 does, read from its code (ver
   versions): here nothing is dropped and no group's age is capped in versions; the bound is on admission.  T=1
   (either strategy: every trained group comes from one version) is our on-policy setting, `staleness_threshold=0
   partial_rollout=false`; T >= 2 is refused, naming the admission bound to use instead; null (no cap) is warned.
+* A key of the colocate_async / separate_async section under another trainer_mode is warned (only that mode's
+  trainer reads it); `trainer.v1.sync` and the sampler's custom-sampler / refill options are warned at verl's
+  defaults (INERT) and refused otherwise.  classify_v1 says what each V1 key becomes, for docs/verl_compat.md.
 """
 from __future__ import annotations
 
