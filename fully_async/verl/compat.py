@@ -1,7 +1,7 @@
 """verl's config keys that are not in our schema (layer 1): each one is mapped, warned or refused.
 
 A ported verl script passes `key=value` overrides for every key of verl's trainer configs
-(/work/shared/reference/verl_config_keys.tsv lists them).  Keys our schema has (same name, same meaning)
+(docs/verl_config_keys.tsv lists those of verl 0.9.1 and b178a3cd).  Keys our schema has (same name, same meaning)
 go to Hydra untouched.  Every other verl key is handled here, on the override list, before Hydra composes
 the config, so `--cfg job`, `fully_async.doctor` and the run see the same config:
 
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 HONOURED = "honoured"
 __all__ = ["DEFAULT_DIFFERENCES", "HONOURED", "MAPPED", "REFUSED", "WARNED", "classify", "find_rule",
-           "read_tsv", "render", "translate"]
+           "read_tsv", "read_versions", "render", "translate"]
 
 
 def schema_keys() -> set[str]:
@@ -200,6 +200,10 @@ def _check_overlong_reference(mapped: list[tuple[str, str]]) -> None:
 def classify(key: str) -> tuple[str, str]:
     """(status, note) of a verl key for the docs: honoured (our schema, same name), mapped (honoured under our
     name), warned, warned with some values refused, or refused."""
+    from fully_async.verl.v1 import classify_v1, is_v1_key
+
+    if is_v1_key(key):
+        return classify_v1(key)
     open_dict = any(key.startswith(d + ".") for d in OPEN_DICTS)
     found = find_rule(key) if open_dict or not in_schema(key) else None
     if found is None:
@@ -242,6 +246,18 @@ def read_tsv(path: str) -> list[tuple[str, str]]:
             key, default = line.rstrip("\n").split("\t")[:2]
             rows.append((key, default))
     return rows
+
+
+def read_versions(path: str) -> dict[str, tuple[str, ...]]:
+    """{key: the verl versions whose configs have it} (verl_config_keys.tsv's fourth column)."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#") or line.startswith("key\t") or not line.strip():
+                continue
+            cells = line.rstrip("\n").split("\t")
+            out[cells[0]] = tuple(cells[3].split(","))
+    return out
 
 
 def schema_default(key: str) -> Any:

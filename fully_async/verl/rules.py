@@ -501,6 +501,9 @@ VALUE_MAPS: dict[str, dict[str, tuple[str, str]]] = {
                        f"distribution; {label}'s own engine options (engine_kwargs.{name}.*) are dropped, and so is "
                        "rollout.enable_chunked_prefill, which verl's server for it never reads")
         for name, label in (("sglang", "SGLang"), ("trtllm", "TensorRT-LLM"))},
+    "algorithm.filter_groups.metric": {
+        "reward": ("seq_reward", "verl 0.9.1's name of the response's pre-KL reward (its token-level scores "
+                   "summed), which is seq_reward here")},
 }
 
 # dict-valued schema fields that take any sub-key (`+a.b.c=...`)
@@ -521,8 +524,6 @@ DEFAULT_DIFFERENCES: dict[str, str] = {
     "(the logits never exist whole); models with a biased/soft-capped head fall back by themselves",
     "actor_rollout_ref.model.use_remove_padding": "packing needs a varlen attention kernel on the device and is "
     "refused with strategy=megatron; padded rows compute the same loss, so it is opt-in",
-    "actor_rollout_ref.rollout.calculate_log_probs": "the engines always return behaviour log-probs (partial "
-    "rollouts and async_training.use_rollout_log_probs need them); false is accepted with a warning",
     "actor_rollout_ref.rollout.load_format": "auto loads real weights, so validation before the first weight push "
     "scores the real model; dummy is accepted (random init until the first push)",
     "actor_rollout_ref.rollout.name": "verl requires it (???); ours defaults to the embedded engine, hf",
@@ -531,7 +532,6 @@ DEFAULT_DIFFERENCES: dict[str, str] = {
     "trainer device at 1 whatever it says (a warning)",
     "algorithm.adv_estimator": "grpo, the estimator of verl's fully-async recipes, needs no critic; gae (PPO with a "
     "critic) is implemented: set algorithm.adv_estimator=gae",
-    "reward_model.model.path": "null: required with reward_model.enable=true (verl's is an example path)",
     "critic.model.path": "null: the critic's trunk is actor_rollout_ref.model.path (verl's example path is a "
     "placeholder)",
     "data.seed": "a fixed seed makes the prompt order reproducible and resumable; verl's null draws a fresh order",
@@ -549,6 +549,19 @@ DEFAULT_DIFFERENCES: dict[str, str] = {
     "trainer.logger": "wandb is not wired here; the YAML logs to console and TensorBoard",
     "trainer.n_gpus_per_node": "one device: the CPU-first default (verl's 8 assumes a GPU node)",
     "trainer.project_name": "our own name",
+    # verl 0.9.1 moved the reward keys under `reward.` (mapped onto these, verl/rules_09.py) and left the legacy
+    # section null (unset); ours keeps the values that 0.9.1 reads from its new place
+    "custom_reward_function.name": "compute_score: verl 0.9.1 leaves this legacy key null and reads "
+    "reward.custom_reward_function.name (compute_score), mapped here onto this key",
+    "reward_model.enable": "false: verl 0.9.1 leaves its legacy reward_model section null and reads "
+    "reward.reward_model.enable (false), mapped here onto this key",
+    "reward_model.model.trust_remote_code": "false: verl 0.9.1's legacy reward_model section is null (unset)",
+    "reward_model.reward_manager": "naive: verl 0.9.1 leaves this legacy key null and reads "
+    "reward.reward_manager.name (naive), mapped here onto this key",
+    "critic.model.trust_remote_code": "follows actor_rollout_ref.model.trust_remote_code (b178a3cd's default; "
+    "0.9.1's is false)",
+    "algorithm.filter_groups.metric": "null: required with filter_groups.enable=true; verl 0.9.1's default "
+    "`reward` (the pre-KL reward summed over the response) is served here as seq_reward, the same number",
 }
 
 

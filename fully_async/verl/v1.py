@@ -25,6 +25,9 @@ refused here, naming what to use.  What verl 0.9.1 does, read from its code (ver
   versions): here nothing is dropped and no group's age is capped in versions; the bound is on admission.  T=1
   (either strategy: every trained group comes from one version) is our on-policy setting, `staleness_threshold=0
   partial_rollout=false`; T >= 2 is refused, naming the admission bound to use instead; null (no cap) is warned.
+* A key of the colocate_async / separate_async section under another trainer_mode is warned (only that mode's
+  trainer reads it); `trainer.v1.sync` and the sampler's custom-sampler / refill options are warned at verl's
+  defaults (INERT) and refused otherwise.  classify_v1 says what each V1 key becomes, for docs/verl_compat.md.
 """
 from __future__ import annotations
 
@@ -53,6 +56,13 @@ AGE = ("here no group is dropped and no group's age is capped in versions: the s
 RECLAIM = ("the lent engines are reclaimed as soon as a step's groups are queued (async_training.placement=elastic "
            "has no threshold to tune)")
 ENGINES = {"megatron": "megatron", "dp": None}
+NO_SAMPLER = "custom samplers and failed-group refill are not implemented: the rollouter draws prompts in data order"
+# V1 keys accepted only at verl's default (warned there): key -> (why it has no effect, the refusal otherwise)
+INERT = {"trainer.v1.sync": ("verl 0.9.1's sync trainer has no options", "verl 0.9.1's sync trainer has no options"),
+         "trainer.v1.sampler.custom_sampler.path": ("verl's default sampler, as here", NO_SAMPLER),
+         "trainer.v1.sampler.custom_sampler.name": ("verl's default sampler, as here", NO_SAMPLER),
+         "trainer.v1.sampler.sampler_kwargs": ("verl's default sampler, as here", NO_SAMPLER),
+         "trainer.v1.sampler.sync_refill_failed_groups": ("no refill of failed groups, verl's default", NO_SAMPLER)}
 
 
 def is_v1_key(key: str) -> bool:
@@ -115,14 +125,62 @@ def translate_v1(lines: list[str]) -> tuple[list[str], list[str], list[tuple[str
         ours.update(_mode_keys(mode, given, get, warn, mapped))
     _off_policy(given, get, mode, ours, warn, mapped)
     for key in given:
-        if key.startswith(V1) and key not in READ and not _hybrid_tuning(key):
+        if key in INERT:
+            if not _inert(key, given[key]):
+                raise ConfigError(key, f"{given[key]!r}: {INERT[key][1]}")
+            warn(key, INERT[key][0])
+        elif key.startswith(V1) and key not in READ and not _hybrid_tuning(key):
             raise ConfigError(key, "a V1 trainer option with no counterpart here (custom samplers, failed-group "
                               "refill); docs/verl_compat.md lists the V1 keys that map")
-        if _hybrid_tuning(key):
+        elif _hybrid_tuning(key):
             warn(key, RECLAIM)
+        elif mode in (None, "sync") and key.startswith((V1 + "colocate_async.", V1 + "separate_async.")):
+            section = key[len(V1):].split(".")[0]
+            warn(key, f"read only with trainer.v1.trainer_mode={section} (this script's is {mode or 'sync'}, "
+                 "verl's default)")
     out = [line for line, key, _ in parsed if key is None or not _consumed(key.lstrip("+"), mode)]
     out = [f"++{k}={_render(v)}" for k, v in ours.items()] + out
     return out, warnings, mapped
+
+
+def _inert(key: str, value: Any) -> bool:
+    return value is False if key.endswith("refill_failed_groups") else value in (None, {})
+
+
+def classify_v1(key: str) -> tuple[str, str]:
+    """(status, note) of a V1 key for docs/verl_compat.md: mapped, warned or unknown (compat.classify's statuses)."""
+    if key in INERT:
+        return "warned", f"{INERT[key][0]}; other values are refused: {INERT[key][1]}"
+    if key == "trainer.use_v1":
+        return "warned", "one trainer implementation here; trainer.v1.trainer_mode picks the loop"
+    if key == "trainer.v1.trainer_mode":
+        return "mapped", ("sync is mode=sync; colocate_async is async_training.placement=colocated and "
+                          "separate_async split (elastic with hybrid_rollout.enable_switch), with the step and "
+                          "admission window of the section above")
+    if key == "trainer.v1.sampler.max_off_policy_threshold":
+        return "warned", ("a no-op with verl's default trainer_mode=sync, as here; with an async trainer_mode 1 is "
+                          "staleness_threshold=0 partial_rollout=false, null is warned and >= 2 refused: " + AGE)
+    if key == "trainer.v1.sampler.max_off_policy_strategy":
+        return "warned", "read with max_off_policy_threshold (drop and wait alike at 1; verl asserts drop|wait)"
+    if _hybrid_tuning(key):
+        return "warned", RECLAIM
+    targets = {"trainer.v1.colocate_async.num_warmup_batches": "async_training.staleness_threshold",
+               "trainer.v1.separate_async.num_warmup_batches": "async_training.staleness_threshold",
+               "trainer.v1.separate_async.parameter_sync_step": "async_training.trigger_parameter_sync_step",
+               "trainer.v1.separate_async.hybrid_rollout.enable_switch": "async_training.placement (elastic)"}
+    if key in targets:
+        section = key[len(V1):].split(".")[0]
+        return "mapped", (f"honoured as `{targets[key]}` with trainer_mode={section}; with another trainer_mode "
+                          "a warning names it")
+    if is_v1_key(key):
+        return "refused", "a V1 trainer option with no counterpart here"
+    return "unknown", ""
+
+
+def mode_reading(key: str) -> Optional[str]:
+    """The trainer_mode whose section holds `key` (None for keys read in every mode)."""
+    section = key[len(V1):].split(".")[0] if key.startswith(V1) else ""
+    return section if section in MODES[1:] else None
 
 
 def get_mode(given: dict[str, Any]) -> Optional[str]:

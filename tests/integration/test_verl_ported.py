@@ -121,3 +121,46 @@ def test_sync_gsm8k_script_trains_two_steps_on_cpu(ray_session, tmp_path, monkey
     assert cfg.mode == "sync" and cfg.actor_rollout_ref.actor.use_kl_loss
     summary = run(cfg)
     assert summary["steps"] == 2
+
+
+def test_verl_0_9s_v1_colocate_async_script_trains_two_steps_colocated_on_cpu(ray_session, tmp_path, monkeypatch):
+    """verl 0.9's V1 colocate_async recipe (tests/special_e2e/run_v1_colocate_async_disrm.sh, its overrides as
+    tests/fixtures/verl_scripts_0_9.tsv holds them), ported as the translation test ports it (paths, device) and shrunk
+    to the tiny task before translation (so the V1 pass reads the shrunk batch sizes): it runs on the placement
+    verl/v1.py maps colocate_async to, trains 2 steps, and its disaggregated reward model (here a tiny token
+    classifier whose every score is 0.375) gives every reward."""
+    from fully_async.run.main import run
+    from tests_helpers import read_scalars
+
+    sys.path[:0] = [os.path.join(ROOT, "tests", "unit", "run"), os.path.join(ROOT, "tests", "unit", "train")]
+    from test_reward_model import make_reward_model
+    from test_verl_scripts import ported, rows
+
+    table = os.path.join(ROOT, "tests", "fixtures", "verl_scripts_0_9.tsv")
+    (_, _, _, name, overrides), = [r for r in rows(table) if r[1].endswith("run_v1_colocate_async_disrm.sh")]
+    assert "trainer.v1.trainer_mode=colocate_async" in overrides and "trainer.v1.colocate_async.num_warmup_batches=1" \
+        in overrides
+    shrunk = {"data.train_batch_size": "4", "actor_rollout_ref.actor.ppo_mini_batch_size": "2",
+              "reward.reward_model.model_path": make_reward_model(tmp_path / "rm", kind="token", bias=0.375)}
+    lines = [f"{key}={shrunk[key]}" if key in shrunk else line
+             for line, key in ((line, line.split("=", 1)[0]) for line in ported(overrides))]
+    import pandas as pd
+    pd.read_parquet(TINY["TEST_FILE"]).head(8).to_parquet(tmp_path / "val.parquet")   # the final validation's
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    cfg = load_config(lines + SHRINK_COMMON + [f"trainer.default_local_dir={tmp_path}/ckpt",
+                                               f"data.val_files={tmp_path / 'val.parquet'}",
+                                               "trainer.logger=[console,tensorboard]"], config_name=name)
+    a = cfg.async_training
+    # verl/v1.py's colocate_async: colocated, one push per step, a step of train_batch_size / ppo_mini_batch_size
+    # mini-batches, partial rollouts, num_warmup_batches train batches admitted ahead
+    assert (cfg.mode, a.placement, cfg.rollout.n_gpus_per_node) == ("async", "colocated", 0)
+    assert (a.trigger_parameter_sync_step, a.require_batches, a.staleness_threshold, a.partial_rollout) == \
+        (1, 2, 1.0, True)
+    assert cfg.reward_model.enable and cfg.reward_model.reward_manager == "dapo"
+    summary = run(cfg)
+    ids = summary["trained_sample_ids"]
+    assert summary["steps"] == 2 and len(ids) == len(set(ids)) == 2 * 4 * 4     # steps x (2 x 2 prompts) x n
+    scalars = read_scalars(str(tmp_path / "tb"))
+    assert [round(v, 4) for _, v in scalars["critic/score/mean"]] == [0.375] * 2   # the reward model's, not 0/1
+    assert scalars["multi_job/rollout/yields"], "colocated: the rollouter never gave the device back to the trainer"
+    assert [s for s, _ in scalars["actor/pg_loss"]] == [1, 2]

@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 
 from fully_async.core.config import ConfigError, FullyAsyncConfig, typed_config
 from fully_async.verl.compat import (DEFAULT_DIFFERENCES, HONOURED, MAPPED, REFUSED, WARNED, classify,
-                                          find_rule, read_tsv, render, translate)
+                                          find_rule, read_tsv, read_versions, render, translate)
+from fully_async.verl.v1 import is_v1_key, mode_reading
 from fully_async.core.config_checks import validate
 from fully_async.run.hydra_setup import load_config
 
@@ -24,7 +25,12 @@ SENSIBLE = {"actor_rollout_ref.rollout.name": "hf", "data.seed": 1, "trainer.def
             "critic.forward_max_token_len_per_gpu": 32768, "reward_model.forward_max_token_len_per_gpu": 32768,
             "reward_model.use_dynamic_bsz": False,
             "critic.optim.warmup_style": "cosine",
-            "actor_rollout_ref.actor.optim.warmup_style": "cosine"}  # null there means unset (a warning)
+            "actor_rollout_ref.actor.optim.warmup_style": "cosine",   # null there means unset (a warning)
+            # verl 0.9.1's legacy reward section is null (unset; its `reward.` keys are read), ours holds the values
+            "custom_reward_function.name": "compute_score", "reward_model.enable": False,
+            "reward_model.model.trust_remote_code": False, "reward_model.reward_manager": "naive",
+            "algorithm.filter_groups.metric": "seq_reward",   # 0.9.1's `reward` is served as seq_reward (below)
+            "sandbox_fusion.max_concurrent": 64, "sandbox_fusion.memory_limit_mb": 1024}  # null: unset there
 
 
 def sensible_value(key, default_json):
@@ -39,7 +45,13 @@ def sensible_value(key, default_json):
 
 
 def test_the_reference_table_is_verls():
-    assert len(ROWS) == 733 and len({k for k, _ in ROWS}) == 733
+    """verl 0.9.1's keys and b178a3cd's (kept: a script for the older release may still pass them)."""
+    assert len(ROWS) == 1220 and len({k for k, _ in ROWS}) == 1220
+    versions = read_versions(TSV)
+    counts = {v: sum(1 for vs in versions.values() if vs == v) for v in set(versions.values())}
+    assert counts == {("0.9.1",): 487, ("0.9.1", "b178a3cd"): 618, ("b178a3cd",): 115}
+    assert versions["trainer.v1.trainer_mode"] == ("0.9.1",)
+    assert versions["data.gen_batch_size"] == ("0.9.1", "b178a3cd")
 
 
 def _typed_plain(lines):
@@ -84,7 +96,7 @@ def test_every_verl_key_is_honoured_warned_or_refused(status, caplog):
     for key, default in ROWS:
         got, note = classify(key)
         assert got in (HONOURED, MAPPED, WARNED, REFUSED), f"{key}: no rule ({got})"
-        if (got == MAPPED and HONOURED or got) != status:
+        if (got == MAPPED and HONOURED or got) != status or is_v1_key(key):   # V1 keys: the test below
             continue
         seen += 1
         value = sensible_value(key, default)
@@ -115,7 +127,38 @@ def test_every_verl_key_is_honoured_warned_or_refused(status, caplog):
     assert seen > 100
 
 
+def test_every_v1_key_at_verls_default_is_mapped_or_warned_once(caplog):
+    """Each V1 key of the table at verl's default, alone (with the trainer_mode whose section holds it): a mapped key
+    is reported mapped and leaves no V1 key for Hydra; a warned one gives exactly one warning naming it."""
+    seen = 0
+    for key, default in ROWS:
+        if not is_v1_key(key):
+            continue
+        seen += 1
+        status, note = classify(key)
+        lines = [f"{key}={render(json.loads(default))}"]
+        mode = mode_reading(key)
+        if mode and status == MAPPED:
+            lines.append(f"trainer.v1.trainer_mode={mode}")
+        out = translate(lines)
+        assert not any(line.lstrip("+").startswith("trainer.") for line in out.overrides), (key, out.overrides)
+        if status == MAPPED:
+            assert key in [k for k, _ in out.mapped] and not out.warnings, (key, out)
+        else:
+            assert status == WARNED and len(out.warnings) == 1 and key in out.warnings[0], (key, out.warnings)
+    assert seen == 20
+
+
 @pytest.mark.parametrize("line,key,alternative", [
+    ("trainer.v1.sampler.sync_refill_failed_groups=true", "trainer.v1.sampler.sync_refill_failed_groups",
+     "not implemented"),
+    ("trainer.v1.sampler.custom_sampler.path=/x.py", "trainer.v1.sampler.custom_sampler.path", "not implemented"),
+    ("actor_rollout_ref.actor.qat.enable=true", "actor_rollout_ref.actor.qat.enable", "actor.dtype"),
+    ("actor_rollout_ref.actor.optim.use_precision_aware_optimizer=true",
+     "actor_rollout_ref.actor.optim.use_precision_aware_optimizer", "precision-aware"),
+    ("actor_rollout_ref.rollout.multi_turn.function_tool_path=t.py",
+     "actor_rollout_ref.rollout.multi_turn.function_tool_path", "tool_config_path"),
+    ("skip.rollout.enable=true", "skip.rollout.enable", "not implemented"),
     ("actor_rollout_ref.rollout.data_parallel_size=2", "actor_rollout_ref.rollout.data_parallel_size", "use 1"),
     ("+reward.reward_kwargs.foo=1", "reward.reward_kwargs.foo", "custom_reward_function.reward_kwargs"),
     ("+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true", "reward_model.reward_kwargs.max_resp_len",

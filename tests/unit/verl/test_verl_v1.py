@@ -74,3 +74,37 @@ def test_model_engine_and_the_0_9_one_key_rules():
                         ("actor_rollout_ref.rollout.single_turn_response_length=4", "data.max_response_length")):
         with pytest.raises(ConfigError, match=match):
             translate([line])
+
+
+def test_a_key_of_another_modes_section_is_named_not_dropped_silently():
+    t = translate(["trainer.v1.colocate_async.num_warmup_batches=2"])
+    assert t.overrides == [] and len(t.warnings) == 1
+    assert "trainer.v1.colocate_async.num_warmup_batches=2" in t.warnings[0] and "trainer_mode=colocate_async" \
+        in t.warnings[0]
+    t = translate(["trainer.v1.trainer_mode=sync", "trainer.v1.separate_async.parameter_sync_step=2"])
+    assert t.overrides == ["++mode='sync'"] and len(t.warnings) == 1 and "this script's is sync" in t.warnings[0]
+
+
+def test_the_sampler_and_sync_sections_at_verls_defaults_are_warned_and_other_values_refused():
+    t = translate(["trainer.v1.sync={}", "trainer.v1.sampler.sampler_kwargs={}",
+                   "trainer.v1.sampler.custom_sampler.name=null", "trainer.v1.sampler.sync_refill_failed_groups=false"])
+    assert t.overrides == [] and len(t.warnings) == 4
+    for line in ("trainer.v1.sampler.sync_refill_failed_groups=true", "trainer.v1.sampler.custom_sampler.name=mine",
+                 "+trainer.v1.sampler.sampler_kwargs.k=1"):
+        with pytest.raises(ConfigError, match="custom samplers"):
+            translate([line])
+
+
+def test_0_9_1s_moved_and_renamed_keys():
+    assert ours(["reward.sandbox_fusion.url=http://h:8080/run_code"])["reward_model.sandbox_fusion.url"] == \
+        "http://h:8080/run_code"
+    assert ours(["sandbox_fusion.max_concurrent=8"])["reward_model.sandbox_fusion.max_concurrent"] == "8"
+    t = translate(["sandbox_fusion.url=null"])      # 0.9.1's legacy section is null: unset
+    assert t.overrides == [] and len(t.warnings) == 1
+    t = translate(["algorithm.filter_groups.metric=reward"])
+    assert t.overrides == ["algorithm.filter_groups.metric=seq_reward"] and "pre-KL reward" in t.warnings[0]
+    assert classify("actor_rollout_ref.actor.optim.muon_momentum") == ("warned", "read only with actor_rollout_ref."
+                                                                       "actor.optim.optimizer=muon (refused: the "
+                                                                       "optimizer is torch's AdamW)")
+    with pytest.raises(ConfigError, match="context_parallel_size must be 1"):
+        translate(["actor_rollout_ref.actor.megatron.dynamic_context_parallel=true"])
