@@ -6,7 +6,8 @@ freeing only costs time (the parked responses re-prefilled or swapped, the weigh
 mode is one of:
     keep  free_cache_engine=false: the engine stays resident, its responses wait through the trainer's turn
     free  every switch frees: free_cache_engine_force=true, a device pool shared with other jobs (they need the
-          memory), a trainer that offloads between turns (its memory comes back at its onload, where a measurement
+          memory; with co-tenancy, placement/leases.py, a job whose memory fits beside theirs has no switch at
+          all), a trainer that offloads between turns (its memory comes back at its onload, where a measurement
           taken while it is away cannot see it), or an engine without the measurement (vLLM: its own sleep mode)
     auto  free_cache_engine=true otherwise: free at the first switch (the trainer's peak is not known yet), then keep
           the engine resident at a switch when the device's free memory, measured with the engine resident and the
@@ -34,7 +35,9 @@ def engine_memory_mode(cfg: Any) -> tuple[str, str]:
         return "free", "actor_rollout_ref.rollout.free_cache_engine_force=true"
     pool = cfg.multi_job.pool
     if pool is not None and PRIVATE_POOL_MARK not in pool:
-        return "free", f"multi_job.pool={pool}: other jobs lease these devices"
+        also = (" (with multi_job.co_tenancy a lease granted on the job's declared need switches nothing: the engine "
+                "stays on while the jobs' memory fits together)" if cfg.multi_job.co_tenancy else "")
+        return "free", f"multi_job.pool={pool}: other jobs lease these devices" + also
     off = cfg.actor_rollout_ref.actor.fsdp_config
     if off.param_offload or off.optimizer_offload:
         return "free", "the trainer offloads between turns (actor.fsdp_config.param_offload / optimizer_offload)"

@@ -31,10 +31,12 @@ The residency decides whether and when the transitions run:
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from typing import Any, Callable, Iterator, Optional, Protocol
 
 Transition = Callable[..., dict]
+logger = logging.getLogger(__name__)
 
 
 class Stopped(Exception):
@@ -332,7 +334,13 @@ class Turns:
         if held is None or capacity is None:
             return
         if together:
-            client.need_gib = max(client.need_gib or 0.0, held)
+            declared = client.need_gib or 0.0
+            if held > declared + 0.5:
+                logger.warning("device pool: this job holds %.1f GiB on its device, more than the %.1f it declared "
+                               "and shares the device on; it declares %.1f from now on (jobs granted meanwhile were "
+                               "counted against the smaller figure: the pool's margin absorbs what it can)", held,
+                               declared, held)
+            client.need_gib = max(declared, held)
             return
         self.measured[kind] = max(self.measured.get(kind, 0.0), held)
         if len(self.measured) == 2:

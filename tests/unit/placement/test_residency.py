@@ -114,7 +114,7 @@ def test_turns_switch_tenants_and_on_a_pool_both_leave_with_the_lease():
                    ("engines", "off", "rollout")]
 
 
-def test_turns_on_a_pool_that_shares_memory_measure_then_declare_then_keep_both_tenants_on():
+def test_turns_on_a_pool_that_shares_memory_measure_then_declare_then_keep_both_tenants_on(caplog):
     """A job's first rollout and train phases are measured one tenant at a time (alone on the device); their sum is
     the need it declares; a lease granted on it switches nothing and keeps the state on between leases, until the
     pool asks for it off (on_drop) or someone waits at the end of a phase."""
@@ -148,6 +148,11 @@ def test_turns_on_a_pool_that_shares_memory_measure_then_declare_then_keep_both_
     assert log == [("engines", "on", "rollout"), ("trainer", "on", "train")]   # then nothing moves
     assert m["multi_job/rollout/shared"] == 1.0 and m["multi_job/rollout/kept"] == 1.0 and turns.kept
     assert client.need_gib == 30.0 and turns.counts == {"shared": 3, "kept": 3, "dropped": 0}
+    held["train"] = 36.0        # grown past what it declared while sharing: said, and declared from now on
+    with caplog.at_level("WARNING", logger="fully_async.placement.residency"):
+        with turns.phase("trainer", "train"):
+            pass
+    assert client.need_gib == 36.0 and "more than the 30.0 it declared" in caplog.text
     log.clear()
     client.on_drop(None)        # another job's request needs the room: the kept state goes off
     assert log == [("engines", "off", "drop"), ("trainer", "off", "drop")] and not turns.kept
