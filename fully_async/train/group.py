@@ -195,6 +195,10 @@ class GroupBackend:
     def load(self, path: str) -> None:
         self._with_workers([w.load.remote(path) for w in self.workers], lambda: self.local.load(path))
 
+    def memory_parts(self) -> dict[str, int]:
+        """Rank 0's (device_memory/tenant.py): the ranks of a data-parallel group hold alike."""
+        return self.local.memory_parts()
+
     def offload(self) -> None:
         self._with_workers([w.offload.remote() for w in self.workers], self.local.offload)
 

@@ -69,6 +69,7 @@ def train_step(backend: TrainBackend, cfg: FullyAsyncConfig, groups: Sequence[Sa
                 len(groups), cfg.actor_rollout_ref.actor.ppo_mini_batch_size)))
         timing["timing_s/update_actor"] = time.perf_counter() - t
         metrics.update(actor_perf_metrics(cfg, batch.seq_lengths, timing["timing_s/update_actor"]))
+    metrics.update(trainer_memory_metrics(backend, cfg))
     check_bad_steps(backend, cfg, step, samples)
     metrics.update(timing)
     metrics.update(batch_metrics(samples, version, cfg.data.max_response_length, cfg.data.max_prompt_length))
@@ -207,6 +208,17 @@ def reward_advantage_metrics(rewards: Any, advantages: Any, mask: Any) -> dict[s
         out.update({"critic/advantages/mean": float(valid.mean()), "critic/advantages/max": float(valid.max()),
                     "critic/advantages/min": float(valid.min())})
     return out
+
+
+def trainer_memory_metrics(backend: Any, cfg: FullyAsyncConfig) -> dict[str, float]:
+    """`memory/<job>/trainer/{weights,grads,optimizer}_gib`: what rank 0's trainer holds on its device after the
+    update, tagged like the engines' arenas (`memory/<job>/rollout<i>/...`); backends without the count report
+    nothing."""
+    parts = getattr(backend, "memory_parts", None)
+    if parts is None:
+        return {}
+    job = cfg.multi_job.job_name or cfg.trainer.experiment_name
+    return {f"memory/{job}/trainer/{name}_gib": held / 2**30 for name, held in parts().items()}
 
 
 def actor_perf_metrics(cfg: FullyAsyncConfig, seq_lens: Sequence[int], update_s: float) -> dict[str, float]:

@@ -637,6 +637,30 @@ class MegatronBackend:
         self.rng.setstate(extra["py_rng"])
         torch.set_rng_state(extra["torch_rng"])
 
+    # ------------------------------------------------------------------ memory
+    def memory_parts(self) -> dict[str, int]:
+        """Bytes this rank holds on its device (device_memory/tenant.py): weights (params and DDP's contiguous param
+        buffers, the reference and reward models), grads (DDP's grad buffers), optimizer (fp32 masters and moments);
+        0 each while offloaded."""
+        from fully_async.device_memory.tenant import held_bytes, optimizer_tensors
+
+        trained = [(self.chunks, self.optimizer)] + ([(self.critic.model, self.critic.optimizer)] if self.critic else [])
+        weights: list = []
+        grads: list = []
+        optim: list = []
+        for model, optimizer in trained:
+            for chunk in chunks_of(model):
+                weights += list(chunk.parameters())
+                for buf in chunk.buffers:
+                    weights.append(getattr(buf, "param_data", None))
+                    grads.append(buf.grad_data)
+            for inner in self._inner_optimizers(optimizer):
+                optim += [p for group in inner.param_groups for p in group["params"]]
+                optim += list(optimizer_tensors(inner))
+        for frozen in (self.ref_chunks or []) + ([self.reward_model.model] if self.reward_model is not None else []):
+            weights += list(frozen.parameters())
+        return held_bytes({"weights": weights, "grads": grads, "optimizer": optim}, self.torch_device.type)
+
     # ------------------------------------------------------------------ offload
     def offload(self) -> None:
         """Free the device storage of params, grad buffers, optimizer masters/states (the actor's and the critic's),

@@ -555,6 +555,17 @@ class TorchBackend:
             for optimizer in self._optimizers():
                 host.state_to_device(optimizer, self.torch_device)
 
+    def memory_parts(self) -> dict[str, int]:
+        """Bytes this rank holds on its device: every model's weights (and buffers), the gradients, the optimizer
+        states (device_memory/tenant.py; 0 each while offloaded)."""
+        from fully_async.device_memory.tenant import held_bytes, optimizer_tensors
+
+        models = self._models()
+        return held_bytes({"weights": [t for m in models for t in (*m.parameters(), *m.buffers())],
+                           "grads": [p.grad for m in models for p in m.parameters()],
+                           "optimizer": [t for o in self._optimizers() for t in optimizer_tensors(o)]},
+                          self.torch_device.type)
+
     def _models(self) -> list[torch.nn.Module]:
         """Every model this backend holds: the actor, the reference, the critic, the reward model (those built)."""
         critic = self.critic.model if self.critic is not None else None
