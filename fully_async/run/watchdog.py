@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+START_FLOOR_S = 30.0   # the least time an actor process gets to send its first heartbeat
+
 
 class Watchdog:
     """Fails the run when the progress counters of every actor stood still for `timeout_s`.  It never waits on an
@@ -65,10 +67,13 @@ class Watchdog:
             raise RunFailed(f"start-up stalled ({key}): " + "; ".join(stalled))
         silent_s = self.clock() - self.created
         missing = [r for r in self.beating if r not in self.beats.roles()] if self.beats is not None else []
-        if missing and silent_s > self.timeout_s:
-            raise RunFailed(f"start-up stalled ({key}): {', '.join(missing)} gave no sign of life within "
-                            f"{silent_s:.0f}s of being created (its process never started -- Ray could not place "
-                            "it -- or it was stopped before its first line)")
+        # a process's first line comes after its interpreter and imports start: on a loaded machine that alone took
+        # over 5 s (the suite's two workers on 2 cores), so a short timeout is not applied to it
+        if missing and silent_s > max(self.timeout_s, START_FLOOR_S):
+            raise RunFailed(f"start-up stalled ({key}, at least {START_FLOOR_S:g}s for a process to start): "
+                            f"{', '.join(missing)} gave no sign of life within {silent_s:.0f}s of being created "
+                            "(its process never started -- Ray could not place it -- or it was stopped before its "
+                            "first line)")
 
     def state(self, wait_s: float = 2.0) -> dict:
         from fully_async.cluster.ray_utils import UNRESPONSIVE

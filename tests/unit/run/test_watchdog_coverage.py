@@ -119,16 +119,18 @@ def test_a_trainer_stopped_in_its_constructor_is_named_with_where_it_was():
 
 
 def test_an_actor_that_never_beats_is_named_after_the_bound_only():
+    """The bound is the timeout (20 s here), but at least START_FLOOR_S (30 s) for a process to start at all."""
     clock, kv = Clock(), KV()
     w = dog({}, clock, kv, beating=("trainer", "rollouter"))
     kv.beat(12, "rollouter")
-    for _ in range(20):
+    for _ in range(30):
         clock.t += 1.0
         kv.beat(12, "rollouter")
         w.check_start()
     clock.t += 1.5
     kv.beat(12, "rollouter")
-    with pytest.raises(RunFailed, match=r"trainer gave no sign of life within 22s of being created"):
+    with pytest.raises(RunFailed, match=r"at least 30s for a process to start\): trainer gave no sign of life "
+                                        r"within 32s of being created"):
         w.check_start()
 
 
