@@ -308,7 +308,12 @@ class Turns:
                 metrics[f"multi_job/{name}/lease_wait_s"] = ph.waited_s
                 metrics[f"multi_job/{name}/shared"] = float(together)
                 self.counts["shared"] += together
-            yield ph, metrics
+            try:
+                yield ph, metrics
+            except Exception as exc:
+                if together and _out_of_memory(exc):
+                    raise self._shared_oom(name, exc) from exc
+                raise
             if self.shared:
                 self._measure(tenant, together)
                 need = getattr(self.outer.client, "need_gib", None)
@@ -346,12 +351,34 @@ class Turns:
         if len(self.measured) == 2:
             client.need_gib = max(getattr(client, "need_gib", None) or 0.0, sum(self.measured.values()))
 
+    def _shared_oom(self, phase: str, exc: BaseException) -> Exception:
+        """The device ran out of memory in a phase this job held beside other jobs: say what was declared and how
+        to take turns instead (the allocator's own message follows as the cause)."""
+        from fully_async.cluster.ray_utils import RunFailed
+
+        client = self.outer.client
+        need, capacity = getattr(client, "need_gib", None), getattr(client, "capacity_gib", None)
+        declared = (f"this job declared {need:.1f} GiB of the device's {capacity:.1f}" if need and capacity else
+                    "this job's declared need")
+        return RunFailed(f"the device ran out of memory in the {phase} phase while this job shared it with other "
+                         f"jobs (multi_job.co_tenancy=true; {declared}): a job's memory grew past what it declared. "
+                         "Set multi_job.co_tenancy=false to take turns on the device, or a smaller "
+                         f"multi_job.device_memory_gib to leave more room ({type(exc).__name__}: {exc})")
+
     def _drop(self, ph: Any) -> None:
         """The pool wants the state this job kept on the devices off them (another job's request needs the room)."""
         for tenant in ("engines", "trainer"):
             self.put_off(ph, tenant, "drop")
         self.kept = False
         self.counts["dropped"] += 1
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """A device allocator's out-of-memory error (torch's, or one whose message says so: NPU, a Ray-wrapped one)."""
+    import torch
+
+    oom = getattr(torch, "OutOfMemoryError", None)
+    return (oom is not None and isinstance(exc, oom)) or "out of memory" in str(exc).lower()
 
 
 class Elastic(Dedicated):

@@ -223,3 +223,24 @@ def test_a_declared_estimate_lets_building_keep_both_tenants_on():
     with plain.setup():
         pass
     assert log == [("engines", "off", "setup"), ("trainer", "off", "setup")] and not plain.kept
+
+
+def test_running_out_of_memory_while_sharing_names_co_tenancy_and_how_to_take_turns():
+    import pytest
+    import torch
+
+    from fully_async.cluster.ray_utils import RunFailed
+
+    client = FakeClient(share=True)
+    nothing = (lambda ph, phase: {}, lambda ph, phase: {})
+    turns = Turns(PoolLease(client), engines=nothing, trainer=nothing, measure=lambda kind: (5.0, 100.0))
+    turns.declare(12.0, 100.0)
+    with pytest.raises(RunFailed, match=r"in the train phase while this job shared it .*declared 12.0 GiB of the "
+                                        r"device's 100.0.*multi_job.co_tenancy=false") as err:
+        with turns.phase("trainer", "train"):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert isinstance(err.value.__cause__, torch.OutOfMemoryError)
+    alone = Turns(PoolLease(FakeClient()), engines=nothing, trainer=nothing)
+    with pytest.raises(torch.OutOfMemoryError):        # not shared: the allocator's own error, unchanged
+        with alone.phase("trainer", "train"):
+            raise torch.OutOfMemoryError("CUDA out of memory")
