@@ -36,10 +36,9 @@ from fully_async.rollout.generation import (group_pendings, make_group, run_to_c
                                             score_with_reward_model, validate, validation_metrics, validation_samples,
                                             validation_texts)
 from fully_async.core.types import PromptRecord, SamplingParams
+from fully_async.planner.memory_model import CO_TENANT_CONTEXT_GIB
 
 logger = logging.getLogger(__name__)
-
-CONTEXT_GIB = 1.0   # a process's device context and library workspaces, outside the allocator (co-tenancy's count)
 
 
 class SyncWorker(DriverFacing):
@@ -156,7 +155,7 @@ class SyncWorker(DriverFacing):
         import os
 
         from fully_async.planner.hardware import Shape
-        from fully_async.planner.memory_model import GIB, engine_memory, trainer_memory
+        from fully_async.planner.memory_model import GIB, co_tenant_need_gib
 
         capacity = self._capacity_gib()
         if capacity is None:
@@ -172,8 +171,7 @@ class SyncWorker(DriverFacing):
         mp = (actor.megatron.tensor_model_parallel_size * actor.megatron.pipeline_model_parallel_size
               if actor.strategy == "megatron" else 1)
         dp = max(1, self.placement.plan.trainer_devices // mp)
-        both = trainer_memory(cfg, shape, dp).total + engine_memory(cfg, shape, capacity * GIB).total
-        need = 1.2 * (both / GIB + CONTEXT_GIB)
+        need = co_tenant_need_gib(cfg, shape, dp, capacity * GIB)
         logger.info("device pool: co-tenancy: this job's estimated need %.1f GiB of %.1f per device (memory model, "
                     "20%% over; measurements raise it)", need, capacity)
         return need, capacity
@@ -191,7 +189,7 @@ class SyncWorker(DriverFacing):
             return None, None
         if not self.device.is_accelerator:
             return host_rss_gib(), capacity
-        held = self.device.memory_stats()["reserved_gib"] + CONTEXT_GIB
+        held = self.device.memory_stats()["reserved_gib"] + CO_TENANT_CONTEXT_GIB
         if self.turns.on["engines"]:
             held += self.pool.memory_report().get("memory/rollout/engine_gib", 0.0)
         return held, capacity

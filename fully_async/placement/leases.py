@@ -207,10 +207,12 @@ class LeaseBook:
 
     def usable_gib(self, device: int) -> Optional[float]:
         """What holders may declare on `device` together (its capacity less the margin), None when unknown."""
+        from fully_async.planner.memory_model import co_tenant_usable_gib
+
         cap = self.capacity.get(device)
         if cap is None or not self.co_tenancy:
             return None
-        return cap - max(self.margin_min_gib, self.margin_fraction * cap)
+        return co_tenant_usable_gib(cap, self.margin_fraction, self.margin_min_gib)
 
     def _fits(self, lease: Lease, with_kept: bool = True) -> bool:
         """Could `lease` hold its devices now, given the holders and (with_kept) the kept state on them?"""

@@ -321,6 +321,22 @@ def colocated_memory(cfg: Any, trainer: RoleMemory, engine: RoleMemory) -> RoleM
     return mem
 
 
+CO_TENANT_CONTEXT_GIB = 1.0    # a process's context and library workspaces (what a pool job adds to its estimate)
+CO_TENANT_OVER = 1.2           # the estimate a pool job declares before it measures: 20% over the model
+
+
+def co_tenant_need_gib(cfg: Any, shape: Shape, dp: int, capacity_bytes: float) -> float:
+    """What a sync job on a device pool declares per device before anything is measured (multi_job.co_tenancy,
+    placement/leases.py): its trainer and engines on at once, plus its context, 20% over."""
+    both = trainer_memory(cfg, shape, dp).total + engine_memory(cfg, shape, capacity_bytes).total
+    return CO_TENANT_OVER * (both / GIB + CO_TENANT_CONTEXT_GIB)
+
+
+def co_tenant_usable_gib(capacity_gib: float, margin_fraction: float = 0.1, margin_min_gib: float = 2.0) -> float:
+    """What the pool lets co-tenants declare together on a device (leases.LeaseBook.usable_gib's rule)."""
+    return capacity_gib - max(margin_min_gib, margin_fraction * capacity_gib)
+
+
 def verdict(total_bytes: float, capacity_bytes: float, warn_fraction: float = 0.9) -> str:
     """fits | tight (over warn_fraction of capacity) | does not fit."""
     if total_bytes > capacity_bytes:

@@ -27,7 +27,8 @@ from typing import Any, Optional
 
 from fully_async.core.config import ConfigError, uses_critic
 from fully_async.planner.hardware import DEVICES, DeviceSpec, Shape, known_shape
-from fully_async.planner.memory_model import GIB, colocated_memory, engine_memory, trainer_memory, verdict
+from fully_async.planner.memory_model import (GIB, co_tenant_need_gib, co_tenant_usable_gib, colocated_memory,
+                                             engine_memory, trainer_memory, verdict)
 from fully_async.planner.sim_engine import data_parallel_speedup
 from fully_async.run.plan_format import format_text
 from fully_async.run.plan_options import PlanOptions, parse, split_overrides
@@ -140,15 +141,28 @@ def engine_stays_resident(cfg: Any, shape: Shape, spec: DeviceSpec) -> tuple[boo
     free_cache_engine=false: yes; true: where the runtime would find that both fit (device_memory/policy.py), as
     the memory model sees it: trainer and engine within 90% of the device; never with the force key, a pool or an
     offloading trainer."""
-    from fully_async.device_memory.policy import engine_memory_mode
+    from fully_async.device_memory.policy import PRIVATE_POOL_MARK, engine_memory_mode
 
     mode, why = engine_memory_mode(cfg)
-    if mode != "auto":
-        return mode == "keep", why
     actor = cfg.actor_rollout_ref.actor
     mp = actor.megatron.tensor_model_parallel_size * actor.megatron.pipeline_model_parallel_size \
         if actor.strategy == "megatron" else 1
     capacity = spec.memory_gib * GIB
+    mj = cfg.multi_job
+    if (mode == "free" and cfg.mode == "sync" and mj.pool is not None and PRIVATE_POOL_MARK not in mj.pool
+            and mj.co_tenancy and not cfg.actor_rollout_ref.rollout.free_cache_engine_force):
+        # co-tenancy (placement/leases.py): a lease granted on the job's declared need switches nothing
+        need = co_tenant_need_gib(cfg, shape, max(1, cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node // mp),
+                                  capacity)
+        room = co_tenant_usable_gib(spec.memory_gib)
+        jobs = max(0, int(room // need)) if need > 0 else 0
+        return jobs >= 1, (f"multi_job.pool with co-tenancy: this job declares {need:.1f} GiB (memory model, 20% "
+                           f"over) of the {room:.0f} GiB the pool shares of {spec.memory_gib:.0f}: "
+                           + (f"{jobs} such job(s) hold the device at once, nothing switching (a job that does not "
+                              "fit beside them makes each switch free the engine)" if jobs else
+                              "it does not fit even alone, so it takes the device alone and frees at each switch"))
+    if mode != "auto":
+        return mode == "keep", why
     both = trainer_memory(cfg, shape, max(1, cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node // mp)).total + \
         engine_memory(cfg, shape, capacity).total
     fits = both <= 0.9 * capacity

@@ -230,3 +230,28 @@ def test_the_switch_prices_the_engine_weights_only_where_the_engine_frees_its_me
     assert engine_stays_resident(forced, shape, big) == (False, "actor_rollout_ref.rollout.free_cache_engine_force=true")
     kept = load_config(["mode=sync", "actor_rollout_ref.rollout.free_cache_engine=false"])
     assert engine_stays_resident(kept, shape, tiny)[0]
+
+
+def test_a_pool_job_with_co_tenancy_is_planned_resident_where_its_estimate_fits():
+    """multi_job.pool with co-tenancy: the job declares the memory model's estimate (20% over); where it fits the
+    pool's share of the device, leases switch nothing and the plan prices no engine weights at the switch; where it
+    does not, or with co-tenancy off, each switch frees."""
+    import dataclasses
+
+    from fully_async.planner.hardware import DEVICES
+    from fully_async.planner.memory_model import co_tenant_need_gib
+    from fully_async.run.hydra_setup import load_config
+    from fully_async.run.plan_cli import engine_stays_resident, model_shape
+
+    pool = ["mode=sync", "multi_job.pool=p", "multi_job.ray_address=127.0.0.1:1"]
+    cfg = load_config(pool)
+    shape, _ = model_shape(cfg)
+    big = next(iter(DEVICES.values()))
+    need = co_tenant_need_gib(cfg, shape, 1, big.memory_gib * 2**30)
+    fits, why = engine_stays_resident(cfg, shape, big)
+    assert fits and f"declares {need:.1f} GiB" in why and "hold the device at once" in why
+    tiny = dataclasses.replace(big, memory_gib=need)      # the margin leaves less than the need
+    fits, why = engine_stays_resident(cfg, shape, tiny)
+    assert not fits and "does not fit even alone" in why
+    off = load_config([*pool, "multi_job.co_tenancy=false"])
+    assert engine_stays_resident(off, shape, big) == (False, "multi_job.pool=p: other jobs lease these devices")
