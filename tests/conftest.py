@@ -36,6 +36,19 @@ _sys.path.insert(0, os.path.dirname(__file__))  # tests_helpers, fakes
 
 
 @pytest.fixture(scope="module", autouse=True)
+def _machine_share(request):
+    """Under the suite's workers (-n 2): a module marked `alone` runs while the other worker waits
+    (suite_budget.machine_share); in one process nothing is shared."""
+    if not hasattr(request.config, "workerinput"):
+        yield
+        return
+    from suite_budget import machine_share
+
+    with machine_share(str(request.config.rootpath), request.node.get_closest_marker("alone") is not None):
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
 def _shared_ray_only_where_asked(request):
     """tests_helpers.ray_session leaves its Ray up for the next module that asks for the same one: a module none of
     whose tests use the `ray_session` fixture starts with no Ray in this process (it may start its own, or run code

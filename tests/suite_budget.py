@@ -9,6 +9,7 @@ that line is named in the summary; nothing fails on time alone (a noisy machine 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import sys
@@ -24,6 +25,34 @@ _started = [0.0]
 
 def pytest_configure(config):
     _started[0] = time.time()
+
+
+@contextlib.contextmanager
+def machine_share(rootdir: str, alone: bool):
+    """The suite's two workers share the machine module by module: a module marked `alone` (timing-sensitive: it
+    measures real parallelism, or a race that load reorders) runs while the other worker waits; every other module
+    holds the machine shared.  Two flock'ed files under the temp dir, per checkout: a turnstile every module passes
+    (an `alone` one keeps it, so the other worker cannot start new modules meanwhile) and the room, shared or
+    exclusive."""
+    import fcntl
+    import hashlib
+    import tempfile
+
+    base = os.path.join(tempfile.gettempdir(),
+                        f"fully_async_suite_{hashlib.sha1(rootdir.encode()).hexdigest()[:12]}")
+    with open(base + ".turnstile", "a+") as turnstile, open(base + ".room", "a+") as room:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(room, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
 def pytest_collection_modifyitems(session, config, items):

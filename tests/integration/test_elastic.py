@@ -10,7 +10,7 @@ from fully_async.run.hydra_setup import load_config
 import tests_helpers
 from tests_helpers import SYNC_LEARNING as COMMON, SYNC_LEARNING_STEPS as STEPS, read_scalars
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]   # timing: see suite_budget.machine_share
 # one group (rollout.n=8) per engine at a time: the rollout replica alone cannot keep up, so the trainer waits and
 # lends its engine
 ELASTIC = ["async_training.placement=elastic", "actor_rollout_ref.rollout.max_num_seqs=8"]
