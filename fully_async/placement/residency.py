@@ -274,10 +274,7 @@ class Turns:
         with self.outer.phase("setup") as ph:
             with ph.span("build"):
                 yield ph
-            need = getattr(self.outer.client, "need_gib", None)
-            if getattr(ph, "shared", False) and need is not None and self.outer.client.keep(need):
-                self.kept = True
-                self.counts["kept"] += 1
+            if self._keep_on(getattr(ph, "shared", False)):
                 return
             self.put_off(ph, "engines", "setup")
             self.put_off(ph, "trainer", "setup")
@@ -317,14 +314,20 @@ class Turns:
             if self.shared:
                 self._measure(tenant, together)
                 need = getattr(self.outer.client, "need_gib", None)
-                if together and need is not None and self.outer.client.keep(need):
-                    self.kept = True
-                    self.counts["kept"] += 1
-                else:
+                if not self._keep_on(together):
                     metrics.update(self.put_off(ph, other, name))
                     metrics.update(self.put_off(ph, tenant, name))
                 metrics[f"multi_job/{name}/kept"] = float(self.kept)
                 metrics["multi_job/need_gib"] = need or 0.0
+
+    def _keep_on(self, granted_on_need: bool) -> bool:
+        """Ending a lease granted on the job's declared need: does the pool let its state stay on the devices?"""
+        need = getattr(self.outer.client, "need_gib", None)
+        if not granted_on_need or need is None or not self.outer.client.keep(need):
+            return False
+        self.kept = True
+        self.counts["kept"] += 1
+        return True
 
     def _measure(self, tenant: str, together: bool) -> None:
         """At the end of a phase, still holding: what the job holds now.  A phase with one tenant on measures that
