@@ -151,26 +151,20 @@ class SyncWorker(DriverFacing):
         with its trainer and engines on at once (planner/memory_model.py, its context added), 20% over, so that
         building and the first steps can share the device too; (None, capacity) where the model's config.json is
         not readable here (the first phases then hold the device alone and are measured)."""
-        import json
-        import os
-
         from fully_async.planner.hardware import Shape
-        from fully_async.planner.memory_model import GIB, co_tenant_need_gib
+        from fully_async.planner.memory_model import GIB, co_tenant_need_gib, trainer_dp
 
         capacity = self._capacity_gib()
         if capacity is None:
             return None, None
         cfg = self.cfg
         try:
-            with open(os.path.join(str(cfg.actor_rollout_ref.model.path), "config.json")) as fh:
-                config = json.load(fh)
-            shape = Shape.of(config.get("text_config", config) if "hidden_size" not in config else config)
-        except (OSError, ValueError, KeyError, TypeError):
+            shape = Shape.from_dir(str(cfg.actor_rollout_ref.model.path))
+        except ValueError:
+            shape = None
+        if shape is None:
             return None, capacity
-        actor = cfg.actor_rollout_ref.actor
-        mp = (actor.megatron.tensor_model_parallel_size * actor.megatron.pipeline_model_parallel_size
-              if actor.strategy == "megatron" else 1)
-        dp = max(1, self.placement.plan.trainer_devices // mp)
+        dp = trainer_dp(cfg, self.placement.plan.trainer_devices)
         need = co_tenant_need_gib(cfg, shape, dp, capacity * GIB)
         logger.info("device pool: co-tenancy: this job's estimated need %.1f GiB of %.1f per device (memory model, "
                     "20%% over; measurements raise it)", need, capacity)

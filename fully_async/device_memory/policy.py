@@ -9,16 +9,18 @@ mode is one of:
           memory; with co-tenancy, placement/leases.py, a job whose memory fits beside theirs has no switch at
           all), a trainer that offloads between turns (its memory comes back at its onload, where a measurement
           taken while it is away cannot see it), or an engine without the measurement (vLLM: its own sleep mode)
-    auto  free_cache_engine=true otherwise: free at the first switch (the trainer's peak is not known yet), then keep
-          the engine resident at a switch when the device's free memory, measured with the engine resident and the
-          trainer holding what its allocator kept of its largest step, leaves `margin` for the trainer to grow
-          (10% of the device, at least 2 GiB); free again as soon as it does not.  Said once in the log, with the
-          numbers, and at every change.
+    auto  free_cache_engine=true otherwise: keep the engine resident at a switch when the device's free memory,
+          measured with the engine resident and the trainer holding what its allocator kept of its largest step,
+          leaves `margin` for the trainer to grow (10% of the device, at least 2 GiB); free again as soon as it does
+          not.  Before the trainer's first turn its peak is not measured yet: the first switch keeps the engine
+          only where the memory model's estimate of that peak (planner/memory_model.py trainer_estimate_bytes,
+          20% over, its context added) fits in what is free beside the margin, and frees where there is no
+          estimate or it does not fit.  Said once in the log, with the numbers, and at every change.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +52,11 @@ class KeepWhenFits:
     """The `auto` decision of one engine, switch by switch."""
 
     def __init__(self, mode: str, margin_fraction: float = 0.1, margin_min_bytes: float = 2 * GIB,
-                 label: str = "embedded engine"):
+                 label: str = "embedded engine", estimate_bytes: Optional[float] = None):
         if mode not in ("keep", "free", "auto"):
             raise ValueError(f"engine memory mode {mode!r} is not one of ['keep', 'free', 'auto']")
         self.mode, self.label = mode, label
+        self.estimate_bytes = estimate_bytes   # the memory model's peak of the other tenant, for its first turn
         self.margin_fraction, self.margin_min_bytes = margin_fraction, margin_min_bytes
         self.measured = False        # the other tenant has had a turn: its allocator holds its peak
         self.last: bool = mode == "keep"
@@ -72,7 +75,8 @@ class KeepWhenFits:
         if self.mode != "auto":
             keep = self.mode == "keep"
         else:
-            keep = self.measured and total > 0 and free >= self.margin(total)
+            need = 0.0 if self.measured else self.estimate_bytes
+            keep = need is not None and total > 0 and free >= need + self.margin(total)
             if keep != self.last or not self.said:
                 self._say(keep, free, total, engine_bytes)
         self.last = keep
@@ -83,12 +87,18 @@ class KeepWhenFits:
         numbers = (f"{engine_bytes / GIB:.2f} GiB of engine memory; the device has {free / GIB:.1f} of "
                    f"{total / GIB:.1f} GiB free beside both tenants, margin {self.margin(total) / GIB:.1f} GiB")
         if keep:
-            logger.info("%s: free_cache_engine=true, but the trainer fits beside the resident engine: it keeps its "
+            basis = ("" if self.measured else f" (its first turn: the memory model's estimate of its peak, "
+                     f"{self.estimate_bytes / GIB:.1f} GiB, fits in what is free beside the margin)")
+            logger.info("%s: free_cache_engine=true, but the trainer fits beside the resident engine%s: it keeps its "
                         "%s (actor_rollout_ref.rollout.free_cache_engine_force=true frees it anyway)", self.label,
-                        numbers)
+                        basis, numbers)
             self.said = True
         elif self.measured:
             logger.info("%s: free_cache_engine=true: the engine frees its memory at each switch (%s)", self.label,
                         numbers)
             self.said = True
-        # (before the first measurement nothing is said: the first switch always frees)
+        elif self.estimate_bytes is not None:
+            logger.info("%s: free_cache_engine=true: the memory model's estimate of the trainer's peak (%.1f GiB) "
+                        "does not fit beside the resident engine (%s): the first switch frees, and the trainer's "
+                        "measured peak decides the next ones", self.label, self.estimate_bytes / GIB, numbers)
+        # (without an estimate nothing is said before the first measurement: the first switch frees)

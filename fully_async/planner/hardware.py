@@ -10,6 +10,8 @@ Hugging Face Hub, so `plan` can size a model whose weights are not on this machi
 """
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 
 
@@ -97,6 +99,21 @@ class Shape:
                    bool(config.get("tie_word_embeddings", False)),
                    bool(config.get("attention_bias", mtype == "qwen2")),
                    bool(config.get("qk_norm", mtype == "qwen3")))
+
+    @classmethod
+    def from_dir(cls, path: str) -> "Shape | None":
+        """The shape of the model in the local folder `path` (its config.json; a multimodal model's text_config),
+        or None where the folder has no config.json.  A config.json that is not a readable dense decoder raises
+        ValueError naming the file."""
+        config_json = os.path.join(str(path), "config.json")
+        if not os.path.isfile(config_json):
+            return None
+        try:
+            with open(config_json) as fh:
+                config = json.load(fh)
+            return cls.of(config.get("text_config", config) if "hidden_size" not in config else config)
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{config_json}: {exc}") from exc
 
     def layer_params(self) -> int:
         h, d = self.hidden, self.head_dim

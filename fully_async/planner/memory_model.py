@@ -325,6 +325,24 @@ CO_TENANT_CONTEXT_GIB = 1.0    # a process's context and library workspaces (wha
 CO_TENANT_OVER = 1.2           # the estimate a pool job declares before it measures: 20% over the model
 
 
+def trainer_dp(cfg: Any, devices: int | None = None) -> int:
+    """The trainer's data-parallel size on `devices` (default: the trainer's own, trainer.nnodes x n_gpus_per_node):
+    megatron's tensor x pipeline parallel ranks hold one replica."""
+    actor = cfg.actor_rollout_ref.actor
+    mp = (actor.megatron.tensor_model_parallel_size * actor.megatron.pipeline_model_parallel_size
+          if actor.strategy == "megatron" else 1)
+    if devices is None:
+        devices = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    return max(1, devices // mp)
+
+
+def trainer_estimate_bytes(cfg: Any, shape: Shape) -> float:
+    """What the trainer's peak is taken to be per device before it is measured (device_memory/policy.py: the first
+    switch of free_cache_engine=true keeps the engine resident only where this fits beside it): the model's
+    estimate with its context, 20% over, as a pool job declares (co_tenant_need_gib)."""
+    return CO_TENANT_OVER * (trainer_memory(cfg, shape, trainer_dp(cfg)).total + CO_TENANT_CONTEXT_GIB * GIB)
+
+
 def co_tenant_need_gib(cfg: Any, shape: Shape, dp: int, capacity_bytes: float) -> float:
     """What a sync job on a device pool declares per device before anything is measured (multi_job.co_tenancy,
     placement/leases.py): its trainer and engines on at once, plus its context, 20% over."""

@@ -28,7 +28,7 @@ from typing import Any, Optional
 from fully_async.core.config import ConfigError, uses_critic
 from fully_async.planner.hardware import DEVICES, DeviceSpec, Shape, known_shape
 from fully_async.planner.memory_model import (GIB, co_tenant_need_gib, co_tenant_usable_gib, colocated_memory,
-                                             engine_memory, trainer_memory, verdict)
+                                             engine_memory, trainer_dp, trainer_memory, verdict)
 from fully_async.planner.sim_engine import data_parallel_speedup
 from fully_async.run.plan_format import format_text
 from fully_async.run.plan_options import PlanOptions, parse, split_overrides
@@ -42,15 +42,12 @@ WARMUP_STEPS = 2          # simulated steps left out of the steady rate (the asy
 def model_shape(cfg: Any) -> tuple[Shape, str]:
     """The model's shape and where it came from: the local config.json, else the built-in table."""
     path = str(cfg.actor_rollout_ref.model.path)
-    config_json = os.path.join(path, "config.json")
-    if os.path.isfile(config_json):
-        with open(config_json) as fh:
-            config = json.load(fh)
-        config = config.get("text_config", config) if "hidden_size" not in config else config
-        try:
-            return Shape.of(config), f"{config_json}"
-        except ValueError as exc:
-            raise ConfigError("actor_rollout_ref.model.path", f"{config_json}: {exc}") from exc
+    try:
+        local = Shape.from_dir(path)
+    except ValueError as exc:
+        raise ConfigError("actor_rollout_ref.model.path", str(exc)) from exc
+    if local is not None:
+        return local, os.path.join(path, "config.json")
     known = known_shape(path)
     if known is None:
         from fully_async.planner.hardware import MODEL_SHAPES
@@ -144,16 +141,12 @@ def engine_stays_resident(cfg: Any, shape: Shape, spec: DeviceSpec) -> tuple[boo
     from fully_async.device_memory.policy import PRIVATE_POOL_MARK, engine_memory_mode
 
     mode, why = engine_memory_mode(cfg)
-    actor = cfg.actor_rollout_ref.actor
-    mp = actor.megatron.tensor_model_parallel_size * actor.megatron.pipeline_model_parallel_size \
-        if actor.strategy == "megatron" else 1
     capacity = spec.memory_gib * GIB
     mj = cfg.multi_job
     if (mode == "free" and cfg.mode == "sync" and mj.pool is not None and PRIVATE_POOL_MARK not in mj.pool
             and mj.co_tenancy and not cfg.actor_rollout_ref.rollout.free_cache_engine_force):
         # co-tenancy (placement/leases.py): a lease granted on the job's declared need switches nothing
-        need = co_tenant_need_gib(cfg, shape, max(1, cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node // mp),
-                                  capacity)
+        need = co_tenant_need_gib(cfg, shape, trainer_dp(cfg), capacity)
         room = co_tenant_usable_gib(spec.memory_gib)
         jobs = max(0, int(room // need)) if need > 0 else 0
         return jobs >= 1, (f"multi_job.pool with co-tenancy: this job declares {need:.1f} GiB (memory model, 20% "
@@ -163,8 +156,7 @@ def engine_stays_resident(cfg: Any, shape: Shape, spec: DeviceSpec) -> tuple[boo
                               "it does not fit even alone, so it takes the device alone and frees at each switch"))
     if mode != "auto":
         return mode == "keep", why
-    both = trainer_memory(cfg, shape, max(1, cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node // mp)).total + \
-        engine_memory(cfg, shape, capacity).total
+    both = trainer_memory(cfg, shape, trainer_dp(cfg)).total + engine_memory(cfg, shape, capacity).total
     fits = both <= 0.9 * capacity
     return fits, (f"free_cache_engine=true: trainer + engine {both / GIB:.1f} GiB "
                   f"{'within' if fits else 'over'} 90% of {spec.memory_gib:.0f} GiB: the engine "
@@ -267,14 +259,10 @@ def run_stage_costs(log_dir: str) -> tuple[Any, float, int]:
 
 # ----------------------------------------------------------------------------------- sections
 def memory_section(cfg: Any, shape: Shape, spec: DeviceSpec, opts: PlanOptions) -> dict:
-    actor = cfg.actor_rollout_ref.actor
     trainer_devices = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    mp = actor.megatron.tensor_model_parallel_size * actor.megatron.pipeline_model_parallel_size \
-        if actor.strategy == "megatron" else 1
-    dp = max(1, trainer_devices // mp)
     capacity = spec.memory_gib * GIB
     context = opts.context_gib * GIB
-    trainer = trainer_memory(cfg, shape, dp)
+    trainer = trainer_memory(cfg, shape, trainer_dp(cfg))
     engine = engine_memory(cfg, shape, capacity)
     roles = [colocated_memory(cfg, trainer, engine)] if cfg.mode == "sync" else [trainer, engine]
     rows = []
@@ -283,7 +271,7 @@ def memory_section(cfg: Any, shape: Shape, spec: DeviceSpec, opts: PlanOptions) 
         rows.append(dict(role.as_dict(), verdict=verdict(role.total, capacity, opts.warn_fraction)))
     if cfg.mode == "async":  # what the same devices would need as the sync loop (informational, not a verdict)
         n = trainer_devices + cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
-        sync_trainer = trainer_memory(cfg, shape, max(1, n // mp))
+        sync_trainer = trainer_memory(cfg, shape, trainer_dp(cfg, n))
         sync_engine = engine_memory(cfg, shape, capacity)
         sync_engine.parts["weights"] *= cfg.actor_rollout_ref.rollout.tensor_model_parallel_size  # sync: rollout tp 1
         role = colocated_memory(cfg, sync_trainer, sync_engine)

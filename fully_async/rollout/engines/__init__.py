@@ -1,7 +1,7 @@
 """Rollout engines (layer 5); each implementation lives in its own file and is imported lazily."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from fully_async.rollout.engines.base import RolloutEngine
 
@@ -34,14 +34,35 @@ def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: 
         from fully_async.rollout.engines.hf_engine import HFEngine
 
         job = cfg.multi_job.job_name or cfg.trainer.experiment_name
+        auto = engine_memory_mode(cfg)[0] == "auto"
         return HFEngine(cfg.actor_rollout_ref.model.path, max_num_batched_tokens=rollout.max_num_batched_tokens,
-                        keep_when_fits=engine_memory_mode(cfg)[0] == "auto", memory_tag=f"{job}/rollout{replica}",
-                        **hf_kwargs)
+                        keep_when_fits=auto, trainer_estimate_bytes=_trainer_estimate(cfg) if auto else None,
+                        memory_tag=f"{job}/rollout{replica}", stage_swaps=_holds_through_turns(cfg), **hf_kwargs)
     if rollout.name == "vllm":
         from fully_async.rollout.engines.vllm_engine import VLLMEngine
         return VLLMEngine.from_config(cfg, device, eos_token_ids, seed=seed)
     raise ValueError(f"actor_rollout_ref.rollout.name={rollout.name!r} is not one of ['hf', 'vllm'] "
                      "or 'package.module:Class'")
+
+
+def _holds_through_turns(cfg: Any) -> bool:
+    """Do this run's engines sleep with responses in flight (async runs whose engines share the trainer's devices:
+    their KV is swapped to host memory through the trainer's turn), so that a swap buffer is worth making at
+    start-up (HFEngine.prepare_staging)?"""
+    return cfg.mode == "async" and cfg.async_training.placement in ("colocated", "elastic")
+
+
+def _trainer_estimate(cfg: Any) -> Optional[float]:
+    """The memory model's estimate of the trainer's peak per device (planner/memory_model.py trainer_estimate_bytes),
+    which decides the first switch of free_cache_engine=true; None where the model's shape is not readable here."""
+    from fully_async.planner.hardware import Shape
+    from fully_async.planner.memory_model import trainer_estimate_bytes
+
+    try:
+        shape = Shape.from_dir(str(cfg.actor_rollout_ref.model.path))
+    except ValueError:
+        return None
+    return None if shape is None else trainer_estimate_bytes(cfg, shape)
 
 
 __all__ = ["RolloutEngine", "build_engine"]

@@ -192,7 +192,8 @@ class HFEngine(EngineSleep):
                  graph_batch_sizes: Optional[list[int]] = None, free_cache_engine: bool = True,
                  fused_decode: bool = True, split_kv: Optional[bool] = None, keep_in_flight: bool = False,
                  quantization: Optional[str] = None, max_num_batched_tokens: Optional[int] = None,
-                 keep_when_fits: bool = False, device_memory: str = "auto", memory_tag: str = "run/rollout"):
+                 keep_when_fits: bool = False, device_memory: str = "auto", memory_tag: str = "run/rollout",
+                 trainer_estimate_bytes: Optional[float] = None, stage_swaps: bool = False):
         from transformers import AutoModelForCausalLM
 
         start = time.perf_counter()
@@ -225,7 +226,8 @@ class HFEngine(EngineSleep):
         # free_cache_engine: freed at every switch, or (keep_when_fits) kept resident where the trainer fits beside it
         from fully_async.device_memory.policy import KeepWhenFits
 
-        self.choice = KeepWhenFits("keep" if not free_cache_engine else "auto" if keep_when_fits else "free")
+        self.choice = KeepWhenFits("keep" if not free_cache_engine else "auto" if keep_when_fits else "free",
+                                   estimate_bytes=trainer_estimate_bytes)
         self._decided: Optional[bool] = None     # keeps_resident()'s answer, for the sleep that follows it
         self._resident_sleep = False             # asleep without freeing anything
         self._turn = False                       # the current sleep followed generation (the trainer's turn)
@@ -315,10 +317,12 @@ class HFEngine(EngineSleep):
         self.compiled = self._fused is not None and self._fused.compiled
         if self._graph_api is not None:
             self._capture_graphs()
+        staged = self.prepare_staging() if stage_swaps else None
         self.startup_s = time.perf_counter() - start
-        logger.info("embedded engine on %s ready in %.1fs (%s)", device.name, self.startup_s,
+        logger.info("embedded engine on %s ready in %.1fs (%s%s)", device.name, self.startup_s,
                     f"{len(self._graphs)} {'compiled ' if self.compiled else ''}decode graphs captured in "
-                    f"{self.graph_capture_s:.1f}s" if self._graph_api is not None else "eager decode")
+                    f"{self.graph_capture_s:.1f}s" if self._graph_api is not None else "eager decode",
+                    f"; {staged:.2f} GiB of pinned host memory for the swaps of its switches" if staged else "")
 
     # ------------------------------------------------------------------ contract
     def submit(self, requests: list[GenRequest]) -> None:

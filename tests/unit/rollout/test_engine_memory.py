@@ -72,6 +72,40 @@ def test_keep_when_fits_frees_until_measured_then_keeps_what_fits(caplog):
         KeepWhenFits("sometimes")
 
 
+def test_the_first_switch_keeps_the_engine_where_the_memory_models_estimate_of_the_trainer_fits(caplog):
+    total = 100 * GIB
+    with caplog.at_level(logging.INFO, logger="fully_async.device_memory.policy"):
+        fits = KeepWhenFits("auto", estimate_bytes=40 * GIB)
+        assert fits.decide(60 * GIB, total, 10 * GIB)           # 60 free >= 40 estimated + 10 margin: kept at once
+        tight = KeepWhenFits("auto", estimate_bytes=40 * GIB)
+        assert not tight.decide(45 * GIB, total, 10 * GIB)      # 45 < 40 + 10: the first switch frees
+        tight.other_turn_seen()
+        assert tight.decide(45 * GIB, total, 10 * GIB)          # measured: the trainer's peak is already held
+    said = [r.getMessage() for r in caplog.records]
+    assert "memory model's estimate of its peak, 40.0 GiB" in said[0] and "keeps its 10.00 GiB" in said[0]
+    assert "does not fit beside the resident engine" in said[1] and "45.0 of 100.0 GiB free" in said[1]
+    assert "keeps its" in said[2] and "estimate" not in said[2]
+    assert not KeepWhenFits("free", estimate_bytes=0.0).decide(99 * GIB, total, GIB)   # the force key wins
+
+
+def test_the_trainer_estimate_reads_the_models_config(tmp_path, random_model_dir):
+    from fully_async.run.hydra_setup import load_config
+    from fully_async.planner.hardware import Shape
+    from fully_async.planner.memory_model import trainer_estimate_bytes, trainer_memory
+    from fully_async.rollout.engines import _trainer_estimate
+
+    cfg = load_config([f"actor_rollout_ref.model.path={random_model_dir}"])
+    shape = Shape.from_dir(random_model_dir)
+    got = _trainer_estimate(cfg)
+    assert got == trainer_estimate_bytes(cfg, shape) > 1.2 * trainer_memory(cfg, shape, 1).total
+    assert Shape.from_dir(str(tmp_path)) is None
+    assert _trainer_estimate(load_config([f"actor_rollout_ref.model.path={tmp_path}"])) is None  # no config.json
+    (tmp_path / "config.json").write_text('{"hidden_size": 8}')
+    with pytest.raises(ValueError, match="config.json.*no num_hidden_layers"):
+        Shape.from_dir(str(tmp_path))
+    assert _trainer_estimate(load_config([f"actor_rollout_ref.model.path={tmp_path}"])) is None  # unreadable: none
+
+
 @pytest.mark.parametrize("overrides, mode, why", [
     ([], "auto", "what fits stays resident"),
     (["actor_rollout_ref.rollout.free_cache_engine=false"], "keep", "free_cache_engine=false"),
@@ -201,6 +235,38 @@ def test_keep_when_fits_keeps_the_engine_resident_once_the_trainer_was_measured(
     assert eng.memory_stats["freed_sleeps"] == 2 and eng.memory_stats["sleeps"] == 3
     kept = _engine(random_model_dir, free_cache_engine=False)
     assert kept.keeps_resident() and kept.memory is None
+
+
+def test_an_engine_whose_switches_free_its_memory_pins_its_swap_buffer_at_start_up(random_model_dir, monkeypatch):
+    from fully_async.rollout.engines import engine_memory
+
+    made = []
+
+    class Staging(engine_memory.HostStaging):   # (no CUDA here: the pinned flag is recorded, the buffer is plain)
+        def _make(self, nbytes):
+            made.append((nbytes, self.pinned))
+            self.grown += int(self.buf.numel() > 0)
+            self.buf = torch.empty(nbytes, dtype=torch.uint8)
+
+    monkeypatch.setattr(engine_memory, "HostStaging", Staging)
+    forced = _engine(random_model_dir, device_memory="standin")
+    fits = _engine(random_model_dir, device_memory="standin", keep_when_fits=True, trainer_estimate_bytes=10 * GIB)
+    tight = _engine(random_model_dir, device_memory="standin", keep_when_fits=True, trainer_estimate_bytes=45 * GIB)
+    assert forced.prepare_staging() is None and not made   # on the cpu nothing is pinned
+    for eng in (forced, fits, tight):   # (on CUDA the decode graphs' capture at start-up makes the cache)
+        run_requests(eng, [GenRequest("a", PROMPTS[0], SamplingParams(0.0, max_tokens=2))], timeout_s=60.0)
+    monkeypatch.setattr(CPU.__class__, "is_accelerator", property(lambda self: True))
+    monkeypatch.setattr(CPU.__class__, "mem_info", lambda self: (int(50 * GIB), int(100 * GIB)))
+    kv = sum(t.numel() * t.element_size() for t in forced._cache.keys + forced._cache.values)
+    assert forced.prepare_staging() == pytest.approx(0.25 * kv / GIB, rel=1e-3) and made == [(int(0.25 * kv), True)]
+    assert forced.memory_report()["memory/rollout/swap_buffer_gib"] == pytest.approx(0.25 * kv / GIB, rel=1e-3)
+    assert forced._staging.reserve(int(0.2 * kv)) is forced._staging.buf and len(made) == 1   # the first swap fits
+    forced._staging.reserve(int(0.3 * kv))
+    assert made[1][0] == int(1.5 * int(0.3 * kv)) and forced._staging.grown == 1                # a larger one grows
+    assert fits.prepare_staging() is None               # 50 GiB free >= 10 estimated + 10 margin: it stays resident
+    assert tight.prepare_staging() is not None          # the first switch will free: its buffer is made now
+    kept = _engine(random_model_dir, free_cache_engine=False)
+    assert kept.prepare_staging() is None
 
 
 def test_kv_swap_packs_only_the_written_positions():
