@@ -28,7 +28,8 @@ from typing import Any, Optional
 from fully_async.core.config import ConfigError, uses_critic
 from fully_async.planner.hardware import DEVICES, DeviceSpec, Shape, known_shape
 from fully_async.planner.memory_model import (GIB, co_tenant_need_gib, co_tenant_usable_gib, colocated_memory,
-                                             engine_memory, trainer_dp, trainer_memory, verdict)
+                                             engine_memory, trainer_dp, trainer_estimate_bytes, trainer_memory,
+                                             verdict)
 from fully_async.planner.sim_engine import data_parallel_speedup
 from fully_async.run.plan_format import format_text
 from fully_async.run.plan_options import PlanOptions, parse, split_overrides
@@ -135,9 +136,9 @@ def length_profile(cfg: Any, opts: PlanOptions) -> tuple[Any, str]:
 
 def engine_stays_resident(cfg: Any, shape: Shape, spec: DeviceSpec) -> tuple[bool, str]:
     """Does the engine keep its memory through the trainer's turns (no weights to the host and back at a switch)?
-    free_cache_engine=false: yes; true: where the runtime would find that both fit (device_memory/policy.py), as
-    the memory model sees it: trainer and engine within 90% of the device; never with the force key, a pool or an
-    offloading trainer."""
+    free_cache_engine=false: yes; true: where the engine's first switch would find that both fit
+    (device_memory/policy.py): the trainer's estimated peak, 20% over, and the engine within the device less its
+    margin; never with the force key, a pool or an offloading trainer."""
     from fully_async.device_memory.policy import PRIVATE_POOL_MARK, engine_memory_mode
 
     mode, why = engine_memory_mode(cfg)
@@ -156,10 +157,14 @@ def engine_stays_resident(cfg: Any, shape: Shape, spec: DeviceSpec) -> tuple[boo
                               "it does not fit even alone, so it takes the device alone and frees at each switch"))
     if mode != "auto":
         return mode == "keep", why
-    both = trainer_memory(cfg, shape, trainer_dp(cfg)).total + engine_memory(cfg, shape, capacity).total
-    fits = both <= 0.9 * capacity
-    return fits, (f"free_cache_engine=true: trainer + engine {both / GIB:.1f} GiB "
-                  f"{'within' if fits else 'over'} 90% of {spec.memory_gib:.0f} GiB: the engine "
+    # as the engine's first switch judges it (device_memory/policy.py): the trainer's estimated peak, 20% over, beside
+    # the resident engine within the device less its margin
+    trainer, engine = trainer_estimate_bytes(cfg, shape), engine_memory(cfg, shape, capacity).total
+    room = co_tenant_usable_gib(spec.memory_gib)
+    fits = (trainer + engine) / GIB <= room
+    return fits, (f"free_cache_engine=true: the trainer's estimated peak {trainer / GIB:.1f} GiB (20% over) + engine "
+                  f"{engine / GIB:.1f} GiB {'within' if fits else 'over'} the {room:.0f} GiB of {spec.memory_gib:.0f} "
+                  f"the device leaves beside its margin: the engine "
                   f"{'stays resident' if fits else 'frees its memory at each switch'}")
 
 
