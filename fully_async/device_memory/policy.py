@@ -102,3 +102,27 @@ class KeepWhenFits:
                         "does not fit beside the resident engine (%s): the first switch frees, and the trainer's "
                         "measured peak decides the next ones", self.label, self.estimate_bytes / GIB, numbers)
         # (without an estimate nothing is said before the first measurement: the first switch frees)
+
+
+def out_of_memory_advice(cfg: Any) -> str:
+    """What to change when the trainer runs out of device memory in its update: first what the engine's memory mode
+    kept beside it on the same devices (sync, colocated and elastic async), then the trainer's own levers."""
+    r, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+    shares = cfg.mode == "sync" or cfg.async_training.placement in ("colocated", "elastic")
+    lead = ""
+    if shares:
+        mode, _ = engine_memory_mode(cfg)
+        if mode == "keep":
+            lead = ("the engine kept its weights and KV cache on the devices through the trainer's turn "
+                    "(actor_rollout_ref.rollout.free_cache_engine=false): set it to true to free them; ")
+        elif mode == "auto":
+            lead = ("with actor_rollout_ref.rollout.free_cache_engine=true the engine stays resident where the trainer "
+                    "fits beside it (the memory model's estimate of the trainer's peak at the first switch, the "
+                    "measured peak after, 10% of the device kept free): set "
+                    "actor_rollout_ref.rollout.free_cache_engine_force=true to free it at every turn; ")
+    tokens = ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu" if actor.use_dynamic_bsz else
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu")
+    return (lead + f"or make the update smaller: a lower {tokens}, "
+            "actor_rollout_ref.model.enable_gradient_checkpointing=true, or the optimizer/parameters offloaded "
+            "(actor_rollout_ref.actor.fsdp_config.optimizer_offload / param_offload); `python -m fully_async.plan` "
+            "estimates each role's memory for a config")

@@ -308,7 +308,7 @@ class Turns:
             try:
                 yield ph, metrics
             except Exception as exc:
-                if together and _out_of_memory(exc):
+                if together and out_of_memory(exc):
                     raise self._shared_oom(name, exc) from exc
                 raise
             if self.shared:
@@ -376,7 +376,7 @@ class Turns:
         self.counts["dropped"] += 1
 
 
-def _out_of_memory(exc: BaseException) -> bool:
+def out_of_memory(exc: BaseException) -> bool:
     """A device allocator's out-of-memory error (torch's, or one whose message says so: NPU, a Ray-wrapped one)."""
     import torch
 

@@ -47,7 +47,26 @@ def num_mini_batches(num_groups: int, ppo_mini_batch_size: int) -> int:
 
 def train_step(backend: TrainBackend, cfg: FullyAsyncConfig, groups: Sequence[SampleGroup], pad_token_id: int,
                step: int, version: int, timeline: Optional[Any] = None) -> tuple[dict[str, float], list[Sample]]:
-    """Train on `groups` (step number `step`, generated for param `version`); returns (metrics, samples)."""
+    """Train on `groups` (step number `step`, generated for param `version`); returns (metrics, samples).  A device
+    running out of memory fails the run with what to change (device_memory/policy.py out_of_memory_advice): what
+    the engine kept beside the trainer, then the update's own size."""
+    try:
+        return _train_step(backend, cfg, groups, pad_token_id, step, version, timeline)
+    except Exception as exc:
+        from fully_async.placement.residency import out_of_memory
+
+        if not out_of_memory(exc):
+            raise
+        from fully_async.cluster.ray_utils import RunFailed
+        from fully_async.device_memory.policy import out_of_memory_advice
+
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise RunFailed(f"the device ran out of memory in the trainer's update of step {step}: "
+                        f"{out_of_memory_advice(cfg)} ({type(exc).__name__}: {first})") from exc
+
+
+def _train_step(backend: TrainBackend, cfg: FullyAsyncConfig, groups: Sequence[SampleGroup], pad_token_id: int,
+                step: int, version: int, timeline: Optional[Any] = None) -> tuple[dict[str, float], list[Sample]]:
     span = timeline.span if timeline is not None else (lambda name: contextlib.nullcontext())
     samples = [s for g in groups for s in g.samples]
     timing: dict[str, float] = {}

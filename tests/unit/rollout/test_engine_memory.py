@@ -292,3 +292,37 @@ def test_kv_swap_packs_only_the_written_positions():
             assert torch.equal(nk[row, :, :n], k[row, :, :n]) and not nk[row, :, n:].any()
         assert not nk[1].any()
     assert new_state["lengths"].tolist() == [5, 0, 9, 2]
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["mode=async", "async_training.placement=colocated"], "free_cache_engine_force=true to free it at every turn"),
+    (["mode=sync", "actor_rollout_ref.rollout.free_cache_engine=false"], "free_cache_engine=false): set it to true"),
+    (["mode=async", "async_training.placement=colocated", "actor_rollout_ref.rollout.free_cache_engine_force=true"],
+     None),
+    (["mode=async", "async_training.placement=split"], None),
+])
+def test_a_trainer_out_of_device_memory_fails_with_what_to_change(overrides, says, monkeypatch):
+    from fully_async.cluster.ray_utils import RunFailed
+    from fully_async.run.hydra_setup import load_config
+    from fully_async.train import train_step as ts
+
+    cfg = load_config(overrides + ["actor_rollout_ref.actor.use_dynamic_bsz=true"])
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+
+    monkeypatch.setattr(ts, "_train_step", oom)
+    with pytest.raises(RunFailed) as info:
+        ts.train_step(None, cfg, [], 0, 7, 0)
+    msg = str(info.value)
+    assert msg.startswith("the device ran out of memory in the trainer's update of step 7: ")
+    assert "ppo_max_token_len_per_gpu" in msg and "OutOfMemoryError: CUDA out of memory. Tried" in msg
+    assert "more detail" not in msg and isinstance(info.value.__cause__, torch.OutOfMemoryError)
+    assert (says in msg) if says else "free_cache_engine" not in msg
+
+    def other(*args, **kwargs):
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(ts, "_train_step", other)
+    with pytest.raises(ValueError, match="a bug"):       # anything else passes through unchanged
+        ts.train_step(None, cfg, [], 0, 7, 0)
