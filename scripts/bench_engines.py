@@ -222,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
                          "2 x the largest concurrency requests (resume_burst)")
     ap.add_argument("--resume-after-steps", type=int, default=1000, help="--resume-budgets: engine steps before "
                     "the update (more: longer partial responses to re-prefill)")
+    ap.add_argument("--hbm-gbs", type=float, default=None,
+                    help="device memory bandwidth (GB/s) for the decode floor; default: the planner's row for the "
+                         "device found (none on the cpu)")
     ap.add_argument("--out", default="bench_engines.json")
     args = ap.parse_args(argv)
     engines = [e for e in args.engines.split(",") if e]
@@ -280,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         results["contenders"][name] = res
         del engine
         device.empty_cache()
+    add_floor(results, args, device)
     print(format_table(results, args.concurrency))
     with open(args.out, "w") as fh:
         json.dump(results, fh, indent=2)
@@ -287,22 +291,59 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# the planner's device rows (planner/hardware.py DEVICES) by the name torch reports (core/flops.py match_device)
+HBM_ROWS = {"H200 SXM": "h200", "H200 NVL": "h200", "H100 SXM": "h100", "H800 SXM": "h100", "A100": "a100",
+            "A800": "a100", "Ascend 910B": "ascend910b", "Ascend 910C": "ascend910c"}
+
+
+def add_floor(results: dict, args: Any, device: Any) -> None:
+    """Each contender's decode step against the memory-bandwidth floor (planner/stage_costs.py decode_floor_s: the
+    weights and every sequence's KV at the workload's mean context read once per step at the device's bandwidth).
+    Fixed lengths only (a ragged workload's context changes with its schedule); no floor without a bandwidth."""
+    from fully_async.core.flops import match_device
+    from fully_async.planner.hardware import DEVICES, Shape
+    from fully_async.planner.stage_costs import decode_floor_s
+
+    hbm, source = args.hbm_gbs, "--hbm-gbs"
+    if hbm is None and device.is_accelerator:
+        row = HBM_ROWS.get(match_device(device.module().get_device_name(0)) or "")
+        hbm, source = (DEVICES[row].hbm_gbs, f"planner row {row}") if row else (None, "")
+    shape = Shape.from_dir(args.model)
+    if hbm is None or shape is None or args.lengths != "fixed":
+        results["floor"] = None
+        return
+    context = args.prompt_len + (args.new_tokens + 1) / 2   # the positions a step attends to, on average
+    dtype_bytes = parse_dtype(args.dtype).itemsize
+    results["floor"] = {"hbm_gbs": hbm, "source": source, "mean_context": context}
+    for res in results["contenders"].values():
+        for c in args.concurrency:
+            r = res[str(c)]
+            r["floor_ms"] = 1e3 * decode_floor_s(shape, hbm, c, context, dtype_bytes)
+            r["floor_fraction"] = r["floor_ms"] / r["ms_per_step"]
+
+
 def format_table(results: dict, concurrency: list[int]) -> str:
     """One row per (contender, c); `vs static` = warm tok/s over generate_static's warm tok/s at the same c,
     `warm/first` = how much slower the first run was (1.0: no warm-up cost left after start-up)."""
     static = results["contenders"].get("generate_static")
-    rows = [("contender", "c", "first tok/s", "warm tok/s", "ms/step", "vs static", "warm/first", "start-up s")]
+    rows = [("contender", "c", "first tok/s", "warm tok/s", "ms/step", "floor ms", "of floor", "vs static",
+             "warm/first", "start-up s")]
     for name, res in results["contenders"].items():
         for c in concurrency:
             r = res[str(c)]
             warm, first = r["warm"]["tokens_per_s"], r["first"]["tokens_per_s"]
             ratio = f"{warm / static[str(c)]['warm']['tokens_per_s']:.2f}x" if static else "-"
-            rows.append((name, str(c), f"{first:.0f}", f"{warm:.0f}", f"{r['ms_per_step']:.2f}", ratio,
+            floor = (f"{r['floor_ms']:.2f}", f"{100 * r['floor_fraction']:.0f}%") if "floor_ms" in r else ("-", "-")
+            rows.append((name, str(c), f"{first:.0f}", f"{warm:.0f}", f"{r['ms_per_step']:.2f}", *floor, ratio,
                          f"{warm / first:.2f}", f"{res['startup_s']:.1f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [f"{results['hardware']}; {results['dtype']}; {results['prompt_len']} prompt + {results['new_tokens']} new "
              f"tokens per sequence, EOS ignored; warm = best of {results['repeats']}"]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows]
+    if results.get("floor"):
+        f = results["floor"]
+        lines.append(f"floor: the weights and each sequence's KV at {f['mean_context']:.0f} positions read once a step at "
+                     f"{f['hbm_gbs']:.0f} GB/s ({f['source']}); of floor = floor / ms per step")
     for name, res in results["contenders"].items():
         for key in ("partial_update", "keep_update", "resume_burst"):
             for r in ([res[key]] if isinstance(res.get(key), dict) else res.get(key, [])):

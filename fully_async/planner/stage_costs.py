@@ -234,6 +234,14 @@ def estimate(shape: Shape, spec: DeviceSpec, *, mean_context: float, rollout_tp:
         source=f"estimated from FLOPs and bandwidth of {spec.name}")
 
 
+def decode_floor_s(shape: Shape, hbm_gbs: float, seqs: int, mean_context: float, dtype_bytes: int = 2) -> float:
+    """The least time one decode step of `seqs` sequences can take on a device of `hbm_gbs`: every weight a token
+    goes through (the layers and the lm_head) and each sequence's keys and values over `mean_context` positions read
+    once from device memory, at the full bandwidth, with nothing else (no launch, no arithmetic bound)."""
+    read = dtype_bytes * shape.matmul_params() + seqs * shape.kv_bytes_per_token(dtype_bytes) * mean_context
+    return read / (hbm_gbs * 1e9)
+
+
 def expected_mean(length: Any, n: int, groups: int = 256) -> float:
     """Mean response length of the first `groups` groups (the simulator's own draws)."""
     total = sum(length(f"e0-p{i}-s{j}") for i in range(groups) for j in range(n))
