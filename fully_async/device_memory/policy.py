@@ -107,7 +107,7 @@ class KeepWhenFits:
 def out_of_memory_advice(cfg: Any) -> str:
     """What to change when the trainer runs out of device memory in its update: first what the engine's memory mode
     kept beside it on the same devices (sync, colocated and elastic async), then the trainer's own levers."""
-    r, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+    actor = cfg.actor_rollout_ref.actor
     shares = cfg.mode == "sync" or cfg.async_training.placement in ("colocated", "elastic")
     lead = ""
     if shares:

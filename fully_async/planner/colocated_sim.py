@@ -9,7 +9,8 @@ differs from sync is that generation never waits for the tail:
             version), each whole to the replica with the most room.  The phase ends the moment `required`
             groups are complete; when the queue already holds them at the start, there is no phase.
   park      every unfinished response is parked with its tokens (counted in `interrupted`).
-  switch    engines sleep, the trainer onloads, the engines wake: sync_step_s, the sync mode's per-step switch
+  switch    engines sleep, the trainer onloads, the engines wake: sync_step_s, the sync mode's per-step switch, plus
+            swap_s where the engines free at a switch (the KV of the responses in flight out and back)
             (charged every step).
   update    at the steps that push (every trigger_parameter_sync_step-th): weight_sync_s, the trainer's push and
             the engines' load, one after the other on the same devices.
@@ -97,8 +98,8 @@ class _ColocatedSim:
             taken, self.queue = self.queue[:self.s.required], self.queue[self.s.required:]
             tokens = sum(taken)
             train = self.c.train_time(tokens, self.n_dev, first=self.trainer.step == 0)
-            t += self.c.sync_step_s + train
-            res.switch_s += self.c.sync_step_s
+            t += self.c.sync_step_s + self.c.swap_s + train
+            res.switch_s += self.c.sync_step_s + self.c.swap_s
             res.train_s += train
             res.tokens += tokens
             res.step_tokens.append(tokens)

@@ -34,6 +34,7 @@ class StageCosts:
     train_step_s: float = 0.0       # fixed seconds per trainer step (batch assembly, optimizer launch, ...)
     weight_sync_s: float = 0.0      # async: one weight update (trainer push + engines load; both stall)
     sync_step_s: float = 0.0        # sync mode: per-step switch (engine sleep/wake + local weight load)
+    swap_s: float = 0.0             # colocated async: a freeing switch's KV swap of the responses in flight (out + in)
     dp_efficiency: float = 1.0      # data-parallel scaling kept per doubling of trainer devices, in (0, 1]
     first_train_s: float = 0.0      # extra seconds of the trainer's first step (its compiling): 0 for the planner's
     #                                 steady recommendation; a prediction of a whole measured run adds it
@@ -41,7 +42,7 @@ class StageCosts:
 
     def __post_init__(self) -> None:
         for name in ("decode_step_s", "train_token_s", "decode_seq_s", "prefill_token_s", "train_step_s",
-                     "weight_sync_s", "sync_step_s", "first_train_s"):
+                     "weight_sync_s", "sync_step_s", "swap_s", "first_train_s"):
             value = getattr(self, name)
             if not value >= 0.0:
                 raise ValueError(f"stage cost {name}={value!r} must be a number >= 0")

@@ -214,7 +214,7 @@ def from_run_scalars(scalars: dict[str, list[float]], mode: str, trainer_devices
 
 
 def estimate(shape: Shape, spec: DeviceSpec, *, mean_context: float, rollout_tp: int = 1, train_mp: int = 1,
-             checkpointing: bool = False, extra_forwards: int = 0, host_bytes: float = 0.0,
+             checkpointing: bool = False, extra_forwards: int = 0, host_bytes: float = 0.0, swap_bytes: float = 0.0,
              assumptions: Optional[dict] = None) -> StageCosts:
     """StageCosts from FLOPs and bandwidth (module docstring); `assumptions` overrides ESTIMATE_ASSUMPTIONS."""
     a = dict(ESTIMATE_ASSUMPTIONS, **(assumptions or {}))
@@ -230,6 +230,7 @@ def estimate(shape: Shape, spec: DeviceSpec, *, mean_context: float, rollout_tp:
         train_token_s=train_flops / (train_mp * peak * a["train_mfu"]),
         weight_sync_s=weights / (spec.link_gbs * 1e9 * a["link_eff"]),
         sync_step_s=weights / (bw * a["bw_eff"]) + 2 * host_bytes / (a["host_gbs"] * 1e9),
+        swap_s=2 * swap_bytes / (a["host_gbs"] * 1e9),
         dp_efficiency=a["dp_efficiency"],
         source=f"estimated from FLOPs and bandwidth of {spec.name}")
 

@@ -187,12 +187,19 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
     host = (0.0 if resident else 2.0 * shape.params() / rollout.tensor_model_parallel_size) + \
         (4.0 * shape.params() / mp if off.param_offload else 0.0) + (8.0 * shape.params() / mp if off.optimizer_offload
                                                                      else 0.0)
+    # colocated async: a freeing switch also swaps the KV of the responses in flight to the host and back (the
+    # embedded engine, rollout/engines/engine_memory.py KvSwap), every slot taken at the mean context in flight;
+    # priced for colocated async only (colocated_sim.py): sync switches with nothing in flight
+    swap = 0.0
+    if (not resident and cfg.mode == "async" and cfg.async_training.placement == "colocated"
+            and rollout.name == "hf"):
+        swap = rollout.max_num_seqs * (prompt + mean_response / 2) * shape.kv_bytes_per_token(2)
     est = estimate(shape, spec, mean_context=prompt + mean_response / 2,
                    rollout_tp=cfg.actor_rollout_ref.rollout.tensor_model_parallel_size, train_mp=mp,
                    checkpointing=bool(cfg.actor_rollout_ref.model.enable_gradient_checkpointing),
-                   extra_forwards=extra, host_bytes=host, assumptions=opts.estimate_assumptions())
+                   extra_forwards=extra, host_bytes=host, swap_bytes=swap, assumptions=opts.estimate_assumptions())
     derived: dict[str, Any] = {"estimate": est.as_dict(), "host_bytes_per_sync_step": host,
-                               "engine_resident": resident_why}
+                               "kv_swap_bytes_per_switch": swap, "engine_resident": resident_why}
     if opts.stage_costs is None:
         costs = est
     elif os.path.isdir(opts.stage_costs):
@@ -382,7 +389,10 @@ def throughput_section(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSp
             " (plan.sync_step_s)" if opts.sync_step_s is not None else " (measured by the run)"
             if derived.get("sync_step") == "measured" else f" (estimated: local reload + "
             f"{derived['host_bytes_per_sync_step'] / 1e9:.1f} GB to the host and back: offloads, and the engine's "
-            f"weights unless it stays resident; {derived['engine_resident']})"),
+            f"weights unless it stays resident; {derived['engine_resident']})") + (
+            f"; colocated async swaps {derived['kv_swap_bytes_per_switch'] / 1e9:.1f} GB of KV of the responses in "
+            f"flight to the host and back at each switch besides ({costs.swap_s:.3f} s)"
+            if costs.swap_s else ""),
         f"staleness_threshold={pshape.staleness_threshold:g}, trigger_parameter_sync_step={pshape.trigger}, "
         f"partial_rollout={pshape.partial_rollout}, max_num_seqs={pshape.max_num_seqs} per replica",
         f"batch at other device counts: {opts.batch_scaling} (config: {pshape.async_groups} groups/step async, "

@@ -255,3 +255,24 @@ def test_a_pool_job_with_co_tenancy_is_planned_resident_where_its_estimate_fits(
     assert not fits and "does not fit even alone" in why
     off = load_config([*pool, "multi_job.co_tenancy=false"])
     assert engine_stays_resident(off, shape, big) == (False, "multi_job.pool=p: other jobs lease these devices")
+
+
+def test_a_colocated_switch_that_frees_prices_the_kv_swap_of_the_responses_in_flight():
+    """Colocated async whose engine frees at each switch (the force key here) swaps the KV of every slot at the
+    mean context in flight out and back: priced in its simulation's switch, not in sync's."""
+    base = ["actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct", "trainer.device=cuda", "plan.device=h200",
+            "plan.devices=1", "plan.sim_steps=3", "mode=async", "async_training.placement=colocated",
+            "rollout.n_gpus_per_node=0", "actor_rollout_ref.rollout.max_num_seqs=256", "data.max_prompt_length=16",
+            "data.max_response_length=3072", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768", "actor_rollout_ref.model.use_remove_padding=true"]
+    forced = build_report([*base, "actor_rollout_ref.rollout.free_cache_engine_force=true"])["throughput"]
+    kept = build_report(base)["throughput"]
+    assert "stays resident" in kept["derived"]["engine_resident"]
+    assert kept["derived"]["kv_swap_bytes_per_switch"] == 0 and kept["costs"]["swap_s"] == 0
+    swap, costs = forced["derived"]["kv_swap_bytes_per_switch"], forced["costs"]
+    assert swap / (256 * 12288) > forced["prompt_length"]          # every slot at the mean context in flight (bf16)
+    assert costs["swap_s"] == pytest.approx(2 * swap / 25e9)      # out and back at host_gbs
+    modes = forced["results"][0]["modes"]
+    assert modes["sync"]["switch_s_per_step"] == pytest.approx(costs["sync_step_s"])          # sync: nothing swapped
+    assert modes["colocated"]["switch_s_per_step"] >= costs["sync_step_s"] + costs["swap_s"] - 1e-9
+    assert "of KV of the responses in flight" in " ".join(forced["assumptions"])
