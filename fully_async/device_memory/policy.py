@@ -69,16 +69,20 @@ class KeepWhenFits:
     def margin(self, total: int) -> float:
         return max(self.margin_min_bytes, self.margin_fraction * total)
 
+    def would_keep(self, free: int, total: int) -> bool:
+        """The decision for these numbers, without taking it: resident where the other tenant's need (its measured
+        peak, which it already holds; before its first turn the memory model's estimate) leaves the margin free."""
+        if self.mode != "auto":
+            return self.mode == "keep"
+        need = 0.0 if self.measured else self.estimate_bytes
+        return need is not None and total > 0 and free >= need + self.margin(total)
+
     def decide(self, free: int, total: int, engine_bytes: int) -> bool:
         """Keep the engine resident through the other tenant's next turn?  free/total: the device's memory now (the
         engine resident); engine_bytes: what it would give back."""
-        if self.mode != "auto":
-            keep = self.mode == "keep"
-        else:
-            need = 0.0 if self.measured else self.estimate_bytes
-            keep = need is not None and total > 0 and free >= need + self.margin(total)
-            if keep != self.last or not self.said:
-                self._say(keep, free, total, engine_bytes)
+        keep = self.would_keep(free, total)
+        if self.mode == "auto" and (keep != self.last or not self.said):
+            self._say(keep, free, total, engine_bytes)
         self.last = keep
         self.decisions["kept" if keep else "freed"] += 1
         return keep

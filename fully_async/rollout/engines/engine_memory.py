@@ -247,12 +247,10 @@ class EngineSleep:
         first switch; a larger swap grows it then.  Not where the engine keeps its memory (free_cache_engine=false)
         or is expected to (`auto` with the memory model's estimate of the trainer fitting beside it now).  Returns
         the GiB pinned, or None."""
-        if self.memory is None or not self.device.is_accelerator or self._cache is None or self.choice.mode == "keep":
+        if self.memory is None or not self.device.is_accelerator or self._cache is None:
             return None
-        if self.choice.mode == "auto" and self.choice.estimate_bytes is not None:
-            free, total = self.device.mem_info()
-            if free >= self.choice.estimate_bytes + self.choice.margin(total):
-                return None
+        if self.choice.would_keep(*self.device.mem_info()):
+            return None
         kv = sum(t.numel() * t.element_size() for t in self._cache.keys + self._cache.values)
         if not kv:
             return None
