@@ -106,6 +106,19 @@ def test_the_trainer_estimate_reads_the_models_config(tmp_path, random_model_dir
     assert _trainer_estimate(load_config([f"actor_rollout_ref.model.path={tmp_path}"])) is None  # unreadable: none
 
 
+@pytest.mark.parametrize("overrides, stages", [
+    (["mode=async", "async_training.placement=colocated"], True),   # responses held through the trainer's turns
+    (["mode=async", "async_training.placement=elastic"], True),
+    (["mode=async", "async_training.placement=split"], False),      # its engines never sleep with work in flight
+    (["mode=sync"], False),                                          # a sync switch has nothing in flight
+])
+def test_only_engines_that_sleep_with_responses_in_flight_pin_a_swap_buffer_at_start_up(overrides, stages):
+    from fully_async.rollout.engines import _holds_through_turns
+    from fully_async.run.hydra_setup import load_config
+
+    assert _holds_through_turns(load_config(overrides)) is stages
+
+
 @pytest.mark.parametrize("overrides, mode, why", [
     ([], "auto", "what fits stays resident"),
     (["actor_rollout_ref.rollout.free_cache_engine=false"], "keep", "free_cache_engine=false"),
