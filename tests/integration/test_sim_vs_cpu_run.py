@@ -3,7 +3,11 @@ tiny task (async 1 rollout + 1 trainer core vs sync on 2 cores), a synthetic log
 (so the response lengths are known), then scripts/sim_check.py predicts each run's tokens/s from the stage costs
 that run logged (engine ms per decode step, trainer busy time per token, weight-update seconds) and the run's own
 config (staleness bound, n, groups per step, slots).  Within 15% in both modes.  Timing noise on a loaded machine
-moves a run's measured costs and its throughput together, so the check is robust to it."""
+moves a run's measured costs and its throughput together, so the check is robust to it.
+
+Slow: two measured CPU runs of the comparison (sync on both cores, then async on one rollout and one trainer core)
+and a simulation of each; marked `alone` (the runs assume two free cores), so it runs while the other worker waits:
+83-100 s in fresh-clone runs."""
 import os
 import subprocess
 import sys
