@@ -10,11 +10,15 @@ trainer's devices, whose name the launcher writes into the actors' config).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from fully_async.core.plan import RunPlan
+from fully_async.device_memory.policy import PRIVATE_POOL_MARK
 from fully_async.placement.residency import Dedicated, PoolLease
+
+logger = logging.getLogger(__name__)
 
 SIDES = ("rollout", "train")   # the holders of an async run; a sync run's one holder is "sync"
 
@@ -145,6 +149,11 @@ def pool_lease(cfg: Any, side: str) -> PoolLease:
     from fully_async.placement.device_pool import LeaseClient, job_devices, job_name, rollout_devices
 
     devices = rollout_devices(cfg) if side == "rollout" else job_devices(cfg)
+    mj = cfg.multi_job
+    if side != "sync" and mj.co_tenancy and PRIVATE_POOL_MARK not in str(mj.pool):
+        logger.info("device pool %s: the %s side of this async job leases its devices alone (co-tenancy, "
+                    "multi_job.co_tenancy, lets sync jobs whose memory fits share a device; an async job's sides "
+                    "declare no need)", mj.pool, side)
     holder = "colocated" if side == "sync" else side
     poll_s = 2.0 if side == "sync" else 0.5
     return PoolLease(LeaseClient(cfg.multi_job.pool, job_name(cfg), devices, side=holder, poll_s=poll_s))

@@ -114,9 +114,12 @@ def test_residencies_without_a_pool(cfgs):
         split.residency("sync")
 
 
-def test_residencies_on_a_pool_lease_their_devices(cfgs, fake_pool):
+def test_residencies_on_a_pool_lease_their_devices(cfgs, fake_pool, caplog):
     pool = placement_of(cfgs["pool"])
-    roll, train = pool.residency("rollout"), pool.residency("train")
+    with caplog.at_level("INFO", logger="fully_async.placement.base"):
+        roll, train = pool.residency("rollout"), pool.residency("train")
+    said = [r.getMessage() for r in caplog.records]     # an async job's sides declare no need: they say so
+    assert len(said) == 2 and "the rollout side of this async job leases its devices alone" in said[0]
     assert type(roll) is PoolLease and type(train) is PoolLease
     assert (roll.client.holder, roll.client.devices) == ("j/rollout", [1, 2])
     assert (train.client.holder, train.client.devices, train.client.poll_s) == ("j/train", [0], 0.5)
