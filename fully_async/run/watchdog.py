@@ -56,20 +56,23 @@ class Watchdog:
     def check_start(self) -> None:
         """While the actors start (their constructors, where no call reaches them): fail naming any actor whose
         heartbeat stood still for timeout_s, or that never beat within timeout_s of its creation (its process never
-        started, or was stopped before its first line)."""
+        started, or was stopped before its first line); in start-up the bound is at least START_FLOOR_S."""
         from fully_async.cluster.ray_utils import RunFailed
 
         if not self._due():
             return
         key = f"trainer.progress_timeout_s={self.timeout_s:g}"
-        stalled = self.stalled()
+        # a process's first line comes after its interpreter and imports start, and its constructor imports more
+        # (torch's compiler, on first use, holds the interpreter long enough to stop the heartbeat): on a loaded
+        # machine each alone took over 4-5 s (the suite's two workers on 2 cores), so in start-up a short timeout
+        # is not applied
+        bound = max(self.timeout_s, START_FLOOR_S)
+        stalled = self.beats.stalled(bound) if self.beats is not None else []
         if stalled:
-            raise RunFailed(f"start-up stalled ({key}): " + "; ".join(stalled))
+            raise RunFailed(f"start-up stalled ({key}, at least {START_FLOOR_S:g}s in start-up): " + "; ".join(stalled))
         silent_s = self.clock() - self.created
         missing = [r for r in self.beating if r not in self.beats.roles()] if self.beats is not None else []
-        # a process's first line comes after its interpreter and imports start: on a loaded machine that alone took
-        # over 5 s (the suite's two workers on 2 cores), so a short timeout is not applied to it
-        if missing and silent_s > max(self.timeout_s, START_FLOOR_S):
+        if missing and silent_s > bound:
             raise RunFailed(f"start-up stalled ({key}, at least {START_FLOOR_S:g}s for a process to start): "
                             f"{', '.join(missing)} gave no sign of life within {silent_s:.0f}s of being created "
                             "(its process never started -- Ray could not place it -- or it was stopped before its "
