@@ -191,8 +191,9 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
     # embedded engine, rollout/engines/engine_memory.py KvSwap), every slot taken at the mean context in flight;
     # priced for colocated async only (colocated_sim.py): sync switches with nothing in flight
     swap = 0.0
-    if (not resident and cfg.mode == "async" and cfg.async_training.placement == "colocated"
-            and rollout.name == "hf"):
+    from fully_async.placement import placement_of
+
+    if not resident and placement_of(cfg).holds_through_turns and rollout.name == "hf":
         swap = rollout.max_num_seqs * (prompt + mean_response / 2) * shape.kv_bytes_per_token(2)
     est = estimate(shape, spec, mean_context=prompt + mean_response / 2,
                    rollout_tp=cfg.actor_rollout_ref.rollout.tensor_model_parallel_size, train_mp=mp,

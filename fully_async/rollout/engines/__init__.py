@@ -33,23 +33,20 @@ def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: 
         from fully_async.device_memory.policy import engine_memory_mode
         from fully_async.rollout.engines.hf_engine import HFEngine
 
+        from fully_async.placement import placement_of
+
         job = cfg.multi_job.job_name or cfg.trainer.experiment_name
         auto = engine_memory_mode(cfg)[0] == "auto"
+        # engines that sleep with responses in flight (their KV swapped to host memory through the trainer's turn,
+        # placement/colocated.py) pin the swap's buffer at start-up (HFEngine.prepare_staging)
         return HFEngine(cfg.actor_rollout_ref.model.path, max_num_batched_tokens=rollout.max_num_batched_tokens,
                         keep_when_fits=auto, trainer_estimate_bytes=_trainer_estimate(cfg) if auto else None,
-                        memory_tag=f"{job}/rollout{replica}", stage_swaps=_holds_through_turns(cfg), **hf_kwargs)
+                        memory_tag=f"{job}/rollout{replica}", stage_swaps=placement_of(cfg).holds_through_turns, **hf_kwargs)
     if rollout.name == "vllm":
         from fully_async.rollout.engines.vllm_engine import VLLMEngine
         return VLLMEngine.from_config(cfg, device, eos_token_ids, seed=seed)
     raise ValueError(f"actor_rollout_ref.rollout.name={rollout.name!r} is not one of ['hf', 'vllm'] "
                      "or 'package.module:Class'")
-
-
-def _holds_through_turns(cfg: Any) -> bool:
-    """Do this run's engines sleep with responses in flight (async runs whose engines share the trainer's devices:
-    their KV is swapped to host memory through the trainer's turn), so that a swap buffer is worth making at
-    start-up (HFEngine.prepare_staging)?"""
-    return cfg.mode == "async" and cfg.async_training.placement in ("colocated", "elastic")
 
 
 def _trainer_estimate(cfg: Any) -> Optional[float]:

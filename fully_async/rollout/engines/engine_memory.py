@@ -146,10 +146,8 @@ class HostStaging:
     def __init__(self, pinned: bool):
         self.pinned = pinned
         self.buf = torch.empty(0, dtype=torch.uint8)
-        self.grown = 0   # buffers made after the first
 
     def _make(self, nbytes: int) -> None:
-        self.grown += int(self.buf.numel() > 0)
         self.buf = torch.empty(nbytes, dtype=torch.uint8, device="cpu", pin_memory=self.pinned)
 
     def prepare(self, nbytes: int) -> None:
