@@ -23,8 +23,10 @@ from fully_async.device import describe_hardware, get_device
 from fully_async.rollout.engines.decode_attention import reference_decode_attention, split_kv_decode_attention
 
 KV_HEADS, GROUPS, DIM, ROWS, CAPACITY = 2, 7, 64, 256, 3088
-CONFIGS = [(128, 64, 4), (256, 64, 4), (256, 64, 2), (256, 128, 4), (512, 64, 4), (512, 128, 4), (512, 64, 8),
-           (1024, 64, 4)]
+# (split, block, warps, pipeline stages or None: Triton's default)
+CONFIGS = [(128, 64, 4, None), (256, 64, 4, None), (256, 64, 2, None), (256, 128, 4, None), (512, 64, 4, None),
+           (512, 128, 4, None), (512, 64, 8, None), (1024, 64, 4, None), (256, 64, 4, 2), (256, 64, 4, 4),
+           (512, 64, 4, 2), (512, 64, 4, 4), (512, 128, 4, 2), (1024, 64, 4, 2)]
 
 
 def span_bucket(n: int) -> int:
@@ -79,10 +81,10 @@ def attention_part(device) -> dict:
         sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
             q, k[:, :, :span], v[:, :, :span], attn_mask=mask, scale=scale)
         timings = {"sdpa_masked_span_bucket": sdpa}
-        for split, block, warps in CONFIGS:
-            timings[f"split_kv_{split}_{block}_w{warps}"] = (
-                lambda s=split, b=block, w=warps: split_kv_decode_attention(q, k, v, lengths, span, scale, split=s,
-                                                                     block_n=b, num_warps=w))
+        for split, block, warps, stages in CONFIGS:
+            timings[f"split_kv_{split}_{block}_w{warps}" + (f"_s{stages}" if stages else "")] = (
+                lambda s=split, b=block, w=warps, st=stages: split_kv_decode_attention(
+                    q, k, v, lengths, span, scale, split=s, block_n=b, num_warps=w, num_stages=st))
         timings["flash_varlen_seqused_k"] = flash_varlen(q_tok, k_tok, v_tok, lengths, scale)
         for label, fn in timings.items():
             try:

@@ -48,19 +48,25 @@ def build_model(shape: str, path: str) -> None:
                      ).save_pretrained(path)
 
 
-def rollout_like_samples(rows: int, n: int, vocab: int, max_prompt: int, max_response: int, seed: int) -> list:
-    """`rows` responses in groups of n; prompts U[max_prompt/8, max_prompt], responses log-normal."""
+def rollout_like_samples(rows: int, n: int, vocab: int, max_prompt: int, max_response: int, seed: int,
+                         workload: bool = False) -> list:
+    """`rows` responses in groups of n; prompts U[max_prompt/8, max_prompt], responses log-normal (workload: the
+    lengths of benchmark.response_length=lognormal at max_response, the seed-003 runs' distribution)."""
     import torch
 
     from fully_async.core.types import Sample
+    from fully_async.core.workload import LengthProfile
 
     g = torch.Generator().manual_seed(seed)
+    profile = LengthProfile.lognormal(max_response, seed=seed) if workload else None
     out = []
     for gi in range(rows // n):
         plen = int(torch.randint(max_prompt // 8, max_prompt + 1, (1,), generator=g))
         prompt = torch.randint(2, vocab, (plen,), generator=g).tolist()
         for j in range(n):
             rlen = int(min(max_response, max(8, torch.empty(1).log_normal_(5.0, 0.9, generator=g).item())))
+            if profile is not None:
+                rlen = profile.target(f"g{gi}-{j}")
             resp = torch.randint(2, vocab, (rlen,), generator=g).tolist()
             out.append(Sample(uid=f"g{gi}", sample_id=f"g{gi}-{j}", prompt_ids=prompt, response_ids=resp,
                               rollout_log_probs=[-1.0] * rlen, versions=[0] * rlen,
@@ -87,6 +93,8 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
 
     from fully_async.train.backends import torch_backend
 
+    ckpt = name.endswith("/ckpt") or args.grad_ckpt   # model.enable_gradient_checkpointing for this variant
+    name = name.removesuffix("/ckpt")
     compiled = name.endswith("/compiled")   # actor.use_torch_compile: each decoder layer compiled (CUDA)
     name = name.removesuffix("/compiled")
     packed = name.startswith("packed")
@@ -105,13 +113,15 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
                  f"actor_rollout_ref.model.use_remove_padding={str(packed).lower()}",
                  f"actor_rollout_ref.model.use_fused_kernels={str(not unfused).lower()}",
                  f"actor_rollout_ref.actor.use_torch_compile={str(compiled).lower()}",
-                 f"actor_rollout_ref.model.enable_gradient_checkpointing={str(args.grad_ckpt).lower()}"]
+                 f"actor_rollout_ref.model.enable_gradient_checkpointing={str(ckpt).lower()}"]
     kernel = name_kernel.split(":", 1)[1] if ":" in name_kernel else "sdpa"
     overrides.append(f"+actor_rollout_ref.model.override_config.attn_implementation={kernel}")
     cfg = load_config(overrides)
     backend = TorchBackend(cfg, device, total_optimizer_steps=100)
     if compiled:
         name += "/compiled"
+    if ckpt:
+        name += "/ckpt"
     batch = build_batch(samples)
     real_tokens = int(batch.attention_mask.sum())
     splits = micro_batches(batch, None, True, args.max_tokens, packed)
@@ -196,9 +206,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="padded, packed:<attn_implementation> (varlen, sdpa, eager, flex_attention, "
                         "flash_attention_2), each optionally with /unfused (full logits, then backends/token_stats.py) or "
                         "/plain (full logits, then plain autograd log-probs and entropy), then optionally /compiled "
-                        "(actor.use_torch_compile=true: every decoder layer compiled; without it, false); default: "
+                        "(actor.use_torch_compile=true: every decoder layer compiled; without it, false), then "
+                        "optionally /ckpt (gradient checkpointing, as --grad-ckpt for every variant); default: "
                         "padded packed:varlen packed:varlen/compiled packed:varlen/unfused/compiled")
     p.add_argument("--grad-ckpt", action="store_true")
+    p.add_argument("--lengths", choices=("default", "workload"), default="default",
+                   help="response lengths: log-normal(5.0, 0.9), or workload: benchmark.response_length=lognormal's "
+                        "at --max-response (median 0.25 x, sigma 0.75: the seed-003 runs')")
     p.add_argument("--chunk-elems", type=int, default=None,
                    help="elements per chunk of the chunked log-prob/entropy (default: the device's, token_stats.py)")
     p.add_argument("--profile", action="store_true", help="print each variant's top kernels of one more update")
@@ -230,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         from transformers import AutoConfig
 
         vocab = AutoConfig.from_pretrained(model_dir).vocab_size
-        samples = rollout_like_samples(args.rows, args.n, vocab, args.max_prompt, args.max_response, args.seed)
+        samples = rollout_like_samples(args.rows, args.n, vocab, args.max_prompt, args.max_response, args.seed,
+                                       workload=args.lengths == "workload")
         results, logps = [], {}
         for name in variants:
             try:

@@ -3,6 +3,8 @@
 #
 #   bash scripts/gpu_verify.sh runs|megatron|packing      (on a 2x H100 machine, from the repo root)
 #   bash scripts/gpu_verify.sh scaling|compare2|compare4  (engine pool, #10: on a 4-GPU machine)
+#   bash scripts/gpu_verify.sh decode                     (#45: the decode step, this tree against OLD's; PART=profile
+#                                                          its kernels and the attention settings: 1 GPU)
 #   bash scripts/gpu_verify.sh engine                     (embedded engine vs generate(static), #11, its decode
 #                                                          profile and abort re-prefill cost: 1 GPU)
 #   bash scripts/gpu_verify.sh tests                      (the embedded engine's GPU tests only)
@@ -352,6 +354,29 @@ engine)
   timeout 200 python3 scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 --engines hf \
       --baselines "" --repeats 1 --concurrency 256 --new-tokens 3072 --no-updates --resume-budgets 0 8192 32768 \
       --resume-after-steps 1200 --out "$OUT/resume_burst.json" 2>&1 | grep -E "resume_burst" | cut -c1-200
+  ;;
+decode)
+  # #45: the decode step against its floor.  This tree's engine and OLD's (a package tree, default .gpubundle/old/:
+  # `git archive <commit> fully_async | tar x -C .gpubundle/old`) in one invocation, 256 x 3072 and 64 / 256 x 256,
+  # after the engine's GPU tests; PART=profile: where the step goes now, and the attention kernel's settings
+  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  export CUDA_VISIBLE_DEVICES=0
+  BENCH=(scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 --engines hf --baselines "" --no-updates)
+  if [ "${PART:-bench}" = bench ]; then
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -4
+    for side in new old; do
+      PP=$PYTHONPATH; [ $side = old ] && PP=/tmp/site:$PWD/${OLD:-.gpubundle/old}
+      PYTHONPATH=$PP timeout 150 python3 "${BENCH[@]}" --concurrency 256 --new-tokens 3072 --repeats 1 \
+          --out "$OUT/${side}_3072.json" 2>&1 | grep -v "it/s\]" | tail -2
+      PYTHONPATH=$PP timeout 120 python3 "${BENCH[@]}" --concurrency 64 256 --new-tokens 256 --repeats 2 \
+          --out "$OUT/${side}_256.json" 2>&1 | grep -v "it/s\]" | tail -3
+    done
+  else
+    timeout 150 python3 scripts/profile_engine_step.py --model /tmp/m05 --device cuda --dtype bfloat16 \
+        --concurrency 64 256 --warm 200 1500 --out "$OUT/profile_engine_step.json" 2>&1 | grep -E "^c=|wrote"
+    timeout 200 python3 scripts/bench_decode_attention.py --out "$OUT/decode_attention.json" 2>&1 | grep -v "it/s\]" \
+        | grep -E "lognormal|uniform_1040" | cut -c1-150
+  fi
   ;;
 scaling)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05

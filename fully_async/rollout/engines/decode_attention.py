@@ -32,13 +32,27 @@ NUM_WARPS = 4
 _KERNELS: list = []
 
 
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x (B, H, [G,] D) at each row's cos/sin (B, D), computed in float32 and rounded once
+    to x's dtype (what the compiled decode step's fused elementwise kernel computes)."""
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+    c, s, f = cos.float().view(shape), sin.float().view(shape), x.float()
+    half = x.shape[-1] // 2
+    return (f * c + torch.cat((-f[..., half:], f[..., :half]), dim=-1) * s).to(x.dtype)
+
+
 def reference_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                lengths: torch.Tensor, span: int, scale: float, k_new: Optional[torch.Tensor] = None,
-                               v_new: Optional[torch.Tensor] = None) -> torch.Tensor:
+                               v_new: Optional[torch.Tensor] = None, cos: Optional[torch.Tensor] = None,
+                               sin: Optional[torch.Tensor] = None) -> torch.Tensor:
     """q (B, H_kv, G, D): the G query heads sharing each KV head; caches (S >= B, H_kv, T, D); row b attends
     positions [0, min(lengths[b], span)).  With k_new/v_new (B, H_kv, D): first written in place at position
-    lengths[b] - 1 of row b (where that is below span).  Returns (B, H_kv, G, D) in q's dtype."""
+    lengths[b] - 1 of row b (where that is below span).  With cos/sin (B, D): q and k_new are rotated first
+    (`rotate`).  Returns (B, H_kv, G, D) in q's dtype."""
     batch = q.shape[0]
+    if cos is not None:
+        q = rotate(q, cos, sin)
+        k_new = rotate(k_new, cos, sin) if k_new is not None else None
     if k_new is not None:
         at = lengths[:batch] - 1
         rows = torch.nonzero(at < span).flatten()
@@ -71,10 +85,10 @@ def _build() -> Any:
     import triton.language as tl
 
     @triton.jit
-    def partial_kernel(Q, K, V, KN, VN, LENS, O, ML, span, scale_log2, s_qb, s_qh, s_kb, s_kh, s_kt, s_vb,
-                       s_vh, s_vt, s_knb, s_knh, s_vnb, s_vnh, H: tl.constexpr, G: tl.constexpr,
+    def partial_kernel(Q, K, V, KN, VN, LENS, O, ML, COS, SIN, span, scale_log2, s_qb, s_qh, s_kb, s_kh, s_kt,
+                       s_vb, s_vh, s_vt, s_knb, s_knh, s_vnb, s_vnh, s_cb, s_sb, H: tl.constexpr, G: tl.constexpr,
                        G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                       NSPLIT: tl.constexpr, HAS_NEW: tl.constexpr, PRECISION: tl.constexpr):
+                       NSPLIT: tl.constexpr, HAS_NEW: tl.constexpr, ROPE: tl.constexpr, PRECISION: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         s = tl.program_id(2)
@@ -95,6 +109,15 @@ def _build() -> Any:
             kn = tl.load(KN + b * s_knb + h * s_knh + d, mask=keep, other=0.0)
             vn = tl.load(VN + b * s_vnb + h * s_vnh + d, mask=keep, other=0.0)
             q = tl.load(Q + b * s_qb + h * s_qh + g[:, None] * D + d[None, :], mask=rows[:, None], other=0.0)
+            if ROPE:   # rotary embedding of the query and the new key here, in float32, rounded once (rotate())
+                swap = (d + D // 2) % D
+                sign = tl.where(d < D // 2, -1.0, 1.0)
+                cos = tl.load(COS + b * s_cb + d).to(tl.float32)
+                sin = tl.load(SIN + b * s_sb + d).to(tl.float32) * sign
+                q2 = tl.load(Q + b * s_qb + h * s_qh + g[:, None] * D + swap[None, :], mask=rows[:, None], other=0.0)
+                q = (q.to(tl.float32) * cos[None, :] + q2.to(tl.float32) * sin[None, :]).to(q.dtype)
+                kn2 = tl.load(KN + b * s_knb + h * s_knh + swap, mask=keep, other=0.0)
+                kn = (kn.to(tl.float32) * cos + kn2.to(tl.float32) * sin).to(kn.dtype)
             m_i = tl.full([G_PAD], float("-inf"), tl.float32)
             l_i = tl.zeros([G_PAD], dtype=tl.float32)
             acc = tl.zeros([G_PAD, D], dtype=tl.float32)
@@ -155,11 +178,14 @@ def _build() -> Any:
 
 def split_kv_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
                               span: int, scale: float, k_new: Optional[torch.Tensor] = None,
-                              v_new: Optional[torch.Tensor] = None, split: int = SPLIT, block_n: int = BLOCK_N,
-                              num_warps: int = NUM_WARPS) -> torch.Tensor:
-    """What `reference_decode_attention` computes (the new keys/values written included), reading only positions
-    [0, min(lengths[b], span)) of each row.  `lengths` (>= B,) integer device tensor; the caches' last dimension
-    must be contiguous.  Writing k_new/v_new here saves the decode step two scatter kernels per layer."""
+                              v_new: Optional[torch.Tensor] = None, cos: Optional[torch.Tensor] = None,
+                              sin: Optional[torch.Tensor] = None, split: int = SPLIT, block_n: int = BLOCK_N,
+                              num_warps: int = NUM_WARPS, num_stages: Optional[int] = None) -> torch.Tensor:
+    """What `reference_decode_attention` computes (the new keys/values written included, rotated first with
+    cos/sin), reading only positions [0, min(lengths[b], span)) of each row.  `lengths` (>= B,) integer device
+    tensor; the caches' last dimension must be contiguous; q may be a strided view (of a fused projection's
+    output) whose groups and dimension are contiguous.  Writing k_new/v_new and rotating q and k_new here saves
+    the decode step a scatter and a rotary kernel each per layer."""
     batch, kv_heads, groups, dim = q.shape
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or dim & (dim - 1) or dim < 16:
         raise ValueError(f"split-KV decode attention: head_dim {dim} must be a power of two >= 16 and the caches' "
@@ -167,7 +193,8 @@ def split_kv_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     if not _KERNELS:
         _KERNELS.extend(_build())
     partial_kernel, combine_kernel = _KERNELS
-    q = q.contiguous()
+    if q.stride(-1) != 1 or q.stride(-2) != dim:
+        q = q.contiguous()
     nsplit = max(1, -(-span // split))
     g_pad = max(16, 1 << (groups - 1).bit_length())
     o_part = torch.empty(batch, kv_heads, nsplit, groups, dim, dtype=torch.float32, device=q.device)
@@ -176,13 +203,18 @@ def split_kv_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     has_new = k_new is not None
     k_new = k_new if has_new and k_new.stride(-1) == 1 else (k_new.contiguous() if has_new else k_cache)
     v_new = v_new if has_new and v_new.stride(-1) == 1 else (v_new.contiguous() if has_new else v_cache)
+    rope = cos is not None
+    if rope and (cos.stride(-1) != 1 or sin.stride(-1) != 1):
+        cos, sin = cos.contiguous(), sin.contiguous()
+    cos, sin = (cos, sin) if rope else (q, q)
     precision = "ieee" if q.dtype == torch.float32 else None   # fp32 caches: no tf32 rounding
+    tuning = {} if num_stages is None else {"num_stages": num_stages}
     partial_kernel[(batch, kv_heads, nsplit)](
-        q, k_cache, v_cache, k_new, v_new, lengths, o_part, ml, span, scale * math.log2(math.e), q.stride(0),
-        q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
-        v_cache.stride(2), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1), H=kv_heads, G=groups,
-        G_PAD=g_pad, D=dim, SPLIT=split, BLOCK_N=block_n, NSPLIT=nsplit, HAS_NEW=has_new, PRECISION=precision,
-        num_warps=num_warps)
+        q, k_cache, v_cache, k_new, v_new, lengths, o_part, ml, cos, sin, span, scale * math.log2(math.e),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
+        v_cache.stride(1), v_cache.stride(2), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
+        cos.stride(0), sin.stride(0), H=kv_heads, G=groups, G_PAD=g_pad, D=dim, SPLIT=split, BLOCK_N=block_n,
+        NSPLIT=nsplit, HAS_NEW=has_new, ROPE=rope, PRECISION=precision, num_warps=num_warps, **tuning)
     combine_kernel[(batch, kv_heads)](o_part, ml, lengths, out, span, out.stride(0), out.stride(1), H=kv_heads,
                                       G=groups, G_PAD=g_pad, D=dim, SPLIT=split, NSPLIT=nsplit, num_warps=num_warps)
     return out

@@ -41,13 +41,20 @@ def _module_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     return out
 
 
+def _typed(buf: torch.Tensor, dtype: torch.dtype, shape: tuple, stride: tuple, offset: int) -> torch.Tensor:
+    """The tensor (shape, stride) at element `offset` of the bytes `buf` read as `dtype`."""
+    typed = buf.view(dtype)
+    return typed.as_strided(shape, stride, typed.storage_offset() + offset)
+
+
 class EngineMemory:
     def __init__(self, backend: Any, device: Any, tag: str = "run/rollout"):
         self.backend, self.device, self.tag = backend, device, tag
         self.weights: Optional[Arena] = None
         self.kv: Optional[Arena] = None
         self.state: Optional[Arena] = None
-        self._placed: list[tuple[torch.Tensor, torch.Tensor, slice]] = []   # (tensor, its arena view, its bytes)
+        # (tensor, its storage's bytes in the arena, (dtype, shape, stride, storage offset) in that storage)
+        self._placed: list[tuple[torch.Tensor, slice, tuple]] = []
         self._host: Optional[torch.Tensor] = None                           # pinned copy of the weights arena
         self.asleep = False
         self.last: dict[str, float] = {}
@@ -58,19 +65,26 @@ class EngineMemory:
         return max(self.device.mem_info()[1], 1 << 30)
 
     def place_module(self, model: torch.nn.Module) -> int:
-        """Move every parameter and buffer of `model` (on the device) into the weights arena; returns its bytes."""
-        tensors = [t for t in _module_tensors(model) if t.device.type != "cpu" or not self.device.is_accelerator]
-        sizes = [round_up(t.numel() * t.element_size(), ALIGN) for t in tensors]
+        """Move every parameter and buffer of `model` (on the device) into the weights arena; returns its bytes.
+        Tensors that share a storage (fused_decode.fuse_projections' groups, laid out back to back) move as that
+        storage, so they stay views of one tensor."""
+        groups: dict[int, list[torch.Tensor]] = {}
+        for t in _module_tensors(model):
+            if t.device.type != "cpu" or not self.device.is_accelerator:
+                groups.setdefault(t.untyped_storage().data_ptr(), []).append(t)
+        stores = [group[0].untyped_storage() for group in groups.values()]
+        sizes = [round_up(store.nbytes(), ALIGN) for store in stores]
         self.weights = Arena(self.backend, f"{self.tag}/weights", sum(sizes) + self.backend.granularity)
         region = self.weights.alloc((sum(sizes),), torch.uint8)
         offset = 0
         with torch.no_grad():
-            for t, size in zip(tensors, sizes):
-                nbytes = t.numel() * t.element_size()
-                view = region[offset:offset + nbytes].view(t.dtype).view(t.shape)
-                view.copy_(t.data)
-                t.data = view
-                self._placed.append((t, view, slice(offset, offset + nbytes)))
+            for group, store, size in zip(groups.values(), stores, sizes):
+                where = slice(offset, offset + store.nbytes())
+                region[where].copy_(torch.empty(0, dtype=torch.uint8, device=group[0].device).set_(store))
+                for t in group:
+                    layout = (t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
+                    t.data = _typed(region[where], *layout)
+                    self._placed.append((t, where, layout))
                 offset += size
         self._region = region
         # the weights' host copy, pinned once here: a first sleep would otherwise pay the pinned allocation
@@ -106,8 +120,8 @@ class EngineMemory:
         if self.weights is not None:   # (its pinned host copy was made by place_module)
             self._host.copy_(self._region, non_blocking=True)
             self.device.synchronize()
-            for t, _, where in self._placed:
-                t.data = self._host[where].view(t.dtype).view(t.shape)
+            for t, where, layout in self._placed:
+                t.data = _typed(self._host[where], *layout)
         freed = sum(a.release() for a in self.arenas())
         self.asleep = True
         self.last = {"freed_gib": freed / GIB, "release_s": time.perf_counter() - start}
@@ -128,8 +142,8 @@ class EngineMemory:
                 "max_model_len") from exc
         if self.weights is not None and self._host is not None:
             self._region.copy_(self._host, non_blocking=True)
-            for t, view, _ in self._placed:
-                t.data = view
+            for t, where, layout in self._placed:
+                t.data = _typed(self._region[where], *layout)
         self.device.synchronize()
         self.asleep = False
         self.last = {"mapped_gib": mapped / GIB, "restore_s": time.perf_counter() - start}
@@ -336,6 +350,8 @@ class EngineSleep:
                     self._host.module_to_device(self.model, self.torch_device)
                 else:
                     self.model.to(self.torch_device)
+                if self._fused is not None:   # the weights came back one by one: lay the projection groups out again
+                    self._fused.bind()
             self._invalidate_graphs()   # the weights have new addresses
         swap_s = 0.0
         if self._swap is not None:

@@ -237,6 +237,11 @@ class HFEngine(EngineSleep):
         self.memory_stats: dict[str, float] = {"sleeps": 0.0, "freed_sleeps": 0.0, "graph_captures": 0.0}
         # weights, KV cache and decode state at fixed addresses whose memory a sleep gives back (CUDA VMM): the
         # decode graphs stay valid across a sleep; elsewhere (cpu, npu, fp8 emulation) a sleep drops and rebuilds
+        if fused_decode:   # its projection groups back to back before the weights take their places (fused_decode.py)
+            from fully_async.rollout.engines.fused_decode import fuse_projections, unsupported_reason
+
+            if unsupported_reason(self.model) is None:
+                fuse_projections(self.model)
         self.memory = None
         if free_cache_engine and self.fp8 is None:
             from fully_async.device_memory.arena import memory_backend
@@ -303,7 +308,7 @@ class HFEngine(EngineSleep):
         # device has a backend and graphs capture them; any other model (or fused_decode=False) transformers' modules
         self._fused = None
         if fused_decode:
-            from fully_async.rollout.engines.fused_decode import FusedDecoder, unsupported_reason
+            from fully_async.rollout.engines.fused_decode import FusedDecoder
 
             reason = unsupported_reason(self.model)
             if reason is None:

@@ -6,6 +6,7 @@ import torch
 
 from fully_async.algorithms import (PolicyLossInput, agg_loss, filter_top_k_top_p, grpo_advantages, kl_penalty,
                                     policy_loss, sample_tokens)
+from fully_async.algorithms.sampling import exponential_race
 
 
 def test_grpo_group_normalisation_by_hand():
@@ -112,6 +113,15 @@ def test_sampling_without_truncation_equals_the_filter_that_keeps_everything():
     a = sample_tokens(logits, temps, off_k, off_p, torch.Generator().manual_seed(5))
     b = sample_tokens(logits, temps, off_k, off_p, torch.Generator().manual_seed(5), truncate=False)
     assert torch.equal(a[0], b[0]) and torch.allclose(a[1], b[1])
+
+
+def test_exponential_race_draws_each_index_with_its_probability():
+    """200k draws over 5 probabilities (one zero, never drawn): each frequency within 4 standard errors."""
+    probs = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0])
+    draws = exponential_race(probs.expand(200_000, 5).contiguous(), torch.Generator().manual_seed(3))
+    freq = torch.bincount(draws, minlength=5).double() / draws.numel()
+    se = (probs.double() * (1 - probs.double()) / draws.numel()).sqrt()
+    assert freq[4] == 0 and ((freq - probs.double()).abs() <= 4 * se + 1e-12).all(), freq
 
 
 def test_seq_mean_token_sum_norm_is_the_sequence_mean_over_a_constant_and_splits_exactly():

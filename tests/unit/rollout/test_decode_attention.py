@@ -48,7 +48,8 @@ def start_interpreted(code: str) -> subprocess.Popen:
 def kernel_code() -> str:
     return """
         import torch
-        from fully_async.rollout.engines.decode_attention import reference_decode_attention, split_kv_decode_attention
+        from fully_async.rollout.engines.decode_attention import (reference_decode_attention, rotate,
+                                                                  split_kv_decode_attention)
 
         def written(cache, new_rows, lengths, span):
             cache = cache.float().clone()
@@ -63,15 +64,22 @@ def kernel_code() -> str:
             k, v = torch.randn(8, 2, 100, 32, dtype=dtype), torch.randn(8, 2, 100, 32, dtype=dtype)
             kn, vn = torch.randn(6, 2, 32, dtype=dtype), torch.randn(6, 2, 32, dtype=dtype)
             lengths = torch.tensor([1, 16, 17, 64, 97, 99, 100, 3])
-            for new in (False, True):
+            angle = torch.rand(6, 16) * 3
+            cos, sin = torch.cat([angle.cos()] * 2, -1).to(dtype), torch.cat([angle.sin()] * 2, -1).to(dtype)
+            wide = torch.randn(6, 2, 5, 40, dtype=dtype)   # q as a strided view (of a fused projection's output)
+            for new, rope, view in ((False, False, False), (True, False, False), (True, True, True), (False, True, False)):
                 k1, v1 = k.clone(), v.clone()
                 kw = dict(k_new=kn, v_new=vn) if new else {}
-                got = split_kv_decode_attention(q, k1, v1, lengths, 97, 0.2, split=32, block_n=16, **kw)
-                ref = reference_decode_attention(q.float(), k.float().clone(), v.float().clone(), lengths, 97, 0.2,
-                                                 **{name: t.float() for name, t in kw.items()})
+                rot = dict(cos=cos, sin=sin) if rope else {}
+                qq = wide[..., 8:40] if view else q
+                got = split_kv_decode_attention(qq, k1, v1, lengths, 97, 0.2, split=32, block_n=16, **kw, **rot)
+                want_q = rotate(qq, cos, sin) if rope else qq           # rounded to dtype as the kernel does
+                want_kn = rotate(kn, cos, sin) if rope else kn
+                ref = reference_decode_attention(want_q.float(), k.float().clone(), v.float().clone(), lengths, 97,
+                                                 0.2, **({"k_new": want_kn.float(), "v_new": vn.float()} if new else {}))
                 err = (got.float() - ref).abs().max().item()
-                assert err < tol, (dtype, new, err)
-                assert torch.equal(k1.float(), written(k, kn, lengths, 97) if new else k.float()), (dtype, new)
+                assert err < tol, (dtype, new, rope, err)
+                assert torch.equal(k1.float(), written(k, want_kn, lengths, 97) if new else k.float()), (dtype, new)
                 assert torch.equal(v1.float(), written(v, vn, lengths, 97) if new else v.float()), (dtype, new)
             print("ok", dtype)
     """

@@ -12,6 +12,7 @@ from fully_async.device import CPU
 from fully_async.device_memory.arena import Arena, StandIn, memory_backend
 from fully_async.device_memory.policy import GIB, KeepWhenFits, engine_memory_mode
 from fully_async.rollout.engines.base import run_requests
+from fully_async.rollout.engines.fused_decode import projection_groups, side_by_side
 from fully_async.rollout.engines.hf_engine import HFEngine
 
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13, 14], [3], [20, 21, 22, 23]]
@@ -179,6 +180,11 @@ def test_decode_graphs_survive_a_sleep_that_frees_the_memory(random_model_dir, m
     monkeypatch.setattr(HFEngine, "_capture_graphs", lambda self: None)    # buckets captured at first use
     eng = _engine(random_model_dir, enforce_eager=False, graph_batch_sizes=[2, 4], device_memory="standin")
     graphs.engine = eng
+
+    def groups_joined():   # the fused decode's q/k/v and gate/up weights stay views of one tensor each
+        return all(side_by_side([lin.weight for lin in group]) is not None
+                   for layer in eng.model.get_decoder().layers for group in projection_groups(layer))
+    assert eng._fused is not None and groups_joined()
     want = {n: p.detach().clone() for n, p in eng.model.named_parameters()}
     reqs = [GenRequest(f"g{i}", p, SamplingParams(0.0, max_tokens=6)) for i, p in enumerate(PROMPTS[:3])]
     first = run_requests(eng, reqs, timeout_s=60.0)
@@ -189,11 +195,12 @@ def test_decode_graphs_survive_a_sleep_that_frees_the_memory(random_model_dir, m
     assert set(held) == {"run/rollout/weights", "run/rollout/kv", "run/rollout/state"} and not any(held.values())
     assert torch.isnan(eng.memory._region.view(torch.float32)).any()          # the arena's bytes are gone
     assert all(torch.equal(p, want[n]) for n, p in eng.model.named_parameters())   # on the host meanwhile
+    assert groups_joined()
     report = eng.memory_report()
     assert report["memory/rollout/freed_gib"] > 0 and report["memory/rollout/kept_resident"] == 0.0
     assert report["memory/run/rollout/kv_gib"] == 0.0
     eng.wake_up()
-    assert all(torch.equal(p, want[n]) for n, p in eng.model.named_parameters())
+    assert all(torch.equal(p, want[n]) for n, p in eng.model.named_parameters()) and groups_joined()
     again = run_requests(eng, reqs, timeout_s=60.0)
     assert graphs.captured == captured and eng.memory_report()["memory/rollout/graph_captures"] == captured
     assert {k: o.token_ids for k, o in again.items()} == {k: o.token_ids for k, o in first.items()}
