@@ -206,13 +206,17 @@ class DeviceGraphs:
 
     def __init__(self, module: Any, graph_cls: Any, capture_kwargs: Optional[dict] = None):
         self.module, self.graph_cls, self.capture_kwargs = module, graph_cls, capture_kwargs or {}
+        # a graph may draw from a torch.Generator of the caller's (each replay then advances it) where the graph
+        # class registers generators (CUDA); elsewhere (torch_npu's NPUGraph) random draws stay outside graphs
+        self.rng = hasattr(graph_cls, "register_generator_state")
         self.pool = module.graph_pool_handle()
         # one warm-up stream for every capture: cuBLAS keeps a workspace per (handle, stream) in the caching
         # allocator, so a fresh stream per capture kept ~20 MB per graph alive (1.1 GiB for 56 graphs, 1x H100)
         self.side = module.Stream()
 
-    def capture(self, fn: Callable[[], None], warmup: int = 1) -> Callable[[], None]:
-        """Run `fn` `warmup` times on a side stream (library handles, autotuning), capture it, return replay."""
+    def capture(self, fn: Callable[[], None], warmup: int = 1, generators: tuple = ()) -> Callable[[], None]:
+        """Run `fn` `warmup` times on a side stream (library handles, autotuning), capture it, return replay.
+        `generators`: the torch.Generators `fn` draws from (only where `rng`)."""
         mod = self.module
         side = self.side
         side.wait_stream(mod.current_stream())
@@ -221,6 +225,8 @@ class DeviceGraphs:
                 fn()
         mod.current_stream().wait_stream(side)
         graph = self.graph_cls()
+        for generator in generators:
+            graph.register_generator_state(generator)
         with mod.graph(graph, pool=self.pool, **self.capture_kwargs):
             fn()
         return graph.replay

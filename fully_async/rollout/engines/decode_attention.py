@@ -123,12 +123,14 @@ def _build() -> Any:
             acc = tl.zeros([G_PAD, D], dtype=tl.float32)
             k_base = K + b * s_kb + h * s_kh
             v_base = V + b * s_vb + h * s_vh
-            for n0 in range(start, end, BLOCK_N):
+            # the loop streams cached positions only, nothing but loads feeding its products (so Triton pipelines
+            # them); the split holding the new position stops before it and adds the new key/value after the loop
+            here = (pos >= start) & (pos < last)
+            stop = tl.where(here, pos, end)
+            for n0 in range(start, stop, BLOCK_N):
                 n = n0 + tl.arange(0, BLOCK_N)
-                valid = n < end
-                new = (n == pos) & (n < last)
+                valid = n < stop
                 k = tl.load(k_base + n[:, None] * s_kt + d[None, :], mask=valid[:, None], other=0.0)
-                k = tl.where(new[:, None], kn[None, :].to(k.dtype), k)
                 qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
                 qk = tl.where(valid[None, :], qk, float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -136,8 +138,18 @@ def _build() -> Any:
                 p = tl.exp2(qk - m_new[:, None])
                 l_i = l_i * alpha + tl.sum(p, 1)
                 v = tl.load(v_base + n[:, None] * s_vt + d[None, :], mask=valid[:, None], other=0.0)
-                v = tl.where(new[:, None], vn[None, :].to(v.dtype), v)
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+                m_i = m_new
+            if HAS_NEW:   # the new key/value from registers (a split whose only position it is ran no loop)
+                kn = kn.to(K.dtype.element_ty)
+                vn = vn.to(V.dtype.element_ty)
+                qk = tl.sum(q.to(tl.float32) * kn.to(tl.float32)[None, :], 1) * scale_log2
+                qk = tl.where(here, qk, float("-inf"))
+                m_new = tl.maximum(m_i, qk)
+                alpha = tl.exp2(m_i - m_new)
+                p = tl.exp2(qk - m_new)
+                l_i = l_i * alpha + p
+                acc = acc * alpha[:, None] + p[:, None] * vn.to(tl.float32)[None, :]
                 m_i = m_new
             tl.store(k_base + pos * s_kt + d, kn.to(K.dtype.element_ty), mask=keep)
             tl.store(v_base + pos * s_vt + d, vn.to(V.dtype.element_ty), mask=keep)

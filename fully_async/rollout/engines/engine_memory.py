@@ -317,7 +317,7 @@ class EngineSleep:
             self.memory.release()
         else:
             self._cache = self._state = None
-            self._graphs = {}
+            self._graphs, self._sample_graphs = {}, {}
             if self.device.is_accelerator:
                 if self._host is None:
                     from fully_async.core.host_offload import HostOffload

@@ -292,7 +292,7 @@ class HFEngine(EngineSleep):
         self._sleep_level = 0
         self.free_cache_engine = free_cache_engine
         self._host: Optional[Any] = None   # pinned host buffers of sleep(), made at the first one
-        self._pinned: Optional[torch.Tensor] = None   # each step's (tokens, log-probs), copied asynchronously
+        self._pinned: Optional[torch.Tensor] = None   # each step's (token, log-prob) per slot, copied asynchronously
         self._copied: Optional[Any] = None            # the device event that marks that copy done
         # device graphs of the decode step, keyed by (batch bucket, span bucket)
         self._graph_api = None if enforce_eager else device.graphs()
@@ -301,6 +301,7 @@ class HFEngine(EngineSleep):
         if self._graph_api is not None and max_num_seqs not in self.graph_batch_sizes:
             self.graph_batch_sizes.append(max_num_seqs)
         self._graphs: dict[tuple[int, int], Callable[[], None]] = {}
+        self._sample_graphs: dict[tuple[int, bool], Callable[[], None]] = {}   # keyed by (batch bucket, truncate)
         self.graph_capture_s = 0.0
         if not enforce_eager and self._graph_api is None and device.is_accelerator:
             logger.warning("%s: this torch has no device graphs; the embedded engine decodes eagerly", device.name)
@@ -431,7 +432,8 @@ class HFEngine(EngineSleep):
                    if self.memory is None else self.memory.state_alloc)
             self._state = {"logits": new((s, vocab), torch.float32), "tokens": new((s,), torch.long),
                            "lengths": new((s,), torch.long), "temperature": new((s,), torch.float32),
-                           "top_p": new((s,), torch.float32), "top_k": new((s,), torch.long)}
+                           "top_p": new((s,), torch.float32), "top_k": new((s,), torch.long),
+                           "sampled": new((s, 2), torch.float64)}
             self._reset_state()
         return self._cache, self._state
 
@@ -537,28 +539,47 @@ class HFEngine(EngineSleep):
     def _sample(self) -> Callable[[], np.ndarray]:
         """Sample one token per slot below hi into the device state; returns how to wait for (tokens, log-probs)
         on the host: on an accelerator an asynchronous copy into pinned memory, waited for after the next
-        decode step is queued (the one sync per step)."""
+        decode step is queued (the one sync per step).  Where graphs may draw random numbers (CUDA) the sampling
+        replays a graph per (batch bucket, truncation) as the decode step does: ~10 kernels launched as one."""
         hi = self._hi()
-        state = self._state
         truncate = bool((self._truncates[:hi] & self._occ[:hi]).any())
-        tokens, logps = sample_tokens(state["logits"][:hi], state["temperature"][:hi], state["top_k"][:hi],
-                                      state["top_p"][:hi], self.generator, truncate=truncate)
-        state["tokens"][:hi] = tokens
-        both = torch.stack([tokens.double(), logps.double()])
+        if self._graph_api is None or not getattr(self._graph_api, "rng", False):
+            self._sample_rows(hi, truncate)
+        else:
+            key = (_bucket(hi, self.graph_batch_sizes), truncate)
+            replay = self._sample_graphs.get(key)
+            if replay is not None:
+                replay()
+            else:   # as _decode: this step samples eagerly at the bucket's shape, then the graph is captured
+                self._sample_rows(*key)
+                self._sample_graphs[key] = self._graph_api.capture(partial(self._sample_rows, *key), warmup=0,
+                                                                   generators=(self.generator,))
+        sampled = self._state["sampled"][:hi]
         if not self.device.is_accelerator:
-            host = both.numpy()
+            host = sampled.numpy().T.copy()
             return lambda: host
         if self._pinned is None:
-            self._pinned = torch.empty(2, self.max_num_seqs, dtype=torch.float64, pin_memory=True)
+            self._pinned = torch.empty(self.max_num_seqs, 2, dtype=torch.float64, pin_memory=True)
             self._copied = self.device.module().Event()
-        self._pinned[:, :hi].copy_(both, non_blocking=True)
+        self._pinned[:hi].copy_(sampled, non_blocking=True)
         self._copied.record()
-        pinned = self._pinned[:, :hi].numpy()
+        pinned = self._pinned[:hi].numpy().T     # (2, hi): tokens, log-probs
 
         def wait() -> np.ndarray:
             self._copied.synchronize()
             return pinned
         return wait
+
+    def _sample_rows(self, batch: int, truncate: bool) -> None:
+        """Sample slots [0, batch) from the logits in the device state: the tokens into state["tokens"] (the next
+        decode's input), tokens and behaviour log-probs into state["sampled"].  Reads and writes only persistent
+        device buffers (and draws from self.generator), so it can be captured as a device graph."""
+        state = self._state
+        tokens, logps = sample_tokens(state["logits"][:batch], state["temperature"][:batch], state["top_k"][:batch],
+                                      state["top_p"][:batch], self.generator, truncate=truncate)
+        state["tokens"][:batch] = tokens
+        state["sampled"][:batch, 0] = tokens
+        state["sampled"][:batch, 1] = logps
 
     def _retire(self, wait: Callable[[], np.ndarray], versions: np.ndarray) -> list[GenOutput]:
         """Record this step's tokens, log-probs and versions per slot; free the slots that hit EOS or max_tokens."""
@@ -605,7 +626,7 @@ class HFEngine(EngineSleep):
         """The buffers a graph reads moved: drop every graph; buckets are captured again at their next use, into
         a fresh memory pool."""
         if self._graph_api is not None:
-            self._graphs = {}
+            self._graphs, self._sample_graphs = {}, {}
             self._graph_api = self.device.graphs()
 
     def _decode_step(self, batch: int, span: int) -> None:

@@ -161,11 +161,15 @@ class RecordingGraphs:
     time, so this checks the engine's side of the contract: buckets, padding rows, spans, buffers that outlive
     the graphs, recapture."""
 
+    rng = True   # as CUDA's: the sampling is captured too
+
     def __init__(self):
         self.captured: list = []
         self.replays = 0
+        self.generators: list = []
 
-    def capture(self, fn, warmup: int = 1):
+    def capture(self, fn, warmup: int = 1, generators: tuple = ()):
+        self.generators += generators
         for _ in range(warmup):
             fn()
         self.captured.append(fn)
@@ -193,6 +197,7 @@ def test_graph_buckets_decode_exactly_like_eager(random_model_dir, hf_model, mon
     got, want = run_all(eng, reqs), run_all(eager, reqs)
     assert graphs.replays > 0
     assert len(graphs.captured) > first                    # the cache grew past 8: captured again at first use
+    assert set(eng._sample_graphs) == {(4, False), (6, False)} and graphs.generators[0] is eng.generator
     for r in reqs:
         assert got[r.request_id].token_ids == want[r.request_id].token_ids, r.request_id
         assert got[r.request_id].log_probs == pytest.approx(want[r.request_id].log_probs, abs=1e-4)
