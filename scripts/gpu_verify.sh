@@ -358,20 +358,22 @@ engine)
 decode)
   # #45: the decode step against its floor.  This tree's engine and OLD's (a package tree, default .gpubundle/old/:
   # `git archive <commit> fully_async | tar x -C .gpubundle/old`) in one invocation, 256 x 3072 and 64 / 256 x 256,
-  # after the engine's GPU tests; PART=profile: where the step goes now, and the attention kernel's settings
+  # after the engine's GPU tests (SIDES=new: this tree only); PART=profile: where the step goes now, and the
+  # attention kernel's settings; PART="bench profile": both
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
   export CUDA_VISIBLE_DEVICES=0
   BENCH=(scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 --engines hf --baselines "" --no-updates)
-  if [ "${PART:-bench}" = bench ]; then
+  if [[ " ${PART:-bench} " == *" bench "* ]]; then
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -4
-    for side in new old; do
+    for side in ${SIDES:-new old}; do
       PP=$PYTHONPATH; [ $side = old ] && PP=/tmp/site:$PWD/${OLD:-.gpubundle/old}
       PYTHONPATH=$PP timeout 150 python3 "${BENCH[@]}" --concurrency 256 --new-tokens 3072 --repeats 1 \
           --out "$OUT/${side}_3072.json" 2>&1 | grep -v "it/s\]" | tail -2
       PYTHONPATH=$PP timeout 120 python3 "${BENCH[@]}" --concurrency 64 256 --new-tokens 256 --repeats 2 \
           --out "$OUT/${side}_256.json" 2>&1 | grep -v "it/s\]" | tail -3
     done
-  else
+  fi
+  if [[ " ${PART:-bench} " == *" profile "* ]]; then
     timeout 150 python3 scripts/profile_engine_step.py --model /tmp/m05 --device cuda --dtype bfloat16 \
         --concurrency 64 256 --warm 200 1500 --out "$OUT/profile_engine_step.json" 2>&1 | grep -E "^c=|wrote"
     timeout 200 python3 scripts/bench_decode_attention.py --out "$OUT/decode_attention.json" 2>&1 | grep -v "it/s\]" \

@@ -26,9 +26,12 @@ from typing import Any, Optional
 
 import torch
 
-SPLIT = 256      # cached positions per program (measured on 1x H200, see scripts/bench_decode_attention.py)
+# measured on 1x H200 (scripts/bench_decode_attention.py; docs/measurements/engine_decode_h200/): the best sum over
+# lengths 272, 1040, lognormal up to 3088 and 3088 of 14 settings, within 5% of the best at each
+SPLIT = 512      # cached positions per program
 BLOCK_N = 64     # keys per inner iteration
 NUM_WARPS = 4
+NUM_STAGES = 2   # loads in flight per program (Triton's software pipelining)
 _KERNELS: list = []
 
 
@@ -192,7 +195,7 @@ def split_kv_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                               span: int, scale: float, k_new: Optional[torch.Tensor] = None,
                               v_new: Optional[torch.Tensor] = None, cos: Optional[torch.Tensor] = None,
                               sin: Optional[torch.Tensor] = None, split: int = SPLIT, block_n: int = BLOCK_N,
-                              num_warps: int = NUM_WARPS, num_stages: Optional[int] = None) -> torch.Tensor:
+                              num_warps: int = NUM_WARPS, num_stages: Optional[int] = NUM_STAGES) -> torch.Tensor:
     """What `reference_decode_attention` computes (the new keys/values written included, rotated first with
     cos/sin), reading only positions [0, min(lengths[b], span)) of each row.  `lengths` (>= B,) integer device
     tensor; the caches' last dimension must be contiguous; q may be a strided view (of a fused projection's

@@ -4,11 +4,13 @@ two functions per layer that torch.compile can fuse.
 Why: a captured decode step of transformers' modules is ~40 small kernels per layer (RMSNorm alone is seven,
 rotary embeddings ten), and at decode batch sizes each costs more than its arithmetic: on one H100 the 0.5B
 shape spends ~3.4 ms per step whether 64 or 256 sequences decode.  Here each layer is
-    attn_in  : RMSNorm -> q/k/v projections (-> Qwen3's q/k RMSNorm) -> rotary embedding
+    attn_in  : the previous layer's MLP residual -> RMSNorm -> q/k/v projections (-> Qwen3's q/k RMSNorm) ->
+               rotary embedding (with split-KV attention: inside its kernel)
     (eager)  : write the new key/value into the slot cache in place, then grouped-query attention over each
                row's cached positions: decode_attention.py's split-KV kernel, which reads each row's own length
                (CUDA), or SDPA over the span bucket under a mask (elsewhere, or split_kv=False)
-    attn_out : o projection + residual -> RMSNorm -> SwiGLU MLP + residual
+    attn_out : o projection + residual -> RMSNorm -> SwiGLU MLP (its residual added by the next attn_in, or the
+               final norm, in the same kernel as that RMSNorm)
 The projections that read the same input run as one matrix product each: q/k/v and gate/up
 (`fuse_projections` lays each group's weights out side by side in one tensor, the modules' parameters views of it,
 so weight updates, sleeps at fixed addresses and transformers' own prefill keep working on the same storage; at
@@ -113,13 +115,17 @@ def fuse_projections(model: Any) -> int:
     return moved
 
 
-def attn_in(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ln: torch.Tensor, wqkv: torch.Tensor,
-            bqkv: Optional[torch.Tensor], q_norm: Optional[torch.Tensor], k_norm: Optional[torch.Tensor], eps: float,
-            heads: int, kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x (B, 1, hidden) -> query (B, heads, 1, D), key and value (B, kv_heads, 1, D), rotary applied; wqkv/bqkv:
+def attn_in(x: torch.Tensor, delta: Optional[torch.Tensor], cos: Optional[torch.Tensor], sin: Optional[torch.Tensor],
+            ln: torch.Tensor, wqkv: torch.Tensor, bqkv: Optional[torch.Tensor], q_norm: Optional[torch.Tensor],
+            k_norm: Optional[torch.Tensor], eps: float, heads: int, kv_heads: int, head_dim: int
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Residual stream x (B, 1, hidden) plus the previous layer's MLP output `delta` (None at the first layer) ->
+    query (B, heads, 1, D), key and value (B, kv_heads, 1, D), rotary applied, and the residual stream; wqkv/bqkv:
     the q, k and v projections' weights (biases) back to back.  cos None: query (B, 1, heads, D) and key and
     value (B, 1, kv_heads, D), views of the projection's output, not rotated (the split-KV kernel rotates them)."""
     batch = x.shape[0]
+    if delta is not None:
+        x = x + delta
     h = _rms(x, ln, eps)
     q, k, v = F.linear(h, wqkv, bqkv).split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     q = q.reshape(batch, 1, heads, head_dim)
@@ -128,23 +134,24 @@ def attn_in(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ln: torch.Ten
     if q_norm is not None:
         q, k = _rms(q, q_norm, eps), _rms(k, k_norm, eps)
     if cos is None:
-        return q, k, v
+        return q, k, v, x
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)                  # (B, 1, D) -> (B, 1, 1, D)
-    return _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
+    return _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin), v.transpose(1, 2), x
 
 
 def attn_out(x: torch.Tensor, attn: torch.Tensor, wo: torch.Tensor, bo: Optional[torch.Tensor], ln: torch.Tensor,
              wgu: torch.Tensor, bgu: Optional[torch.Tensor], wd: torch.Tensor, bd: Optional[torch.Tensor],
-             eps: float) -> torch.Tensor:
-    """Residual stream after the layer: x + o(attn), then + SwiGLU(RMSNorm(.)); wgu/bgu: the gate and up
-    projections' weights (biases) back to back."""
+             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, mlp): the residual stream after attention, x + o(attn), and the MLP's output SwiGLU(RMSNorm(h)), which
+    the next attn_in (or final_norm) adds to h; wgu/bgu: the gate and up projections' weights (biases) back to
+    back."""
     h = x + F.linear(attn, wo, bo)
     gate, up = F.linear(_rms(h, ln, eps), wgu, bgu).chunk(2, dim=-1)
-    return h + F.linear(F.silu(gate) * up, wd, bd)
+    return h, F.linear(F.silu(gate) * up, wd, bd)
 
 
-def final_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return _rms(x, weight, eps)
+def final_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _rms(x + delta, weight, eps)
 
 
 _COMPILED: dict[str, tuple[Callable, Callable, Callable]] = {}
@@ -227,17 +234,19 @@ class FusedDecoder:
         cos, sin = self.base.rotary_emb(x, positions.unsqueeze(1))
         rows = torch.arange(batch, device=ids.device)
         groups = self.heads // self.kv_heads
+        delta = None
         for (w_in, w_out), k_buf, v_buf in zip(self.layers, keys, values):
             if self.split_kv:   # rotates the query and key and writes the new key/value at each row's position itself
-                q, k, v = self._in(x, None, None, *w_in, self.eps, self.heads, self.kv_heads, self.head_dim)
+                q, k, v, x = self._in(x, delta, None, None, *w_in, self.eps, self.heads, self.kv_heads,
+                                      self.head_dim)
                 out = split_kv_decode_attention(q.view(batch, self.kv_heads, groups, self.head_dim), k_buf, v_buf,
                                                 lengths, span, self.scaling, k[:, 0], v[:, 0], cos[:, 0], sin[:, 0])
             else:
-                q, k, v = self._in(x, cos, sin, *w_in, self.eps, self.heads, self.kv_heads, self.head_dim)
+                q, k, v, x = self._in(x, delta, cos, sin, *w_in, self.eps, self.heads, self.kv_heads, self.head_dim)
                 q = q.reshape(batch, self.kv_heads, groups, self.head_dim)
                 k_buf[rows, :, positions] = k[:, :, 0]
                 v_buf[rows, :, positions] = v[:, :, 0]
                 out = F.scaled_dot_product_attention(q, k_buf[:batch, :, :span], v_buf[:batch, :, :span],
                                                      attn_mask=mask, scale=self.scaling)
-            x = self._out(x, out.reshape(batch, 1, self.heads * self.head_dim), *w_out, self.eps)
-        return self._norm(x[:, 0], self.base.norm.weight, self.eps)
+            x, delta = self._out(x, out.reshape(batch, 1, self.heads * self.head_dim), *w_out, self.eps)
+        return self._norm(x[:, 0], delta[:, 0], self.base.norm.weight, self.eps)
