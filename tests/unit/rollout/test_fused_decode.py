@@ -7,7 +7,7 @@ import torch
 
 from fully_async.device import CPU
 from fully_async.rollout.engines.base import run_requests
-from fully_async.rollout.engines.fused_decode import unsupported_reason
+from fully_async.rollout.engines.fused_decode import projection_groups, side_by_side, unsupported_reason
 from fully_async.rollout.engines.hf_engine import HFEngine
 from fully_async.core.types import GenRequest, SamplingParams
 
@@ -59,3 +59,27 @@ def test_other_models_take_transformers_modules(tmp_path):
     assert "gpt2" in unsupported_reason(transformers.AutoModelForCausalLM.from_pretrained(path))
     eng = HFEngine(path, CPU, max_num_seqs=2, eos_token_ids=[], pad_token_id=0)
     assert eng._fused is None and not eng.compiled
+
+
+def test_projection_groups_are_laid_out_again_after_weights_moved_one_by_one(tmp_path):
+    """A sleep without fixed addresses (NPU, device_memory=none) moves each weight on its own; bind() lays the q/k/v
+    and gate/up groups out back to back again, the modules' parameters views of them, and decoding is unchanged."""
+    path = build(tmp_path, "qwen2")
+    want = generate(path, True)
+    eng = HFEngine(path, CPU, max_num_seqs=4, eos_token_ids=[], pad_token_id=0, seed=5, max_model_len=8)
+    layers = eng.model.get_decoder().layers
+    joined = lambda: all(side_by_side([lin.weight for lin in g]) is not None and   # noqa: E731
+                         (g[0].bias is None or side_by_side([lin.bias for lin in g]) is not None)
+                         for layer in layers for g in projection_groups(layer))
+    assert joined()
+    with torch.no_grad():
+        for p in eng.model.parameters():   # what a move to the host and back does: each its own storage
+            p.data = p.data.clone()
+    assert not joined()
+    eng._fused.bind()
+    assert joined() and eng._fused.layers[0][0][1].data_ptr() == layers[0].self_attn.q_proj.weight.data_ptr()
+    prompts = [[3 + (i * 5 + j) % 50 for j in range(2 + i % 4)] for i in range(7)]
+    params = [SamplingParams(1.0, 1.0, -1, 12 + i) if i % 2 else SamplingParams(0.0, max_tokens=10 + i)
+              for i in range(7)]
+    got = run_requests(eng, [GenRequest(f"r{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))])
+    assert {k: o.token_ids for k, o in got.items()} == {k: o.token_ids for k, o in want.items()}
