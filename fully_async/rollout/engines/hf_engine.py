@@ -235,13 +235,13 @@ class HFEngine(EngineSleep):
         self._swap: Optional[Any] = None         # responses kept in flight through a sleep (engine_memory.KvSwap)
         self._staging: Optional[Any] = None      # its host buffer, kept from one sleep to the next
         self.memory_stats: dict[str, float] = {"sleeps": 0.0, "freed_sleeps": 0.0, "graph_captures": 0.0}
-        # weights, KV cache and decode state at fixed addresses whose memory a sleep gives back (CUDA VMM): the
-        # decode graphs stay valid across a sleep; elsewhere (cpu, npu, fp8 emulation) a sleep drops and rebuilds
         if fused_decode:   # its projection groups back to back before the weights take their places (fused_decode.py)
             from fully_async.rollout.engines.fused_decode import fuse_projections, unsupported_reason
 
             if unsupported_reason(self.model) is None:
                 fuse_projections(self.model)
+        # weights, KV cache and decode state at fixed addresses whose memory a sleep gives back (CUDA VMM): the
+        # decode graphs stay valid across a sleep; elsewhere (cpu, npu, fp8 emulation) a sleep drops and rebuilds
         self.memory = None
         if free_cache_engine and self.fp8 is None:
             from fully_async.device_memory.arena import memory_backend
