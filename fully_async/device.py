@@ -207,7 +207,7 @@ class DeviceGraphs:
     def __init__(self, module: Any, graph_cls: Any, capture_kwargs: Optional[dict] = None):
         self.module, self.graph_cls, self.capture_kwargs = module, graph_cls, capture_kwargs or {}
         # a graph may draw from a torch.Generator of the caller's (each replay then advances it) where the graph
-        # class registers generators (CUDA); elsewhere (torch_npu's NPUGraph) random draws stay outside graphs
+        # class registers generators (CUDA's does); where it cannot, callers keep their random draws outside graphs
         self.rng = hasattr(graph_cls, "register_generator_state")
         self.pool = module.graph_pool_handle()
         # one warm-up stream for every capture: cuBLAS keeps a workspace per (handle, stream) in the caching
