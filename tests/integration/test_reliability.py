@@ -13,9 +13,11 @@ Slow: six runs (one a subprocess, ~15-20 s; two of the in-process ones with two 
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -128,8 +130,16 @@ def test_trainer_killed_then_resume_loses_and_repeats_nothing(tmp_path, monkeypa
     assert resumed[0] == resumed_from                        # the param version continued
 
 
-def raylets() -> int:
-    r = subprocess.run(["pgrep", "-f", "ray/core/src/ray/raylet/raylet"], capture_output=True, text=True)
+def own_tmpdir() -> str:
+    """A short TMPDIR for one run: the local Ray it starts keeps its session (and its raylet's socket paths, at most
+    107 characters) under it, so that raylet can be told from the ones of tests running beside it, which start
+    and stop their own (a count of every raylet on the machine moves with them)."""
+    return tempfile.mkdtemp(prefix="rt")
+
+
+def raylets(tmpdir: str) -> int:
+    """The raylets running whose command line names `tmpdir`: the Ray of a run started with TMPDIR=tmpdir."""
+    r = subprocess.run(["pgrep", "-f", f"ray/core/src/ray/raylet/raylet .*{tmpdir}/"], capture_output=True, text=True)
     return len(r.stdout.split())
 
 
@@ -164,13 +174,17 @@ def test_watchdog_fails_a_wedged_engine_with_state(tmp_path, monkeypatch, ray_se
 def test_failing_engine_replica_stops_the_run_naming_it(tmp_path):
     """Two rollout replicas; replica 1's engine raises: the run exits 1 naming the replica and its cause, and the Ray
     it started is shut down with it."""
-    before = raylets()
+    tmpdir = own_tmpdir()
     run = Run(tmp_path, *common(tmp_path, 20), "rollout.n_gpus_per_node=2",
               "actor_rollout_ref.rollout.name=fakes:SecondReplicaCrashes", "trainer.val_before_train=false",
-              env={"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")})
-    start = time.monotonic()
-    assert run.wait(180) == 1, run.output[-3000:]
+              env={"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""), "TMPDIR": tmpdir})
+    start, seen = time.monotonic(), 0
+    while run.proc.poll() is None and time.monotonic() - start < 180:
+        seen = max(seen, raylets(tmpdir))   # the run's own Ray, while it runs
+        time.sleep(0.2)
+    assert run.wait(10) == 1, run.output[-3000:]
     assert time.monotonic() - start < 150
+    assert seen, f"no raylet under {tmpdir} was seen while the run ran"
     assert re.search(r"rollouter failed: ReplicaFailed: rollout engine replica 1 \(engine1\) failed: .*"
                      r"replica exploded on purpose", run.output), run.output[-3000:]
     # the console keeps the one-line cause; the traceback, down to the engine's frame that raised, is in a file
@@ -181,9 +195,10 @@ def test_failing_engine_replica_stops_the_run_naming_it(tmp_path):
     assert re.search(r'File ".*fakes\.py", line \d+, in collect', text) and "replica exploded on purpose" in text
     assert "\x1b[" not in text
     deadline = time.monotonic() + 15
-    while raylets() > before and time.monotonic() < deadline:  # the Ray it started is shut down with it
+    while raylets(tmpdir) and time.monotonic() < deadline:  # the Ray it started is shut down with it
         time.sleep(0.2)
-    assert raylets() == before
+    assert raylets(tmpdir) == 0
+    shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def test_a_stopped_trainer_is_named_and_the_run_ends(tmp_path, monkeypatch, ray_session):

@@ -5,13 +5,14 @@ The lock and the signals are checked on `python -m fully_async.main` processes (
 the checkpoint runs, where the process is not the point, run in the test's process on the shared Ray."""
 import json
 import os
+import shutil
 import signal
 import socket
 import time
 
 import pytest
 
-from test_reliability import Run, common, raylets
+from test_reliability import Run, common, own_tmpdir, raylets
 
 pytestmark = pytest.mark.integration
 
@@ -84,12 +85,12 @@ SIGNALS = [signal.SIGINT, signal.SIGTERM]
 @pytest.fixture(scope="module")
 def interrupted_start_ups(tmp_path_factory):
     """One run per signal, started side by side, each sent its signal once it read its data (during start-up):
-    {signum: (run, its tmp folder)}; and whether the Rays they started are gone with them: (raylets before, after)."""
-    before = raylets()
+    {signum: (run, its tmp folder)}; and the raylets of the Rays they started still running after them (0)."""
+    tmpdirs = [own_tmpdir() for _ in SIGNALS]
     runs = {}
-    for signum in SIGNALS:
+    for signum, tmpdir in zip(SIGNALS, tmpdirs):
         tmp = tmp_path_factory.mktemp(f"start_{signal.Signals(signum).name}")
-        runs[signum] = (Run(tmp, *common(tmp, 20)), tmp)
+        runs[signum] = (Run(tmp, *common(tmp, 20), env={"TMPDIR": tmpdir}), tmp)
     try:
         waiting, deadline = dict(runs), time.monotonic() + 180
         while waiting:  # each signalled as soon as it printed its data line (the start-up has begun)
@@ -103,23 +104,26 @@ def interrupted_start_ups(tmp_path_factory):
         for run, _ in runs.values():
             run.wait(120)
         deadline = time.monotonic() + 15
-        while raylets() > before and time.monotonic() < deadline:  # the Rays they started are shut down with them
+        left = lambda: sum(raylets(d) for d in tmpdirs)   # noqa: E731
+        while left() and time.monotonic() < deadline:  # the Rays they started are shut down with them
             time.sleep(0.2)
-        yield runs, (before, raylets())
+        yield runs, left()
     finally:
         for run, _ in runs.values():
             if run.proc.poll() is None:
                 run.proc.kill()
                 run.proc.wait(30)
+        for tmpdir in tmpdirs:
+            shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 @pytest.mark.parametrize("signum", SIGNALS)
 def test_signal_during_start_up_exits_cleanly(interrupted_start_ups, signum):
-    runs, (before, after) = interrupted_start_ups
+    runs, left = interrupted_start_ups
     run, tmp_path = runs[signum]
     assert run.proc.returncode == 128 + signum, run.output[-3000:]
     out = run.output
     assert f"interrupted by {signal.Signals(signum).name} during start-up" in out
     assert "Traceback" not in out, out[-3000:]
     assert not (tmp_path / "ckpt" / "fully_async.lock").exists()
-    assert after <= before
+    assert left == 0
