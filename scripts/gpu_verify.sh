@@ -5,6 +5,8 @@
 #   bash scripts/gpu_verify.sh scaling|compare2|compare4  (engine pool, #10: on a 4-GPU machine)
 #   bash scripts/gpu_verify.sh decode                     (#45: the decode step, this tree against OLD's; PART=profile
 #                                                          its kernels and the attention settings: 1 GPU)
+#   bash scripts/gpu_verify.sh update                     (#45: the seed-003 step's update alone, with and without
+#                                                          gradient checkpointing, its top kernels: 1 GPU)
 #   bash scripts/gpu_verify.sh engine                     (embedded engine vs generate(static), #11, its decode
 #                                                          profile and abort re-prefill cost: 1 GPU)
 #   bash scripts/gpu_verify.sh tests                      (the embedded engine's GPU tests only)
@@ -379,6 +381,16 @@ decode)
     timeout 200 python3 scripts/bench_decode_attention.py --out "$OUT/decode_attention.json" 2>&1 | grep -v "it/s\]" \
         | grep -E "lognormal|uniform_1040" | cut -c1-150
   fi
+  ;;
+update)
+  # #45: the seed-003 step's update alone (512 responses, the workload's lognormal lengths up to 3072, 32768 tokens a
+  # micro-batch, packed, compiled layers), without and with gradient checkpointing, and where its kernels' time goes
+  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  export CUDA_VISIBLE_DEVICES=0
+  timeout ${LIMIT:-420} python3 scripts/bench_packing.py --model /tmp/m05 --device cuda --rows 512 --n 8 \
+      --max-prompt 16 --max-response 3072 --lengths workload --max-tokens 32768 \
+      --variants ${VARIANTS:-packed:varlen/compiled packed:varlen/compiled/ckpt} --profile --warmup 1 --iters 2 \
+      --out "$OUT/update.json" 2>&1 | grep -v "it/s\]" | grep -vi "warn" | tail -40
   ;;
 scaling)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
