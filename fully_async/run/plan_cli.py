@@ -316,7 +316,34 @@ def memory_section(cfg: Any, shape: Shape, spec: DeviceSpec, opts: PlanOptions) 
     refusals = {m: placement_refusal(cfg, m) for m in ("colocated", "elastic")}
     return {"device": spec.name, "capacity_gib": spec.memory_gib, "params": shape.params(), "roles": rows,
             "fits": fits, "sync_alternative": sync_row, "elastic_alternative": elastic_row, "mode_fits": mode_fits,
-            "mode_refusals": {m: why for m, why in refusals.items() if why}}
+            "mode_refusals": {m: why for m, why in refusals.items() if why},
+            "checkpointing_not_needed": checkpointing_not_needed(cfg, shape, spec, opts)}
+
+
+# the update of the seed-003 step (0.5B-shaped Qwen2, 512 responses, ~515k tokens) on 1x H200, with and without
+# gradient checkpointing (docs/measurements/engine_decode_h200/update_seed003.json)
+CHECKPOINTING_MEASURED = "the seed-003 step's update on 1x H200: 4.00 s with it, 3.06 s without"
+
+
+def checkpointing_not_needed(cfg: Any, shape: Shape, spec: DeviceSpec, opts: PlanOptions) -> Optional[dict]:
+    """With actor_rollout_ref.model.enable_gradient_checkpointing=true: when every trainer device of the configured
+    mode and placement (sync and colocated async: with the engine beside it) still fits without it, by the memory
+    model, the peak without it and what recomputing costs; else None.  The run's results do not depend on it."""
+    import copy
+
+    if not cfg.actor_rollout_ref.model.enable_gradient_checkpointing:
+        return None
+    off = copy.deepcopy(cfg)
+    off.actor_rollout_ref.model.enable_gradient_checkpointing = False
+    capacity = spec.memory_gib * GIB
+    trainer = trainer_memory(off, shape, trainer_dp(off))
+    shares = cfg.mode == "sync" or cfg.async_training.placement in ("colocated", "elastic")
+    role = colocated_memory(off, trainer, engine_memory(off, shape, capacity)) if shares else trainer
+    role.parts["context"] = opts.context_gib * GIB
+    if verdict(role.total, capacity, opts.warn_fraction) != "fits":
+        return None
+    return {"without_gib": role.total / GIB, "capacity_gib": spec.memory_gib, "role": role.role,
+            "measured": CHECKPOINTING_MEASURED}
 
 
 def _ranges(items: list[int]) -> str:

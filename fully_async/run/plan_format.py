@@ -27,6 +27,13 @@ def format_text(report: dict) -> str:
         alt = mem.get(key)
         if alt:
             out.append(f"  ({alt['role']}: {alt['total_gib']:.2f} GiB -> {alt['verdict']}; {alt['note']})")
+    ckpt = mem.get("checkpointing_not_needed")
+    if ckpt:
+        out += [f"  gradient checkpointing (actor_rollout_ref.model.enable_gradient_checkpointing=true) is not needed "
+                f"for memory here: without it the {ckpt['role']} peaks at {ckpt['without_gib']:.2f} of "
+                f"{ckpt['capacity_gib']:g} GiB",
+                f"    it recomputes each layer's forward in the backward ({ckpt['measured']}); =false trains faster, "
+                "with the same results"]
     out += ["", "== device plan"] + ["  " + line for line in report["device_plan"]]
     tp = report["throughput"]
     out += ["", "== predicted throughput (steady tokens/s, all devices; discrete-event simulation)"] + \

@@ -276,3 +276,23 @@ def test_a_colocated_switch_that_frees_prices_the_kv_swap_of_the_responses_in_fl
     assert modes["sync"]["switch_s_per_step"] == pytest.approx(costs["sync_step_s"])          # sync: nothing swapped
     assert modes["colocated"]["switch_s_per_step"] >= costs["sync_step_s"] + costs["swap_s"] - 1e-9
     assert "of KV of the responses in flight" in " ".join(forced["assumptions"])
+
+
+def test_checkpointing_the_memory_does_not_need_is_pointed_out():
+    """enable_gradient_checkpointing=true where the trainer fits without it (0.5B, 910B): the plan says so with the
+    peak without it; a micro-batch whose activations do not fit without it (7B, 64k tokens), or checkpointing off:
+    nothing said."""
+    from fully_async.run.plan_format import format_text
+
+    small = build_report([*SEVEN_B, "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct"])
+    note = small["memory"]["checkpointing_not_needed"]
+    assert note and 0 < note["without_gib"] < 0.9 * note["capacity_gib"] and note["role"] == "trainer"
+    trainer = next(r for r in small["memory"]["roles"] if r["role"] == "trainer")
+    assert note["without_gib"] > trainer["total_gib"]               # the activations of every layer kept
+    assert "is not needed for memory here: without it the trainer peaks at" in format_text(small)
+    big = build_report([*SEVEN_B, "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536"])
+    assert big["memory"]["checkpointing_not_needed"] is None and big["memory"]["fits"]
+    off = build_report([*SEVEN_B, "actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct",
+                        "actor_rollout_ref.model.enable_gradient_checkpointing=false"])
+    assert off["memory"]["checkpointing_not_needed"] is None
+    assert "is not needed for memory here" not in format_text(off)
