@@ -171,23 +171,26 @@ def scalars(tb_dir, prefix):
 
 
 def test_two_jobs_share_the_pool_learn_and_keep_their_outputs_apart(tmp_path, ray_head, pool):
-    steps = ["trainer.total_training_steps=4", "trainer.test_freq=2"]
+    # 8 steps: the two start side by side, and their leases must interleave (4 steps of the tiny model, ~2 s, were
+    # once shorter than the two processes' start-up skew under the suite's parallel workers)
+    n = 8
+    steps = [f"trainer.total_training_steps={n}", "trainer.test_freq=4"]
     jobs = [Job(tmp_path, ray_head, pool, name, *steps) for name in ("a", "b")]   # both lease the whole pool
     for job in jobs:
         assert job.wait(300) == 0, job.output[-4000:]
     for job in jobs:
         s = job.summary()
-        assert s["steps"] == 4 and s["val_after"] > s["val_before"] + 0.15, s
+        assert s["steps"] == n and s["val_after"] > s["val_before"] + 0.15, s
         assert "device pool %s: job %s leases devices [0, 1] of 2" % (pool, job.name) in job.output
         m = scalars(job.tb, "multi_job/")
         for key in ("multi_job/rollout/onload_s", "multi_job/rollout/offload_s", "multi_job/train/onload_s",
                     "multi_job/train/offload_s", "multi_job/rollout/lease_wait_s",
                     "multi_job/rollout/offload/host_rss_gib_before", "multi_job/rollout/offload/host_rss_gib_after"):
-            assert len(m[key]) == 4, (key, sorted(m))
+            assert len(m[key]) == n, (key, sorted(m))
         # the embedded engine takes each step's weights at the end of the train phase, asleep (no later copy)
-        assert len(m["multi_job/train/param_sync_s"]) == 4
+        assert len(m["multi_job/train/param_sync_s"]) == n
         assert "multi_job/rollout/param_sync_s" not in m and "multi_job/validate/param_sync_s" not in m
-        assert len(m["multi_job/validate/onload_s"]) == 3          # before training, after steps 2 and 4
+        assert len(m["multi_job/validate/onload_s"]) == 3          # before training, after steps 4 and 8
     # isolated outputs: a run folder and a TensorBoard run per job, with their own config
     assert json.loads((tmp_path / "tb_a" / "config.json").read_text())["trainer"]["experiment_name"] == "a"
     assert json.loads((tmp_path / "tb_b" / "config.json").read_text())["trainer"]["experiment_name"] == "b"
@@ -336,9 +339,11 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, p
     # 2 steps and both of them one (d and e are judged after)
     c.wait_for(f"device pool {pool}: job c leases")
     wrong = Job(tmp_path, ray_head, pool, "d", "multi_job.devices=3", "multi_job.job_devices=[0]")
-    a = Job(tmp_path, ray_head, pool, "a", "multi_job.job_devices=[0]", "trainer.total_training_steps=3",
+    # 8 steps each, so that both still run when the later of them has trained its first (3 steps of the tiny model
+    # take ~1 s: less than their start-up skew under the suite's parallel workers)
+    a = Job(tmp_path, ray_head, pool, "a", "multi_job.job_devices=[0]", "trainer.total_training_steps=8",
             "trainer.test_freq=-1")
-    b = Job(tmp_path, ray_head, pool, "b", "multi_job.job_devices=[1]", "trainer.total_training_steps=3",
+    b = Job(tmp_path, ray_head, pool, "b", "multi_job.job_devices=[1]", "trainer.total_training_steps=8",
             "trainer.test_freq=-1")
     c.wait_for(r"step 2 \|")
     a.wait_for(r"step 1 \|")
@@ -370,7 +375,7 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, p
     for job in (a, b):
         assert job.wait(300) == 0, job.output[-4000:]
         s = job.summary()
-        assert s["steps"] == 3 and s["val_after"] > s["val_before"] + 0.1, s   # they learn, as alone
+        assert s["steps"] == 8 and s["val_after"] > s["val_before"] + 0.1, s   # they learn, as alone
     trace = json.loads((tmp_path / "pool" / pool / "timeline.json").read_text())["traceEvents"]
     lost = [s for s in leases(trace) if s[0] == "job c" and s[4] == "job lost"]
     for s in lost:  # whatever c held at its death ended on the heartbeat timeout
