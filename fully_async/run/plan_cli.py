@@ -314,9 +314,12 @@ def memory_section(cfg: Any, shape: Shape, spec: DeviceSpec, opts: PlanOptions) 
     from fully_async.core.placement_checks import placement_refusal
 
     refusals = {m: placement_refusal(cfg, m) for m in ("colocated", "elastic")}
+    # the row of a trainer device as configured: sync and split their own; colocated and elastic with an engine beside
+    configured = {"colocated": sync_row, "elastic": elastic_row}.get(
+        cfg.async_training.placement if cfg.mode == "async" else "sync") or rows[0]
     return {"device": spec.name, "capacity_gib": spec.memory_gib, "params": shape.params(), "roles": rows,
             "fits": fits, "sync_alternative": sync_row, "elastic_alternative": elastic_row, "mode_fits": mode_fits,
-            "mode_refusals": {m: why for m, why in refusals.items() if why},
+            "mode_refusals": {m: why for m, why in refusals.items() if why}, "configured": configured,
             "checkpointing_not_needed": checkpointing_not_needed(cfg, shape, spec, opts)}
 
 
@@ -326,23 +329,19 @@ CHECKPOINTING_MEASURED = "the seed-003 step's update on 1x H200: 4.00 s with it,
 
 
 def checkpointing_not_needed(cfg: Any, shape: Shape, spec: DeviceSpec, opts: PlanOptions) -> Optional[dict]:
-    """With actor_rollout_ref.model.enable_gradient_checkpointing=true: when every trainer device of the configured
-    mode and placement (sync and colocated async: with the engine beside it) still fits without it, by the memory
-    model, the peak without it and what recomputing costs; else None.  The run's results do not depend on it."""
+    """With actor_rollout_ref.model.enable_gradient_checkpointing=true: when a trainer device of the configured mode
+    and placement (memory_section's `configured` row) still fits without it, by the memory model, its peak without
+    it and what recomputing costs; else None.  The run's results do not depend on it."""
     import copy
 
     if not cfg.actor_rollout_ref.model.enable_gradient_checkpointing:
         return None
     off = copy.deepcopy(cfg)
     off.actor_rollout_ref.model.enable_gradient_checkpointing = False
-    capacity = spec.memory_gib * GIB
-    trainer = trainer_memory(off, shape, trainer_dp(off))
-    shares = cfg.mode == "sync" or cfg.async_training.placement in ("colocated", "elastic")
-    role = colocated_memory(off, trainer, engine_memory(off, shape, capacity)) if shares else trainer
-    role.parts["context"] = opts.context_gib * GIB
-    if verdict(role.total, capacity, opts.warn_fraction) != "fits":
+    row = memory_section(off, shape, spec, opts)["configured"]
+    if row["verdict"] != "fits":
         return None
-    return {"without_gib": role.total / GIB, "capacity_gib": spec.memory_gib, "role": role.role,
+    return {"without_gib": row["total_gib"], "capacity_gib": spec.memory_gib, "role": row["role"],
             "measured": CHECKPOINTING_MEASURED}
 
 

@@ -30,8 +30,8 @@ def format_text(report: dict) -> str:
     ckpt = mem.get("checkpointing_not_needed")
     if ckpt:
         out += [f"  gradient checkpointing (actor_rollout_ref.model.enable_gradient_checkpointing=true) is not needed "
-                f"for memory here: without it the {ckpt['role']} peaks at {ckpt['without_gib']:.2f} of "
-                f"{ckpt['capacity_gib']:g} GiB",
+                f"for memory here: without it a trainer device peaks at {ckpt['without_gib']:.2f} of "
+                f"{ckpt['capacity_gib']:g} GiB ({ckpt['role']})",
                 f"    it recomputes each layer's forward in the backward ({ckpt['measured']}); =false trains faster, "
                 "with the same results"]
     out += ["", "== device plan"] + ["  " + line for line in report["device_plan"]]

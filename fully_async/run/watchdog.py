@@ -13,7 +13,7 @@ driver holds no handle of is named with what it was doing (`check_start` while t
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Optional
 
 START_FLOOR_S = 30.0   # the least time an actor process gets to send its first heartbeat
 
@@ -49,9 +49,9 @@ class Watchdog:
             self.beats.poll()
         return True
 
-    def stalled(self) -> list[str]:
-        """Every actor process whose heartbeat stood still for timeout_s, with where it was."""
-        return self.beats.stalled(self.timeout_s) if self.beats is not None else []
+    def stalled(self, bound_s: Optional[float] = None) -> list[str]:
+        """Every actor process whose heartbeat stood still for bound_s (default timeout_s), with where it was."""
+        return self.beats.stalled(self.timeout_s if bound_s is None else bound_s) if self.beats is not None else []
 
     def check_start(self) -> None:
         """While the actors start (their constructors, where no call reaches them): fail naming any actor whose
@@ -67,7 +67,7 @@ class Watchdog:
         # machine each alone took over 4-5 s (the suite's two workers on 2 cores), so in start-up a short timeout
         # is not applied
         bound = max(self.timeout_s, START_FLOOR_S)
-        stalled = self.beats.stalled(bound) if self.beats is not None else []
+        stalled = self.stalled(bound)
         if stalled:
             raise RunFailed(f"start-up stalled ({key}, at least {START_FLOOR_S:g}s in start-up): " + "; ".join(stalled))
         silent_s = self.clock() - self.created

@@ -235,10 +235,14 @@ class HFEngine(EngineSleep):
         self._swap: Optional[Any] = None         # responses kept in flight through a sleep (engine_memory.KvSwap)
         self._staging: Optional[Any] = None      # its host buffer, kept from one sleep to the next
         self.memory_stats: dict[str, float] = {"sleeps": 0.0, "freed_sleeps": 0.0, "graph_captures": 0.0}
-        if fused_decode:   # its projection groups back to back before the weights take their places (fused_decode.py)
+        # the fused decode forward (llama-family models): its projection groups back to back before the weights take
+        # their places (fused_decode.py)
+        unfused = None
+        if fused_decode:
             from fully_async.rollout.engines.fused_decode import fuse_projections, unsupported_reason
 
-            if unsupported_reason(self.model) is None:
+            unfused = unsupported_reason(self.model)
+            if unfused is None:
                 fuse_projections(self.model)
         # weights, KV cache and decode state at fixed addresses whose memory a sleep gives back (CUDA VMM): the
         # decode graphs stay valid across a sleep; elsewhere (cpu, npu, fp8 emulation) a sleep drops and rebuilds
@@ -311,12 +315,11 @@ class HFEngine(EngineSleep):
         if fused_decode:
             from fully_async.rollout.engines.fused_decode import FusedDecoder
 
-            reason = unsupported_reason(self.model)
-            if reason is None:
+            if unfused is None:
                 self._fused = FusedDecoder(self.model, device.compile_backend() if self._graph_api else None,
                                            split_kv=self._want_split_kv(split_kv))
             else:
-                logger.info("embedded engine: transformers' decode forward (%s)", reason)
+                logger.info("embedded engine: transformers' decode forward (%s)", unfused)
         elif split_kv:
             raise ValueError("HFEngine(split_kv=True) needs fused_decode=True (the split-KV attention is part of the "
                              "fused decode forward)")
