@@ -138,6 +138,14 @@ class Device:
         mod = self.module()
         return mod.get_device_name(index) if mod.device_count() > index else None
 
+    def total_memory(self, index: int = 0) -> Optional[float]:
+        """Bytes of accelerator `index` as its properties state them (asked without a context on it, so the
+        driver may ask before any actor holds the device); None on cpu or where none is visible."""
+        if not self.is_accelerator:
+            return None
+        mod = self.module()
+        return float(mod.get_device_properties(index).total_memory) if mod.device_count() > index else None
+
     def runtime_env_vars(self) -> dict[str, str]:
         """Environment every actor of a run gets on this platform (values the user already exported win).
 

@@ -4,7 +4,8 @@
 #   bash scripts/gpu_verify.sh runs|megatron|packing      (on a 2x H100 machine, from the repo root)
 #   bash scripts/gpu_verify.sh scaling|compare2|compare4  (engine pool, #10: on a 4-GPU machine)
 #   bash scripts/gpu_verify.sh decode                     (#45: the decode step, this tree against OLD's; PART=profile
-#                                                          its kernels and the attention settings: 1 GPU)
+#                                                          its kernels and the attention settings; SLOTS="256 512"
+#                                                          the 3072-token run at each slot count: 1 GPU)
 #   bash scripts/gpu_verify.sh update                     (#45: the seed-003 step's update alone, with and without
 #                                                          gradient checkpointing, its top kernels: 1 GPU)
 #   bash scripts/gpu_verify.sh engine                     (embedded engine vs generate(static), #11, its decode
@@ -89,7 +90,8 @@ colocated)
   # FCE: actor_rollout_ref.rollout.free_cache_engine (default true, verl's default; COLO_EXTRA may add
   # actor_rollout_ref.rollout.free_cache_engine_force=true, which frees the engine's memory at every turn)
   # colocated async against sync on ONE GPU (#27), the seed-003 shape: 0.5B-shaped bf16, 64 prompts x 8, lognormal
-  # lengths up to MAXLEN (3072), EOS ignored, packed trainer with dynamic batch size, staleness 0.2, trigger 4;
+  # lengths up to MAXLEN (3072), EOS ignored, packed trainer with dynamic batch size, staleness 0.2, trigger 4, the
+  # engine's slots as the run sizes them (max_num_seqs=null over the bundled preset's 128; NSEQS sets it);
   # both runs in this invocation, then compared from their logs (steady steps: the first, compiling, step excluded
   # by the comparison's own rules)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
@@ -98,7 +100,7 @@ colocated)
         actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16 actor_rollout_ref.actor.optim.lr=1e-6
         actor_rollout_ref.model.use_remove_padding=true actor_rollout_ref.actor.use_dynamic_bsz=true
         actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768 actor_rollout_ref.actor.ppo_mini_batch_size=64
-        data.train_batch_size=64 actor_rollout_ref.rollout.n=8 actor_rollout_ref.rollout.max_num_seqs=${NSEQS:-256}
+        data.train_batch_size=64 actor_rollout_ref.rollout.n=8 actor_rollout_ref.rollout.max_num_seqs=${NSEQS:-null}
         benchmark.response_length=lognormal benchmark.ignore_eos=true actor_rollout_ref.rollout.free_cache_engine=${FCE:-true}
         async_training.staleness_threshold=${STALENESS:-0.2} async_training.trigger_parameter_sync_step=${TRIGGER:-4}
         trainer.resume_mode=disable trainer.progress_bar=false
@@ -369,8 +371,8 @@ decode)
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -4
     for side in ${SIDES:-new old}; do
       PP=$PYTHONPATH; [ $side = old ] && PP=/tmp/site:$PWD/${OLD:-.gpubundle/old}
-      PYTHONPATH=$PP timeout 150 python3 "${BENCH[@]}" --concurrency 256 --new-tokens 3072 --repeats 1 \
-          --out "$OUT/${side}_3072.json" 2>&1 | grep -v "it/s\]" | tail -2
+      PYTHONPATH=$PP timeout $((150 * $(wc -w <<< "${SLOTS:-256}"))) python3 "${BENCH[@]}" --concurrency ${SLOTS:-256} \
+          --new-tokens 3072 --repeats 1 --out "$OUT/${side}_3072.json" 2>&1 | grep -v "it/s\]" | tail -3
       PYTHONPATH=$PP timeout 120 python3 "${BENCH[@]}" --concurrency 64 256 --new-tokens 256 --repeats 2 \
           --out "$OUT/${side}_256.json" 2>&1 | grep -v "it/s\]" | tail -3
     done

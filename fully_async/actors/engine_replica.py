@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Optional
 
-from fully_async.core.config import FullyAsyncConfig
+from fully_async.core.config import FullyAsyncConfig, num_seqs
 from fully_async.rollout.engines.replica import EngineHost
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def build_async_pool(cfg: FullyAsyncConfig, device: Any, eos_token_ids: list[int
         wait_ready(actors)
         replicas = [RemoteReplica(actor, name) for name, actor in actors.items()]
         logger.info("rollout: %d engine replicas x %d device(s) each", k, tp)
-    return EnginePool(replicas, r.max_num_seqs, timeline=cfg.trainer.timeline)
+    return EnginePool(replicas, num_seqs(r), timeline=cfg.trainer.timeline)
 
 
 def host_trainer_engines(host: Any, cfg: FullyAsyncConfig, device: Any, backend: Any,
@@ -80,6 +80,6 @@ def host_trainer_engines(host: Any, cfg: FullyAsyncConfig, device: Any, backend:
     lendable += [(f"trainer_engine{r}", w, False) for r, w in enumerate(getattr(backend, "workers", []), start=1)]
     replicas = [HostedReplica(host, "trainer_engine0")]
     replicas += [RemoteReplica(actor, name) for name, actor, _ in lendable[1:]]
-    pool = EnginePool(replicas, cfg.actor_rollout_ref.rollout.max_num_seqs, timeline=False)
+    pool = EnginePool(replicas, num_seqs(cfg.actor_rollout_ref.rollout), timeline=False)
     pool.sleep(1)   # asleep until first lent: the trainer works on these devices
     return pool, lendable

@@ -26,7 +26,7 @@ import logging
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from fully_async.core.config import FullyAsyncConfig, generates_baseline
+from fully_async.core.config import FullyAsyncConfig, generates_baseline, num_seqs
 from fully_async.actors.actor_setup import DriverFacing
 from fully_async.algorithms.dynamic_sampling import GroupFilter
 from fully_async.telemetry import generations
@@ -468,4 +468,4 @@ def build_sync_pool(cfg: FullyAsyncConfig, device: Any, backend: Any, eos_token_
     extra = {"load_trainer_weights": lambda version: load_trainer_weights(local, engine, version)}
     replicas = [InlineReplica(engine, device, "engine0", extra)]
     replicas += [RemoteReplica(w, f"engine{r}") for r, w in enumerate(getattr(backend, "workers", []), start=1)]
-    return EnginePool(replicas, cfg.actor_rollout_ref.rollout.max_num_seqs, timeline=cfg.trainer.timeline), per_rank
+    return EnginePool(replicas, num_seqs(cfg.actor_rollout_ref.rollout), timeline=cfg.trainer.timeline), per_rank

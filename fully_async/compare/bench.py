@@ -74,7 +74,7 @@ def _rollout_phase(cfg: Any, prep: Any, device: Any, batches: int, warmup: int,
 
     tokenizer = build_tokenizer(cfg)
     reward = build_reward_manager(cfg)
-    engine = build_engine(cfg, device, prep.eos_token_ids, prep.pad_token_id)
+    engine = build_engine(prep.cfg, device, prep.eos_token_ids, prep.pad_token_id)   # its engine slots sized
     r = cfg.actor_rollout_ref.rollout
     params = SamplingParams(r.temperature, r.top_p, r.top_k, cfg.data.max_response_length)
     per_batch = _prompts_per_batch(cfg)
@@ -179,7 +179,7 @@ def measure_config(cfg: Any, batches: int = 3, warmup: int = 1) -> dict:
     return {"device": device.name, "hardware": describe_hardware(device), "threads": threads if not
             device.is_accelerator else None, "batches": batches, "warmup": warmup,
             "prompts_per_batch": _prompts_per_batch(cfg), "n": cfg.actor_rollout_ref.rollout.n,
-            "rollout": rollout, "train": train, "min_tokens_per_s": ceiling,
+            "max_num_seqs": prep.cfg.actor_rollout_ref.rollout.max_num_seqs, "rollout": rollout, "train": train, "min_tokens_per_s": ceiling,
             "bottleneck": "rollout" if rollout["tokens_per_s"] <= train["tokens_per_s"] else "train",
             "per_device": PER_DEVICE, "workload": workload_report(cfg)}
 

@@ -222,7 +222,8 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     calculate_log_probs: bool = True      # always on: the engines return behaviour log-probs (false: a warning)
-    max_num_seqs: int = 256               # sequences decoded together by the engine
+    max_num_seqs: Optional[int] = None    # sequences each engine decodes together; null: sized at start-up (verl's
+    #                                       256, more where the device holds them: num_seqs / memory_model.engine_slots)
     dtype: str = "bfloat16"               # the engine's weights and compute
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     log_prob_use_dynamic_bsz: bool = "${actor_rollout_ref.actor.use_dynamic_bsz}"  # type: ignore[assignment]
@@ -670,6 +671,16 @@ def clip_bounds(actor: Any) -> tuple[float, float]:
     low = actor.clip_ratio_low if actor.clip_ratio_low is not None else actor.clip_ratio
     high = actor.clip_ratio_high if actor.clip_ratio_high is not None else actor.clip_ratio
     return float(low), float(high)
+
+
+VERL_MAX_NUM_SEQS = 256   # verl 0.9.1's actor_rollout_ref.rollout.max_num_seqs (the sequences vLLM runs at once)
+
+
+def num_seqs(rollout: Any) -> int:
+    """actor_rollout_ref.rollout.max_num_seqs as the engines take it: the value set, or sized at start-up (run/prepare.py
+    writes planner/memory_model.engine_slots' pick into the config the actors get); verl's 256 in a config nothing
+    sized (one not prepared for a run)."""
+    return int(rollout.max_num_seqs) if rollout.max_num_seqs is not None else VERL_MAX_NUM_SEQS
 
 
 def typed_config(cfg: Any) -> FullyAsyncConfig:

@@ -334,10 +334,14 @@ def _check_rollout(cfg: Any) -> None:
     _choice("actor_rollout_ref.rollout.dtype", rollout.dtype, DTYPES)
     _at_least("actor_rollout_ref.rollout.n", rollout.n, 1)
     _at_least("actor_rollout_ref.rollout.temperature", rollout.temperature, 0.0)
-    _at_least("actor_rollout_ref.rollout.max_num_seqs", rollout.max_num_seqs, 1)
+    if rollout.max_num_seqs is not None:
+        _at_least("actor_rollout_ref.rollout.max_num_seqs", rollout.max_num_seqs, 1)
     sizes = rollout.cudagraph_capture_sizes
-    if sizes is not None and (not sizes or any(not isinstance(b, int) or not 1 <= b <= rollout.max_num_seqs
-                                               for b in sizes)):
+    if sizes is not None and (not sizes or any(not isinstance(b, int) or b < 1 for b in sizes)):
+        raise ConfigError("actor_rollout_ref.rollout.cudagraph_capture_sizes",
+                          f"{list(sizes)} must be a non-empty list of batch sizes >= 1 (each at most max_num_seqs), "
+                          "or null for the engine's default buckets")
+    if sizes is not None and rollout.max_num_seqs is not None and max(sizes) > rollout.max_num_seqs:
         raise ConfigError("actor_rollout_ref.rollout.cudagraph_capture_sizes",
                           f"{list(sizes)} must be a non-empty list of batch sizes in [1, max_num_seqs="
                           f"{rollout.max_num_seqs}], or null for the engine's default buckets")

@@ -6,7 +6,7 @@ import logging
 from typing import Any, Optional
 
 from fully_async.core.algorithm_checks import _at_least, _choice
-from fully_async.core.config import ConfigError, RolloutConfig
+from fully_async.core.config import ConfigError, RolloutConfig, num_seqs
 
 logger = logging.getLogger("fully_async.core.config_checks")   # the checks' one logger name
 
@@ -66,20 +66,24 @@ def check_quantization(cfg: Any) -> None:
 
 def check_prefill_budget(cfg: Any) -> None:
     """rollout.max_num_batched_tokens / enable_chunked_prefill (and gpu_memory_utilization, which the embedded
-    engine does not take: said once): the prompt tokens one engine step prefills.  vLLM
+    engine takes only to size its slots where max_num_seqs is unset: said once otherwise): the prompt tokens one
+    engine step prefills.  vLLM
     refuses a budget below max_model_len without chunked prefill, and so do we, for both engines; the embedded
     engine never splits one prompt, so with chunked prefill a longer one is prefilled alone (said once here)."""
     rollout, key = cfg.actor_rollout_ref.rollout, "actor_rollout_ref.rollout.max_num_batched_tokens"
     _at_least(key, rollout.max_num_batched_tokens, 1)
-    if rollout.name == "vllm" and rollout.max_num_batched_tokens < rollout.max_num_seqs:
-        raise ConfigError(key, f"{rollout.max_num_batched_tokens} is below max_num_seqs ({rollout.max_num_seqs}), "
-                          f"which vLLM refuses: raise it to >= {rollout.max_num_seqs} or lower max_num_seqs")
+    seqs = num_seqs(rollout)
+    if rollout.name == "vllm" and rollout.max_num_batched_tokens < seqs:
+        raise ConfigError(key, f"{rollout.max_num_batched_tokens} is below max_num_seqs ({seqs}), "
+                          f"which vLLM refuses: raise it to >= {seqs} or lower max_num_seqs")
     longest = rollout.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length
-    if rollout.name == "hf" and rollout.gpu_memory_utilization != RolloutConfig.gpu_memory_utilization:
+    if rollout.name == "hf" and rollout.max_num_seqs is not None and \
+            rollout.gpu_memory_utilization != RolloutConfig.gpu_memory_utilization:
         logger.warning("actor_rollout_ref.rollout.gpu_memory_utilization=%g has no effect on the embedded engine "
-                       "(rollout.name=hf): its KV cache is max_num_seqs x max_model_len slots (%d x %d here), sized "
-                       "by those two keys; `python -m fully_async.plan` prints its memory",
-                       rollout.gpu_memory_utilization, rollout.max_num_seqs, longest)
+                       "(rollout.name=hf) with max_num_seqs set: its KV cache is max_num_seqs x max_model_len slots "
+                       "(%d x %d here), sized by those two keys (with max_num_seqs unset it sizes the slots); "
+                       "`python -m fully_async.plan` prints its memory",
+                       rollout.gpu_memory_utilization, seqs, longest)
     if rollout.max_num_batched_tokens >= longest or ":" in rollout.name:
         return
     if not rollout.enable_chunked_prefill:

@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from fully_async.core.config import num_seqs
 from fully_async.core.plan import RunPlan
 from fully_async.device_memory.policy import PRIVATE_POOL_MARK
 from fully_async.placement.residency import Dedicated, PoolLease
@@ -125,7 +126,7 @@ class Placement:
 
         at = self.cfg.async_training
         return AsyncSetup(replicas=self.engine_layout()[0], trainer_devices=self.plan.trainer_devices,
-                          max_num_seqs=self.cfg.actor_rollout_ref.rollout.max_num_seqs,
+                          max_num_seqs=num_seqs(self.cfg.actor_rollout_ref.rollout),
                           required=self.plan.groups_per_step, staleness_threshold=at.staleness_threshold,
                           trigger_parameter_sync_step=at.trigger_parameter_sync_step,
                           partial_rollout=at.partial_rollout, elastic_replicas=elastic_replicas)

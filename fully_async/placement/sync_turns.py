@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from fully_async.core.config import num_seqs
 from fully_async.placement.base import Placement, pool_lease
 from fully_async.placement.residency import Dedicated, Turns
 
@@ -48,4 +49,4 @@ class SyncTurns(Placement):
         from fully_async.planner.pipeline_sim import simulate_sync
 
         return simulate_sync(self.plan.trainer_devices, self.cfg.data.train_batch_size,
-                             self.cfg.actor_rollout_ref.rollout.max_num_seqs, costs, work)
+                             num_seqs(self.cfg.actor_rollout_ref.rollout), costs, work)

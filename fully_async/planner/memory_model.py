@@ -38,7 +38,8 @@ What is counted, per device, in bytes (P = parameters of the device's shard, h/I
                             Logits: the fused chunked head (model.use_fused_kernels) keeps ~3 float32 chunks of
                             2^26 elements; without it tokens x vocab x 4 bytes x 2 (logits and their gradient)
   engine, rollout.name=hf   weights in rollout.dtype + a static slot KV cache of max_num_seqs x max_model_len
-                            tokens + float32 logits of every slot
+                            tokens + float32 logits of every slot (max_num_seqs unset: engine_slots' count, one
+                            step's responses per engine where gpu_memory_utilization of the device holds them)
   engine, rollout.name=vllm gpu_memory_utilization x capacity (vLLM takes that fraction at start-up); the check
                             is that weights / tp leave room for the KV cache of max_num_seqs full sequences
                             (rollout.quantization=fp8: the layers' linear weights in one byte each)
@@ -53,7 +54,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fully_async.core.config import fsdp_backend, uses_critic
+from fully_async.core.config import VERL_MAX_NUM_SEQS, fsdp_backend, uses_critic
+from fully_async.core.plan import RunPlan
 from fully_async.planner.hardware import Shape
 
 GIB = 1024 ** 3
@@ -264,33 +266,69 @@ def engine_weight_bytes(cfg: Any, shape: Shape) -> float:
     return total
 
 
-def engine_memory(cfg: Any, shape: Shape, capacity_bytes: float) -> RoleMemory:
-    """Memory of one rollout device (a replica spans rollout.tensor_model_parallel_size devices)."""
+def engine_memory(cfg: Any, shape: Shape, capacity_bytes: float, slots: int | None = None) -> RoleMemory:
+    """Memory of one rollout device (a replica spans rollout.tensor_model_parallel_size devices) with `slots`
+    sequences (default: max_num_seqs, or what engine_slots sizes for this capacity where it is unset)."""
     r = cfg.actor_rollout_ref.rollout
     wbytes = _bytes("actor_rollout_ref.rollout.dtype", r.dtype)
     tp = r.tensor_model_parallel_size
+    seqs = slots if slots is not None else (r.max_num_seqs if r.max_num_seqs is not None else
+                                            engine_slots(cfg, shape, capacity_bytes)[0])
     weights = engine_weight_bytes(cfg, shape) / tp
-    kv_needed = r.max_num_seqs * max_model_len(cfg) * shape.kv_bytes_per_token(wbytes) / tp
+    kv_needed = seqs * max_model_len(cfg) * shape.kv_bytes_per_token(wbytes) / tp
     mem = RoleMemory("engine")
     if r.name == "vllm":
         reserved = r.gpu_memory_utilization * capacity_bytes
         mem.parts.update(weights=weights, kv_cache=max(0.0, reserved - weights))
         mem.note = (f"vllm takes gpu_memory_utilization={r.gpu_memory_utilization:g} of the device; "
-                    f"{r.max_num_seqs} full-length sequences need {kv_needed / GIB:.2f} GiB of KV per device")
+                    f"{seqs} full-length sequences need {kv_needed / GIB:.2f} GiB of KV per device")
         mem.kv_needed = kv_needed  # type: ignore[attr-defined]
     else:
         # one admission prefills up to max_num_seqs prompts at once, at most max_num_batched_tokens padded tokens
         # (a longer prompt alone): one layer's live tensors per prompt token (residual + hidden, and the MLP's
         # gate, up and their product), freed layer by layer
-        tokens = min(r.max_num_seqs * cfg.data.max_prompt_length,
+        tokens = min(seqs * cfg.data.max_prompt_length,
                      max(r.max_num_batched_tokens, cfg.data.max_prompt_length))
         prefill = tokens * (2 * shape.hidden + 3 * shape.intermediate) * wbytes
-        mem.parts.update(weights=weights, kv_cache=kv_needed, logits=4.0 * r.max_num_seqs * shape.vocab,
+        mem.parts.update(weights=weights, kv_cache=kv_needed, logits=4.0 * seqs * shape.vocab,
                          prefill=prefill / tp)
         if not r.enforce_eager and cfg.trainer.device != "cpu":
             mem.parts["decode_graphs"] = DECODE_GRAPHS_BYTES
-        mem.note = f"embedded engine: slot KV cache of {r.max_num_seqs} x {max_model_len(cfg)} tokens"
+        mem.note = f"embedded engine: slot KV cache of {seqs} x {max_model_len(cfg)} tokens"
     return mem
+
+
+AUTO_MAX_NUM_SEQS = 1024   # the most slots engine_slots gives one engine (a decode step's latency grows with them)
+
+
+def engine_slots(cfg: Any, shape: Shape, capacity_bytes: float) -> tuple[int, str]:
+    """(slots, why): what actor_rollout_ref.rollout.max_num_seqs=null gives each engine on devices of
+    `capacity_bytes`.  The embedded engine on an accelerator: one step's responses on each replica (the groups a step
+    trains x rollout.n over the engine replicas), at least verl's 256 and at most AUTO_MAX_NUM_SEQS, as many as fit
+    in rollout.gpu_memory_utilization of the device beside its weights, prefill and graphs (each slot holds a
+    full-length KV cache and a float32 row of logits), never fewer than verl's 256 (nor than the largest
+    rollout.cudagraph_capture_sizes: rollout/engine_fit.py checks those against the whole device, as it checks a
+    size that is set).  vLLM (it pages its KV cache: the slot count is only its cap) and the cpu: verl's 256.  A larger decode batch reads each weight
+    once for more tokens, so on an accelerator the engine's tokens per second grow with it while the KV read of
+    every slot stays the same per token."""
+    r = cfg.actor_rollout_ref.rollout
+    graphs = max(r.cudagraph_capture_sizes or [0])   # the largest decode graph asked for gets its slots
+    if r.name != "hf" or cfg.trainer.device == "cpu":
+        why = "vLLM pages its KV cache" if r.name == "vllm" else ("a user engine" if ":" in r.name else "a cpu engine")
+        return max(VERL_MAX_NUM_SEQS, graphs), f"verl's default: {why}"
+    plan = RunPlan.of(cfg)
+    replicas = max(1, (plan.engine_devices or plan.trainer_devices) // max(1, r.tensor_model_parallel_size))
+    per_step = plan.groups_per_step * r.n
+    want = min(AUTO_MAX_NUM_SEQS, max(VERL_MAX_NUM_SEQS, -(-per_step // replicas)))
+    parts = engine_memory(cfg, shape, capacity_bytes, slots=want).parts
+    per_slot = (parts["kv_cache"] + parts["logits"]) / want
+    fixed = sum(parts.values()) - per_slot * want     # weights, prefill (its budget's worth) and graphs
+    fit = int((r.gpu_memory_utilization * capacity_bytes - fixed) // per_slot)
+    slots = max(VERL_MAX_NUM_SEQS, min(want, fit), graphs)
+    why = (f"one step's {per_step} responses over {replicas} engine(s), at least verl's {VERL_MAX_NUM_SEQS}, at most "
+           f"{AUTO_MAX_NUM_SEQS}; {fit} full-length sequences fit in gpu_memory_utilization="
+           f"{r.gpu_memory_utilization:g} of {capacity_bytes / GIB:.0f} GiB")
+    return slots, why
 
 
 def colocated_memory(cfg: Any, trainer: RoleMemory, engine: RoleMemory) -> RoleMemory:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from fully_async.core.config import num_seqs
 from fully_async.planner.colocated_sim import simulate_colocated
 from fully_async.planner.pipeline_sim import AsyncSetup, StageCosts, Workload, simulate_async, simulate_sync
 from fully_async.planner.sim_engine import data_parallel_speedup
@@ -60,7 +61,7 @@ class PipelineShape:
         trainer = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
         total = trainer + (cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node if cfg.mode == "async" else 0)
         return cls(n=rollout.n, async_groups=actor.ppo_mini_batch_size * at.require_batches,
-                   sync_groups=cfg.data.train_batch_size, max_num_seqs=rollout.max_num_seqs,
+                   sync_groups=cfg.data.train_batch_size, max_num_seqs=num_seqs(rollout),
                    rollout_tp=rollout.tensor_model_parallel_size, trainer_mp=mp,
                    staleness_threshold=at.staleness_threshold, trigger=at.trigger_parameter_sync_step,
                    partial_rollout=at.partial_rollout, config_devices=total)

@@ -46,6 +46,7 @@ from typing import Any, Optional
 
 from fully_async.planner.hardware import DeviceSpec, Shape
 from fully_async.planner.sim_engine import StageCosts, Workload, _group, generate_time
+from fully_async.core.config import VERL_MAX_NUM_SEQS
 from fully_async.core.workload import LengthProfile
 
 ESTIMATE_ASSUMPTIONS = {
@@ -99,7 +100,8 @@ def from_bench(bench: dict, decode_seq_fraction: float = 0.0, weight_sync_s: flo
         if key not in bench:
             raise ValueError(f"plan.stage_costs: {source} is not a bench_pipeline.py JSON (no {key!r})")
     length, _ = bench_lengths(bench, fallback_max_len)
-    slots = int(_override(bench, "actor_rollout_ref.rollout.max_num_seqs") or 256)
+    slots = int(bench.get("max_num_seqs") or _override(bench, "actor_rollout_ref.rollout.max_num_seqs")
+                or VERL_MAX_NUM_SEQS)   # the engine's slots (older JSONs: the override, else verl's default)
     n, per = int(bench["n"]), int(bench["prompts_per_batch"])
     warmup = int(bench.get("warmup", 1))
     unit = StageCosts(decode_step_s=1.0, train_token_s=0.0)

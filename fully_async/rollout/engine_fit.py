@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from fully_async.core.config import ConfigError
+from fully_async.core.config import ConfigError, num_seqs
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def check_engine_fit(cfg: Any, device: Any, config: Optional[dict] = None,
         _check_vllm(r, size, free, total, length, where, shared_in_time(cfg))
         return
     limit = total if shared_in_time(cfg) else free
-    seqs = int(r.max_num_seqs)
+    seqs = num_seqs(r)
     need = size.need(seqs, length)
     if need <= limit:
         return

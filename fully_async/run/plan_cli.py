@@ -25,7 +25,7 @@ import os
 import sys
 from typing import Any, Optional
 
-from fully_async.core.config import ConfigError, uses_critic
+from fully_async.core.config import ConfigError, num_seqs, uses_critic
 from fully_async.planner.hardware import DEVICES, DeviceSpec, Shape, known_shape
 from fully_async.planner.memory_model import (GIB, co_tenant_need_gib, co_tenant_usable_gib, colocated_memory,
                                              engine_memory, trainer_dp, trainer_estimate_bytes, trainer_memory,
@@ -194,7 +194,7 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
     from fully_async.placement import placement_of
 
     if not resident and placement_of(cfg).holds_through_turns and rollout.name == "hf":
-        swap = rollout.max_num_seqs * (prompt + mean_response / 2) * shape.kv_bytes_per_token(2)
+        swap = num_seqs(rollout) * (prompt + mean_response / 2) * shape.kv_bytes_per_token(2)
     est = estimate(shape, spec, mean_context=prompt + mean_response / 2,
                    rollout_tp=cfg.actor_rollout_ref.rollout.tensor_model_parallel_size, train_mp=mp,
                    checkpointing=bool(cfg.actor_rollout_ref.model.enable_gradient_checkpointing),
@@ -378,7 +378,7 @@ def device_plan(cfg: Any) -> list[str]:
         return _clip(lines)
     r_nodes, r_per, tp = cfg.rollout.nnodes, cfg.rollout.n_gpus_per_node, rollout.tensor_model_parallel_size
     lines.append(f"rollout: {r_nodes} node(s) x {r_per} = {r_nodes * r_per} devices, {r_nodes * r_per // tp} "
-                 f"replica(s) of tp={tp} ({rollout.name}, max_num_seqs={rollout.max_num_seqs} each)")
+                 f"replica(s) of tp={tp} ({rollout.name}, max_num_seqs={num_seqs(rollout)} each)")
     for node in range(r_nodes):
         reps = list(range(node * (r_per // tp), (node + 1) * (r_per // tp)))
         lines.append(f"  node {node} devices 0-{r_per - 1}: replicas {_ranges(reps)}")
@@ -455,6 +455,20 @@ def validate_for_plan(cfg: Any) -> list[str]:
     return warnings
 
 
+def size_engine_slots(cfg: Any, shape: Shape, spec: DeviceSpec) -> Optional[dict]:
+    """actor_rollout_ref.rollout.max_num_seqs=null: the slots a run would give each engine on `spec`'s devices
+    (memory_model.engine_slots, as run/prepare.py sizes them), written into `cfg` for the rest of the plan; None
+    where the key is set."""
+    r = cfg.actor_rollout_ref.rollout
+    if r.max_num_seqs is not None:
+        return None
+    from fully_async.planner.memory_model import engine_slots
+
+    slots, why = engine_slots(cfg, shape, spec.memory_gib * GIB)
+    r.max_num_seqs = slots
+    return {"max_num_seqs": slots, "why": why}
+
+
 def build_report(overrides: list[str], config_name: str = "fully_async_ppo_trainer") -> dict:
     from fully_async.run.hydra_setup import load_config
 
@@ -465,10 +479,11 @@ def build_report(overrides: list[str], config_name: str = "fully_async_ppo_train
     shape, source = model_shape(cfg)
     key, why = assumed_device(cfg, opts)
     spec = device_spec(cfg, opts, key)
+    slots = size_engine_slots(cfg, shape, spec)
     from fully_async.core.plan import RunPlan
 
     return {"mode": cfg.mode, "warnings": warnings, "config_devices": RunPlan.of(cfg).total_devices,
-            "hardware": {"device": spec.name, "why": why},
+            "hardware": {"device": spec.name, "why": why}, **({"engine_slots": slots} if slots else {}),
             "model": {"source": source, "params": shape.params(), "shape": vars(shape)},
             "memory": memory_section(cfg, shape, spec, opts), "device_plan": device_plan(cfg),
             "throughput": throughput_section(cfg, opts, shape, spec)}

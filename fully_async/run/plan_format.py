@@ -17,7 +17,10 @@ def format_text(report: dict) -> str:
     out = [f"model: {report['model']['source']}; {report['model']['params'] / 1e9:.3f}B parameters",
            f"config: mode={report['mode']}"] + \
         ([f"hardware assumed: {report['hardware']['device']} ({report['hardware']['why']})"]
-         if report.get("hardware") else []) + [f"warning: {w}" for w in report["warnings"]] + ["",
+         if report.get("hardware") else []) + \
+        ([f"engine slots: actor_rollout_ref.rollout.max_num_seqs=null -> {report['engine_slots']['max_num_seqs']} "
+          f"per engine ({report['engine_slots']['why']})"] if report.get("engine_slots") else []) + \
+        [f"warning: {w}" for w in report["warnings"]] + ["",
            f"== memory per device ({mem['device']}, {mem['capacity_gib']:g} GiB)"]
     for role in mem["roles"]:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in role["parts_gib"].items())

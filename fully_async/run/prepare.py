@@ -330,6 +330,33 @@ def _probe(manager: Any, key: str, source: str, rec: PromptRecord) -> None:
                           f"data_source={source!r} and the ground truth of row {rec.index} as the response")
 
 
+def engine_slots(cfg: Any, model_conf: Any) -> int:
+    """actor_rollout_ref.rollout.max_num_seqs for the actors: the value set, else the slots the memory model gives
+    each engine on the devices the driver sees (planner/memory_model.engine_slots, logged with why), else verl's 256
+    (cpu, a model shape the memory model does not size)."""
+    from fully_async.core.config import VERL_MAX_NUM_SEQS
+    from fully_async.device import get_device
+    from fully_async.planner.hardware import Shape
+    from fully_async.planner.memory_model import engine_slots as sized
+
+    r = cfg.actor_rollout_ref.rollout
+    if r.max_num_seqs is not None:
+        return int(r.max_num_seqs)
+    key = "actor_rollout_ref.rollout.max_num_seqs"
+    total = get_device(cfg.trainer.device).total_memory()
+    try:
+        shape = Shape.of(model_conf.to_dict() if hasattr(model_conf, "to_dict") else dict(model_conf))
+    except (ValueError, TypeError) as exc:
+        logger.info("%s=null: verl's %d slots per engine (the memory model does not size this model: %s)", key,
+                    VERL_MAX_NUM_SEQS, exc)
+        return VERL_MAX_NUM_SEQS
+    if total is None:
+        return VERL_MAX_NUM_SEQS   # cpu: engine_slots' rule there (an accelerator was checked visible here)
+    slots, why = sized(cfg, shape, total)
+    logger.info("%s=null: %d slots per engine (%s; set the key to fix the count)", key, slots, why)
+    return slots
+
+
 def load_tokenizer(cfg: Any) -> Any:
     from fully_async.actors.actor_setup import build_tokenizer
     try:
@@ -468,6 +495,7 @@ def prepare(cfg: Any) -> Prepared:
         probe_rewards(cfg, train)
 
     apply_bundled_task_preset(cfg)
+    slots = engine_slots(cfg, model_conf)
     plan = RunPlan.of(cfg).with_data(cfg, len(train))
     total_prompts, total_steps, required = plan.total_prompts, plan.total_steps, plan.groups_per_step
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -475,6 +503,7 @@ def prepare(cfg: Any) -> Prepared:
     cfg_dict["rollout"]["total_rollout_steps"] = total_prompts
     cfg_dict["trainer"]["total_training_steps"] = total_steps
     cfg_dict["trainer"]["steps_from_data"] = cfg.trainer.total_training_steps is None
+    cfg_dict["actor_rollout_ref"]["rollout"]["max_num_seqs"] = slots
     if cfg.mode == "sync":   # one engine per trainer device (config_checks warned a larger tensor parallel size)
         cfg_dict["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] = 1
     actor = cfg_dict["actor_rollout_ref"]["actor"]

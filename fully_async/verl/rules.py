@@ -527,6 +527,10 @@ DEFAULT_DIFFERENCES: dict[str, str] = {
     "actor_rollout_ref.rollout.load_format": "auto loads real weights, so validation before the first weight push "
     "scores the real model; dummy is accepted (random init until the first push)",
     "actor_rollout_ref.rollout.name": "verl requires it (???); ours defaults to the embedded engine, hf",
+    "actor_rollout_ref.rollout.max_num_seqs": "null: verl's 256, except the embedded engine on an accelerator, which "
+    "takes one step's responses per engine (up to 1024) where gpu_memory_utilization of the device holds their "
+    "full-length KV cache (planner/memory_model.engine_slots; the run logs its pick): more rows a decode step for "
+    "the same weight reads.  Set, it is what verl means (the sequences an engine runs at once)",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "the embedded engine has no tensor parallelism (> 1 "
     "is refused with rollout.name=hf in async mode); set it with rollout.name=vllm.  mode=sync runs one engine per "
     "trainer device at 1 whatever it says (a warning)",

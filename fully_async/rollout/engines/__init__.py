@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from fully_async.core.config import num_seqs
 from fully_async.rollout.engines.base import RolloutEngine
 
 
@@ -11,7 +12,7 @@ def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: 
     """Engine named by actor_rollout_ref.rollout.name; replica i of a pool samples with seed + i."""
     rollout = cfg.actor_rollout_ref.rollout
     seed = cfg.trainer.seed + replica
-    hf_kwargs = dict(device=device, dtype=rollout.dtype, max_num_seqs=rollout.max_num_seqs,
+    hf_kwargs = dict(device=device, dtype=rollout.dtype, max_num_seqs=num_seqs(rollout),
                      eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, seed=seed,
                      trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
                      max_model_len=rollout.max_model_len or cfg.data.max_prompt_length + cfg.data.max_response_length,

@@ -296,3 +296,41 @@ def test_a_megatron_critic_and_reward_model_are_counted_in_the_actors_layout():
         12 * trunk)
     rm = trainer_memory(cfg(*base, "reward_model.enable=true", "reward_model.model.path=/rm"), SHAPE, 1)
     assert rm.parts["rm_params"] == pytest.approx(grpo.parts["params"])
+
+
+SEED_003 = ["actor_rollout_ref.model.path=Qwen2.5-0.5B", "data.max_prompt_length=16", "data.max_response_length=3072",
+            "actor_rollout_ref.rollout.dtype=bfloat16", "trainer.device=cuda", "data.train_batch_size=64",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor_rollout_ref.rollout.n=8",
+            "actor_rollout_ref.rollout.max_num_seqs=null"]   # unset (the bundled task's preset sets 128)
+
+
+def test_unset_max_num_seqs_gives_the_embedded_engine_one_steps_responses_where_the_device_holds_them():
+    from fully_async.planner.memory_model import AUTO_MAX_NUM_SEQS, engine_slots
+
+    shape = Shape.of(MODEL_SHAPES["Qwen2.5-0.5B"])
+    colocated = load_config([*SEED_003, "mode=async", "async_training.placement=colocated",
+                             "rollout.n_gpus_per_node=0"])
+    slots, why = engine_slots(colocated, shape, 141 * GIB)
+    assert slots == 512 and "512 responses over 1 engine(s)" in why          # 64 groups x 8, one engine
+    # what the memory model then counts is that many slots, within gpu_memory_utilization of the device
+    mem = engine_memory(colocated, shape, 141 * GIB)
+    assert mem.parts["kv_cache"] == 512 * 3088 * shape.kv_bytes_per_token(2)
+    assert mem.total <= 0.5 * 141 * GIB
+    # a device that holds fewer keeps verl's 256 (checked against the whole device, as a size that is set)
+    assert engine_slots(colocated, shape, 16 * GIB)[0] == 256
+    # in between: as many as fit in gpu_memory_utilization of it
+    fit = engine_slots(colocated, shape, 30 * GIB)
+    assert 256 < fit[0] < 512 and engine_memory(colocated, shape, 30 * GIB).total <= 0.5 * 30 * GIB
+    # two sync engines share a step's responses; a larger step is capped
+    sync = load_config([*SEED_003, "mode=sync", "trainer.n_gpus_per_node=2"])
+    assert engine_slots(sync, shape, 141 * GIB)[0] == 256
+    big = load_config([*SEED_003, "mode=sync", "data.train_batch_size=512"])
+    assert engine_slots(big, shape, 141 * GIB)[0] == AUTO_MAX_NUM_SEQS
+    # vLLM pages its KV cache and the cpu gains nothing from more slots: verl's default; graphs asked for get slots
+    assert engine_slots(load_config([*SEED_003, "actor_rollout_ref.rollout.name=vllm"]), shape, 141 * GIB)[0] == 256
+    assert engine_slots(load_config([*SEED_003, "trainer.device=cpu"]), shape, 141 * GIB)[0] == 256
+    graphs = load_config([*SEED_003, "actor_rollout_ref.rollout.cudagraph_capture_sizes=[8,600]"])
+    assert engine_slots(graphs, shape, 16 * GIB)[0] == 600
+    # a size that is set is what the memory model counts
+    assert engine_memory(load_config([*SEED_003, "actor_rollout_ref.rollout.max_num_seqs=64"]), shape,
+                         141 * GIB).parts["kv_cache"] == 64 * 3088 * shape.kv_bytes_per_token(2)

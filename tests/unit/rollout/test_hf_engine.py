@@ -197,7 +197,8 @@ def test_graph_buckets_decode_exactly_like_eager(random_model_dir, hf_model, mon
     got, want = run_all(eng, reqs), run_all(eager, reqs)
     assert graphs.replays > 0
     assert len(graphs.captured) > first                    # the cache grew past 8: captured again at first use
-    assert set(eng._sample_graphs) == {(4, False), (6, False)} and graphs.generators[0] is eng.generator
+    # the tail, moved down into the lowest slots, samples at the smallest bucket too
+    assert set(eng._sample_graphs) == {(2, False), (4, False), (6, False)} and graphs.generators[0] is eng.generator
     for r in reqs:
         assert got[r.request_id].token_ids == want[r.request_id].token_ids, r.request_id
         assert got[r.request_id].log_probs == pytest.approx(want[r.request_id].log_probs, abs=1e-4)
@@ -295,3 +296,29 @@ def test_the_cache_goes_under_the_keyword_the_model_takes(random_model_dir):
     eng = HFEngine(random_model_dir, CPU, max_num_seqs=2, eos_token_ids=[], pad_token_id=0)
     assert eng._cache_kw == cache_keyword(eng.base)
     assert eng._cache_kw in inspect.signature(eng.base.forward).parameters
+
+
+def test_a_tail_left_in_high_slots_moves_down_and_decodes_as_it_would_have(random_model_dir, hf_model):
+    """Seven short responses and one long one in the highest slot: once the short ones finish, the long one moves to
+    slot 0 (the decode batch shrinks from 8 rows to 1) and its tokens and log-probs are those of generate."""
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=8, eos_token_ids=[], pad_token_id=0)
+    short = SamplingParams(temperature=0.0, max_tokens=2)
+    long_ = SamplingParams(temperature=0.0, max_tokens=12)
+    reqs = [GenRequest(f"s{i}", PROMPTS[i % 5], short) for i in range(7)] + [GenRequest("long", PROMPTS[2], long_)]
+    eng.submit(reqs)
+    widths, outs = [], {}
+    while eng.num_in_flight():
+        for o in eng.collect():
+            outs[o.request_id] = o
+        widths.append(eng._hi())
+    # (the width after each step): the short ones finish at the second step, the next one moves the long one down
+    assert widths == [8, 8] + [1] * 9 + [0]
+    got = outs["long"]
+    ref = hf_model.generate(torch.tensor([PROMPTS[2]]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert got.token_ids == ref[0, len(PROMPTS[2]):].tolist()
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([PROMPTS[2] + got.token_ids])).logits[0, len(PROMPTS[2]) - 1:-1]
+    lp = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(got.token_ids)[:, None]).squeeze(1)
+    assert torch.allclose(lp, torch.tensor(got.log_probs), atol=1e-4)
+    for i in range(7):
+        assert len(outs[f"s{i}"].token_ids) == 2

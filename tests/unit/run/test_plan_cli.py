@@ -299,3 +299,37 @@ def test_checkpointing_the_memory_does_not_need_is_pointed_out():
                         "actor_rollout_ref.model.enable_gradient_checkpointing=false"])
     assert off["memory"]["checkpointing_not_needed"] is None
     assert "is not needed for memory here" not in format_text(off)
+
+
+def test_the_plan_sizes_the_embedded_engines_slots_as_the_run_does(monkeypatch):
+    """max_num_seqs unset: the plan prices the slots the run's start-up gives each engine on the priced card
+    (run/prepare.engine_slots), and says so."""
+    from fully_async.device import CUDA
+    from fully_async.run.hydra_setup import load_config
+    from fully_async.run.plan_format import format_text
+    from fully_async.run.prepare import engine_slots
+
+    seed = ["actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B", "trainer.device=cuda", "data.max_prompt_length=16",
+            "data.max_response_length=3072", "actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.rollout.n=8",
+            "data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=64", "mode=async",
+            "async_training.placement=colocated", "rollout.n_gpus_per_node=0", "actor_rollout_ref.rollout.max_num_seqs=null",
+            "plan.sim_steps=4"]
+    report = build_report([*seed, "plan.device=h200"])
+    assert report["engine_slots"]["max_num_seqs"] == 512
+    assert "slot KV cache of 512 x 3088" in json.dumps(report["memory"])
+    assert "max_num_seqs=null -> 512 per engine" in format_text(report)
+    set_ = build_report([*seed[:-2], "actor_rollout_ref.rollout.max_num_seqs=256", "plan.sim_steps=4",
+                         "plan.device=h200"])
+    assert "engine_slots" not in set_
+    # the run's start-up: the same pick from the device the driver sees; verl's 256 where it sees no accelerator
+    from transformers import Qwen2Config
+
+    conf = Qwen2Config(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                       num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True)
+    cfg = load_config([s for s in seed if not s.startswith("plan.")])
+    monkeypatch.setattr(type(CUDA), "total_memory", lambda self, index=0: 141 * 2 ** 30 if self is CUDA else None)
+    assert engine_slots(cfg, conf) == 512
+    assert engine_slots(load_config([s for s in seed if not s.startswith("plan.")][:-1] + [
+        "actor_rollout_ref.rollout.max_num_seqs=300"]), conf) == 300
+    cpu = load_config([s.replace("trainer.device=cuda", "trainer.device=cpu") for s in seed if not s.startswith("plan.")])
+    assert engine_slots(cpu, conf) == 256
