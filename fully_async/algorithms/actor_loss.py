@@ -12,8 +12,9 @@ Metrics (names in `actor_metric_names` order) are additive over the micro-batche
 (and over data-parallel ranks): the aggregated terms already are (pg_loss, entropy, kl_loss), the
 per-token means (pg_clipfrac, pg_clipfrac_lower, ppo_kl, behav_imp_weight) are weighted by the
 micro-batch's share of the mini-batch's rows.  Each metric is kept as (detached tensor, weight) so
-a backend can read it as a Python float (`metric_floats`, one host sync per metric) or as one
-device tensor (`metric_tensor`, no sync) with the same rounding as before the two were merged.
+a backend can read it as a Python float (`metric_floats`, one host sync per metric), as float64 scalars on the
+device (`metric_doubles`: the same arithmetic, summed over micro-batches and read once) or as one device tensor
+(`metric_tensor`, no sync) with the same rounding as before the two were merged.
 """
 from __future__ import annotations
 
@@ -109,6 +110,11 @@ class ActorLossOutput:
     def metric_floats(self) -> dict[str, float]:
         """name -> value * weight as Python floats (the weight applied in double precision)."""
         return {name: value.item() * weight for name, (value, weight) in self.metrics.items()}
+
+    def metric_doubles(self) -> dict[str, torch.Tensor]:
+        """name -> value * weight as float64 scalars where the values are (the same arithmetic as metric_floats,
+        without waiting for them)."""
+        return {name: torch.as_tensor(value).detach().double() * weight for name, (value, weight) in self.metrics.items()}
 
     def metric_tensor(self) -> torch.Tensor:
         """(len(metrics),) float32 tensor of value * weight, in `actor_metric_names` order, on the values' device."""

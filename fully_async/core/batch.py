@@ -56,9 +56,11 @@ class TrainBatch:
                 out[f.name] = value
         return replace(self, **out)
 
-    def to(self, device: torch.device) -> "TrainBatch":
-        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
-                                if isinstance(getattr(self, f.name), torch.Tensor)})
+    def to(self, device: torch.device, non_blocking: bool = False) -> "TrainBatch":
+        """On `device`; non_blocking: host-to-device copies queued without waiting for the device's queue to drain
+        (the host tensors must not change until they are done: a micro-batch's are never written again)."""
+        return replace(self, **{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
+                                for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)})
 
 
 def build_batch(samples: Sequence[Sample], pad_token_id: int = 0) -> TrainBatch:

@@ -355,19 +355,21 @@ class TorchBackend:
         data-parallel gradient averaging (with Ulysses by the whole world: ulysses.py).  Returns the additive metrics
         of the real micro-batches (none from a sequence-parallel group's other ranks: they are the first's)."""
         micro, real = mini.shard(self.dp_rank)
-        out: dict[str, float] = {}
+        sums: dict[str, torch.Tensor] = {}
         self._trainee(mini.model)[1].zero_grad(set_to_none=True)
         for i, mb in enumerate(micro):
-            mb = mb.to(self.torch_device)
+            mb = mb.to(self.torch_device, non_blocking=True)
             res = mini.loss(mb, *self._forward(mini.model, mb))
             # backward even for a non-finite loss or a dummy: every rank must run the same collectives; the
             # update then skips the step on all ranks together
             (res.loss * float(self.world)).backward()
             if i >= real or not self.reports:   # a dummy (zero mask): every metric of it is 0
                 continue
-            for key, value in res.metric_floats().items():
-                out[key] = out.get(key, 0.0) + float(value)
-        return out
+            # summed where they are, in float64 (metric_floats' arithmetic), read once after the loop: reading each
+            # micro-batch's would wait for its backward before the next forward could be queued
+            for key, value in res.metric_doubles().items():
+                sums[key] = sums[key] + value if key in sums else value
+        return {key: float(value) for key, value in sums.items()}
 
     def optimizer_step(self, finite: bool, which: str = "actor") -> StepResult:
         """Clip, check the global grad norm, step the optimizer and the LR schedule of the actor or the critic;

@@ -124,6 +124,8 @@ def test_shared_loss_equals_both_backends_former_losses_bit_for_bit(mode, kl, en
     assert torch.equal(new.loss, old_loss)
     assert same_grads(grads(new.loss, d), grads(old_loss, d))
     assert new.metric_floats() == old_metrics                   # exact floats, same keys
+    # the torch backend sums metric_doubles on the device and reads them once: the same floats
+    assert {k: float(v) for k, v in new.metric_doubles().items()} == old_metrics
     mg_loss, mg_stats = megatron_backend_before(d, denom, rows_total, a, at)
     assert torch.equal(new.loss, mg_loss)
     assert torch.equal(new.metric_tensor(), mg_stats)
