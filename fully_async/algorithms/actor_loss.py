@@ -114,7 +114,8 @@ class ActorLossOutput:
     def metric_doubles(self) -> dict[str, torch.Tensor]:
         """name -> value * weight as float64 scalars where the values are (the same arithmetic as metric_floats,
         without waiting for them)."""
-        return {name: torch.as_tensor(value).detach().double() * weight for name, (value, weight) in self.metrics.items()}
+        return {name: torch.as_tensor(value).detach().double() * weight
+                for name, (value, weight) in self.metrics.items()}
 
     def metric_tensor(self) -> torch.Tensor:
         """(len(metrics),) float32 tensor of value * weight, in `actor_metric_names` order, on the values' device."""

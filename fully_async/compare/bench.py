@@ -179,7 +179,8 @@ def measure_config(cfg: Any, batches: int = 3, warmup: int = 1) -> dict:
     return {"device": device.name, "hardware": describe_hardware(device), "threads": threads if not
             device.is_accelerator else None, "batches": batches, "warmup": warmup,
             "prompts_per_batch": _prompts_per_batch(cfg), "n": cfg.actor_rollout_ref.rollout.n,
-            "max_num_seqs": prep.cfg.actor_rollout_ref.rollout.max_num_seqs, "rollout": rollout, "train": train, "min_tokens_per_s": ceiling,
+            "max_num_seqs": prep.cfg.actor_rollout_ref.rollout.max_num_seqs, "rollout": rollout, "train": train,
+            "min_tokens_per_s": ceiling,
             "bottleneck": "rollout" if rollout["tokens_per_s"] <= train["tokens_per_s"] else "train",
             "per_device": PER_DEVICE, "workload": workload_report(cfg)}
 

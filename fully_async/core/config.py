@@ -677,9 +677,9 @@ VERL_MAX_NUM_SEQS = 256   # verl 0.9.1's actor_rollout_ref.rollout.max_num_seqs 
 
 
 def num_seqs(rollout: Any) -> int:
-    """actor_rollout_ref.rollout.max_num_seqs as the engines take it: the value set, or sized at start-up (run/prepare.py
-    writes planner/memory_model.engine_slots' pick into the config the actors get); verl's 256 in a config nothing
-    sized (one not prepared for a run)."""
+    """actor_rollout_ref.rollout.max_num_seqs as the engines take it: the value set, or sized at start-up
+    (run/prepare.py writes planner/memory_model.engine_slots' pick into the config the actors get); verl's 256 in a
+    config nothing sized (one not prepared for a run)."""
     return int(rollout.max_num_seqs) if rollout.max_num_seqs is not None else VERL_MAX_NUM_SEQS
 
 

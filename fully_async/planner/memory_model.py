@@ -304,13 +304,13 @@ AUTO_MAX_NUM_SEQS = 1024   # the most slots engine_slots gives one engine (a dec
 def engine_slots(cfg: Any, shape: Shape, capacity_bytes: float) -> tuple[int, str]:
     """(slots, why): what actor_rollout_ref.rollout.max_num_seqs=null gives each engine on devices of
     `capacity_bytes`.  The embedded engine on an accelerator: one step's responses on each replica (the groups a step
-    trains x rollout.n over the engine replicas), at least verl's 256 and at most AUTO_MAX_NUM_SEQS, as many as fit
-    in rollout.gpu_memory_utilization of the device beside its weights, prefill and graphs (each slot holds a
+    trains x rollout.n over the engine replicas), at most AUTO_MAX_NUM_SEQS, as many as fit in
+    rollout.gpu_memory_utilization of the device beside its weights, prefill and graphs (each slot holds a
     full-length KV cache and a float32 row of logits), never fewer than verl's 256 (nor than the largest
     rollout.cudagraph_capture_sizes: rollout/engine_fit.py checks those against the whole device, as it checks a
-    size that is set).  vLLM (it pages its KV cache: the slot count is only its cap) and the cpu: verl's 256.  A larger decode batch reads each weight
-    once for more tokens, so on an accelerator the engine's tokens per second grow with it while the KV read of
-    every slot stays the same per token."""
+    size that is set).  vLLM (it pages its KV cache: the slot count is only its cap) and the cpu: verl's 256.  A
+    larger decode batch reads each weight once for more tokens, so on an accelerator the engine's tokens per second
+    grow with it while the KV read of every slot stays the same per token."""
     r = cfg.actor_rollout_ref.rollout
     graphs = max(r.cudagraph_capture_sizes or [0])   # the largest decode graph asked for gets its slots
     if r.name != "hf" or cfg.trainer.device == "cpu":

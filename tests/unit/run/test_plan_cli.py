@@ -310,10 +310,10 @@ def test_the_plan_sizes_the_embedded_engines_slots_as_the_run_does(monkeypatch):
     from fully_async.run.prepare import engine_slots
 
     seed = ["actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B", "trainer.device=cuda", "data.max_prompt_length=16",
-            "data.max_response_length=3072", "actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.rollout.n=8",
-            "data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=64", "mode=async",
-            "async_training.placement=colocated", "rollout.n_gpus_per_node=0", "actor_rollout_ref.rollout.max_num_seqs=null",
-            "plan.sim_steps=4"]
+            "data.max_response_length=3072", "actor_rollout_ref.rollout.dtype=bfloat16",
+            "actor_rollout_ref.rollout.n=8", "data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+            "mode=async", "async_training.placement=colocated", "rollout.n_gpus_per_node=0",
+            "actor_rollout_ref.rollout.max_num_seqs=null", "plan.sim_steps=4"]
     report = build_report([*seed, "plan.device=h200"])
     assert report["engine_slots"]["max_num_seqs"] == 512
     assert "slot KV cache of 512 x 3088" in json.dumps(report["memory"])
@@ -326,10 +326,10 @@ def test_the_plan_sizes_the_embedded_engines_slots_as_the_run_does(monkeypatch):
 
     conf = Qwen2Config(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
                        num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True)
-    cfg = load_config([s for s in seed if not s.startswith("plan.")])
+    run_keys = [s for s in seed if not s.startswith("plan.")]
+    cfg = load_config(run_keys)
     monkeypatch.setattr(type(CUDA), "total_memory", lambda self, index=0: 141 * 2 ** 30 if self is CUDA else None)
     assert engine_slots(cfg, conf) == 512
-    assert engine_slots(load_config([s for s in seed if not s.startswith("plan.")][:-1] + [
-        "actor_rollout_ref.rollout.max_num_seqs=300"]), conf) == 300
-    cpu = load_config([s.replace("trainer.device=cuda", "trainer.device=cpu") for s in seed if not s.startswith("plan.")])
+    assert engine_slots(load_config(run_keys[:-1] + ["actor_rollout_ref.rollout.max_num_seqs=300"]), conf) == 300
+    cpu = load_config([s.replace("trainer.device=cuda", "trainer.device=cpu") for s in run_keys])
     assert engine_slots(cpu, conf) == 256
