@@ -38,6 +38,7 @@ def test_npu_device_module_tensors_and_visible_devices(tmp_path):
         assert set(NPU.memory_stats()) == {"host_rss_gib", "allocated_gib", "reserved_gib", "max_allocated_gib",
                                            "device_used_gib"}
         assert NPU.graphs() is None                              # the CPU backend has no device graphs
+        assert NPU.total_memory() == NPU.mem_info()[1] > 0      # the size the driver sizes engine slots by
         try:
             NPU.set_device(1)
         except RuntimeError as exc:

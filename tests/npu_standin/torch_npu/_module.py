@@ -85,9 +85,13 @@ def _cpu_members() -> dict[str, Any]:
             info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in fh}
         return info.get("MemAvailable", 0), info.get("MemTotal", 0)
 
+    def get_device_properties(device: Any = None) -> Any:   # torch_npu's: name and total_memory among others
+        return types.SimpleNamespace(name=get_device_name(device), total_memory=mem_get_info(device)[1])
+
     zero = lambda device=None: 0  # noqa: E731
     return dict(
         synchronize=lambda device=None: None, empty_cache=lambda: None, mem_get_info=mem_get_info,
+        get_device_properties=get_device_properties,
         memory_allocated=zero, memory_reserved=zero, max_memory_allocated=zero, max_memory_reserved=zero,
         reset_peak_memory_stats=lambda device=None: None, reset_max_memory_allocated=lambda device=None: None,
         memory_stats=lambda device=None: {}, Stream=torch.cpu.Stream, current_stream=torch.cpu.current_stream,
@@ -108,6 +112,7 @@ def _cuda_members() -> dict[str, Any]:
     members = {n: getattr(c, n) for n in names}
     members["NPUGraph"] = c.CUDAGraph
     members["get_device_name"] = lambda device=None: "Ascend910B2 (stand-in on %s)" % c.get_device_name(_index(device))
+    members["get_device_properties"] = lambda device=None: c.get_device_properties(_standin.cuda_index(_index(device)))
     return members
 
 
