@@ -11,7 +11,13 @@ default on accelerators) is what was measured on an H100 for the embedded engine
 step at 64 and at 256 sequences (per-step overhead bound).  train_token_s = train seconds / trained tokens.
 
 Measured from a run's logs (`from_run_scalars`: a TensorBoard dir of one run, either mode, its own devices):
-  decode_step_s   mean of fully_async/rollouter/engine_<k>/ms_per_step over steps and engines
+  decode_step_s   mean of fully_async/rollouter/engine_<k>/ms_per_step over steps and engines; where the run also
+                  logged engine_<k>/seqs_per_step (the sequences a step decoded on average, b) and a per-sequence
+                  cost is given (`seq_cost_s`: the estimate's, the KV cache a sequence reads and its matrix
+                  products), the mean step m is split into decode_seq_s = min(seq_cost_s, m / b) and
+                  decode_step_s = m - decode_seq_s x b: the step the run measured at its own batch, priced at
+                  other batches by what a sequence costs (a sync run's tail decodes few sequences, colocated
+                  async keeps every slot full: 1.7 against ~4 ms a step at the seed-003 shape on 1x H200)
   train_token_s   async: sum(timing_s/step - timing_s/gen - timing_s/param_sync) x trainer devices / tokens (the
                   trainer's busy time outside the weight push; timing_s/gen is its wait for groups); sync:
                   sum(timing_s/step - timing_s/gen - switch) x devices / tokens
@@ -178,17 +184,30 @@ def trainer_busy(scalars: dict[str, list[float]], mode: str) -> tuple[list[float
 
 def from_run_scalars(scalars: dict[str, list[float]], mode: str, trainer_devices: int, source: str = "run logs",
                      skip_steps: Optional[int] = None,
-                     outlier_ratio: Optional[float] = OUTLIER_RATIO, placement: str = "split") -> StageCosts:
+                     outlier_ratio: Optional[float] = OUTLIER_RATIO, placement: str = "split",
+                     seq_cost_s: Optional[float] = None) -> StageCosts:
     """StageCosts of one run from its logged scalars (tag -> one value per step: aligned_scalars), its compiling
-    steps left out (module docstring; the source names the steps left out)."""
+    steps left out (module docstring; the source names the steps left out); `seq_cost_s`: what one sequence adds to
+    a decode step, to split the measured step where the run logged its batch (module docstring)."""
     engines = [[v for v in values if v > 0] for tag, values in sorted(scalars.items())
                if tag.startswith("fully_async/rollouter/engine_") and tag.endswith("/ms_per_step")]
+    batches = [[v for v in values if v > 0] for tag, values in sorted(scalars.items())
+               if tag.startswith("fully_async/rollouter/engine_") and tag.endswith("/seqs_per_step")]
     steps = scalars.get("timing_s/step", [])
     step_tokens = scalars.get("perf/total_num_tokens", [])
     if not any(engines) or not steps or not sum(step_tokens):
         raise ValueError(f"{source}: needs fully_async/rollouter/engine_<k>/ms_per_step, timing_s/step and "
                          "perf/total_num_tokens scalars (a fully_async run with trainer.logger including tensorboard)")
-    per_step = [e[i] for e in engines for i in steady_steps(e, skip_steps, outlier_ratio)]
+    kept_ms = [(e, steady_steps(e, skip_steps, outlier_ratio)) for e in engines]
+    per_step = [e[i] for e, kept in kept_ms for i in kept]
+    decode_step_s, decode_seq_s = _mean(per_step) / 1e3, 0.0
+    if seq_cost_s is not None and len(batches) == len(engines) and all(len(b) == len(e) for b, e in
+                                                                       zip(batches, engines)):
+        seqs = _mean([b[i] for b, (_, kept) in zip(batches, kept_ms) for i in kept])
+        if seqs > 0:
+            decode_seq_s = min(seq_cost_s, decode_step_s / seqs)
+            decode_step_s -= decode_seq_s * seqs
+            source += f" (decode step split at its mean {seqs:.0f} sequences)"
 
     def col(tag: str) -> list[float]:
         return scalars.get(tag) or [0.0] * len(steps)
@@ -209,10 +228,10 @@ def from_run_scalars(scalars: dict[str, list[float]], mode: str, trainer_devices
         if placement == "colocated":
             loads = [v for v in col("timing_s/param_sync/load") if v > 0]
             update_s += _mean(loads) if loads else 0.0
-        return StageCosts(decode_step_s=_mean(per_step) / 1e3, train_token_s=train_token_s, weight_sync_s=update_s,
-                          source=source)
-    return StageCosts(decode_step_s=_mean(per_step) / 1e3, train_token_s=train_token_s, sync_step_s=side_s,
-                      source=source)
+        return StageCosts(decode_step_s=decode_step_s, decode_seq_s=decode_seq_s, train_token_s=train_token_s,
+                          weight_sync_s=update_s, source=source)
+    return StageCosts(decode_step_s=decode_step_s, decode_seq_s=decode_seq_s, train_token_s=train_token_s,
+                      sync_step_s=side_s, source=source)
 
 
 def estimate(shape: Shape, spec: DeviceSpec, *, mean_context: float, rollout_tp: int = 1, train_mp: int = 1,

@@ -204,7 +204,7 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
     if opts.stage_costs is None:
         costs = est
     elif os.path.isdir(opts.stage_costs):
-        costs, run_prompt, run_trainer = run_stage_costs(opts.stage_costs)
+        costs, run_prompt, run_trainer = run_stage_costs(opts.stage_costs, est.decode_seq_s)
         # the run's per-device-token cost holds its own data-parallel efficiency: one device's is that scaled by the
         # efficiency assumed at the run's device count, so the run's own device count is predicted as measured
         run_devices = max(run_trainer, 1)
@@ -242,9 +242,9 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
     return costs, derived, prompt
 
 
-def run_stage_costs(log_dir: str) -> tuple[Any, float, int]:
+def run_stage_costs(log_dir: str, seq_cost_s: Optional[float] = None) -> tuple[Any, float, int]:
     """StageCosts measured by a run (its TensorBoard dir: scalars and config.json), its mean prompt length and its
-    trainer devices."""
+    trainer devices; `seq_cost_s` splits its decode step (stage_costs.from_run_scalars)."""
     from fully_async.planner.stage_costs import aligned_scalars, from_run_scalars
 
     config_path = os.path.join(log_dir, "config.json")
@@ -263,7 +263,7 @@ def run_stage_costs(log_dir: str) -> tuple[Any, float, int]:
     try:
         costs = from_run_scalars(aligned_scalars(series), run_cfg.get("mode", "async"), trainer,
                                  source=f"measured: run logs {log_dir} ({run_cfg.get('mode')} mode)",
-                                 placement=placement)
+                                 placement=placement, seq_cost_s=seq_cost_s)
     except ValueError as exc:
         raise ConfigError("plan.stage_costs", str(exc)) from exc
     prompts = [v for _, v in series.get("prompt_length/mean", [])]

@@ -93,9 +93,11 @@ CONSOLE_KEYS = (("critic/score/mean", "reward"), ("val-core", "val"), ("actor/pg
 
 def engine_metrics(current: Sequence[dict], previous: Optional[Sequence[dict]], window_s: float) -> dict[str, float]:
     """`fully_async/rollouter/num_engines` and, per rollout engine i, the tokens it generated and the
-    fraction of the window it had work (`engine_<i>/{tokens,busy_ratio}`), and the engine's own milliseconds
-    per iteration (`engine_<i>/ms_per_step`; from it, the pool's and Ray's overhead), from the pool's cumulative
-    `engine_stats()` now and at the start of the window (None: since the start)."""
+    fraction of the window it had work (`engine_<i>/{tokens,busy_ratio}`), the engine's own milliseconds
+    per iteration (`engine_<i>/ms_per_step`; from it, the pool's and Ray's overhead) and the sequences an iteration
+    decoded on average (`engine_<i>/seqs_per_step`: the tokens over the iterations; the planner splits a measured
+    step into its fixed and per-sequence parts with it), from the pool's cumulative `engine_stats()` now and at the
+    start of the window (None: since the start)."""
     m: dict[str, float] = {"fully_async/rollouter/num_engines": float(len(current))}
     for i, cur in enumerate(current):
         prev = previous[i] if previous and i < len(previous) else {"tokens": 0, "busy_s": 0.0}
@@ -107,6 +109,7 @@ def engine_metrics(current: Sequence[dict], previous: Optional[Sequence[dict]], 
         if iterations > 0:   # the engine's own time per iteration (one decode step), without pool/Ray overhead
             m[f"fully_async/rollouter/engine_{i}/ms_per_step"] = \
                 1e3 * (cur.get("engine_s", 0.0) - prev.get("engine_s", 0.0)) / iterations
+            m[f"fully_async/rollouter/engine_{i}/seqs_per_step"] = (cur["tokens"] - prev["tokens"]) / iterations
     return m
 
 

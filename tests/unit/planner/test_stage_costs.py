@@ -79,6 +79,26 @@ def test_compiling_steps_are_left_out_of_a_runs_stage_costs():
     assert first.train_token_s == pytest.approx((1.2 + 6 * 0.4) * 2 / 7000)
 
 
+def test_a_runs_decode_step_is_split_at_the_batch_it_logged():
+    """engine_0/seqs_per_step logged: the measured step (4 ms at 100 sequences) is what a sequence costs (20 us) times
+    the batch plus the rest (2 ms); a per-sequence cost above the step's share stops at it; without the batch, or
+    without a cost, the step stays whole."""
+    from fully_async.planner.stage_costs import from_run_scalars
+
+    scalars = run_scalars([0.4] * 4, engine_ms=(4.0,) * 4)
+    scalars["fully_async/rollouter/engine_0/seqs_per_step"] = [100.0] * 4
+    split = from_run_scalars(scalars, "async", 1, seq_cost_s=20e-6)
+    assert split.decode_seq_s == pytest.approx(20e-6) and split.decode_step_s == pytest.approx(2e-3)
+    assert split.decode_step_s + 100 * split.decode_seq_s == pytest.approx(4e-3)   # the run's own step, as measured
+    assert "split at its mean 100 sequences" in split.source
+    capped = from_run_scalars(scalars, "async", 1, seq_cost_s=1e-3)
+    assert capped.decode_seq_s == pytest.approx(4e-5) and capped.decode_step_s == pytest.approx(0.0)
+    whole = from_run_scalars(scalars, "async", 1)
+    assert whole.decode_step_s == pytest.approx(4e-3) and whole.decode_seq_s == 0.0
+    del scalars["fully_async/rollouter/engine_0/seqs_per_step"]
+    assert from_run_scalars(scalars, "async", 1, seq_cost_s=20e-6).decode_step_s == pytest.approx(4e-3)
+
+
 def test_a_long_step_that_trained_more_tokens_is_not_an_outlier():
     from fully_async.planner.stage_costs import from_run_scalars, steady_steps
 

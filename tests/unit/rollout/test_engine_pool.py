@@ -83,6 +83,7 @@ def test_threaded_replicas_generate_everything(thread_pool):
     m = engine_metrics(stats, None, 1.0)
     for i, s in enumerate(stats):
         assert m[f"fully_async/rollouter/engine_{i}/ms_per_step"] == pytest.approx(1e3 * s["engine_s"] / s["iterations"])
+        assert m[f"fully_async/rollouter/engine_{i}/seqs_per_step"] == s["tokens"] / s["iterations"]
 
 
 def test_interrupt_returns_everything_including_queued(thread_pool):
