@@ -324,6 +324,9 @@ def test_async_job_on_the_pool_stops_and_resumes_losing_and_repeating_nothing(as
     assert "interrupted by SIGTERM; checkpoint:" in jobs.b.output, jobs.b.output[-3000:]
 
 
+AB_STEPS = 24
+
+
 def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, pool):
     # c leases both devices, a and b one each: c waits for both (all or nothing) and they wait for c (the pool's
     # queue is first come, first served, with no overtaking on a device): they take turns.  c must still be running
@@ -339,11 +342,12 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, p
     # 2 steps and both of them one (d and e are judged after)
     c.wait_for(f"device pool {pool}: job c leases")
     wrong = Job(tmp_path, ray_head, pool, "d", "multi_job.devices=3", "multi_job.job_devices=[0]")
-    # 8 steps each, so that both still run when the later of them has trained its first (3 steps of the tiny model
-    # take ~1 s: less than their start-up skew under the suite's parallel workers)
-    a = Job(tmp_path, ray_head, pool, "a", "multi_job.job_devices=[0]", "trainer.total_training_steps=8",
+    # 24 steps each, so that both still run when the later of them has trained its first and c its second (3 steps
+    # of the tiny model take ~1 s: less than their start-up skew under the suite's parallel workers; with 8, a once
+    # finished first, in fe2f62f's fresh-clone run)
+    a = Job(tmp_path, ray_head, pool, "a", "multi_job.job_devices=[0]", f"trainer.total_training_steps={AB_STEPS}",
             "trainer.test_freq=-1")
-    b = Job(tmp_path, ray_head, pool, "b", "multi_job.job_devices=[1]", "trainer.total_training_steps=8",
+    b = Job(tmp_path, ray_head, pool, "b", "multi_job.job_devices=[1]", f"trainer.total_training_steps={AB_STEPS}",
             "trainer.test_freq=-1")
     c.wait_for(r"step 2 \|")
     a.wait_for(r"step 1 \|")
@@ -375,7 +379,7 @@ def test_killed_job_frees_its_leases_and_the_others_finish(tmp_path, ray_head, p
     for job in (a, b):
         assert job.wait(300) == 0, job.output[-4000:]
         s = job.summary()
-        assert s["steps"] == 8 and s["val_after"] > s["val_before"] + 0.1, s   # they learn, as alone
+        assert s["steps"] == AB_STEPS and s["val_after"] > s["val_before"] + 0.1, s   # they learn, as alone
     trace = json.loads((tmp_path / "pool" / pool / "timeline.json").read_text())["traceEvents"]
     lost = [s for s in leases(trace) if s[0] == "job c" and s[4] == "job lost"]
     for s in lost:  # whatever c held at its death ended on the heartbeat timeout
