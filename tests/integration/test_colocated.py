@@ -68,8 +68,9 @@ def test_colocated_stop_at_a_checkpoint_and_resume_lose_and_repeat_nothing(ray_s
 def test_colocated_keep_mode_continues_responses_across_updates(ray_session, tmp_path, monkeypatch):
     """pause_mode=keep with the embedded engine: responses in flight at a weight update continue on the new weights
     without being parked (tokens of two versions in one response), every sample trained once.  Long synthetic
-    responses (lognormal up to 48 tokens, EOS ignored) and a loose staleness bound keep responses in flight when the
-    trainer takes its turn.  The engine frees its memory at every turn (free_cache_engine_force): the responses in
+    responses (lognormal up to 48 tokens, EOS ignored), a loose staleness bound and 32 engine slots (fewer than a
+    step's 128 responses, so requests queue and the engine is full whenever the trainer takes its turn, however fast
+    it decodes) keep responses in flight at every switch.  The engine frees its memory at every turn (free_cache_engine_force): the responses in
     flight go through each trainer turn with their KV swapped to host memory and back, not parked."""
     from fully_async.run.main import run
 
@@ -80,7 +81,7 @@ def test_colocated_keep_mode_continues_responses_across_updates(ray_session, tmp
                                *COLOCATED, "actor_rollout_ref.rollout.pause_mode=keep",
                                "actor_rollout_ref.rollout.free_cache_engine_force=true", "data.max_response_length=48",
                                "benchmark.response_length=lognormal", "benchmark.ignore_eos=true",
-                               "async_training.staleness_threshold=2",
+                               "async_training.staleness_threshold=2", "actor_rollout_ref.rollout.max_num_seqs=32",
                                f"trainer.default_local_dir={tmp_path}/ck_keep"]))
     ids = summary["trained_sample_ids"]
     assert summary["steps"] == steps and len(ids) == len(set(ids)) == steps * 16 * 8
