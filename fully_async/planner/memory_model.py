@@ -317,7 +317,7 @@ def engine_slots(cfg: Any, shape: Shape, capacity_bytes: float) -> tuple[int, st
         why = "vLLM pages its KV cache" if r.name == "vllm" else ("a user engine" if ":" in r.name else "a cpu engine")
         return max(VERL_MAX_NUM_SEQS, graphs), f"verl's default: {why}"
     plan = RunPlan.of(cfg)
-    replicas = max(1, (plan.engine_devices or plan.trainer_devices) // max(1, r.tensor_model_parallel_size))
+    replicas = max(1, plan.engine_devices // max(1, r.tensor_model_parallel_size))
     per_step = plan.groups_per_step * r.n
     want = min(AUTO_MAX_NUM_SEQS, max(VERL_MAX_NUM_SEQS, -(-per_step // replicas)))
     parts = engine_memory(cfg, shape, capacity_bytes, slots=want).parts

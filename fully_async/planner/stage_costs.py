@@ -189,21 +189,21 @@ def from_run_scalars(scalars: dict[str, list[float]], mode: str, trainer_devices
     """StageCosts of one run from its logged scalars (tag -> one value per step: aligned_scalars), its compiling
     steps left out (module docstring; the source names the steps left out); `seq_cost_s`: what one sequence adds to
     a decode step, to split the measured step where the run logged its batch (module docstring)."""
-    engines = [[v for v in values if v > 0] for tag, values in sorted(scalars.items())
-               if tag.startswith("fully_async/rollouter/engine_") and tag.endswith("/ms_per_step")]
-    batches = [[v for v in values if v > 0] for tag, values in sorted(scalars.items())
-               if tag.startswith("fully_async/rollouter/engine_") and tag.endswith("/seqs_per_step")]
+    # per engine, the steps it logged a decode step at: (ms, sequences) of each, sequences None where not logged
+    logged = [[(ms, batch[i] if batch else None) for i, ms in enumerate(values) if ms > 0]
+              for tag, values in sorted(scalars.items())
+              if tag.startswith("fully_async/rollouter/engine_") and tag.endswith("/ms_per_step")
+              for batch in [scalars.get(tag.removesuffix("/ms_per_step") + "/seqs_per_step")]]
+    engines = [[ms for ms, _ in e] for e in logged]
     steps = scalars.get("timing_s/step", [])
     step_tokens = scalars.get("perf/total_num_tokens", [])
     if not any(engines) or not steps or not sum(step_tokens):
         raise ValueError(f"{source}: needs fully_async/rollouter/engine_<k>/ms_per_step, timing_s/step and "
                          "perf/total_num_tokens scalars (a fully_async run with trainer.logger including tensorboard)")
-    kept_ms = [(e, steady_steps(e, skip_steps, outlier_ratio)) for e in engines]
-    per_step = [e[i] for e, kept in kept_ms for i in kept]
-    decode_step_s, decode_seq_s = _mean(per_step) / 1e3, 0.0
-    if seq_cost_s is not None and len(batches) == len(engines) and all(len(b) == len(e) for b, e in
-                                                                       zip(batches, engines)):
-        seqs = _mean([b[i] for b, (_, kept) in zip(batches, kept_ms) for i in kept])
+    kept = [e[i] for e, ms in zip(logged, engines) for i in steady_steps(ms, skip_steps, outlier_ratio)]
+    decode_step_s, decode_seq_s = _mean([ms for ms, _ in kept]) / 1e3, 0.0
+    if seq_cost_s is not None and all(batch is not None for _, batch in kept):
+        seqs = _mean([batch for _, batch in kept])
         if seqs > 0:
             decode_seq_s = min(seq_cost_s, decode_step_s / seqs)
             decode_step_s -= decode_seq_s * seqs

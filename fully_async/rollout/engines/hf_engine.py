@@ -539,7 +539,7 @@ class HFEngine(EngineSleep):
         bucket than the running sequences need.  Every step decodes (and samples) all the rows below the highest
         occupied slot, so a tail of a few long responses left in high slots, after the short ones in between
         finished, would keep paying for the whole width (1x H200, seed-003 shape, 512 slots: sync's generating
-        phase took 12.3 s instead of 10.6 with 256).  Admission fills the lowest free slots first, so this is only
+        phase took 12.3 s instead of 10.6 with 256).  Admission fills the lowest free slots first, so this is mostly
         needed when nothing waits.  A move copies the slot's cached keys and values (its cached positions only),
         its decode state (pending logits, length, sampling parameters) and its host record; the sequence then
         continues in its new slot as it would have in its old one (only the row its random draws come from
