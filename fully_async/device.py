@@ -79,7 +79,7 @@ class Device:
         Packed rows (use_remove_padding) need a kernel that attends within each sequence: Ascend's
         fused varlen attention (transformers maps flash_attention_2 onto torch_npu), flash-attn where
         installed, else fully_async's "varlen" (torch's built-in FlashAttention varlen kernel on CUDA,
-        per-sequence sdpa on CPU; backends/varlen_attention.py)."""
+        per-sequence sdpa on CPU; core/varlen_attention.py)."""
         if not packed:
             return "sdpa"
         if self.name == "npu" or (self.name == "cuda" and importlib.util.find_spec("flash_attn") is not None):

@@ -6,6 +6,8 @@
 #   bash scripts/gpu_verify.sh decode                     (#45: the decode step, this tree against OLD's; PART=profile
 #                                                          its kernels and the attention settings; SLOTS="256 512"
 #                                                          the 3072-token run at each slot count: 1 GPU)
+#   bash scripts/gpu_verify.sh prefill                    (#45: the prefill, this tree against OLD's: 1,024-token
+#                                                          prompts and an abort update's re-prefill burst: 1 GPU)
 #   bash scripts/gpu_verify.sh update                     (#45: the seed-003 step's update alone, with and without
 #                                                          gradient checkpointing, its top kernels: 1 GPU)
 #   bash scripts/gpu_verify.sh engine                     (embedded engine vs generate(static), #11, its decode
@@ -383,6 +385,22 @@ decode)
     timeout 200 python3 scripts/bench_decode_attention.py --out "$OUT/decode_attention.json" 2>&1 | grep -v "it/s\]" \
         | grep -E "lognormal|uniform_1040" | cut -c1-150
   fi
+  ;;
+prefill)
+  # #45 item 2: the engine's prefill, this tree's against OLD's (default .gpubundle/old/) in one invocation, after
+  # the engine's GPU tests: 1,024-token prompts with 256 new tokens at 64 / 256 sequences, and the re-prefill burst
+  # of an abort update (256 x 3072 lognormal, resumed after 1,200 steps under the default 8,192-token budget)
+  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
+  export CUDA_VISIBLE_DEVICES=0
+  BENCH=(scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 --engines hf --baselines "" --no-updates)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -4
+  for side in ${SIDES:-new old}; do
+    PP=$PYTHONPATH; [ $side = old ] && PP=/tmp/site:$PWD/${OLD:-.gpubundle/old}
+    PYTHONPATH=$PP timeout 120 python3 "${BENCH[@]}" --concurrency 64 256 --prompt-len 1024 --new-tokens 256 \
+        --repeats 2 --out "$OUT/${side}_p1024.json" 2>&1 | grep -v "it/s\]" | tail -3
+    PYTHONPATH=$PP timeout 150 python3 "${BENCH[@]}" --concurrency 256 --new-tokens 3072 --repeats 1 \
+        --resume-budgets 8192 0 --resume-after-steps 1200 --out "$OUT/${side}_burst.json" 2>&1 | grep -v "it/s\]" | tail -3
+  done
   ;;
 update)
   # #45: the seed-003 step's update alone (512 responses, the workload's lognormal lengths up to 3072, 32768 tokens a

@@ -156,7 +156,7 @@ def check_attention(cfg: Any) -> Check:
     from transformers import AutoConfig
 
     from fully_async.train.backends.torch_backend import model_overrides
-    from fully_async.train.backends.varlen_attention import flash_varlen_available
+    from fully_async.core.varlen_attention import flash_varlen_available
     from fully_async.device import get_device
     from fully_async.run.prepare import check_attention as validate_attention
 

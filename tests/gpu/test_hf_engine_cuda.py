@@ -41,6 +41,7 @@ def test_greedy_equals_plain_forward_allowing_bf16_ties(shaped, mode):
     eng = HFEngine(path, DEVICE, dtype="bfloat16", max_num_seqs=8, eos_token_ids=[], pad_token_id=0,
                    max_model_len=64, **MODES[mode])
     assert bool(eng._graphs) != (mode == "eager") and eng.compiled == (mode == "compiled")
+    assert eng.packed_prefill == (mode != "graphs")   # the fused layer functions prefill packed (FlashAttention)
     prompts = [[3 + (i * 7 + j) % 17 for j in range(4 + i)] for i in range(12)]   # more prompts than slots
     outs = run_requests(eng, [GenRequest(f"g{i}", p, SamplingParams(0.0, max_tokens=32 + i * 4))
                               for i, p in enumerate(prompts)])                  # the last ones grow the cache

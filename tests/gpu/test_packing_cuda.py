@@ -13,7 +13,7 @@ if DEVICE.name != "cuda":
     pytest.skip("needs CUDA: the varlen flash kernel and the compiled token_stats path are CUDA-only",
                 allow_module_level=True)
 
-from fully_async.train.backends import varlen_attention  # noqa: E402
+from fully_async.core import varlen_attention  # noqa: E402
 from fully_async.train.backends.token_stats import token_stats  # noqa: E402
 from fully_async.train.backends.torch_backend import token_log_probs  # noqa: E402
 from fully_async.core.batch import build_batch  # noqa: E402

@@ -217,6 +217,30 @@ class FusedDecoder:
                                "(fuse_projections(model) lays them out)")
         return weight, bias
 
+    def prefill(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, cu: torch.Tensor,
+                max_len: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+        """Packed prefill: ids (T,) hold the joining sequences back to back, sequence i at tokens [cu[i], cu[i+1]),
+        token t at position positions[t] of slot slots[t].  Each token is a row of the same per-layer functions
+        the decode step runs (norms, projections and rotary fused where compiled; matrix products at T rows); its
+        key/value is written into its slot, and attention is causal within each sequence (FlashAttention's
+        varlen kernel where it runs, core/varlen_attention.py).  No padding: the work is the real tokens.
+        Returns the final hidden states (after the last norm) at each sequence's last token, (N, hidden)."""
+        from fully_async.core.varlen_attention import packed_causal_attention
+
+        tokens = ids.shape[0]
+        x = self.base.embed_tokens(ids[:, None])                                   # (T, 1, hidden)
+        cos, sin = self.base.rotary_emb(x, positions[:, None])
+        delta = None
+        for (w_in, w_out), k_buf, v_buf in zip(self.layers, keys, values):
+            q, k, v, x = self._in(x, delta, cos, sin, *w_in, self.eps, self.heads, self.kv_heads, self.head_dim)
+            k, v = k[:, :, 0], v[:, :, 0]                                          # (T, kv_heads, D)
+            k_buf[slots, :, positions] = k
+            v_buf[slots, :, positions] = v
+            out = packed_causal_attention(q[:, :, 0], k, v, cu, max_len, self.scaling)
+            x, delta = self._out(x, out.reshape(tokens, 1, self.heads * self.head_dim), *w_out, self.eps)
+        last = cu[1:].long() - 1
+        return self._norm(x[last, 0], delta[last, 0], self.base.norm.weight, self.eps)
+
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: Optional[torch.Tensor],
                  keys: list[torch.Tensor], values: list[torch.Tensor], span: int) -> torch.Tensor:
         """ids (B, 1) at `positions` (B,): write each row's key/value at its position in slot row i of every

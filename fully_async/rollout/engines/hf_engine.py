@@ -196,7 +196,8 @@ class HFEngine(EngineSleep):
                  fused_decode: bool = True, split_kv: Optional[bool] = None, keep_in_flight: bool = False,
                  quantization: Optional[str] = None, max_num_batched_tokens: Optional[int] = None,
                  keep_when_fits: bool = False, device_memory: str = "auto", memory_tag: str = "run/rollout",
-                 trainer_estimate_bytes: Optional[float] = None, stage_swaps: bool = False):
+                 trainer_estimate_bytes: Optional[float] = None, stage_swaps: bool = False,
+                 packed_prefill: Optional[bool] = None):
         from transformers import AutoModelForCausalLM
 
         start = time.perf_counter()
@@ -327,6 +328,7 @@ class HFEngine(EngineSleep):
             raise ValueError("HFEngine(split_kv=True) needs fused_decode=True (the split-KV attention is part of the "
                              "fused decode forward)")
         self.compiled = self._fused is not None and self._fused.compiled
+        self.packed_prefill = self._want_packed_prefill(packed_prefill)
         if self._graph_api is not None:
             self._capture_graphs()
         staged = self.prepare_staging() if stage_swaps else None
@@ -414,6 +416,21 @@ class HFEngine(EngineSleep):
                              "use split_kv=None (auto) or False")
         return reason is None and (bool(asked) or self.torch_device.type == "cuda")
 
+    def _want_packed_prefill(self, asked: Optional[bool]) -> bool:
+        """The joiners' prompts prefilled back to back through the fused layer functions (no padding,
+        FusedDecoder.prefill): by default where FlashAttention's varlen kernel runs (CUDA, 16-bit floats); elsewhere
+        only when asked (attention then runs prompt by prompt: the unit tests); needs the fused decode forward."""
+        from fully_async.core.varlen_attention import flash_runs
+
+        if asked is False:
+            return False
+        if self._fused is None:
+            if asked:
+                raise ValueError("HFEngine(packed_prefill=True) needs the fused decode forward (fused_decode=True, "
+                                 "a llama-family model, no fp8 emulation)")
+            return False
+        return bool(asked) or flash_runs(self.torch_device.type, self.lm_head.weight.dtype, self._fused.head_dim)
+
     def _buffers(self, need: int) -> tuple[_SlotCache, dict[str, torch.Tensor]]:
         """The slot cache (room for `need` positions per slot) and the per-slot device state."""
         kv_alloc = None if self.memory is None else lambda shape, dtype, device: self.memory.kv_alloc(shape, dtype)
@@ -470,20 +487,13 @@ class HFEngine(EngineSleep):
         slot_ids = free[:len(joining)]
         lens = [len(r.prompt_ids) for r in joining]
         cache, state = self._buffers(max(n + r.params.max_tokens for n, r in zip(lens, joining)))
-        dev, width = self.torch_device, max(lens)
-        ids = torch.full((len(joining), width), self.pad_token_id, dtype=torch.long)
-        for i, r in enumerate(joining):
-            ids[i, :lens[i]] = torch.tensor(r.prompt_ids, dtype=torch.long)
-        ids = ids.to(dev)
+        dev = self.torch_device
         lengths = torch.tensor(lens, dtype=torch.long, device=dev)
         slots = torch.tensor(slot_ids, dtype=torch.long, device=dev)
-        positions = torch.arange(width, device=dev).expand(len(joining), width)
-        # right-padded prompts under plain causal attention (no mask: SDPA's causal kernel, flash where the device
-        # has it): a real token at position p reads keys 0..p, all real; the padding's queries come after every real
-        # token, and what they write lies past the slot's length, where decode writes before anything reads
-        hidden = self.base(input_ids=ids, position_ids=positions, attention_mask=None,
-                           **{self._cache_kw: cache.prefill(slots, width)}, use_cache=True).last_hidden_state
-        last = hidden[torch.arange(len(joining), device=dev), lengths - 1]                 # (B, H)
+        if self.packed_prefill:
+            last = self._prefill_packed([r.prompt_ids for r in joining], slot_ids, lens, cache)
+        else:
+            last = self._prefill_padded(joining, slots, lens, cache)
         state["logits"][slots] = self.lm_head(last).float()
         state["lengths"][slots] = lengths
         params = [r.params for r in joining]
@@ -499,20 +509,59 @@ class HFEngine(EngineSleep):
         self._max[slot_ids] = [p.max_tokens for p in params]
         self._truncates[slot_ids] = [p.top_k > 0 or p.top_p < 1.0 for p in params]
 
+    def _prefill_padded(self, joining: list[GenRequest], slots: torch.Tensor, lens: list[int],
+                        cache: _SlotCache) -> torch.Tensor:
+        """transformers' forward over the joiners' prompts right-padded to the longest; the last real token's hidden
+        state of each, (B, hidden).  Plain causal attention (no mask: SDPA's causal kernel, flash where the device
+        has it): a real token at position p reads keys 0..p, all real; the padding's queries come after every real
+        token, and what they write lies past the slot's length, where decode writes before anything reads."""
+        dev, width = self.torch_device, max(lens)
+        ids = torch.full((len(joining), width), self.pad_token_id, dtype=torch.long)
+        for i, r in enumerate(joining):
+            ids[i, :lens[i]] = torch.tensor(r.prompt_ids, dtype=torch.long)
+        positions = torch.arange(width, device=dev).expand(len(joining), width)
+        hidden = self.base(input_ids=ids.to(dev), position_ids=positions, attention_mask=None,
+                           **{self._cache_kw: cache.prefill(slots, width)}, use_cache=True).last_hidden_state
+        return hidden[torch.arange(len(joining), device=dev), torch.tensor(lens, device=dev) - 1]
+
+    def _prefill_packed(self, prompts: list[list[int]], slot_ids: np.ndarray, lens: list[int],
+                        cache: _SlotCache) -> torch.Tensor:
+        """The joiners' prompts back to back as one packed batch through the fused layer functions
+        (FusedDecoder.prefill): no padding, matrix products over all their tokens at once, attention within each
+        prompt; the last token's final hidden state of each, (B, hidden)."""
+        dev = self.torch_device
+        ids = torch.from_numpy(np.concatenate([np.asarray(p, dtype=np.int64) for p in prompts]))
+        positions = torch.from_numpy(np.concatenate([np.arange(n, dtype=np.int64) for n in lens]))
+        slots = torch.from_numpy(np.repeat(np.asarray(slot_ids, dtype=np.int64), lens))
+        cu = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+        while len(cache.keys) < len(self._fused.layers):   # the first prefill makes the cache's layers
+            cache.add_layer(self._fused.kv_heads, self._fused.head_dim, self.lm_head.weight.dtype, dev)
+        return self._fused.prefill(ids.to(dev), positions.to(dev), slots.to(dev), cu.to(dev), max(lens),
+                                   cache.keys, cache.values)
+
     def _joining(self, free: int) -> list[GenRequest]:
         """The waiting requests that join at this step: as many as there are free slots and, with a budget, as fit
-        in it as one padded prefill (joiners x the longest of them).  Without a budget, or when the first `free`
+        in it as one prefill; a padded prefill (joiners x the longest of them).  Without a budget, or when the first `free`
         waiting requests fit it together, they join first come first served.  Otherwise the oldest joins, with the
         others among the next `free` waiting requests that make the most real tokens at one padded width: for
         each width (the oldest's length or a longer one of theirs), the longest of those no longer than it, as
         many as the budget holds at that width.  A burst of resumed partial responses (prompt + partial response
         each, from tens to thousands of tokens) then fills each prefill with tokens of similar length instead of
         padding short ones to the longest (up to half of a first-come step's tokens were padding).  No request
-        waits past the ones ahead of it becoming the oldest: the oldest always joins."""
+        waits past the ones ahead of it becoming the oldest: the oldest always joins.  A packed prefill has no
+        padding: the requests join first come first served while their real tokens fit the budget (the oldest
+        always, alone if it is longer)."""
         budget = self.max_num_batched_tokens
         window = list(itertools.islice(self.waiting, free))
         if budget is None or len(window) * max(len(r.prompt_ids) for r in window) <= budget:
             return [self.waiting.popleft() for _ in window]
+        if self.packed_prefill:   # no padding: the budget counts real tokens, first come first served
+            take, total = 0, 0
+            for r in window:
+                if take and total + len(r.prompt_ids) > budget:
+                    break
+                take, total = take + 1, total + len(r.prompt_ids)
+            return [self.waiting.popleft() for _ in range(take)]
         head = window[0]
         first = len(head.prompt_ids)
         others = sorted(window[1:], key=lambda r: len(r.prompt_ids))          # shortest first
@@ -696,6 +745,8 @@ class HFEngine(EngineSleep):
             one = torch.zeros(1, 1, dtype=torch.long, device=self.torch_device)
             self.base(input_ids=one, position_ids=one, attention_mask=self._mask(one, 1),
                       **{self._cache_kw: cache.prefill(one[0], 1)}, use_cache=True)
+            if self.packed_prefill:   # compiles the packed prefill's variant of the layer functions now, not mid-run
+                self._prefill_packed([[0, 0]], np.zeros(1, dtype=np.int64), [2], cache)
             for batch in sorted(self.graph_batch_sizes, reverse=True):
                 for span in sorted(cache.spans, reverse=True):
                     self._graphs[(batch, span)] = self._graph_api.capture(partial(self._decode_step, batch, span))

@@ -22,7 +22,8 @@ import torch.distributed as dist
 from fully_async.core import safe_write
 from fully_async.core.config import FullyAsyncConfig, actor_strategy, sequence_parallel_size, uses_critic
 from fully_async.algorithms.lr_schedule import lr_lambda, warmup_steps
-from fully_async.train.backends import MiniBatch, StepResult, fsdp, lora, ulysses, varlen_attention
+from fully_async.core import varlen_attention
+from fully_async.train.backends import MiniBatch, StepResult, fsdp, lora, ulysses
 from fully_async.train.backends.token_stats import enable_fused_head, sum_pi_squared, token_stats
 from fully_async.core.batch import TrainBatch, micro_batches
 from fully_async.device import Device, parse_dtype

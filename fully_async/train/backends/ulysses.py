@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from fully_async.train.backends import varlen_attention
+from fully_async.core import varlen_attention
 
 NAME = "ulysses"
 

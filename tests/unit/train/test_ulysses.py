@@ -12,7 +12,8 @@ import torch.multiprocessing as mp
 from fully_async.cluster.network import free_port
 from fully_async.device import CPU
 from fully_async.run.hydra_setup import load_config
-from fully_async.train.backends import ulysses, varlen_attention
+from fully_async.core import varlen_attention
+from fully_async.train.backends import ulysses
 import tests_helpers
 from ulysses_parity import check_parity
 

@@ -57,9 +57,14 @@ def flash_varlen_available() -> bool:
     return _flash_varlen() is not None
 
 
-def uses_flash(query: torch.Tensor) -> bool:
-    return (query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and query.shape[-1] <= 256
+def flash_runs(device_type: str, dtype: torch.dtype, head_dim: int) -> bool:
+    """The FlashAttention varlen kernel runs for these: CUDA, 16-bit floats, head_dim <= 256, a torch that ships it."""
+    return (device_type == "cuda" and dtype in (torch.float16, torch.bfloat16) and head_dim <= 256
             and flash_varlen_available())
+
+
+def uses_flash(query: torch.Tensor) -> bool:
+    return flash_runs(query.device.type, query.dtype, query.shape[-1])
 
 
 def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float]) -> torch.Tensor:
@@ -85,16 +90,22 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     if cu is None or query.shape[0] != 1:
         return _causal_sdpa(query, key, value, scaling).transpose(1, 2).contiguous(), None
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))          # (T, H, D)
-    if uses_flash(query):
-        max_len = int(kwargs.get("max_length_q") or int((cu[1:] - cu[:-1]).max()))
-        out = _flash_call(q.contiguous(), k.contiguous(), v.contiguous(), cu.to(torch.int32), max_len, scaling)
-    else:
-        bounds = cu.tolist()
-        parts = [_causal_sdpa(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1),
-                              scaling).transpose(0, 1)
-                 for a, b in zip(bounds[:-1], bounds[1:])]
-        out = torch.cat(parts)
-    return out[None], None
+    return packed_causal_attention(q, k, v, cu, kwargs.get("max_length_q"), scaling)[None], None
+
+
+def packed_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
+                            max_len: Optional[int], scale: Optional[float]) -> torch.Tensor:
+    """Causal attention within each sequence of a packed batch: q (T, Hq, D), k/v (T, Hkv, D), sequence i at
+    tokens [cu[i], cu[i+1]); returns (T, Hq, D).  The FlashAttention varlen kernel where it runs (`uses_flash`),
+    else causal sdpa per sequence."""
+    if uses_flash(q):
+        max_len = int(max_len or int((cu[1:] - cu[:-1]).max()))
+        return _flash_call(q.contiguous(), k.contiguous(), v.contiguous(), cu.to(torch.int32), max_len, scale)
+    bounds = cu.tolist()
+    parts = [_causal_sdpa(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1),
+                          scale).transpose(0, 1)
+             for a, b in zip(bounds[:-1], bounds[1:])]
+    return torch.cat(parts)
 
 
 def register() -> None:
