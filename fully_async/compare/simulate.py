@@ -5,7 +5,9 @@ scripts/sim_check.py is its command line; the comparison prints both beside ever
 Stage costs read from a run's TensorBoard scalars: planner/stage_costs.py from_run_scalars (engine ms per decode
 step, trainer busy seconds per token, weight-update / sync-switch seconds); the response lengths are the run's
 benchmark.response_length profile (a synthetic workload; with the model's own EOS the lengths were not logged and
-the simulation refuses), the prompt length the mean of prompt_length/mean.
+the simulation refuses), the prompt length the mean of prompt_length/mean, the engines' slots the run's own where its
+config left max_num_seqs null (engine_<k>/slots: the count the memory model gave it at start-up; a run logged before
+that metric is simulated at verl's 256).
 """
 from __future__ import annotations
 
@@ -28,6 +30,10 @@ def _workload(run: Any) -> Any:
     from fully_async.core.workload import LengthProfile
 
     cfg = OmegaConf.create(run.config)
+    slots = [v for tag in run.scalars if tag.startswith("fully_async/rollouter/engine_") and tag.endswith("/slots")
+             for v in run.values(tag)]
+    if cfg.actor_rollout_ref.rollout.get("max_num_seqs") is None and slots:   # null: the slots the run sized, logged
+        cfg.actor_rollout_ref.rollout.max_num_seqs = int(max(slots))
     profile = LengthProfile.from_config(cfg)
     if profile is None or not cfg.benchmark.get("ignore_eos", False):
         raise ValueError(f"{run.log_dir}: the run's response lengths are not known (needs benchmark.response_length "
@@ -97,7 +103,7 @@ def predict(run: Any, costs: Any = None, compiling: bool = True) -> dict:
     from dataclasses import replace
 
     from fully_async.planner.colocated_sim import simulate_colocated
-    from fully_async.planner.pipeline_sim import AsyncSetup, simulate_async, simulate_sync
+    from fully_async.planner.pipeline_sim import simulate_async, simulate_sync
     from fully_async.planner.search import PipelineShape
 
     # forward: the source's steady costs, and this run's own first-step compiling (so the simulation is of the run
@@ -111,18 +117,12 @@ def predict(run: Any, costs: Any = None, compiling: bool = True) -> dict:
     shape = PipelineShape.of(cfg)
     d = run.devices()
     if run.mode == "async" and placement_of(run.config) == "colocated":
-        sim = simulate_colocated(d["trainer"], AsyncSetup(replicas=d["trainer"], trainer_devices=d["trainer"],
-                                                          max_num_seqs=shape.max_num_seqs, required=shape.async_groups,
-                                                          staleness_threshold=shape.staleness_threshold,
-                                                          trigger_parameter_sync_step=shape.trigger,
-                                                          partial_rollout=shape.partial_rollout), costs, work)
+        sim = simulate_colocated(d["trainer"], shape.async_setup(d["trainer"], d["trainer"], shape.async_groups),
+                                 costs, work)
     elif run.mode == "async":   # split, or elastic: an engine per trainer device group joins while the trainer waits
         elastic = d["trainer"] // shape.rollout_tp if placement_of(run.config) == "elastic" else 0
-        sim = simulate_async(AsyncSetup(replicas=max(1, d["rollout"] // shape.rollout_tp), trainer_devices=d["trainer"],
-                                        max_num_seqs=shape.max_num_seqs, required=shape.async_groups,
-                                        staleness_threshold=shape.staleness_threshold,
-                                        trigger_parameter_sync_step=shape.trigger,
-                                        partial_rollout=shape.partial_rollout, elastic_replicas=elastic), costs, work)
+        sim = simulate_async(shape.async_setup(max(1, d["rollout"] // shape.rollout_tp), d["trainer"],
+                                               shape.async_groups, elastic), costs, work)
     else:
         sim = simulate_sync(d["trainer"], shape.sync_groups, shape.max_num_seqs, costs, work)
     measured, steady = tokens_per_s(run), tokens_per_s(run, skip_first=1)

@@ -14,7 +14,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from fully_async.core.config import num_seqs
 from fully_async.core.plan import RunPlan
 from fully_async.device_memory.policy import PRIVATE_POOL_MARK
 from fully_async.placement.residency import Dedicated, PoolLease
@@ -122,14 +121,10 @@ class Placement:
     # ------------------------------------------------------------------ simulation
     def async_setup(self, elastic_replicas: int = 0) -> Any:
         """The planner's AsyncSetup of this config."""
-        from fully_async.planner.sim_engine import AsyncSetup
+        from fully_async.planner.search import PipelineShape
 
-        at = self.cfg.async_training
-        return AsyncSetup(replicas=self.engine_layout()[0], trainer_devices=self.plan.trainer_devices,
-                          max_num_seqs=num_seqs(self.cfg.actor_rollout_ref.rollout),
-                          required=self.plan.groups_per_step, staleness_threshold=at.staleness_threshold,
-                          trigger_parameter_sync_step=at.trigger_parameter_sync_step,
-                          partial_rollout=at.partial_rollout, elastic_replicas=elastic_replicas)
+        return PipelineShape.of(self.cfg).async_setup(self.engine_layout()[0], self.plan.trainer_devices,
+                                                      self.plan.groups_per_step, elastic_replicas)
 
     def simulate(self, costs: Any, work: Any) -> Optional[Any]:
         """The planner's simulation of this placement (planner/pipeline_sim.py, colocated_sim.py) for stage costs

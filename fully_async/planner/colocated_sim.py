@@ -3,17 +3,21 @@
 Every one of the N devices holds an engine replica and a trainer rank that take turns, as in sync mode; what
 differs from sync is that generation never waits for the tail:
 
-  generate  parked responses resume first (on the replica that parked them, paying their prefill again), then
+  generate  parked responses resume first, on the replica that parked them: over the cache they kept where the
+            engines hold what is in flight through a switch (the embedded engine, or any while resident), paying
+            their prefill again where they do not or where a weight update aborted them since; then
             groups are admitted under the staleness bound (the StalenessManager itself, carry-over counted:
             at most required x (1 + staleness_threshold) x trigger_parameter_sync_step groups per param
             version), each whole to the replica with the most room.  The phase ends the moment `required`
             groups are complete; when the queue already holds them at the start, there is no phase.
   park      every unfinished response is parked with its tokens (counted in `interrupted`).
-  switch    engines sleep, the trainer onloads, the engines wake: sync_step_s, the sync mode's per-step switch, plus
-            swap_s where the engines free at a switch (the KV of the responses in flight out and back)
+  switch    engines sleep, the trainer onloads, the engines wake: turn_switch_s (sync's per-step switch without its
+            weight load: colocated loads weights only at an update; the scoring stays, the rollouter's time either way),
+            plus swap_s where the engines free at a switch (the KV of the responses in flight out and back)
             (charged every step).
   update    at the steps that push (every trigger_parameter_sync_step-th): weight_sync_s, the trainer's push and
-            the engines' load, one after the other on the same devices.
+            the engines' load, one after the other on the same devices; with pause_mode=abort the parked responses
+            will resume from prompt + partial response (prefilled again), with keep over their cache.
   train     `required` groups on N trainer devices; the trainer's push rule (core/trainer_state.TrainerState)
             decides when a param version ends, and the bound moves to it with the parked groups and the
             queued ones carried over.
@@ -42,6 +46,7 @@ class _ColocatedSim:
         self.groups: dict[str, list] = {}       # uid -> [responses left, tokens so far]
         self.queue: list[int] = []              # tokens of each complete group, in completion order
         self.parked: list[tuple[int, list[_Seq]]] = []
+        self.reprefill = not setup.holds_in_flight   # the parked pay their prefix again when they resume
         self.next_prompt = 0
         self.result = SimResult("colocated", 0, 0, 0.0)
 
@@ -70,8 +75,8 @@ class _ColocatedSim:
         if len(self.queue) >= self.s.required:
             return t
         for i, seqs in self.parked:
-            self.replicas[i].join(seqs, t)
-        self.parked = []
+            self.replicas[i].join(seqs, t, prefill=self.reprefill)
+        self.parked, self.reprefill = [], not self.s.holds_in_flight
         self._admit(t)
         while len(self.queue) < self.s.required:
             nxt = [(r.next_finish(), i) for i, r in enumerate(self.replicas) if r.heap]
@@ -98,8 +103,8 @@ class _ColocatedSim:
             taken, self.queue = self.queue[:self.s.required], self.queue[self.s.required:]
             tokens = sum(taken)
             train = self.c.train_time(tokens, self.n_dev, first=self.trainer.step == 0)
-            t += self.c.sync_step_s + self.c.swap_s + train
-            res.switch_s += self.c.sync_step_s + self.c.swap_s
+            t += self.c.turn_switch_s + self.c.swap_s + train
+            res.switch_s += self.c.turn_switch_s + self.c.swap_s
             res.train_s += train
             res.tokens += tokens
             res.step_tokens.append(tokens)
@@ -109,6 +114,7 @@ class _ColocatedSim:
                 t += self.c.weight_sync_s
                 res.switch_s += self.c.weight_sync_s
                 self.trainer.bump_version()
+                self.reprefill = self.reprefill or self.s.pause_mode == "abort"
                 self.bound.on_version(self.trainer.version, in_flight=len(self.groups), queued=len(self.queue))
                 res.max_admitted = max(res.max_admitted, self.bound.state.admitted)
         res.steps, res.seconds = self.trainer.step, t

@@ -13,6 +13,8 @@ simulated event by event, with the run's own rules:
   rollout   K replicas, each a continuously batching engine with `max_num_seqs` slots.  A decode step of
             a replica with b sequences in flight takes  decode_step_s + decode_seq_s x b  and advances
             each by one token; sequences that join pay  prefill_token_s x (prompt + resumed prefix)  once.
+            With decode_kv_token_s a step also pays for the tokens its sequences have cached (their
+            attention's reads), which grow by b a step.
             A prompt group (its n responses) goes whole to the least-loaded replica with room for n
             (engines/pool.py), and is admitted only while the staleness bound allows (core/staleness.py,
             the StalenessManager itself): groups admitted since the last version, with carry-over of the
@@ -21,7 +23,8 @@ simulated event by event, with the run's own rules:
   trainer   takes `required` complete groups from the queue (waiting is its idle time), trains for
             train_step_s + tokens x train_token_s / (devices x dp efficiency), and every
             trigger_parameter_sync_step steps updates the weights: both sides stall weight_sync_s; with
-            partial_rollout the engines are interrupted first (progress kept), without it they drain
+            partial_rollout the engines are interrupted first (progress kept; pause_mode=abort: they resume
+            from prompt + partial response, prefilled again; keep: over their cache), without it they drain
             their in-flight responses on the old weights before the load (scheduler.apply_weights).
   elastic   split, plus one engine replica per trainer device group (`elastic_replicas`) that joins the pool
             while the trainer waits for groups; when the trainer's batch is ready those replicas are
@@ -210,8 +213,8 @@ class _AsyncSim:
         self.bound.on_version(self.bound.state.version + 1, in_flight=len(self.groups), queued=len(self.queue))
         self.result.max_admitted = max(self.result.max_admitted, self.bound.state.admitted)
         parked, self.parked = self.parked, []
-        for i, seqs in parked:
-            self.replicas[i].join(seqs, t)
+        for i, seqs in parked:   # pause_mode=keep: they waited out the load over their cache
+            self.replicas[i].join(seqs, t, prefill=self.s.pause_mode == "abort")
             self._touch(i)
             self._schedule(i)
         self._step_done(t)

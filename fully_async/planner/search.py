@@ -52,6 +52,8 @@ class PipelineShape:
     trigger: int
     partial_rollout: bool
     config_devices: int             # total devices of the config as given (the batch's reference scale)
+    pause_mode: str = "abort"       # rollout.pause_mode
+    holds_in_flight: bool = True    # colocated: what is in flight stays through a turn switch (AsyncSetup)
 
     @classmethod
     def of(cls, cfg: Any) -> "PipelineShape":
@@ -64,7 +66,18 @@ class PipelineShape:
                    sync_groups=cfg.data.train_batch_size, max_num_seqs=num_seqs(rollout),
                    rollout_tp=rollout.tensor_model_parallel_size, trainer_mp=mp,
                    staleness_threshold=at.staleness_threshold, trigger=at.trigger_parameter_sync_step,
-                   partial_rollout=at.partial_rollout, config_devices=total)
+                   partial_rollout=at.partial_rollout, config_devices=total, pause_mode=rollout.pause_mode,
+                   holds_in_flight=rollout.name == "hf" or not rollout.free_cache_engine)
+
+    def async_setup(self, replicas: int, trainer_devices: int, required: int, elastic_replicas: int = 0) -> AsyncSetup:
+        """The simulation's AsyncSetup of this config at `replicas` engine replicas and `trainer_devices`: the
+        embedded engine swaps what is in flight out and back at a turn switch (rollout/engines/engine_memory.py),
+        other engines keep it only while resident (free_cache_engine=false); parked otherwise."""
+        return AsyncSetup(replicas=replicas, trainer_devices=trainer_devices, max_num_seqs=self.max_num_seqs,
+                          required=required, staleness_threshold=self.staleness_threshold,
+                          trigger_parameter_sync_step=self.trigger, partial_rollout=self.partial_rollout,
+                          elastic_replicas=elastic_replicas, pause_mode=self.pause_mode,
+                          holds_in_flight=self.holds_in_flight)
 
     def groups(self, groups: int, devices: int, scaling: str) -> int:
         if scaling == "fixed":
@@ -144,10 +157,7 @@ def plan_devices(devices: int, shape: PipelineShape, costs: StageCosts, length: 
                            "async_groups_per_step": async_groups, "candidates": [], "elastic_candidates": []}
 
     def setup(r: int, elastic: int = 0) -> AsyncSetup:
-        return AsyncSetup(replicas=max(1, r // shape.rollout_tp), trainer_devices=devices - r,
-                          max_num_seqs=shape.max_num_seqs, required=async_groups,
-                          staleness_threshold=shape.staleness_threshold, trigger_parameter_sync_step=shape.trigger,
-                          partial_rollout=shape.partial_rollout, elastic_replicas=elastic)
+        return shape.async_setup(max(1, r // shape.rollout_tp), devices - r, async_groups, elastic)
 
     def split(r: int, elastic: bool = False) -> dict:
         engines = (devices - r) // shape.rollout_tp if elastic else 0

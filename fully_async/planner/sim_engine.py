@@ -30,19 +30,22 @@ class StageCosts:
     decode_step_s: float            # fixed seconds of one decode step of a replica (launch / weight read bound)
     train_token_s: float            # seconds per trained token on ONE trainer device (fwd + bwd + optimizer)
     decode_seq_s: float = 0.0       # extra seconds of a decode step per sequence in flight
+    decode_kv_token_s: float = 0.0  # extra seconds of a decode step per cached token its sequences attend over
     prefill_token_s: float = 0.0    # seconds per prefilled token (new requests, resumed partial prefixes)
     train_step_s: float = 0.0       # fixed seconds per trainer step (batch assembly, optimizer launch, ...)
     weight_sync_s: float = 0.0      # async: one weight update (trainer push + engines load; both stall)
     sync_step_s: float = 0.0        # sync mode: per-step switch (engine sleep/wake + local weight load)
     swap_s: float = 0.0             # colocated async: a freeing switch's KV swap of the responses in flight (out + in)
+    turn_switch_s: float = 0.0      # colocated async: a turn switch (engines sleep, the trainer onloads, and back)
+    #                                 and the step's scoring; sync's per-step switch is this plus its weight load
     dp_efficiency: float = 1.0      # data-parallel scaling kept per doubling of trainer devices, in (0, 1]
     first_train_s: float = 0.0      # extra seconds of the trainer's first step (its compiling): 0 for the planner's
     #                                 steady recommendation; a prediction of a whole measured run adds it
     source: str = ""                # where the numbers came from (printed with the prediction)
 
     def __post_init__(self) -> None:
-        for name in ("decode_step_s", "train_token_s", "decode_seq_s", "prefill_token_s", "train_step_s",
-                     "weight_sync_s", "sync_step_s", "swap_s", "first_train_s"):
+        for name in ("decode_step_s", "train_token_s", "decode_seq_s", "decode_kv_token_s", "prefill_token_s",
+                     "train_step_s", "weight_sync_s", "sync_step_s", "swap_s", "turn_switch_s", "first_train_s"):
             value = getattr(self, name)
             if not value >= 0.0:
                 raise ValueError(f"stage cost {name}={value!r} must be a number >= 0")
@@ -51,8 +54,32 @@ class StageCosts:
         if not 0.0 < self.dp_efficiency <= 1.0:
             raise ValueError(f"stage cost dp_efficiency={self.dp_efficiency!r} must be in (0, 1]")
 
-    def step_time(self, in_flight: int) -> float:
-        return self.decode_step_s + self.decode_seq_s * in_flight
+    def step_time(self, in_flight: int, cached: float = 0.0) -> float:
+        """One decode step of `in_flight` sequences holding `cached` tokens between them."""
+        return self.decode_step_s + self.decode_seq_s * in_flight + self.decode_kv_token_s * cached
+
+    def steps_time(self, steps: int, in_flight: int, cached: float) -> float:
+        """`steps` decode steps of `in_flight` sequences from `cached` tokens: each step caches one more per sequence,
+        so the cached tokens grow by in_flight a step."""
+        return steps * self.step_time(in_flight, cached) + self.decode_kv_token_s * in_flight * steps * (steps - 1) / 2
+
+    def steps_within(self, seconds: float, in_flight: int, cached: float, most: int) -> int:
+        """The most whole decode steps (at most `most`) that fit in `seconds` (steps_time inverted)."""
+        if seconds <= 0 or most <= 0:
+            return 0
+        a, half = self.step_time(in_flight, cached), self.decode_kv_token_s * in_flight / 2
+        if half > 0:   # half s^2 + (a - half) s <= seconds
+            b = a - half
+            guess = int((-b + math.sqrt(b * b + 4 * half * seconds)) / (2 * half))
+        else:
+            guess = int(seconds / a)
+        steps = max(0, min(most, guess))
+        slack = seconds * (1 + 1e-9) + EPS
+        while steps < most and self.steps_time(steps + 1, in_flight, cached) <= slack:
+            steps += 1
+        while steps > 0 and self.steps_time(steps, in_flight, cached) > slack:
+            steps -= 1
+        return steps
 
     def train_time(self, tokens: int, devices: int, first: bool = False) -> float:
         """One trainer step of `tokens` on `devices`; `first`: the run's first step, which also compiles."""
@@ -84,6 +111,14 @@ class AsyncSetup:
     trigger_parameter_sync_step: int = 1
     partial_rollout: bool = True
     elastic_replicas: int = 0       # elastic: engine replicas on the trainer's devices (generate while it waits)
+    pause_mode: str = "abort"       # a weight update's responses in flight: abort (resume, prefix prefilled again)
+    #                                 or keep (they continue on the new weights over their cache)
+    holds_in_flight: bool = True    # colocated: the engines keep what is in flight through a turn switch (the
+    #                                 embedded engine swaps its KV; vLLM only while resident): no prefill again
+
+    def __post_init__(self) -> None:
+        if self.pause_mode not in ("abort", "keep"):
+            raise ValueError(f"AsyncSetup.pause_mode={self.pause_mode!r} must be 'abort' or 'keep'")
 
 
 @dataclass
@@ -169,6 +204,7 @@ class _Replica:
         self.costs, self.slots = costs, slots
         self.heap: list = []        # (finish step, tie, seq)
         self.k = 0                  # decode steps run so far
+        self.cached = 0             # tokens cached by the sequences in flight (prompt + tokens generated so far)
         self.clock = 0.0            # time the next step starts (steps are atomic)
         self.busy_s = 0.0
         self.gen = 0                # invalidates scheduled events when the batch changes
@@ -185,41 +221,47 @@ class _Replica:
         """Run whole decode steps up to time t (none past the next completion); returns the finished sequences."""
         if not self.heap or t <= self.clock:
             return []
-        tau = self.costs.step_time(len(self.heap))
-        steps = min(int((t - self.clock) / tau + 1e-9), self.heap[0][0] - self.k)
+        n = len(self.heap)
+        steps = self.costs.steps_within(t - self.clock, n, self.cached, self.heap[0][0] - self.k)
         if steps <= 0:
             return []
-        self.clock += steps * tau
-        self.busy_s += steps * tau
+        spent = self.costs.steps_time(steps, n, self.cached)
+        self.clock += spent
+        self.busy_s += spent
         self.k += steps
+        self.cached += n * steps
         finished = []
         while self.heap and self.heap[0][0] <= self.k:
             seq = heapq.heappop(self.heap)[2]
             seq.left = 0
+            self.cached -= seq.prompt + seq.length
             finished.append(seq)
         return finished
 
-    def join(self, seqs: list[_Seq], t: float) -> None:
-        """New or resumed requests join at t and pay their prefill."""
+    def join(self, seqs: list[_Seq], t: float, prefill: bool = True) -> None:
+        """New or resumed requests join at t; with `prefill` they pay it (prompt + the tokens they have), without
+        it they resume over the cache they kept (held through a turn switch)."""
         if not self.heap:
             self.clock = max(self.clock, t)
-        prefill = self.costs.prefill_token_s * sum(s.prompt + s.done for s in seqs)
-        self.clock += prefill
-        self.busy_s += prefill
+        cost = self.costs.prefill_token_s * sum(s.prompt + s.done for s in seqs) if prefill else 0.0
+        self.clock += cost
+        self.busy_s += cost
         for s in seqs:
             s.finish = self.k + s.left
+            self.cached += s.prompt + s.done
             heapq.heappush(self.heap, (s.finish, next(self._tie), s))
 
     def next_finish(self) -> Optional[float]:
         if not self.heap:
             return None
-        return self.clock + (self.heap[0][0] - self.k) * self.costs.step_time(len(self.heap))
+        return self.clock + self.costs.steps_time(self.heap[0][0] - self.k, len(self.heap), self.cached)
 
     def interrupt(self) -> list[_Seq]:
         out = [item[2] for item in self.heap]
         for s in out:
             s.left = s.finish - self.k
         self.heap = []
+        self.cached = 0
         return out
 
 

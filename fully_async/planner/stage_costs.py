@@ -12,18 +12,24 @@ step at 64 and at 256 sequences (per-step overhead bound).  train_token_s = trai
 
 Measured from a run's logs (`from_run_scalars`: a TensorBoard dir of one run, either mode, its own devices):
   decode_step_s   mean of fully_async/rollouter/engine_<k>/ms_per_step over steps and engines; where the run also
-                  logged engine_<k>/seqs_per_step (the sequences a step decoded on average, b) and a per-sequence
-                  cost is given (`seq_cost_s`: the estimate's, the KV cache a sequence reads and its matrix
-                  products), the mean step m is split into decode_seq_s = min(seq_cost_s, m / b) and
-                  decode_step_s = m - decode_seq_s x b: the step the run measured at its own batch, priced at
-                  other batches by what a sequence costs (a sync run's tail decodes few sequences, colocated
-                  async keeps every slot full: 1.7 against ~4 ms a step at the seed-003 shape on 1x H200)
+                  logged engine_<k>/seqs_per_step (the sequences a step decoded on average, b) and the estimate's
+                  costs are given (`seq_cost_s`: a sequence's matrix products; `kv_cost_s`: a cached token's keys
+                  and values, read), the mean step m is split into its fixed part and what its batch costs: with
+                  engine_<k>/kv_tokens_per_step logged (the tokens a step's sequences had cached, c) decode_seq_s
+                  = seq_cost_s x f and decode_kv_token_s = kv_cost_s x f, without it decode_seq_s = (seq_cost_s +
+                  kv_cost_s x mean_context) x f, and decode_step_s = m - (those x b and c), where f = 1 unless the
+                  estimate's variable part exceeds m (then f scales it to m): the step the run measured at its own
+                  batch, priced at other batches and contexts by what a sequence and a cached token cost (a sync
+                  run's tail decodes few sequences, colocated async keeps every slot full with the long ones in
+                  flight: 1.7 against ~4 ms a step at the seed-003 shape on 1x H200)
   train_token_s   async: sum(timing_s/step - timing_s/gen - timing_s/param_sync) x trainer devices / tokens (the
                   trainer's busy time outside the weight push; timing_s/gen is its wait for groups); sync:
                   sum(timing_s/step - timing_s/gen - switch) x devices / tokens
   weight_sync_s   async: mean timing_s/param_sync over the steps that pushed (the trainer's push; the engines load
                   meanwhile), colocated: plus the mean timing_s/param_sync/load (the engines load on the same devices)
-  sync_step_s     sync: mean(timing_s/param_sync + onload + offload + reward) (the colocated switch)
+  sync_step_s     sync: mean(timing_s/param_sync + onload + offload + reward)
+  turn_switch_s   sync: mean(timing_s/onload + offload + reward) (colocated async's turn switch and scoring: it
+                  loads weights only at an update); a colocated run's own switches stay in its trainer busy time
 Compiling steps are left out (`steady_steps`): a run's first steps compile (the trainer's layers, the engine's
 decode graphs) and cost several times a steady one -- averaged in, a max-1024 run on 1x H200 read train 51.5
 us/token against 19.9 steady.  By default a step is left out when its trainer busy seconds per token exceed
@@ -34,15 +40,17 @@ tokens is not: the rule is per token); `skip_steps=k` leaves out the first k ste
 step is always kept.
 
 Estimated (no measurement).  From the model's shape and the device's data-sheet numbers:
-  decode step     weights / (tp x HBM bandwidth x bw_eff) + launch overhead, plus per sequence the KV cache it
-                  reads (mean context) / (tp x HBM bandwidth x bw_eff) and 2 x matmul params / (tp x peak x mfu)
+  decode step     weights / (tp x HBM bandwidth x bw_eff) + launch overhead, plus per sequence 2 x matmul params /
+                  (tp x peak x mfu), plus per token its sequences have cached its keys and values / (tp x HBM
+                  bandwidth x bw_eff) (the simulation counts the cached tokens as they grow)
   prefill token   2 x matmul params / (tp x peak x mfu)
   train token     (6 + 2 x forward passes outside the update) x matmul params / (peak x mfu)
                   (+2 with gradient checkpointing; a reference forward with use_kl_loss, an old-policy forward
                   without use_rollout_log_probs), divided by tp x pp for megatron
   weight sync     bf16 weights / link bandwidth (async); sync's per-step switch: the local reload at HBM speed plus
                   what crosses to the host and back each step (engine weights with free_cache_engine, the
-                  trainer's offloaded state) at host_gbs
+                  trainer's offloaded state) at host_gbs; colocated async's turn switch: that crossing only (the
+                  estimate prices no scoring)
 The efficiencies are assumptions printed with every prediction (ESTIMATE_ASSUMPTIONS) and overridable.
 """
 from __future__ import annotations
@@ -60,7 +68,10 @@ ESTIMATE_ASSUMPTIONS = {
     "decode_mfu": 0.5,        # of the decode matmuls once batches are large
     "prefill_mfu": 0.5,
     "bw_eff": 0.7,            # achieved fraction of HBM bandwidth in decode
-    "launch_s": 0.004,        # per decode step: kernel launches with graphs, sampling, host sync
+    "launch_s": 0.004,        # per decode step: kernel launches, scheduling, sampling, host sync (engines not
+    #                           measured here: vLLM, vLLM-Ascend; the embedded engine's eager-era H100 figure)
+    "embedded_launch_s": 0.0007,  # the embedded engine's graph-captured step beyond its reads and products (1x H200:
+    #                           0.77 ms at 64 x 216, 0.65 at 256 x 1516; engine_decode_h200/profile_step2.json)
     "link_eff": 0.5,          # achieved fraction of link bandwidth in the weight broadcast
     "dp_efficiency": 0.9,     # data-parallel scaling kept per doubling of trainer devices (data_parallel_speedup)
     "host_gbs": 25.0,         # device <-> host copies (engine sleep/wake, trainer offload), GB/s each way
@@ -185,29 +196,39 @@ def trainer_busy(scalars: dict[str, list[float]], mode: str) -> tuple[list[float
 def from_run_scalars(scalars: dict[str, list[float]], mode: str, trainer_devices: int, source: str = "run logs",
                      skip_steps: Optional[int] = None,
                      outlier_ratio: Optional[float] = OUTLIER_RATIO, placement: str = "split",
-                     seq_cost_s: Optional[float] = None) -> StageCosts:
+                     seq_cost_s: Optional[float] = None, kv_cost_s: float = 0.0,
+                     mean_context: float = 0.0) -> StageCosts:
     """StageCosts of one run from its logged scalars (tag -> one value per step: aligned_scalars), its compiling
-    steps left out (module docstring; the source names the steps left out); `seq_cost_s`: what one sequence adds to
-    a decode step, to split the measured step where the run logged its batch (module docstring)."""
-    # per engine, the steps it logged a decode step at: (ms, sequences) of each, sequences None where not logged
-    logged = [[(ms, batch[i] if batch else None) for i, ms in enumerate(values) if ms > 0]
+    steps left out (module docstring; the source names the steps left out); `seq_cost_s` / `kv_cost_s`: what one
+    sequence / one cached token adds to a decode step, to split the measured step where the run logged its batch
+    (and its cached tokens; without those a sequence is priced at `mean_context` cached tokens: module docstring)."""
+    # per engine, the steps it logged a decode step at: (ms, sequences, cached tokens) of each, None where not logged
+    logged = [[(ms, batch[i] if batch else None, cached[i] if cached else None)
+               for i, ms in enumerate(values) if ms > 0]
               for tag, values in sorted(scalars.items())
               if tag.startswith("fully_async/rollouter/engine_") and tag.endswith("/ms_per_step")
-              for batch in [scalars.get(tag.removesuffix("/ms_per_step") + "/seqs_per_step")]]
-    engines = [[ms for ms, _ in e] for e in logged]
+              for batch, cached in [(scalars.get(tag.removesuffix("/ms_per_step") + "/seqs_per_step"),
+                                     scalars.get(tag.removesuffix("/ms_per_step") + "/kv_tokens_per_step"))]]
+    engines = [[ms for ms, _, _ in e] for e in logged]
     steps = scalars.get("timing_s/step", [])
     step_tokens = scalars.get("perf/total_num_tokens", [])
     if not any(engines) or not steps or not sum(step_tokens):
         raise ValueError(f"{source}: needs fully_async/rollouter/engine_<k>/ms_per_step, timing_s/step and "
                          "perf/total_num_tokens scalars (a fully_async run with trainer.logger including tensorboard)")
     kept = [e[i] for e, ms in zip(logged, engines) for i in steady_steps(ms, skip_steps, outlier_ratio)]
-    decode_step_s, decode_seq_s = _mean([ms for ms, _ in kept]) / 1e3, 0.0
-    if seq_cost_s is not None and all(batch is not None for _, batch in kept):
-        seqs = _mean([batch for _, batch in kept])
-        if seqs > 0:
-            decode_seq_s = min(seq_cost_s, decode_step_s / seqs)
-            decode_step_s -= decode_seq_s * seqs
-            source += f" (decode step split at its mean {seqs:.0f} sequences)"
+    decode_step_s, decode_seq_s, decode_kv_s = _mean([ms for ms, _, _ in kept]) / 1e3, 0.0, 0.0
+    if seq_cost_s is not None and all(batch is not None for _, batch, _ in kept):
+        seqs = _mean([batch for _, batch, _ in kept])
+        with_cache = kv_cost_s > 0 and all(cached is not None for _, _, cached in kept)
+        cached = _mean([c for _, _, c in kept]) if with_cache else 0.0
+        per_seq = seq_cost_s if with_cache else seq_cost_s + kv_cost_s * mean_context
+        variable = per_seq * seqs + kv_cost_s * cached
+        if variable > 0:
+            share = min(1.0, decode_step_s / variable)   # the estimate above the step measured: all of it variable
+            decode_seq_s, decode_kv_s = per_seq * share, (kv_cost_s * share if with_cache else 0.0)
+            decode_step_s -= variable * share
+            source += f" (decode step split at its mean {seqs:.0f} sequences" + \
+                (f" and {cached:.0f} cached tokens)" if with_cache else ")")
 
     def col(tag: str) -> list[float]:
         return scalars.get(tag) or [0.0] * len(steps)
@@ -228,29 +249,32 @@ def from_run_scalars(scalars: dict[str, list[float]], mode: str, trainer_devices
         if placement == "colocated":
             loads = [v for v in col("timing_s/param_sync/load") if v > 0]
             update_s += _mean(loads) if loads else 0.0
-        return StageCosts(decode_step_s=decode_step_s, decode_seq_s=decode_seq_s, train_token_s=train_token_s,
-                          weight_sync_s=update_s, source=source)
-    return StageCosts(decode_step_s=decode_step_s, decode_seq_s=decode_seq_s, train_token_s=train_token_s,
-                      sync_step_s=side_s, source=source)
+        return StageCosts(decode_step_s=decode_step_s, decode_seq_s=decode_seq_s, decode_kv_token_s=decode_kv_s,
+                          train_token_s=train_token_s, weight_sync_s=update_s, source=source)
+    switches = [a + b + c for a, b, c in zip(col("timing_s/onload"), col("timing_s/offload"), col("timing_s/reward"))]
+    return StageCosts(decode_step_s=decode_step_s, decode_seq_s=decode_seq_s, decode_kv_token_s=decode_kv_s,
+                      train_token_s=train_token_s, sync_step_s=side_s,
+                      turn_switch_s=_mean([switches[i] for i in kept if i < len(switches)]), source=source)
 
 
-def estimate(shape: Shape, spec: DeviceSpec, *, mean_context: float, rollout_tp: int = 1, train_mp: int = 1,
+def estimate(shape: Shape, spec: DeviceSpec, *, rollout_tp: int = 1, train_mp: int = 1,
              checkpointing: bool = False, extra_forwards: int = 0, host_bytes: float = 0.0, swap_bytes: float = 0.0,
              assumptions: Optional[dict] = None) -> StageCosts:
     """StageCosts from FLOPs and bandwidth (module docstring); `assumptions` overrides ESTIMATE_ASSUMPTIONS."""
-    a = dict(ESTIMATE_ASSUMPTIONS, **(assumptions or {}))
+    a = dict(ESTIMATE_ASSUMPTIONS, **(assumptions or {}))   # launch_s: the engine's (plan_options picks it)
     peak, bw = spec.tflops * 1e12, spec.hbm_gbs * 1e9
     mm = shape.matmul_params()
     weights = 2.0 * shape.params()
-    kv_read = shape.kv_bytes_per_token(2) * mean_context
     train_flops = (6 + 2 * extra_forwards + (2 if checkpointing else 0)) * mm
     return StageCosts(
         decode_step_s=weights / (rollout_tp * bw * a["bw_eff"]) + a["launch_s"],
-        decode_seq_s=kv_read / (rollout_tp * bw * a["bw_eff"]) + 2 * mm / (rollout_tp * peak * a["decode_mfu"]),
+        decode_seq_s=2 * mm / (rollout_tp * peak * a["decode_mfu"]),
+        decode_kv_token_s=shape.kv_bytes_per_token(2) / (rollout_tp * bw * a["bw_eff"]),
         prefill_token_s=2 * mm / (rollout_tp * peak * a["prefill_mfu"]),
         train_token_s=train_flops / (train_mp * peak * a["train_mfu"]),
         weight_sync_s=weights / (spec.link_gbs * 1e9 * a["link_eff"]),
         sync_step_s=weights / (bw * a["bw_eff"]) + 2 * host_bytes / (a["host_gbs"] * 1e9),
+        turn_switch_s=2 * host_bytes / (a["host_gbs"] * 1e9),
         swap_s=2 * swap_bytes / (a["host_gbs"] * 1e9),
         dp_efficiency=a["dp_efficiency"],
         source=f"estimated from FLOPs and bandwidth of {spec.name}")

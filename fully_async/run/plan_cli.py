@@ -195,16 +195,16 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
 
     if not resident and placement_of(cfg).holds_through_turns and rollout.name == "hf":
         swap = num_seqs(rollout) * (prompt + mean_response / 2) * shape.kv_bytes_per_token(2)
-    est = estimate(shape, spec, mean_context=prompt + mean_response / 2,
-                   rollout_tp=cfg.actor_rollout_ref.rollout.tensor_model_parallel_size, train_mp=mp,
+    est = estimate(shape, spec, rollout_tp=cfg.actor_rollout_ref.rollout.tensor_model_parallel_size, train_mp=mp,
                    checkpointing=bool(cfg.actor_rollout_ref.model.enable_gradient_checkpointing),
-                   extra_forwards=extra, host_bytes=host, swap_bytes=swap, assumptions=opts.estimate_assumptions())
+                   extra_forwards=extra, host_bytes=host, swap_bytes=swap,
+                   assumptions=opts.estimate_assumptions(embedded=rollout.name == "hf"))
     derived: dict[str, Any] = {"estimate": est.as_dict(), "host_bytes_per_sync_step": host,
                                "kv_swap_bytes_per_switch": swap, "engine_resident": resident_why}
     if opts.stage_costs is None:
         costs = est
     elif os.path.isdir(opts.stage_costs):
-        costs, run_prompt, run_trainer = run_stage_costs(opts.stage_costs, est.decode_seq_s)
+        costs, run_prompt, run_trainer = run_stage_costs(opts.stage_costs, est, prompt + mean_response / 2)
         # the run's per-device-token cost holds its own data-parallel efficiency: one device's is that scaled by the
         # efficiency assumed at the run's device count, so the run's own device count is predicted as measured
         run_devices = max(run_trainer, 1)
@@ -242,9 +242,13 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
     return costs, derived, prompt
 
 
-def run_stage_costs(log_dir: str, seq_cost_s: Optional[float] = None) -> tuple[Any, float, int]:
+def run_stage_costs(log_dir: str, est: Any = None, mean_context: float = 0.0) -> tuple[Any, float, int]:
     """StageCosts measured by a run (its TensorBoard dir: scalars and config.json), its mean prompt length and its
-    trainer devices; `seq_cost_s` splits its decode step (stage_costs.from_run_scalars)."""
+    trainer devices; with `est` (the estimate's StageCosts) its decode step is split by the estimate's costs per
+    sequence and cached token (a sequence at `mean_context` where the run did not log its cache:
+    stage_costs.from_run_scalars), and a split or elastic run, which has no turn switch to measure, takes the
+    estimate's (colocated async's: a sync run measures it by its on/offload, a colocated run's are in its trainer
+    time)."""
     from fully_async.planner.stage_costs import aligned_scalars, from_run_scalars
 
     config_path = os.path.join(log_dir, "config.json")
@@ -263,9 +267,15 @@ def run_stage_costs(log_dir: str, seq_cost_s: Optional[float] = None) -> tuple[A
     try:
         costs = from_run_scalars(aligned_scalars(series), run_cfg.get("mode", "async"), trainer,
                                  source=f"measured: run logs {log_dir} ({run_cfg.get('mode')} mode)",
-                                 placement=placement, seq_cost_s=seq_cost_s)
+                                 placement=placement, seq_cost_s=est.decode_seq_s if est is not None else None,
+                                 kv_cost_s=est.decode_kv_token_s if est is not None else 0.0,
+                                 mean_context=mean_context)
     except ValueError as exc:
         raise ConfigError("plan.stage_costs", str(exc)) from exc
+    if est is not None and run_cfg.get("mode", "async") == "async" and placement != "colocated":
+        from dataclasses import replace
+
+        costs = replace(costs, turn_switch_s=est.turn_switch_s)
     prompts = [v for _, v in series.get("prompt_length/mean", [])]
     return costs, (sum(prompts) / len(prompts) if prompts else 0.0), trainer
 
@@ -406,7 +416,8 @@ def throughput_section(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSp
         f"stage costs: {costs.source}",
         f"response lengths: {length_desc}",
         f"prompt tokens per sample: {prompt}",
-        f"decode step = {costs.decode_step_s * 1e3:.3f} ms + {costs.decode_seq_s * 1e6:.3f} us x sequences in flight;"
+        f"decode step = {costs.decode_step_s * 1e3:.3f} ms + {costs.decode_seq_s * 1e6:.3f} us x sequences in flight"
+        f" + {costs.decode_kv_token_s * 1e9:.3f} ns x tokens they have cached;"
         f" prefill {costs.prefill_token_s * 1e6:.3f} us/token; train {costs.train_token_s * 1e6:.3f} us/token on one "
         f"device (+{costs.train_step_s:.3f} s/step), data-parallel efficiency {costs.dp_efficiency:g}",
         f"async weight update {costs.weight_sync_s:.3f} s (both sides stall)" + (
@@ -419,7 +430,8 @@ def throughput_section(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSp
             f"weights unless it stays resident; {derived['engine_resident']})") + (
             f"; colocated async swaps {derived['kv_swap_bytes_per_switch'] / 1e9:.1f} GB of KV of the responses in "
             f"flight to the host and back at each switch besides ({costs.swap_s:.3f} s)"
-            if costs.swap_s else ""),
+            if costs.swap_s else "") + f"; colocated async's turn switch {costs.turn_switch_s:.3f} s (without the "
+        "weight load: it loads at an update)",
         f"staleness_threshold={pshape.staleness_threshold:g}, trigger_parameter_sync_step={pshape.trigger}, "
         f"partial_rollout={pshape.partial_rollout}, max_num_seqs={pshape.max_num_seqs} per replica",
         f"batch at other device counts: {opts.batch_scaling} (config: {pshape.async_groups} groups/step async, "
@@ -427,8 +439,8 @@ def throughput_section(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSp
         f"ranked by the steady rate (the first {WARMUP_STEPS} steps, the pipeline fill, left out)",
     ]
     if opts.stage_costs is None:
-        assumptions.append("estimate efficiencies: " + ", ".join(f"{k}={v:g}" for k, v in
-                                                                 opts.estimate_assumptions().items()))
+        efficiencies = opts.estimate_assumptions(embedded=cfg.actor_rollout_ref.rollout.name == "hf")
+        assumptions.append("estimate efficiencies: " + ", ".join(f"{k}={v:g}" for k, v in efficiencies.items()))
     return {"costs": costs.as_dict(), "derived": derived, "prompt_length": prompt, "results": results,
             "assumptions": assumptions}
 

@@ -42,13 +42,18 @@ class PlanOptions:
     train_mfu: float = ESTIMATE_ASSUMPTIONS["train_mfu"]
     decode_mfu: float = ESTIMATE_ASSUMPTIONS["decode_mfu"]
     bw_eff: float = ESTIMATE_ASSUMPTIONS["bw_eff"]
-    launch_s: float = ESTIMATE_ASSUMPTIONS["launch_s"]
+    launch_s: Optional[float] = None      # per decode step beyond its reads and products; null: by engine
     context_gib: float = 1.5              # per device: runtime context, allocator slack
     warn_fraction: float = 0.9            # a role over this fraction of device memory is "tight"
 
-    def estimate_assumptions(self) -> dict:
-        return dict(ESTIMATE_ASSUMPTIONS, train_mfu=self.train_mfu, decode_mfu=self.decode_mfu, bw_eff=self.bw_eff,
-                    launch_s=self.launch_s, dp_efficiency=self.dp_efficiency)
+    def estimate_assumptions(self, embedded: bool = False) -> dict:
+        """The estimate's efficiencies; `embedded`: the rollout runs the embedded engine, whose decode step's fixed
+        part was measured (ESTIMATE_ASSUMPTIONS embedded_launch_s), not the generic launch_s."""
+        launch = self.launch_s if self.launch_s is not None else \
+            ESTIMATE_ASSUMPTIONS["embedded_launch_s" if embedded else "launch_s"]
+        return dict({k: v for k, v in ESTIMATE_ASSUMPTIONS.items() if k != "embedded_launch_s"},
+                    train_mfu=self.train_mfu, decode_mfu=self.decode_mfu, bw_eff=self.bw_eff, launch_s=launch,
+                    dp_efficiency=self.dp_efficiency)
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -107,7 +112,7 @@ def _check(key: str, name: str, value: Any) -> Any:
     if name in ("stage_costs", "response_lengths"):
         return None if value is None else str(value)
     if value is None:
-        if name in ("decode_seq_fraction", "weight_sync_s", "sync_step_s", "prompt_length") or \
+        if name in ("decode_seq_fraction", "weight_sync_s", "sync_step_s", "prompt_length", "launch_s") or \
                 name.startswith("device_"):
             return None
         raise ConfigError(key, "must not be null")

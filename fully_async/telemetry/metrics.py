@@ -92,16 +92,20 @@ CONSOLE_KEYS = (("critic/score/mean", "reward"), ("val-core", "val"), ("actor/pg
 
 
 def engine_metrics(current: Sequence[dict], previous: Optional[Sequence[dict]], window_s: float) -> dict[str, float]:
-    """`fully_async/rollouter/num_engines` and, per rollout engine i, the tokens it generated and the
-    fraction of the window it had work (`engine_<i>/{tokens,busy_ratio}`), the engine's own milliseconds
+    """`fully_async/rollouter/num_engines` and, per rollout engine i, its slots (`engine_<i>/slots`: max_num_seqs as
+    resolved), the tokens it generated and the fraction of the window it had work (`engine_<i>/{tokens,busy_ratio}`),
+    the engine's own milliseconds
     per iteration (`engine_<i>/ms_per_step`; from it, the pool's and Ray's overhead) and the sequences an iteration
-    decoded on average (`engine_<i>/seqs_per_step`: the tokens over the iterations; the planner splits a measured
-    step into its fixed and per-sequence parts with it), from the pool's cumulative `engine_stats()` now and at the
-    start of the window (None: since the start)."""
+    decoded on average (`engine_<i>/seqs_per_step`: the tokens over the iterations) and, where the engine counts
+    them, the tokens those sequences had cached (`engine_<i>/kv_tokens_per_step`: what its attention read); the
+    planner splits a measured step into its fixed, per-sequence and per-cached-token parts with them.  From the
+    pool's cumulative `engine_stats()` now and at the start of the window (None: since the start)."""
     m: dict[str, float] = {"fully_async/rollouter/num_engines": float(len(current))}
     for i, cur in enumerate(current):
         prev = previous[i] if previous and i < len(previous) else {"tokens": 0, "busy_s": 0.0}
         m[f"fully_async/rollouter/engine_{i}/tokens"] = float(cur["tokens"] - prev["tokens"])
+        if cur.get("slots"):   # max_num_seqs as the run resolved it (null: sized by the memory model at start-up)
+            m[f"fully_async/rollouter/engine_{i}/slots"] = float(cur["slots"])
         if window_s > 0:
             m[f"fully_async/rollouter/engine_{i}/busy_ratio"] = min(1.0, max(0.0, (cur["busy_s"] - prev["busy_s"])
                                                                             / window_s))
@@ -110,6 +114,9 @@ def engine_metrics(current: Sequence[dict], previous: Optional[Sequence[dict]], 
             m[f"fully_async/rollouter/engine_{i}/ms_per_step"] = \
                 1e3 * (cur.get("engine_s", 0.0) - prev.get("engine_s", 0.0)) / iterations
             m[f"fully_async/rollouter/engine_{i}/seqs_per_step"] = (cur["tokens"] - prev["tokens"]) / iterations
+            if cur.get("kv_tokens"):   # engines that count what their steps' sequences had cached (the embedded one)
+                m[f"fully_async/rollouter/engine_{i}/kv_tokens_per_step"] = \
+                    (cur["kv_tokens"] - prev.get("kv_tokens", 0)) / iterations
     return m
 
 

@@ -293,6 +293,7 @@ class HFEngine(EngineSleep):
         # on the new weights with the KV cache the old ones wrote, every token stamped with the version whose logits
         # it was sampled from (the behaviour log-probs are those of the tokens as sampled)
         self.keeps_in_flight = keep_in_flight
+        self.cached_token_steps = 0   # tokens the running sequences had cached, summed over decode steps
         self.last_update_timings: dict[str, float] = {}
         self.max_model_len = max_model_len or 256
         self._cache: Optional[_SlotCache] = None
@@ -693,6 +694,7 @@ class HFEngine(EngineSleep):
         hi = self._hi()
         rows = np.flatnonzero(self._occ[:hi])
         span = int(self._len[rows].max()) + 1          # the longest running sequence, its new token included
+        self.cached_token_steps += int(self._len[rows].sum())   # what this step's attention reads (the planner)
         self._len[rows] += 1
         self._logit_ver[rows] = self.version
         if self._graph_api is None:

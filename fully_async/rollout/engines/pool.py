@@ -232,7 +232,8 @@ class EnginePool:
     # ------------------------------------------------------------------ observability
     def engine_stats(self) -> list[dict[str, float]]:
         """Per replica, cumulative: tokens generated, seconds it had work (the pool's view), and the engine's
-        own iterations and seconds inside them (a remote replica's as of its last poll)."""
+        own iterations, seconds inside them and tokens cached over its decode steps (a remote replica's as of its
+        last poll); and its slots (max_num_seqs, as the run resolved it)."""
         now = time.perf_counter()
         stats = []
         for i, rep in enumerate(self.replicas):
@@ -240,7 +241,8 @@ class EnginePool:
             busy = self.busy_s[i] + (now - self._busy_since[i] if self._busy_since[i] is not None else 0.0)
             stats.append({"tokens": self.tokens[i], "busy_s": busy, "finished": self.finished[i],
                           "iterations": counters.iterations if counters else 0,
-                          "engine_s": counters.engine_s if counters else 0.0})
+                          "engine_s": counters.engine_s if counters else 0.0,
+                          "kv_tokens": counters.kv_tokens if counters else 0, "slots": self.max_num_seqs})
         return stats
 
     def drain_timeline(self) -> list[dict]:

@@ -34,13 +34,17 @@ from fully_async.core.types import GenOutput, GenRequest
 @dataclass
 class IterationCounters:
     """Engine iterations (`collect()` calls) run by a replica and the seconds spent inside them, cumulative:
-    seconds / iterations is the engine's own time per step, whatever the pool and Ray add around it."""
+    seconds / iterations is the engine's own time per step, whatever the pool and Ray add around it; and the
+    tokens its decode steps' sequences had cached, summed over the steps (engines that count them:
+    `cached_token_steps`), so a window's tokens cached per step are known."""
     iterations: int = 0
     engine_s: float = 0.0
+    kv_tokens: int = 0
 
-    def add(self, seconds: float) -> None:
+    def add(self, seconds: float, engine: Any = None) -> None:
         self.iterations += 1
         self.engine_s += seconds
+        self.kv_tokens = int(getattr(engine, "cached_token_steps", 0))
 
 
 def done_future(fn: Callable[[], Any]) -> concurrent.futures.Future:
@@ -143,7 +147,7 @@ class InlineReplica:
     def step(self, timeout_s: float) -> list[GenOutput]:
         start = time.perf_counter()
         out = self.engine.collect(timeout_s)
-        self.counters.add(time.perf_counter() - start)
+        self.counters.add(time.perf_counter() - start, self.engine)
         return out
 
     def call(self, method: str, *args: Any) -> concurrent.futures.Future:
@@ -288,7 +292,7 @@ class EngineDriver:
                 if engine.num_in_flight() and not self._held:
                     start = time.perf_counter()
                     outputs = engine.collect()
-                    self.counters.add(time.perf_counter() - start)
+                    self.counters.add(time.perf_counter() - start, engine)
                     if outputs:
                         with self._cv:
                             self._outbox.extend(outputs)

@@ -35,15 +35,17 @@ def test_colocated_on_one_device_cuts_the_tail_worked_by_hand():
     assert colocated.as_dict()["train_s_per_step"] == pytest.approx(0.1)
 
 
-def test_colocated_with_no_staleness_is_sync_and_pays_the_same_switch():
-    """staleness_threshold=0: exactly one step's groups per version, so each phase waits for all of them."""
-    costs = StageCosts(decode_step_s=0.01, train_token_s=0.001, sync_step_s=0.05)
+def test_colocated_with_no_staleness_is_sync_but_for_the_weight_load_of_its_switch():
+    """staleness_threshold=0: exactly one step's groups per version, so each phase waits for all of them, as sync's.
+    Sync's switch (0.05 s a step) also loads the weights; colocated's turn switch (0.02 s) sleeps, wakes and scores:
+    it loads weights at an update (none priced here)."""
+    costs = StageCosts(decode_step_s=0.01, train_token_s=0.001, sync_step_s=0.05, turn_switch_s=0.02)
     work = Workload(n=4, prompt_len=8, length=LengthProfile.lognormal(64).target, steps=6)
     colocated = simulate_colocated(1, AsyncSetup(1, 1, 64, required=4, staleness_threshold=0.0), costs, work)
     sync = simulate_sync(1, 4, 64, costs, work)
-    assert colocated.step_ends == pytest.approx(sync.step_ends)
+    assert colocated.step_ends == pytest.approx([t - 0.03 * k for k, t in enumerate(sync.step_ends, 1)])
     assert colocated.interrupted == 0
-    assert colocated.switch_s == pytest.approx(6 * 0.05) == sync.switch_s
+    assert colocated.switch_s == pytest.approx(6 * 0.02) and sync.switch_s == pytest.approx(6 * 0.05)
 
 
 def test_elastic_turns_trainer_idle_into_rollout_time_worked_by_hand():
@@ -107,3 +109,43 @@ def test_the_staleness_bound_holds_in_every_mode(threshold, trigger):
 def test_colocated_refuses_nonsense():
     with pytest.raises(ValueError, match="colocated async needs"):
         simulate_colocated(0, AsyncSetup(1, 1, 8, 1), FLAT, Workload(1, 0, one_long_response))
+
+
+@pytest.mark.parametrize("holds, pause_mode, reprefills", [(True, "keep", False), (True, "abort", True),
+                                                           (False, "keep", True)])
+def test_a_parked_response_pays_its_prefix_again_only_where_it_lost_its_cache(holds, pause_mode, reprefills):
+    """The first test's schedule with a prefill cost (1 ms a token) and a weight update after every step.  p0 is
+    parked at the end of phases 1..9 with 10, 20, ... 90 tokens.  The embedded engine holds it through the switch
+    (holds_in_flight) and pause_mode=keep continues it over its cache: nothing is prefilled again, the steps end as
+    before.  An abort update, or an engine that drops what is in flight at a switch, resumes it from prompt +
+    partial response: phase k first prefills its 10 (k - 1) tokens, 0.01 (k - 1) s more."""
+    costs = StageCosts(decode_step_s=0.01, train_token_s=0.0, train_step_s=0.1, prefill_token_s=0.001)
+    work = Workload(n=1, prompt_len=0, length=one_long_response, steps=10)
+    setup = AsyncSetup(1, 1, 8, required=1, staleness_threshold=1.0, pause_mode=pause_mode, holds_in_flight=holds)
+    res = simulate_colocated(1, setup, costs, work)
+    extra = [0.005 * k * (k - 1) if reprefills else 0.0 for k in range(1, 11)]
+    assert res.step_ends == pytest.approx([0.2 * k + e for k, e in zip(range(1, 11), extra)])
+    with pytest.raises(ValueError, match="pause_mode='pause'"):
+        AsyncSetup(1, 1, 8, required=1, pause_mode="pause")
+
+
+def test_a_decode_step_pays_for_the_tokens_its_sequences_have_cached():
+    """decode_kv_token_s: a step costs its fixed part plus, per token cached by the sequences in flight, what reading
+    its keys and values costs; the cached tokens grow by the batch each step and leave with a finished sequence.
+    The replica jumps from one completion to the next in closed form: the same times as stepping token by token."""
+    from fully_async.planner.sim_engine import _Seq, generate_time
+
+    costs = StageCosts(decode_step_s=0.01, train_token_s=0.0, decode_seq_s=0.002, decode_kv_token_s=0.001)
+    t, _ = generate_time([[_Seq("a", 5, 4)]], costs, slots=4)
+    assert t == pytest.approx(sum(0.01 + 0.002 + 0.001 * (4 + i) for i in range(5)))
+    lengths, prompts = [3, 9, 6, 12, 1], [7, 2, 5, 0, 4]
+    t, _ = generate_time([[_Seq(f"s{i}", n, p)] for i, (n, p) in enumerate(zip(lengths, prompts))], costs, slots=8)
+    by_step, cached, left = 0.0, list(prompts), list(lengths)
+    while any(left):
+        running = [i for i in range(5) if left[i]]
+        by_step += 0.01 + 0.002 * len(running) + 0.001 * sum(cached[i] for i in running)
+        for i in running:
+            cached[i], left[i] = cached[i] + 1, left[i] - 1
+    assert t == pytest.approx(by_step)
+    assert costs.steps_within(costs.steps_time(7, 3, 40.0), 3, 40.0, 100) == 7
+    assert costs.steps_within(costs.steps_time(7, 3, 40.0) * 0.999, 3, 40.0, 100) == 6

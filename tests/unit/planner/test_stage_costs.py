@@ -46,11 +46,14 @@ def test_bench_without_a_known_workload_is_refused():
 
 def test_estimate_follows_flops_and_bandwidth():
     shape, h100 = Shape.of(MODEL_SHAPES["Qwen2.5-7B"]), DEVICES["h100"]
-    c = estimate(shape, h100, mean_context=1000, assumptions={"bw_eff": 1.0, "launch_s": 0.0, "train_mfu": 0.5})
+    c = estimate(shape, h100, assumptions={"bw_eff": 1.0, "launch_s": 0.0, "train_mfu": 0.5, "decode_mfu": 0.5})
     assert c.decode_step_s == pytest.approx(2 * shape.params() / 3350e9)
+    assert c.decode_seq_s == pytest.approx(2 * shape.matmul_params() / (989e12 * 0.5))
+    assert c.decode_kv_token_s == pytest.approx(shape.kv_bytes_per_token(2) / 3350e9)   # its keys and values, read
     assert c.train_token_s == pytest.approx(6 * shape.matmul_params() / (989e12 * 0.5))
-    tp2 = estimate(shape, h100, mean_context=1000, rollout_tp=2, train_mp=2, checkpointing=True, extra_forwards=1)
-    base = estimate(shape, h100, mean_context=1000)
+    tp2 = estimate(shape, h100, rollout_tp=2, train_mp=2, checkpointing=True, extra_forwards=1)
+    base = estimate(shape, h100)
+    assert tp2.decode_kv_token_s == pytest.approx(base.decode_kv_token_s / 2)
     assert tp2.decode_step_s < base.decode_step_s
     assert tp2.train_token_s == pytest.approx(base.train_token_s * 10 / 6 / 2)
 
@@ -107,3 +110,15 @@ def test_a_long_step_that_trained_more_tokens_is_not_an_outlier():
     costs = from_run_scalars(scalars, "async", 1)
     assert costs.train_token_s == pytest.approx(2.4 / 6000) and "left out" not in costs.source
     assert steady_steps([5.0, 5.0, 5.0]) == [0, 1, 2] and steady_steps([9.0], skip_steps=3) == [0]
+
+
+def test_the_decode_steps_fixed_part_is_the_engines():
+    """plan.launch_s unset: the embedded engine's measured graph-captured step (0.7 ms beyond its reads and products
+    on 1x H200), 4 ms for engines not measured here (vLLM, vLLM-Ascend); a value that is set is used for both."""
+    from fully_async.run.plan_options import PlanOptions
+
+    assert PlanOptions().estimate_assumptions(embedded=True)["launch_s"] == pytest.approx(7e-4)
+    assert PlanOptions().estimate_assumptions()["launch_s"] == pytest.approx(4e-3)
+    assert "embedded_launch_s" not in PlanOptions().estimate_assumptions()
+    for embedded in (True, False):
+        assert PlanOptions(launch_s=0.002).estimate_assumptions(embedded=embedded)["launch_s"] == 0.002

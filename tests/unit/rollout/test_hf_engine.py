@@ -364,3 +364,22 @@ def test_a_packed_prefill_generates_what_the_padded_one_does(random_model_dir, h
     assert pend.to_sample().response_ids == ref[0, len(prompts[8]):].tolist()
     with pytest.raises(ValueError, match=r"packed_prefill=True\) needs the fused decode"):
         HFEngine(random_model_dir, CPU, fused_decode=False, packed_prefill=True)
+
+
+def test_the_engine_counts_what_its_decode_steps_attend_over(random_model_dir):
+    """cached_token_steps (the planner's per-cached-token cost reads it through the run's metrics): each decode step
+    adds the tokens its running sequences had cached.  A 3-token prompt with 4 new tokens decodes 3 times on the CPU
+    (the last token is sampled, not decoded), over 3, 4 and 5 cached tokens; a second one alongside adds its own."""
+    from fully_async.telemetry.metrics import engine_metrics
+
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=4, eos_token_ids=[], pad_token_id=0)
+    run_all(eng, [GenRequest("a", [5, 6, 7], SamplingParams(0.0, max_tokens=4))])
+    assert eng.cached_token_steps == 3 + 4 + 5
+    run_all(eng, [GenRequest("b", [5, 6, 7], SamplingParams(0.0, max_tokens=4)),
+                  GenRequest("c", [8, 9], SamplingParams(0.0, max_tokens=2))])
+    assert eng.cached_token_steps == 12 + (3 + 2) + 4 + 5
+    m = engine_metrics([{"tokens": 50, "busy_s": 1.0, "iterations": 10, "engine_s": 0.02, "kv_tokens": 900}],
+                       [{"tokens": 10, "busy_s": 0.5, "iterations": 5, "engine_s": 0.01, "kv_tokens": 100}], 1.0)
+    assert m["fully_async/rollouter/engine_0/kv_tokens_per_step"] == 160.0     # (900 - 100) / 5 steps
+    assert "fully_async/rollouter/engine_0/kv_tokens_per_step" not in engine_metrics(
+        [{"tokens": 50, "busy_s": 1.0, "iterations": 10, "engine_s": 0.02}], None, 1.0)   # engines that do not count
