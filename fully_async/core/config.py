@@ -234,9 +234,11 @@ class RolloutConfig:
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5   # fraction of device memory vLLM may take (weights + KV cache)
     max_num_batched_tokens: int = 8192    # both engines: prompt tokens prefilled per engine step (the embedded one
-    #                                       counts its padded prefill: joiners x the longest of them)
-    enable_chunked_prefill: bool = True   # vLLM splits a longer prompt over steps; the embedded engine prefills it
-    #                                       alone in one step. false: the budget must cover max_model_len (vLLM's rule)
+    #                                       counts real tokens where it prefills packed, CUDA; elsewhere its padded
+    #                                       prefill: joiners x the longest of them)
+    enable_chunked_prefill: bool = True   # a request longer than the budget split over steps (vLLM; the embedded
+    #                                       engine where it prefills packed: CUDA, 16-bit, llama family; elsewhere
+    #                                       alone). false: the budget must cover max_model_len (vLLM's rule)
     enforce_eager: bool = False           # true: no device graphs (CUDA/NPU graph capture costs start-up time)
     fused_decode: bool = True             # embedded engine, llama-family models: decode as fused per-layer functions
     #                                       (torch.compile on CUDA); false: transformers' own modules

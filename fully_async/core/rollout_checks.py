@@ -69,7 +69,8 @@ def check_prefill_budget(cfg: Any) -> None:
     engine takes only to size its slots where max_num_seqs is unset: said once otherwise): the prompt tokens one
     engine step prefills.  vLLM
     refuses a budget below max_model_len without chunked prefill, and so do we, for both engines; the embedded
-    engine never splits one prompt, so with chunked prefill a longer one is prefilled alone (said once here)."""
+    engine splits a longer request over steps where it prefills packed (CUDA, 16-bit, the fused decode), elsewhere
+    it prefills it alone (said once here)."""
     rollout, key = cfg.actor_rollout_ref.rollout, "actor_rollout_ref.rollout.max_num_batched_tokens"
     _at_least(key, rollout.max_num_batched_tokens, 1)
     seqs = num_seqs(rollout)
@@ -91,8 +92,10 @@ def check_prefill_budget(cfg: Any) -> None:
                           f"({longest}: max_model_len, or max_prompt_length + max_response_length) and "
                           "enable_chunked_prefill=false, so a request that long could never be prefilled (vLLM "
                           f"refuses this too): raise it to >= {longest} or set enable_chunked_prefill=true")
-    if rollout.name == "hf":
+    packed = cfg.trainer.device == "cuda" and rollout.dtype in ("bfloat16", "float16") and rollout.fused_decode
+    if rollout.name == "hf" and not packed:
         logger.warning("%s=%d is below the longest sequence the engine serves (%d): the embedded engine prefills "
-                       "a request longer than the budget alone in one step (a prompt, or after a weight update a "
-                       "prompt with its partial response); vLLM would split it over steps (enable_chunked_prefill)",
+                       "a request longer than the budget alone in one step here (a prompt, or after a weight update a "
+                       "prompt with its partial response); it splits one over steps (enable_chunked_prefill) only "
+                       "where it prefills packed: CUDA, bfloat16/float16, a llama-family model with fused_decode",
                        key, rollout.max_num_batched_tokens, longest)

@@ -253,6 +253,19 @@ def max_model_len(cfg: Any) -> int:
     return int(r.max_model_len or (cfg.data.max_prompt_length + cfg.data.max_response_length))
 
 
+def longest_prefill(cfg: Any) -> int:
+    """The longest request the embedded engine prefills in one piece: a prompt, or, where a weight update aborts the
+    responses in flight (async, partial_rollout, pause_mode=abort: verl's defaults), a prompt with its partial
+    response, up to max_model_len - 1 tokens; where it prefills packed and splits a longer request over steps
+    (rollout.enable_chunked_prefill on CUDA in 16-bit with the fused decode: rollout/engines/prefill.py), at most the
+    budget."""
+    r, at = cfg.actor_rollout_ref.rollout, cfg.async_training
+    longest = max_model_len(cfg) - 1 if cfg.mode == "async" and at.partial_rollout and r.pause_mode == "abort" \
+        else int(cfg.data.max_prompt_length)
+    packed = cfg.trainer.device == "cuda" and r.dtype in ("bfloat16", "float16") and r.fused_decode
+    return min(longest, r.max_num_batched_tokens) if packed and r.enable_chunked_prefill else longest
+
+
 def engine_weight_bytes(cfg: Any, shape: Shape) -> float:
     """One engine's weights: rollout.dtype, except vLLM's fp8 rollout (rollout.quantization=fp8), whose linear
     layers hold one byte per weight plus a float32 scale per 128x128 block (the embedded engine only emulates fp8:
@@ -284,11 +297,11 @@ def engine_memory(cfg: Any, shape: Shape, capacity_bytes: float, slots: int | No
                     f"{seqs} full-length sequences need {kv_needed / GIB:.2f} GiB of KV per device")
         mem.kv_needed = kv_needed  # type: ignore[attr-defined]
     else:
-        # one admission prefills up to max_num_seqs prompts at once, at most max_num_batched_tokens padded tokens
-        # (a longer prompt alone): one layer's live tensors per prompt token (residual + hidden, and the MLP's
-        # gate, up and their product), freed layer by layer
-        tokens = min(seqs * cfg.data.max_prompt_length,
-                     max(r.max_num_batched_tokens, cfg.data.max_prompt_length))
+        # one admission prefills up to max_num_seqs requests at once, at most max_num_batched_tokens tokens (a
+        # longer request alone): one layer's live tensors per token (residual + hidden, and the MLP's gate, up and
+        # their product), freed layer by layer
+        longest = longest_prefill(cfg)
+        tokens = max(min(seqs * longest, r.max_num_batched_tokens), longest)
         prefill = tokens * (2 * shape.hidden + 3 * shape.intermediate) * wbytes
         mem.parts.update(weights=weights, kv_cache=kv_needed, logits=4.0 * seqs * shape.vocab,
                          prefill=prefill / tp)

@@ -41,6 +41,7 @@ def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: 
         # engines that sleep with responses in flight (their KV swapped to host memory through the trainer's turn,
         # placement/colocated.py) pin the swap's buffer at start-up (HFEngine.prepare_staging)
         return HFEngine(cfg.actor_rollout_ref.model.path, max_num_batched_tokens=rollout.max_num_batched_tokens,
+                        chunked_prefill=rollout.enable_chunked_prefill,
                         keep_when_fits=auto, trainer_estimate_bytes=_trainer_estimate(cfg) if auto else None,
                         memory_tag=f"{job}/rollout{replica}", stage_swaps=placement_of(cfg).holds_through_turns, **hf_kwargs)
     if rollout.name == "vllm":

@@ -301,6 +301,7 @@ class EngineSleep:
         if keep:
             self._resident_sleep = True
             return
+        self._requeue_chunk()   # a request half prefilled in chunks starts again after the wake (its KV is not kept)
         start = time.perf_counter()
         self.device.synchronize()   # a decode step queued by the last collect() may still read the buffers
         held = self.device_bytes()

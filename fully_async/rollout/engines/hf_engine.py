@@ -12,15 +12,13 @@ doubling if a request needs more).  A running sequence owns one slot and its len
 ever concatenated, padded or index-selected: every write goes in place.  Each `collect()` is one
 engine iteration:
   1. admit waiting requests into free slots (lowest first): one prefill forward over the joining
-     prompts only (right-padded, plain causal attention, no mask), writing their keys/values into their slots; running
-     sequences are not touched.  While sequences run, admission waits until `admit_batch` slots
-     (max_num_seqs / 8) are free, so the prefill forward is paid once per batch of joiners.  With
-     `max_num_batched_tokens` (actor_rollout_ref.rollout.max_num_batched_tokens, as vLLM bounds its steps)
-     the joiners of one step are those that fit the budget as one padded prefill (joiners x the longest of
-     them), the rest at the next steps: a burst of long requests (a weight update's parked responses, prompt +
-     partial response each) is prefilled over several steps that also decode, never in one forward that stalls
-     every running sequence, each step's joiners of similar lengths (`_joining`).  The oldest always joins: a prompt longer than the budget is prefilled alone
-     (vLLM would split it into chunks over steps);
+     requests only, writing their keys/values into their slots; running sequences are not touched.  While sequences
+     run, admission waits until `admit_batch` slots (max_num_seqs / 8) are free, so the prefill forward is paid once
+     per batch of joiners.  At most `max_num_batched_tokens` (actor_rollout_ref.rollout.max_num_batched_tokens, as
+     vLLM bounds its steps) tokens a step: a burst of long requests (a weight update's parked responses, prompt +
+     partial response each) is prefilled over several steps that also decode.  prefill.py: packed (CUDA, the fused
+     layer functions, no padding, a longer request split into chunks over steps) or right-padded (elsewhere, one
+     transformers forward, a longer request alone);
      Where the running sequences are fewer than the slots below the highest of them by a batch bucket or more,
      the highest move down into the free slots (their cached keys/values, decode state and host record: `_compact`),
      so a long tail of few responses decodes at its own width, not at the width it started with;
@@ -47,9 +45,7 @@ the cache's `update(key, value, layer_idx)` works; sliding-window layers are ref
 """
 from __future__ import annotations
 
-import bisect
 import inspect
-import itertools
 import logging
 import time
 from collections import deque
@@ -63,6 +59,7 @@ from fully_async.algorithms.sampling import sample_tokens
 from fully_async.device import Device, parse_dtype
 from fully_async.rollout.engines.base import NamedTensors
 from fully_async.rollout.engines.engine_memory import EngineSleep
+from fully_async.rollout.engines.prefill import EnginePrefill
 from fully_async.core.types import GenOutput, GenRequest
 
 logger = logging.getLogger(__name__)
@@ -188,7 +185,7 @@ def _bucket(value: int, buckets: list[int]) -> Optional[int]:
     return next((b for b in buckets if b >= value), None)
 
 
-class HFEngine(EngineSleep):
+class HFEngine(EnginePrefill, EngineSleep):
     def __init__(self, model_path: str, device: Device, dtype: str = "float32", max_num_seqs: int = 256,
                  eos_token_ids: Optional[list[int]] = None, pad_token_id: int = 0, seed: int = 1,
                  trust_remote_code: bool = False, max_model_len: Optional[int] = None, enforce_eager: bool = True,
@@ -197,7 +194,7 @@ class HFEngine(EngineSleep):
                  quantization: Optional[str] = None, max_num_batched_tokens: Optional[int] = None,
                  keep_when_fits: bool = False, device_memory: str = "auto", memory_tag: str = "run/rollout",
                  trainer_estimate_bytes: Optional[float] = None, stage_swaps: bool = False,
-                 packed_prefill: Optional[bool] = None):
+                 packed_prefill: Optional[bool] = None, chunked_prefill: bool = True):
         from transformers import AutoModelForCausalLM
 
         start = time.perf_counter()
@@ -268,7 +265,9 @@ class HFEngine(EngineSleep):
         if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
             raise ValueError(f"HFEngine(max_num_batched_tokens={max_num_batched_tokens}): must be >= 1 (or None: "
                              "no budget)")
-        self.max_num_batched_tokens = max_num_batched_tokens   # padded prefill tokens per step (None: no bound)
+        self.max_num_batched_tokens = max_num_batched_tokens   # prefill tokens per step (None: no bound)
+        self.chunked_prefill = chunked_prefill   # packed: a longer request split over steps (prefill.py)
+        self._chunk: Optional[list] = None       # [slot, request, positions prefilled] of the one being split
         self.eos = set(eos_token_ids or [])
         self._eos = np.array(sorted(self.eos), dtype=np.int64)
         self.pad_token_id = pad_token_id
@@ -349,7 +348,7 @@ class HFEngine(EngineSleep):
             self.waiting.append(req)
 
     def num_in_flight(self) -> int:
-        return len(self.waiting) + int(self._occ.sum())
+        return len(self.waiting) + int(self._occ.sum()) + (self._chunk is not None)
 
     def collect(self, timeout_s: float = 0.05) -> list[GenOutput]:
         """One engine iteration (admit, sample, decode, retire); `timeout_s` is not needed here.
@@ -358,7 +357,7 @@ class HFEngine(EngineSleep):
         host's bookkeeping overlaps the device's decode instead of leaving the device idle (1x H200, 0.5B shape,
         256 rows: ~0.2-0.5 ms of a 2.4-3.9 ms step); rows that finish at this step decode once more into their
         own (then free) slot, which nothing reads."""
-        if not self.waiting and not self._occ.any():
+        if not self.waiting and not self._occ.any() and self._chunk is None:
             return []
         self._worked = True
         with torch.inference_mode():
@@ -375,7 +374,7 @@ class HFEngine(EngineSleep):
         return finished
 
     def interrupt(self) -> list[GenOutput]:
-        out = [self._output(i, "abort") for i in np.flatnonzero(self._occ)]
+        out = [self._output(i, "abort") for i in np.flatnonzero(self._occ)] + self._drop_chunk()
         out += [GenOutput(r.request_id, [], [], [], "abort") for r in self.waiting]
         self.slots = [None] * self.max_num_seqs
         self._occ[:] = False
@@ -416,21 +415,6 @@ class HFEngine(EngineSleep):
             raise ValueError(f"HFEngine(split_kv=True): the split-KV decode attention does not run here ({reason}); "
                              "use split_kv=None (auto) or False")
         return reason is None and (bool(asked) or self.torch_device.type == "cuda")
-
-    def _want_packed_prefill(self, asked: Optional[bool]) -> bool:
-        """The joiners' prompts prefilled back to back through the fused layer functions (no padding,
-        FusedDecoder.prefill): by default where FlashAttention's varlen kernel runs (CUDA, 16-bit floats); elsewhere
-        only when asked (attention then runs prompt by prompt: the unit tests); needs the fused decode forward."""
-        from fully_async.core.varlen_attention import flash_runs
-
-        if asked is False:
-            return False
-        if self._fused is None:
-            if asked:
-                raise ValueError("HFEngine(packed_prefill=True) needs the fused decode forward (fused_decode=True, "
-                                 "a llama-family model, no fp8 emulation)")
-            return False
-        return bool(asked) or flash_runs(self.torch_device.type, self.lm_head.weight.dtype, self._fused.head_dim)
 
     def _buffers(self, need: int) -> tuple[_SlotCache, dict[str, torch.Tensor]]:
         """The slot cache (room for `need` positions per slot) and the per-slot device state."""
@@ -479,111 +463,6 @@ class HFEngine(EngineSleep):
         mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
         return mask.masked_fill_(~allowed, torch.finfo(dtype).min).unsqueeze(1)
 
-    def _admit(self) -> None:
-        free = np.flatnonzero(~self._occ)
-        running = self.max_num_seqs - len(free)
-        if not len(free) or not self.waiting or (running and len(free) < self.admit_batch):
-            return
-        joining = self._joining(len(free))
-        slot_ids = free[:len(joining)]
-        lens = [len(r.prompt_ids) for r in joining]
-        cache, state = self._buffers(max(n + r.params.max_tokens for n, r in zip(lens, joining)))
-        dev = self.torch_device
-        lengths = torch.tensor(lens, dtype=torch.long, device=dev)
-        slots = torch.tensor(slot_ids, dtype=torch.long, device=dev)
-        if self.packed_prefill:
-            last = self._prefill_packed([r.prompt_ids for r in joining], slot_ids, lens, cache)
-        else:
-            last = self._prefill_padded(joining, slots, lens, cache)
-        state["logits"][slots] = self.lm_head(last).float()
-        state["lengths"][slots] = lengths
-        params = [r.params for r in joining]
-        state["temperature"][slots] = torch.tensor([p.temperature for p in params], device=dev)
-        state["top_p"][slots] = torch.tensor([p.top_p for p in params], device=dev)
-        state["top_k"][slots] = torch.tensor([p.top_k for p in params], dtype=torch.long, device=dev)
-        for i, r in zip(slot_ids, joining):
-            self.slots[i] = r
-        self._occ[slot_ids] = True
-        self._len[slot_ids] = lens
-        self._gen[slot_ids] = 0
-        self._logit_ver[slot_ids] = self.version
-        self._max[slot_ids] = [p.max_tokens for p in params]
-        self._truncates[slot_ids] = [p.top_k > 0 or p.top_p < 1.0 for p in params]
-
-    def _prefill_padded(self, joining: list[GenRequest], slots: torch.Tensor, lens: list[int],
-                        cache: _SlotCache) -> torch.Tensor:
-        """transformers' forward over the joiners' prompts right-padded to the longest; the last real token's hidden
-        state of each, (B, hidden).  Plain causal attention (no mask: SDPA's causal kernel, flash where the device
-        has it): a real token at position p reads keys 0..p, all real; the padding's queries come after every real
-        token, and what they write lies past the slot's length, where decode writes before anything reads."""
-        dev, width = self.torch_device, max(lens)
-        ids = torch.full((len(joining), width), self.pad_token_id, dtype=torch.long)
-        for i, r in enumerate(joining):
-            ids[i, :lens[i]] = torch.tensor(r.prompt_ids, dtype=torch.long)
-        positions = torch.arange(width, device=dev).expand(len(joining), width)
-        hidden = self.base(input_ids=ids.to(dev), position_ids=positions, attention_mask=None,
-                           **{self._cache_kw: cache.prefill(slots, width)}, use_cache=True).last_hidden_state
-        return hidden[torch.arange(len(joining), device=dev), torch.tensor(lens, device=dev) - 1]
-
-    def _prefill_packed(self, prompts: list[list[int]], slot_ids: np.ndarray, lens: list[int],
-                        cache: _SlotCache) -> torch.Tensor:
-        """The joiners' prompts back to back as one packed batch through the fused layer functions
-        (FusedDecoder.prefill): no padding, matrix products over all their tokens at once, attention within each
-        prompt; the last token's final hidden state of each, (B, hidden)."""
-        dev = self.torch_device
-        ids = torch.from_numpy(np.concatenate([np.asarray(p, dtype=np.int64) for p in prompts]))
-        positions = torch.from_numpy(np.concatenate([np.arange(n, dtype=np.int64) for n in lens]))
-        slots = torch.from_numpy(np.repeat(np.asarray(slot_ids, dtype=np.int64), lens))
-        cu = torch.from_numpy(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
-        while len(cache.keys) < len(self._fused.layers):   # the first prefill makes the cache's layers
-            cache.add_layer(self._fused.kv_heads, self._fused.head_dim, self.lm_head.weight.dtype, dev)
-        return self._fused.prefill(ids.to(dev), positions.to(dev), slots.to(dev), cu.to(dev), max(lens),
-                                   cache.keys, cache.values)
-
-    def _joining(self, free: int) -> list[GenRequest]:
-        """The waiting requests that join at this step: as many as there are free slots and, with a budget, as fit
-        in it as one prefill; a padded prefill (joiners x the longest of them).  Without a budget, or when the first `free`
-        waiting requests fit it together, they join first come first served.  Otherwise the oldest joins, with the
-        others among the next `free` waiting requests that make the most real tokens at one padded width: for
-        each width (the oldest's length or a longer one of theirs), the longest of those no longer than it, as
-        many as the budget holds at that width.  A burst of resumed partial responses (prompt + partial response
-        each, from tens to thousands of tokens) then fills each prefill with tokens of similar length instead of
-        padding short ones to the longest (up to half of a first-come step's tokens were padding).  No request
-        waits past the ones ahead of it becoming the oldest: the oldest always joins.  A packed prefill has no
-        padding: the requests join first come first served while their real tokens fit the budget (the oldest
-        always, alone if it is longer)."""
-        budget = self.max_num_batched_tokens
-        window = list(itertools.islice(self.waiting, free))
-        if budget is None or len(window) * max(len(r.prompt_ids) for r in window) <= budget:
-            return [self.waiting.popleft() for _ in window]
-        if self.packed_prefill:   # no padding: the budget counts real tokens, first come first served
-            take, total = 0, 0
-            for r in window:
-                if take and total + len(r.prompt_ids) > budget:
-                    break
-                take, total = take + 1, total + len(r.prompt_ids)
-            return [self.waiting.popleft() for _ in range(take)]
-        head = window[0]
-        first = len(head.prompt_ids)
-        others = sorted(window[1:], key=lambda r: len(r.prompt_ids))          # shortest first
-        lens = [len(r.prompt_ids) for r in others]
-        best, best_width, best_take = -1, first, 0
-        for width in sorted({first, *(n for n in lens if n > first)}):
-            room = budget // width - 1
-            if room < 0:
-                break
-            upto = bisect.bisect_right(lens, width)                          # others no longer than width
-            take = min(room, upto)
-            real = first + sum(lens[upto - take:upto])
-            if real > best:
-                best, best_width, best_take = real, width, take
-        upto = bisect.bisect_right(lens, best_width)
-        chosen = {id(r) for r in others[upto - best_take:upto]}
-        joining = [head] + [r for r in window[1:] if id(r) in chosen]
-        self.waiting.popleft()
-        self.waiting = deque(r for r in self.waiting if id(r) not in chosen)
-        return joining
-
     def _compact(self) -> None:
         """Move running sequences down into free slots when the rows below the highest one would take a larger batch
         bucket than the running sequences need.  Every step decodes (and samples) all the rows below the highest
@@ -596,7 +475,7 @@ class HFEngine(EngineSleep):
         changes)."""
         occupied = np.flatnonzero(self._occ)
         count = len(occupied)
-        if not count or _bucket(int(occupied[-1]) + 1, self.graph_batch_sizes) == \
+        if not count or self._chunk is not None or _bucket(int(occupied[-1]) + 1, self.graph_batch_sizes) == \
                 _bucket(count, self.graph_batch_sizes):
             return
         src = occupied[occupied >= count]                 # the running sequences above the first `count` slots

@@ -1,6 +1,6 @@
 """actor_rollout_ref.rollout.max_num_batched_tokens / enable_chunked_prefill before anything starts: vLLM's rule
 (without chunked prefill the budget must cover the longest sequence) for both engines, and the embedded engine's
-one difference (it prefills a longer request alone instead of splitting it) said once."""
+one difference where it prefills padded (a longer request alone instead of split) said once."""
 import logging
 
 import pytest
@@ -29,9 +29,14 @@ def test_budgets_vllm_would_refuse_are_refused_before_anything_starts():
 
 
 def test_the_embedded_engine_says_it_prefills_a_longer_request_alone(caplog):
+    """where it prefills padded; on CUDA in 16-bit with the fused decode it splits it (enable_chunked_prefill)."""
     caplog.set_level(logging.WARNING, logger="fully_async.core.config_checks")
     validate(load_config([*LONG, "actor_rollout_ref.rollout.max_num_batched_tokens=1024"]))
     assert "prefills a request longer than the budget alone" in caplog.text
+    caplog.clear()
+    validate(load_config([*LONG, "actor_rollout_ref.rollout.max_num_batched_tokens=1024", "trainer.device=cuda",
+                          "actor_rollout_ref.rollout.dtype=bfloat16"]))
+    assert "max_num_batched_tokens" not in caplog.text
     caplog.clear()
     validate(load_config([*LONG, "actor_rollout_ref.rollout.max_num_batched_tokens=2048",
                           "actor_rollout_ref.rollout.enable_chunked_prefill=false"]))   # covers 1536: nothing said
@@ -45,7 +50,11 @@ def test_the_engine_is_built_with_the_budget(random_model_dir):
 
     cfg = load_config([f"actor_rollout_ref.model.path={random_model_dir}",
                        "actor_rollout_ref.rollout.max_num_batched_tokens=96"])
-    assert build_engine(cfg, CPU, [], 0).max_num_batched_tokens == 96
+    engine = build_engine(cfg, CPU, [], 0)
+    assert engine.max_num_batched_tokens == 96 and engine.chunked_prefill
+    cfg = load_config([f"actor_rollout_ref.model.path={random_model_dir}",
+                       "actor_rollout_ref.rollout.enable_chunked_prefill=false"])
+    assert not build_engine(cfg, CPU, [], 0).chunked_prefill
 
 
 def test_gpu_memory_utilization_on_the_embedded_engine_is_said_to_do_nothing(caplog):

@@ -33,10 +33,10 @@ def build(tmp_path, kind: str) -> str:
     return path
 
 
-def generate(path: str, fused: bool) -> dict:
+def generate(path: str, fused: bool, packed: bool = False) -> dict:
     eng = HFEngine(path, CPU, max_num_seqs=4, eos_token_ids=[], pad_token_id=0, seed=5, max_model_len=8,
-                   fused_decode=fused)
-    assert (eng._fused is not None) == fused
+                   fused_decode=fused, packed_prefill=packed or None)
+    assert (eng._fused is not None) == fused and eng.packed_prefill == packed
     prompts = [[3 + (i * 5 + j) % 50 for j in range(2 + i % 4)] for i in range(7)]   # more prompts than slots
     params = [SamplingParams(1.0, 1.0, -1, 12 + i) if i % 2 else SamplingParams(0.0, max_tokens=10 + i)
               for i in range(7)]                                                     # the cache grows past 8
@@ -45,11 +45,14 @@ def generate(path: str, fused: bool) -> dict:
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "llama"])
 def test_fused_decode_equals_transformers_modules(tmp_path, kind):
+    """The fused decode, and with it the packed prefill through the same layer functions (the CUDA default; forced
+    here), sample what transformers' modules sample."""
     path = build(tmp_path, kind)
-    fused, modules = generate(path, True), generate(path, False)
-    for rid, ref in modules.items():
-        assert fused[rid].token_ids == ref.token_ids, rid
-        assert fused[rid].log_probs == pytest.approx(ref.log_probs, abs=1e-5), rid
+    modules = generate(path, False)
+    for fused in (generate(path, True), generate(path, True, packed=True)):
+        for rid, ref in modules.items():
+            assert fused[rid].token_ids == ref.token_ids, rid
+            assert fused[rid].log_probs == pytest.approx(ref.log_probs, abs=1e-5), rid
 
 
 def test_other_models_take_transformers_modules(tmp_path):

@@ -383,3 +383,51 @@ def test_the_engine_counts_what_its_decode_steps_attend_over(random_model_dir):
     assert m["fully_async/rollouter/engine_0/kv_tokens_per_step"] == 160.0     # (900 - 100) / 5 steps
     assert "fully_async/rollouter/engine_0/kv_tokens_per_step" not in engine_metrics(
         [{"tokens": 50, "busy_s": 1.0, "iterations": 10, "engine_s": 0.02}], None, 1.0)   # engines that do not count
+
+
+def test_a_request_longer_than_the_budget_is_prefilled_in_chunks_over_steps(random_model_dir, hf_model):
+    """enable_chunked_prefill (verl's default) with the packed prefill: a 13-token prompt under a 4-token budget takes
+    its slot's positions in chunks of 4, 4, 4 and 1 over four steps, attending over what its slot already holds,
+    while two running sequences above its slot go on decoding (their decode steps run over its slot too); it joins
+    the decode after its last chunk.  Every greedy output equals generate; the same without chunking (prefilled
+    alone).  A chunked request counts as in flight, comes back from interrupt() as an aborted output with no
+    tokens, and a sleep that frees the cache sends it back to the head of the queue, to be prefilled again."""
+    long_prompt = list(range(2, 15))
+    ref = lambda p, n: hf_model.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False,  # noqa: E731
+                                         pad_token_id=0)[0, len(p):].tolist()
+
+    def run(chunked, sleep_at=None):
+        eng = HFEngine(random_model_dir, CPU, max_num_seqs=4, eos_token_ids=[], pad_token_id=0, packed_prefill=True,
+                       max_num_batched_tokens=4, chunked_prefill=chunked)
+        eng.submit([GenRequest("a", [5], SamplingParams(0.0, max_tokens=1)),
+                    GenRequest("b", [8, 9], SamplingParams(0.0, max_tokens=12)),
+                    GenRequest("c", [3], SamplingParams(0.0, max_tokens=12))])
+        outs = {o.request_id: o for o in eng.collect()}            # a finishes at once: slot 0 frees, b and c run
+        assert "a" in outs and eng._occ.tolist() == [False, True, True, False]
+        eng.submit([GenRequest("long", long_prompt, SamplingParams(0.0, max_tokens=6))])
+        chunks = []
+        for step in range(30):
+            if step == sleep_at:
+                assert eng._chunk is not None and eng.num_in_flight() == 3
+                eng.sleep(1, keep_in_flight=True)
+                assert eng._chunk is None and eng.waiting[0].request_id == "long"
+                eng.wake_up()
+            outs.update({o.request_id: o for o in eng.collect()})
+            chunks.append(eng._chunk[2] if eng._chunk is not None else None)
+            if len(outs) == 4:
+                break
+        for rid, prompt, n in (("b", [8, 9], 12), ("c", [3], 12), ("long", long_prompt, 6)):
+            assert outs[rid].token_ids == ref(prompt, n), (chunked, rid)
+        return chunks
+
+    assert run(True)[:4] == [4, 8, 12, None]                           # 4 + 4 + 4, then the last token: seated
+    assert run(False)[0] is None                                        # alone, at once
+    run(True, sleep_at=2)
+    eng = HFEngine(random_model_dir, CPU, max_num_seqs=2, eos_token_ids=[], pad_token_id=0, packed_prefill=True,
+                   max_num_batched_tokens=4)
+    eng.submit([GenRequest("long", long_prompt, GREEDY)])
+    eng.collect()
+    assert eng._chunk is not None and eng.num_in_flight() == 1 and not eng._occ.any()
+    out = eng.interrupt()
+    assert [(o.request_id, o.token_ids, o.finish_reason) for o in out] == [("long", [], "abort")]
+    assert eng.num_in_flight() == 0 and eng._chunk is None
