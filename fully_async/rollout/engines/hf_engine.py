@@ -362,6 +362,8 @@ class HFEngine(EnginePrefill, EngineSleep):
         self._worked = True
         with torch.inference_mode():
             self._admit()
+            if not self._occ.any():   # the step prefilled a chunk of a long request and nothing runs yet
+                return []
             self._compact()
             host = self._sample()
             sampled_from = self._logit_ver.copy()   # the versions of the logits this step sampled from
