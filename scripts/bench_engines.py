@@ -33,7 +33,7 @@ import json
 import os
 import random
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -56,12 +56,13 @@ def make_prompts(vocab: int, n: int, length: int, seed: int = 0) -> list[list[in
     return [[rng.randrange(2, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def build_engine(name: str, model_dir: str, device: Any, dtype: str, max_num_seqs: int, max_len: int) -> Any:
+def build_engine(name: str, model_dir: str, device: Any, dtype: str, max_num_seqs: int, max_len: int,
+                 budget: Optional[int] = None) -> Any:
     if name.startswith("hf"):   # hf: fused (compiled) decode replayed from device graphs where the device has them
         from fully_async.rollout.engines.hf_engine import HFEngine
         return HFEngine(model_dir, device, dtype=dtype, max_num_seqs=max_num_seqs, eos_token_ids=[], pad_token_id=0,
                         max_model_len=max_len, enforce_eager=name == "hf_eager", fused_decode=name != "hf_modules",
-                        split_kv=False if name == "hf_sdpa" else None)
+                        split_kv=False if name == "hf_sdpa" else None, max_num_batched_tokens=budget)
     from fully_async.rollout.engines.vllm_engine import VLLMEngine
     return VLLMEngine(model_dir, device, dtype=dtype, max_num_seqs=max_num_seqs, eos_token_ids=[],
                       max_model_len=max_len)
@@ -211,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[64, 256], help="sequences generated together")
     ap.add_argument("--new-tokens", type=int, default=64, help="tokens generated per sequence (EOS ignored)")
     ap.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per sequence")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=0,
+                    help="the embedded engine's prefill budget (actor_rollout_ref.rollout.max_num_batched_tokens: a "
+                         "run's default is verl's 8192; 0: none, as the earlier measurements ran)")
     ap.add_argument("--repeats", type=int, default=3, help="warm runs per concurrency (the best is reported)")
     ap.add_argument("--lengths", default="fixed", choices=("fixed", "lognormal"),
                     help="fixed: every sequence generates --new-tokens; lognormal: ragged (see above)")
@@ -251,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     max_len = args.prompt_len + args.new_tokens
     results: dict = {"hardware": describe_hardware(device), "model": args.model, "dtype": args.dtype,
                      "new_tokens": args.new_tokens, "prompt_len": args.prompt_len, "repeats": args.repeats,
+                     "max_num_batched_tokens": args.max_num_batched_tokens or None,
                      "torch_threads": torch.get_num_threads(), "lengths": args.lengths, "contenders": {}}
     if ragged:
         results["requests"] = {str(c): {"n": n, "mean_len": sum(lengths[n]) / n, "max_len": max(lengths[n])}
@@ -261,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             args.repeats, args.new_tokens)}
     for name in engines:
         start = time.perf_counter()
-        engine = build_engine(name, args.model, device, args.dtype, max(args.concurrency), max_len)
+        engine = build_engine(name, args.model, device, args.dtype, max(args.concurrency), max_len,
+                              args.max_num_batched_tokens or None)
         res: dict = {"startup_s": time.perf_counter() - start,
                      "graph_capture_s": getattr(engine, "graph_capture_s", None)}   # part of start-up
         res.update(measure(engine_runner(engine, args.new_tokens, lengths), prompts_by_c, device, args.repeats,

@@ -388,8 +388,9 @@ decode)
   ;;
 prefill)
   # #45 item 2: the engine's prefill, this tree's against OLD's (default .gpubundle/old/) in one invocation, after
-  # the engine's GPU tests: 1,024-token prompts with 256 new tokens at 64 / 256 sequences, and the re-prefill burst
-  # of an abort update (256 x 3072 lognormal, resumed after 1,200 steps under the default 8,192-token budget)
+  # the engine's GPU tests: 1,024-token prompts with 256 new tokens at 64 / 256 sequences, 12,288-token prompts (over
+  # the budget: this tree splits them into chunks, OLD prefills each alone) at 16, both under the run's default
+  # 8,192-token budget, and the re-prefill burst of an abort update (256 x 3072 lognormal, resumed after 1,200 steps)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
   export CUDA_VISIBLE_DEVICES=0
   BENCH=(scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 --engines hf --baselines "" --no-updates)
@@ -397,7 +398,9 @@ prefill)
   for side in ${SIDES:-new old}; do
     PP=$PYTHONPATH; [ $side = old ] && PP=/tmp/site:$PWD/${OLD:-.gpubundle/old}
     PYTHONPATH=$PP timeout 120 python3 "${BENCH[@]}" --concurrency 64 256 --prompt-len 1024 --new-tokens 256 \
-        --repeats 2 --out "$OUT/${side}_p1024.json" 2>&1 | grep -v "it/s\]" | tail -3
+        --repeats 2 --max-num-batched-tokens 8192 --out "$OUT/${side}_p1024.json" 2>&1 | grep -v "it/s\]" | tail -3
+    PYTHONPATH=$PP timeout 120 python3 "${BENCH[@]}" --concurrency 16 --prompt-len 12288 --new-tokens 128 \
+        --repeats 2 --max-num-batched-tokens 8192 --out "$OUT/${side}_p12k.json" 2>&1 | grep -v "it/s\]" | tail -3
     PYTHONPATH=$PP timeout 150 python3 "${BENCH[@]}" --concurrency 256 --new-tokens 3072 --repeats 1 \
         --resume-budgets 8192 0 --resume-after-steps 1200 --out "$OUT/${side}_burst.json" 2>&1 | grep -v "it/s\]" | tail -3
   done

@@ -50,6 +50,30 @@ def test_greedy_equals_plain_forward_allowing_bf16_ties(shaped, mode):
         assert_greedy(model, p, outs[f"g{i}"].token_ids)
 
 
+def test_a_prompt_longer_than_the_budget_is_prefilled_in_chunks_and_decodes_greedily(shaped):
+    """The default compiled engine (packed prefill) under a 64-token budget: a 200-token prompt is prefilled in
+    chunks of 64 over four steps (FlashAttention varlen for the first, SDPA with a bottom-right causal bias over
+    the slot for the rest) while two short requests decode above its slot; every output is greedy under a plain
+    forward, as unchunked."""
+    path, model = shaped
+    eng = HFEngine(path, DEVICE, dtype="bfloat16", max_num_seqs=4, eos_token_ids=[], pad_token_id=0,
+                   max_model_len=320, enforce_eager=False, max_num_batched_tokens=64)
+    assert eng.packed_prefill and eng.chunked_prefill
+    long_prompt = [3 + (j * 7) % 17 for j in range(200)]
+    eng.submit([GenRequest("a", [5], SamplingParams(0.0, max_tokens=1)),
+                GenRequest("b", [8, 9], SamplingParams(0.0, max_tokens=48)),
+                GenRequest("c", [3], SamplingParams(0.0, max_tokens=48))])
+    outs = {o.request_id: o for o in eng.collect()}
+    eng.submit([GenRequest("long", long_prompt, SamplingParams(0.0, max_tokens=24))])
+    chunks = []
+    while eng.num_in_flight():
+        outs.update({o.request_id: o for o in eng.collect()})
+        chunks.append(eng._chunk[2] if eng._chunk is not None else None)
+    assert chunks[:4] == [64, 128, 192, None]
+    for rid, prompt in (("b", [8, 9]), ("c", [3]), ("long", long_prompt)):
+        assert_greedy(model, prompt, outs[rid].token_ids)
+
+
 @pytest.mark.parametrize("mode", ["graphs", "compiled"])
 def test_update_mid_generation_with_graphs(shaped, mode):
     """Interrupt, load new weights (in place: the graphs stay), resume prompt + partial: the versions switch at
