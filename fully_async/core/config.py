@@ -685,6 +685,15 @@ def num_seqs(rollout: Any) -> int:
     return int(rollout.max_num_seqs) if rollout.max_num_seqs is not None else VERL_MAX_NUM_SEQS
 
 
+def prefills_packed(cfg: Any) -> bool:
+    """Whether the config asks for what the embedded engine needs to prefill packed and to split a request longer than
+    max_num_batched_tokens over steps (rollout/engines/prefill.py): CUDA named as the device, 16-bit rollout weights,
+    the fused decode (the engine itself also needs a llama-family model and a torch with FlashAttention's varlen
+    kernel; "auto" devices are not counted: the checks and the memory model stay on the padded side)."""
+    r = cfg.actor_rollout_ref.rollout
+    return cfg.trainer.device == "cuda" and r.dtype in ("bfloat16", "float16") and bool(r.fused_decode)
+
+
 def typed_config(cfg: Any) -> FullyAsyncConfig:
     """The run's config as the schema's dataclasses, which is what the actors receive: from a DictConfig, a plain
     dict of the same keys (resolved), or a FullyAsyncConfig (returned as it is).  Attribute access is the same

@@ -6,7 +6,7 @@ import logging
 from typing import Any, Optional
 
 from fully_async.core.algorithm_checks import _at_least, _choice
-from fully_async.core.config import ConfigError, RolloutConfig, num_seqs
+from fully_async.core.config import ConfigError, RolloutConfig, num_seqs, prefills_packed
 
 logger = logging.getLogger("fully_async.core.config_checks")   # the checks' one logger name
 
@@ -92,8 +92,7 @@ def check_prefill_budget(cfg: Any) -> None:
                           f"({longest}: max_model_len, or max_prompt_length + max_response_length) and "
                           "enable_chunked_prefill=false, so a request that long could never be prefilled (vLLM "
                           f"refuses this too): raise it to >= {longest} or set enable_chunked_prefill=true")
-    packed = cfg.trainer.device == "cuda" and rollout.dtype in ("bfloat16", "float16") and rollout.fused_decode
-    if rollout.name == "hf" and not packed:
+    if rollout.name == "hf" and not prefills_packed(cfg):
         logger.warning("%s=%d is below the longest sequence the engine serves (%d): the embedded engine prefills "
                        "a request longer than the budget alone in one step here (a prompt, or after a weight update a "
                        "prompt with its partial response); it splits one over steps (enable_chunked_prefill) only "

@@ -54,7 +54,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fully_async.core.config import VERL_MAX_NUM_SEQS, fsdp_backend, uses_critic
+from fully_async.core.config import VERL_MAX_NUM_SEQS, fsdp_backend, prefills_packed, uses_critic
 from fully_async.core.plan import RunPlan
 from fully_async.planner.hardware import Shape
 
@@ -262,8 +262,7 @@ def longest_prefill(cfg: Any) -> int:
     r, at = cfg.actor_rollout_ref.rollout, cfg.async_training
     longest = max_model_len(cfg) - 1 if cfg.mode == "async" and at.partial_rollout and r.pause_mode == "abort" \
         else int(cfg.data.max_prompt_length)
-    packed = cfg.trainer.device == "cuda" and r.dtype in ("bfloat16", "float16") and r.fused_decode
-    return min(longest, r.max_num_batched_tokens) if packed and r.enable_chunked_prefill else longest
+    return min(longest, r.max_num_batched_tokens) if prefills_packed(cfg) and r.enable_chunked_prefill else longest
 
 
 def engine_weight_bytes(cfg: Any, shape: Shape) -> float:

@@ -60,11 +60,10 @@ class EnginePrefill:
         if self.packed_prefill and self.chunked_prefill and budget is not None and lens[0] > budget:
             self._start_chunk(joining[0], int(slot_ids[0]), cache)   # (a longer request always joins alone)
             return
-        slots = torch.tensor(slot_ids, dtype=torch.long, device=self.torch_device)
         if self.packed_prefill:
             last = self._prefill_packed([r.prompt_ids for r in joining], slot_ids, lens, cache)
         else:
-            last = self._prefill_padded(joining, slots, lens, cache)
+            last = self._prefill_padded(joining, slot_ids, lens, cache)
         self._seat(joining, slot_ids, lens, last)
 
     def _seat(self, joining: list[GenRequest], slot_ids: Any, lens: list[int], last: torch.Tensor) -> None:
@@ -126,8 +125,7 @@ class EnginePrefill:
         self._chunk = None
         return [GenOutput(req.request_id, [], [], [], "abort")]
 
-    def _prefill_padded(self, joining: list[GenRequest], slots: torch.Tensor, lens: list[int],
-                        cache: Any) -> torch.Tensor:
+    def _prefill_padded(self, joining: list[GenRequest], slot_ids: Any, lens: list[int], cache: Any) -> torch.Tensor:
         """transformers' forward over the joiners' prompts right-padded to the longest; the last real token's hidden
         state of each, (B, hidden).  Plain causal attention (no mask: SDPA's causal kernel, flash where the device
         has it): a real token at position p reads keys 0..p, all real; the padding's queries come after every real
@@ -137,6 +135,7 @@ class EnginePrefill:
         for i, r in enumerate(joining):
             ids[i, :lens[i]] = torch.tensor(r.prompt_ids, dtype=torch.long)
         positions = torch.arange(width, device=dev).expand(len(joining), width)
+        slots = torch.as_tensor(np.asarray(slot_ids, dtype=np.int64), device=dev)
         hidden = self.base(input_ids=ids.to(dev), position_ids=positions, attention_mask=None,
                            **{self._cache_kw: cache.prefill(slots, width)}, use_cache=True).last_hidden_state
         return hidden[torch.arange(len(joining), device=dev), torch.tensor(lens, device=dev) - 1]
