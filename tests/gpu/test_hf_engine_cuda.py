@@ -152,6 +152,42 @@ def test_split_kv_kernel_equals_masked_sdpa_in_bf16():
         assert torch.equal(k1, k2) and torch.equal(v1, v2)
 
 
+def test_split_kv_fold_merges_many_splits_replays_and_resets_its_counters():
+    """The splits' merge folded into the kernel (the split of a (row, KV head) that arrives last on its counter
+    merges them all): up to 17 splits of 64 arriving concurrently, rows of 0 (zeros) and of one split; repeated
+    calls, a smaller batch on the same counters and a graph's replays equal the first call bit for bit (the merge
+    order is fixed; each call leaves the counters at 0)."""
+    from fully_async.rollout.engines import decode_attention
+    from fully_async.rollout.engines.decode_attention import reference_decode_attention, split_kv_decode_attention
+
+    gen = torch.Generator().manual_seed(1)
+    k, v = (torch.randn(64, 4, 1088, 64, generator=gen).to("cuda", torch.bfloat16) for _ in range(2))
+    q = torch.randn(64, 4, 4, 64, generator=gen).to("cuda", torch.bfloat16)
+    lengths = torch.randint(0, 1089, (64,), generator=gen)
+    lengths[:6] = torch.tensor([0, 1, 64, 65, 1088, 0])
+    lengths = lengths.cuda()
+
+    def call(rows=64):
+        return split_kv_decode_attention(q[:rows], k, v, lengths, 1088, 0.125, split=64, block_n=32)
+
+    first = call()
+    ref = reference_decode_attention(q, k, v, lengths, 1088, 0.125)
+    live = lengths > 0
+    assert torch.allclose(first[live].float(), ref[live].float(), atol=2e-2, rtol=2e-2)
+    assert not first[~live].any()
+    counters = decode_attention._COUNTERS[first.device][-1]
+    for _ in range(3):
+        assert torch.equal(call(), first)
+    assert torch.equal(call(16), first[:16])
+    out = torch.empty_like(first)
+    replay = DEVICE.graphs().capture(lambda: out.copy_(call()))
+    for _ in range(3):
+        out.fill_(float("nan"))
+        replay()
+        assert torch.equal(out, first)
+    assert decode_attention._COUNTERS[first.device][-1] is counters and not counters.any()
+
+
 @pytest.fixture(scope="module")
 def two_engines(shaped):
     path, _ = shaped

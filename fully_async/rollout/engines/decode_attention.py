@@ -6,9 +6,12 @@ sequence costs for all of them (1x H200, 0.5B shape, 256 x 3072 new tokens: 5.1 
 ~2 ms bandwidth floor).  Here one Triton program handles one (slot, KV head, split of SPLIT cached positions):
 programs whose split starts past their slot's length return at once, the others stream only the keys/values
 below that length, with the query heads that share the KV head as the rows of one small matrix product (each
-cached key/value is read once per KV head, not once per query head).  A second kernel merges the splits'
-partial softmaxes.  Shapes are fixed per (batch, span) bucket and the lengths are a device tensor, so the step
-stays capturable as a CUDA graph.
+cached key/value is read once per KV head, not once per query head).  A row whose length fits one split writes
+its output at once; otherwise each split writes its partial softmax (output, max, sum) to a scratch buffer and
+counts its arrival on a per-(row, KV head) atomic counter, and the split that arrives last merges them all and
+resets the counter -- one launch per layer (a separate merging kernel cost 24 launches, 0.12 ms, of a 2.65 ms
+step at 256 x 1516 on 1x H200).  A row of length 0 (a free slot) gets zeros.  Shapes are fixed per (batch, span)
+bucket and the lengths are a device tensor, so the step stays capturable as a CUDA graph.
 
 torch's own kernels do not do this job: SDPA's flash/efficient backends take no per-row key lengths (a mask
 makes them read the whole span), and the varlen flash path wants token-major packed keys rather than the
@@ -33,6 +36,28 @@ BLOCK_N = 64     # keys per inner iteration
 NUM_WARPS = 4
 NUM_STAGES = 2   # loads in flight per program (Triton's software pipelining)
 _KERNELS: list = []
+
+
+# The kernel's arrival counters, one int32 per (row, KV head), per device (`arrival_counters`).  Every call leaves
+# the counters it used at 0: a (row, KV head) with two splits or more is counted up to its number of splits and
+# reset by its last split, the others never touch theirs.  So the next call -- the next layer, the next step, an
+# eager call, any graph's replay, a batch smaller than the tensor -- starts from zeros without a memset, and the
+# graphs of different batch buckets can share one tensor: they replay one at a time on one stream (never
+# concurrently), each leaving it at 0.  Calls overlapping in time on one device (two streams) would share the
+# counters too: not supported (the engine decodes on one stream).  A tensor made during a graph capture comes
+# from that graph's memory pool and its zero-fill is recorded in that graph (each replay starts by filling it);
+# every tensor made stays in the list, the smaller ones too, so a graph that captured one keeps it.  Until such a
+# graph first replays, its tensor is not zeroed for other callers: call once outside a capture first (the engine
+# does: DeviceGraphs.capture warms up on a side stream, and a bucket new to `_decode` runs eagerly first).
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def arrival_counters(device: torch.device, need: int) -> torch.Tensor:
+    """The cached zeroed int32 counters of `device`, at least `need` of them (grown to a power of two)."""
+    kept = _COUNTERS.setdefault(device, [])
+    if not kept or kept[-1].numel() < need:
+        kept.append(torch.zeros(1 << max(0, need - 1).bit_length(), dtype=torch.int32, device=device))
+    return kept[-1]
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -82,16 +107,17 @@ def supported(device_type: str, dtype: torch.dtype) -> Optional[str]:
 
 
 def _build() -> Any:
-    """Define the two kernels at first use, so importing this module does not import Triton.  With
-    TRITON_INTERPRET=1 set before Triton is imported they run on CPU tensors (the unit tests do that)."""
+    """Define the kernel at first use, so importing this module does not import Triton.  With TRITON_INTERPRET=1
+    set before Triton is imported it runs on CPU tensors (the unit tests do that)."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def partial_kernel(Q, K, V, KN, VN, LENS, O, ML, COS, SIN, span, scale_log2, s_qb, s_qh, s_kb, s_kh, s_kt,
-                       s_vb, s_vh, s_vt, s_knb, s_knh, s_vnb, s_vnh, s_cb, s_sb, H: tl.constexpr, G: tl.constexpr,
-                       G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                       NSPLIT: tl.constexpr, HAS_NEW: tl.constexpr, ROPE: tl.constexpr, PRECISION: tl.constexpr):
+    def split_kv_kernel(Q, K, V, KN, VN, LENS, O, ML, CNT, OUT, COS, SIN, span, scale_log2, s_qb, s_qh, s_kb, s_kh,
+                        s_kt, s_vb, s_vh, s_vt, s_knb, s_knh, s_vnb, s_vnh, s_cb, s_sb, s_ob, s_oh, H: tl.constexpr,
+                        G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr,
+                        BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr, HAS_NEW: tl.constexpr, ROPE: tl.constexpr,
+                        PRECISION: tl.constexpr):
         b = tl.program_id(0)
         h = tl.program_id(1)
         s = tl.program_id(2)
@@ -156,39 +182,46 @@ def _build() -> Any:
                 m_i = m_new
             tl.store(k_base + pos * s_kt + d, kn.to(K.dtype.element_ty), mask=keep)
             tl.store(v_base + pos * s_vt + d, vn.to(V.dtype.element_ty), mask=keep)
-            part = (b * H + h) * NSPLIT + s
-            tl.store(O + part * G * D + g[:, None] * D + d[None, :], acc, mask=rows[:, None])
-            tl.store(ML + part * 2 * G + g, m_i, mask=rows)
-            tl.store(ML + part * 2 * G + G + g, l_i, mask=rows)
+            out_at = OUT + b * s_ob + h * s_oh + g[:, None] * D + d[None, :]
+            if length <= SPLIT:   # the row's only split: its softmax is complete, no scratch round-trip
+                tl.store(out_at, (acc / l_i[:, None]).to(OUT.dtype.element_ty), mask=rows[:, None])
+            else:
+                used = tl.cdiv(length, SPLIT)
+                part = (b * H + h) * NSPLIT + s
+                tl.store(O + part * G * D + g[:, None] * D + d[None, :], acc, mask=rows[:, None])
+                tl.store(ML + part * 2 * G + g, m_i, mask=rows)
+                tl.store(ML + part * 2 * G + G + g, l_i, mask=rows)
+                # every thread of the program has stored its part before the arrival is counted; the atomic
+                # releases those stores and acquires the other splits' (released the same way by their programs)
+                tl.debug_barrier()
+                arrived = tl.atomic_add(CNT + b * H + h, 1, sem="acq_rel", scope="gpu")
+                if arrived == used - 1:   # the last split of (row, KV head) to arrive merges them all
+                    m = tl.full([G_PAD], float("-inf"), tl.float32)
+                    l_sum = tl.zeros([G_PAD], dtype=tl.float32)
+                    merged = tl.zeros([G_PAD, D], dtype=tl.float32)
+                    for t in range(0, used):
+                        part = (b * H + h) * NSPLIT + t
+                        # ".cg": read at L2, past this SM's L1 (which may hold another call's scratch there)
+                        m_t = tl.load(ML + part * 2 * G + g, mask=rows, other=0.0, cache_modifier=".cg")
+                        l_t = tl.load(ML + part * 2 * G + G + g, mask=rows, other=0.0, cache_modifier=".cg")
+                        o_t = tl.load(O + part * G * D + g[:, None] * D + d[None, :], mask=rows[:, None],
+                                      other=0.0, cache_modifier=".cg")
+                        m_new = tl.maximum(m, m_t)
+                        a = tl.exp2(m - m_new)
+                        c = tl.exp2(m_t - m_new)
+                        merged = merged * a[:, None] + o_t * c[:, None]
+                        l_sum = l_sum * a + l_t * c
+                        m = m_new
+                    out = merged / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
+                    tl.store(out_at, out.to(OUT.dtype.element_ty), mask=rows[:, None])
+                    tl.store(CNT + b * H + h, 0)   # all used splits arrived: none touches it again this call
+        elif s == 0:   # a row with nothing cached (a free slot): a defined output, zeros
+            g = tl.arange(0, G_PAD)
+            d = tl.arange(0, D)
+            zero = tl.zeros([G_PAD, D], dtype=OUT.dtype.element_ty)
+            tl.store(OUT + b * s_ob + h * s_oh + g[:, None] * D + d[None, :], zero, mask=g[:, None] < G)
 
-    @triton.jit
-    def combine_kernel(O, ML, LENS, OUT, span, s_ob, s_oh, H: tl.constexpr, G: tl.constexpr,
-                       G_PAD: tl.constexpr, D: tl.constexpr, SPLIT: tl.constexpr, NSPLIT: tl.constexpr):
-        b = tl.program_id(0)
-        h = tl.program_id(1)
-        length = tl.minimum(tl.load(LENS + b).to(tl.int32), span)
-        used = tl.cdiv(length, SPLIT)
-        g = tl.arange(0, G_PAD)
-        d = tl.arange(0, D)
-        rows = g < G
-        m = tl.full([G_PAD], float("-inf"), tl.float32)
-        l_sum = tl.zeros([G_PAD], dtype=tl.float32)
-        acc = tl.zeros([G_PAD, D], dtype=tl.float32)
-        for s in range(0, used):
-            part = (b * H + h) * NSPLIT + s
-            m_s = tl.load(ML + part * 2 * G + g, mask=rows, other=0.0)
-            l_s = tl.load(ML + part * 2 * G + G + g, mask=rows, other=0.0)
-            o_s = tl.load(O + part * G * D + g[:, None] * D + d[None, :], mask=rows[:, None], other=0.0)
-            m_new = tl.maximum(m, m_s)
-            a = tl.exp2(m - m_new)
-            c = tl.exp2(m_s - m_new)
-            acc = acc * a[:, None] + o_s * c[:, None]
-            l_sum = l_sum * a + l_s * c
-            m = m_new
-        out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
-        tl.store(OUT + b * s_ob + h * s_oh + g[:, None] * D + d[None, :], out.to(OUT.dtype.element_ty),
-                 mask=rows[:, None])
-    return partial_kernel, combine_kernel
+    return split_kv_kernel
 
 
 def split_kv_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
@@ -206,8 +239,8 @@ def split_kv_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         raise ValueError(f"split-KV decode attention: head_dim {dim} must be a power of two >= 16 and the caches' "
                          f"last dimension contiguous (strides {k_cache.stride()}, {v_cache.stride()})")
     if not _KERNELS:
-        _KERNELS.extend(_build())
-    partial_kernel, combine_kernel = _KERNELS
+        _KERNELS.append(_build())
+    kernel = _KERNELS[0]
     if q.stride(-1) != 1 or q.stride(-2) != dim:
         q = q.contiguous()
     nsplit = max(1, -(-span // split))
@@ -224,12 +257,11 @@ def split_kv_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     cos, sin = (cos, sin) if rope else (q, q)
     precision = "ieee" if q.dtype == torch.float32 else None   # fp32 caches: no tf32 rounding
     tuning = {} if num_stages is None else {"num_stages": num_stages}
-    partial_kernel[(batch, kv_heads, nsplit)](
-        q, k_cache, v_cache, k_new, v_new, lengths, o_part, ml, cos, sin, span, scale * math.log2(math.e),
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
-        v_cache.stride(1), v_cache.stride(2), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
-        cos.stride(0), sin.stride(0), H=kv_heads, G=groups, G_PAD=g_pad, D=dim, SPLIT=split, BLOCK_N=block_n,
-        NSPLIT=nsplit, HAS_NEW=has_new, ROPE=rope, PRECISION=precision, num_warps=num_warps, **tuning)
-    combine_kernel[(batch, kv_heads)](o_part, ml, lengths, out, span, out.stride(0), out.stride(1), H=kv_heads,
-                                      G=groups, G_PAD=g_pad, D=dim, SPLIT=split, NSPLIT=nsplit, num_warps=num_warps)
+    kernel[(batch, kv_heads, nsplit)](
+        q, k_cache, v_cache, k_new, v_new, lengths, o_part, ml, arrival_counters(q.device, batch * kv_heads), out,
+        cos, sin, span, scale * math.log2(math.e), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k_new.stride(0), k_new.stride(1),
+        v_new.stride(0), v_new.stride(1), cos.stride(0), sin.stride(0), out.stride(0), out.stride(1), H=kv_heads,
+        G=groups, G_PAD=g_pad, D=dim, SPLIT=split, BLOCK_N=block_n, NSPLIT=nsplit, HAS_NEW=has_new, ROPE=rope,
+        PRECISION=precision, num_warps=num_warps, **tuning)
     return out

@@ -47,9 +47,18 @@ def start_interpreted(code: str) -> subprocess.Popen:
 
 def kernel_code() -> str:
     return """
+        import math
         import torch
+        from fully_async.rollout.engines import decode_attention
         from fully_async.rollout.engines.decode_attention import (reference_decode_attention, rotate,
                                                                   split_kv_decode_attention)
+
+        # every float tensor made here starts as NaN, so an output never written or scratch never filled shows up
+        # (a freed tensor's memory could otherwise hold the right numbers from the call before)
+        empty, empty_like = torch.empty, torch.empty_like
+        nan = lambda t: t.fill_(math.nan) if t.is_floating_point() else t
+        torch.empty = lambda *a, **kw: nan(empty(*a, **kw))
+        torch.empty_like = lambda *a, **kw: nan(empty_like(*a, **kw))
 
         def written(cache, new_rows, lengths, span):
             cache = cache.float().clone()
@@ -82,6 +91,30 @@ def kernel_code() -> str:
                 assert torch.equal(k1.float(), written(k, want_kn, lengths, 97) if new else k.float()), (dtype, new)
                 assert torch.equal(v1.float(), written(v, vn, lengths, 97) if new else v.float()), (dtype, new)
             print("ok", dtype)
+
+        # the merge folded into the kernel: per (row, KV head) the split arriving last merges the others; rows of
+        # 0 (zeros out), 1 split (no merge), a split boundary, up to 7 splits of 16
+        q, k, v = torch.randn(7, 2, 3, 16), torch.randn(7, 2, 112, 16), torch.randn(7, 2, 112, 16)
+        lengths = torch.tensor([0, 5, 16, 17, 112, 0, 64])
+        call = lambda rows: split_kv_decode_attention(q[:rows], k, v, lengths, 112, 0.3, split=16, block_n=16)
+        got = call(7)
+        ref = reference_decode_attention(q, k, v, lengths, 112, 0.3)
+        live = lengths > 0
+        assert (got[live] - ref[live]).abs().max().item() < 1e-5
+        assert torch.equal(got[~live], torch.zeros_like(got[~live]))
+        kept = decode_attention._COUNTERS[torch.device("cpu")]
+        counters = kept[-1]
+        assert counters.numel() == 16 and not counters.any()          # 7 rows x 2 KV heads, each reset to 0
+        assert torch.equal(call(7), got)                              # the next call starts from zeros
+        assert torch.equal(call(3), got[:3]) and kept[-1] is counters and not counters.any()   # a smaller batch
+        wide = torch.randn(9, 2, 3, 16)                               # a larger batch grows them; the old stay kept
+        more = split_kv_decode_attention(wide, k.repeat(2, 1, 1, 1), v.repeat(2, 1, 1, 1), lengths.repeat(2), 112,
+                                         0.3, split=16, block_n=16)
+        assert len(kept) == 2 and kept[0] is counters and kept[1].numel() == 32 and not kept[1].any()
+        want = reference_decode_attention(wide, k.repeat(2, 1, 1, 1), v.repeat(2, 1, 1, 1), lengths.repeat(2), 112, 0.3)
+        assert (more - want)[lengths.repeat(2)[:9] > 0].abs().max().item() < 1e-5
+        assert torch.equal(call(7), got)
+        print("ok fold")
     """
 
 
@@ -154,9 +187,11 @@ def interpreter_output(interpreted, name: str) -> str:
 
 def test_kernel_equals_reference_under_the_interpreter(interpreted):
     """Ragged lengths across several splits and blocks, a length of 1, one past the span, rows beyond the batch;
-    fp32 (exact dot products) and fp16."""
+    fp32 (exact dot products) and fp16.  The fold of the splits' merge into the kernel (the last split to arrive
+    merges): rows of 0 (zeros), 1 and up to 7 splits; repeated calls equal the first (the counters reset), a
+    smaller batch on the same counters, a larger one growing them; outputs and scratch start as NaN."""
     out = interpreter_output(interpreted, "kernel")
-    assert out.count("ok") == 2
+    assert out.count("ok") == 3 and "ok fold" in out
 
 
 def test_engine_through_the_kernel_samples_what_transformers_modules_sample(interpreted):
