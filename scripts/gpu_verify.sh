@@ -8,6 +8,10 @@
 #                                                          the 3072-token run at each slot count: 1 GPU)
 #   bash scripts/gpu_verify.sh prefill                    (#45: the prefill, this tree against OLD's: 1,024-token
 #                                                          prompts and an abort update's re-prefill burst: 1 GPU)
+#   bash scripts/gpu_verify.sh attention                  (#45: the packed attention kernels alone -- FlashAttention
+#                                                          varlen against cuDNN at the update's micro-batches, the
+#                                                          prefill chunk's flash against sdpa -- after the packing
+#                                                          GPU tests: 1 GPU)
 #   bash scripts/gpu_verify.sh update                     (#45: the seed-003 step's update alone, with and without
 #                                                          gradient checkpointing, its top kernels: 1 GPU)
 #   bash scripts/gpu_verify.sh engine                     (embedded engine vs generate(static), #11, its decode
@@ -394,16 +398,29 @@ prefill)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
   export CUDA_VISIBLE_DEVICES=0
   BENCH=(scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 --engines hf --baselines "" --no-updates)
-  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -4
+  # CASES: which of p1024 p12k burst (default all three); TESTS=0 skips the GPU tests
+  CASES=" ${CASES:-p1024 p12k burst} "
+  [ "${TESTS:-1}" = 0 ] || timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -4
   for side in ${SIDES:-new old}; do
     PP=$PYTHONPATH; [ $side = old ] && PP=/tmp/site:$PWD/${OLD:-.gpubundle/old}
-    PYTHONPATH=$PP timeout 120 python3 "${BENCH[@]}" --concurrency 64 256 --prompt-len 1024 --new-tokens 256 \
-        --repeats 2 --max-num-batched-tokens 8192 --out "$OUT/${side}_p1024.json" 2>&1 | grep -v "it/s\]" | tail -3
-    PYTHONPATH=$PP timeout 120 python3 "${BENCH[@]}" --concurrency 16 --prompt-len 12288 --new-tokens 128 \
-        --repeats 2 --max-num-batched-tokens 8192 --out "$OUT/${side}_p12k.json" 2>&1 | grep -v "it/s\]" | tail -3
-    PYTHONPATH=$PP timeout 150 python3 "${BENCH[@]}" --concurrency 256 --new-tokens 3072 --repeats 1 \
-        --resume-budgets 8192 0 --resume-after-steps 1200 --out "$OUT/${side}_burst.json" 2>&1 | grep -v "it/s\]" | tail -3
+    [[ $CASES == *" p1024 "* ]] && PYTHONPATH=$PP timeout 120 python3 "${BENCH[@]}" --concurrency 64 256 \
+        --prompt-len 1024 --new-tokens 256 --repeats 2 --max-num-batched-tokens 8192 --out "$OUT/${side}_p1024.json" \
+        2>&1 | grep -v "it/s\]" | tail -3
+    [[ $CASES == *" p12k "* ]] && PYTHONPATH=$PP timeout 120 python3 "${BENCH[@]}" --concurrency 16 --prompt-len 12288 \
+        --new-tokens 128 --repeats 2 --max-num-batched-tokens 8192 --out "$OUT/${side}_p12k.json" 2>&1 \
+        | grep -v "it/s\]" | tail -3
+    [[ $CASES == *" burst "* ]] && PYTHONPATH=$PP timeout 150 python3 "${BENCH[@]}" --concurrency 256 --new-tokens 3072 \
+        --repeats 1 --resume-budgets 8192 0 --resume-after-steps 1200 --out "$OUT/${side}_burst.json" 2>&1 \
+        | grep -v "it/s\]" | tail -3
   done
+  ;;
+attention)
+  # #45: the packed attention kernels alone (scripts/bench_varlen_attention.py: the seed-003 update's micro-batches,
+  # forward and backward, FlashAttention varlen against cuDNN; the prefill chunk's flash against sdpa), after the
+  # packing GPU tests (the flash path with more keys than queries against sdpa aligned to the bottom right)
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_packing_cuda.py 2>&1 | tail -4
+  timeout 200 python3 scripts/bench_varlen_attention.py --out "$OUT/varlen_attention.json" 2>&1 | tail -12
   ;;
 update)
   # #45: the seed-003 step's update alone (512 responses, the workload's lognormal lengths up to 3072, 32768 tokens a

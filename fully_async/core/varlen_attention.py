@@ -35,8 +35,10 @@ def _flash_varlen() -> Optional[tuple[Any, set[str]]]:
     return varlen_attn, set(inspect.signature(varlen_attn).parameters)
 
 
-def _flash_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int,
-                scale: Optional[float]) -> torch.Tensor:
+def _flash_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                max_q: int, max_k: int, scale: Optional[float]) -> torch.Tensor:
+    """FlashAttention's varlen kernel, causal: where a sequence has fewer queries than keys, the mask is aligned to
+    the bottom right (its queries are the last of its keys), FlashAttention 2's rule for both signatures."""
     fn, params = _flash_varlen()
     kwargs: dict[str, Any] = {"scale": scale} if "scale" in params else {}
     if "is_causal" in params:
@@ -49,7 +51,7 @@ def _flash_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Ten
         else:
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    return fn(q, k, v, cu, cu, max_len, max_len, **kwargs)
+    return fn(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
 
 
 def flash_varlen_available() -> bool:
@@ -68,11 +70,18 @@ def uses_flash(query: torch.Tensor) -> bool:
 
 
 def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float]) -> torch.Tensor:
-    """Causal sdpa over (..., H, T, D); grouped kv heads are repeated (sdpa's enable_gqa needs torch 2.5)."""
+    """Causal sdpa over (..., H, T, D), keys (..., Hkv, S, D) with S >= T: query i sees keys [0, S - T + i] (aligned
+    to the bottom right: torch's CausalBias, no materialised mask, where S > T).  Grouped kv heads are repeated
+    (sdpa's enable_gqa needs torch 2.5)."""
     if k.shape[-3] != q.shape[-3]:
         rep = q.shape[-3] // k.shape[-3]
         k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    if k.shape[-2] == q.shape[-2]:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    from torch.nn.attention.bias import causal_lower_right
+
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[-2], k.shape[-2]),
+                                          scale=scale)
 
 
 def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -94,17 +103,24 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
 
 
 def packed_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
-                            max_len: Optional[int], scale: Optional[float]) -> torch.Tensor:
-    """Causal attention within each sequence of a packed batch: q (T, Hq, D), k/v (T, Hkv, D), sequence i at
-    tokens [cu[i], cu[i+1]); returns (T, Hq, D).  The FlashAttention varlen kernel where it runs (`uses_flash`),
-    else causal sdpa per sequence."""
+                            max_len: Optional[int], scale: Optional[float], cu_k: Optional[torch.Tensor] = None,
+                            max_k: Optional[int] = None) -> torch.Tensor:
+    """Causal attention within each sequence of a packed batch: q (T, Hq, D), k/v (S, Hkv, D), sequence i's queries
+    at tokens [cu[i], cu[i+1]) and its keys at [cu_k[i], cu_k[i+1]) (cu_k None: the same as cu).  A sequence with
+    more keys than queries (a chunk after its cached prefix) has its queries at the end of its keys: query j sees
+    keys up to the one at its own position.  Returns (T, Hq, D).  The FlashAttention varlen kernel where it runs
+    (`uses_flash`), else causal sdpa per sequence."""
+    if cu_k is None:
+        cu_k, max_k = cu, max_len
     if uses_flash(q):
-        max_len = int(max_len or int((cu[1:] - cu[:-1]).max()))
-        return _flash_call(q.contiguous(), k.contiguous(), v.contiguous(), cu.to(torch.int32), max_len, scale)
-    bounds = cu.tolist()
-    parts = [_causal_sdpa(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1), v[a:b].transpose(0, 1),
+        cu_q, cu_k = cu.to(torch.int32), cu_k.to(torch.int32)
+        max_q = int(max_len or int((cu_q[1:] - cu_q[:-1]).max()))
+        max_k = int(max_k or int((cu_k[1:] - cu_k[:-1]).max()))
+        return _flash_call(q.contiguous(), k.contiguous(), v.contiguous(), cu_q, cu_k, max_q, max_k, scale)
+    bounds, key_bounds = cu.tolist(), cu_k.tolist()
+    parts = [_causal_sdpa(q[a:b].transpose(0, 1), k[c:d].transpose(0, 1), v[c:d].transpose(0, 1),
                           scale).transpose(0, 1)
-             for a, b in zip(bounds[:-1], bounds[1:])]
+             for a, b, c, d in zip(bounds[:-1], bounds[1:], key_bounds[:-1], key_bounds[1:])]
     return torch.cat(parts)
 
 

@@ -74,3 +74,19 @@ def test_flash_varlen_packed_matches_padded():
     (lp0, g0), (lp1, g1) = grads
     assert float((lp0 - lp1)[real].abs().max()) < 0.1          # bf16: both ~0.05 from float32
     assert float(torch.nn.functional.cosine_similarity(g0, g1, dim=0)) > 0.999
+
+
+def test_flash_varlen_with_more_keys_than_queries_aligns_them_to_the_end():
+    """The prefill chunk's attention (a chunk of queries after its slot's cached prefix): FlashAttention's varlen
+    kernel with key boundaries of their own equals causal sdpa aligned to the bottom right, per sequence."""
+    torch.manual_seed(0)
+    q_lens, k_lens = [700, 1, 64], [2748, 1, 64]
+    q = torch.randn(sum(q_lens), 14, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(sum(k_lens), 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda") for lens in (q_lens, k_lens))
+    assert varlen_attention.uses_flash(q)
+    out = varlen_attention.packed_causal_attention(q, k, v, cu_q, None, 0.125, cu_k, None)
+    want = torch.cat([varlen_attention._causal_sdpa(q[a:b].transpose(0, 1), k[c:d].transpose(0, 1),
+                                                    v[c:d].transpose(0, 1), 0.125).transpose(0, 1)
+                      for a, b, c, d in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:])])
+    assert float((out.float() - want.float()).abs().max()) < 2e-2

@@ -150,20 +150,6 @@ def attn_out(x: torch.Tensor, attn: torch.Tensor, wo: torch.Tensor, bo: Optional
     return h, F.linear(F.silu(gate) * up, wd, bd)
 
 
-def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """A chunk's attention over its slot: q (T, Hq, D) at the last T of the S positions in k/v (Hkv, S, D), which hold
-    the cached prefix and the chunk itself; query i sees keys [0, S - T + i] (causal, aligned to the bottom right:
-    torch's CausalBias, which the fused kernels take without a materialised mask).  Returns (T, Hq, D)."""
-    from torch.nn.attention.bias import causal_lower_right
-
-    tokens, heads, _ = q.shape
-    if k.shape[0] != heads:   # grouped kv heads, repeated to the query heads
-        k, v = (t.repeat_interleave(heads // k.shape[0], dim=0) for t in (k, v))
-    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[None], v[None],
-                                         attn_mask=causal_lower_right(tokens, k.shape[1]), scale=scale)
-    return out[0].transpose(0, 1)
-
-
 def final_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _rms(x + delta, weight, eps)
 
@@ -239,11 +225,13 @@ class FusedDecoder:
         key/value is written into its slot, and attention is causal within each sequence (FlashAttention's
         varlen kernel where it runs, core/varlen_attention.py).  No padding: the work is the real tokens.
         `prefix` > 0: one sequence, the next chunk of a longer request whose first `prefix` positions its slot already
-        holds; its tokens also attend to those (`prefix_attention`).
+        holds; its tokens also attend to those (causal, aligned to the bottom right).
         Returns the final hidden states (after the last norm) at each sequence's last token, (N, hidden)."""
         from fully_async.core.varlen_attention import packed_causal_attention
 
         tokens = ids.shape[0]
+        span = prefix + tokens
+        cu_k = torch.tensor([0, span], dtype=torch.int32, device=ids.device) if prefix else None
         x = self.base.embed_tokens(ids[:, None])                                   # (T, 1, hidden)
         cos, sin = self.base.rotary_emb(x, positions[:, None])
         delta = None
@@ -252,11 +240,9 @@ class FusedDecoder:
             k, v = k[:, :, 0], v[:, :, 0]                                          # (T, kv_heads, D)
             k_buf[slots, :, positions] = k
             v_buf[slots, :, positions] = v
-            if prefix:
-                out = prefix_attention(q[:, :, 0], k_buf[slots[0], :, :prefix + tokens],
-                                       v_buf[slots[0], :, :prefix + tokens], self.scaling)
-            else:
-                out = packed_causal_attention(q[:, :, 0], k, v, cu, max_len, self.scaling)
+            if prefix:   # the chunk's queries over its slot's keys: the cached prefix and the chunk itself
+                k, v = k_buf[slots[0], :, :span].transpose(0, 1), v_buf[slots[0], :, :span].transpose(0, 1)
+            out = packed_causal_attention(q[:, :, 0], k, v, cu, max_len, self.scaling, cu_k, span)
             x, delta = self._out(x, out.reshape(tokens, 1, self.heads * self.head_dim), *w_out, self.eps)
         last = cu[1:].long() - 1
         return self._norm(x[last, 0], delta[last, 0], self.base.norm.weight, self.eps)
