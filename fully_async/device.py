@@ -260,6 +260,25 @@ def _import_torch_npu() -> None:
             f"(import torch_npu failed: {exc})") from exc
 
 
+_NPU_CAUSAL_MASKS: dict = {}
+
+
+def npu_packed_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
+                                cu_k: torch.Tensor, scale: float) -> torch.Tensor:
+    """torch_npu's fused attention over a packed batch (core/varlen_attention.py's NPU kernel): q (T, Hq, D), k/v
+    (S, Hkv, D) in layout TND, grouped kv heads as they are; sparse_mode 3, causal aligned to each sequence's bottom
+    right, with the 2048 x 2048 mask that mode takes (as transformers' Ascend flash_attention_2 calls it); the
+    sequences' end offsets as host lists, as torch_npu wants them."""
+    import torch_npu  # type: ignore[import-not-found]
+
+    mask = _NPU_CAUSAL_MASKS.get(q.device)
+    if mask is None:
+        mask = _NPU_CAUSAL_MASKS[q.device] = torch.ones(2048, 2048, dtype=torch.bool, device=q.device).triu(1)
+    return torch_npu.npu_fusion_attention(q, k, v, q.shape[1], "TND", atten_mask=mask, scale=scale,
+                                          actual_seq_qlen=cu_q[1:].tolist(), actual_seq_kvlen=cu_k[1:].tolist(),
+                                          sparse_mode=3)[0]
+
+
 def npu_available() -> bool:
     """True when torch_npu is installed, imports, and sees at least one NPU."""
     if importlib.util.find_spec("torch_npu") is None:

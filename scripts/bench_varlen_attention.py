@@ -85,7 +85,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: tor
 
 def lower_right_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
                      max_q: int, max_k: int, scale: float) -> torch.Tensor:
-    """One sequence: sdpa under torch's CausalBias (the chunked prefill's attention before it ran flash)."""
+    """One sequence: sdpa under torch's CausalBias, 4-d as the engine called it (the chunked prefill's attention
+    before it ran flash)."""
     from fully_async.core.varlen_attention import _causal_sdpa
 
     if cu_q.numel() != 2:

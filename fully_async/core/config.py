@@ -234,10 +234,10 @@ class RolloutConfig:
     tensor_model_parallel_size: int = 1
     gpu_memory_utilization: float = 0.5   # fraction of device memory vLLM may take (weights + KV cache)
     max_num_batched_tokens: int = 8192    # both engines: prompt tokens prefilled per engine step (the embedded one
-    #                                       counts real tokens where it prefills packed, CUDA; elsewhere its padded
+    #                                       counts real tokens where it prefills packed, CUDA/NPU; elsewhere its padded
     #                                       prefill: joiners x the longest of them)
     enable_chunked_prefill: bool = True   # a request longer than the budget split over steps (vLLM; the embedded
-    #                                       engine where it prefills packed: CUDA, 16-bit, llama family; elsewhere
+    #                                       engine where it prefills packed: CUDA/NPU, 16-bit, llama family; elsewhere
     #                                       alone). false: the budget must cover max_model_len (vLLM's rule)
     enforce_eager: bool = False           # true: no device graphs (CUDA/NPU graph capture costs start-up time)
     fused_decode: bool = True             # embedded engine, llama-family models: decode as fused per-layer functions
@@ -687,11 +687,12 @@ def num_seqs(rollout: Any) -> int:
 
 def prefills_packed(cfg: Any) -> bool:
     """Whether the config asks for what the embedded engine needs to prefill packed and to split a request longer than
-    max_num_batched_tokens over steps (rollout/engines/prefill.py): CUDA named as the device, 16-bit rollout weights,
-    the fused decode (the engine itself also needs a llama-family model and a torch with FlashAttention's varlen
-    kernel; "auto" devices are not counted: the checks and the memory model stay on the padded side)."""
+    max_num_batched_tokens over steps (rollout/engines/prefill.py): CUDA or an Ascend NPU named as the device, 16-bit
+    rollout weights, the fused decode (the engine itself also needs a llama-family model and a fused varlen kernel:
+    FlashAttention's in torch, or torch_npu's; "auto" devices are not counted: the checks and the memory model stay on
+    the padded side)."""
     r = cfg.actor_rollout_ref.rollout
-    return cfg.trainer.device == "cuda" and r.dtype in ("bfloat16", "float16") and bool(r.fused_decode)
+    return cfg.trainer.device in ("cuda", "npu") and r.dtype in ("bfloat16", "float16") and bool(r.fused_decode)
 
 
 def typed_config(cfg: Any) -> FullyAsyncConfig:

@@ -69,7 +69,7 @@ def check_prefill_budget(cfg: Any) -> None:
     engine takes only to size its slots where max_num_seqs is unset: said once otherwise): the prompt tokens one
     engine step prefills.  vLLM
     refuses a budget below max_model_len without chunked prefill, and so do we, for both engines; the embedded
-    engine splits a longer request over steps where it prefills packed (CUDA, 16-bit, the fused decode), elsewhere
+    engine splits a longer request over steps where it prefills packed (CUDA/NPU, 16-bit, the fused decode), elsewhere
     it prefills it alone (said once here)."""
     rollout, key = cfg.actor_rollout_ref.rollout, "actor_rollout_ref.rollout.max_num_batched_tokens"
     _at_least(key, rollout.max_num_batched_tokens, 1)
@@ -96,5 +96,6 @@ def check_prefill_budget(cfg: Any) -> None:
         logger.warning("%s=%d is below the longest sequence the engine serves (%d): the embedded engine prefills "
                        "a request longer than the budget alone in one step here (a prompt, or after a weight update a "
                        "prompt with its partial response); it splits one over steps (enable_chunked_prefill) only "
-                       "where it prefills packed: CUDA, bfloat16/float16, a llama-family model with fused_decode",
+                       "where it prefills packed: CUDA or NPU, bfloat16/float16, a llama-family model with "
+                       "fused_decode",
                        key, rollout.max_num_batched_tokens, longest)

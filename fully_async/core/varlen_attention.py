@@ -8,10 +8,11 @@ sequence boundaries (transformers' FlashAttentionKwargs `cu_seq_lens_q/k`, `max_
 passed by torch_backend.token_log_probs) and attends within each sequence only:
 - CUDA, half precision: `torch.nn.attention.varlen.varlen_attn`, the FlashAttention varlen kernel
   that ships with torch (no flash-attn package needed);
+- Ascend NPU, half precision: torch_npu's npu_fusion_attention over the packed (TND) batch;
 - anything else (CPU, float32): causal sdpa per sequence (sum of l_i^2 work, no mask).
 A call without boundaries treats each row as one causal sequence (right-padded rows: real
-tokens never see the padding after them).  Ascend uses transformers' flash_attention_2, which
-maps onto torch_npu's fused varlen attention (device.py picks it).
+tokens never see the padding after them).  Ascend's trainer uses transformers' flash_attention_2, which
+maps onto the same torch_npu kernel (device.py picks it); the embedded engine's packed prefill calls this.
 """
 from __future__ import annotations
 
@@ -69,10 +70,20 @@ def uses_flash(query: torch.Tensor) -> bool:
     return flash_runs(query.device.type, query.dtype, query.shape[-1])
 
 
+def fused_varlen_runs(device_type: str, dtype: torch.dtype, head_dim: int) -> bool:
+    """A fused varlen attention kernel runs for these: FlashAttention's (`flash_runs`) or, on an Ascend NPU in 16-bit
+    floats, torch_npu's npu_fusion_attention (packed_causal_attention uses whichever is there)."""
+    if device_type == "npu":
+        return dtype in (torch.float16, torch.bfloat16)
+    return flash_runs(device_type, dtype, head_dim)
+
+
 def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float]) -> torch.Tensor:
     """Causal sdpa over (..., H, T, D), keys (..., Hkv, S, D) with S >= T: query i sees keys [0, S - T + i] (aligned
     to the bottom right: torch's CausalBias, no materialised mask, where S > T).  Grouped kv heads are repeated
-    (sdpa's enable_gqa needs torch 2.5)."""
+    (sdpa's enable_gqa needs torch 2.5); 3-d inputs get a batch dimension (sdpa's fused kernels take 4-d only)."""
+    if q.dim() == 3:
+        return _causal_sdpa(q[None], k[None], v[None], scale)[0]
     if k.shape[-3] != q.shape[-3]:
         rep = q.shape[-3] // k.shape[-3]
         k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
@@ -108,10 +119,15 @@ def packed_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     """Causal attention within each sequence of a packed batch: q (T, Hq, D), k/v (S, Hkv, D), sequence i's queries
     at tokens [cu[i], cu[i+1]) and its keys at [cu_k[i], cu_k[i+1]) (cu_k None: the same as cu).  A sequence with
     more keys than queries (a chunk after its cached prefix) has its queries at the end of its keys: query j sees
-    keys up to the one at its own position.  Returns (T, Hq, D).  The FlashAttention varlen kernel where it runs
-    (`uses_flash`), else causal sdpa per sequence."""
+    keys up to the one at its own position.  Returns (T, Hq, D).  torch_npu's fused attention on an NPU in 16-bit
+    floats, the FlashAttention varlen kernel where it runs (`uses_flash`), else causal sdpa per sequence."""
     if cu_k is None:
         cu_k, max_k = cu, max_len
+    if q.device.type == "npu" and fused_varlen_runs("npu", q.dtype, q.shape[-1]):
+        from fully_async.device import npu_packed_causal_attention
+
+        return npu_packed_causal_attention(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu_k,
+                                           q.shape[-1] ** -0.5 if scale is None else scale)
     if uses_flash(q):
         cu_q, cu_k = cu.to(torch.int32), cu_k.to(torch.int32)
         max_q = int(max_len or int((cu_q[1:] - cu_q[:-1]).max()))

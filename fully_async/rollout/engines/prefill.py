@@ -3,8 +3,8 @@
 
 Joiners.  At most `rollout.max_num_batched_tokens` tokens a step (verl's 8192, as vLLM bounds its steps); the oldest
 waiting request always joins.
-- Packed prefill (where FlashAttention's varlen kernel runs and the decode step is the fused one: CUDA, 16-bit,
-  llama-family models): the joiners' tokens back to back through the fused layer functions (`FusedDecoder.prefill`),
+- Packed prefill (where a fused varlen attention kernel runs and the decode step is the fused one: CUDA with
+  FlashAttention's kernel or an Ascend NPU with torch_npu's, 16-bit, llama-family models): the joiners' tokens back to back through the fused layer functions (`FusedDecoder.prefill`),
   no padding; the budget counts real tokens, first come first served.  A request longer than the budget is split
   over steps (`rollout.enable_chunked_prefill`, verl's default, as vLLM does): each step prefills the next chunk of
   at most the budget, attending over the positions its slot already holds, while the running sequences go on
@@ -31,9 +31,10 @@ class EnginePrefill:
 
     def _want_packed_prefill(self, asked: Optional[bool]) -> bool:
         """The joiners' prompts prefilled back to back through the fused layer functions (no padding,
-        FusedDecoder.prefill): by default where FlashAttention's varlen kernel runs (CUDA, 16-bit floats); elsewhere
-        only when asked (attention then runs prompt by prompt: the unit tests); needs the fused decode forward."""
-        from fully_async.core.varlen_attention import flash_runs
+        FusedDecoder.prefill): by default where a fused varlen attention kernel runs (CUDA's FlashAttention or
+        torch_npu's, 16-bit floats); elsewhere only when asked (attention then runs prompt by prompt: the unit tests);
+        needs the fused decode forward."""
+        from fully_async.core.varlen_attention import fused_varlen_runs
 
         if asked is False:
             return False
@@ -42,7 +43,8 @@ class EnginePrefill:
                 raise ValueError("HFEngine(packed_prefill=True) needs the fused decode forward (fused_decode=True, "
                                  "a llama-family model, no fp8 emulation)")
             return False
-        return bool(asked) or flash_runs(self.torch_device.type, self.lm_head.weight.dtype, self._fused.head_dim)
+        return bool(asked) or fused_varlen_runs(self.torch_device.type, self.lm_head.weight.dtype,
+                                                self._fused.head_dim)
 
     def _admit(self) -> None:
         if self._chunk is not None:   # a long request's next chunk first: this step's budget is its

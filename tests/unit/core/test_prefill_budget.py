@@ -29,14 +29,15 @@ def test_budgets_vllm_would_refuse_are_refused_before_anything_starts():
 
 
 def test_the_embedded_engine_says_it_prefills_a_longer_request_alone(caplog):
-    """where it prefills padded; on CUDA in 16-bit with the fused decode it splits it (enable_chunked_prefill)."""
+    """where it prefills padded; on CUDA or an NPU in 16-bit with the fused decode it splits it (enable_chunked_prefill)."""
     caplog.set_level(logging.WARNING, logger="fully_async.core.config_checks")
     validate(load_config([*LONG, "actor_rollout_ref.rollout.max_num_batched_tokens=1024"]))
     assert "prefills a request longer than the budget alone" in caplog.text
     caplog.clear()
-    validate(load_config([*LONG, "actor_rollout_ref.rollout.max_num_batched_tokens=1024", "trainer.device=cuda",
-                          "actor_rollout_ref.rollout.dtype=bfloat16"]))
-    assert "max_num_batched_tokens" not in caplog.text
+    for device in ("cuda", "npu"):
+        validate(load_config([*LONG, "actor_rollout_ref.rollout.max_num_batched_tokens=1024", f"trainer.device={device}",
+                              "actor_rollout_ref.rollout.dtype=bfloat16"]))
+        assert "max_num_batched_tokens" not in caplog.text, device
     caplog.clear()
     validate(load_config([*LONG, "actor_rollout_ref.rollout.max_num_batched_tokens=2048",
                           "actor_rollout_ref.rollout.enable_chunked_prefill=false"]))   # covers 1536: nothing said

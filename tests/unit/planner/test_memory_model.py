@@ -339,7 +339,7 @@ def test_unset_max_num_seqs_gives_the_embedded_engine_one_steps_responses_where_
 def test_the_embedded_engines_prefill_holds_its_longest_request():
     """One admission prefills at most max_num_batched_tokens tokens, a longer request alone: a prompt (sync), or where
     a weight update aborts the responses in flight (async's default partial rollout with pause_mode=abort) a prompt
-    with its partial response, up to max_model_len - 1 (4,095 here), unless the engine splits it (packed, CUDA)."""
+    with its partial response, up to max_model_len - 1 (4,095 here), unless the engine splits it (packed, CUDA/NPU)."""
     per_token = (2 * SHAPE.hidden + 3 * SHAPE.intermediate) * 2
     base = ("actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.rollout.max_num_seqs=64")
 
@@ -352,7 +352,8 @@ def test_the_embedded_engines_prefill_holds_its_longest_request():
     assert prefill("mode=async", budget) == 4095                                  # a resumed partial response alone
     assert prefill("mode=async", budget, "actor_rollout_ref.rollout.pause_mode=keep") == 2048
     assert prefill("mode=async", budget, "async_training.partial_rollout=false") == 2048
-    # on CUDA in 16-bit the engine prefills packed and splits a longer request over steps: the budget holds
+    # on CUDA or an NPU in 16-bit the engine prefills packed and splits a longer request over steps: the budget holds
     assert prefill("mode=async", budget, "trainer.device=cuda") == 2048
+    assert prefill("mode=async", budget, "trainer.device=npu") == 2048
     assert prefill("mode=async", budget, "trainer.device=cuda", "actor_rollout_ref.rollout.enable_chunked_prefill=false",
                    "actor_rollout_ref.rollout.max_model_len=4096") == 4095
