@@ -13,7 +13,8 @@
 #                                                          prefill chunk's flash against sdpa -- after the packing
 #                                                          GPU tests: 1 GPU)
 #   bash scripts/gpu_verify.sh update                     (#45: the seed-003 step's update alone, with and without
-#                                                          gradient checkpointing, its top kernels: 1 GPU)
+#                                                          gradient checkpointing, its top kernels; SIDES="new old":
+#                                                          against OLD's package in the same call: 1 GPU)
 #   bash scripts/gpu_verify.sh engine                     (embedded engine vs generate(static), #11, its decode
 #                                                          profile and abort re-prefill cost: 1 GPU)
 #   bash scripts/gpu_verify.sh tests                      (the embedded engine's GPU tests only)
@@ -425,12 +426,17 @@ attention)
 update)
   # #45: the seed-003 step's update alone (512 responses, the workload's lognormal lengths up to 3072, 32768 tokens a
   # micro-batch, packed, compiled layers), without and with gradient checkpointing, and where its kernels' time goes
+  # SIDES="new old": this tree's update, then OLD's (a package tree with its scripts, default .gpubundle/old/), in
+  # one call (PROFILE= leaves the kernel profile out)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
   export CUDA_VISIBLE_DEVICES=0
-  timeout ${LIMIT:-420} python3 scripts/bench_packing.py --model /tmp/m05 --device cuda --rows 512 --n 8 \
-      --max-prompt 16 --max-response 3072 --lengths workload --max-tokens 32768 \
-      --variants ${VARIANTS:-packed:varlen/compiled packed:varlen/compiled/ckpt} --profile --warmup 1 --iters 2 \
-      --out "$OUT/update.json" 2>&1 | grep -v "it/s\]" | grep -vi "warn" | tail -40
+  for side in ${SIDES:-new}; do
+    PP=$PYTHONPATH; ROOT=.; [ $side = old ] && { ROOT=${OLD:-.gpubundle/old}; PP=/tmp/site:$PWD/$ROOT; }
+    PYTHONPATH=$PP timeout ${LIMIT:-420} python3 $ROOT/scripts/bench_packing.py --model /tmp/m05 --device cuda \
+        --rows 512 --n 8 --max-prompt 16 --max-response 3072 --lengths workload --max-tokens 32768 \
+        --variants ${VARIANTS:-packed:varlen/compiled packed:varlen/compiled/ckpt} ${PROFILE---profile} --warmup 1 \
+        --iters ${ITERS:-2} --out "$OUT/update${SIDES:+_$side}.json" 2>&1 | grep -v "it/s\]" | grep -vi "warn" | tail -40
+  done
   ;;
 scaling)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05

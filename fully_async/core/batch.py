@@ -15,6 +15,35 @@ import torch
 from fully_async.core.types import Sample
 
 
+@dataclass(frozen=True)
+class PackedRows:
+    """Where a batch's real tokens go when packed back to back into one (1, T) row (model.use_remove_padding),
+    worked out from the attention mask on the host, so that the device never waits for it (indexing by a device
+    mask, or reading the boundaries back, would wait for everything queued before: at every micro-batch, the
+    previous one's backward).  `index` (T,): the real tokens' flat positions in the (B, L) layout, row-major;
+    `positions` (T,): each one's position in its sequence; `cu` (N + 1,) int32: the sequences' boundaries in the
+    packed row (a sequence starts where its position is 0); `max_len`: the longest."""
+
+    index: torch.Tensor
+    positions: torch.Tensor
+    cu: torch.Tensor
+    max_len: int
+
+    @classmethod
+    def of(cls, attention_mask: torch.Tensor) -> "PackedRows":
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0).reshape(-1)
+        index = attention_mask.reshape(-1).nonzero().flatten()
+        positions = positions.index_select(0, index)
+        starts = (positions == 0).nonzero().flatten()
+        cu = torch.cat([starts, torch.tensor([len(index)], device=index.device)]).to(torch.int32)
+        return cls(index, positions, cu, int((cu[1:] - cu[:-1]).max()))
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> "PackedRows":
+        return replace(self, index=self.index.to(device, non_blocking=non_blocking),
+                       positions=self.positions.to(device, non_blocking=non_blocking),
+                       cu=self.cu.to(device, non_blocking=non_blocking))
+
+
 @dataclass
 class TrainBatch:
     input_ids: torch.Tensor          # (B, L) prompt + response, right-padded
@@ -32,6 +61,7 @@ class TrainBatch:
     sum_pi_squared: Optional[torch.Tensor] = None  # (B, L) sum_v pi_v^2 under the actor (calculate_sum_pi_squared)
     reward_baselines: Optional[torch.Tensor] = None  # (B,) remax: the reward of each prompt's greedy response
     reward_components: Optional[torch.Tensor] = None  # (B, K) gdpo: algorithm.gdpo_reward_keys of each response
+    packing: Optional[PackedRows] = None  # its packed layout, set by to(pack=True) for the forward pass (not select)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -54,13 +84,19 @@ class TrainBatch:
                 out[f.name] = [value[i] for i in idx]
             else:
                 out[f.name] = value
+        out["packing"] = None   # other rows: their layout is not this one's
         return replace(self, **out)
 
-    def to(self, device: torch.device, non_blocking: bool = False) -> "TrainBatch":
+    def to(self, device: torch.device, non_blocking: bool = False, pack: bool = False) -> "TrainBatch":
         """On `device`; non_blocking: host-to-device copies queued without waiting for the device's queue to drain
-        (the host tensors must not change until they are done: a micro-batch's are never written again)."""
-        return replace(self, **{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
-                                for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)})
+        (the host tensors must not change until they are done: a micro-batch's are never written again).
+        pack: its packed layout (`PackedRows`) worked out here, from the mask where it is (on the host, before the
+        copy: the device then never waits for it), and moved along."""
+        moved = {f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
+                 for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+        packing = PackedRows.of(self.attention_mask) if pack else self.packing
+        moved["packing"] = packing.to(device, non_blocking=non_blocking) if packing is not None else None
+        return replace(self, **moved)
 
 
 def build_batch(samples: Sequence[Sample], pad_token_id: int = 0) -> TrainBatch:

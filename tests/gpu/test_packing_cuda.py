@@ -74,6 +74,12 @@ def test_flash_varlen_packed_matches_padded():
     (lp0, g0), (lp1, g1) = grads
     assert float((lp0 - lp1)[real].abs().max()) < 0.1          # bf16: both ~0.05 from float32
     assert float(torch.nn.functional.cosine_similarity(g0, g1, dim=0)) > 0.999
+    # the layout worked out on the host (to(pack=True), what the update's micro-batches get) packs the same
+    host_packed = build_batch(samples).to(torch.device("cuda"), pack=True)
+    assert host_packed.packing.index.device.type == "cuda"
+    with torch.no_grad():
+        lp2, _ = token_log_probs(packed_model, host_packed, 1.0, with_entropy=True, packed=True)
+    assert torch.equal(lp2, lp1)
 
 
 def test_flash_varlen_with_more_keys_than_queries_aligns_them_to_the_end():

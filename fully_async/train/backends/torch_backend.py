@@ -25,7 +25,7 @@ from fully_async.algorithms.lr_schedule import lr_lambda, warmup_steps
 from fully_async.core import varlen_attention
 from fully_async.train.backends import MiniBatch, StepResult, fsdp, lora, ulysses
 from fully_async.train.backends.token_stats import enable_fused_head, sum_pi_squared, token_stats
-from fully_async.core.batch import TrainBatch, micro_batches
+from fully_async.core.batch import PackedRows, TrainBatch, micro_batches
 from fully_async.device import Device, parse_dtype
 
 logger = logging.getLogger(__name__)
@@ -43,14 +43,15 @@ def model_inputs(batch: TrainBatch, packed: bool) -> tuple[dict[str, Any], torch
     them one position right (position t gets the output of position t - 1: what was known before token t) and
     scatters them back to the padded (B, L) layout."""
     mask = batch.attention_mask
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
     if packed:
-        keep = mask.bool()
-        ids, pos = batch.input_ids[keep][None], positions[keep][None]                  # (1, T)
-        inputs = dict(input_ids=ids, position_ids=pos, use_cache=False, **varlen_attention.packed_kwargs(pos))
+        rows = batch.packing or PackedRows.of(mask)   # worked out on the host where to(pack=True) ran
+        ids, pos = batch.input_ids.reshape(-1).index_select(0, rows.index)[None], rows.positions[None]   # (1, T)
+        inputs = dict(input_ids=ids, position_ids=pos, use_cache=False, cu_seq_lens_q=rows.cu, cu_seq_lens_k=rows.cu,
+                      max_length_q=rows.max_len, max_length_k=rows.max_len)
     else:
         ids = batch.input_ids
-        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+        inputs = dict(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                      use_cache=False)
 
     def to_rows(values: torch.Tensor) -> torch.Tensor:
         values = torch.nn.functional.pad(values.view(ids.shape)[:, :-1], (1, 0))
@@ -58,7 +59,7 @@ def model_inputs(batch: TrainBatch, packed: bool) -> tuple[dict[str, Any], torch
             return values
         # a sequence's first position would get the previous sequence's last output: not a real value
         values = values[0].masked_fill(pos[0] == 0, 0.0)
-        return values.new_zeros(mask.shape).masked_scatter(keep, values)
+        return values.new_zeros(mask.numel()).index_copy(0, rows.index, values).view(mask.shape)
 
     return inputs, ids, to_rows
 
@@ -295,7 +296,7 @@ class TorchBackend:
         splits = micro_batches(batch, sub.log_prob_micro_batch_size_per_gpu, sub.log_prob_use_dynamic_bsz,
                                sub.log_prob_max_token_len_per_gpu * self.sp, self.packed)
         for idx, dummy in pad_micro_batches(splits, num_micro):
-            values = fn(model, batch.select(idx).to(self.torch_device))
+            values = fn(model, batch.select(idx).to(self.torch_device, pack=self.packed))
             if not dummy:
                 out[idx, :values.shape[1]] = values.float().cpu()
         model.train(was_training)
@@ -359,7 +360,7 @@ class TorchBackend:
         sums: dict[str, torch.Tensor] = {}
         self._trainee(mini.model)[1].zero_grad(set_to_none=True)
         for i, mb in enumerate(micro):
-            mb = mb.to(self.torch_device, non_blocking=True)
+            mb = mb.to(self.torch_device, non_blocking=True, pack=self.packed)
             res = mini.loss(mb, *self._forward(mini.model, mb))
             # backward even for a non-finite loss or a dummy: every rank must run the same collectives; the
             # update then skips the step on all ranks together
