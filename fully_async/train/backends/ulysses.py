@@ -133,12 +133,25 @@ def split_packed(inputs: dict[str, Any], targets: torch.Tensor, sp: SequencePara
         pos = torch.cat([pos, torch.arange(pad, device=pos.device, dtype=pos.dtype)[None]], dim=1)
     n = ids.shape[1] // sp.size
     mine = slice(sp.rank * n, (sp.rank + 1) * n)
-    local = dict(inputs, input_ids=ids[:, mine], position_ids=pos[:, mine], **varlen_attention.packed_kwargs(pos))
+    local = dict(inputs, input_ids=ids[:, mine], position_ids=pos[:, mine], **_whole_row_bounds(inputs, pos, pad))
 
     def gather(values: torch.Tensor) -> torch.Tensor:
         return _GatherTokens.apply(values.reshape(-1), sp)[:total]
 
     return local, targets[:, mine], gather
+
+
+def _whole_row_bounds(inputs: dict[str, Any], pos: torch.Tensor, pad: int) -> dict[str, Any]:
+    """The padded row's sequence boundaries: the packed inputs' own (worked out on the host, core/batch.PackedRows)
+    with the pad sequence appended, so nothing is read back from the device; from the positions where they have
+    none."""
+    cu, longest = inputs.get("cu_seq_lens_q"), inputs.get("max_length_q")
+    if cu is None or longest is None:
+        return varlen_attention.packed_kwargs(pos)
+    if pad:
+        cu = torch.cat([cu, cu.new_tensor([int(pos.shape[1])])])
+        longest = max(int(longest), pad)
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
 
 
 # ------------------------------------------------------------------------------------------------- attention

@@ -137,3 +137,22 @@ def test_the_memory_model_gives_each_device_of_a_group_its_share_of_the_micro_ba
     acts = {sp: trainer_memory(typed_config(load_config(base + [f"{key}={sp}"])), shape, 4).parts["activations"]
             for sp in (1, 2)}
     assert acts[2] == pytest.approx(acts[1] / 2)
+
+
+def test_a_ranks_slice_carries_the_whole_rows_bounds_from_the_host_layout_with_the_pad_sequence():
+    """split_packed: the boundaries of the row padded to a multiple of the group come from the packed inputs' own
+    (core/batch.PackedRows, no read-back from the device) plus the pad sequence: what the positions give."""
+    from fully_async.core.batch import PackedRows
+
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0]])   # 5 + 2 + 4 = 11 tokens
+    rows = PackedRows.of(mask)
+    inputs = {"input_ids": torch.arange(11)[None], "position_ids": rows.positions[None], "cu_seq_lens_q": rows.cu,
+              "cu_seq_lens_k": rows.cu, "max_length_q": rows.max_len, "max_length_k": rows.max_len}
+    for rank in range(4):                      # 11 tokens over 4 ranks: one pad token
+        sp = ulysses.SequenceParallel(group=None, size=4, rank=rank, base="varlen")
+        local, targets, _ = ulysses.split_packed(inputs, torch.arange(11)[None], sp)
+        padded_pos = torch.cat([rows.positions, torch.tensor([0])])[None]
+        want = varlen_attention.packed_kwargs(padded_pos)
+        assert local["cu_seq_lens_q"].tolist() == want["cu_seq_lens_q"].tolist() == [0, 5, 7, 11, 12]
+        assert local["max_length_q"] == want["max_length_q"] == 5
+        assert local["input_ids"].shape == targets.shape == (1, 3)
