@@ -7,9 +7,11 @@ response's appended tool answers are 0: no loss, as verl's response_mask).  Rows
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, fields, replace
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
+import numpy as np
 import torch
 
 from fully_async.core.types import Sample
@@ -100,23 +102,45 @@ class TrainBatch:
 
 
 def build_batch(samples: Sequence[Sample], pad_token_id: int = 0) -> TrainBatch:
-    length = max(s.num_tokens for s in samples)
+    """The samples as right-padded (B, L) rows: every sample's tokens, log-probs and response masks joined into flat
+    arrays once and scattered into the rows' real (and response) positions at once, not row by row (a step's 512
+    responses of ~1,000 tokens each: the row-by-row fill took ~0.1 s of the trainer's host a step)."""
     bsz = len(samples)
-    ids = torch.full((bsz, length), pad_token_id, dtype=torch.long)
-    attn = torch.zeros((bsz, length), dtype=torch.long)
-    resp = torch.zeros((bsz, length), dtype=torch.float32)
-    logp = torch.zeros((bsz, length), dtype=torch.float32)
-    for i, s in enumerate(samples):
-        p, r = len(s.prompt_ids), len(s.response_ids)
-        ids[i, :p + r] = torch.tensor(s.prompt_ids + s.response_ids, dtype=torch.long)
-        attn[i, :p + r] = 1
-        resp[i, p:p + r] = 1.0 if s.response_mask is None else torch.tensor(s.response_mask, dtype=torch.float32)
-        logp[i, p:p + r] = torch.tensor(s.rollout_log_probs, dtype=torch.float32)
+    prompt_lens = np.fromiter((len(s.prompt_ids) for s in samples), dtype=np.int64, count=bsz)
+    resp_lens = np.fromiter((len(s.response_ids) for s in samples), dtype=np.int64, count=bsz)
+    lens = prompt_lens + resp_lens
+    length = int(lens.max())
+    cols = np.arange(length)
+    real = cols[None, :] < lens[:, None]                               # (B, L) the rows' tokens
+    response = real & (cols[None, :] >= prompt_lens[:, None])          # (B, L) their responses'
+    chain = itertools.chain.from_iterable
+    ids = np.full((bsz, length), pad_token_id, dtype=np.int64)
+    ids[real] = np.fromiter(chain(chain((s.prompt_ids, s.response_ids)) for s in samples), dtype=np.int64,
+                            count=int(lens.sum()))
+    _check_per_response_token(samples, "rollout_log_probs", [s.rollout_log_probs for s in samples])
+    resp = response.astype(np.float32)
+    if any(s.response_mask is not None for s in samples):   # multi-turn: the tool answers' tokens are 0
+        masks = [s.response_mask if s.response_mask is not None else [1] * len(s.response_ids) for s in samples]
+        _check_per_response_token(samples, "response_mask", masks)
+        resp[response] = np.fromiter(chain(masks), dtype=np.float32, count=int(resp_lens.sum()))
+    logp = np.zeros((bsz, length), dtype=np.float32)
+    logp[response] = np.fromiter(chain(s.rollout_log_probs for s in samples), dtype=np.float32,
+                                 count=int(resp_lens.sum()))
     scores = torch.tensor([s.reward for s in samples], dtype=torch.float32)
     baselines = None
     if any(s.reward_baseline is not None for s in samples):
         baselines = torch.tensor([s.reward_baseline or 0.0 for s in samples], dtype=torch.float32)
-    return TrainBatch(ids, attn, resp, logp, scores, [s.uid for s in samples], reward_baselines=baselines)
+    return TrainBatch(torch.from_numpy(ids), torch.from_numpy(real.astype(np.int64)), torch.from_numpy(resp),
+                      torch.from_numpy(logp), scores, [s.uid for s in samples], reward_baselines=baselines)
+
+
+def _check_per_response_token(samples: Sequence[Sample], name: str, values: Sequence[Sequence[Any]]) -> None:
+    """Each sample's `name` (`values`, aligned with the samples) has one value per response token: what build_batch
+    scatters into the response's places."""
+    for s, v in zip(samples, values):
+        if len(v) != len(s.response_ids):
+            raise ValueError(f"sample {s.sample_id}: {len(v)} {name} for {len(s.response_ids)} response tokens (one "
+                             "per response token)")
 
 
 def reward_components(samples: Sequence[Sample], keys: Sequence[str]) -> torch.Tensor:
