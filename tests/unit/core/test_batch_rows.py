@@ -1,5 +1,6 @@
-"""core/batch.PackedRows: a batch's packed layout worked out on the host equals what the device path computed
-(boolean-mask indexing and the position restarts), and TrainBatch.to(pack=True) carries it, select() drops it."""
+"""core/batch's rows: build_batch fills each row as its sample says; PackedRows, a batch's packed layout worked out
+on the host, equals what the device path computed (boolean-mask indexing and the position restarts), and
+TrainBatch.to(pack=True) carries it, select() drops it."""
 import torch
 
 from fully_async.core.batch import PackedRows, TrainBatch
