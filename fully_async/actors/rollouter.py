@@ -309,7 +309,8 @@ class Rollouter(MetricsOutbox):
                 if residency.wanted():
                     residency.give_back("idle")   # nothing to generate: whoever waits for the devices goes first
                 idle_from = time.perf_counter()
-                self._run_commands(block=True, timeout=0.5)
+                # holding a shared lease: look again soon (a trainer may be waiting for these devices)
+                self._run_commands(block=True, timeout=min(0.5, residency.poll_s))
                 self.stats["idle_s"] += time.perf_counter() - idle_from
                 continue
             with self.timeline.span("generate"):

@@ -128,7 +128,7 @@ class Dedicated:
 class PoolLease:
     """A lease of a shared device pool (`client`: device_pool.LeaseClient, or a test's fake)."""
 
-    def __init__(self, client: Any, waiting_poll_s: float = 0.5):
+    def __init__(self, client: Any, waiting_poll_s: float = 0.05):
         self.client = client
         self.waiting_poll_s = waiting_poll_s
         self._on: Optional[Transition] = None
