@@ -40,6 +40,11 @@ class PackedRows:
         cu = torch.cat([starts, torch.tensor([len(index)], device=index.device)]).to(torch.int32)
         return cls(index, positions, cu, int((cu[1:] - cu[:-1]).max()))
 
+    def kwargs(self) -> dict:
+        """transformers' FlashAttentionKwargs of the packed row (what core/varlen_attention reads)."""
+        return {"cu_seq_lens_q": self.cu, "cu_seq_lens_k": self.cu, "max_length_q": self.max_len,
+                "max_length_k": self.max_len}
+
     def to(self, device: torch.device, non_blocking: bool = False) -> "PackedRows":
         return replace(self, index=self.index.to(device, non_blocking=non_blocking),
                        positions=self.positions.to(device, non_blocking=non_blocking),

@@ -145,12 +145,3 @@ def register() -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register(NAME, varlen_attention_forward)
-
-
-def packed_kwargs(positions: torch.Tensor) -> dict[str, Any]:
-    """FlashAttentionKwargs of a packed (1, T) row whose positions restart at 0 per sequence."""
-    starts = (positions[0] == 0).nonzero().flatten()
-    total = torch.tensor([positions.shape[1]], device=positions.device)
-    cu = torch.cat([starts, total]).to(torch.int32)
-    max_len = int((cu[1:] - cu[:-1]).max())
-    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_len, "max_length_k": max_len}

@@ -386,8 +386,7 @@ class LeaseClient:
         """Whether another request waits for this side's devices, as the pool last said (an uncontended lease's time
         limit restarts).  The question goes out at most every renew_every_s and is not waited for: its reply is read
         at a later call once it is there, so a side that asks between two engine steps never stalls on the pool, and
-        a trainer waiting for the devices is seen within ~renew_every_s plus one round trip (before: a blocking ask
-        every 0.25 s, so the trainer waited ~0.13 s a turn switch on average)."""
+        a side waiting for the devices is seen within ~renew_every_s plus one round trip."""
         if self.current is None:
             return False
         at, contended = self._renewed

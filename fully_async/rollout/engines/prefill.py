@@ -4,8 +4,8 @@
 Joiners.  At most `rollout.max_num_batched_tokens` tokens a step (verl's 8192, as vLLM bounds its steps); the oldest
 waiting request always joins.
 - Packed prefill (where a fused varlen attention kernel runs and the decode step is the fused one: CUDA with
-  FlashAttention's kernel or an Ascend NPU with torch_npu's, 16-bit, llama-family models): the joiners' tokens back to back through the fused layer functions (`FusedDecoder.prefill`),
-  no padding; the budget counts real tokens, first come first served.  A request longer than the budget is split
+  FlashAttention's kernel or an Ascend NPU with torch_npu's, 16-bit, llama-family models): the joiners' tokens back
+  to back through the fused layer functions (`FusedDecoder.prefill`), no padding; the budget counts real tokens, first come first served.  A request longer than the budget is split
   over steps (`rollout.enable_chunked_prefill`, verl's default, as vLLM does): each step prefills the next chunk of
   at most the budget, attending over the positions its slot already holds, while the running sequences go on
   decoding; its slot is reserved meanwhile, and it joins the decode once its last chunk is in.

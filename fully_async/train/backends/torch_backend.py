@@ -46,8 +46,7 @@ def model_inputs(batch: TrainBatch, packed: bool) -> tuple[dict[str, Any], torch
     if packed:
         rows = batch.packing or PackedRows.of(mask)   # worked out on the host where to(pack=True) ran
         ids, pos = batch.input_ids.reshape(-1).index_select(0, rows.index)[None], rows.positions[None]   # (1, T)
-        inputs = dict(input_ids=ids, position_ids=pos, use_cache=False, cu_seq_lens_q=rows.cu, cu_seq_lens_k=rows.cu,
-                      max_length_q=rows.max_len, max_length_k=rows.max_len)
+        inputs = dict(input_ids=ids, position_ids=pos, use_cache=False, **rows.kwargs())
     else:
         ids = batch.input_ids
         inputs = dict(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),

@@ -142,12 +142,9 @@ def split_packed(inputs: dict[str, Any], targets: torch.Tensor, sp: SequencePara
 
 
 def _whole_row_bounds(inputs: dict[str, Any], pos: torch.Tensor, pad: int) -> dict[str, Any]:
-    """The padded row's sequence boundaries: the packed inputs' own (worked out on the host, core/batch.PackedRows)
-    with the pad sequence appended, so nothing is read back from the device; from the positions where they have
-    none."""
-    cu, longest = inputs.get("cu_seq_lens_q"), inputs.get("max_length_q")
-    if cu is None or longest is None:
-        return varlen_attention.packed_kwargs(pos)
+    """The padded row's sequence boundaries: the packed inputs' own (torch_backend.model_inputs, worked out on the
+    host: core/batch.PackedRows) with the pad sequence appended, so nothing is read back from the device."""
+    cu, longest = inputs["cu_seq_lens_q"], inputs["max_length_q"]
     if pad:
         cu = torch.cat([cu, cu.new_tensor([int(pos.shape[1])])])
         longest = max(int(longest), pad)

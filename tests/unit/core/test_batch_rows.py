@@ -4,7 +4,6 @@ TrainBatch.to(pack=True) carries it, select() drops it."""
 import torch
 
 from fully_async.core.batch import PackedRows, TrainBatch
-from fully_async.core.varlen_attention import packed_kwargs
 
 
 def test_the_host_layout_is_the_masks_real_tokens_back_to_back():
@@ -14,9 +13,9 @@ def test_the_host_layout_is_the_masks_real_tokens_back_to_back():
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     assert torch.equal(rows.index, keep.reshape(-1).nonzero().flatten())
     assert rows.positions.tolist() == positions[keep].tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0, 0, 1]
-    want = packed_kwargs(positions[keep][None])          # what the forward derived on the device before
-    assert torch.equal(rows.cu, want["cu_seq_lens_q"]) and rows.cu.tolist() == [0, 3, 8, 9, 11]
-    assert rows.max_len == want["max_length_q"] == 5
+    assert rows.cu.dtype == torch.int32 and rows.cu.tolist() == [0, 3, 8, 9, 11] and rows.max_len == 5
+    kw = rows.kwargs()   # what the packed forward passes on to the attention
+    assert kw["cu_seq_lens_q"] is kw["cu_seq_lens_k"] is rows.cu and kw["max_length_q"] == kw["max_length_k"] == 5
 
 
 def test_to_with_pack_carries_the_layout_and_select_drops_it():

@@ -13,6 +13,7 @@ from fully_async.cluster.network import free_port
 from fully_async.device import CPU
 from fully_async.run.hydra_setup import load_config
 from fully_async.core import varlen_attention
+from fully_async.core.batch import PackedRows
 from fully_async.train.backends import ulysses
 import tests_helpers
 from ulysses_parity import check_parity
@@ -32,7 +33,7 @@ def _attention_rank(rank: int, port: int, heads: int, kv_heads: int, out_dir: st
         k = torch.randn(1, kv_heads, total, dim, generator=g, requires_grad=True)
         v = torch.randn(1, kv_heads, total, dim, generator=g, requires_grad=True)
         w = torch.randn(1, total, heads, dim, generator=g)
-        kwargs = varlen_attention.packed_kwargs(pos)
+        kwargs = PackedRows.of(torch.tensor([[1] * 5, [1] * 4 + [0], [1] * 3 + [0, 0]])).kwargs()   # pos's bounds
         ref, _ = varlen_attention.varlen_attention_forward(None, q, k, v, None, scaling=0.3, **kwargs)
         (ref * w).sum().backward()
         n = total // SP
@@ -142,8 +143,6 @@ def test_the_memory_model_gives_each_device_of_a_group_its_share_of_the_micro_ba
 def test_a_ranks_slice_carries_the_whole_rows_bounds_from_the_host_layout_with_the_pad_sequence():
     """split_packed: the boundaries of the row padded to a multiple of the group come from the packed inputs' own
     (core/batch.PackedRows, no read-back from the device) plus the pad sequence: what the positions give."""
-    from fully_async.core.batch import PackedRows
-
     mask = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0]])   # 5 + 2 + 4 = 11 tokens
     rows = PackedRows.of(mask)
     inputs = {"input_ids": torch.arange(11)[None], "position_ids": rows.positions[None], "cu_seq_lens_q": rows.cu,
@@ -151,8 +150,6 @@ def test_a_ranks_slice_carries_the_whole_rows_bounds_from_the_host_layout_with_t
     for rank in range(4):                      # 11 tokens over 4 ranks: one pad token
         sp = ulysses.SequenceParallel(group=None, size=4, rank=rank, base="varlen")
         local, targets, _ = ulysses.split_packed(inputs, torch.arange(11)[None], sp)
-        padded_pos = torch.cat([rows.positions, torch.tensor([0])])[None]
-        want = varlen_attention.packed_kwargs(padded_pos)
-        assert local["cu_seq_lens_q"].tolist() == want["cu_seq_lens_q"].tolist() == [0, 5, 7, 11, 12]
-        assert local["max_length_q"] == want["max_length_q"] == 5
+        assert local["cu_seq_lens_q"].tolist() == [0, 5, 7, 11, 12]    # the pad token: a sequence of its own
+        assert local["max_length_q"] == 5
         assert local["input_ids"].shape == targets.shape == (1, 3)
