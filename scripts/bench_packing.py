@@ -26,7 +26,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Optional
 
 TOKEN_STATS: Any = None   # backends.token_stats.token_stats, set in main()
 SHAPES = {
@@ -155,23 +155,45 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
         res["peak_memory_gib"] = device.memory_stats()["max_allocated_gib"]
     res.update(update_mfu(model_dir, batch.seq_lengths, res["update_s"], device))
     if args.profile:
-        print_profile(name, lambda: ppo_update(backend, cfg, batch, num_mini_batches=1), device)
+        stem = os.path.splitext(args.out)[0] + "_" + name.replace(":", "_").replace("/", "_")
+        res["profile_log_prob"] = print_profile(name, lambda: prepare_batch(backend, cfg, batch, {}), device,
+                                                trace=stem + "_logp.trace.json" if args.trace else None,
+                                                what="log-prob pass")
+        res["profile_update"] = print_profile(name, lambda: ppo_update(backend, cfg, batch, num_mini_batches=1),
+                                              device, trace=stem + "_update.trace.json" if args.trace else None)
     backend = None   # free the model before the next variant (a `del` would leave the profiler's lambda unbound)
     device.empty_cache()
     return res, first_logp
 
 
-def print_profile(name: str, step: Any, device: Any, rows: int = 14) -> None:
-    """One more update under torch.profiler: the kernels that take the device's time, biggest first."""
+def print_profile(name: str, step: Any, device: Any, rows: int = 14, trace: Optional[str] = None,
+                  what: str = "update") -> dict:
+    """One more `what` under torch.profiler: the kernels that take the device's time, biggest first, and how busy
+    the device was (the sum of its kernels' time against the wall time; the rest is the device waiting for the
+    host).  `trace`: a gzipped Chrome trace written there.  Returns {wall_s, kernels_s, kernels}."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.name == "cuda" else [])
     with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
         step()
         device.synchronize()
+        wall = time.perf_counter() - t0
     key = "cuda_time_total" if device.name == "cuda" else "cpu_time_total"
-    print(f"--- {name}: one update, top {rows} by {key}")
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    busy = sum(e.device_time for e in kernels) / 1e6
+    print(f"--- {name}: one {what}, top {rows} by {key}; wall {wall:.3f} s (profiled), device kernels {busy:.3f} s "
+          f"({len(kernels)} kernels)")
     print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
+    if trace:
+        import gzip
+        import shutil
+
+        prof.export_chrome_trace(trace)
+        with open(trace, "rb") as src, gzip.open(trace + ".gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.remove(trace)
+    return {"wall_s": wall, "kernels_s": busy, "kernels": len(kernels)}
 
 
 def update_mfu(model_dir: str, seq_lens: Any, seconds: float, device: Any) -> dict:
@@ -215,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
                         "at --max-response (median 0.25 x, sigma 0.75: the seed-003 runs')")
     p.add_argument("--chunk-elems", type=int, default=None,
                    help="elements per chunk of the chunked log-prob/entropy (default: the device's, token_stats.py)")
-    p.add_argument("--profile", action="store_true", help="print each variant's top kernels of one more update")
+    p.add_argument("--profile", action="store_true", help="print each variant's top kernels of one more log-prob "
+                   "pass and update, and how busy the device was")
+    p.add_argument("--trace", action="store_true", help="with --profile: gzipped Chrome traces of both beside --out")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)

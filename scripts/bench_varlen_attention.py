@@ -3,6 +3,8 @@
 The seed-003 step's update spends ~0.73 s of its ~3.1 s in FlashAttention's varlen kernel (torch's bundled
 FlashAttention 2: 0.22 s forward, 0.51 s backward; 1x H200).  This times, on the same packed micro-batches:
 - `flash`: torch.nn.attention.varlen's kernel, what core/varlen_attention.packed_causal_attention runs today;
+- `triton`: core/triton_attention.py's kernels (grouped kv heads read as they are; `--sweep` tries their block
+  settings first);
 - `cudnn`: cuDNN's fused attention over the same ragged batch (aten._cudnn_attention_forward/_backward with the
   sequences' offsets; grouped kv heads repeated to the query heads, as torch's own binding needs); its output and
   gradients are checked against `flash`'s;
@@ -94,8 +96,65 @@ def lower_right_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: to
     return _causal_sdpa(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), scale).transpose(0, 1)
 
 
+def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                     max_q: int, max_k: int, scale: float) -> torch.Tensor:
+    """core/triton_attention.py's kernels at its current block settings (grouped kv heads read as they are)."""
+    from fully_async.core.triton_attention import packed_attention
+
+    return packed_attention(q, k, v, cu_q, cu_k, max_q, max_k, scale)
+
+
 KERNELS: dict[str, Callable[..., torch.Tensor]] = {"flash": flash_attention, "cudnn": cudnn_attention,
-                                                   "sdpa_lower_right": lower_right_sdpa}
+                                                   "triton": triton_attention, "sdpa_lower_right": lower_right_sdpa}
+
+# --sweep: block settings (BLOCK_M, BLOCK_N, warps, stages) tried per Triton kernel on the update's micro-batches,
+# one kernel at a time with the others at their best so far
+SWEEP = {"FWD": [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4),
+                 (64, 128, 4, 3), (128, 64, 4, 4), (128, 64, 4, 2)],
+         "BWD_KV": [(64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3), (32, 64, 4, 3), (64, 128, 8, 3),
+                    (128, 128, 8, 2), (64, 128, 4, 2), (32, 128, 8, 2)],
+         "BWD_Q": [(128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3), (64, 32, 4, 3),
+                   (128, 128, 8, 2), (128, 64, 8, 3), (64, 64, 4, 2)]}
+
+
+def sweep_triton(batches: list[list[int]], shape: tuple, warmup: int, iters: int) -> dict:
+    """Each Triton kernel's block settings in turn (SWEEP), timed over `batches` (forward, or forward + backward);
+    the module keeps the best of each.  Returns every setting's time and the best."""
+    from fully_async.core import triton_attention as ta
+
+    heads, kv_heads, head_dim = shape
+    dev, dtype, scale = torch.device("cuda"), torch.bfloat16, head_dim ** -0.5
+    cases = []
+    for lens in batches:
+        q = torch.randn(sum(lens), heads, head_dim, device=dev, dtype=dtype, requires_grad=True)
+        k, v = (torch.randn(sum(lens), kv_heads, head_dim, device=dev, dtype=dtype, requires_grad=True)
+                for _ in range(2))
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=dev, dtype=torch.int32)
+        cases.append((q, k, v, cu, max(lens), torch.randn_like(q)))
+    report: dict[str, Any] = {}
+    for name, settings in SWEEP.items():
+        timed = []
+        for setting in settings:
+            setattr(ta, name, setting)
+            if name == "FWD":
+                def run() -> None:
+                    with torch.no_grad():
+                        for q, k, v, cu, mx, _ in cases:
+                            ta.packed_attention(q, k, v, cu, cu, mx, mx, scale)
+            else:
+                def run() -> None:
+                    for q, k, v, cu, mx, g in cases:
+                        ta.packed_attention(q, k, v, cu, cu, mx, mx, scale).backward(g)
+            try:
+                timed.append((time_ms(run, warmup, iters), setting))
+            except Exception as exc:       # a setting this device cannot run (shared memory): recorded
+                print(f"sweep {name} {setting}: {type(exc).__name__}: {str(exc)[:200]}")
+                report.setdefault("failed", []).append([name, list(setting), str(exc)[:200]])
+        best = min(timed)[1]
+        setattr(ta, name, best)
+        report[name] = {"best": list(best), "ms": {str(list(s)): t for t, s in timed}}
+        print(f"sweep {name}: " + ", ".join(f"{list(s)} {t:.2f} ms" for t, s in sorted(timed)[:4]) + f" -> {list(best)}")
+    return report
 
 
 def time_ms(fn: Callable[[], Any], warmup: int, iters: int) -> float:
@@ -182,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kernels", nargs="+", default=["flash", "cudnn"], choices=sorted(KERNELS))
     p.add_argument("--chunk", type=int, nargs=2, default=[4096, 8192], metavar=("QUERIES", "PREFIX"),
                    help="the prefill chunk case: QUERIES tokens after PREFIX cached ones (0 0: skip it)")
+    p.add_argument("--sweep", action="store_true", help="first try the Triton kernels' block settings (SWEEP) on "
+                   "the timed micro-batches and keep the best of each")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
@@ -194,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
 
     batches = workload_micro_batches(args.rows, args.max_prompt, args.max_response, args.max_tokens, args.seed)
     shape = (args.heads, args.kv_heads, args.head_dim)
+    sweep = sweep_triton(batches[:args.micro_batches], shape, args.warmup, args.iters) if args.sweep else None
     rows = [run_case(f"update mb{i}", lens, lens, args.kernels, *shape, True, args.warmup, args.iters)
             for i, lens in enumerate(batches[:args.micro_batches])]
     totals: dict[str, Any] = {}
@@ -204,12 +266,13 @@ def main(argv: list[str] | None = None) -> int:
                               "forward_backward_ms": sum(d["forward_backward_ms"] for d in done)}
     if args.chunk[0]:
         queries, prefix = args.chunk
-        rows.append(run_case("prefill chunk", [queries], [prefix + queries], ["flash", "sdpa_lower_right"], *shape,
+        rows.append(run_case("prefill chunk", [queries], [prefix + queries], ["flash", "triton", "sdpa_lower_right"], *shape,
                              False, args.warmup, args.iters))
     out = {"hardware": describe_hardware(get_device("cuda")), "torch": torch.__version__,
            "cudnn": torch.backends.cudnn.version(), "heads": args.heads, "kv_heads": args.kv_heads,
            "head_dim": args.head_dim, "update_micro_batches": len(batches), "timed_micro_batches": args.micro_batches,
-           "tokens_per_micro_batch": [sum(b) for b in batches], "totals_over_timed": totals, "cases": rows}
+           "tokens_per_micro_batch": [sum(b) for b in batches], "totals_over_timed": totals, "cases": rows,
+           "triton_sweep": sweep}
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
     for kernel, t in totals.items():

@@ -419,9 +419,13 @@ attention)
   # #45: the packed attention kernels alone (scripts/bench_varlen_attention.py: the seed-003 update's micro-batches,
   # forward and backward, FlashAttention varlen against cuDNN; the prefill chunk's flash against sdpa), after the
   # packing GPU tests (the flash path with more keys than queries against sdpa aligned to the bottom right)
+  # KERNELS: which (default flash, triton and cudnn); SWEEP=1 tries the Triton kernels' block settings first
   export CUDA_VISIBLE_DEVICES=0
+  python3 -c "import inspect, torch, triton; from torch.nn.attention.varlen import varlen_attn as f; \
+print('torch', torch.__version__, 'triton', triton.__version__, 'varlen_attn', inspect.signature(f))"
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_packing_cuda.py 2>&1 | tail -4
-  timeout 200 python3 scripts/bench_varlen_attention.py --out "$OUT/varlen_attention.json" 2>&1 | tail -12
+  timeout ${LIMIT:-240} python3 scripts/bench_varlen_attention.py ${SWEEP:+--sweep} --kernels ${KERNELS:-flash triton cudnn} \
+      --out "$OUT/varlen_attention.json" 2>&1 | grep -v "^sweep.*failed" | tail -${TAIL_LINES:-16}
   ;;
 update)
   # #45: the seed-003 step's update alone (512 responses, the workload's lognormal lengths up to 3072, 32768 tokens a
@@ -430,12 +434,16 @@ update)
   # one call (PROFILE= leaves the kernel profile out)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
   export CUDA_VISIBLE_DEVICES=0
+  # PACKED="flash triton": this tree's update once per packed attention kernel (FULLY_ASYNC_PACKED_ATTENTION)
   for side in ${SIDES:-new}; do
-    PP=$PYTHONPATH; ROOT=.; [ $side = old ] && { ROOT=${OLD:-.gpubundle/old}; PP=/tmp/site:$PWD/$ROOT; }
-    PYTHONPATH=$PP timeout ${LIMIT:-420} python3 $ROOT/scripts/bench_packing.py --model /tmp/m05 --device cuda \
-        --rows 512 --n 8 --max-prompt 16 --max-response 3072 --lengths workload --max-tokens 32768 \
-        --variants ${VARIANTS:-packed:varlen/compiled packed:varlen/compiled/ckpt} ${PROFILE---profile} --warmup 1 \
-        --iters ${ITERS:-2} --out "$OUT/update${SIDES:+_$side}.json" 2>&1 | grep -v "it/s\]" | grep -vi "warn" | tail -40
+    for kernel in ${PACKED:-auto}; do
+      PP=$PYTHONPATH; ROOT=.; [ $side = old ] && { ROOT=${OLD:-.gpubundle/old}; PP=/tmp/site:$PWD/$ROOT; }
+      FULLY_ASYNC_PACKED_ATTENTION=$kernel PYTHONPATH=$PP timeout ${LIMIT:-420} python3 $ROOT/scripts/bench_packing.py \
+          --model /tmp/m05 --device cuda --rows 512 --n 8 --max-prompt 16 --max-response 3072 --lengths workload \
+          --max-tokens 32768 --variants ${VARIANTS:-packed:varlen/compiled packed:varlen/compiled/ckpt} ${PROFILE---profile} \
+          --warmup 1 --iters ${ITERS:-2} --out "$OUT/update${SIDES:+_$side}${PACKED:+_$kernel}.json" 2>&1 \
+          | tee "$OUT/update${SIDES:+_$side}${PACKED:+_$kernel}.log" | grep -v "it/s\]" | grep -vi "warn" | tail -${TAIL_LINES:-40}
+    done
   done
   ;;
 scaling)

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
+
+from fully_async.core import triton_attention
 
 NAME = "varlen"
 
@@ -68,6 +71,36 @@ def flash_runs(device_type: str, dtype: torch.dtype, head_dim: int) -> bool:
 
 def uses_flash(query: torch.Tensor) -> bool:
     return flash_runs(query.device.type, query.dtype, query.shape[-1])
+
+
+# FULLY_ASYNC_PACKED_ATTENTION picks the CUDA kernel of packed_causal_attention: "flash" (torch's FlashAttention
+# varlen), "triton" (core/triton_attention.py), or "auto" (the default: `resolve_packed_kernel`); read at import
+PACKED_KERNEL = os.environ.get("FULLY_ASYNC_PACKED_ATTENTION", "auto")
+if PACKED_KERNEL not in ("auto", "flash", "triton"):
+    raise ValueError(f"FULLY_ASYNC_PACKED_ATTENTION={PACKED_KERNEL!r}: use auto, flash or triton")
+_AUTO: list[str] = []     # what "auto" chose, once a process (one kind of CUDA device a process)
+
+
+def resolve_packed_kernel(device: torch.device) -> str:
+    """What "auto" runs on this CUDA device: the Triton kernels on Hopper (compute capability 9.x, the one measured:
+    at the seed-003 update's micro-batches on 1x H200, forward 0.27-0.32 ms against FlashAttention's 0.63-0.67;
+    docs/measurements/triton_attention_h200/), FlashAttention on the others.  Decided once; the trainer and the
+    engine call this at set-up, before their layers are compiled, so the compiled code only reads the answer."""
+    if not _AUTO:
+        major = torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 0
+        _AUTO.append("triton" if major == 9 else "flash")
+    return _AUTO[0]
+
+
+def fused_kernel(query: torch.Tensor) -> Optional[str]:
+    """The CUDA kernel packed_causal_attention runs for this query: "triton", "flash" or None (neither runs)."""
+    device_type, dtype, head_dim = query.device.type, query.dtype, query.shape[-1]
+    if device_type != "cuda":
+        return None
+    want = PACKED_KERNEL if PACKED_KERNEL != "auto" else (_AUTO[0] if _AUTO else resolve_packed_kernel(query.device))
+    if want == "triton" and triton_attention.supported(device_type, dtype, head_dim) is None:
+        return "triton"
+    return "flash" if flash_runs(device_type, dtype, head_dim) else None
 
 
 def fused_varlen_runs(device_type: str, dtype: torch.dtype, head_dim: int) -> bool:
@@ -128,10 +161,16 @@ def packed_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
 
         return npu_packed_causal_attention(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu_k,
                                            q.shape[-1] ** -0.5 if scale is None else scale)
-    if uses_flash(q):
+    kernel = fused_kernel(q)
+    if kernel is not None:
         cu_q, cu_k = cu.to(torch.int32), cu_k.to(torch.int32)
-        max_q = int(max_len or int((cu_q[1:] - cu_q[:-1]).max()))
-        max_k = int(max_k or int((cu_k[1:] - cu_k[:-1]).max()))
+        # no int() of a given length: under torch.compile it is a symbolic int, and int() would pin the compiled
+        # layer to its value (a recompile for every micro-batch's longest sequence)
+        max_q = max_len if max_len is not None else int((cu_q[1:] - cu_q[:-1]).max())
+        max_k = max_k if max_k is not None else int((cu_k[1:] - cu_k[:-1]).max())
+        if kernel == "triton":
+            return triton_attention.packed_attention(q, k, v, cu_q, cu_k, max_q, max_k,
+                                                     q.shape[-1] ** -0.5 if scale is None else scale)
         return _flash_call(q.contiguous(), k.contiguous(), v.contiguous(), cu_q, cu_k, max_q, max_k, scale)
     bounds, key_bounds = cu.tolist(), cu_k.tolist()
     parts = [_causal_sdpa(q[a:b].transpose(0, 1), k[c:d].transpose(0, 1), v[c:d].transpose(0, 1),

@@ -34,8 +34,10 @@ class EnginePrefill:
         FusedDecoder.prefill): by default where a fused varlen attention kernel runs (CUDA's FlashAttention or
         torch_npu's, 16-bit floats); elsewhere only when asked (attention then runs prompt by prompt: the unit tests);
         needs the fused decode forward."""
-        from fully_async.core.varlen_attention import fused_varlen_runs
+        from fully_async.core.varlen_attention import fused_varlen_runs, resolve_packed_kernel
 
+        if self.torch_device.type == "cuda":
+            resolve_packed_kernel(self.torch_device)   # the packed kernel decided before any layer is compiled
         if asked is False:
             return False
         if self._fused is None:

@@ -153,6 +153,8 @@ def compile_decoder_layers(model: torch.nn.Module, device: Device) -> bool:
     layers = getattr(model.get_decoder(), "layers", None) if hasattr(model, "get_decoder") else None
     if backend is None or not isinstance(layers, torch.nn.ModuleList):
         return False
+    if device.name == "cuda":
+        varlen_attention.resolve_packed_kernel(device.torch_device())   # decided before the layers are traced
     for layer in layers:
         layer.compile(backend=backend, dynamic=None)
     return True

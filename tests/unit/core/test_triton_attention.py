@@ -1,0 +1,87 @@
+"""core/triton_attention.py's packed causal attention kernels (forward, dK/dV summed over each kv head's query
+heads, dQ), run on CPU by Triton's interpreter (in a subprocess: TRITON_INTERPRET must be set before Triton is
+imported) at blocks of 16: the output and the gradients equal plain attention per sequence in float64, over ragged
+sequences (1 token, one block, block boundaries, several blocks), grouped kv heads and more keys than queries
+(causality aligned to the bottom right); float32 and float16.  ~10 s."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from fully_async.core import triton_attention, varlen_attention
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir))
+
+CODE = """
+    import torch
+    from fully_async.core import triton_attention as ta
+    ta.FWD = ta.BWD_KV = ta.BWD_Q = (16, 16, 1, 1)
+
+    def reference(q, k, v, cu_q, cu_k, scale):
+        rep, parts = q.shape[1] // k.shape[1], []
+        for a, b, c, d in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), cu_k[:-1].tolist(), cu_k[1:].tolist()):
+            qi = q[a:b].transpose(0, 1)
+            ki, vi = (t[c:d].repeat_interleave(rep, 1).transpose(0, 1) for t in (k, v))
+            seen = torch.arange(d - c)[None, :] <= torch.arange(b - a)[:, None] + (d - c) - (b - a)
+            s = (qi @ ki.transpose(-1, -2) * scale).masked_fill(~seen, float("-inf"))
+            parts.append((s.softmax(-1) @ vi).transpose(0, 1))
+        return torch.cat(parts)
+
+    torch.manual_seed(0)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 5e-3)):
+        for q_lens, k_lens in (([1, 16, 17, 40, 5, 33], None), ([3, 20, 1], [30, 20, 9])):
+            k_lens = k_lens or q_lens
+            q = torch.randn(sum(q_lens), 4, 16, dtype=dtype, requires_grad=True)
+            k, v = (torch.randn(sum(k_lens), 2, 16, dtype=dtype, requires_grad=True) for _ in range(2))
+            cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32)
+                          for n in (q_lens, k_lens))
+            grad = torch.randn(q.shape, dtype=dtype)
+            out = ta.packed_attention(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), 0.25)
+            out.backward(grad)
+            leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+            ref = reference(*leaves, cu_q, cu_k, 0.25)
+            ref.backward(grad.double())
+            for name, a, b in zip(("out", "dq", "dk", "dv"), (out, q.grad, k.grad, v.grad),
+                                  (ref, *(t.grad for t in leaves))):
+                err = float((a.double() - b).abs().max())
+                assert err < tol * max(1.0, float(b.abs().max())), (dtype, q_lens, k_lens, name, err)
+    print("ok")
+"""
+
+
+def test_kernels_equal_plain_attention_under_the_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(CODE)], env=env, capture_output=True, text=True,
+                       cwd=ROOT, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout + r.stderr)[-3000:]
+
+
+def test_where_the_kernels_run(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert "cpu" in triton_attention.supported("cpu", torch.float32, 64)
+    assert "head_dim" in triton_attention.supported("cuda", torch.bfloat16, 80)
+    assert "dtype" in triton_attention.supported("cuda", torch.float32, 64)
+    # packed_causal_attention picks a fused CUDA kernel only on CUDA; on CPU it runs sdpa per sequence
+    assert varlen_attention.fused_kernel(torch.empty(1, 2, 64)) is None
+
+
+def test_bad_shapes_are_refused_with_their_sizes():
+    q, k = torch.empty(5, 3, 16), torch.empty(5, 2, 16)
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="not a multiple"):
+        triton_attention.packed_attention(q, k, k, cu, cu, 5, 5, 0.25)
+    with pytest.raises(ValueError, match="int32"):
+        triton_attention.packed_attention(q[:, :2], k, k, cu.long(), cu, 5, 5, 0.25)
+
+
+def test_auto_picks_triton_on_hopper_only_and_decides_once(monkeypatch):
+    for capability, want in (((9, 0), "triton"), ((8, 0), "flash"), ((10, 0), "flash")):
+        monkeypatch.setattr(varlen_attention, "_AUTO", [])
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert varlen_attention.resolve_packed_kernel(torch.device("cuda")) == want
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+        assert varlen_attention.resolve_packed_kernel(torch.device("cuda")) == want     # kept, not asked again
