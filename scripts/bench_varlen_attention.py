@@ -108,13 +108,14 @@ KERNELS: dict[str, Callable[..., torch.Tensor]] = {"flash": flash_attention, "cu
                                                    "triton": triton_attention, "sdpa_lower_right": lower_right_sdpa}
 
 # --sweep: block settings (BLOCK_M, BLOCK_N, warps, stages) tried per Triton kernel on the update's micro-batches,
-# one kernel at a time with the others at their best so far
-SWEEP = {"FWD": [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 4),
-                 (64, 128, 4, 3), (128, 64, 4, 4), (128, 64, 4, 2)],
-         "BWD_KV": [(64, 128, 8, 2), (32, 128, 4, 3), (64, 64, 4, 3), (32, 64, 4, 3), (64, 128, 8, 3),
-                    (128, 128, 8, 2), (64, 128, 4, 2), (32, 128, 8, 2)],
-         "BWD_Q": [(128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3), (64, 32, 4, 3),
-                   (128, 128, 8, 2), (128, 64, 8, 3), (64, 64, 4, 2)]}
+# one kernel at a time with the others at their best so far (the first of each list is where it starts); settings
+# that do not fit a device (shared memory, registers) are recorded as failed
+SWEEP = {"fwd": [(64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 32, 4, 4),
+                 (64, 128, 4, 3), (64, 32, 4, 3), (128, 64, 4, 2), (64, 64, 8, 2)],
+         "dkdv": [(32, 128, 4, 3), (64, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3), (64, 128, 8, 3),
+                  (128, 128, 8, 2), (32, 128, 8, 2), (16, 64, 4, 3), (32, 64, 8, 2), (64, 64, 8, 2)],
+         "dq": [(64, 32, 4, 3), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3),
+                (128, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 3), (64, 32, 8, 2)]}
 
 
 def sweep_triton(batches: list[list[int]], shape: tuple, warmup: int, iters: int) -> dict:
@@ -132,11 +133,12 @@ def sweep_triton(batches: list[list[int]], shape: tuple, warmup: int, iters: int
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=dev, dtype=torch.int32)
         cases.append((q, k, v, cu, max(lens), torch.randn_like(q)))
     report: dict[str, Any] = {}
+    current = ta.BLOCKS.setdefault(head_dim, {k: v[0] for k, v in SWEEP.items()})
     for name, settings in SWEEP.items():
         timed = []
         for setting in settings:
-            setattr(ta, name, setting)
-            if name == "FWD":
+            current[name] = setting
+            if name == "fwd":
                 def run() -> None:
                     with torch.no_grad():
                         for q, k, v, cu, mx, _ in cases:
@@ -150,8 +152,10 @@ def sweep_triton(batches: list[list[int]], shape: tuple, warmup: int, iters: int
             except Exception as exc:       # a setting this device cannot run (shared memory): recorded
                 print(f"sweep {name} {setting}: {type(exc).__name__}: {str(exc)[:200]}")
                 report.setdefault("failed", []).append([name, list(setting), str(exc)[:200]])
+        if not timed:
+            raise RuntimeError(f"no {name} setting of SWEEP runs at head_dim {head_dim} on this device")
         best = min(timed)[1]
-        setattr(ta, name, best)
+        current[name] = best
         report[name] = {"best": list(best), "ms": {str(list(s)): t for t, s in timed}}
         print(f"sweep {name}: " + ", ".join(f"{list(s)} {t:.2f} ms" for t, s in sorted(timed)[:4]) + f" -> {list(best)}")
     return report

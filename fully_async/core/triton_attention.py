@@ -27,12 +27,27 @@ from typing import Any, Optional
 
 import torch
 
-# (BLOCK_M queries, BLOCK_N keys, warps, pipeline stages) per kernel, read at each call (the interpreter's tests
-# set blocks of 16).  Measured on 1x H200 at the seed-003 update's micro-batches (14/2 heads, head_dim 64;
-# scripts/bench_varlen_attention.py --sweep: the best of 8 settings each)
-FWD = (64, 64, 4, 3)
-BWD_KV = (32, 128, 4, 3)     # BLOCK_M queries an inner step, BLOCK_N keys a program
-BWD_Q = (64, 32, 4, 3)       # BLOCK_M queries a program, BLOCK_N keys an inner step
+# (BLOCK_M queries, BLOCK_N keys, warps, pipeline stages) per kernel and head_dim, read at each call (the
+# interpreter's tests set blocks of 16): "fwd"; "dkdv" (BLOCK_M queries an inner step, BLOCK_N keys a program); "dq"
+# (BLOCK_M queries a program, BLOCK_N keys an inner step).  Each the best of scripts/bench_varlen_attention.py
+# --sweep's settings on 1x H200 at a real update's packed micro-batches (~32k tokens, lognormal lengths up to 3,088):
+# head_dim 64 with 14/2 heads (Qwen2.5-0.5B), 128 with 28/4 (Qwen2.5-7B)
+BLOCKS: dict[int, dict[str, tuple[int, int, int, int]]] = {
+    64: {"fwd": (64, 64, 4, 3), "dkdv": (32, 128, 4, 3), "dq": (64, 32, 4, 3)},
+    128: {"fwd": (64, 64, 4, 3), "dkdv": (16, 64, 4, 3), "dq": (64, 64, 4, 2)},
+}
+# the head_dims at which these kernels were measured faster than FlashAttention's on Hopper ("auto" picks them there;
+# 1x H200, forward + backward over the update's micro-batches: 64 -16%, 128 -15%)
+FASTER_ON_HOPPER = frozenset({64, 128})
+
+
+def blocks(head_dim: int) -> dict[str, tuple[int, int, int, int]]:
+    """The block settings for this head_dim: its own where measured, else those of the nearest measured one above
+    (fewer registers a row below it), else the largest."""
+    if head_dim in BLOCKS:
+        return BLOCKS[head_dim]
+    above = [d for d in BLOCKS if d >= head_dim]
+    return BLOCKS[min(above)] if above else BLOCKS[max(BLOCKS)]
 _KERNELS: list = []
 # looked up without importing it (and once: `supported` runs inside compiled decoder layers, so it stays plain logic)
 TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
@@ -252,7 +267,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tens
     t, heads, dim = q.shape
     out = torch.zeros_like(q)                    # a token outside every sequence gets zeros
     lse = torch.empty((t, heads), dtype=torch.float32, device=q.device)
-    block_m, block_n, warps, stages = FWD
+    block_m, block_n, warps, stages = blocks(dim)["fwd"]
     grid = ((cu_q.numel() - 1) * heads, triton_cdiv(max_q, block_m))
     if grid[0] and grid[1]:
         fwd_kernel[grid](q, k, v, out, lse, cu_q, cu_k, scale * math.log2(math.e), q.stride(0), q.stride(1),
@@ -281,13 +296,13 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     scale_log2 = scale * math.log2(math.e)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), dout.stride(0),
                dout.stride(1))
-    block_m, block_n, warps, stages = BWD_KV
+    block_m, block_n, warps, stages = blocks(dim)["dkdv"]
     if k.shape[0]:
         dkdv_kernel[(seqs * kv_heads, triton_cdiv(max_k, block_n))](
             q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, scale, scale_log2, *strides, dk.stride(0), dk.stride(1),
             dv.stride(0), dv.stride(1), H=heads, HKV=kv_heads, GROUP=heads // kv_heads, D=dim, BLOCK_M=block_m,
             BLOCK_N=block_n, num_warps=warps, num_stages=stages)
-    block_m, block_n, warps, stages = BWD_Q
+    block_m, block_n, warps, stages = blocks(dim)["dq"]
     dq_kernel[(seqs * heads, triton_cdiv(max_q, block_m))](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k, scale, scale_log2, *strides, dq.stride(0), dq.stride(1), H=heads,
         GROUP=heads // kv_heads, D=dim, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)

@@ -84,7 +84,8 @@ _AUTO: list[str] = []     # what "auto" chose, once a process (one kind of CUDA 
 def resolve_packed_kernel(device: torch.device) -> str:
     """What "auto" runs on this CUDA device: the Triton kernels on Hopper (compute capability 9.x, the one measured:
     at the seed-003 update's micro-batches on 1x H200, forward 0.27-0.32 ms against FlashAttention's 0.63-0.67;
-    docs/measurements/triton_attention_h200/), FlashAttention on the others.  Decided once; the trainer and the
+    docs/measurements/triton_attention_h200/) at the head sizes measured faster there
+    (triton_attention.FASTER_ON_HOPPER), FlashAttention on the others.  Decided once; the trainer and the
     engine call this at set-up, before their layers are compiled, so the compiled code only reads the answer."""
     if not _AUTO:
         major = torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 0
@@ -97,7 +98,11 @@ def fused_kernel(query: torch.Tensor) -> Optional[str]:
     device_type, dtype, head_dim = query.device.type, query.dtype, query.shape[-1]
     if device_type != "cuda":
         return None
-    want = PACKED_KERNEL if PACKED_KERNEL != "auto" else (_AUTO[0] if _AUTO else resolve_packed_kernel(query.device))
+    if PACKED_KERNEL == "auto":
+        on_hopper = (_AUTO[0] if _AUTO else resolve_packed_kernel(query.device)) == "triton"
+        want = "triton" if on_hopper and head_dim in triton_attention.FASTER_ON_HOPPER else "flash"
+    else:
+        want = PACKED_KERNEL
     if want == "triton" and triton_attention.supported(device_type, dtype, head_dim) is None:
         return "triton"
     return "flash" if flash_runs(device_type, dtype, head_dim) else None

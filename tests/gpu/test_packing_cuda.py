@@ -106,15 +106,17 @@ def _fp32_reference(q, k, v, cu_q, cu_k, scale):
     return torch.cat(parts)
 
 
-@pytest.mark.parametrize("q_lens,k_lens", [([1, 700, 3088, 17, 64, 2000, 129], None), ([700, 1, 64], [2748, 1, 64])])
-def test_triton_packed_attention_is_as_close_to_float32_as_flash(q_lens, k_lens, monkeypatch):
+@pytest.mark.parametrize("q_lens,k_lens,heads", [([1, 700, 3088, 17, 64, 2000, 129], None, (14, 2, 64)),
+                                                 ([700, 1, 64], [2748, 1, 64], (14, 2, 64)),
+                                                 ([1, 900, 2100, 33, 128], None, (28, 4, 128))])
+def test_triton_packed_attention_is_as_close_to_float32_as_flash(q_lens, k_lens, heads, monkeypatch):
     """core/triton_attention.py's kernels (grouped kv heads read as they are) against FlashAttention's varlen kernel
     (kv heads repeated where this torch has no enable_gqa), both bf16, each measured against the same attention in
     float32: the output and dq/dk/dv of the Triton kernels are no further from it than twice FlashAttention's."""
     k_lens = k_lens or q_lens
     torch.manual_seed(0)
-    q = torch.randn(sum(q_lens), 14, 64, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(sum(k_lens), 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(sum(q_lens), heads[0], heads[2], device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(sum(k_lens), heads[1], heads[2], device="cuda", dtype=torch.bfloat16) for _ in range(2))
     grad = torch.randn_like(q)
     cu_q, cu_k = (torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda") for lens in (q_lens, k_lens))
     ref_in = [t.float().requires_grad_() for t in (q, k, v)]

@@ -18,7 +18,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.par
 CODE = """
     import torch
     from fully_async.core import triton_attention as ta
-    ta.FWD = ta.BWD_KV = ta.BWD_Q = (16, 16, 1, 1)
+    ta.BLOCKS = {16: dict.fromkeys(("fwd", "dkdv", "dq"), (16, 16, 1, 1))}
 
     def reference(q, k, v, cu_q, cu_k, scale):
         rep, parts = q.shape[1] // k.shape[1], []
@@ -85,3 +85,21 @@ def test_auto_picks_triton_on_hopper_only_and_decides_once(monkeypatch):
         assert varlen_attention.resolve_packed_kernel(torch.device("cuda")) == want
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
         assert varlen_attention.resolve_packed_kernel(torch.device("cuda")) == want     # kept, not asked again
+
+
+def test_blocks_fall_back_to_the_nearest_measured_head_dim_above(monkeypatch):
+    monkeypatch.setattr(triton_attention, "BLOCKS", {64: {"fwd": 1}, 128: {"fwd": 2}})
+    assert [triton_attention.blocks(d)["fwd"] for d in (16, 32, 64, 96, 128, 256)] == [1, 1, 1, 2, 2, 2]
+
+
+def test_auto_keeps_flash_at_head_dims_not_measured_faster(monkeypatch):
+    monkeypatch.setattr(varlen_attention, "_AUTO", ["triton"])           # a Hopper device, as resolved at set-up
+    monkeypatch.setattr(varlen_attention, "flash_runs", lambda *a: True)
+    monkeypatch.setattr(triton_attention, "supported", lambda *a: None)
+    monkeypatch.setattr(triton_attention, "FASTER_ON_HOPPER", frozenset({64}))
+    meta = {d: torch.empty(1, 2, d, device="meta") for d in (32, 64)}
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda")))
+    assert varlen_attention.fused_kernel(meta[64]) == "triton"
+    assert varlen_attention.fused_kernel(meta[32]) == "flash"
+    monkeypatch.setattr(varlen_attention, "_AUTO", ["flash"])            # not Hopper
+    assert varlen_attention.fused_kernel(meta[64]) == "flash"
