@@ -134,3 +134,98 @@ def test_param_version_metrics_go_to_the_outbox_at_the_step_that_pushed_the_next
     rollouter._end_version(4)                                 # the final push: 4 x 2 = 8 > the run's 7 steps
     assert [step for step, _ in rollouter.pop_metrics()] == [7]
     rollouter._version_mark = None
+
+
+class _InFlight:
+    """A queue call on its way: it reaches the queue only when somebody waits for it (ray_get), the latest a real
+    actor call can arrive."""
+
+    def __init__(self, call):
+        self.call, self.arrived, self.value = call, False, None
+
+    def get(self):
+        if not self.arrived:
+            self.value, self.arrived = self.call(), True
+        return self.value
+
+
+class SlowPutQueue:
+    """The GroupQueue behind `.method.remote(...)`: put_many arrives only when waited for, every other call at once."""
+
+    def __init__(self):
+        from fully_async.actors.queue import GroupQueue
+        self.q = GroupQueue()
+        self.puts: list[_InFlight] = []
+
+    def __getattr__(self, name):
+        from fake_engine import Remote
+
+        method = getattr(self.q, name)
+        if name != "put_many":
+            return Remote(method)
+
+        def put(groups):
+            self.puts.append(_InFlight(lambda: method(groups)))
+            return self.puts[-1]
+        return Remote(put)
+
+
+def _waited(x):
+    return x.get() if isinstance(x, _InFlight) else x
+
+
+@pytest.fixture
+def slow_put_rollouter(monkeypatch):
+    import fully_async.actors.rollouter as ro
+    from fully_async.run.prepare import prepare
+
+    monkeypatch.setattr(ro, "ray_get", _waited)
+    cfg = load_config(["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                       "trainer.total_training_steps=2", "data.val_files=null", "data.max_response_length=16",
+                       "benchmark.response_length=lognormal", "benchmark.ignore_eos=true",
+                       "async_training.staleness_threshold=100"])   # groups complete at different steps
+    prep = prepare(cfg)
+    return ro.Rollouter(prep.cfg, SlowPutQueue(), prep.train, [], prep.eos_token_ids, prep.pad_token_id)
+
+
+def test_a_push_does_not_wait_for_the_queue_and_what_reads_the_queue_waits_for_it(slow_put_rollouter, tmp_path):
+    """The engine runs in the rollouter's thread: a push hands the groups to the queue without waiting for the
+    round trip (one put in flight, so they keep their order); the staleness bound's count of queued groups and a
+    checkpoint's queue part see every group pushed."""
+    r, queue = slow_put_rollouter, slow_put_rollouter.queue
+    sched = r.scheduler
+    sched.admit()
+    while sched.pending:
+        sched.step()
+    generated = sched.stats["generated_samples"] // 2   # groups of n=2
+    assert generated == 8 and len(queue.puts) >= 2
+    assert not queue.puts[-1].arrived                      # the last push did not wait
+    assert all(p.arrived for p in queue.puts[:-1])         # each push waited for the one before it
+    assert queue.q.size() < generated
+    assert r._queued() == generated                        # the bound's carry-over counts the groups pushed
+    r._push([])                                            # nothing to push: no put
+    assert queue.puts[-1].arrived
+    sched.admit()                                          # (the run's prompts are all admitted)
+    r._save_part(str(tmp_path))
+    assert queue.q.size() == generated and all(p.arrived for p in queue.puts)
+
+
+def test_the_queue_is_closed_after_the_last_push_arrived(slow_put_rollouter):
+    """With every prompt generated the rollouter closes the queue; a put still on its way would reach a closed
+    queue and fail the run."""
+    import threading
+    import time
+
+    r = slow_put_rollouter
+    loop = threading.Thread(target=r.run, daemon=True)
+    loop.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not r.closed and loop.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert r.closed and loop.is_alive()
+        assert r.queue.q.size() == 8 and r.queue.q.progress()["closed"]
+    finally:
+        r.stop()
+        loop.join(30)
+    assert not loop.is_alive()
