@@ -25,7 +25,11 @@ simulated event by event, with the run's own rules:
             trigger_parameter_sync_step steps updates the weights: both sides stall weight_sync_s; with
             partial_rollout the engines are interrupted first (progress kept; pause_mode=abort: they resume
             from prompt + partial response, prefilled again; keep: over their cache), without it they drain
-            their in-flight responses on the old weights before the load (scheduler.apply_weights).
+            their in-flight responses on the old weights before the load (scheduler.apply_weights).  A push
+            that hands the weights over without waiting for the engines' load (the object store: weight_load_s
+            > 0) stalls only the trainer, for weight_sync_s; the engines go on meanwhile, then stop as above
+            and load for weight_load_s while the trainer goes on to its next batch, whose push waits for that
+            load (weight_sync/object_store.py, PendingLoad.flush).
   elastic   split, plus one engine replica per trainer device group (`elastic_replicas`) that joins the pool
             while the trainer waits for groups; when the trainer's batch is ready those replicas are
             pre-empted (their unfinished responses parked, resumed first on any replica with room) and the
@@ -79,6 +83,9 @@ class _AsyncSim:
         self.trainer_busy = False
         self.syncing = False
         self.draining = False
+        self.pushing = False                    # weight_load_s: the trainer pushes (or waits to)
+        self.updating = False                   # weight_load_s: a pushed update the engines have not loaded yet
+        self._push_waits = False                # the trainer's next push waits for that load
         # the real trainer's step and push rules (core/trainer_state.py)
         self.trainer = TrainerState(total_steps=work.steps, trigger=setup.trigger_parameter_sync_step)
         self.result = SimResult("elastic" if setup.elastic_replicas else "async", 0, 0, 0.0)
@@ -124,7 +131,7 @@ class _AsyncSim:
             self._schedule(i)
 
     def _admit(self, t: float) -> None:
-        if self.syncing or self.draining:
+        if self.syncing or self.draining or self.updating:
             return
         self._resume_homeless(t)
         if self.homeless:
@@ -149,7 +156,7 @@ class _AsyncSim:
 
     # -- trainer
     def _try_train(self, t: float) -> None:
-        if (self.trainer.done() or self.trainer_busy or self.syncing or self.draining
+        if (self.trainer.done() or self.trainer_busy or self.syncing
                 or len(self.queue) < self.s.required):
             return   # (a step past the run's last would count tokens no step time pays for)
         taken, self.queue = self.queue[:self.s.required], self.queue[self.s.required:]
@@ -182,15 +189,36 @@ class _AsyncSim:
 
     def _on_trained(self, t: float) -> None:
         self.trainer.step += 1
-        if self.trainer.push_due():
-            self.syncing = True
-            if self.s.partial_rollout:
-                self._interrupt(t)
-                self._push(t + self.c.weight_sync_s, "synced")
+        if not self.trainer.push_due():
+            self._step_done(t)
+        elif self.c.weight_load_s > 0:   # the push hands the weights over: the engines go on until they load them
+            self.pushing = True
+            if self.updating:
+                self._push_waits = True   # until the previous update is loaded
             else:
-                self.draining = True
-                self._maybe_drained(t)
-            return
+                self._push(t + self.c.weight_sync_s, "pushed")
+        else:
+            self.syncing = True
+            self._stop_engines(t)
+
+    def _stop_engines(self, t: float) -> None:
+        """The engines stop for a weight update: interrupted (progress kept) with partial_rollout, else drained."""
+        if self.s.partial_rollout:
+            self._interrupt(t)
+            self._load(t)
+        else:
+            self.draining = True
+            self._maybe_drained(t)
+
+    def _load(self, t: float) -> None:
+        """The engines have stopped: the update takes weight_sync_s (both sides), or weight_load_s after a push that
+        did not wait for it."""
+        self._push(t + (self.c.weight_load_s if self.updating else self.c.weight_sync_s), "synced")
+
+    def _on_pushed(self, t: float) -> None:
+        """weight_load_s: the trainer's push is done and it goes on to its next batch; the engines stop and load."""
+        self.pushing, self.updating = False, True
+        self._stop_engines(t)
         self._step_done(t)
 
     def _interrupt(self, t: float) -> None:
@@ -206,10 +234,11 @@ class _AsyncSim:
     def _maybe_drained(self, t: float) -> None:
         if self.draining and all(not r.heap for r in self.replicas):
             self.draining = False
-            self._push(t + self.c.weight_sync_s, "synced")
+            self._load(t)
 
     def _on_synced(self, t: float) -> None:
         self.syncing = False
+        pushed, self.updating = self.updating, False   # (the trainer's step ended at its push)
         self.bound.on_version(self.bound.state.version + 1, in_flight=len(self.groups), queued=len(self.queue))
         self.result.max_admitted = max(self.result.max_admitted, self.bound.state.admitted)
         parked, self.parked = self.parked, []
@@ -217,7 +246,13 @@ class _AsyncSim:
             self.replicas[i].join(seqs, t, prefill=self.s.pause_mode == "abort")
             self._touch(i)
             self._schedule(i)
-        self._step_done(t)
+        if not pushed:
+            self._step_done(t)
+            return
+        self._admit(t)
+        if self._push_waits:
+            self._push_waits = False
+            self._push(t + self.c.weight_sync_s, "pushed")
 
     def _step_done(self, t: float) -> None:
         self.trainer_busy = False
@@ -234,7 +269,7 @@ class _AsyncSim:
         self._trainer_free_since = 0.0
         self._admit(0.0)
         t = 0.0
-        while not self.trainer.done() or self.syncing or self.draining:
+        while not self.trainer.done() or self.syncing or self.draining or self.pushing:
             if not self.events:
                 raise RuntimeError("pipeline simulation stalled: no event left (staleness bound below one step?)")
             t, _, kind, payload, gen = heapq.heappop(self.events)
@@ -248,10 +283,12 @@ class _AsyncSim:
                 self._try_train(t)
             elif kind == "trained":
                 self._on_trained(t)
+            elif kind == "pushed":
+                self._on_pushed(t)
             elif kind == "synced":
                 self._on_synced(t)
-            if self.trainer.done() and not self.syncing and not self.draining:
-                break
+            if self.trainer.done() and not self.syncing and not self.draining and not self.pushing:
+                break   # (a load after the last push ends no step)
         res = self.result
         res.steps, res.seconds = self.trainer.step, res.step_ends[-1]
         rollout = self.replicas[:self.s.replicas]

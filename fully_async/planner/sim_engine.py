@@ -34,6 +34,8 @@ class StageCosts:
     prefill_token_s: float = 0.0    # seconds per prefilled token (new requests, resumed partial prefixes)
     train_step_s: float = 0.0       # fixed seconds per trainer step (batch assembly, optimizer launch, ...)
     weight_sync_s: float = 0.0      # async: one weight update (trainer push + engines load; both stall)
+    weight_load_s: float = 0.0      # split / elastic async: the engines' load after a push that does not wait for it
+    #                                 (object store): they generate again only after it, the trainer goes on
     sync_step_s: float = 0.0        # sync mode: per-step switch (engine sleep/wake + local weight load)
     swap_s: float = 0.0             # colocated async: a freeing switch's KV swap of the responses in flight (out + in)
     turn_switch_s: float = 0.0      # colocated async: a turn switch (engines sleep, the trainer onloads, and back)
@@ -45,7 +47,8 @@ class StageCosts:
 
     def __post_init__(self) -> None:
         for name in ("decode_step_s", "train_token_s", "decode_seq_s", "decode_kv_token_s", "prefill_token_s",
-                     "train_step_s", "weight_sync_s", "sync_step_s", "swap_s", "turn_switch_s", "first_train_s"):
+                     "train_step_s", "weight_sync_s", "weight_load_s", "sync_step_s", "swap_s", "turn_switch_s",
+                     "first_train_s"):
             value = getattr(self, name)
             if not value >= 0.0:
                 raise ValueError(f"stage cost {name}={value!r} must be a number >= 0")

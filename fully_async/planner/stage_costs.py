@@ -27,6 +27,9 @@ Measured from a run's logs (`from_run_scalars`: a TensorBoard dir of one run, ei
                   sum(timing_s/step - timing_s/gen - switch) x devices / tokens
   weight_sync_s   async: mean timing_s/param_sync over the steps that pushed (the trainer's push; the engines load
                   meanwhile), colocated: plus the mean timing_s/param_sync/load (the engines load on the same devices)
+  weight_load_s   split / elastic async whose push returns before the engines load (the object store: the run logs
+                  timing_s/param_sync/wait, the next push's wait for that load): mean timing_s/param_sync/load, the
+                  engines' load after the push (a collective push waits for it: inside timing_s/param_sync)
   sync_step_s     sync: mean(timing_s/param_sync + onload + offload + reward)
   turn_switch_s   sync: mean(timing_s/onload + offload + reward) (colocated async's turn switch and scoring: it
                   loads weights only at an update); a colocated run's own switches stay in its trainer busy time
@@ -246,11 +249,14 @@ def from_run_scalars(scalars: dict[str, list[float]], mode: str, trainer_devices
         # per weight update (the steps that pushed); colocated also waits for the engines' load on the same devices
         pushes = [side[i] for i in kept if side[i] > 0]
         update_s = _mean(pushes) if pushes else 0.0
+        loads = [v for v in col("timing_s/param_sync/load") if v > 0]
+        load_s = _mean(loads) if loads else 0.0
         if placement == "colocated":
-            loads = [v for v in col("timing_s/param_sync/load") if v > 0]
-            update_s += _mean(loads) if loads else 0.0
+            update_s, load_s = update_s + load_s, 0.0
+        elif not scalars.get("timing_s/param_sync/wait"):
+            load_s = 0.0   # a push that waits for the engines' load (collective): inside timing_s/param_sync
         return StageCosts(decode_step_s=decode_step_s, decode_seq_s=decode_seq_s, decode_kv_token_s=decode_kv_s,
-                          train_token_s=train_token_s, weight_sync_s=update_s, source=source)
+                          train_token_s=train_token_s, weight_sync_s=update_s, weight_load_s=load_s, source=source)
     switches = [a + b + c for a, b, c in zip(col("timing_s/onload"), col("timing_s/offload"), col("timing_s/reward"))]
     return StageCosts(decode_step_s=decode_step_s, decode_seq_s=decode_seq_s, decode_kv_token_s=decode_kv_s,
                       train_token_s=train_token_s, sync_step_s=side_s,

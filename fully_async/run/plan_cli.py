@@ -422,7 +422,9 @@ def throughput_section(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSp
         f"device (+{costs.train_step_s:.3f} s/step), data-parallel efficiency {costs.dp_efficiency:g}",
         f"async weight update {costs.weight_sync_s:.3f} s (both sides stall)" + (
             " (plan.weight_sync_s)" if opts.weight_sync_s is not None else " (measured by the run)"
-            if derived.get("weight_sync") == "measured" else " (estimated: bf16 weights over the device link)"),
+            if derived.get("weight_sync") == "measured" else " (estimated: bf16 weights over the device link)") + (
+            f", then the engines' load {costs.weight_load_s:.3f} s (the trainer goes on; measured by the run)"
+            if costs.weight_load_s else ""),
         f"sync per-step switch {costs.sync_step_s:.3f} s" + (
             " (plan.sync_step_s)" if opts.sync_step_s is not None else " (measured by the run)"
             if derived.get("sync_step") == "measured" else f" (estimated: local reload + "

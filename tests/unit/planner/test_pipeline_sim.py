@@ -38,6 +38,32 @@ def test_strictly_on_policy_async_runs_generate_train_sync_in_series():
     assert res.bound_pauses >= 3
 
 
+@pytest.mark.parametrize("partial", [False, True])
+def test_the_engines_load_after_the_push_delays_generation_worked_by_hand(partial):
+    # as the strictly on-policy run above, with a push that does not wait for the engines' load (the object store):
+    # the trainer's step ends at its push (0.02 s), then the engines load for 0.03 s before the next version's
+    # groups are admitted: generate 0.1 + train 0.04 + push 0.02 = 0.16, then 0.03 + 0.16 a step
+    setup = AsyncSetup(replicas=1, trainer_devices=1, max_num_seqs=8, required=2, staleness_threshold=0.0,
+                       trigger_parameter_sync_step=1, partial_rollout=partial)
+    costs = StageCosts(decode_step_s=0.01, train_token_s=0.001, weight_sync_s=0.02, weight_load_s=0.03)
+    res = simulate_async(setup, costs, Workload(n=2, prompt_len=0, length=const(10), steps=3))
+    assert res.step_ends == pytest.approx([0.16, 0.35, 0.54])
+
+
+def test_the_trainer_goes_on_during_the_engines_load_and_its_next_push_waits_for_it():
+    """Generation nearly free, a loose bound: every step trains 40 tokens (0.04 s) and pushes (0.01 s).  A 0.03 s
+    load after the push is off the trainer's path (0.05 s a step, as without it); a 0.06 s load outlasts the next
+    step's training, whose push waits for it: 0.01 + 0.06 = 0.07 s a step after the first."""
+    work = Workload(2, 0, const(10), 20)
+    ends = {}
+    for load in (0.0, 0.03, 0.06):
+        costs = StageCosts(decode_step_s=1e-6, train_token_s=0.001, weight_sync_s=0.01, weight_load_s=load)
+        ends[load] = simulate_async(AsyncSetup(1, 1, 64, 2, 2.0, 1, True), costs, work).step_ends
+    assert ends[0.0] == pytest.approx([0.05 * (k + 1) for k in range(20)], abs=1e-4)
+    assert ends[0.03] == pytest.approx(ends[0.0], abs=1e-4)
+    assert ends[0.06] == pytest.approx([0.05 + 0.07 * k for k in range(20)], abs=1e-4)
+
+
 def test_async_counts_the_tokens_of_the_run_s_steps_only():
     """A run of K steps counts K steps' tokens: with a loose bound and a trigger > 1 the queue holds the next step's
     groups when the last one ends, and a step started past the end (its samples counted, its time not) inflated

@@ -102,6 +102,26 @@ def test_a_runs_decode_step_is_split_at_the_batch_it_logged():
     assert from_run_scalars(scalars, "async", 1, seq_cost_s=20e-6).decode_step_s == pytest.approx(4e-3)
 
 
+def test_the_engines_load_after_a_push_that_did_not_wait_for_it():
+    """The object store's push returns before the engines load (the next push logs its wait for that load,
+    timing_s/param_sync/wait): weight_load_s is the mean logged load; a collective push waits for the load itself
+    (no wait logged: the load is inside timing_s/param_sync); colocated adds it to the update, as before."""
+    from fully_async.planner.sim_engine import StageCosts
+    from fully_async.planner.stage_costs import from_run_scalars
+
+    scalars = run_scalars([0.4] * 4)
+    scalars["timing_s/param_sync/load"] = [0.0, 0.02, 0.04, 0.03]   # logged from the second push on
+    collective = from_run_scalars(scalars, "async", 1)
+    assert collective.weight_sync_s == pytest.approx(0.1) and collective.weight_load_s == 0.0
+    scalars["timing_s/param_sync/wait"] = [0.0, 1e-4, 1e-4, 1e-4]
+    store = from_run_scalars(scalars, "async", 1)
+    assert store.weight_sync_s == pytest.approx(0.1) and store.weight_load_s == pytest.approx(0.03)
+    colocated = from_run_scalars(scalars, "async", 1, placement="colocated")
+    assert colocated.weight_sync_s == pytest.approx(0.13) and colocated.weight_load_s == 0.0
+    with pytest.raises(ValueError, match="weight_load_s"):
+        StageCosts(decode_step_s=0.01, train_token_s=0.001, weight_load_s=-0.1)
+
+
 def test_a_long_step_that_trained_more_tokens_is_not_an_outlier():
     from fully_async.planner.stage_costs import from_run_scalars, steady_steps
 

@@ -103,6 +103,9 @@ def test_measured_stage_costs_from_a_run_log_dir(tmp_path):
             w.add_scalar("timing_s/param_sync", 0.1, step)
             w.add_scalar("perf/total_num_tokens", 1000.0, step)
             w.add_scalar("prompt_length/mean", 40.0, step)
+            if step > 1:   # the object store's push: the engines' load of the previous one, and the wait for it
+                w.add_scalar("timing_s/param_sync/load", 0.05, step)
+                w.add_scalar("timing_s/param_sync/wait", 0.0, step)
     (tmp_path / "config.json").write_text(json.dumps({"mode": "async", "trainer": {"nnodes": 1, "n_gpus_per_node": 2}}))
     report = build_report([*SEVEN_B, f"plan.stage_costs={tmp_path}"])
     costs = report["throughput"]["costs"]
@@ -111,7 +114,8 @@ def test_measured_stage_costs_from_a_run_log_dir(tmp_path):
     # efficiency (0.9), so 2 devices are predicted to train as the run did
     assert costs["train_token_s"] == pytest.approx(3 * 0.5 * 2 / 3000 * 0.9)
     assert costs["dp_efficiency"] == 0.9
-    assert costs["weight_sync_s"] == pytest.approx(0.1)
+    assert costs["weight_sync_s"] == pytest.approx(0.1) and costs["weight_load_s"] == pytest.approx(0.05)
+    assert any("then the engines' load 0.050 s" in a for a in report["throughput"]["assumptions"])
     assert report["throughput"]["prompt_length"] == 40
     assert any("measured by the run" in a for a in report["throughput"]["assumptions"])
 
