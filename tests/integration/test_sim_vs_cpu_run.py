@@ -2,7 +2,7 @@
 tiny task (async 1 rollout + 1 trainer core vs sync on 2 cores), a synthetic lognormal workload with EOS ignored
 (so the response lengths are known), then scripts/sim_check.py predicts each run's tokens/s from the stage costs
 that run logged (engine ms per decode step, trainer busy time per token, weight-update seconds) and the run's own
-config (staleness bound, n, groups per step, slots).  Within 15% for sync, 20% for async (BOUND).  Timing noise on
+config (staleness bound, n, groups per step, slots).  Within 15% in both modes (BOUND).  Timing noise on
 a loaded machine moves a run's measured costs and its throughput together, so the check is robust to most of it; a
 mode outside its bound is measured once more.
 
@@ -41,13 +41,15 @@ def runs(tmp_path_factory):
     return compare(tmp_path_factory.mktemp("simcmp"))
 
 
-# the bound per mode.  Sync replays within 1%.  Async's replay sat at +7-10% on 2026-11-26 (docs/planner.md) and at
-# +14.5-16.7% on 2026-11-30, at git defd0cf and after, alone or in the suite: the simulation of this CPU's async run
-# has drifted optimistic by ~6 points since (open; docs/planner.md says so), so its bound is 20% until that is found
-BOUND = {"sync": 0.15, "async": 0.20}
+# the bound per mode.  Sync replays within 1%.  Async's replay sat at +7-10% on 2026-11-26 (docs/planner.md) and
+# drifted to +11-16% by 2026-11-30: the engine's own decode step got faster on this CPU (4.5 -> 3.1 ms) while the
+# rollouter still waited for the queue actor at every completed group (4.4 ms a push, the engine idle in the same
+# thread; not in the logged stage costs), and the engines' load after an object-store push was never simulated.
+# With the hand-off not waited for and the load simulated (weight_load_s) it reads -1.9% to +8.3% (docs/planner.md)
+BOUND = {"sync": 0.15, "async": 0.15}
 
 
-def test_simulation_within_15_percent_of_sync_and_20_of_async(runs, tmp_path):
+def test_simulation_within_15_percent_of_both_modes(runs, tmp_path):
     """A measured mode outside its bound is measured once more (fresh runs of both modes) and must be within it
     then (a run slowed by a transient stall its logged costs do not show); a simulation that is wrong misses both
     times."""
