@@ -229,3 +229,22 @@ def test_the_queue_is_closed_after_the_last_push_arrived(slow_put_rollouter):
         r.stop()
         loop.join(30)
     assert not loop.is_alive()
+
+
+def test_a_put_that_failed_fails_the_next_push_not_silently(slow_put_rollouter):
+    """A hand-off that is not waited for still reports its failure: the queue actor's error is raised at the next
+    push (which waits for the one before it), so no group is lost without the run knowing."""
+    r, queue = slow_put_rollouter, slow_put_rollouter.queue
+
+    def refused(groups):
+        raise RuntimeError("queue refused the groups")
+
+    sched = r.scheduler
+    sched.admit()
+    while not queue.puts:
+        sched.step()
+    queue.puts[-1].call = lambda: refused(None)              # that put fails on its way to the queue
+    with pytest.raises(RuntimeError, match="refused"):
+        for _ in range(10_000):                                # (bounded: a missed failure fails, never hangs)
+            sched.step()
+        r._flush_puts()
