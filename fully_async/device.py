@@ -138,6 +138,12 @@ class Device:
         mod = self.module()
         return mod.get_device_name(index) if mod.device_count() > index else None
 
+    def compute_capability(self, index: int = 0) -> Optional[tuple[int, int]]:
+        """CUDA's (major, minor) of device `index` (9.x: Hopper); None off CUDA or where none is visible."""
+        if self.name != "cuda" or self.module().device_count() <= index:
+            return None
+        return tuple(self.module().get_device_capability(index))
+
     def total_memory(self, index: int = 0) -> Optional[float]:
         """Bytes of accelerator `index` as its properties state them (asked without a context on it, so the
         driver may ask before any actor holds the device); None on cpu or where none is visible."""

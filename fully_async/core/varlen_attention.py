@@ -88,8 +88,10 @@ def resolve_packed_kernel(device: torch.device) -> str:
     (triton_attention.FASTER_ON_HOPPER), FlashAttention on the others.  Decided once; the trainer and the
     engine call this at set-up, before their layers are compiled, so the compiled code only reads the answer."""
     if not _AUTO:
-        major = torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 0
-        _AUTO.append("triton" if major == 9 else "flash")
+        from fully_async.device import get_device
+
+        capability = get_device(device.type).compute_capability(device.index or 0) if device.type == "cuda" else None
+        _AUTO.append("triton" if capability is not None and capability[0] == 9 else "flash")
     return _AUTO[0]
 
 

@@ -67,7 +67,9 @@ from fully_async.core.config import VERL_MAX_NUM_SEQS
 from fully_async.core.workload import LengthProfile
 
 ESTIMATE_ASSUMPTIONS = {
-    "train_mfu": 0.35,        # model FLOPs utilisation of the update (measured 0.20 for 0.5B on one H100)
+    "train_mfu": 0.35,        # model FLOPs utilisation of the update, by this count (6 x matmul params a token):
+    #                           0.40 for the 0.5B shape's packed, compiled update alone on one H200, 0.35-0.39 inside
+    #                           its colocated and sync runs (2026-11-30); 0.20 on one H100 before packing
     "decode_mfu": 0.5,        # of the decode matmuls once batches are large
     "prefill_mfu": 0.5,
     "bw_eff": 0.7,            # achieved fraction of HBM bandwidth in decode

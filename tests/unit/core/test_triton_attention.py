@@ -2,7 +2,8 @@
 heads, dQ), run on CPU by Triton's interpreter (in a subprocess: TRITON_INTERPRET must be set before Triton is
 imported) at blocks of 16: the output and the gradients equal plain attention per sequence in float64, over ragged
 sequences (1 token, one block, block boundaries, several blocks), grouped kv heads and more keys than queries
-(causality aligned to the bottom right); float32 and float16.  ~10 s."""
+(causality aligned to the bottom right), a sequence with keys and no queries (its keys get zero gradients);
+float32 and float16.  ~14 s."""
 import os
 import subprocess
 import sys
@@ -32,7 +33,7 @@ CODE = """
 
     torch.manual_seed(0)
     for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 5e-3)):
-        for q_lens, k_lens in (([1, 16, 17, 40, 5, 33], None), ([3, 20, 1], [30, 20, 9])):
+        for q_lens, k_lens in (([1, 16, 17, 40, 5, 33], None), ([3, 0, 20, 1], [30, 5, 20, 9])):
             k_lens = k_lens or q_lens
             q = torch.randn(sum(q_lens), 4, 16, dtype=dtype, requires_grad=True)
             k, v = (torch.randn(sum(k_lens), 2, 16, dtype=dtype, requires_grad=True) for _ in range(2))
@@ -79,11 +80,13 @@ def test_bad_shapes_are_refused_with_their_sizes():
 
 
 def test_auto_picks_triton_on_hopper_only_and_decides_once(monkeypatch):
-    for capability, want in (((9, 0), "triton"), ((8, 0), "flash"), ((10, 0), "flash")):
+    from fully_async.device import Device
+
+    for capability, want in (((9, 0), "triton"), ((8, 0), "flash"), ((10, 0), "flash"), (None, "flash")):
         monkeypatch.setattr(varlen_attention, "_AUTO", [])
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        monkeypatch.setattr(Device, "compute_capability", lambda self, index=0, c=capability: c)
         assert varlen_attention.resolve_packed_kernel(torch.device("cuda")) == want
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+        monkeypatch.setattr(Device, "compute_capability", lambda self, index=0: (9, 0) if want == "flash" else (7, 5))
         assert varlen_attention.resolve_packed_kernel(torch.device("cuda")) == want     # kept, not asked again
 
 

@@ -54,9 +54,10 @@ def test_micro_batches_match_full_batch(random_model_dir, mode):
                                  "data.max_response_length=8")
     for name in full:
         # float32 matmuls round differently per micro-batch shape, and Adam (lr 0.01) turns that into up to
-        # ~2e-5 on near-zero gradients; a wrong normalisation would be off by a whole step (~1e-2)
-        assert torch.allclose(full[name], micro[name], atol=1e-4), name
-        assert torch.allclose(full[name], dyn[name], atol=1e-4), name
+        # ~1.2e-4 on near-zero gradients (one element of 154k on a 2-core AMD EPYC, 2026-11-30; ~2e-5 on the
+        # machine before); a wrong normalisation would be off by a whole step (~1e-2) on most of them
+        assert torch.allclose(full[name], micro[name], atol=1e-3), name
+        assert torch.allclose(full[name], dyn[name], atol=1e-3), name
     assert m_full["actor/pg_loss"] == pytest.approx(m_micro["actor/pg_loss"], abs=1e-5)
     assert m_full["actor/grad_norm"] == pytest.approx(m_dyn["actor/grad_norm"], rel=1e-4)
 
