@@ -268,7 +268,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tens
     out = torch.zeros_like(q)                    # a token outside every sequence gets zeros
     lse = torch.empty((t, heads), dtype=torch.float32, device=q.device)
     block_m, block_n, warps, stages = blocks(dim)["fwd"]
-    grid = ((cu_q.numel() - 1) * heads, triton_cdiv(max_q, block_m))
+    grid = ((cu_q.numel() - 1) * heads, _cdiv(max_q, block_m))
     if grid[0] and grid[1]:
         fwd_kernel[grid](q, k, v, out, lse, cu_q, cu_k, scale * math.log2(math.e), q.stride(0), q.stride(1),
                          k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1), H=heads,
@@ -291,25 +291,25 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     if t == 0 or seqs == 0:
         return dq, dk, dv
     block = 64 if q.is_cuda else 16
-    delta_kernel[(triton_cdiv(t, block), heads)](out, dout, delta, t, out.stride(0), out.stride(1), dout.stride(0),
+    delta_kernel[(_cdiv(t, block), heads)](out, dout, delta, t, out.stride(0), out.stride(1), dout.stride(0),
                                                  dout.stride(1), H=heads, D=dim, BLOCK=block)
     scale_log2 = scale * math.log2(math.e)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), dout.stride(0),
                dout.stride(1))
     block_m, block_n, warps, stages = blocks(dim)["dkdv"]
     if k.shape[0]:
-        dkdv_kernel[(seqs * kv_heads, triton_cdiv(max_k, block_n))](
+        dkdv_kernel[(seqs * kv_heads, _cdiv(max_k, block_n))](
             q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, scale, scale_log2, *strides, dk.stride(0), dk.stride(1),
             dv.stride(0), dv.stride(1), H=heads, HKV=kv_heads, GROUP=heads // kv_heads, D=dim, BLOCK_M=block_m,
             BLOCK_N=block_n, num_warps=warps, num_stages=stages)
     block_m, block_n, warps, stages = blocks(dim)["dq"]
-    dq_kernel[(seqs * heads, triton_cdiv(max_q, block_m))](
+    dq_kernel[(seqs * heads, _cdiv(max_q, block_m))](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k, scale, scale_log2, *strides, dq.stride(0), dq.stride(1), H=heads,
         GROUP=heads // kv_heads, D=dim, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
     return dq, dk, dv
 
 
-def triton_cdiv(a: int, b: int) -> int:
+def _cdiv(a: int, b: int) -> int:
     return -(-int(a) // b)
 
 

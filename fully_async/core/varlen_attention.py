@@ -69,10 +69,6 @@ def flash_runs(device_type: str, dtype: torch.dtype, head_dim: int) -> bool:
             and flash_varlen_available())
 
 
-def uses_flash(query: torch.Tensor) -> bool:
-    return flash_runs(query.device.type, query.dtype, query.shape[-1])
-
-
 # FULLY_ASYNC_PACKED_ATTENTION picks the CUDA kernel of packed_causal_attention: "flash" (torch's FlashAttention
 # varlen), "triton" (core/triton_attention.py), or "auto" (the default: `resolve_packed_kernel`); read at import
 PACKED_KERNEL = os.environ.get("FULLY_ASYNC_PACKED_ATTENTION", "auto")
@@ -160,7 +156,7 @@ def packed_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
     at tokens [cu[i], cu[i+1]) and its keys at [cu_k[i], cu_k[i+1]) (cu_k None: the same as cu).  A sequence with
     more keys than queries (a chunk after its cached prefix) has its queries at the end of its keys: query j sees
     keys up to the one at its own position.  Returns (T, Hq, D).  torch_npu's fused attention on an NPU in 16-bit
-    floats, the FlashAttention varlen kernel where it runs (`uses_flash`), else causal sdpa per sequence."""
+    floats, the fused CUDA kernel where one runs (`fused_kernel`: ours in Triton or FlashAttention's varlen), else causal sdpa per sequence."""
     if cu_k is None:
         cu_k, max_k = cu, max_len
     if q.device.type == "npu" and fused_varlen_runs("npu", q.dtype, q.shape[-1]):
