@@ -2,6 +2,10 @@
 that waits for the run's console lines (or its checkpoints) and then acts on one of its actors' processes (SIGKILL,
 SIGSTOP).
 
+The thread's waits count from the moment the run's first step line appears, or from the run's end: a slow machine's
+start (CI's took 144 s to start two rollout replicas' actors) uses none of them, and a wait whose event the run ended
+without ends with the run, saying so (`Injection.run`).
+
 An actor's process is found among this process's descendants (the shared Ray's raylet is its child, the workers
 the raylet's) by Ray's process title, `ray::<Class>` / `ray::<Class>.<method>`."""
 from __future__ import annotations
@@ -24,6 +28,7 @@ class Console:
         self.passed_on = passed_on
         self.text = ""
         self._lock = threading.Lock()
+        self.ended = threading.Event()   # the run returned or raised (Injection.run)
 
     def write(self, s: str) -> int:
         with self._lock:
@@ -36,13 +41,21 @@ class Console:
     def isatty(self) -> bool:
         return False
 
-    def wait_for(self, pattern: str, timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if re.search(pattern, self.text, re.M):
-                return
+    def wait_until(self, done, what: str, timeout: float = 180.0) -> None:
+        """Until done() is true: the timeout counts from the run's first step line (the actors' start, minutes on a
+        loaded 2-core machine, is the run's own business); a run that ended first fails the wait at once."""
+        deadline = None
+        while not done():
+            if self.ended.is_set():
+                raise AssertionError(f"the run ended before {what}:\n{self.text[-3000:]}")
+            if deadline is None and re.search(r"^step 1 \|", self.text, re.M):
+                deadline = time.monotonic() + timeout
+            if deadline is not None and time.monotonic() > deadline:
+                raise AssertionError(f"no {what} {timeout:.0f} s after step 1:\n{self.text[-3000:]}")
             time.sleep(0.1)
-        raise AssertionError(f"{pattern!r} never appeared:\n{self.text[-3000:]}")
+
+    def wait_for(self, pattern: str, timeout: float = 180.0) -> None:
+        self.wait_until(lambda: re.search(pattern, self.text, re.M), f"line matching {pattern!r}", timeout)
 
 
 def actor_pid(cls_name: str, since: float, timeout: float = 60.0) -> int:
@@ -85,6 +98,15 @@ class Injection:
         self.thread = threading.Thread(target=body, daemon=True)
         self.thread.start()
 
+    def run(self, fn):
+        """fn() (the run) in this thread; then the injecting thread's own failure, if it had one, ahead of fn's
+        outcome: a run that did not fail because the injection never acted says why."""
+        try:
+            return fn()
+        finally:
+            self.console.ended.set()
+            self.check()
+
     def check(self, timeout: float = 30.0) -> None:
         self.thread.join(timeout)
         assert not self.thread.is_alive(), "the injecting thread did not end"
@@ -102,19 +124,18 @@ def checkpointed(root: str, step: int, timeout: float = 180.0):
     def wait(console: Console) -> None:
         from fully_async.core.checkpoint import list_checkpoints
 
-        deadline = time.monotonic() + timeout
-        while step not in list_checkpoints(root):
-            assert time.monotonic() < deadline, f"no checkpoint of step {step} under {root}:\n{console.text[-3000:]}"
-            time.sleep(0.1)
+        console.wait_until(lambda: step in list_checkpoints(root), f"checkpoint of step {step} under {root}", timeout)
     return wait
 
 
 def kill_after(wait, cls_name: str, killed_at: list):
     """act(): SIGKILL of the run's `cls_name` actor once `wait(console)` returned; its time.monotonic() into
-    killed_at."""
+    killed_at.  The actor's process is found at the run's first step, so the kill follows the event within a poll
+    (after the step-4 checkpoint, the rest of a short run can take CI 2 s)."""
     def act(console: Console, since: float) -> None:
-        wait(console)
+        console.wait_for(r"^step 1 \|")
         pid = actor_pid(cls_name, since)
+        wait(console)
         os.kill(pid, signal.SIGKILL)
         killed_at.append(time.monotonic())
     return act

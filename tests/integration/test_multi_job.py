@@ -142,7 +142,7 @@ class Job:
         self._reader.join(10)
         return rc
 
-    def wait_for(self, pattern, timeout=180):
+    def wait_for(self, pattern, timeout=400):   # a loaded 2-core machine may take minutes to start the actors
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             ended = self.proc.poll() is not None

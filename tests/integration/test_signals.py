@@ -38,7 +38,7 @@ class GroupRun:
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
         self.reader.start()
 
-    def wait_for(self, pattern, timeout=180):
+    def wait_for(self, pattern, timeout=400):   # a loaded 2-core machine may take minutes to start the actors
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.proc.poll() is None:
             if any(re.search(pattern, line) for line in list(self.lines)):
