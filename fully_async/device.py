@@ -211,6 +211,22 @@ class Device:
             self.module().reset_peak_memory_stats()
 
 
+    def profiler(self, folder: str) -> Any:
+        """A profiler of this process's host work and this device's kernels, a context manager whose trace goes to
+        `folder` when it stops: torch.profiler's Chrome trace (the CPU; CUDA's kernels too), or on an Ascend NPU
+        torch_npu.profiler's (the same interface; it writes its own folder, which MindStudio Insight reads)."""
+        if self.name == "npu":
+            _import_torch_npu()
+            import torch_npu.profiler as prof
+
+            activities = [prof.ProfilerActivity.CPU, prof.ProfilerActivity.NPU]
+        else:
+            prof = torch.profiler
+            activities = [prof.ProfilerActivity.CPU] + ([prof.ProfilerActivity.CUDA] if self.name == "cuda" else [])
+        return prof.profile(activities=activities, on_trace_ready=prof.tensorboard_trace_handler(folder),
+                            record_shapes=True)
+
+
 class DeviceGraphs:
     """Captures a function's kernels once and replays them: one launch per call instead of one per kernel.
 

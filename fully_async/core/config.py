@@ -554,6 +554,16 @@ class MultiJobConfig:
 
 
 @dataclass
+class GlobalProfilerConfig:
+    """verl's global_profiler, for the trainer: each step in `steps` runs whole (old log-probs, reference, advantages,
+    the updates) under the trainer device's profiler, in rank 0's process (train/train_step.py `profiled`)."""
+    tool: Optional[str] = None            # torch | npu: the device's own profiler (torch.profiler; torch_npu.profiler
+    #                                       on an Ascend NPU); null: off (verl's default). nsys, torch_memory: warned
+    steps: Optional[list[int]] = None     # the trainer's global steps to profile (1 = the first); null: none
+    save_path: str = "outputs/profile"    # <save_path>/step_<N>/: the trace, and ops.txt, the costliest operators
+
+
+@dataclass
 class FullyAsyncConfig:
     mode: str = "async"                   # async (rollouter + trainer actors) | sync (colocated loop)
     data: DataConfig = field(default_factory=DataConfig)
@@ -567,6 +577,7 @@ class FullyAsyncConfig:
     custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
     benchmark: BenchmarkConfig = field(default_factory=BenchmarkConfig)
     multi_job: MultiJobConfig = field(default_factory=MultiJobConfig)
+    global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
 
 
 # ----------------------------------------------------------------------------------- valid values
@@ -592,6 +603,8 @@ REWARD_MANAGERS = ("naive", "dapo", "prime")
 LOGGERS = ("console", "tensorboard", "wandb", "swanlab", "mlflow")
 DTYPES = ("float32", "bfloat16", "float16")
 MODES = ("async", "sync")
+PROFILER_TOOLS = ("torch", "npu")                 # global_profiler.tool: the trainer device's profiler
+PROFILER_TOOLS_WARNED = ("nsys", "torch_memory")  # verl's others: a warning, nothing profiled
 LR_SCHEDULER_TYPES = ("constant", "cosine")
 FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
 ROLLOUT_IS_LEVELS = ("token", "sequence")

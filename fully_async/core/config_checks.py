@@ -12,7 +12,8 @@ import typing
 from typing import Any
 
 from fully_async.core.config import (POLICY_LOSS_MODES, ATTN_IMPLEMENTATIONS, DEVICES, DTYPES, KL_TYPES,
-                                     LOGGERS, LOSS_AGG_MODES, LR_SCHEDULER_TYPES, MODES, RESUME_STATE_KEYS,
+                                     LOGGERS, LOSS_AGG_MODES, LR_SCHEDULER_TYPES, MODES, PROFILER_TOOLS,
+                                     PROFILER_TOOLS_WARNED, RESUME_STATE_KEYS,
                                      REWARD_MANAGERS, ROLLOUT_NAMES, STRATEGIES, TRUNCATIONS, ConfigError, as_file_list,
                                      overlong_reference_length)
 from fully_async.core.rollout_checks import check_multi_turn, check_prefill_budget, check_quantization
@@ -165,6 +166,33 @@ def _check_writable_dir(key: str, path: Any) -> None:
         parent = os.path.dirname(parent)
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(key, f"{path} cannot be written: {parent} is not writable by this user")
+
+
+def _check_profiler(cfg: Any) -> None:
+    """global_profiler (verl's keys): the trainer device's own profiler around the listed steps.  verl's tools that
+    need its launcher (nsys: workers started under Nsight; torch_memory) are warned, nothing profiled; a step list
+    without a tool, or a tool without steps, profiles nothing, as in verl, and is named."""
+    gp = cfg.global_profiler
+    if gp.tool in PROFILER_TOOLS_WARNED:
+        logger.warning("global_profiler.tool=%s has no effect here: nothing is profiled (global_profiler.tool=torch "
+                       "profiles the trainer's steps with the device's own profiler, torch_npu's on an NPU)", gp.tool)
+        return
+    if gp.tool is not None:
+        _choice("global_profiler.tool", gp.tool, PROFILER_TOOLS + PROFILER_TOOLS_WARNED + (None,))
+    steps = list(gp.steps or [])
+    if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in steps):
+        raise ConfigError("global_profiler.steps", f"{steps!r}: the trainer's global steps to profile, integers from "
+                          "1 (the first step)")
+    total = cfg.trainer.total_training_steps
+    if gp.tool is None and steps:
+        logger.warning("global_profiler.steps=%s has no effect: global_profiler.tool is null (torch or npu "
+                       "profiles them)", steps)
+    elif gp.tool is not None and not steps:
+        logger.warning("global_profiler.tool=%s has no effect: global_profiler.steps lists no step", gp.tool)
+    elif gp.tool is not None and total is not None and max(steps) > total:
+        logger.warning("global_profiler.steps=%s: steps after trainer.total_training_steps=%d never run", steps, total)
+    if gp.tool is not None and steps:
+        _check_writable_dir("global_profiler.save_path", gp.save_path)
 
 
 TEXT_SINKS = ("tensorboard", "wandb", "swanlab", "mlflow")   # the trainer.logger sinks that show generations
@@ -626,7 +654,7 @@ def validate_with_data(cfg: Any, num_train_prompts: int) -> None:
 
 SECTION_CHECKS = (_check_mode, _check_trainer, check_rollout_devices, _check_data, _check_model, _check_actor,
                   _check_rollout, check_algorithm, _check_critic, _check_async_training, _warn_pure_low_precision,
-                  _check_reward, _check_benchmark,
+                  _check_reward, _check_benchmark, _check_profiler,
                   check_multi_job)
 CROSS_SECTION_CHECKS = (check_grpo_group, _check_sequence_budgets, _check_sync_batch, _check_trainer_world,
                         _validate_attention, check_rollout_layout,

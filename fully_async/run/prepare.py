@@ -511,6 +511,7 @@ def prepare(cfg: Any) -> Prepared:
         actor["loss_scale_factor"] = cfg.data.max_response_length
     if cfg_dict["benchmark"]["response_length"].endswith(".json"):  # actors may run in another directory
         cfg_dict["benchmark"]["response_length"] = os.path.abspath(cfg_dict["benchmark"]["response_length"])
+    cfg_dict["global_profiler"]["save_path"] = os.path.abspath(cfg_dict["global_profiler"]["save_path"])
     logger.info("data: %d train prompts, %d val prompts; %d prompts to generate, %d trainer steps of %d groups",
                 len(train), len(val), total_prompts, total_steps, required)
     eos = eos_ids(tokenizer, cfg.actor_rollout_ref.model.path, getattr(model_conf, "vocab_size", None))

@@ -26,7 +26,7 @@ from typing import Any, Optional, Sequence
 
 from fully_async.core import safe_write
 from fully_async.core.plan import RunPlan
-from fully_async.core.config import FullyAsyncConfig, uses_critic
+from fully_async.core.config import PROFILER_TOOLS, FullyAsyncConfig, uses_critic
 from fully_async.algorithms import AdvantageInput, compute_advantages_and_returns, kl_penalty, token_level_rewards
 from fully_async.algorithms.gae import gae_advantages, value_metrics
 from fully_async.algorithms.kl_control import build_kl_controller
@@ -51,7 +51,8 @@ def train_step(backend: TrainBackend, cfg: FullyAsyncConfig, groups: Sequence[Sa
     running out of memory fails the run with what to change (device_memory/policy.py out_of_memory_advice): what
     the engine kept beside the trainer, then the update's own size."""
     try:
-        return _train_step(backend, cfg, groups, pad_token_id, step, version, timeline)
+        with profiled(cfg, step):
+            return _train_step(backend, cfg, groups, pad_token_id, step, version, timeline)
     except Exception as exc:
         from fully_async.placement.residency import out_of_memory
 
@@ -63,6 +64,27 @@ def train_step(backend: TrainBackend, cfg: FullyAsyncConfig, groups: Sequence[Sa
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise RunFailed(f"the device ran out of memory in the trainer's update of step {step}: "
                         f"{out_of_memory_advice(cfg)} ({type(exc).__name__}: {first})") from exc
+
+
+@contextlib.contextmanager
+def profiled(cfg: FullyAsyncConfig, step: int) -> Any:
+    """verl's global_profiler for the trainer: a step listed in global_profiler.steps runs whole (old log-probs,
+    reference, advantages, updates) under the device's profiler in this process, the trainer's rank 0 (the other
+    ranks run the same kernels on their shards).  Its trace and ops.txt, the operators that took longest on the
+    device (on the host where there is none), go to <global_profiler.save_path>/step_<N>/."""
+    gp = cfg.global_profiler
+    if gp.tool not in PROFILER_TOOLS or step not in (gp.steps or ()):
+        yield
+        return
+    device = _resolve_device(cfg.trainer.device)
+    folder = os.path.join(gp.save_path, f"step_{step}")
+    os.makedirs(folder, exist_ok=True)
+    with device.profiler(folder) as prof:
+        yield
+    if hasattr(prof, "key_averages"):   # torch_npu's profiler writes its own summaries
+        sort = "self_device_time_total" if device.name == "cuda" else "self_cpu_time_total"
+        safe_write.write_text(os.path.join(folder, "ops.txt"), prof.key_averages().table(sort_by=sort, row_limit=40))
+    logger.info("profile of the trainer's step %d (%s profiler): %s", step, device.name, folder)
 
 
 def _train_step(backend: TrainBackend, cfg: FullyAsyncConfig, groups: Sequence[SampleGroup], pad_token_id: int,

@@ -79,7 +79,11 @@ RM = ("the reward model is built and run by the trainer's backend (reward_model.
 RM_SERVED = ("the reward model is scored by a forward pass of the trainer's backend, between generation and the "
              "update: the same scores (its output at the last token) that verl's reward loop serves from a vLLM "
              "server")
-PROFILER = "verl's profilers are not wired here; trainer.timeline=true writes a Perfetto trace of every actor"
+PROFILER = ("the roles' profiler sections are not read: global_profiler.tool (torch, npu) and global_profiler.steps "
+            "profile the trainer's listed steps in its rank 0 with the device's own profiler, whatever each role's "
+            "enable; trainer.timeline=true writes a Perfetto trace of every actor's phases")
+GLOBAL_PROFILER = ("global_profiler.tool, steps and save_path are honoured (the trainer's listed steps, rank 0, the "
+                   "device's own profiler); this key is not read")
 TARGET = "verl's dataclass target; our sections are typed by fully_async/core/config.py"
 REF_FOLLOWS = "the reference model lives in the trainer next to the actor and uses the actor's layout and dtype"
 SP = ("the reference model and the critic run at actor_rollout_ref.actor.ulysses_sequence_parallel_size (one "
@@ -154,7 +158,7 @@ RULES: list[Rule] = [
     # ---------------------------------------------------------------- everywhere
     _warn("**._target_", TARGET),
     _warn("**.profiler.**", PROFILER),
-    _warn("global_profiler.**", PROFILER),
+    _warn("global_profiler.**", GLOBAL_PROFILER),
     _warn("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size", "verl's engine-worker copy: the size "
           "is actor_rollout_ref.actor.ulysses_sequence_parallel_size"),
     _warn("**.ulysses_sequence_parallel_size", SP),

@@ -32,7 +32,7 @@ from torch_npu import _standin  # noqa: F401  (sets CUDA_VISIBLE_DEVICES before 
 
 import torch
 
-from torch_npu import _attention, _dist, _module
+from torch_npu import _attention, _dist, _module, profiler  # noqa: F401 (torch_npu.profiler, as torch_npu's)
 
 __version__ = "2.10.0.post4+standin"
 

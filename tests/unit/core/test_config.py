@@ -38,6 +38,8 @@ def test_default_config_is_valid():
     ("reward_model.sandbox_fusion.url=localhost:8080/run_code", "reward_model.sandbox_fusion.url"),
     ("reward_model.sandbox_fusion.max_concurrent=0", "reward_model.sandbox_fusion.max_concurrent"),
     ("trainer.device_peak_tflops=0", "trainer.device_peak_tflops"),
+    ("global_profiler.tool=nvtx", "global_profiler.tool"),
+    ("global_profiler.steps=[0]", "global_profiler.steps"),
     ("trainer.device_peak_tflops=-989", "trainer.device_peak_tflops"),
 ])
 def test_bad_values_name_the_key(override, key):
@@ -169,3 +171,17 @@ def test_fp8_rollout_is_checked_before_anything_starts(caplog):
     with caplog.at_level(logging.WARNING):
         validate(cfg_with(f"{key}=fp8"))
     assert "fp8 on the embedded engine: verl's blockwise fp8 arithmetic" in caplog.text
+
+
+@pytest.mark.parametrize("overrides,said", [
+    (["global_profiler.tool=nsys", "global_profiler.steps=[1]"], "global_profiler.tool=nsys has no effect here"),
+    (["global_profiler.steps=[1]"], "global_profiler.steps=[1] has no effect: global_profiler.tool is null"),
+    (["global_profiler.tool=torch"], "global_profiler.tool=torch has no effect: global_profiler.steps lists no"),
+    (["global_profiler.tool=torch", "global_profiler.steps=[3]", "trainer.total_training_steps=2"],
+     "steps after trainer.total_training_steps=2 never run"),
+])
+def test_a_profiler_setting_that_profiles_nothing_is_named(overrides, said, caplog):
+    """verl's global_profiler: a tool this package cannot run, steps without a tool or a tool without steps profile
+    nothing, as in verl, and the warning says so."""
+    validate(cfg_with(*overrides))
+    assert said in caplog.text

@@ -108,3 +108,26 @@ def test_rollout_rejection_of_every_token_leaves_no_policy_gradient(random_model
     # verl 0.9.1: bypass mode reports the rollout_corr/* diagnostics too (of the current policy, in the loss)
     assert "timing_s/old_log_prob" in metrics and "rollout_corr/kl" in metrics
     assert ("training/rollout_probs_diff_mean" in metrics) != bypass     # no recomputed old policy in bypass mode
+
+
+def test_global_profiler_profiles_the_listed_steps_whole(random_model_dir, tmp_path, caplog):
+    """verl's global_profiler.tool=torch / steps: a listed step runs under the device's profiler (here the CPU's) and
+    leaves its Chrome trace and ops.txt, whose operators include the update's matrix products and the optimizer's
+    step; an unlisted step leaves nothing."""
+    import json
+
+    out = tmp_path / "profile"
+    cfg, backend = backend_for(random_model_dir, "trainer.device=cpu", f"trainer.default_local_dir={tmp_path}",
+                               "global_profiler.tool=torch", "global_profiler.steps=[2]",
+                               f"global_profiler.save_path={out}")
+    caplog.set_level("INFO", logger="fully_async")
+    train_step(backend, cfg, as_groups(make_samples()), 0, step=1, version=0)
+    assert not out.exists()
+    train_step(backend, cfg, as_groups(make_samples()), 0, step=2, version=0)
+    traces = list((out / "step_2").glob("*.pt.trace.json"))
+    assert len(traces) == 1, list((out / "step_2").iterdir())
+    names = {e.get("name", "") for e in json.loads(traces[0].read_text())["traceEvents"]}
+    assert {"aten::mm", "aten::addmm"} & names and any("Optimizer.step" in n for n in names)
+    table = (out / "step_2" / "ops.txt").read_text()
+    assert "Self CPU" in table and "aten::" in table
+    assert f"profile of the trainer's step 2 (cpu profiler): {out / 'step_2'}" in caplog.text
