@@ -116,19 +116,31 @@ colocated)
   # RUNS: where the runs' logs go (default $OUT/runs); SKIP_SYNC=1 RUNS=<an earlier call's, same warm machine>
   # compares a new colocated variant (TAG names it, COLO_EXTRA its overrides, ALLOW_DIFF="--allow-diff KEY ..." the
   # keys they set) with that call's sync run
+  # PROFILE_STEPS="[6]": both runs profile those trainer steps (global_profiler.tool=torch) into $OUT/profile_<run>/,
+  # and the head of each step's ops.txt is printed (a profiled step runs slower: its time counts in the comparison)
   export CUDA_VISIBLE_DEVICES=0
   RUNS=${RUNS:-$OUT/runs}; COLO=$RUNS/colocated${TAG:+_$TAG}
+  PROF_SYNC=(); PROF_COLO=(); PROF_DIFF=()
+  if [ -n "${PROFILE_STEPS:-}" ]; then
+    PROF_SYNC=(global_profiler.tool=torch "global_profiler.steps=$PROFILE_STEPS" "global_profiler.save_path=$OUT/profile_sync")
+    PROF_COLO=(global_profiler.tool=torch "global_profiler.steps=$PROFILE_STEPS"
+               "global_profiler.save_path=$OUT/profile_colocated${TAG:+_$TAG}")
+    PROF_DIFF=(--allow-diff global_profiler.save_path)
+  fi
   [ "${SKIP_SYNC:-0}" = 1 ] || TENSORBOARD_DIR=$RUNS/sync timeout ${RUN_LIMIT:-260} python3 -m fully_async.main \
-      mode=sync "${SEED[@]}" trainer.total_training_steps=${SYNC_STEPS:-${STEPS:-8}} hydra.run.dir=/tmp/h_sync 2>&1 \
-      | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
+      mode=sync "${SEED[@]}" trainer.total_training_steps=${SYNC_STEPS:-${STEPS:-8}} hydra.run.dir=/tmp/h_sync \
+      "${PROF_SYNC[@]}" 2>&1 | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
   TENSORBOARD_DIR=$COLO timeout ${RUN_LIMIT:-260} python3 -m fully_async.main mode=async \
       async_training.placement=colocated rollout.n_gpus_per_node=0 "${SEED[@]}" trainer.total_training_steps=${STEPS:-8} \
-      hydra.run.dir=/tmp/h_colo ${COLO_EXTRA:-} 2>&1 | tee "$RUNS/colocated${TAG:+_$TAG}.log" \
+      hydra.run.dir=/tmp/h_colo "${PROF_COLO[@]}" ${COLO_EXTRA:-} 2>&1 | tee "$RUNS/colocated${TAG:+_$TAG}.log" \
       | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
   python3 scripts/compare_sync_async.py --from-logs $COLO $RUNS/sync --out $OUT/compare${TAG:+_$TAG} \
       --allow-diff async_training.placement --allow-diff trainer.total_training_steps \
-      --allow-diff actor_rollout_ref.rollout.weight_sync ${ALLOW_DIFF:-} --warmup-steps ${WARMUP:-1} \
+      --allow-diff actor_rollout_ref.rollout.weight_sync "${PROF_DIFF[@]}" ${ALLOW_DIFF:-} --warmup-steps ${WARMUP:-1} \
       --tail-steps ${TAIL:-1} 2>&1 | tail -30
+  for ops in "$OUT"/profile_*/step_*/ops.txt; do
+    [ -f "$ops" ] && { echo "== $ops"; head -${PROFILE_ROWS:-16} "$ops" | cut -c1-160; }
+  done
   # ALSO_FORCE=1: the same colocated run again with the engine's memory freed at every turn, against the same sync run
   if [ "${ALSO_FORCE:-0}" = 1 ]; then
     TENSORBOARD_DIR=$RUNS/colocated_force timeout ${RUN_LIMIT:-260} python3 -m fully_async.main mode=async \
