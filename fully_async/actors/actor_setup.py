@@ -1,6 +1,7 @@
 """What every actor does first (layer 6): logging, config object, device, threads, tokenizer."""
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from typing import Any, Optional
@@ -24,6 +25,7 @@ def actor_init(cfg: FullyAsyncConfig, role: str, uses_device: bool = True) -> tu
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     cfg = typed_config(cfg)
+    import_external_lib(cfg)
     device = get_device(cfg.trainer.device)
     if device.is_accelerator:
         if uses_device:
@@ -47,10 +49,22 @@ def assigned_cpus() -> int:
 
 
 def build_tokenizer(cfg: FullyAsyncConfig) -> Any:
+    """The policy's tokenizer, with actor_rollout_ref.model.custom_chat_template in place of its own template where
+    one is set (verl's HFModelConfig does the same)."""
     from transformers import AutoTokenizer
 
     model = cfg.actor_rollout_ref.model
-    return AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    if model.custom_chat_template is not None:
+        tokenizer.chat_template = model.custom_chat_template
+    return tokenizer
+
+
+def import_external_lib(cfg: FullyAsyncConfig) -> None:
+    """actor_rollout_ref.model.external_lib, imported in this process before any model loads (verl's
+    import_external_libs): a module that registers a custom architecture with transformers' Auto classes."""
+    if cfg.actor_rollout_ref.model.external_lib:
+        importlib.import_module(cfg.actor_rollout_ref.model.external_lib)
 
 
 class MetricsOutbox:

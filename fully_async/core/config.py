@@ -91,6 +91,12 @@ class ModelConfig:
     # lora_A's init (verl's megatron lora.lora_A_init_method): xavier | kaiming | normal; null: the strategy's
     # default (kaiming_uniform as peft on torch / fsdp2, xavier_normal as megatron-bridge on megatron)
     lora_A_init_method: Optional[str] = None
+    # a Jinja chat template that replaces the tokenizer's own (verl's key, as its HFModelConfig sets
+    # tokenizer.chat_template): the prompts, tool turns and their length filter are templated with it
+    custom_chat_template: Optional[str] = None
+    # a module imported by every process of the run before the model loads (verl's key, its import_external_libs):
+    # one that registers a custom architecture with transformers' Auto classes; it must import on every node
+    external_lib: Optional[str] = None
 
 
 @dataclass

@@ -55,8 +55,16 @@ def eos_ids(tokenizer: Any, model_path: str, vocab_size: Optional[int] = None) -
 
 
 def check_model_folder(cfg: Any) -> Any:
-    """The actor's model path must hold a loadable config and weight files of a causal LM; errors name the key."""
+    """The actor's model path must hold a loadable config and weight files of a causal LM; errors name the key.
+    actor_rollout_ref.model.external_lib is imported first, as every actor does: it may register the architecture."""
+    from fully_async.actors.actor_setup import import_external_lib
+
     model = cfg.actor_rollout_ref.model
+    try:
+        import_external_lib(cfg)
+    except Exception as exc:  # noqa: BLE001 - any failure to import the user's module is named with the key
+        raise ConfigError("actor_rollout_ref.model.external_lib", f"{model.external_lib!r} does not import in this "
+                          f"process ({type(exc).__name__}: {exc}); it must import on every node of the run") from None
     conf = check_hf_folder(model.path, model.trust_remote_code, "actor_rollout_ref.model.path")
     check_causal_lm(model.path, conf, model.trust_remote_code)
     return conf
@@ -81,10 +89,11 @@ def check_hf_folder(path: str, trust_remote_code: bool, key: str) -> Any:
 def check_causal_lm(path: str, conf: Any, trust_remote_code: bool) -> None:
     """The trainer and the embedded engine load the model as a causal LM (AutoModelForCausalLM): a family transformers
     does not load that way (a vision-language model such as qwen2_5_vl, an encoder) is refused here, naming it."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     remote = trust_remote_code and "AutoModelForCausalLM" in (getattr(conf, "auto_map", None) or {})
-    if conf.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or remote:
+    registered = type(conf) in MODEL_FOR_CAUSAL_LM_MAPPING   # AutoModelForCausalLM.register (an external_lib)
+    if conf.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or remote or registered:
         return
     raise ConfigError("actor_rollout_ref.model.path",
                       f"{path} is a {conf.model_type} model ({', '.join(getattr(conf, 'architectures', None) or [])}),"

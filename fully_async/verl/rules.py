@@ -131,8 +131,9 @@ CRITIC_RULES: list[Rule] = [
     _warn_if("critic.load_weight", _is(True), "true", "the critic's trunk is critic.model.path (or the actor's "
              "model)", "a randomly initialised critic trunk is not implemented"),
     _warn("critic.model.tokenizer_path", "the actor's tokenizer prepares every batch the critic sees"),
-    _warn_if("critic.model.external_lib", _is(None), "null", "no external model library",
-             "external model libraries are not implemented"),
+    _warn_if("critic.model.external_lib", _is(None), "null", "the critic is built in the actor's processes, which "
+             "import actor_rollout_ref.model.external_lib", "set actor_rollout_ref.model.external_lib: every "
+             "process of the run imports it"),
     _warn_if("critic.model.lora_rank", _is(0), "0", "no LoRA", "LoRA is not implemented"),
     _warn_if("critic.model.lora.rank", _is(0), "0", "no LoRA", "LoRA is not implemented"),
     _warn("critic.model.lora.**", "LoRA is not implemented (lora_rank=0)"),
@@ -279,12 +280,8 @@ RULES: list[Rule] = [
     _warn("actor_rollout_ref.model.override_config.model_config", "its fields are Hugging Face config overrides: "
           "set them as actor_rollout_ref.model.override_config.<field>"),
     _warn("actor_rollout_ref.model.override_config.moe_config.**", MOE),
-    _warn_if("actor_rollout_ref.model.custom_chat_template", _is(None), "null", "the tokenizer's own template",
-             "a custom chat template is not implemented; put it in the tokenizer's chat_template"),
     _warn_if("actor_rollout_ref.model.enable_activation_offload", _is(False), "false", "no activation offload",
              "activation offload is not implemented; use enable_gradient_checkpointing"),
-    _warn_if("actor_rollout_ref.model.external_lib", _is(None), "null", "no external model library",
-             "importing an external model library is not implemented"),
     _warn_if("actor_rollout_ref.model.hf_config_path", _is(None), "null", "the config is model.path's",
              "put the config in actor_rollout_ref.model.path"),
     _warn_if("actor_rollout_ref.model.tokenizer_path", _is(None), "null", "the tokenizer is model.path's",
