@@ -49,12 +49,13 @@ def assigned_cpus() -> int:
 
 
 def build_tokenizer(cfg: FullyAsyncConfig) -> Any:
-    """The policy's tokenizer, with actor_rollout_ref.model.custom_chat_template in place of its own template where
-    one is set (verl's HFModelConfig does the same)."""
+    """The policy's tokenizer, from actor_rollout_ref.model.tokenizer_path where set (else model.path), with
+    model.custom_chat_template in place of its own template where one is set (as verl's HFModelConfig)."""
     from transformers import AutoTokenizer
 
     model = cfg.actor_rollout_ref.model
-    tokenizer = AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(model.tokenizer_path or model.path,
+                                              trust_remote_code=model.trust_remote_code)
     if model.custom_chat_template is not None:
         tokenizer.chat_template = model.custom_chat_template
     return tokenizer

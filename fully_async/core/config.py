@@ -94,6 +94,8 @@ class ModelConfig:
     # a Jinja chat template that replaces the tokenizer's own (verl's key, as its HFModelConfig sets
     # tokenizer.chat_template): the prompts, tool turns and their length filter are templated with it
     custom_chat_template: Optional[str] = None
+    # the tokenizer's folder when it is not model.path's (verl's key); null: model.path
+    tokenizer_path: Optional[str] = None
     # a module imported by every process of the run before the model loads (verl's key, its import_external_libs):
     # one that registers a custom architecture with transformers' Auto classes; it must import on every node
     external_lib: Optional[str] = None

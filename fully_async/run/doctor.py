@@ -141,12 +141,11 @@ def check_data(cfg: Any) -> Check:
 
 
 def check_model(cfg: Any) -> Check:
-    from fully_async.actors.actor_setup import build_tokenizer
-    from fully_async.run.prepare import check_model_folder, eos_ids
+    from fully_async.run.prepare import check_model_folder, eos_ids, load_tokenizer
 
     path = cfg.actor_rollout_ref.model.path
     conf = check_model_folder(cfg)
-    tok = build_tokenizer(cfg)
+    tok = load_tokenizer(cfg)
     return Check("model + tokenizer", "PASS", f"{conf.model_type} ({getattr(conf, 'num_hidden_layers', '?')} layers), "
                  f"vocab {len(tok)}, eos {eos_ids(tok, path, getattr(conf, 'vocab_size', None))}")
 

@@ -371,8 +371,9 @@ def load_tokenizer(cfg: Any) -> Any:
     try:
         return build_tokenizer(cfg)
     except Exception as exc:  # noqa: BLE001
-        raise ConfigError("actor_rollout_ref.model.path",
-                          f"{cfg.actor_rollout_ref.model.path}: the tokenizer does not load ({exc})") from None
+        model = cfg.actor_rollout_ref.model
+        key = "actor_rollout_ref.model." + ("tokenizer_path" if model.tokenizer_path else "path")
+        raise ConfigError(key, f"{model.tokenizer_path or model.path}: the tokenizer does not load ({exc})") from None
 
 
 BUNDLED_TASK_STEPS = 40   # the embedded default run: the tiny arithmetic task learns in these, in about 15 s on CPU

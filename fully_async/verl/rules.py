@@ -284,8 +284,6 @@ RULES: list[Rule] = [
              "activation offload is not implemented; use enable_gradient_checkpointing"),
     _warn_if("actor_rollout_ref.model.hf_config_path", _is(None), "null", "the config is model.path's",
              "put the config in actor_rollout_ref.model.path"),
-    _warn_if("actor_rollout_ref.model.tokenizer_path", _is(None), "null", "the tokenizer is model.path's",
-             "put the tokenizer in actor_rollout_ref.model.path"),
     # verl's megatron LoRA section (model.lora.*, megatron-bridge's fused LoRA: train/backends/megatron_lora.py)
     _map("actor_rollout_ref.model.lora.rank", "actor_rollout_ref.model.lora_rank", "verl's megatron LoRA rank"),
     _map("actor_rollout_ref.model.lora.alpha", "actor_rollout_ref.model.lora_alpha", "verl's megatron LoRA alpha"),

@@ -1,5 +1,5 @@
-"""verl's actor_rollout_ref.model.custom_chat_template and external_lib, before any run: the tokenizer every process
-builds takes the template and the prompts are templated with it; the module is imported before the model folder is
+"""verl's actor_rollout_ref.model.custom_chat_template, tokenizer_path and external_lib, before any run: the tokenizer
+every process builds comes from tokenizer_path and takes the template, and the prompts are templated with it; the module is imported before the model folder is
 read, so an architecture it registers loads, and a module that does not import is refused naming the key.  (A run
 with both: tests/integration/test_async_run.py.)"""
 import json
@@ -12,7 +12,7 @@ import pytest
 from fully_async.actors.actor_setup import build_tokenizer
 from fully_async.core.config import ConfigError, asset_path
 from fully_async.run.hydra_setup import load_config
-from fully_async.run.prepare import check_model_folder, load_datasets
+from fully_async.run.prepare import check_model_folder, load_datasets, load_tokenizer
 
 PARENS = "{% for message in messages %}({{ message['content'] }}){% endfor %}"
 
@@ -26,6 +26,20 @@ def test_the_custom_chat_template_replaces_the_tokenizers_and_templates_the_prom
     assert plain.apply_chat_template(chat, tokenize=False) == "35+8="
     train, _ = load_datasets(cfg, tokenizer)
     assert train[0].raw_prompt == "(35+8=)" and tokenizer.decode(train[0].prompt_ids) == "(35+8=)"
+
+
+def test_the_tokenizer_comes_from_tokenizer_path(tmp_path):
+    """A tokenizer folder of its own (here the bundled one with another template); one that does not load is refused
+    naming tokenizer_path."""
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{asset_path('tiny_arithmetic/model')}/{name}", tok_dir / name)
+    (tok_dir / "chat_template.jinja").write_text(PARENS)
+    tokenizer = build_tokenizer(load_config([f"actor_rollout_ref.model.tokenizer_path={tok_dir}"]))
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "1+1="}], tokenize=False) == "(1+1=)"
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.model.tokenizer_path.*the tokenizer does not load"):
+        load_tokenizer(load_config([f"actor_rollout_ref.model.tokenizer_path={tmp_path}/none"]))
 
 
 def registering_module(folder, name: str, model_type: str) -> None:
