@@ -55,6 +55,10 @@ class DataConfig:
     filter_overlong_prompts: bool = False  # drop prompts over max_prompt_length instead of truncating
     shuffle: bool = True                  # reshuffle prompts every epoch
     seed: int = 1                         # shuffle and sampling seed
+    # verl's: this many rows of the files (-1 or 0: all), drawn before the overlong-prompt filter as verl's RLHFDataset
+    # draws them: a random subset (numpy's default_rng(data.seed)) when data.shuffle, else the first ones
+    train_max_samples: int = -1
+    val_max_samples: int = -1
     train_batch_size: int = 1024          # prompts per step in sync mode (async uses ppo_mini_batch_size)
     skip_invalid_rows: bool = False       # drop rows with an empty prompt/data_source or (rule rewards) no ground
     #                                       truth, with a count; false: such a row is an error naming file and row
@@ -636,6 +640,7 @@ RESUME_STATE_KEYS = (
     "data.max_response_length",
     "data.shuffle",
     "data.seed",
+    "data.train_max_samples",
     "trainer.nnodes",
     "trainer.n_gpus_per_node",
     "async_training.require_batches",

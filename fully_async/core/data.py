@@ -196,10 +196,13 @@ def load_prompts(files: list[str], tokenizer: Any, *, prompt_key: str = "prompt"
                  truncation: str = "error", filter_overlong_prompts: bool = False,
                  reward_fn_key: str = "data_source", require_ground_truth: bool = False,
                  skip_invalid_rows: bool = False, chat_template_kwargs: Optional[dict] = None,
-                 row_source: Optional[Callable[[list[str]], Iterable[dict]]] = None) -> list[PromptRecord]:
+                 row_source: Optional[Callable[[list[str]], Iterable[dict]]] = None, max_samples: int = -1,
+                 shuffle: bool = False, seed: Optional[int] = None) -> list[PromptRecord]:
     """Read, check and tokenise verl-format prompts; `index` is the row in the concatenated files.  Chat prompts
     go through the tokenizer's chat template with `chat_template_kwargs` (data.apply_chat_template_kwargs).
     `row_source` (data.custom_cls) makes the rows from the files instead of the parquet/jsonl reader.
+    `max_samples` (data.train_max_samples / val_max_samples) keeps that many rows (`sample_rows`), before anything
+    else is checked.
 
     Every row is checked (row_problem): a bad row is an error naming its file, row and column, or with
     `skip_invalid_rows` (data.skip_invalid_rows) it is dropped and counted."""
@@ -223,10 +226,15 @@ def load_prompts(files: list[str], tokenizer: Any, *, prompt_key: str = "prompt"
             raise DataError(f"column '{key}' not found in {files} (row {missing} has columns {present}); "
                             f"set {option} to the column that holds it")
 
+    chosen = sample_rows(len(rows), max_samples, shuffle, seed)
+    if len(chosen) < len(rows):
+        logger.info("data: %d of %d rows of %s (max_samples=%d, %s)", len(chosen), len(rows), files, max_samples,
+                    f"a random subset, seed {seed}" if shuffle else "the first ones")
     records: list[PromptRecord] = []
     overlong: list[tuple[int, int]] = []  # (row index, length)
     invalid: list[tuple[int, str, str]] = []  # (row index, column, problem)
-    for index, row in enumerate(rows):
+    for index in chosen:
+        row = rows[index]
         problem = row_problem(row, prompt_key, reward_fn_key, require_ground_truth)
         text = "" if problem is not None else _prompt_text(row[prompt_key], tokenizer, index, prompt_key,
                                                            chat_template_kwargs)
@@ -259,20 +267,34 @@ def load_prompts(files: list[str], tokenizer: Any, *, prompt_key: str = "prompt"
         path, row_in_file, _ = located[index]
         where = f"{path} row {row_in_file} (0-based), column '{column}' {what}"
         if not skip_invalid_rows:
-            raise DataError(f"{where}; {len(invalid)} of {len(rows)} rows are invalid: fix them, or set "
+            raise DataError(f"{where}; {len(invalid)} of {len(chosen)} rows are invalid: fix them, or set "
                             "data.skip_invalid_rows=true to drop them")
         logger.warning("dropped %d invalid rows of %d (data.skip_invalid_rows=true); the first: %s",
-                       len(invalid), len(rows), where)
+                       len(invalid), len(chosen), where)
     if overlong and filter_overlong_prompts:
         logger.info("dropped %d of %d prompts longer than data.max_prompt_length=%d tokens (%s)",
-                    len(overlong), len(rows), max_prompt_length, files)
+                    len(overlong), len(chosen), max_prompt_length, files)
     elif overlong and truncation == "error":
         index, length = overlong[0]
         raise DataError(f"row {index} of {files} has {length} prompt tokens > data.max_prompt_length="
-                        f"{max_prompt_length} ({len(overlong)} of {len(rows)} rows are over); raise "
+                        f"{max_prompt_length} ({len(overlong)} of {len(chosen)} rows are over); raise "
                         "data.max_prompt_length, or set data.truncation=left|right|middle or "
                         "data.filter_overlong_prompts=true")
     return records
+
+
+def sample_rows(total: int, max_samples: int, shuffle: bool, seed: Optional[int]) -> list[int]:
+    """The rows kept of `total` (their indices, in the order verl's RLHFDataset keeps them): all where max_samples
+    is not in (0, total); else a random choice without replacement from numpy's default_rng(seed) when `shuffle`
+    (verl's data.shuffle and data.seed, its default true), or the first max_samples."""
+    if not 0 < max_samples < total:
+        return list(range(total))
+    if shuffle:
+        import numpy as np
+
+        rng = np.random.default_rng(*(() if seed is None else (seed,)))
+        return [int(i) for i in rng.choice(total, size=max_samples, replace=False)]
+    return list(range(max_samples))
 
 
 # ----------------------------------------------------------------------------------- stream

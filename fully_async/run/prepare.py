@@ -481,8 +481,10 @@ def load_datasets(cfg: Any, tokenizer: Any) -> tuple[list[PromptRecord], list[Pr
     custom = data.custom_cls
     if custom.path or custom.name:
         kwargs["row_source"] = custom_rows(cfg)
-    train = load_prompts(as_file_list(data.train_files), tokenizer, **kwargs)
-    val = load_prompts(as_file_list(data.val_files), tokenizer, **kwargs) if data.val_files else []
+    kwargs.update(shuffle=data.shuffle, seed=data.seed)
+    train = load_prompts(as_file_list(data.train_files), tokenizer, max_samples=data.train_max_samples, **kwargs)
+    val = (load_prompts(as_file_list(data.val_files), tokenizer, max_samples=data.val_max_samples, **kwargs)
+           if data.val_files else [])
     return train, val
 
 

@@ -300,3 +300,21 @@ def test_chat_template_arguments_reach_the_template_as_verls_apply_chat_template
     assert (plain.raw_prompt, high.raw_prompt) == ("q0|none", "q0|high")
     cfg = load_config(["+data.apply_chat_template_kwargs.reasoning_effort=medium"])   # verl's spelling
     assert dict(cfg.data.apply_chat_template_kwargs) == {"reasoning_effort": "medium"}
+
+
+def test_max_samples_keep_the_rows_verls_dataset_keeps():
+    """data.train_max_samples / val_max_samples as verl's RLHFDataset: with data.shuffle a choice without replacement
+    from numpy's default_rng(data.seed), in that order, drawn before the rows are checked; without it the first
+    rows; -1 (and 0, and a count past the end) keeps every row.  A record keeps its row index in the files."""
+    from fully_async.core.data import sample_rows
+    from fully_async.run.hydra_setup import load_config
+    from fully_async.run.prepare import load_datasets, load_tokenizer
+
+    verl = [int(i) for i in np.random.default_rng(7).choice(1024, size=10, replace=False)]
+    assert sample_rows(1024, 10, True, 7) == verl and sample_rows(1024, 10, False, 7) == list(range(10))
+    assert sample_rows(5, -1, True, 7) == sample_rows(5, 0, True, 7) == sample_rows(5, 9, True, 7) == list(range(5))
+    cfg = load_config(["data.train_max_samples=10", "data.val_max_samples=3", "data.seed=7"])
+    train, val = load_datasets(cfg, load_tokenizer(cfg))
+    assert [r.index for r in train] == verl and len(val) == 3
+    cfg = load_config(["data.train_max_samples=10", "data.shuffle=false"])
+    assert [r.index for r in load_datasets(cfg, load_tokenizer(cfg))[0]] == list(range(10))
