@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from fully_async.core.config import FullyAsyncConfig, generates_baseline, typed_config
+from fully_async.core.config import FullyAsyncConfig, generates_baseline, typed_config, validation_only
 from fully_async.actors.actor_setup import MetricsOutbox
 from fully_async.algorithms.dynamic_sampling import GroupFilter
 from fully_async.rollout.tools import ToolLoop
@@ -280,6 +280,12 @@ class Rollouter(MetricsOutbox):
 
     def _generate_until_stopped(self) -> dict:
         sched, residency = self.scheduler, self.residency
+        if validation_only(self.cfg):   # trainer.val_only: the validation, then only the driver's calls until stopped
+            if self.val_records and not self.resumed:
+                self._validate(self.pool.version)
+            while not self.stopped:
+                self._run_commands(block=True, timeout=0.5)
+            return self.get_stats()
         if sched.parked:  # partial responses restored from a checkpoint: back to the engines once they are on
             if residency.holding:
                 sched.resume()

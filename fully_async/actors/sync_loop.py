@@ -26,7 +26,7 @@ import logging
 import time
 from typing import Any, Callable, Iterator, Optional
 
-from fully_async.core.config import FullyAsyncConfig, generates_baseline, num_seqs
+from fully_async.core.config import FullyAsyncConfig, generates_baseline, num_seqs, validation_only
 from fully_async.actors.actor_setup import DriverFacing
 from fully_async.algorithms.dynamic_sampling import GroupFilter
 from fully_async.telemetry import generations
@@ -292,6 +292,8 @@ class SyncWorker(DriverFacing):
         cfg, state = self.cfg, self.state
         if cfg.trainer.val_before_train and self.val_records and state.step == 0:
             self._emit(0, self.validate())
+        if validation_only(cfg):   # trainer.val_only: no step (resumed: the driver validates the checkpoint's weights)
+            return self._result()
         while not state.done() and not self.stream.exhausted and not self._stop_requested:
             t_step = time.perf_counter()
             groups, metrics = self._rollout()

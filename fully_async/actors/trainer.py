@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Any, Callable, Optional
 
-from fully_async.core.config import FullyAsyncConfig
+from fully_async.core.config import FullyAsyncConfig, validation_only
 from fully_async.actors.actor_setup import DriverFacing
 from fully_async.cluster.ray_utils import ray_get
 from fully_async.telemetry import generations
@@ -173,6 +173,8 @@ class Trainer(DriverFacing, EngineHost):
 
     def run(self) -> dict:
         try:
+            if validation_only(self.cfg):   # trainer.val_only: no step; the driver validates these weights
+                return self.state.result(self.last_checkpoint, False)
             return self._run()
         finally:
             self.residency.give_back("done")

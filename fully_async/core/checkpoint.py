@@ -422,10 +422,11 @@ STATE_KEYS = {TRAINER_STATE: ("step", "version", "trained_sample_ids"),
               ROLLOUT_STATE: {"async": ("stream", "staleness", "groups", "pending"), "sync": ("stream",)}}
 
 
-def check_resume_state(path: str, mode: str, total_steps: int) -> int:
+def check_resume_state(path: str, mode: str, total_steps: int, trains: bool = True) -> int:
     """Before Ray starts: the checkpoint's state files hold what this version's `mode` continues from (an older
-    format is refused naming the file and the keys it lacks), and it is short of the run's `total_steps` (a run
-    resumed at or past its end would train nothing).  Returns the checkpoint's step."""
+    format is refused naming the file and the keys it lacks), and, for a run that `trains` (not trainer.val_only),
+    it is short of the run's `total_steps` (a run resumed at or past its end would train nothing).  Returns the
+    checkpoint's step."""
     def keys_of(name: str, want: tuple) -> dict:
         full = os.path.join(path, name)
         try:
@@ -444,7 +445,7 @@ def check_resume_state(path: str, mode: str, total_steps: int) -> int:
     step = int(keys_of(TRAINER_STATE, STATE_KEYS[TRAINER_STATE])["step"])
     if os.path.exists(os.path.join(path, ROLLOUT_STATE)) or os.path.exists(os.path.join(path, "rollout_state.pkl")):
         keys_of(ROLLOUT_STATE, STATE_KEYS[ROLLOUT_STATE].get(mode, ()))
-    if step >= total_steps:
+    if trains and step >= total_steps:
         raise CheckpointError(
             f"cannot resume from {path}: it was saved after step {step}, and this run trains {total_steps} steps "
             "(trainer.total_training_steps, or what the data and trainer.total_epochs fill), so nothing is left to "

@@ -401,6 +401,9 @@ class TrainerConfig:
     experiment_name: str = "default"
     test_freq: int = -1                   # validate every N param versions; -1: only before and after
     val_before_train: bool = True
+    # verl's: validate before training (val_before_train must be true, as in verl) and end there: the model.path
+    # weights, or a checkpoint's when resuming; nothing is trained or saved
+    val_only: bool = False
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
     seed: int = 1                         # torch seed of trainer and engine
     progress_bar: bool = True
@@ -687,6 +690,12 @@ def sequence_parallel_size(cfg: Any) -> int:
 def generates_baseline(cfg: Any) -> bool:
     """remax: every prompt also generates one greedy response, whose reward is its group's baseline."""
     return cfg.algorithm.adv_estimator == "remax"
+
+
+def validation_only(cfg: Any) -> bool:
+    """trainer.val_only as verl reads it: it acts only with trainer.val_before_train (verl's fit() returns right after
+    the validation before training; without that validation it trains)."""
+    return bool(cfg.trainer.val_only and cfg.trainer.val_before_train)
 
 
 def uses_critic(cfg: Any) -> bool:

@@ -152,6 +152,11 @@ def _check_trainer(cfg: Any) -> None:
     if t.total_training_steps is not None:
         _at_least("trainer.total_training_steps", t.total_training_steps, 1)
     _check_val_generations(cfg)
+    if t.val_only and not t.val_before_train:
+        logger.warning("trainer.val_only=true has no effect: it ends the run after the validation before training, "
+                       "and trainer.val_before_train=false skips that validation (verl's rule): the run trains")
+    elif t.val_only and not cfg.data.val_files:
+        raise ConfigError("trainer.val_only", "a validation-only run needs validation data: data.val_files is not set")
 
 
 def _check_writable_dir(key: str, path: Any) -> None:

@@ -29,6 +29,7 @@ import sys
 import time
 from typing import Any, Callable, Iterator, Optional
 
+from fully_async.core.config import validation_only
 from fully_async.core.plan import RunPlan
 from fully_async.run.watchdog import Watchdog, run_watchdog
 from fully_async.core.workload import RESPONSE_LENGTHS, length_histogram
@@ -374,7 +375,7 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     resumed_at = 0   # the checkpoint's step, resuming
     if resume_path:
         check_resume_config(resume_path, saved_config, cfg.trainer.resume_allow_config_change)
-        resumed_at = check_resume_state(resume_path, cfg.mode, prep.total_steps)
+        resumed_at = check_resume_state(resume_path, cfg.mode, prep.total_steps, trains=not validation_only(cfg))
         logger.info("resuming from %s", resume_path)
     if resume_path is None:   # a new run: its own TensorBoard run, never another run's events overlaid
         own_tensorboard_dir(cfg, teardown)

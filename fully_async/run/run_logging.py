@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any, Optional, TextIO
 
+from fully_async.core.config import validation_only
 from fully_async.core.plan import RunPlan
 from fully_async.telemetry import generations
 from fully_async.telemetry.metrics import WALL_TIME, MetricLogger
@@ -113,6 +114,7 @@ class RunLogger:
         self.sink = sink if sink is not None else open_metric_logger(cfg)
         self.sink.write_line = self.write_line
         self.mode = cfg.mode
+        self.val_only = validation_only(cfg)
         self.hardware = hardware
         self.checkpoint_root, self.save_freq = str(t.default_local_dir), int(t.save_freq)
         plan = RunPlan.of(cfg)
@@ -238,7 +240,10 @@ class RunLogger:
             vals = [m[key] for _, m in self.history if key in m]
             if vals:
                 summary[key] = sum(vals) / len(vals)
-        if stopped_at is not None:
+        if self.val_only:
+            summary["val_only"] = True
+            lines = [f"trainer.val_only: validated the weights of step {last} in {wall_s:.1f}s; nothing was trained"]
+        elif stopped_at is not None:
             lines = [f"run stopped at step {stopped_at} (of {self.total_steps}) after {wall_s:.1f}s"]
         else:
             lines = [f"run finished in {wall_s:.1f}s after {last} steps"]

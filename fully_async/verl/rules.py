@@ -475,8 +475,6 @@ RULES: list[Rule] = [
           "trainer.max_ckpt_to_keep prunes both"),
     _warn("trainer.ray_wait_register_center_timeout", "actors are awaited with their own readiness checks"),
     _warn("trainer.use_legacy_worker_impl", "one worker implementation"),
-    _warn_if("trainer.val_only", _is(False), "false", "training runs",
-             "a validation-only run is not implemented (trainer.val_before_train validates first)"),
     _warn("rollout.n", "actor_rollout_ref.rollout.n is the responses per prompt"),
     _map("ray_kwargs.ray_init.address", "multi_job.ray_address", "the Ray cluster to join (verl passes it to "
          "ray.init; a shared device pool's jobs all join one)"),

@@ -48,6 +48,12 @@ def test_bad_values_name_the_key(override, key):
     assert err.value.key == key and key in str(err.value)
 
 
+def test_val_only_needs_validation_data():
+    with pytest.raises(ConfigError, match="data.val_files is not set") as err:
+        validate(cfg_with("trainer.val_only=true", "data.val_files=null"))
+    assert err.value.key == "trainer.val_only"
+
+
 def test_device_peak_override_is_optional():
     assert cfg_with().trainer.device_peak_tflops is None
     cfg = cfg_with("trainer.device_peak_tflops=354")
@@ -179,9 +185,10 @@ def test_fp8_rollout_is_checked_before_anything_starts(caplog):
     (["global_profiler.tool=torch"], "global_profiler.tool=torch has no effect: global_profiler.steps lists no"),
     (["global_profiler.tool=torch", "global_profiler.steps=[3]", "trainer.total_training_steps=2"],
      "steps after trainer.total_training_steps=2 never run"),
+    (["trainer.val_only=true", "trainer.val_before_train=false"], "trainer.val_only=true has no effect"),
 ])
-def test_a_profiler_setting_that_profiles_nothing_is_named(overrides, said, caplog):
+def test_a_setting_that_does_nothing_is_named(overrides, said, caplog):
     """verl's global_profiler: a tool this package cannot run, steps without a tool or a tool without steps profile
-    nothing, as in verl, and the warning says so."""
+    nothing, as in verl; trainer.val_only acts only with val_before_train, as in verl: each warning says so."""
     validate(cfg_with(*overrides))
     assert said in caplog.text
