@@ -210,7 +210,6 @@ class Device:
         if self.is_accelerator:
             self.module().reset_peak_memory_stats()
 
-
     def profiler(self, folder: str) -> Any:
         """A profiler of this process's host work and this device's kernels, a context manager whose trace goes to
         `folder` when it stops: torch.profiler's Chrome trace (the CPU; CUDA's kernels too), or on an Ascend NPU

@@ -183,7 +183,7 @@ def _check_profiler(cfg: Any) -> None:
                        "profiles the trainer's steps with the device's own profiler, torch_npu's on an NPU)", gp.tool)
         return
     if gp.tool is not None:
-        _choice("global_profiler.tool", gp.tool, PROFILER_TOOLS + PROFILER_TOOLS_WARNED + (None,))
+        _choice("global_profiler.tool", gp.tool, PROFILER_TOOLS + PROFILER_TOOLS_WARNED)
     steps = list(gp.steps or [])
     if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in steps):
         raise ConfigError("global_profiler.steps", f"{steps!r}: the trainer's global steps to profile, integers from "
