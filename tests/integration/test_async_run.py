@@ -1,5 +1,4 @@
 """End to end on Ray with the bundled tiny task: a few async steps, metrics, failures."""
-import json
 import os
 
 import pytest
@@ -121,47 +120,6 @@ def test_collective_weight_sync_and_fsdp2_trainer_on_gloo(ray_session, tmp_path,
     scalars = read_scalars(str(tmp_path / "tb"))
     assert len(scalars["perf/param_sync_buckets"]) == 3 and all(v > 0 for _, v in scalars["perf/param_sync_gbps"])
     assert [v for _, v in scalars["fully_async/count/current_param_version"]] == [0, 1, 2]
-
-
-def test_a_custom_architecture_and_chat_template_as_verls_model_keys(ray_session, tmp_path, monkeypatch):
-    """actor_rollout_ref.model.external_lib imports tests/custom_arch.py in every process (the driver, the rollouter,
-    the trainer), whose registration is the only way the model folder's architecture loads; custom_chat_template
-    templates every prompt the engine generates from (the trained rows' inputs)."""
-    from custom_arch import as_custom_arch
-
-    from fully_async.core.config import asset_path
-    from fully_async.run.main import run_async
-
-    model = as_custom_arch(asset_path("tiny_arithmetic/model"), str(tmp_path / "model"))
-    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
-    template = "{% for message in messages %}({{ message['content'] }}){% endfor %}"
-    cfg = load_config([f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.total_training_steps=2",
-                       f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.external_lib=custom_arch",
-                       f"actor_rollout_ref.model.custom_chat_template={json.dumps(template)}",
-                       "trainer.progress_bar=false", "trainer.val_before_train=false", "data.val_files=null",
-                       f"trainer.rollout_data_dir={tmp_path}/rollouts"])
-    assert run_async(cfg)["steps"] == 2
-    rows = [json.loads(line) for step in (1, 2) for line in open(tmp_path / "rollouts" / f"{step}.jsonl")]
-    assert rows and all(r["input"].startswith("(") and r["input"].endswith("=)") for r in rows), rows[0]
-
-
-def test_val_only_validates_a_finished_checkpoint_and_trains_nothing(ray_session, tmp_path, monkeypatch):
-    """verl's trainer.val_only: a run resumed from the checkpoint of a finished 2-step run validates those weights
-    (the same reward the run's own final validation gave), trains no step and writes no checkpoint."""
-    from fully_async.core.checkpoint import list_checkpoints
-    from fully_async.run.main import run_async
-
-    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
-    args = [f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.total_training_steps=2", "trainer.save_freq=2",
-            "trainer.progress_bar=false"]
-    trained = run_async(load_config(args))
-    assert trained["steps"] == 2 and trained["val_last_step"] == 2
-    checked = run_async(load_config([*args, "trainer.val_only=true"]))
-    assert checked["val_only"] and checked["steps"] == 2 and checked["val_last_step"] == 2
-    assert checked["val_last"] == pytest.approx(trained["val_last"])
-    assert list_checkpoints(str(tmp_path / "ckpt")) == [2]
-    steps = [s for s, _ in read_scalars(str(tmp_path / "tb")).get("actor/pg_loss", [])]
-    assert steps == [1, 2]                                  # the first run's steps only
 
 
 def test_strict_on_policy_samples_are_fresh(ray_session, tmp_path, monkeypatch):

@@ -1,7 +1,7 @@
 """verl's actor_rollout_ref.model.custom_chat_template, tokenizer_path and external_lib, before any run: the tokenizer
 every process builds comes from tokenizer_path and takes the template, and the prompts are templated with it; the module is imported before the model folder is
 read, so an architecture it registers loads, and a module that does not import is refused naming the key.  (A run
-with both: tests/integration/test_async_run.py.)"""
+with both: tests/integration/test_verl_keys_run.py.)"""
 import json
 import shutil
 import sys
