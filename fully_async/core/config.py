@@ -396,7 +396,8 @@ class TrainerConfig:
     total_training_steps: Optional[int] = None  # null: derived from the data and total_epochs
     steps_from_data: bool = False         # filled in at start-up: total_training_steps was derived, not given (with
     #                                       dynamic sampling the run then ends when the data does, as verl's DAPO)
-    logger: list[str] = field(default_factory=lambda: ["console"])  # console, tensorboard, wandb, swanlab, mlflow
+    logger: list[str] = field(default_factory=lambda: ["console"])  # console, tensorboard, file, wandb, swanlab,
+    #                                                                    mlflow
     project_name: str = "fully_async"
     experiment_name: str = "default"
     test_freq: int = -1                   # validate every N param versions; -1: only before and after
@@ -615,7 +616,7 @@ GROUP_ADV_ESTIMATORS = tuple(e for e in ADV_ESTIMATORS if e not in ("reinforce_p
 POLICY_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo", "dppo_tv", "dppo_kl",
                      "dro")
 REWARD_MANAGERS = ("naive", "dapo", "prime")
-LOGGERS = ("console", "tensorboard", "wandb", "swanlab", "mlflow")
+LOGGERS = ("console", "tensorboard", "file", "wandb", "swanlab", "mlflow")
 DTYPES = ("float32", "bfloat16", "float16")
 MODES = ("async", "sync")
 PROFILER_TOOLS = ("torch", "npu")                 # global_profiler.tool: the trainer device's profiler

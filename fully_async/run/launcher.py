@@ -385,7 +385,7 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
     needs = {"trainer": plan.trainer_devices, **({"rollout": plan.rollout_devices} if plan.rollout_devices else {})}
     if not device.is_accelerator and not shared and not (cfg.multi_job.ray_address or os.environ.get("RAY_ADDRESS")):
         check_cpu_devices(needs)  # the Ray this run starts has as many CPUs as it is told: check before
-    sink = open_metric_logger(cfg)  # trackers (wandb, ...) that cannot start fail here, before Ray
+    sink = open_metric_logger(cfg, resuming=resume_path is not None)  # a tracker that cannot start fails here
     teardown.on_error(lambda exc: sink.close(failed=not isinstance(exc, (RunInterrupted, StartInterrupted))))
     sig.check()
     teardown.enter_context(_ray_session(cfg, sig, plan, device))

@@ -80,14 +80,14 @@ def fresh_tensorboard_dir(tb: str) -> Optional[str]:
     return f"{tb.rstrip(os.sep)}_{k}"
 
 
-def open_metric_logger(cfg: Any) -> MetricLogger:
+def open_metric_logger(cfg: Any, resuming: bool = False) -> MetricLogger:
     """The sinks of `trainer.logger`, started before Ray so that a tracker that cannot start (credentials, tracking
-    URI, mode) fails the run before any actor exists."""
+    URI, mode) fails the run before any actor exists; `resuming`: the file logger appends to the run's file."""
     from omegaconf import OmegaConf
 
     t = cfg.trainer
     return MetricLogger(list(t.logger), t.project_name, t.experiment_name,
-                        config=OmegaConf.to_container(cfg, resolve=True))
+                        config=OmegaConf.to_container(cfg, resolve=True), resuming=resuming)
 
 
 class RunLogger:

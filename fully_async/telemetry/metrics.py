@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from typing import Any, Optional, Sequence
 
@@ -162,12 +163,62 @@ def tensorboard_dir(project: str, experiment: str) -> str:
     return os.environ.get("TENSORBOARD_DIR") or os.path.join("tensorboard_log", project, experiment)
 
 
+def jsonl_path(project: str, experiment: str, resuming: bool) -> str:
+    """verl's file logger's path: $VERL_FILE_LOGGER_PATH, else $VERL_FILE_LOGGER_ROOT (default the working folder)
+    /<project_name>/<experiment_name>.jsonl.  A new run (not resuming) whose file holds an earlier run's lines
+    writes the next free `<name>_<k>.jsonl` instead (as its TensorBoard folder: verl would truncate the file); a
+    resumed run appends to it."""
+    path = os.environ.get("VERL_FILE_LOGGER_PATH") or os.path.join(
+        os.path.expanduser(os.environ.get("VERL_FILE_LOGGER_ROOT", ".")), project, f"{experiment}.jsonl")
+
+    def used(p: str) -> bool:
+        return os.path.isfile(p) and os.path.getsize(p) > 0
+
+    if resuming or not used(path):
+        return path
+    stem, ext = os.path.splitext(path)
+    k = 2
+    while used(f"{stem}_{k}{ext}"):
+        k += 1
+    logger.info("%s holds an earlier run's metrics: this run writes to %s_%d%s (a resumed run appends)", path, stem,
+                k, ext)
+    return f"{stem}_{k}{ext}"
+
+
+def _finite_or_none(value: Any) -> Optional[float]:
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+class JsonlFile:
+    """trainer.logger `file` (verl's FileLogger): one JSON line {"step": N, "data": {name: value}} per logged step,
+    written unbuffered (a crash keeps every step logged before it); a value that is not finite is written null, as
+    verl's orjson writes it.  Validation generations are not written (verl's does not write them either)."""
+
+    def __init__(self, project: str, experiment: str, resuming: bool = False):
+        self.path = jsonl_path(project, experiment, resuming)
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self.fp = open(self.path, "ab", buffering=0)
+        logger.info("file logger: %s", os.path.abspath(self.path))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        data = {k: _finite_or_none(v) for k, v in metrics.items()}
+        self.fp.write(json.dumps({"step": step, "data": data}).encode() + b"\n")
+
+    def log_generations(self, samples: list[tuple[str, str, float]], step: int) -> None:
+        return None
+
+    def close(self, failed: bool = False) -> None:
+        self.fp.close()
+
+
 class MetricLogger:
-    """Fans step metrics out to the configured sinks (trainer.logger): the console line, TensorBoard, and the
-    experiment trackers of tracking.py (wandb, swanlab, mlflow), each receiving the same names at the same steps."""
+    """Fans step metrics out to the configured sinks (trainer.logger): the console line, TensorBoard, verl's JSON-lines
+    file and the experiment trackers of tracking.py (wandb, swanlab, mlflow), each receiving the same names at the
+    same steps."""
 
     def __init__(self, backends: Sequence[str], project: str, experiment: str, config: Optional[dict] = None,
-                 write_line: Any = None):
+                 write_line: Any = None, resuming: bool = False):
         from fully_async.telemetry.tracking import TRACKER_MODULES, open_tracker
 
         self.console = "console" in backends
@@ -185,6 +236,8 @@ class MetricLogger:
                 self.write_json("config.json", config)
                 self.writer.add_text("config", "```\n" + json.dumps(config, indent=1, default=str) + "\n```")
         try:
+            if "file" in backends:
+                self.trackers.append(JsonlFile(project, experiment, resuming))
             for name in backends:
                 if name in TRACKER_MODULES:
                     self.trackers.append(open_tracker(name, project, experiment, config))

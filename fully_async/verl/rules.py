@@ -600,7 +600,6 @@ SCRIPT_REFUSALS: list[tuple[str, str]] = [
      "groups than data-parallel ranks, a token budget below one sequence)",
      r"actor_rollout_ref\.rollout\.(n|max_num_batched_tokens)|actor_rollout_ref\.actor\.(ppo_mini_batch_size|"
      r"ppo_max_token_len_per_gpu)"),
-    ("a logger not wired here (file)", r"trainer\.logger"),
     ("a reward manager not built in here (gdpo: use algorithm.adv_estimator=gdpo with a reward function's keys)",
      r"reward_model\.reward_manager"),
 ]

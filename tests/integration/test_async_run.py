@@ -35,7 +35,8 @@ def metrics_run(ray_session, tmp_path_factory):
     from fully_async.run.main import run_async
 
     tmp_path = tmp_path_factory.mktemp("metrics_run")
-    env = {"TENSORBOARD_DIR": str(tmp_path / "tb"), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb")}
+    env = {"TENSORBOARD_DIR": str(tmp_path / "tb"), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path / "wandb"),
+           "VERL_FILE_LOGGER_PATH": str(tmp_path / "metrics.jsonl")}
     (tmp_path / "wandb").mkdir()
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -44,7 +45,7 @@ def metrics_run(ray_session, tmp_path_factory):
                            "trainer.test_freq=2", "actor_rollout_ref.actor.use_kl_loss=true",
                            "trainer.progress_bar=false", "actor_rollout_ref.rollout.n=4",
                            "actor_rollout_ref.actor.ppo_mini_batch_size=8",
-                           "trainer.logger=[console,tensorboard,wandb]",
+                           "trainer.logger=[console,tensorboard,wandb,file]",
                            "trainer.log_val_generations=2", f"trainer.validation_data_dir={tmp_path}/val_gen",
                            f"trainer.rollout_data_dir={tmp_path}/rollouts"])
         summary = run_async(cfg)
@@ -84,6 +85,25 @@ def test_async_run_completes_and_writes_metrics(metrics_run):
     lengths, weights = load_histogram(str(tmp_path / "tb" / "response_lengths.json"))
     assert sum(weights) == len(summary["trained_sample_ids"]) == 4 * 8 * 4
     assert lengths == sorted(lengths) and 1 <= lengths[0] and lengths[-1] <= cfg.data.max_response_length
+
+
+def test_the_file_logger_gets_the_tensorboard_scalars(metrics_run):
+    """trainer.logger=[...,file] (verl's file logger, at VERL_FILE_LOGGER_PATH): a JSON line {"step", "data"} per
+    logged step, holding every scalar TensorBoard got, at the same steps, with the same values."""
+    import json
+
+    tmp_path, _, _ = metrics_run
+    tb = read_scalars(str(tmp_path / "tb"))
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines and all(set(line) == {"step", "data"} for line in lines)
+    got: dict = {}
+    for line in lines:
+        for key, value in line["data"].items():
+            got.setdefault(key, []).append((line["step"], value))
+    assert set(got) == set(tb)
+    for key, points in tb.items():
+        assert [s for s, _ in sorted(got[key])] == [s for s, _ in sorted(points)], key
+        assert [v for _, v in sorted(got[key])] == pytest.approx([v for _, v in sorted(points)], rel=1e-6), key
 
 
 def test_wandb_offline_gets_the_tensorboard_scalars(metrics_run):

@@ -49,3 +49,30 @@ def test_console_skips_metrics_it_has_nothing_to_show_for():
     sink.log({"critic/score/mean": 0.25}, 5)
     sink.close()
     assert lines == ["step 5 | reward 0.25"]
+
+
+def test_the_file_logger_writes_verls_lines_and_never_overwrites_a_run(tmp_path, monkeypatch):
+    """trainer.logger `file`, verl's FileLogger: $VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl (or
+    $VERL_FILE_LOGGER_PATH), a line {"step", "data"} per step, a value that is not finite as null; a new run beside
+    an earlier run's file writes <experiment>_2.jsonl, a resumed run appends to the file."""
+    import json
+
+    from fully_async.telemetry.metrics import MetricLogger
+
+    monkeypatch.delenv("VERL_FILE_LOGGER_PATH", raising=False)
+    monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(tmp_path))
+
+    def run(resuming=False, **metrics):
+        sink = MetricLogger(["file"], "proj", "exp", resuming=resuming)
+        sink.log(metrics, step=1)
+        sink.close()
+        return sink.trackers[0].path
+
+    first = run(**{"actor/pg_loss": 0.5, "actor/grad_norm": float("nan")})
+    assert first == str(tmp_path / "proj" / "exp.jsonl")
+    assert [json.loads(line) for line in open(first)] == [{"step": 1, "data": {"actor/pg_loss": 0.5,
+                                                                               "actor/grad_norm": None}}]
+    assert run(**{"x": 1.0}) == str(tmp_path / "proj" / "exp_2.jsonl")
+    assert run(resuming=True, **{"x": 2.0}) == first and len(open(first).read().splitlines()) == 2
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "named.jsonl"))
+    assert run(**{"x": 3.0}) == str(tmp_path / "named.jsonl")
