@@ -379,8 +379,10 @@ def _run(cfg: Any, create: Callable[..., dict], main_actor: str, sig: _Signals, 
         logger.info("resuming from %s", resume_path)
     if resume_path is None:   # a new run: its own TensorBoard run, never another run's events overlaid
         own_tensorboard_dir(cfg, teardown)
-    # the timeline trained from here: newer checkpoints (another timeline) leave retention's and auto's sight
-    retire_abandoned(cfg.trainer.default_local_dir, checkpoint_version(resume_path) if resume_path else 0)
+    # the timeline trained from here: newer checkpoints (another timeline) leave retention's and auto's sight; a
+    # validation-only run trains no timeline and leaves every checkpoint where it is
+    if not validation_only(cfg):
+        retire_abandoned(cfg.trainer.default_local_dir, checkpoint_version(resume_path) if resume_path else 0)
     plan = RunPlan.of(cfg)
     needs = {"trainer": plan.trainer_devices, **({"rollout": plan.rollout_devices} if plan.rollout_devices else {})}
     if not device.is_accelerator and not shared and not (cfg.multi_job.ray_address or os.environ.get("RAY_ADDRESS")):

@@ -41,18 +41,23 @@ def test_a_custom_architecture_and_chat_template_as_verls_model_keys(ray_session
 
 def test_val_only_validates_a_finished_checkpoint_and_trains_nothing(ray_session, tmp_path, monkeypatch):
     """verl's trainer.val_only: a run resumed from the checkpoint of a finished 2-step run validates those weights
-    (the same reward the run's own final validation gave), trains no step and writes no checkpoint."""
+    (the same reward the run's own final validation gave), trains no step and writes no checkpoint; one pointed at
+    an earlier checkpoint (resume_path) validates that one and moves no later checkpoint aside (a training run
+    from there would retire them as another timeline's)."""
     from fully_async.core.checkpoint import list_checkpoints
     from fully_async.run.main import run_async
 
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
-    args = [f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.total_training_steps=2", "trainer.save_freq=2",
+    args = [f"trainer.default_local_dir={tmp_path}/ckpt", "trainer.total_training_steps=2", "trainer.save_freq=1",
             "trainer.progress_bar=false"]
     trained = run_async(load_config(args))
     assert trained["steps"] == 2 and trained["val_last_step"] == 2
     checked = run_async(load_config([*args, "trainer.val_only=true"]))
     assert checked["val_only"] and checked["steps"] == 2 and checked["val_last_step"] == 2
     assert checked["val_last"] == pytest.approx(trained["val_last"])
-    assert list_checkpoints(str(tmp_path / "ckpt")) == [2]
+    earlier = run_async(load_config([*args, "trainer.val_only=true", "trainer.resume_mode=resume_path",
+                                     f"trainer.resume_from_path={tmp_path}/ckpt/global_step_1"]))
+    assert earlier["val_last_step"] == 1
+    assert list_checkpoints(str(tmp_path / "ckpt")) == [1, 2]
     steps = [s for s, _ in read_scalars(str(tmp_path / "tb")).get("actor/pg_loss", [])]
     assert steps == [1, 2]                                  # the first run's steps only
