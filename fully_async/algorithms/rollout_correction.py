@@ -39,7 +39,7 @@ from typing import Any, Optional
 
 import torch
 
-from fully_async.core.config import is_threshold, rs_options, rs_thresholds
+from fully_async.core.rollout_correction_spec import is_threshold, rs_options, rs_thresholds
 
 SAFETY_BOUND = 20.0
 

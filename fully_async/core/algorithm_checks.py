@@ -7,8 +7,8 @@ import logging
 from typing import Any
 
 from fully_async.core.config import (ADV_ESTIMATORS, FILTER_METRICS, GROUP_ADV_ESTIMATORS, KL_TYPES, OTB_ESTIMATORS,
-                                     PF_PPO_REWEIGHT_METHODS, ROLLOUT_IS_LEVELS, ConfigError, is_threshold,
-                                     rs_options, rs_thresholds)
+                                     PF_PPO_REWEIGHT_METHODS, ROLLOUT_IS_LEVELS, ConfigError)
+from fully_async.core.rollout_correction_spec import is_threshold, rs_options, rs_thresholds
 
 logger = logging.getLogger(__name__)
 

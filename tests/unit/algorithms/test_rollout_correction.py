@@ -9,7 +9,8 @@ import torch
 
 from fully_async.algorithms.actor_loss import BYPASS_RS_METRIC, actor_loss, actor_metric_names
 from fully_async.algorithms.rollout_correction import correct_batch, rejection_mask
-from fully_async.core.config import ConfigError, PolicyLossConfig, is_threshold, rs_options, rs_thresholds
+from fully_async.core.config import ConfigError, PolicyLossConfig
+from fully_async.core.rollout_correction_spec import is_threshold, rs_options, rs_thresholds
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "verl_algo_vectors.pt")
 DATA = torch.load(FIXTURE, weights_only=True)
