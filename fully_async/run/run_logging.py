@@ -18,7 +18,7 @@ from typing import Any, Optional, TextIO
 from fully_async.core.config import validation_only
 from fully_async.core.plan import RunPlan
 from fully_async.telemetry import generations
-from fully_async.telemetry.metrics import WALL_TIME, MetricLogger
+from fully_async.telemetry.metrics import WALL_TIME, MetricLogger, next_free
 
 logger = logging.getLogger("fully_async")
 BOUND_PAUSES = "fully_async/rollouter/bound_pauses"
@@ -72,12 +72,7 @@ def fresh_tensorboard_dir(tb: str) -> Optional[str]:
         except OSError:
             return False
 
-    if not has_events(tb):
-        return None
-    k = 2
-    while has_events(f"{tb.rstrip(os.sep)}_{k}"):
-        k += 1
-    return f"{tb.rstrip(os.sep)}_{k}"
+    return next_free(tb.rstrip(os.sep), has_events) if has_events(tb) else None
 
 
 def open_metric_logger(cfg: Any, resuming: bool = False) -> MetricLogger:

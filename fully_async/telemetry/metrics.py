@@ -163,6 +163,17 @@ def tensorboard_dir(project: str, experiment: str) -> str:
     return os.environ.get("TENSORBOARD_DIR") or os.path.join("tensorboard_log", project, experiment)
 
 
+def next_free(base: str, used: Any, suffix: str = "") -> str:
+    """`base + suffix`, or where `used` says it holds an earlier run's output, the first `<base>_<k><suffix>`
+    (k = 2, 3, ...) that does not: a run's own TensorBoard folder or metrics file beside an earlier run's."""
+    if not used(base + suffix):
+        return base + suffix
+    k = 2
+    while used(f"{base}_{k}{suffix}"):
+        k += 1
+    return f"{base}_{k}{suffix}"
+
+
 def jsonl_path(project: str, experiment: str, resuming: bool) -> str:
     """verl's file logger's path: $VERL_FILE_LOGGER_PATH, else $VERL_FILE_LOGGER_ROOT (default the working folder)
     /<project_name>/<experiment_name>.jsonl.  A new run (not resuming) whose file holds an earlier run's lines
@@ -174,15 +185,13 @@ def jsonl_path(project: str, experiment: str, resuming: bool) -> str:
     def used(p: str) -> bool:
         return os.path.isfile(p) and os.path.getsize(p) > 0
 
-    if resuming or not used(path):
+    if resuming:
         return path
     stem, ext = os.path.splitext(path)
-    k = 2
-    while used(f"{stem}_{k}{ext}"):
-        k += 1
-    logger.info("%s holds an earlier run's metrics: this run writes to %s_%d%s (a resumed run appends)", path, stem,
-                k, ext)
-    return f"{stem}_{k}{ext}"
+    fresh = next_free(stem, used, ext)
+    if fresh != path:
+        logger.info("%s holds an earlier run's metrics: this run writes to %s (a resumed run appends)", path, fresh)
+    return fresh
 
 
 def _finite_or_none(value: Any) -> Optional[float]:
