@@ -119,7 +119,7 @@ colocated)
   # PROFILE_STEPS="[6]": both runs profile those trainer steps (global_profiler.tool=torch) into $OUT/profile_<run>/,
   # and the head of each step's ops.txt is printed (a profiled step runs slower: its time counts in the comparison)
   export CUDA_VISIBLE_DEVICES=0
-  RUNS=${RUNS:-$OUT/runs}; COLO=$RUNS/colocated${TAG:+_$TAG}
+  RUNS=${RUNS:-$OUT/runs}; COLO=$RUNS/colocated${TAG:+_$TAG}; mkdir -p "$RUNS"
   PROF_SYNC=(); PROF_COLO=(); PROF_DIFF=()
   if [ -n "${PROFILE_STEPS:-}" ]; then
     PROF_SYNC=(global_profiler.tool=torch "global_profiler.steps=$PROFILE_STEPS" "global_profiler.save_path=$OUT/profile_sync")
@@ -129,7 +129,7 @@ colocated)
   fi
   [ "${SKIP_SYNC:-0}" = 1 ] || TENSORBOARD_DIR=$RUNS/sync timeout ${RUN_LIMIT:-260} python3 -m fully_async.main \
       mode=sync "${SEED[@]}" trainer.total_training_steps=${SYNC_STEPS:-${STEPS:-8}} hydra.run.dir=/tmp/h_sync \
-      "${PROF_SYNC[@]}" 2>&1 | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
+      "${PROF_SYNC[@]}" 2>&1 | tee "$RUNS/sync.log" | grep -v "it/s\]" | grep -E "^step|run finished|Error|error" | tail -12
   TENSORBOARD_DIR=$COLO timeout ${RUN_LIMIT:-260} python3 -m fully_async.main mode=async \
       async_training.placement=colocated rollout.n_gpus_per_node=0 "${SEED[@]}" trainer.total_training_steps=${STEPS:-8} \
       hydra.run.dir=/tmp/h_colo "${PROF_COLO[@]}" ${COLO_EXTRA:-} 2>&1 | tee "$RUNS/colocated${TAG:+_$TAG}.log" \

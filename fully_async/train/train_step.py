@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import math
 import os
@@ -79,12 +80,38 @@ def profiled(cfg: FullyAsyncConfig, step: int) -> Any:
     device = _resolve_device(cfg.trainer.device)
     folder = os.path.join(gp.save_path, f"step_{step}")
     os.makedirs(folder, exist_ok=True)
+    t0 = time.perf_counter()
     with device.profiler(folder) as prof:
         yield
+        device.synchronize()
+    wall = time.perf_counter() - t0
     if hasattr(prof, "key_averages"):   # torch_npu's profiler writes its own summaries
         sort = "self_device_time_total" if device.name == "cuda" else "self_cpu_time_total"
-        safe_write.write_text(os.path.join(folder, "ops.txt"), prof.key_averages().table(sort_by=sort, row_limit=40))
+        summary = profile_summary(prof, wall, step)
+        safe_write.write_text(os.path.join(folder, "summary.json"), json.dumps(summary, indent=1) + "\n")
+        head = f"step {step}: wall {wall:.3f} s (profiled)"
+        if summary["device_kernels"]:
+            head += f", device kernels {summary['device_kernels_s']:.3f} s ({summary['device_busy']:.1%} busy)"
+        safe_write.write_text(os.path.join(folder, "ops.txt"),
+                              head + "\n" + prof.key_averages().table(sort_by=sort, row_limit=40))
     logger.info("profile of the trainer's step %d (%s profiler): %s", step, device.name, folder)
+
+
+def profile_summary(prof: Any, wall: float, step: int) -> dict:
+    """A profiled step's wall time against its device kernels' (their sum, and the busy share of the wall: the rest
+    is the device waiting for the host) and the longest stretches with no kernel running, where a step loses
+    time between its kernels (gaps over 1 ms, the ten largest, in ms)."""
+    kernels = sorted((e for e in prof.events() if e.device_type.name in ("CUDA", "PrivateUse1")),
+                     key=lambda e: e.time_range.start)
+    busy = sum(e.device_time for e in kernels) / 1e6
+    gaps, end = [], None
+    for e in kernels:
+        if end is not None and e.time_range.start - end > 1000:
+            gaps.append((e.time_range.start - end) / 1e3)
+        end = e.time_range.end if end is None else max(end, e.time_range.end)
+    return {"step": step, "wall_s": round(wall, 4), "device_kernels": len(kernels), "device_kernels_s": round(busy, 4),
+            "device_busy": round(busy / wall, 4) if wall > 0 else 0.0, "gaps_over_1ms": len(gaps),
+            "gaps_over_1ms_s": round(sum(gaps) / 1e3, 4), "largest_gaps_ms": sorted(gaps, reverse=True)[:10]}
 
 
 def _train_step(backend: TrainBackend, cfg: FullyAsyncConfig, groups: Sequence[SampleGroup], pad_token_id: int,

@@ -129,5 +129,26 @@ def test_global_profiler_profiles_the_listed_steps_whole(random_model_dir, tmp_p
     names = {e.get("name", "") for e in json.loads(traces[0].read_text())["traceEvents"]}
     assert {"aten::mm", "aten::addmm"} & names and any("Optimizer.step" in n for n in names)
     table = (out / "step_2" / "ops.txt").read_text()
-    assert "Self CPU" in table and "aten::" in table
+    assert "Self CPU" in table and "aten::" in table and table.startswith("step 2: wall ")
+    summary = json.loads((out / "step_2" / "summary.json").read_text())
+    assert summary["step"] == 2 and summary["wall_s"] > 0 and summary["device_kernels"] == 0   # the CPU has none
     assert f"profile of the trainer's step 2 (cpu profiler): {out / 'step_2'}" in caplog.text
+
+
+def test_profile_summary_sums_kernels_and_finds_the_gaps_between_them():
+    """A profiled step's device kernels against its wall time, and the stretches over 1 ms where no kernel ran
+    (overlapping kernels, as on two streams, leave no gap)."""
+    from types import SimpleNamespace as NS
+
+    from fully_async.train.train_step import profile_summary
+
+    def kernel(start, end):   # microseconds, as torch.profiler's events
+        return NS(device_type=NS(name="CUDA"), time_range=NS(start=start, end=end), device_time=end - start)
+
+    host = NS(device_type=NS(name="CPU"), time_range=NS(start=0, end=50_000), device_time=0)
+    events = [kernel(0, 1000), kernel(500, 2000), kernel(2500, 3000), kernel(6000, 7000), host,
+              kernel(9000, 10_000)]
+    summary = profile_summary(NS(events=lambda: events), wall=0.02, step=3)
+    assert summary["device_kernels"] == 5
+    assert summary["device_kernels_s"] == 0.005 and summary["device_busy"] == 0.25
+    assert summary["largest_gaps_ms"] == [3.0, 2.0] and summary["gaps_over_1ms_s"] == 0.005
