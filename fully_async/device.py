@@ -184,6 +184,17 @@ class Device:
             stats["device_used_gib"] = (total - free) / 2**30   # every process's, and memory outside torch's allocator
         return stats
 
+    def allocator_counts(self) -> dict[str, int]:
+        """This process's device allocator so far: segments taken from the driver (`device_mallocs`), given back
+        (`device_frees`) and allocations retried after freeing every cached block (`device_alloc_retries`); {} on
+        cpu and where the allocator does not count them."""
+        if not self.is_accelerator:
+            return {}
+        stats = self.module().memory_stats()
+        names = {"num_device_alloc": "device_mallocs", "num_device_free": "device_frees",
+                 "num_alloc_retries": "device_alloc_retries"}
+        return {ours: int(stats[theirs]) for theirs, ours in names.items() if theirs in stats}
+
     def current_index(self) -> int:
         """The index of this process's current device (0 on cpu)."""
         return int(self.module().current_device()) if self.is_accelerator else 0

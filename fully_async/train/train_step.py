@@ -37,6 +37,7 @@ from fully_async.telemetry.metrics import batch_metrics
 from fully_async.core.types import Sample, SampleGroup
 from fully_async.train.backends import TrainBackend
 from fully_async.train.ppo_update import critic_update, ppo_update
+from fully_async.train.step_counters import StepCounters
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +52,13 @@ def train_step(backend: TrainBackend, cfg: FullyAsyncConfig, groups: Sequence[Sa
     """Train on `groups` (step number `step`, generated for param `version`); returns (metrics, samples).  A device
     running out of memory fails the run with what to change (device_memory/policy.py out_of_memory_advice): what
     the engine kept beside the trainer, then the update's own size."""
+    counters = _step_counters(cfg.trainer.device)
+    counters.start()
     try:
         with profiled(cfg, step):
-            return _train_step(backend, cfg, groups, pad_token_id, step, version, timeline)
+            metrics, samples = _train_step(backend, cfg, groups, pad_token_id, step, version, timeline)
+        metrics.update(counters.metrics())
+        return metrics, samples
     except Exception as exc:
         from fully_async.placement.residency import out_of_memory
 
@@ -311,6 +316,11 @@ def actor_perf_metrics(cfg: FullyAsyncConfig, seq_lens: Sequence[int], update_s:
         passes = cfg.actor_rollout_ref.actor.ppo_epochs
         out["perf/mfu/actor"] = mfu(flops * passes, update_s, RunPlan.of(cfg).trainer_devices, peak)
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def _step_counters(device: str) -> StepCounters:
+    return StepCounters(_resolve_device(device))
 
 
 @functools.lru_cache(maxsize=None)

@@ -152,3 +152,38 @@ def test_profile_summary_sums_kernels_and_finds_the_gaps_between_them():
     assert summary["device_kernels"] == 5
     assert summary["device_kernels_s"] == 0.005 and summary["device_busy"] == 0.25
     assert summary["largest_gaps_ms"] == [3.0, 2.0] and summary["gaps_over_1ms_s"] == 0.005
+
+
+def test_step_counters_report_each_steps_collections_and_allocator_deltas():
+    """perf/host_gc_* count the collector's work inside the step only (a full collection forced inside it, none
+    outside), and the device allocator's counts are this step's deltas."""
+    import gc
+
+    from fully_async.train.step_counters import StepCounters
+
+    class Allocator:
+        counts = {"device_mallocs": 5, "device_frees": 1, "device_alloc_retries": 0}
+
+        def allocator_counts(self):
+            return dict(self.counts)
+
+    device = Allocator()
+    counters = StepCounters(device)
+    gc.collect()                       # before the step: not counted
+    counters.start()
+    gc.collect()
+    device.counts = {"device_mallocs": 8, "device_frees": 3, "device_alloc_retries": 1}
+    step = counters.metrics()
+    assert step["perf/host_gc_full"] == 1 and step["perf/host_gc_s"] > 0
+    assert (step["perf/device_mallocs"], step["perf/device_frees"], step["perf/device_alloc_retries"]) == (3, 2, 1)
+    counters.start()
+    assert counters.metrics()["perf/host_gc_full"] == 0
+
+
+def test_a_training_step_reports_its_host_counters(random_model_dir, tmp_path):
+    """train_step's metrics carry the step's perf/host_gc_* and perf/compiled_graphs (the CPU has no device
+    allocator counts)."""
+    cfg, backend = backend_for(random_model_dir, "trainer.device=cpu", f"trainer.default_local_dir={tmp_path}")
+    metrics, _ = train_step(backend, cfg, as_groups(make_samples()), 0, step=1, version=0)
+    assert {"perf/host_gc_s", "perf/host_gc_full", "perf/compiled_graphs"} <= set(metrics)
+    assert metrics["perf/host_gc_s"] >= 0 and "perf/device_mallocs" not in metrics
