@@ -13,7 +13,6 @@ the device waits.  Device counters come from the trainer device's allocator (non
 from __future__ import annotations
 
 import gc
-import os
 import sys
 import threading
 import time
@@ -83,15 +82,3 @@ class StepCounters:
     def metrics(self) -> dict[str, float]:
         now = self._read()
         return {key: value - self._before.get(key, 0.0) for key, value in now.items()}
-
-
-def freeze_long_lived() -> bool:
-    """Collect, then move every object alive now out of the collector's generations (gc.freeze): the model, and
-    the graphs, guards and code torch.compile has just built, live as long as the process, and a full collection
-    would otherwise walk all of them again each time one runs inside an update.  Called after a step that compiled
-    graphs.  FULLY_ASYNC_GC_FREEZE=0 leaves the collector as it is (to measure against).  Returns whether it froze."""
-    if os.environ.get("FULLY_ASYNC_GC_FREEZE", "1") == "0":
-        return False
-    gc.collect()
-    gc.freeze()
-    return True

@@ -37,7 +37,7 @@ from fully_async.telemetry.metrics import batch_metrics
 from fully_async.core.types import Sample, SampleGroup
 from fully_async.train.backends import TrainBackend
 from fully_async.train.ppo_update import critic_update, ppo_update
-from fully_async.train.step_counters import StepCounters, freeze_long_lived
+from fully_async.train.step_counters import StepCounters
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +58,6 @@ def train_step(backend: TrainBackend, cfg: FullyAsyncConfig, groups: Sequence[Sa
         with profiled(cfg, step):
             metrics, samples = _train_step(backend, cfg, groups, pad_token_id, step, version, timeline)
         metrics.update(counters.metrics())
-        if metrics["perf/compiled_graphs"] > 0:
-            freeze_long_lived()
         return metrics, samples
     except Exception as exc:
         from fully_async.placement.residency import out_of_memory

@@ -187,20 +187,3 @@ def test_a_training_step_reports_its_host_counters(random_model_dir, tmp_path):
     metrics, _ = train_step(backend, cfg, as_groups(make_samples()), 0, step=1, version=0)
     assert {"perf/host_gc_s", "perf/host_gc_full", "perf/compiled_graphs"} <= set(metrics)
     assert metrics["perf/host_gc_s"] >= 0 and "perf/device_mallocs" not in metrics
-
-
-def test_freeze_long_lived_moves_live_objects_out_of_the_collector(monkeypatch):
-    """After a step that compiled graphs, what is alive goes to the permanent generation (gc.freeze), so later full
-    collections inside updates do not walk it; FULLY_ASYNC_GC_FREEZE=0 leaves the collector alone."""
-    import gc
-
-    from fully_async.train.step_counters import freeze_long_lived
-
-    gc.unfreeze()
-    try:
-        monkeypatch.setenv("FULLY_ASYNC_GC_FREEZE", "0")
-        assert not freeze_long_lived() and gc.get_freeze_count() == 0
-        monkeypatch.delenv("FULLY_ASYNC_GC_FREEZE")
-        assert freeze_long_lived() and gc.get_freeze_count() > 0
-    finally:
-        gc.unfreeze()
