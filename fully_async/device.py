@@ -15,7 +15,7 @@ import inspect
 import os
 import resource
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -221,20 +221,27 @@ class Device:
         if self.is_accelerator:
             self.module().reset_peak_memory_stats()
 
-    def profiler(self, folder: str) -> Any:
+    def profiler(self, folder: str, contents: Sequence[str] = ()) -> Any:
         """A profiler of this process's host work and this device's kernels, a context manager whose trace goes to
         `folder` when it stops: torch.profiler's Chrome trace (the CPU; CUDA's kernels too), or on an Ascend NPU
-        torch_npu.profiler's (the same interface; it writes its own folder, which MindStudio Insight reads)."""
+        torch_npu.profiler's (the same interface; it writes its own folder, which MindStudio Insight reads).
+        `contents`, as verl's profiler tool_config contents: the device's kernels ("cuda" / "npu") and the host's
+        operators always unless others are named, "shapes", "memory", "stack" (and on an NPU "module") when named."""
+        wanted = set(contents)
         if self.name == "npu":
             _import_torch_npu()
             import torch_npu.profiler as prof
 
-            activities = [prof.ProfilerActivity.CPU, prof.ProfilerActivity.NPU]
+            kernels = [prof.ProfilerActivity.NPU] if not wanted or "npu" in wanted else []
+            extra = {"with_modules": "module" in wanted}
         else:
             prof = torch.profiler
-            activities = [prof.ProfilerActivity.CPU] + ([prof.ProfilerActivity.CUDA] if self.name == "cuda" else [])
-        return prof.profile(activities=activities, on_trace_ready=prof.tensorboard_trace_handler(folder),
-                            record_shapes=True)
+            kernels = ([prof.ProfilerActivity.CUDA] if self.name == "cuda" and (not wanted or "cuda" in wanted)
+                       else [])
+            extra = {}
+        return prof.profile(activities=[prof.ProfilerActivity.CPU] + kernels,
+                            on_trace_ready=prof.tensorboard_trace_handler(folder), record_shapes="shapes" in wanted,
+                            profile_memory="memory" in wanted, with_stack="stack" in wanted, **extra)
 
 
 class DeviceGraphs:

@@ -577,6 +577,10 @@ class GlobalProfilerConfig:
     #                                       on an Ascend NPU); null: off (verl's default). nsys, torch_memory: warned
     steps: Optional[list[int]] = None     # the trainer's global steps to profile (1 = the first); null: none
     save_path: str = "outputs/profile"    # <save_path>/step_<N>/: the trace, and ops.txt, the costliest operators
+    # what the profiler records besides the host's operators (verl's actor_rollout_ref.actor.profiler.tool_config.
+    # torch.contents / .npu.contents): cuda (npu: npu) the device's kernels, shapes, memory, stack (npu: module);
+    # empty: the host's operators and the device's kernels, as verl; [cpu]: the host's only (verl always records it)
+    contents: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -620,6 +624,8 @@ LOGGERS = ("console", "tensorboard", "file", "wandb", "swanlab", "mlflow")
 DTYPES = ("float32", "bfloat16", "float16")
 MODES = ("async", "sync")
 PROFILER_TOOLS = ("torch", "npu")                 # global_profiler.tool: the trainer device's profiler
+PROFILER_CONTENTS = {"torch": ("cuda", "cpu", "memory", "shapes", "stack"),   # global_profiler.contents per tool
+                     "npu": ("npu", "cpu", "memory", "shapes", "module", "stack")}
 PROFILER_TOOLS_WARNED = ("nsys", "torch_memory")  # verl's others: a warning, nothing profiled
 LR_SCHEDULER_TYPES = ("constant", "cosine")
 FILTER_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")

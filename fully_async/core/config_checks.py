@@ -12,8 +12,8 @@ import typing
 from typing import Any
 
 from fully_async.core.config import (POLICY_LOSS_MODES, ATTN_IMPLEMENTATIONS, DEVICES, DTYPES, KL_TYPES,
-                                     LOGGERS, LOSS_AGG_MODES, LR_SCHEDULER_TYPES, MODES, PROFILER_TOOLS,
-                                     PROFILER_TOOLS_WARNED, RESUME_STATE_KEYS,
+                                     LOGGERS, LOSS_AGG_MODES, LR_SCHEDULER_TYPES, MODES, PROFILER_CONTENTS,
+                                     PROFILER_TOOLS, PROFILER_TOOLS_WARNED, RESUME_STATE_KEYS,
                                      REWARD_MANAGERS, ROLLOUT_NAMES, STRATEGIES, TRUNCATIONS, ConfigError, as_file_list,
                                      overlong_reference_length)
 from fully_async.core.rollout_checks import check_multi_turn, check_prefill_budget, check_quantization
@@ -198,6 +198,12 @@ def _check_profiler(cfg: Any) -> None:
         logger.warning("global_profiler.steps=%s: steps after trainer.total_training_steps=%d never run", steps, total)
     if gp.tool is not None and steps:
         _check_writable_dir("global_profiler.save_path", gp.save_path)
+    valid = PROFILER_CONTENTS.get(gp.tool or "torch", ())
+    for item in gp.contents or ():
+        if item not in valid:
+            raise ConfigError("global_profiler.contents", f"{item!r} is not one of {list(valid)} (the "
+                              f"{gp.tool or 'torch'} profiler's contents, as verl's tool_config.{gp.tool or 'torch'}"
+                              ".contents)")
 
 
 TEXT_SINKS = ("tensorboard", "wandb", "swanlab", "mlflow")   # the trainer.logger sinks that show generations

@@ -86,7 +86,7 @@ def profiled(cfg: FullyAsyncConfig, step: int) -> Any:
     folder = os.path.join(gp.save_path, f"step_{step}")
     os.makedirs(folder, exist_ok=True)
     t0 = time.perf_counter()
-    with device.profiler(folder) as prof:
+    with device.profiler(folder, gp.contents or ()) as prof:
         yield
         device.synchronize()
     wall = time.perf_counter() - t0
@@ -104,19 +104,21 @@ def profiled(cfg: FullyAsyncConfig, step: int) -> Any:
 
 def profile_summary(prof: Any, wall: float, step: int) -> dict:
     """A profiled step's wall time against its device kernels' (their sum, and the busy share of the wall: the rest
-    is the device waiting for the host) and the longest stretches with no kernel running, where a step loses
-    time between its kernels (gaps over 1 ms, the ten largest, in ms)."""
-    kernels = sorted((e for e in prof.events() if e.device_type.name in ("CUDA", "PrivateUse1")),
-                     key=lambda e: e.time_range.start)
+    is the device waiting for the host) and the longest stretches with no kernel running, where a step loses time
+    between its kernels: the gaps over 1 ms, and the ten largest with the kernels on either side (ms)."""
+    kernels = sorted((e for e in prof.events() if e.device_type.name in ("CUDA", "PrivateUse1")
+                      and not getattr(e, "is_user_annotation", False)), key=lambda e: e.time_range.start)
     busy = sum(e.device_time for e in kernels) / 1e6
-    gaps, end = [], None
+    gaps, end, last = [], None, None
     for e in kernels:
         if end is not None and e.time_range.start - end > 1000:
-            gaps.append((e.time_range.start - end) / 1e3)
-        end = e.time_range.end if end is None else max(end, e.time_range.end)
+            gaps.append({"ms": (e.time_range.start - end) / 1e3, "after": last.name[:80], "before": e.name[:80]})
+        if end is None or e.time_range.end > end:
+            end, last = e.time_range.end, e
     return {"step": step, "wall_s": round(wall, 4), "device_kernels": len(kernels), "device_kernels_s": round(busy, 4),
             "device_busy": round(busy / wall, 4) if wall > 0 else 0.0, "gaps_over_1ms": len(gaps),
-            "gaps_over_1ms_s": round(sum(gaps) / 1e3, 4), "largest_gaps_ms": sorted(gaps, reverse=True)[:10]}
+            "gaps_over_1ms_s": round(sum(g["ms"] for g in gaps) / 1e3, 4),
+            "largest_gaps": sorted(gaps, key=lambda g: -g["ms"])[:10]}
 
 
 def _train_step(backend: TrainBackend, cfg: FullyAsyncConfig, groups: Sequence[SampleGroup], pad_token_id: int,

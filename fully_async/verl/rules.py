@@ -158,6 +158,10 @@ CRITIC_RULES: list[Rule] = [
 RULES: list[Rule] = [
     # ---------------------------------------------------------------- everywhere
     _warn("**._target_", TARGET),
+    _map("actor_rollout_ref.actor.profiler.tool_config.torch.contents", "global_profiler.contents",
+         "what the trainer's profiled steps record (global_profiler.tool=torch)"),
+    _map("actor_rollout_ref.actor.profiler.tool_config.npu.contents", "global_profiler.contents",
+         "what the trainer's profiled steps record (global_profiler.tool=npu)"),
     _warn("**.profiler.**", PROFILER),
     _warn("global_profiler.**", GLOBAL_PROFILER),
     _warn("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size", "verl's engine-worker copy: the size "

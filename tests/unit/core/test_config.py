@@ -40,6 +40,8 @@ def test_default_config_is_valid():
     ("trainer.device_peak_tflops=0", "trainer.device_peak_tflops"),
     ("global_profiler.tool=nvtx", "global_profiler.tool"),
     ("global_profiler.steps=[0]", "global_profiler.steps"),
+    ("global_profiler.contents=[cuda,flops]", "global_profiler.contents"),
+    ("global_profiler.contents=[module]", "global_profiler.contents"),    # the npu profiler's, not torch's
     ("trainer.device_peak_tflops=-989", "trainer.device_peak_tflops"),
 ])
 def test_bad_values_name_the_key(override, key):

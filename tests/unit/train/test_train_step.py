@@ -142,16 +142,18 @@ def test_profile_summary_sums_kernels_and_finds_the_gaps_between_them():
 
     from fully_async.train.train_step import profile_summary
 
-    def kernel(start, end):   # microseconds, as torch.profiler's events
-        return NS(device_type=NS(name="CUDA"), time_range=NS(start=start, end=end), device_time=end - start)
+    def kernel(name, start, end, annotation=False):   # microseconds, as torch.profiler's events
+        return NS(name=name, device_type=NS(name="CUDA"), time_range=NS(start=start, end=end),
+                  device_time=end - start, is_user_annotation=annotation)
 
-    host = NS(device_type=NS(name="CPU"), time_range=NS(start=0, end=50_000), device_time=0)
-    events = [kernel(0, 1000), kernel(500, 2000), kernel(2500, 3000), kernel(6000, 7000), host,
-              kernel(9000, 10_000)]
+    host = NS(name="aten::mm", device_type=NS(name="CPU"), time_range=NS(start=0, end=50_000), device_time=0)
+    events = [kernel("a", 0, 1000), kernel("b", 500, 2000), kernel("c", 2500, 3000), kernel("d", 6000, 7000), host,
+              kernel("e", 9000, 10_000), kernel("## Call CompiledFxGraph", 0, 10_000, annotation=True)]
     summary = profile_summary(NS(events=lambda: events), wall=0.02, step=3)
-    assert summary["device_kernels"] == 5
+    assert summary["device_kernels"] == 5   # an annotation on the device's track is no kernel: it spans others
     assert summary["device_kernels_s"] == 0.005 and summary["device_busy"] == 0.25
-    assert summary["largest_gaps_ms"] == [3.0, 2.0] and summary["gaps_over_1ms_s"] == 0.005
+    assert summary["largest_gaps"] == [{"ms": 3.0, "after": "c", "before": "d"}, {"ms": 2.0, "after": "d", "before": "e"}]
+    assert summary["gaps_over_1ms_s"] == 0.005
 
 
 def test_step_counters_report_each_steps_collections_and_allocator_deltas():
@@ -187,3 +189,22 @@ def test_a_training_step_reports_its_host_counters(random_model_dir, tmp_path):
     metrics, _ = train_step(backend, cfg, as_groups(make_samples()), 0, step=1, version=0)
     assert {"perf/host_gc_s", "perf/host_gc_full", "perf/compiled_graphs"} <= set(metrics)
     assert metrics["perf/host_gc_s"] >= 0 and "perf/device_mallocs" not in metrics
+
+
+@pytest.mark.parametrize("contents, shapes, memory", [((), False, False), (("shapes", "memory"), True, True)])
+def test_the_profiler_records_what_contents_names(contents, shapes, memory):
+    """verl's profiler contents: nothing named records the host's operators and the device's kernels without shapes
+    or memory (as verl); named, each is recorded."""
+    from fully_async.device import get_device
+
+    prof = get_device("cpu").profiler("/tmp/unused", contents)
+    assert (prof.record_shapes, prof.profile_memory, prof.with_stack) == (shapes, memory, False)
+
+
+def test_verl_actor_profiler_contents_become_global_profiler_contents():
+    """actor_rollout_ref.actor.profiler.tool_config.torch.contents (a verl script's) sets what the trainer's
+    profiled steps record."""
+    from fully_async.verl.compat import translate
+
+    out = translate(["actor_rollout_ref.actor.profiler.tool_config.torch.contents=[cuda,shapes]"])
+    assert out.overrides == ["++global_profiler.contents=[cuda,shapes]"]
