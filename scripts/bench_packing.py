@@ -179,11 +179,14 @@ def print_profile(name: str, step: Any, device: Any, rows: int = 14, trace: Opti
         step()
         device.synchronize()
         wall = time.perf_counter() - t0
+    from fully_async.train.train_step import profile_summary
+
     key = "cuda_time_total" if device.name == "cuda" else "cpu_time_total"
-    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    busy = sum(e.device_time for e in kernels) / 1e6
+    summary = profile_summary(prof, wall, 0)
+    busy = summary["device_kernels_s"]
     print(f"--- {name}: one {what}, top {rows} by {key}; wall {wall:.3f} s (profiled), device kernels {busy:.3f} s "
-          f"({len(kernels)} kernels)")
+          f"({summary['device_kernels']} kernels); {summary['gaps_over_1ms']} gaps over 1 ms, "
+          f"{summary['gaps_over_1ms_s']:.3f} s; largest {summary['largest_gaps'][:3]}")
     print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
     if trace:
         import gzip
@@ -193,7 +196,8 @@ def print_profile(name: str, step: Any, device: Any, rows: int = 14, trace: Opti
         with open(trace, "rb") as src, gzip.open(trace + ".gz", "wb") as dst:
             shutil.copyfileobj(src, dst)
         os.remove(trace)
-    return {"wall_s": wall, "kernels_s": busy, "kernels": len(kernels)}
+    return {"wall_s": wall, "kernels_s": busy, "kernels": summary["device_kernels"],
+            "gaps_over_1ms_s": summary["gaps_over_1ms_s"], "largest_gaps": summary["largest_gaps"]}
 
 
 def update_mfu(model_dir: str, seq_lens: Any, seconds: float, device: Any) -> dict:
