@@ -89,7 +89,7 @@ def profiled(cfg: FullyAsyncConfig, step: int) -> Any:
     with device.profiler(folder, gp.contents or ()) as prof:
         yield
         device.synchronize()
-    wall = time.perf_counter() - t0
+        wall = time.perf_counter() - t0   # the step's, not the trace's writing as the profiler stops
     if hasattr(prof, "key_averages"):   # torch_npu's profiler writes its own summaries
         sort = "self_device_time_total" if device.name == "cuda" else "self_cpu_time_total"
         summary = profile_summary(prof, wall, step)
