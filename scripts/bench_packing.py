@@ -3,8 +3,9 @@
     python scripts/bench_packing.py --shape 0.5b --device cuda --out packing.json
     python scripts/bench_packing.py --shape tiny --device cpu --rows 16          # smoke test
 
-One process, one batch, the package's real trainer path (TorchBackend: prepare_batch's log-prob
-pass, then train_step's PPO update with dynamic batch size), once per variant, side by side:
+One process, one batch, the package's real trainer path (the backend a run on one device builds, --strategy: verl's
+fsdp by default; prepare_batch's log-prob pass, then train_step's PPO update with dynamic batch size), once per
+variant, side by side:
 `padded` (rows right-padded to the longest of each micro-batch, sdpa), `packed:<kernel>`
 (actor_rollout_ref.model.use_remove_padding=true; each micro-batch's real tokens in one row, the
 kernel from override_config.attn_implementation: varlen is fully_async's, sdpa builds a dense
@@ -85,7 +86,7 @@ def plain_token_stats(logits: Any, targets: Any, temperature: float = 1.0, with_
 
 
 def run_variant(name: str, model_dir: str, device: Any, samples: list, args: argparse.Namespace) -> tuple[dict, Any]:
-    from fully_async.train.backends.torch_backend import TorchBackend
+    from fully_async.train.backends import build_backend
     from fully_async.core.batch import build_batch, micro_batches
     from fully_async.run.hydra_setup import load_config
     from fully_async.train.ppo_update import ppo_update
@@ -102,9 +103,10 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
     torch_backend.token_stats = plain_token_stats if plain else TOKEN_STATS
     unfused = plain or name.endswith("/unfused")   # full logits (token_stats over them) instead of the fused head
     name_kernel = name.removesuffix("/plain").removesuffix("/unfused")
-    # the plain torch backend on one device (what its README rows measured; verl's fsdp in bf16 is a one-rank fsdp2)
+    # --strategy fsdp (verl's default, what a run on one device trains with: a one-rank fsdp2 in bf16, float32 master
+    # weights); torch: the plain backend, bf16 parameters (what the rows before 2026-11-30's session 5 measured)
     overrides = [f"actor_rollout_ref.model.path={model_dir}", f"trainer.device={device.name}",
-                 "actor_rollout_ref.actor.strategy=torch",
+                 f"actor_rollout_ref.actor.strategy={args.strategy}",
                  f"actor_rollout_ref.actor.dtype={args.dtype}", "actor_rollout_ref.actor.optim.lr=1e-6",
                  "async_training.use_rollout_log_probs=false", "actor_rollout_ref.actor.use_dynamic_bsz=true",
                  f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.max_tokens}",
@@ -117,7 +119,7 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
     kernel = name_kernel.split(":", 1)[1] if ":" in name_kernel else "sdpa"
     overrides.append(f"+actor_rollout_ref.model.override_config.attn_implementation={kernel}")
     cfg = load_config(overrides)
-    backend = TorchBackend(cfg, device, total_optimizer_steps=100)
+    backend = build_backend(cfg, device, total_optimizer_steps=100)
     if compiled:
         name += "/compiled"
     if ckpt:
@@ -223,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help="an HF model folder instead of a random --shape model")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default=None, help="actor dtype (default: bfloat16 on accelerators, float32 on cpu)")
+    p.add_argument("--strategy", default="fsdp", choices=["fsdp", "torch", "fsdp2"],
+                   help="actor_rollout_ref.actor.strategy (default fsdp, a run's: on one device in bf16 a one-rank "
+                        "fsdp2 with float32 master weights; torch: bf16 parameters)")
     p.add_argument("--rows", type=int, default=64, help="responses in the batch (groups of --n)")
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--max-prompt", type=int, default=512)
@@ -298,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         res[f"logp_vs_{base}_mean_abs"] = float(diff.mean())
     lengths = [s.num_tokens for s in samples]
     report = {"hardware": describe_hardware(device), "torch": torch.__version__, "shape": args.model or args.shape,
-              "dtype": args.dtype, "rows": args.rows, "max_tokens_per_micro_batch": args.max_tokens,
+              "dtype": args.dtype, "strategy": args.strategy, "rows": args.rows,
+              "max_tokens_per_micro_batch": args.max_tokens,
               "seq_len_mean": sum(lengths) / len(lengths), "seq_len_max": max(lengths),
               "gradient_checkpointing": args.grad_ckpt, "results": results}
     cols = [("variant", "variant", "{}"), ("micro", "micro_batches", "{}"), ("real tok", "real_tokens", "{}"),
@@ -307,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
             ("TFLOP/s", "update_tflops", "{:.0f}"), ("MFU", "mfu", "{:.1%}"),
             ("1st iter s", "first_iteration_s", "{:.1f}"), ("peak GiB", "peak_memory_gib", "{:.1f}"),
             (f"|dlogp| max vs {base}", f"logp_vs_{base}_max_abs", "{:.2e}")]
-    print(f"{report['hardware']} | torch {report['torch']} | {report['shape']} {args.dtype} | {args.rows} rows, "
+    print(f"{report['hardware']} | torch {report['torch']} | {report['shape']} {args.dtype} {args.strategy} | "
+          f"{args.rows} rows, "
           f"mean length {report['seq_len_mean']:.0f}, max {report['seq_len_max']} | budget {args.max_tokens} tok")
     print("  ".join(f"{h:>14}" for h, _, _ in cols))
     for res in results:

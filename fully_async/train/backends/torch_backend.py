@@ -359,8 +359,16 @@ class TorchBackend:
         of the real micro-batches (none from a sequence-parallel group's other ranks: they are the first's)."""
         micro, real = mini.shard(self.dp_rank)
         sums: dict[str, torch.Tensor] = {}
-        self._trainee(mini.model)[1].zero_grad(set_to_none=True)
+        model, optimizer = self._trainee(mini.model)[:2]
+        optimizer.zero_grad(set_to_none=True)
+        lone = self._lone_rank(model)
+        keep_gathered = lone and mini.model == "actor" and not self.actor_cfg.fsdp_config.reshard_after_forward
         for i, mb in enumerate(micro):
+            if lone:
+                last = i == len(micro) - 1
+                model.set_requires_gradient_sync(last)
+                if keep_gathered:
+                    model.set_reshard_after_backward(last)
             mb = mb.to(self.torch_device, non_blocking=True, pack=self.packed)
             res = mini.loss(mb, *self._forward(mini.model, mb))
             # backward even for a non-finite loss or a dummy: every rank must run the same collectives; the
@@ -373,6 +381,22 @@ class TorchBackend:
             for key, value in res.metric_doubles().items():
                 sums[key] = sums[key] + value if key in sums else value
         return {key: float(value) for key, value in sums.items()}
+
+    def _lone_rank(self, model: torch.nn.Module) -> bool:
+        """`model` is sharded by FSDP2 over this one rank (verl's `fsdp` on one trainer device in bf16: float32 master
+        weights, bf16 compute).  Its micro-batches then accumulate their gradients unsharded in float32 (FSDP2's
+        no-sync accumulation in the reduce dtype) and reduce once, after the mini-batch's last: the same float32
+        sums as a reduce after each (bit for bit: tests/unit/train/test_one_device_bf16.py), without each
+        micro-batch's copies into and out of a reduce-scatter over one rank.  With fsdp_config.reshard_after_forward=
+        false the gathered bf16 weights also stay from the first micro-batch to the last, so no later micro-batch
+        gathers (casts) them again.  Why: a torch profile of the seed-003 step on 1x H200 (one-rank fsdp2, 0.5B
+        shape) shows ~1,300 small copy kernels a micro-batch (~620 device-to-device, ~630 bf16 writes) that the
+        plain-torch update does not launch; not yet re-measured on a GPU with this change.  Not with offload_policy,
+        whose shards and gradients stay in host memory."""
+        from torch.distributed.fsdp import FSDPModule
+
+        # host-resident shards (offload_policy) keep the gradients off the device: no unsharded accumulation there
+        return self.fsdp and self.world == 1 and not self.host_resident and isinstance(model, FSDPModule)
 
     def optimizer_step(self, finite: bool, which: str = "actor") -> StepResult:
         """Clip, check the global grad norm, step the optimizer and the LR schedule of the actor or the critic;

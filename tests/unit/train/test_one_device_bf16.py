@@ -82,3 +82,45 @@ def test_a_backend_built_outside_a_trainer_group_joins_a_world_of_its_own(random
         assert {v.dtype for _, v in backend.iter_full_parameters()} == {torch.float32}
     finally:
         dist.destroy_process_group()
+
+
+def one_update(cfg, lone):
+    """The float32 master weights after one PPO update of several micro-batches, and the aten copy_ calls it made;
+    `lone=False` makes the one-rank fsdp2 reduce after every micro-batch (what FSDP2 does by default)."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    from fully_async.train.backends.torch_backend import TorchBackend
+    from fully_async.train.group import build_local_backend
+
+    backend = build_local_backend(cfg, CPU, 10, 0, 1, None)
+    if not lone:
+        backend._lone_rank = lambda model: False
+    try:
+        batch = build_batch(make_samples(seed=0))
+        prepare_batch(backend, cfg, batch, {})
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            ppo_update(backend, cfg, batch, num_mini_batches=1)
+        weights = {k: v.detach().float().clone() for k, v in backend.iter_full_parameters()}
+        assert TorchBackend._lone_rank(backend, backend.model)   # a one-rank fsdp2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    copies = sum(e.count for e in prof.key_averages() if e.key == "aten::copy_")
+    return weights, copies
+
+
+@pytest.mark.parametrize("reshard", ["true", "false"])
+def test_one_rank_fsdp2_reduces_once_a_mini_batch_to_the_same_weights(random_model_dir, reshard):
+    """A one-rank fsdp2 (verl's fsdp on one bf16 device) accumulates its micro-batches' gradients in float32 and
+    reduces once: the weights after the update equal those of a reduce after every micro-batch, with fewer copies
+    (and with reshard_after_forward=false, no gather after the first micro-batch)."""
+    cfg = config(random_model_dir, "actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.actor.optim.lr=1e-3",
+                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+                 f"actor_rollout_ref.actor.fsdp_config.reshard_after_forward={reshard}")
+    each, copies_each = one_update(cfg, lone=False)
+    once, copies_once = one_update(cfg, lone=True)
+    for name in each:
+        torch.testing.assert_close(once[name], each[name], rtol=0, atol=0, msg=name)
+    print(f"copies: {copies_once} reducing once, {copies_each} reducing each micro-batch")
+    assert copies_once < copies_each, (copies_once, copies_each)
