@@ -120,6 +120,8 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
     overrides.append(f"+actor_rollout_ref.model.override_config.attn_implementation={kernel}")
     cfg = load_config(overrides)
     backend = build_backend(cfg, device, total_optimizer_steps=100)
+    if args.reduce_every_micro_batch:   # the one-rank fsdp2 as before 953cd9e: a reduce (and gather) each micro-batch
+        backend._lone_rank = lambda model: False
     if compiled:
         name += "/compiled"
     if ckpt:
@@ -225,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help="an HF model folder instead of a random --shape model")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default=None, help="actor dtype (default: bfloat16 on accelerators, float32 on cpu)")
+    p.add_argument("--reduce-every-micro-batch", action="store_true",
+                   help="a one-rank fsdp2 reduces (and gathers) every micro-batch, as before 953cd9e (to measure "
+                        "against)")
     p.add_argument("--strategy", default="fsdp", choices=["fsdp", "torch", "fsdp2"],
                    help="actor_rollout_ref.actor.strategy (default fsdp, a run's: on one device in bf16 a one-rank "
                         "fsdp2 with float32 master weights; torch: bf16 parameters)")
@@ -303,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         res[f"logp_vs_{base}_mean_abs"] = float(diff.mean())
     lengths = [s.num_tokens for s in samples]
     report = {"hardware": describe_hardware(device), "torch": torch.__version__, "shape": args.model or args.shape,
-              "dtype": args.dtype, "strategy": args.strategy, "rows": args.rows,
+              "dtype": args.dtype, "strategy": args.strategy,
+              "reduce_every_micro_batch": args.reduce_every_micro_batch, "rows": args.rows,
               "max_tokens_per_micro_batch": args.max_tokens,
               "seq_len_mean": sum(lengths) / len(lengths), "seq_len_max": max(lengths),
               "gradient_checkpointing": args.grad_ckpt, "results": results}

@@ -443,16 +443,22 @@ update)
   # #45: the seed-003 step's update alone (512 responses, the workload's lognormal lengths up to 3072, 32768 tokens a
   # micro-batch, packed, compiled layers), without and with gradient checkpointing, and where its kernels' time goes
   # SIDES="new old": this tree's update, then OLD's (a package tree with its scripts, default .gpubundle/old/), in
-  # one call (PROFILE= leaves the kernel profile out)
+  # one call (PROFILE= leaves the kernel profile out); SIDES="new each": this tree, then this tree with the one-rank
+  # fsdp2 reducing and gathering every micro-batch (bench_packing --reduce-every-micro-batch, as before 953cd9e).
+  # The bench builds the run's backend (verl's fsdp: on one bf16 device a one-rank fsdp2); STRATEGY=torch: the plain
+  # backend, bf16 parameters (what the update rows before 2026-11-30's fifth session measured)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
   export CUDA_VISIBLE_DEVICES=0
   # PACKED="flash triton": this tree's update once per packed attention kernel (FULLY_ASYNC_PACKED_ATTENTION)
   for side in ${SIDES:-new}; do
     for kernel in ${PACKED:-auto}; do
       PP=$PYTHONPATH; ROOT=.; [ $side = old ] && { ROOT=${OLD:-.gpubundle/old}; PP=/tmp/site:$PWD/$ROOT; }
+      SIDE_ARGS=(); [ $side = each ] && SIDE_ARGS=(--reduce-every-micro-batch)
+      [ $side != old ] && SIDE_ARGS+=(--strategy "${STRATEGY:-fsdp}")
       FULLY_ASYNC_PACKED_ATTENTION=$kernel PYTHONPATH=$PP timeout ${LIMIT:-420} python3 $ROOT/scripts/bench_packing.py \
           --model /tmp/m05 --device cuda --rows 512 --n 8 --max-prompt 16 --max-response 3072 --lengths workload \
           --max-tokens 32768 --variants ${VARIANTS:-packed:varlen/compiled packed:varlen/compiled/ckpt} ${PROFILE---profile} \
+          "${SIDE_ARGS[@]}" \
           --warmup 1 --iters ${ITERS:-2} --out "$OUT/update${SIDES:+_$side}${PACKED:+_$kernel}.json" 2>&1 \
           | tee "$OUT/update${SIDES:+_$side}${PACKED:+_$kernel}.log" | grep -v "it/s\]" | grep -vi "warn" | tail -${TAIL_LINES:-40}
     done
