@@ -228,16 +228,16 @@ class Device:
         `contents`, as verl's profiler tool_config contents: the device's kernels ("cuda" / "npu") and the host's
         operators always unless others are named, "shapes", "memory", "stack" (and on an NPU "module") when named."""
         wanted = set(contents)
+        device_kernels = not wanted or bool(wanted & {"cuda", "npu"})   # either name: this device's kernels
         if self.name == "npu":
             _import_torch_npu()
             import torch_npu.profiler as prof
 
-            kernels = [prof.ProfilerActivity.NPU] if not wanted or "npu" in wanted else []
+            kernels = [prof.ProfilerActivity.NPU] if device_kernels else []
             extra = {"with_modules": "module" in wanted}
         else:
             prof = torch.profiler
-            kernels = ([prof.ProfilerActivity.CUDA] if self.name == "cuda" and (not wanted or "cuda" in wanted)
-                       else [])
+            kernels = [prof.ProfilerActivity.CUDA] if self.name == "cuda" and device_kernels else []
             extra = {}
         return prof.profile(activities=[prof.ProfilerActivity.CPU] + kernels,
                             on_trace_ready=prof.tensorboard_trace_handler(folder), record_shapes="shapes" in wanted,

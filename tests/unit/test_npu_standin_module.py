@@ -155,14 +155,17 @@ def test_npu_graphs_capture_thread_local_like_cuda(tmp_path):
 
 def test_the_npu_profiler_is_torch_npus(tmp_path):
     """Device.profiler on an NPU asks torch_npu.profiler for host and NPU activity and writes through its trace
-    handler (the stand-in's profiler is torch's, so the trace is a Chrome trace here)."""
+    handler (the stand-in's profiler is torch's, so the trace is a Chrome trace here); verl's contents pick what
+    it records: [cpu] the host alone, [npu, shapes] (or torch's name, cuda) the device too, with shapes."""
     r = run_standin(tmp_path, f"""
         import torch, torch_npu
         from fully_async.device import NPU
-        with NPU.profiler({str(tmp_path / "prof")!r}):
-            (torch.ones(64, 64, device=NPU.torch_device()) @ torch.ones(64, 64, device=NPU.torch_device())).sum()
+        for i, contents in enumerate([(), ("cpu",), ("npu", "shapes"), ("cuda",)]):
+            with NPU.profiler({str(tmp_path / "prof")!r} + str(i), contents):
+                (torch.ones(64, 64, device=NPU.torch_device()) @ torch.ones(64, 64, device=NPU.torch_device())).sum()
     """)
     assert r.returncode == 0, r.stderr[-3000:]
     asked = [e for e in read_log(str(tmp_path / "log.jsonl")) if e["event"] == "profiler"]
-    assert [e["activities"] for e in asked] == [["CPU", "NPU"]]
-    assert len(list((tmp_path / "prof").glob("*.pt.trace.json"))) == 1
+    assert [e["activities"] for e in asked] == [["CPU", "NPU"], ["CPU"], ["CPU", "NPU"], ["CPU", "NPU"]]
+    assert [e["record_shapes"] for e in asked] == [False, False, True, False]
+    assert len(list((tmp_path / "prof0").glob("*.pt.trace.json"))) == 1
