@@ -12,43 +12,36 @@ An update's kernels run back to back only while the host stays ahead of them; ea
 the device waits.  Device counters come from the trainer device's allocator (none on cpu)."""
 from __future__ import annotations
 
+import functools
 import gc
 import sys
-import threading
 import time
 from typing import Any, Optional
 
 
 class _GcClock:
-    """Cumulative time in the collector and full collections of this process, from gc.callbacks (installed once)."""
+    """Cumulative time in the collector and full collections of this process, from gc.callbacks (installed once).
+    A collection runs to its end under the interpreter lock, so one start time at a time is enough."""
 
     def __init__(self) -> None:
         self.seconds, self.full = 0.0, 0
-        self._started: dict[int, float] = {}
+        self._began: Optional[float] = None
         gc.callbacks.append(self._callback)
 
     def _callback(self, phase: str, info: dict) -> None:
-        me = threading.get_ident()
         if phase == "start":
-            self._started[me] = time.perf_counter()
+            self._began = time.perf_counter()
             return
-        began = self._started.pop(me, None)
-        if began is not None:
-            self.seconds += time.perf_counter() - began
+        if self._began is not None:
+            self.seconds += time.perf_counter() - self._began
+            self._began = None
         if info.get("generation") == 2:
             self.full += 1
 
 
-_GC: Optional[_GcClock] = None
-_GC_LOCK = threading.Lock()
-
-
+@functools.lru_cache(maxsize=None)
 def gc_clock() -> _GcClock:
-    global _GC
-    with _GC_LOCK:
-        if _GC is None:
-            _GC = _GcClock()
-        return _GC
+    return _GcClock()
 
 
 def compiled_graphs() -> int:

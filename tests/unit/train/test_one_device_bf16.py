@@ -122,5 +122,4 @@ def test_one_rank_fsdp2_reduces_once_a_mini_batch_to_the_same_weights(random_mod
     once, copies_once = one_update(cfg, lone=True)
     for name in each:
         torch.testing.assert_close(once[name], each[name], rtol=0, atol=0, msg=name)
-    print(f"copies: {copies_once} reducing once, {copies_each} reducing each micro-batch")
     assert copies_once < copies_each, (copies_once, copies_each)

@@ -152,7 +152,8 @@ def test_profile_summary_sums_kernels_and_finds_the_gaps_between_them():
     summary = profile_summary(NS(events=lambda: events), wall=0.02, step=3)
     assert summary["device_kernels"] == 5   # an annotation on the device's track is no kernel: it spans others
     assert summary["device_kernels_s"] == 0.005 and summary["device_busy"] == 0.25
-    assert summary["largest_gaps"] == [{"ms": 3.0, "after": "c", "before": "d"}, {"ms": 2.0, "after": "d", "before": "e"}]
+    assert summary["largest_gaps"] == [{"ms": 3.0, "after": "c", "before": "d"},
+                                       {"ms": 2.0, "after": "d", "before": "e"}]
     assert summary["gaps_over_1ms_s"] == 0.005
 
 
