@@ -118,7 +118,7 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
                  f"actor_rollout_ref.model.enable_gradient_checkpointing={str(ckpt).lower()}"]
     kernel = name_kernel.split(":", 1)[1] if ":" in name_kernel else "sdpa"
     overrides.append(f"+actor_rollout_ref.model.override_config.attn_implementation={kernel}")
-    cfg = load_config(overrides)
+    cfg = load_config(overrides + list(args.set))
     backend = build_backend(cfg, device, total_optimizer_steps=100)
     if args.reduce_every_micro_batch:   # the one-rank fsdp2 as before 953cd9e: a reduce (and gather) each micro-batch
         backend._lone_rank = lambda model: False
@@ -233,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strategy", default="fsdp", choices=["fsdp", "torch", "fsdp2"],
                    help="actor_rollout_ref.actor.strategy (default fsdp, a run's: on one device in bf16 a one-rank "
                         "fsdp2 with float32 master weights; torch: bf16 parameters)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every variant (repeatable), after the bench's own, e.g. "
+                        "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false")
     p.add_argument("--rows", type=int, default=64, help="responses in the batch (groups of --n)")
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--max-prompt", type=int, default=512)

@@ -444,7 +444,11 @@ update)
   # micro-batch, packed, compiled layers), without and with gradient checkpointing, and where its kernels' time goes
   # SIDES="new old": this tree's update, then OLD's (a package tree with its scripts, default .gpubundle/old/), in
   # one call (PROFILE= leaves the kernel profile out); SIDES="new each": this tree, then this tree with the one-rank
-  # fsdp2 reducing and gathering every micro-batch (bench_packing --reduce-every-micro-batch, as before 953cd9e).
+  # fsdp2 reducing and gathering every micro-batch (--reduce-every-micro-batch, resharded: as before 953cd9e);
+  # "keep": this tree with fsdp_config.reshard_after_forward=false (the gathered weights kept across micro-batches,
+  # what an unset key does on one device since 2026-11-30's sixth session); "reshard": with it true (each layer
+  # re-gathered in every backward and micro-batch, verl's default over several ranks); "torch": this tree's plain
+  # backend (bf16 parameters).
   # The bench builds the run's backend (verl's fsdp: on one bf16 device a one-rank fsdp2); STRATEGY=torch: the plain
   # backend, bf16 parameters (what the update rows before 2026-11-30's fifth session measured)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
@@ -453,8 +457,12 @@ update)
   for side in ${SIDES:-new}; do
     for kernel in ${PACKED:-auto}; do
       PP=$PYTHONPATH; ROOT=.; [ $side = old ] && { ROOT=${OLD:-.gpubundle/old}; PP=/tmp/site:$PWD/$ROOT; }
-      SIDE_ARGS=(); [ $side = each ] && SIDE_ARGS=(--reduce-every-micro-batch)
-      [ $side != old ] && SIDE_ARGS+=(--strategy "${STRATEGY:-fsdp}")
+      SIDE_ARGS=(); [ $side = each ] && SIDE_ARGS=(--reduce-every-micro-batch
+                                                  --set actor_rollout_ref.actor.fsdp_config.reshard_after_forward=true)
+      [ $side = keep ] && SIDE_ARGS=(--set actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false)
+      [ $side = reshard ] && SIDE_ARGS=(--set actor_rollout_ref.actor.fsdp_config.reshard_after_forward=true)
+      [ $side = torch ] && SIDE_ARGS=(--strategy torch)
+      [ $side != old ] && [ $side != torch ] && SIDE_ARGS+=(--strategy "${STRATEGY:-fsdp}")
       FULLY_ASYNC_PACKED_ATTENTION=$kernel PYTHONPATH=$PP timeout ${LIMIT:-420} python3 $ROOT/scripts/bench_packing.py \
           --model /tmp/m05 --device cuda --rows 512 --n 8 --max-prompt 16 --max-response 3072 --lengths workload \
           --max-tokens 32768 --variants ${VARIANTS:-packed:varlen/compiled packed:varlen/compiled/ckpt} ${PROFILE---profile} \

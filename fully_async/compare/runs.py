@@ -80,13 +80,17 @@ class Run:
 
 
 def resolved_strategy(config: dict) -> str:
-    """actor.strategy of a saved config.json, verl's `fsdp` resolved by the trainer's device count: torch on one,
-    fsdp2 on several (config.actor_strategy), so runs that trained alike compare alike."""
-    strategy = str(config.get("actor_rollout_ref", {}).get("actor", {}).get("strategy", "?"))
+    """actor.strategy of a saved config.json, verl's `fsdp` resolved as the trainer resolves it
+    (config.fsdp_backend): fsdp2 on several trainer devices, and on one a one-rank fsdp2 in bf16/fp16 or plain
+    torch in float32, so runs that trained alike compare alike."""
+    from fully_async.core.config import ActorConfig, fsdp_backend
+
+    actor = config.get("actor_rollout_ref", {}).get("actor", {})
+    strategy = str(actor.get("strategy", "?"))
     if strategy != "fsdp":
         return strategy
     t = config.get("trainer", {})
-    return "fsdp2" if t.get("nnodes", 1) * t.get("n_gpus_per_node", 1) > 1 else "torch"
+    return fsdp_backend(t.get("nnodes", 1) * t.get("n_gpus_per_node", 1), str(actor.get("dtype", ActorConfig.dtype)))
 
 
 class CompareError(RuntimeError):

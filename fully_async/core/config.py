@@ -128,9 +128,11 @@ class OffloadConfig:
     optimizer_offload: bool = False       # optimizer states to host memory while the engine generates
     fsdp_size: int = -1                   # ranks one FSDP2 group shards over: -1 = the trainer world; a divisor of
     #                                       it: hybrid sharding (sharded within groups of that size, replicated across)
-    reshard_after_forward: bool = True    # strategy fsdp2, the actor: free each layer's gathered weights after its
-    #                                       forward (true) or keep them to the backward (false: one all-gather per
-    #                                       layer and micro-batch fewer, the whole model unsharded at the peak)
+    reshard_after_forward: Optional[bool] = None   # strategy fsdp2, the actor: free each layer's gathered weights
+    #                                       after its forward (true) or keep them to the backward (false: one
+    #                                       all-gather per layer and micro-batch fewer, the whole model unsharded at
+    #                                       the peak); null: true over several ranks (verl's default), false on one
+    #                                       rank where the kept copy is small (keeps_gathered_layers)
 
 
 @dataclass
@@ -679,6 +681,23 @@ def fsdp_backend(trainer_devices: int, dtype: str) -> str:
     AdamW states and computes in the dtype, as verl's FSDP mixed precision does (plain torch would keep the
     parameters themselves in bf16, where updates much smaller than a weight round away)."""
     return "fsdp2" if trainer_devices > 1 or dtype != "float32" else "torch"
+
+
+# a lone rank keeps its layers gathered (reshard_after_forward unset) while the copy is at most this share of the device
+LONE_RANK_KEEP_SHARE = 0.1
+
+
+def keeps_gathered_layers(fsdp_config: Any, world: int, gathered_bytes: float, device_bytes: Optional[float]) -> bool:
+    """Whether the actor's fsdp2 keeps each layer's gathered (compute-dtype) weights from its forward to its
+    backward: `fsdp_config.reshard_after_forward` as set; unset (null), over several ranks not (verl's default,
+    true), and on one rank when `gathered_bytes` (every layer's weights in the compute dtype) is at most
+    LONE_RANK_KEEP_SHARE of the device's memory.  One rank shards nothing: resharding there only frees the layers'
+    bf16 casts between a forward and its backward, and costs a cast of every weight tensor again in each backward
+    and each micro-batch (on 1x H200 at the seed-003 shape the update took 2.84-2.93 s kept against 3.04-3.15 s
+    resharded, interleaved in one call: docs/measurements/one_rank_fsdp_h200/)."""
+    if fsdp_config.reshard_after_forward is not None:
+        return not fsdp_config.reshard_after_forward
+    return world == 1 and device_bytes is not None and gathered_bytes <= LONE_RANK_KEEP_SHARE * device_bytes
 
 
 def actor_strategy(cfg: Any) -> str:

@@ -551,7 +551,7 @@ def _check_trainer_world(cfg: Any) -> None:
     if fsdp_size not in (-1, world) and actor_strategy(cfg) != "fsdp2":
         logger.warning("actor_rollout_ref.actor.fsdp_config.fsdp_size=%s has no effect with strategy %s (FSDP2's "
                        "hybrid sharding)", fsdp_size, actor_strategy(cfg))
-    if not actor.fsdp_config.reshard_after_forward and actor_strategy(cfg) != "fsdp2":
+    if actor.fsdp_config.reshard_after_forward is False and actor_strategy(cfg) != "fsdp2":
         logger.warning("actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false has no effect with strategy "
                        "%s (an FSDP2 setting)", actor_strategy(cfg))
     if actor.fsdp_config.offload_policy and actor_strategy(cfg) != "fsdp2":

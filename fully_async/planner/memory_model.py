@@ -52,9 +52,9 @@ Plus `context_gib` per device (the runtime's own context and allocator slack; an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
-from fully_async.core.config import VERL_MAX_NUM_SEQS, fsdp_backend, prefills_packed, uses_critic
+from fully_async.core.config import VERL_MAX_NUM_SEQS, fsdp_backend, keeps_gathered_layers, prefills_packed, uses_critic
 from fully_async.core.plan import RunPlan
 from fully_async.planner.hardware import Shape
 
@@ -146,8 +146,9 @@ def _strategy(strategy: str, dp: int, dtype: str) -> str:
     return fsdp_backend(dp, dtype) if strategy == "fsdp" else strategy
 
 
-def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
-    """Peak memory of one trainer device while it trains (module docstring)."""
+def trainer_memory(cfg: Any, shape: Shape, dp: int, capacity_bytes: Optional[float] = None) -> RoleMemory:
+    """Peak memory of one trainer device while it trains (module docstring); `capacity_bytes`, the device's, decides
+    whether a lone fsdp2 rank keeps its layers gathered (config.keeps_gathered_layers; unknown: taken as kept)."""
     actor, model = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model
     cbytes = _bytes("actor_rollout_ref.actor.dtype", actor.dtype)
     P = shape.params()
@@ -173,7 +174,10 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int) -> RoleMemory:
         # sharded over the world, or (fsdp_size, verl's hybrid sharding) within groups of fsdp_size ranks
         # gathered in the compute dtype: the layer in use and the next (prefetch); without resharding after forward
         # every layer stays gathered from its forward to its backward
-        gathered = 2 if actor.fsdp_config.reshard_after_forward else shape.layers
+        every_layer = shape.layers * shape.layer_params() * cbytes
+        room = None if actor.fsdp_config.offload_policy else float("inf") if capacity_bytes is None else capacity_bytes
+        kept = keeps_gathered_layers(actor.fsdp_config, dp, every_layer, room)
+        gathered = shape.layers if kept else 2
         mem.parts.update(params=4 * P / shard, grads=4 * P / shard, optimizer=8 * P / shard,
                          gathered_layers=gathered * shape.layer_params() * cbytes)
         if ref:
@@ -396,7 +400,7 @@ def trainer_estimate_bytes(cfg: Any, shape: Shape) -> float:
 def co_tenant_need_gib(cfg: Any, shape: Shape, dp: int, capacity_bytes: float) -> float:
     """What a sync job on a device pool declares per device before anything is measured (multi_job.co_tenancy,
     placement/leases.py): its trainer and engines on at once, plus its context, 20% over."""
-    both = trainer_memory(cfg, shape, dp).total + engine_memory(cfg, shape, capacity_bytes).total
+    both = trainer_memory(cfg, shape, dp, capacity_bytes).total + engine_memory(cfg, shape, capacity_bytes).total
     return CO_TENANT_OVER * (both / GIB + CO_TENANT_CONTEXT_GIB)
 
 

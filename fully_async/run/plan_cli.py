@@ -285,7 +285,7 @@ def memory_section(cfg: Any, shape: Shape, spec: DeviceSpec, opts: PlanOptions) 
     trainer_devices = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     capacity = spec.memory_gib * GIB
     context = opts.context_gib * GIB
-    trainer = trainer_memory(cfg, shape, trainer_dp(cfg))
+    trainer = trainer_memory(cfg, shape, trainer_dp(cfg), capacity)
     engine = engine_memory(cfg, shape, capacity)
     roles = [colocated_memory(cfg, trainer, engine)] if cfg.mode == "sync" else [trainer, engine]
     rows = []
@@ -294,7 +294,7 @@ def memory_section(cfg: Any, shape: Shape, spec: DeviceSpec, opts: PlanOptions) 
         rows.append(dict(role.as_dict(), verdict=verdict(role.total, capacity, opts.warn_fraction)))
     if cfg.mode == "async":  # what the same devices would need as the sync loop (informational, not a verdict)
         n = trainer_devices + cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
-        sync_trainer = trainer_memory(cfg, shape, trainer_dp(cfg, n))
+        sync_trainer = trainer_memory(cfg, shape, trainer_dp(cfg, n), capacity)
         sync_engine = engine_memory(cfg, shape, capacity)
         sync_engine.parts["weights"] *= cfg.actor_rollout_ref.rollout.tensor_model_parallel_size  # sync: rollout tp 1
         role = colocated_memory(cfg, sync_trainer, sync_engine)

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from fully_async.core import safe_write
-from fully_async.core.config import FullyAsyncConfig, actor_strategy, sequence_parallel_size, uses_critic
+from fully_async.core.config import (FullyAsyncConfig, actor_strategy, keeps_gathered_layers, sequence_parallel_size,
+                                     uses_critic)
 from fully_async.algorithms.lr_schedule import lr_lambda, warmup_steps
 from fully_async.core import varlen_attention
 from fully_async.train.backends import MiniBatch, StepResult, fsdp, lora, ulysses
@@ -230,6 +231,7 @@ class TorchBackend:
         # fsdp2 with offload_policy on an accelerator: every model's shards, grads and AdamW states stay in host
         # memory (the critic and reward model shard the same way); offload()/onload() then have nothing to move
         self.host_resident = self.fsdp and arr.actor.fsdp_config.offload_policy and device.is_accelerator
+        self.keep_gathered = False   # fsdp2: the actor's layers stay gathered from forward to backward (below)
         if self.fsdp:
             if not dist.is_initialized():
                 raise RuntimeError("strategy=fsdp2 needs the trainer's process group (fully_async.train.group)")
@@ -237,7 +239,12 @@ class TorchBackend:
             # param_offload is the move between phases (offload/onload)
             offload = self.host_resident
             mesh = fsdp.shard_mesh(self.torch_device.type, arr.actor.fsdp_config.fsdp_size)   # None: full sharding
-            fsdp.shard_model(self.model, compute_dtype, offload, mesh, arr.actor.fsdp_config.reshard_after_forward)
+            # every layer's weights in the compute dtype: what keeping them gathered costs (keeps_gathered_layers)
+            gathered = sum(p.numel() for layer in fsdp.decoder_layers(self.model) for p in layer.parameters())
+            # (host-resident shards: unset means resharded, their casts come from host memory anyway)
+            self.keep_gathered = keeps_gathered_layers(arr.actor.fsdp_config, self.world, gathered * compute_dtype.itemsize,
+                                                       None if offload else device.total_memory())
+            fsdp.shard_model(self.model, compute_dtype, offload, mesh, not self.keep_gathered)
             if self.ref_model is not None:   # forward only: its layers are freed after each forward
                 fsdp.shard_model(self.ref_model, compute_dtype, offload, mesh)
         self.compiled = arr.actor.use_torch_compile and all(
@@ -362,7 +369,7 @@ class TorchBackend:
         model, optimizer = self._trainee(mini.model)[:2]
         optimizer.zero_grad(set_to_none=True)
         lone = self._lone_rank(model)
-        keep_gathered = lone and mini.model == "actor" and not self.actor_cfg.fsdp_config.reshard_after_forward
+        keep_gathered = lone and mini.model == "actor" and self.keep_gathered
         for i, mb in enumerate(micro):
             if lone:
                 last = i == len(micro) - 1
@@ -387,12 +394,14 @@ class TorchBackend:
         weights, bf16 compute).  Its micro-batches then accumulate their gradients unsharded in float32 (FSDP2's
         no-sync accumulation in the reduce dtype) and reduce once, after the mini-batch's last: the same float32
         sums as a reduce after each (bit for bit: tests/unit/train/test_one_device_bf16.py), without each
-        micro-batch's copies into and out of a reduce-scatter over one rank.  With fsdp_config.reshard_after_forward=
-        false the gathered bf16 weights also stay from the first micro-batch to the last, so no later micro-batch
-        gathers (casts) them again.  Why: a torch profile of the seed-003 step on 1x H200 (one-rank fsdp2, 0.5B
-        shape) shows ~1,300 small copy kernels a micro-batch (~620 device-to-device, ~630 bf16 writes) that the
-        plain-torch update does not launch; not yet re-measured on a GPU with this change.  Not with offload_policy,
-        whose shards and gradients stay in host memory."""
+        micro-batch's copies into and out of a reduce-scatter over one rank.  Where the layers stay gathered
+        (keeps_gathered_layers: by default on one rank) the bf16 weights also stay from the first micro-batch to the
+        last, so no later micro-batch gathers (casts) them again.  Why: a torch profile of the seed-003 step on 1x
+        H200 (one-rank fsdp2, 0.5B shape) shows ~1,300 small copy kernels a micro-batch (~620 device-to-device, ~630
+        bf16 writes) that the plain-torch update does not launch.  Measured there, interleaved in one call: the
+        reduce once a mini-batch alone did not move the update (3.04-3.15 s against 3.08-3.09 s); with the layers
+        kept gathered it took 2.84-2.93 s (docs/measurements/one_rank_fsdp_h200/).  Not with offload_policy, whose
+        shards and gradients stay in host memory."""
         from torch.distributed.fsdp import FSDPModule
 
         # host-resident shards (offload_policy) keep the gradients off the device: no unsharded accumulation there

@@ -64,6 +64,16 @@ def test_fsdp2_shards_float32_state_over_data_parallel_ranks():
                               "actor_rollout_ref.actor.fsdp_config.offload_policy=true"), SHAPE, 8)
     assert host.parts["params"] == host.parts["grads"] == host.parts["optimizer"] == host.parts["ref_params"] == 0
     assert host.parts["gathered_layers"] == m8.parts["gathered_layers"] and "offload_policy" in host.note
+    # reshard_after_forward unset on one rank: kept gathered where every layer's bf16 copy is at most a tenth of the
+    # device (unknown capacity: counted as kept); resharded over several ranks, on a small device, or host-resident
+    one = ("actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
+    every = SHAPE.layers * 2 * SHAPE.layer_params()
+    assert trainer_memory(cfg(*one), SHAPE, 1).parts["gathered_layers"] == every
+    assert trainer_memory(cfg(*one), SHAPE, 1, capacity_bytes=10 * every).parts["gathered_layers"] == every
+    assert trainer_memory(cfg(*one), SHAPE, 1, capacity_bytes=9 * every).parts["gathered_layers"] == 4 * SHAPE.layer_params()
+    assert trainer_memory(cfg(*one), SHAPE, 2).parts["gathered_layers"] == 4 * SHAPE.layer_params()
+    assert trainer_memory(cfg(*one, "actor_rollout_ref.actor.fsdp_config.offload_policy=true"), SHAPE, 1
+                          ).parts["gathered_layers"] == 4 * SHAPE.layer_params()
 
 
 def test_megatron_tensor_parallel_and_distributed_optimizer_divide_the_state():

@@ -84,7 +84,7 @@ def test_a_backend_built_outside_a_trainer_group_joins_a_world_of_its_own(random
         dist.destroy_process_group()
 
 
-def one_update(cfg, lone):
+def one_update(cfg, lone, keeps=None):
     """The float32 master weights after one PPO update of several micro-batches, and the aten copy_ calls it made;
     `lone=False` makes the one-rank fsdp2 reduce after every micro-batch (what FSDP2 does by default)."""
     import torch.distributed as dist
@@ -94,6 +94,8 @@ def one_update(cfg, lone):
     from fully_async.train.group import build_local_backend
 
     backend = build_local_backend(cfg, CPU, 10, 0, 1, None)
+    if keeps is not None:
+        assert backend.keep_gathered is keeps
     if not lone:
         backend._lone_rank = lambda model: False
     try:
@@ -123,3 +125,36 @@ def test_one_rank_fsdp2_reduces_once_a_mini_batch_to_the_same_weights(random_mod
     for name in each:
         torch.testing.assert_close(once[name], each[name], rtol=0, atol=0, msg=name)
     assert copies_once < copies_each, (copies_once, copies_each)
+
+
+@pytest.mark.parametrize("device_gib, keeps", [(None, False), (1e-4, False), (1e3, True)])
+def test_an_unset_reshard_keeps_a_lone_rank_gathered_where_the_copy_is_small(random_model_dir, monkeypatch,
+                                                                              device_gib, keeps):
+    """fsdp_config.reshard_after_forward unset: a one-rank fsdp2 keeps its layers gathered when their bf16 copy is at
+    most a tenth of the device (here as the device's reported memory makes it), so no micro-batch after the first
+    casts the weights again: fewer copies, the same weights as an explicit reshard_after_forward=true."""
+    from fully_async.device import Device
+
+    monkeypatch.setattr(Device, "total_memory", lambda self, index=0: None if device_gib is None else device_gib * 2**30)
+    common = ("actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.actor.optim.lr=1e-3",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
+    resharded, copies_resharded = one_update(
+        config(random_model_dir, *common, "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=true"), True,
+        keeps=False)
+    unset, copies_unset = one_update(config(random_model_dir, *common), True, keeps=keeps)
+    for name in resharded:
+        torch.testing.assert_close(unset[name], resharded[name], rtol=0, atol=0, msg=name)
+    # kept: the casts of every micro-batch after the first are gone; resharded: the same copies (within a few)
+    assert (copies_unset < 0.9 * copies_resharded) is keeps, (copies_unset, copies_resharded)
+
+
+@pytest.mark.parametrize("reshard, world, gathered, device, keeps", [
+    (True, 1, 1.0, 100.0, False), (False, 4, 50.0, 100.0, True),          # as set, whatever the sizes
+    (None, 2, 1.0, 100.0, False),                                          # several ranks: verl's default, resharded
+    (None, 1, 10.0, 100.0, True), (None, 1, 10.1, 100.0, False), (None, 1, 1.0, None, False)])
+def test_keeps_gathered_layers(reshard, world, gathered, device, keeps):
+    from types import SimpleNamespace
+
+    from fully_async.core.config import keeps_gathered_layers
+
+    assert keeps_gathered_layers(SimpleNamespace(reshard_after_forward=reshard), world, gathered, device) is keeps
