@@ -73,7 +73,9 @@ class DataConfig:
 class ModelConfig:
     path: str = "${asset:tiny_arithmetic/model}"  # local HF folder (config.json, weights, tokenizer)
     trust_remote_code: bool = False
-    enable_gradient_checkpointing: bool = True  # recompute activations in backward (verl's default)
+    # recompute activations in backward: true (verl's default) or false as set; null: off where the memory model
+    # says the update fits without it (planner/memory_model.checkpoints_activations), on where it cannot tell
+    enable_gradient_checkpointing: Optional[bool] = None
     # pack each micro-batch's sequences into one row (no pad tokens computed; attention stays per sequence)
     use_remove_padding: bool = False
     # Hugging Face config fields to override for the actor/ref (verl's key); `attn_implementation` picks the

@@ -146,10 +146,37 @@ def _strategy(strategy: str, dp: int, dtype: str) -> str:
     return fsdp_backend(dp, dtype) if strategy == "fsdp" else strategy
 
 
-def trainer_memory(cfg: Any, shape: Shape, dp: int, capacity_bytes: Optional[float] = None) -> RoleMemory:
+# actor_rollout_ref.model.enable_gradient_checkpointing unset: off where the trainer's peak without it (and, on a
+# device it shares with an engine, the engine's memory) is at most this share of the device
+RECOMPUTE_SHARE = 0.8
+
+
+def checkpoints_activations(cfg: Any, shape: Shape, dp: int, capacity_bytes: Optional[float]) -> bool:
+    """actor_rollout_ref.model.enable_gradient_checkpointing as the trainer applies it: as set; unset (null), off
+    where the memory model's peak of a trainer device without it fits in RECOMPUTE_SHARE of `capacity_bytes`, with the
+    engine's whole memory beside it where the trainer shares its devices with an engine (sync, colocated, elastic:
+    turning recompute off must not push the engine out at a turn switch); on where the capacity is unknown (verl's
+    default).  Recomputing costs a forward per micro-batch: the seed-003 update on 1x H200 took 4.00 s with it, 3.06 s
+    without (docs/measurements/engine_decode_h200/update_seed003.json)."""
+    flag = cfg.actor_rollout_ref.model.enable_gradient_checkpointing
+    if flag is not None:
+        return bool(flag)
+    if capacity_bytes is None:
+        return True
+    need = trainer_memory(cfg, shape, dp, capacity_bytes, checkpointing=False).total
+    if RunPlan.of(cfg).placement in ("colocated", "elastic"):
+        need += engine_memory(cfg, shape, capacity_bytes).total
+    return need > RECOMPUTE_SHARE * capacity_bytes
+
+
+def trainer_memory(cfg: Any, shape: Shape, dp: int, capacity_bytes: Optional[float] = None,
+                   checkpointing: Optional[bool] = None) -> RoleMemory:
     """Peak memory of one trainer device while it trains (module docstring); `capacity_bytes`, the device's, decides
-    whether a lone fsdp2 rank keeps its layers gathered (config.keeps_gathered_layers; unknown: taken as kept)."""
+    whether a lone fsdp2 rank keeps its layers gathered (config.keeps_gathered_layers; unknown: taken as kept) and
+    whether an unset enable_gradient_checkpointing recomputes (checkpoints_activations; `checkpointing` overrides)."""
     actor, model = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.model
+    if checkpointing is None:
+        checkpointing = checkpoints_activations(cfg, shape, dp, capacity_bytes)
     cbytes = _bytes("actor_rollout_ref.actor.dtype", actor.dtype)
     P = shape.params()
     ref = bool(actor.use_kl_loss)
@@ -226,14 +253,14 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int, capacity_bytes: Optional[flo
     # the torch backend (torch and fsdp2) compiles each decoder layer where the device has inductor: CUDA
     # (train/backends/torch_backend.compile_decoder_layers); NPU and CPU, and megatron, run the layers eagerly
     compiled = bool(actor.use_torch_compile) and cfg.trainer.device == "cuda" and strategy != "megatron"
-    acts, logits = activation_bytes(shape, tokens, cbytes, bool(model.enable_gradient_checkpointing),
+    acts, logits = activation_bytes(shape, tokens, cbytes, checkpointing,
                                     bool(model.use_fused_kernels), layers,
                                     DEVICE_CHUNK_ELEMS.get(cfg.trainer.device, EAGER_CHUNK_ELEMS), compiled)
     mem.parts.update(activations=acts, logits=logits)
     if not accumulates(cfg, dp):  # one micro-batch per optimizer step: grads appear only as activations are freed
         mem.parts["grads"] = max(0.0, mem.parts["grads"] - acts - logits)
         mem.note += "; one micro-batch per optimizer step (grads replace activations)"
-    mem.note += f"; micro-batch {tokens} tokens" + (", gradient checkpointing" if model.enable_gradient_checkpointing
+    mem.note += f"; micro-batch {tokens} tokens" + (", gradient checkpointing" if checkpointing
                                                      else "") + (", compiled layers" if compiled else "")
     return mem
 
@@ -390,11 +417,12 @@ def trainer_dp(cfg: Any, devices: int | None = None) -> int:
     return max(1, devices // mp)
 
 
-def trainer_estimate_bytes(cfg: Any, shape: Shape) -> float:
+def trainer_estimate_bytes(cfg: Any, shape: Shape, capacity_bytes: Optional[float] = None) -> float:
     """What the trainer's peak is taken to be per device before it is measured (device_memory/policy.py: the first
     switch of free_cache_engine=true keeps the engine resident only where this fits beside it): the model's
     estimate with its context, 20% over, as a pool job declares (co_tenant_need_gib)."""
-    return CO_TENANT_OVER * (trainer_memory(cfg, shape, trainer_dp(cfg)).total + CO_TENANT_CONTEXT_GIB * GIB)
+    return CO_TENANT_OVER * (trainer_memory(cfg, shape, trainer_dp(cfg), capacity_bytes).total
+                             + CO_TENANT_CONTEXT_GIB * GIB)
 
 
 def co_tenant_need_gib(cfg: Any, shape: Shape, dp: int, capacity_bytes: float) -> float:

@@ -27,9 +27,9 @@ from typing import Any, Optional
 
 from fully_async.core.config import ConfigError, num_seqs, uses_critic
 from fully_async.planner.hardware import DEVICES, DeviceSpec, Shape, known_shape
-from fully_async.planner.memory_model import (GIB, co_tenant_need_gib, co_tenant_usable_gib, colocated_memory,
-                                             engine_memory, trainer_dp, trainer_estimate_bytes, trainer_memory,
-                                             verdict)
+from fully_async.planner.memory_model import (GIB, checkpoints_activations, co_tenant_need_gib, co_tenant_usable_gib,
+                                             colocated_memory, engine_memory, trainer_dp, trainer_estimate_bytes,
+                                             trainer_memory, verdict)
 from fully_async.planner.sim_engine import data_parallel_speedup
 from fully_async.run.plan_format import format_text
 from fully_async.run.plan_options import PlanOptions, parse, split_overrides
@@ -159,7 +159,7 @@ def engine_stays_resident(cfg: Any, shape: Shape, spec: DeviceSpec) -> tuple[boo
         return mode == "keep", why
     # as the engine's first switch judges it (device_memory/policy.py): the trainer's estimated peak, 20% over, beside
     # the resident engine within the device less its margin
-    trainer, engine = trainer_estimate_bytes(cfg, shape), engine_memory(cfg, shape, capacity).total
+    trainer, engine = trainer_estimate_bytes(cfg, shape, capacity), engine_memory(cfg, shape, capacity).total
     room = co_tenant_usable_gib(spec.memory_gib)
     fits = (trainer + engine) / GIB <= room
     return fits, (f"free_cache_engine=true: the trainer's estimated peak {trainer / GIB:.1f} GiB (20% over) + engine "
@@ -196,7 +196,7 @@ def stage_costs(cfg: Any, opts: PlanOptions, shape: Shape, spec: DeviceSpec, mea
     if not resident and placement_of(cfg).holds_through_turns and rollout.name == "hf":
         swap = num_seqs(rollout) * (prompt + mean_response / 2) * shape.kv_bytes_per_token(2)
     est = estimate(shape, spec, rollout_tp=cfg.actor_rollout_ref.rollout.tensor_model_parallel_size, train_mp=mp,
-                   checkpointing=bool(cfg.actor_rollout_ref.model.enable_gradient_checkpointing),
+                   checkpointing=checkpoints_activations(cfg, shape, trainer_dp(cfg), spec.memory_gib * GIB),
                    extra_forwards=extra, host_bytes=host, swap_bytes=swap,
                    assumptions=opts.estimate_assumptions(embedded=rollout.name == "hf"))
     derived: dict[str, Any] = {"estimate": est.as_dict(), "host_bytes_per_sync_step": host,
@@ -344,7 +344,7 @@ def checkpointing_not_needed(cfg: Any, shape: Shape, spec: DeviceSpec, opts: Pla
     it and what recomputing costs; else None.  The run's results do not depend on it."""
     import copy
 
-    if not cfg.actor_rollout_ref.model.enable_gradient_checkpointing:
+    if cfg.actor_rollout_ref.model.enable_gradient_checkpointing is not True:   # false, or unset: decided by memory
         return None
     off = copy.deepcopy(cfg)
     off.actor_rollout_ref.model.enable_gradient_checkpointing = False

@@ -42,7 +42,7 @@ def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: 
         # placement/colocated.py) pin the swap's buffer at start-up (HFEngine.prepare_staging)
         return HFEngine(cfg.actor_rollout_ref.model.path, max_num_batched_tokens=rollout.max_num_batched_tokens,
                         chunked_prefill=rollout.enable_chunked_prefill,
-                        keep_when_fits=auto, trainer_estimate_bytes=_trainer_estimate(cfg) if auto else None,
+                        keep_when_fits=auto, trainer_estimate_bytes=_trainer_estimate(cfg, device) if auto else None,
                         memory_tag=f"{job}/rollout{replica}", stage_swaps=placement_of(cfg).holds_through_turns, **hf_kwargs)
     if rollout.name == "vllm":
         from fully_async.rollout.engines.vllm_engine import VLLMEngine
@@ -51,9 +51,10 @@ def build_engine(cfg: Any, device: Any, eos_token_ids: list[int], pad_token_id: 
                      "or 'package.module:Class'")
 
 
-def _trainer_estimate(cfg: Any) -> Optional[float]:
+def _trainer_estimate(cfg: Any, device: Any) -> Optional[float]:
     """The memory model's estimate of the trainer's peak per device (planner/memory_model.py trainer_estimate_bytes),
-    which decides the first switch of free_cache_engine=true; None where the model's shape is not readable here."""
+    which decides the first switch of free_cache_engine=true, for `device`'s memory (which decides an unset
+    enable_gradient_checkpointing as the trainer decides it); None where the model's shape is not readable here."""
     from fully_async.planner.hardware import Shape
     from fully_async.planner.memory_model import trainer_estimate_bytes
 
@@ -61,7 +62,7 @@ def _trainer_estimate(cfg: Any) -> Optional[float]:
         shape = Shape.from_dir(str(cfg.actor_rollout_ref.model.path))
     except ValueError:
         return None
-    return None if shape is None else trainer_estimate_bytes(cfg, shape)
+    return None if shape is None else trainer_estimate_bytes(cfg, shape, device.total_memory())
 
 
 __all__ = ["RolloutEngine", "build_engine"]

@@ -191,7 +191,9 @@ class MegatronBackend:
                       # the two directions over two communicators (as verl's batch_p2p_comm=False)
                       variable_seq_lengths=self.vpp == 1, batch_p2p_comm=self.vpp == 1,
                       moe_token_dispatcher_type="alltoall")
-        if self.cfg.actor_rollout_ref.model.enable_gradient_checkpointing:
+        from fully_async.train.recompute import gradient_checkpointing
+
+        if gradient_checkpointing(self.cfg, self.device):
             kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
         override = m.override_transformer_config
         kwargs.update(OmegaConf.to_container(override) if OmegaConf.is_config(override) else (override or {}))

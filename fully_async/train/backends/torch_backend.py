@@ -208,7 +208,9 @@ class TorchBackend:
             arr.model.path, dtype=torch.float32 if self.fsdp else compute_dtype,
             trust_remote_code=arr.model.trust_remote_code, **model_overrides(arr.model, device, self.sp)
         ).to(self.torch_device)
-        if arr.model.enable_gradient_checkpointing:   # non-reentrant, as verl: torch.compile traces through it
+        from fully_async.train.recompute import gradient_checkpointing
+
+        if gradient_checkpointing(cfg, device):   # non-reentrant, as verl: torch.compile traces through it
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model.train()
         need_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward

@@ -367,3 +367,34 @@ def test_the_embedded_engines_prefill_holds_its_longest_request():
     assert prefill("mode=async", budget, "trainer.device=npu") == 2048
     assert prefill("mode=async", budget, "trainer.device=cuda", "actor_rollout_ref.rollout.enable_chunked_prefill=false",
                    "actor_rollout_ref.rollout.max_model_len=4096") == 4095
+
+
+def test_unset_checkpointing_is_off_only_where_the_update_fits_without_it():
+    """actor_rollout_ref.model.enable_gradient_checkpointing unset: off where the trainer's peak without it (and the
+    engine's memory, on a device they share) is at most RECOMPUTE_SHARE of the device; on where the device's memory
+    is unknown (verl's default) or it does not fit; set, as set."""
+    from fully_async.planner.memory_model import RECOMPUTE_SHARE, checkpoints_activations, engine_memory
+
+    base = ("actor_rollout_ref.actor.dtype=bfloat16", "trainer.device=cuda",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "data.max_response_length=2048",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=null")   # over the bundled preset's false
+    split = cfg(*base)                                                      # async, split: a trainer-only device
+    off = trainer_memory(split, SHAPE, 1, checkpointing=False).total
+    on = trainer_memory(split, SHAPE, 1, checkpointing=True).total
+    assert on < off
+    assert checkpoints_activations(split, SHAPE, 1, None)                   # unknown capacity: verl's default
+    fits = off / RECOMPUTE_SHARE
+    assert not checkpoints_activations(split, SHAPE, 1, fits * 1.01)
+    assert checkpoints_activations(split, SHAPE, 1, fits * 0.99)
+    assert trainer_memory(split, SHAPE, 1, fits * 1.01).parts["activations"] == \
+        trainer_memory(split, SHAPE, 1, checkpointing=False).parts["activations"]
+    # set: as set, whatever the device
+    assert checkpoints_activations(cfg(*base, "actor_rollout_ref.model.enable_gradient_checkpointing=true"),
+                                   SHAPE, 1, 1e15)
+    assert not checkpoints_activations(cfg(*base, "actor_rollout_ref.model.enable_gradient_checkpointing=false"),
+                                       SHAPE, 1, 1.0)
+    # colocated: the engine's memory stays beside the trainer, so the same device may not fit both
+    colo = cfg(*base, "async_training.placement=colocated", "rollout.n_gpus_per_node=0")
+    engine = engine_memory(colo, SHAPE, fits * 1.01).total
+    assert checkpoints_activations(colo, SHAPE, 1, fits * 1.01) == (off + engine > RECOMPUTE_SHARE * fits * 1.01)
+    assert not checkpoints_activations(colo, SHAPE, 1, 10 * (off + engine))

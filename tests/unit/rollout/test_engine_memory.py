@@ -93,18 +93,19 @@ def test_the_trainer_estimate_reads_the_models_config(tmp_path, random_model_dir
     from fully_async.run.hydra_setup import load_config
     from fully_async.planner.hardware import Shape
     from fully_async.planner.memory_model import trainer_estimate_bytes, trainer_memory
+    from fully_async.device import CPU
     from fully_async.rollout.engines import _trainer_estimate
 
     cfg = load_config([f"actor_rollout_ref.model.path={random_model_dir}"])
     shape = Shape.from_dir(random_model_dir)
-    got = _trainer_estimate(cfg)
+    got = _trainer_estimate(cfg, CPU)
     assert got == trainer_estimate_bytes(cfg, shape) > 1.2 * trainer_memory(cfg, shape, 1).total
     assert Shape.from_dir(str(tmp_path)) is None
-    assert _trainer_estimate(load_config([f"actor_rollout_ref.model.path={tmp_path}"])) is None  # no config.json
+    assert _trainer_estimate(load_config([f"actor_rollout_ref.model.path={tmp_path}"]), CPU) is None  # no config.json
     (tmp_path / "config.json").write_text('{"hidden_size": 8}')
     with pytest.raises(ValueError, match="config.json.*no num_hidden_layers"):
         Shape.from_dir(str(tmp_path))
-    assert _trainer_estimate(load_config([f"actor_rollout_ref.model.path={tmp_path}"])) is None  # unreadable: none
+    assert _trainer_estimate(load_config([f"actor_rollout_ref.model.path={tmp_path}"]), CPU) is None  # unreadable: none
 
 
 @pytest.mark.parametrize("overrides, stages", [

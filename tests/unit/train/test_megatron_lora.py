@@ -15,6 +15,7 @@ from fully_async.cluster.network import free_port
 from fully_async.core.config import ConfigError
 from fully_async.core.config_checks import validate
 from fully_async.core.lora_targets import is_target, layer_names, megatron_targets
+from fully_async.device import CPU
 from fully_async.run.hydra_setup import load_config
 from fully_async.train.backends import megatron_lora as ml
 from fully_async.train.backends.lora import PEFT_PREFIX
@@ -330,6 +331,7 @@ def test_the_interleaved_schedule_gets_one_shape_per_micro_batch_and_unbatched_p
         backend.mcfg, backend.hf_config, backend.dtype = backend.cfg.actor_rollout_ref.actor.megatron, hf_config, \
             torch.float32
         backend.vpp, backend.pp, backend.tp = vpp, 2, 1
+        backend.device = CPU   # its memory decides an unset enable_gradient_checkpointing (here set by the preset)
         tcfg = backend._transformer_config()
         assert (tcfg.variable_seq_lengths, tcfg.batch_p2p_comm) == ((True, True) if vpp == 1 else (False, False))
         backend.tcfg = tcfg
