@@ -33,7 +33,9 @@ def estimates(cfg, capacity_gib: float) -> dict:
 
     with open(os.path.join(cfg.actor_rollout_ref.model.path, "config.json")) as fh:
         shape = Shape.of(json.load(fh))
-    trainer = trainer_memory(cfg, shape, 1)
+    # the device's capacity decides what the trainer will do with an unset enable_gradient_checkpointing and
+    # fsdp_config.reshard_after_forward, so the estimate is of the same configuration as the measurement
+    trainer = trainer_memory(cfg, shape, 1, capacity_gib * GIB)
     engine = engine_memory(cfg, shape, capacity_gib * GIB)
     return {"params": shape.params(), "trainer": trainer.as_dict(), "engine": engine.as_dict()}
 
@@ -77,12 +79,19 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="write estimate and measurement as JSON here")
-    ap.add_argument("--capacity-gib", type=float, default=80.0, help="device memory for the vLLM estimate (GiB)")
+    ap.add_argument("--capacity-gib", type=float, default=None,
+                    help="device memory for the estimate (GiB; default: the device's own)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     cfg = load_config(list(args.overrides) + FORCED)
     validate(cfg)
-    est = estimates(cfg, args.capacity_gib)
+    capacity_gib = args.capacity_gib
+    if capacity_gib is None:
+        from fully_async.device import get_device
+
+        total = get_device(cfg.trainer.device).total_memory()
+        capacity_gib = 80.0 if total is None else total / 2**30
+    est = estimates(cfg, capacity_gib)
     meas = measure(cfg)
     rows = []
     for role in ("trainer", "engine"):
