@@ -23,10 +23,11 @@ def gradient_checkpointing(cfg: Any, device: Any) -> bool:
     except ValueError:
         shape = None
     capacity = device.total_memory()
-    on = True if shape is None else checkpoints_activations(cfg, shape, trainer_dp(cfg), capacity)
-    why = ("the device's memory or the model's shape is unknown (verl's default)" if shape is None or capacity is None
-           else "the memory model's trainer peak without it does not fit in its share of the device" if on
-           else "the memory model's trainer peak without it fits in its share of the device")
+    if shape is None or capacity is None:
+        on, why = True, "the device's memory or the model's shape is unknown (verl's default)"
+    else:
+        on = checkpoints_activations(cfg, shape, trainer_dp(cfg), capacity)
+        why = f"the memory model's trainer peak without it {'does not fit' if on else 'fits'} in its share of the device"
     logger.info("actor_rollout_ref.model.enable_gradient_checkpointing unset: %s (%s; set it to choose)",
                 "on" if on else "off", why)
     return on

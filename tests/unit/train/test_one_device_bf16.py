@@ -127,25 +127,42 @@ def test_one_rank_fsdp2_reduces_once_a_mini_batch_to_the_same_weights(random_mod
     assert copies_once < copies_each, (copies_once, copies_each)
 
 
-@pytest.mark.parametrize("device_gib, keeps", [(None, False), (1e-4, False), (1e3, True)])
-def test_an_unset_reshard_keeps_a_lone_rank_gathered_where_the_copy_is_small(random_model_dir, monkeypatch,
-                                                                              device_gib, keeps):
+def lone_rank_keeps(cfg):
+    """Whether the one-rank fsdp2 `cfg` builds keeps its layers gathered (built, read, its group ended)."""
+    import torch.distributed as dist
+
+    from fully_async.train.group import build_local_backend
+
+    try:
+        return build_local_backend(cfg, CPU, 10, 0, 1, None).keep_gathered
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_an_unset_reshard_keeps_a_lone_rank_gathered_where_the_copy_is_small(random_model_dir, monkeypatch):
     """fsdp_config.reshard_after_forward unset: a one-rank fsdp2 keeps its layers gathered when their bf16 copy is at
     most a tenth of the device (here as the device's reported memory makes it), so no micro-batch after the first
-    casts the weights again: fewer copies, the same weights as an explicit reshard_after_forward=true."""
+    casts the weights again: fewer copies, the same weights as an explicit reshard_after_forward=true.  A device too
+    small, or one whose memory is unknown, reshards."""
     from fully_async.device import Device
 
-    monkeypatch.setattr(Device, "total_memory", lambda self, index=0: None if device_gib is None else device_gib * 2**30)
+    memory = {"gib": 1e3}
+    monkeypatch.setattr(Device, "total_memory",
+                        lambda self, index=0: None if memory["gib"] is None else memory["gib"] * 2**30)
     common = ("actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.actor.optim.lr=1e-3",
               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
+    # set true: resharded however large the device
     resharded, copies_resharded = one_update(
         config(random_model_dir, *common, "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=true"), True,
         keeps=False)
-    unset, copies_unset = one_update(config(random_model_dir, *common), True, keeps=keeps)
+    unset, copies_unset = one_update(config(random_model_dir, *common), True, keeps=True)
     for name in resharded:
         torch.testing.assert_close(unset[name], resharded[name], rtol=0, atol=0, msg=name)
-    # kept: the casts of every micro-batch after the first are gone; resharded: the same copies (within a few)
-    assert (copies_unset < 0.9 * copies_resharded) is keeps, (copies_unset, copies_resharded)
+    # kept: the casts of every micro-batch after the first are gone
+    assert copies_unset < 0.9 * copies_resharded, (copies_unset, copies_resharded)
+    for memory["gib"] in (1e-4, None):   # the copy over a tenth of the device; the device's memory unknown
+        assert lone_rank_keeps(config(random_model_dir, *common)) is False, memory
 
 
 @pytest.mark.parametrize("reshard, world, gathered, device, keeps", [
