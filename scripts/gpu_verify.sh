@@ -100,7 +100,8 @@ colocated)
   # lengths up to MAXLEN (3072), EOS ignored, packed trainer with dynamic batch size, staleness 0.2, trigger 4, the
   # engine's slots as the run sizes them (max_num_seqs=null over the bundled preset's 128; NSEQS sets it);
   # both runs in this invocation, then compared from their logs (steady steps: the first, compiling, step excluded
-  # by the comparison's own rules)
+  # by the comparison's own rules).  Activation recompute as a run with its own data leaves it: unset (the memory
+  # model decides), not the bundled preset's false; CKPT=true|false sets it
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
   SEED=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
         data.val_files=null data.max_prompt_length=16 data.max_response_length=${MAXLEN:-3072}
@@ -112,7 +113,7 @@ colocated)
         async_training.staleness_threshold=${STALENESS:-0.2} async_training.trigger_parameter_sync_step=${TRIGGER:-4}
         trainer.resume_mode=disable trainer.progress_bar=false
         trainer.val_before_train=false trainer.test_freq=-1 trainer.logger=[console,tensorboard] trainer.timeline=true
-        "trainer.default_local_dir=/tmp/ckpt")
+        actor_rollout_ref.model.enable_gradient_checkpointing=${CKPT:-null} "trainer.default_local_dir=/tmp/ckpt")
   # RUNS: where the runs' logs go (default $OUT/runs); SKIP_SYNC=1 RUNS=<an earlier call's, same warm machine>
   # compares a new colocated variant (TAG names it, COLO_EXTRA its overrides, ALLOW_DIFF="--allow-diff KEY ..." the
   # keys they set) with that call's sync run

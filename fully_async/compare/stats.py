@@ -13,6 +13,8 @@ Definitions (per run):
   generating s     mean timing_s/gen per step (the trainer's wait for its batch; sync: the generation phase)
   switch s         mean timing_s/param_sync + onload + offload per step (the weight push / engine-trainer switch)
   train s          time/step - generating - switch
+  update s         mean timing_s/update_actor per step (the policy update alone, inside train s)
+  mfu              mean perf/mfu/actor (the update's model FLOPs utilisation; train/train_step.py counts it)
 """
 from __future__ import annotations
 
@@ -107,7 +109,7 @@ def run_stats(run: Run, threshold: float, ceiling: Optional[float] = None, warmu
 
 def step_phases(run: Run, step_s: list[float]) -> dict:
     """Mean seconds per step generating (the trainer's wait), switching (weight push, onload, offload) and training
-    (the rest; module docstring)."""
+    (the rest), the update's own seconds and its perf/mfu/actor (module docstring)."""
     n = len(step_s)
     gen = run.values("timing_s/gen")
     switch = [0.0] * n
@@ -117,7 +119,9 @@ def step_phases(run: Run, step_s: list[float]) -> dict:
     gen_s = sum(gen[:n]) / n if gen else None
     switch_s = sum(switch) / n
     train_s = sum(step_s) / n - (gen_s or 0.0) - switch_s if gen else None
-    return {"generate_s_per_step": gen_s, "train_s_per_step": train_s, "switch_s_per_step": switch_s}
+    return {"generate_s_per_step": gen_s, "train_s_per_step": train_s, "switch_s_per_step": switch_s,
+            "update_s_per_step": _mean(run.values("timing_s/update_actor")[:n]),
+            "mfu_actor": _mean(run.values("perf/mfu/actor")[:n])}
 
 
 ROWS = (  # (key, label, format)
@@ -129,6 +133,8 @@ ROWS = (  # (key, label, format)
     ("generate_s_per_step", "  generating (trainer waits) (s)", "{:.3f}"),
     ("train_s_per_step", "  train (s)", "{:.3f}"),
     ("switch_s_per_step", "  switch / weight push (s)", "{:.3f}"),
+    ("update_s_per_step", "  the update alone, in train (s)", "{:.3f}"),
+    ("mfu_actor", "perf/mfu/actor (mean)", "{:.3f}"),
     ("samples_per_s", "samples/s", "{:.2f}"),
     ("steps", "steps", "{:d}"),
     ("wall_s", "wall time incl. start-up (s)", "{:.1f}"),

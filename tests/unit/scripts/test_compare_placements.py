@@ -86,7 +86,12 @@ def test_step_phases_ceiling_and_placement_of_a_colocated_run():
     col = run("async", "colocated", 1, 0, step=2.0, gen=1.2, switch=0.3)
     assert placement_of(col.config) == "colocated" and placement_of({"mode": "sync"}) == "sync"
     assert step_phases(col, [2.0, 2.0]) == pytest.approx({"generate_s_per_step": 1.2, "train_s_per_step": 0.5,
-                                                          "switch_s_per_step": 0.3})
+                                                          "switch_s_per_step": 0.3, "update_s_per_step": None,
+                                                          "mfu_actor": None})
+    col.scalars.update({"timing_s/update_actor": [(1, 1.0, 0.4), (2, 2.0, 0.2), (3, 3.0, 9.0)],
+                        "perf/mfu/actor": [(1, 1.0, 0.5), (2, 2.0, 0.3), (3, 3.0, 0.0)]})
+    phases = step_phases(col, [2.0, 2.0])                  # over the steps timed, the update inside the train phase
+    assert (phases["update_s_per_step"], phases["mfu_actor"]) == pytest.approx((0.3, 0.4))
     bench = {"rollout": {"tokens_per_s": 300.0}, "train": {"tokens_per_s": 100.0}}
     assert run_ceiling(col, bench) == pytest.approx(1 / (1 / 300 + 1 / 100))     # as sync on its one device
 
