@@ -121,8 +121,9 @@ class OptimConfig:
 
 
 @dataclass
-class OffloadConfig:
-    """verl's actor_rollout_ref.actor.fsdp_config.*offload: host offload between training phases."""
+class FSDPConfig:
+    """verl's actor_rollout_ref.actor.fsdp_config: host offload between training phases, the shard group and the
+    layers' resharding (its class name is what a config error of these keys names)."""
     param_offload: bool = False           # params (and grads) to host memory while the engine generates
     offload_policy: bool = False          # strategy fsdp2: shards, grads and AdamW states live in host memory while
     #                                       training too (FSDP2's CPUOffloadPolicy: the optimizer steps on the CPU);
@@ -197,7 +198,7 @@ class ActorConfig:
     #                                       one device (strategy torch) keeps params and AdamW states in it
     use_torch_compile: bool = True        # torch/fsdp2 on CUDA: compile each decoder layer (fuses its pointwise
     #                                       kernels) and the chunked log-prob/entropy; no effect on cpu/npu
-    fsdp_config: OffloadConfig = field(default_factory=OffloadConfig)
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     calculate_sum_pi_squared: bool = False    # the old-policy pass also gives sum_v pi_v^2 per position (at the
     #                                           rollout temperature), which the optimal-token-baseline estimators read
