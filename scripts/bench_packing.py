@@ -158,6 +158,10 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
     if device.is_accelerator:
         res["peak_memory_gib"] = device.memory_stats()["max_allocated_gib"]
     res.update(update_mfu(model_dir, batch.seq_lengths, res["update_s"], device))
+    if args.count_ops:
+        res["update_ops"] = count_ops(lambda: ppo_update(backend, cfg, batch, num_mini_batches=1))
+        top = ", ".join(f"{k} {n}" for k, n in list(res["update_ops"]["by_op"].items())[:8])
+        print(f"--- {name}: one update dispatched {res['update_ops']['total']} operators ({top}, ...)", flush=True)
     if args.profile:
         stem = os.path.splitext(args.out)[0] + "_" + name.replace(":", "_").replace("/", "_")
         res["profile_log_prob"] = print_profile(name, lambda: prepare_batch(backend, cfg, batch, {}), device,
@@ -168,6 +172,30 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
     backend = None   # free the model before the next variant (a `del` would leave the profiler's lambda unbound)
     device.empty_cache()
     return res, first_logp
+
+
+def count_ops(step: Any) -> dict:
+    """The operators one `step` dispatches below autograd (forward, backward and optimizer, FSDP2's casts and copies
+    included): what launches the kernels, so a count that any machine, a CPU too, can take of what a device's host
+    must launch.  Views and detaches count as well (they launch nothing but cost the host a dispatch).  Returns
+    {total, by_op (name -> count, most first)}."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: Counter = Counter()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    mode = _Count()
+    with mode:
+        step()
+    return {"total": sum(mode.ops.values()), "by_op": dict(mode.ops.most_common())}
 
 
 def print_profile(name: str, step: Any, device: Any, rows: int = 14, trace: Optional[str] = None,
@@ -256,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="elements per chunk of the chunked log-prob/entropy (default: the device's, token_stats.py)")
     p.add_argument("--profile", action="store_true", help="print each variant's top kernels of one more log-prob "
                    "pass and update, and how busy the device was")
+    p.add_argument("--count-ops", action="store_true", help="count the operators one more update dispatches (what its "
+                   "host launches; a CPU can count them too): update_ops in --out")
     p.add_argument("--trace", action="store_true", help="with --profile: gzipped Chrome traces of both beside --out")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)

@@ -1,0 +1,25 @@
+"""scripts/bench_packing.py --count-ops: the operators a step dispatches, counted below autograd."""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, "scripts"))
+
+from bench_packing import count_ops  # noqa: E402
+
+
+def test_count_ops_counts_forward_and_backward_operators():
+    w = torch.ones(3, requires_grad=True)
+
+    def step():
+        loss = (w * torch.full((3,), 2.0)).sum()
+        loss.backward()
+
+    counted = count_ops(step)
+    by_op = counted["by_op"]
+    assert by_op["mul"] >= 1 and by_op["sum"] == 1        # the forward's
+    assert by_op["expand"] >= 1                              # sum's backward broadcasts the gradient
+    assert counted["total"] == sum(by_op.values()) and list(by_op.values()) == sorted(by_op.values(), reverse=True)
+    assert torch.equal(w.grad, torch.full((3,), 2.0))        # the step ran as it would have
+    assert count_ops(lambda: None) == {"total": 0, "by_op": {}}
