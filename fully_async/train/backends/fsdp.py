@@ -77,9 +77,12 @@ def shard_mesh(device_type: str, shard_size: int) -> Optional[Any]:
 
 
 def shard_model(model: torch.nn.Module, compute_dtype: torch.dtype, offload: bool,
-                mesh: Optional[Any] = None, reshard_after_forward: bool = True) -> torch.nn.Module:
+                mesh: Optional[Any] = None, reshard_after_forward: bool = True,
+                per_layer: bool = True) -> torch.nn.Module:
     """FSDP2 over the whole world, or hybrid over `mesh` (shard_mesh); `reshard_after_forward=False` keeps each
-    layer's gathered weights from its forward to its backward (fsdp_config.reshard_after_forward)."""
+    layer's gathered weights from its forward to its backward (fsdp_config.reshard_after_forward).  `per_layer`
+    False: one group for the whole model (a lone rank that keeps its layers gathered anyway: one gather and one
+    set of hooks a micro-batch instead of one per layer)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     kwargs: dict[str, Any] = {"reshard_after_forward": reshard_after_forward}
@@ -89,7 +92,7 @@ def shard_model(model: torch.nn.Module, compute_dtype: torch.dtype, offload: boo
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     if offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    for layer in decoder_layers(model):
+    for layer in decoder_layers(model) if per_layer else ():
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     return model

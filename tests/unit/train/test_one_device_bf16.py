@@ -175,3 +175,45 @@ def test_keeps_gathered_layers(reshard, world, gathered, device, keeps):
     from fully_async.core.config import keeps_gathered_layers
 
     assert keeps_gathered_layers(SimpleNamespace(reshard_after_forward=reshard), world, gathered, device) is keeps
+
+
+def test_a_kept_lone_rank_shards_as_one_group_and_resumes_either_way(random_model_dir, tmp_path):
+    """A one-rank fsdp2 that keeps its layers gathered is one FSDP2 group (one gather and one set of hooks a
+    micro-batch, not one per layer); its checkpoint and a per-layer one load into each other, optimizer included:
+    the key may change between a run and its resume."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    from fully_async.train.backends.fsdp import decoder_layers
+    from fully_async.train.group import build_local_backend
+
+    common = ("actor_rollout_ref.actor.dtype=bfloat16", "actor_rollout_ref.actor.optim.lr=1e-3",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")
+
+    def trained(reshard, load=None, save=None):
+        cfg = config(random_model_dir, *common, f"actor_rollout_ref.actor.fsdp_config.reshard_after_forward={reshard}")
+        backend = build_local_backend(cfg, CPU, 10, 0, 1, None)
+        try:
+            grouped = [isinstance(layer, FSDPModule) for layer in decoder_layers(backend.model)]
+            assert grouped == [reshard == "true"] * len(grouped)   # per layer only where resharding
+            if load:
+                backend.load(load)
+            batch = build_batch(make_samples(seed=1 if load else 0))
+            prepare_batch(backend, cfg, batch, {})
+            ppo_update(backend, cfg, batch, num_mini_batches=1)
+            if save:
+                backend.save(save)
+            return {k: v.detach().float().clone() for k, v in backend.iter_full_parameters()}
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+    trained("false", save=str(tmp_path / "kept"))
+    trained("true", save=str(tmp_path / "per_layer"))
+    # resumed in the other layout, the next update lands on the same weights as resumed in its own
+    same = trained("false", load=str(tmp_path / "kept"))
+    other = trained("true", load=str(tmp_path / "kept"))
+    back = trained("false", load=str(tmp_path / "per_layer"))
+    for name in same:
+        torch.testing.assert_close(other[name], same[name], rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(back[name], same[name], rtol=0, atol=0, msg=name)
