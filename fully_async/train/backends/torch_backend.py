@@ -378,8 +378,8 @@ class TorchBackend:
         lone = self._lone_rank(model)
         keep_gathered = lone and mini.model == "actor" and self.keep_gathered
         for i, mb in enumerate(micro):
-            if lone:
-                last = i == len(micro) - 1
+            last = i == len(micro) - 1
+            if lone and (i == 0 or last):   # set where it changes: each call walks every module of the model
                 model.set_requires_gradient_sync(last)
                 if keep_gathered:
                     model.set_reshard_after_backward(last)
