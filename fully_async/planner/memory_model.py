@@ -204,6 +204,9 @@ def trainer_memory(cfg: Any, shape: Shape, dp: int, capacity_bytes: Optional[flo
         every_layer = shape.layers * shape.layer_params() * cbytes
         room = None if actor.fsdp_config.offload_policy else float("inf") if capacity_bytes is None else capacity_bytes
         kept = keeps_gathered_layers(actor.fsdp_config, dp, every_layer, room)
+        # (a kept lone rank is one FSDP2 group: its compute-dtype gradients, as large as the kept copy, all exist at
+        # the end of a backward, before they are added into float32; the activations are freed by then, so the peak
+        # stays the forward's below)
         gathered = shape.layers if kept else 2
         mem.parts.update(params=4 * P / shard, grads=4 * P / shard, optimizer=8 * P / shard,
                          gathered_layers=gathered * shape.layer_params() * cbytes)
