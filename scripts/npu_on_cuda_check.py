@@ -75,15 +75,18 @@ def curve_diff(a: dict, b: dict, tag: str, steps: list[int]) -> dict:
 
 def tolerances(args: argparse.Namespace, tensors: str) -> tuple[float, float]:
     """cpu: identical with the backend's own tensors; PrivateUse1 tensors reach the kernels through torch's dispatch
-    for subclasses, where attention takes sdpa's math path (float32 rounding apart).  cuda: the npu path's attention
+    for subclasses, where attention takes sdpa's math path (float32 rounding apart: 5e-5 absolute, 1e-4 of a curve's
+    scale; the cpu reference run itself is not bit-stable: in a loaded 2-core suite run its first step's grad norm
+    moved by 2.6e-5 of itself and its near-zero pg_loss to 4.6e-6, against 8.8e-7 and 1e-8 run alone, with the same
+    samples (equal entropies); not traced further).  cuda: the npu path's attention
     and chunked log-prob math are other kernels than CUDA's: 2% of a curve's largest value, plus 1e-3 absolute in
     float32 and 2^-8 (one bf16 step at 1.0) in a bf16 run, whose pg_loss is a mean of advantage x ratio near 0 where
     bf16 ratios differ by such steps."""
     exact = args.backend == "cpu" and tensors == "backend"
     bf16 = any(o.split("=", 1)[0].endswith("dtype") and o.endswith("=bfloat16") for o in args.overrides)
-    default_atol = 0.0 if exact else 1e-5 if args.backend == "cpu" else 2 ** -8 if bf16 else 1e-3
+    default_atol = 0.0 if exact else 5e-5 if args.backend == "cpu" else 2 ** -8 if bf16 else 1e-3
     atol = args.atol if args.atol is not None else default_atol
-    rtol = args.rtol if args.rtol is not None else (0.0 if exact else 1e-5 if args.backend == "cpu" else 2e-2)
+    rtol = args.rtol if args.rtol is not None else (0.0 if exact else 1e-4 if args.backend == "cpu" else 2e-2)
     return atol, rtol
 
 
