@@ -158,10 +158,7 @@ class SyncWorker(DriverFacing):
         if capacity is None:
             return None, None
         cfg = self.cfg
-        try:
-            shape = Shape.from_dir(str(cfg.actor_rollout_ref.model.path))
-        except ValueError:
-            shape = None
+        shape = Shape.of_model(cfg)
         if shape is None:
             return None, capacity
         dp = trainer_dp(cfg, self.placement.plan.trainer_devices)

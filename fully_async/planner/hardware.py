@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,15 @@ class Shape:
             return cls.of(config.get("text_config", config) if "hidden_size" not in config else config)
         except (OSError, ValueError, TypeError, AttributeError) as exc:
             raise ValueError(f"{config_json}: {exc}") from exc
+
+    @classmethod
+    def of_model(cls, cfg: Any) -> "Shape | None":
+        """The shape of the run's model (actor_rollout_ref.model.path) where its folder has a readable dense
+        decoder's config.json, else None: for estimates that fall back to a default rather than refuse."""
+        try:
+            return cls.from_dir(str(cfg.actor_rollout_ref.model.path))
+        except ValueError:
+            return None
 
     def layer_params(self) -> int:
         h, d = self.hidden, self.head_dim

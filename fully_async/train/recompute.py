@@ -18,10 +18,7 @@ def gradient_checkpointing(cfg: Any, device: Any) -> bool:
     from fully_async.planner.hardware import Shape
     from fully_async.planner.memory_model import checkpoints_activations, trainer_dp
 
-    try:
-        shape = Shape.from_dir(str(cfg.actor_rollout_ref.model.path))
-    except ValueError:
-        shape = None
+    shape = Shape.of_model(cfg)
     capacity = device.total_memory()
     if shape is None or capacity is None:
         on, why = True, "the device's memory or the model's shape is unknown (verl's default)"

@@ -58,10 +58,7 @@ def _trainer_estimate(cfg: Any, device: Any) -> Optional[float]:
     from fully_async.planner.hardware import Shape
     from fully_async.planner.memory_model import trainer_estimate_bytes
 
-    try:
-        shape = Shape.from_dir(str(cfg.actor_rollout_ref.model.path))
-    except ValueError:
-        return None
+    shape = Shape.of_model(cfg)
     return None if shape is None else trainer_estimate_bytes(cfg, shape, device.total_memory())
 
 

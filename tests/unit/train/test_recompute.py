@@ -25,3 +25,10 @@ def test_unset_is_decided_by_the_memory_model(random_model_dir, monkeypatch, cap
         assert gradient_checkpointing(config(random_model_dir, value), CPU) is on
     logged = "enable_gradient_checkpointing unset" in caplog.text
     assert logged == (value == "null")
+
+
+def test_an_unreadable_model_config_recomputes_as_verl_does(tmp_path, monkeypatch):
+    """A config.json that is no dense decoder's (Shape.of_model: None) leaves the decision to verl's default, on."""
+    (tmp_path / "config.json").write_text('{"model_type": "mystery"}')
+    monkeypatch.setattr(Device, "total_memory", lambda self, index=0: 1e4 * 2**30)
+    assert gradient_checkpointing(config(tmp_path, "null"), CPU) is True
