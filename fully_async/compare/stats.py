@@ -15,6 +15,11 @@ Definitions (per run):
   train s          time/step - generating - switch
   update s         mean timing_s/update_actor per step (the policy update alone, inside train s)
   mfu              mean perf/mfu/actor (the update's model FLOPs utilisation; train/train_step.py counts it)
+  after an update  mean time/step of the steps that first train on a new weight version (the version of the
+                   step before was another: fully_async/count/current_param_version), and of the others; only
+                   where the version holds for several steps (async with trigger_parameter_sync_step > 1); sync
+                   and an update every step: none.  The first step of a version waits for groups the staleness
+                   bound let start only after the update, so these steps are the slow ones
 """
 from __future__ import annotations
 
@@ -103,7 +108,24 @@ def run_stats(run: Run, threshold: float, ceiling: Optional[float] = None, warmu
         "placement": placement_of(run.config),
     }
     stats.update(step_phases(run, step_s))
+    stats.update(steps_by_version(whole, run))
     return stats
+
+
+VERSION_TAG = "fully_async/count/current_param_version"
+
+
+def steps_by_version(whole: Run, run: Run) -> dict:
+    """Mean seconds of `run`'s steps that first train on a new weight version and of its other steps (module
+    docstring); the version of the step before the first timed one is read from `whole`."""
+    version = {step: v for step, _, v in whole.series(VERSION_TAG)}
+    first, inside = [], []
+    for step, _, seconds in run.series("timing_s/step"):
+        if step in version and step - 1 in version:
+            (first if version[step] != version[step - 1] else inside).append(seconds)
+    if not first or not inside:
+        return {"step_after_update_s": None, "step_inside_version_s": None}
+    return {"step_after_update_s": _mean(first), "step_inside_version_s": _mean(inside)}
 
 
 
@@ -130,6 +152,8 @@ ROWS = (  # (key, label, format)
     ("tokens_per_s_all_steps", "tokens/s (total, every step)", "{:.1f}"),
     ("tokens_per_s_per_device", "tokens/s per device", "{:.1f}"),
     ("time_per_step_s", "time/step (s)", "{:.3f}"),
+    ("step_after_update_s", "  the first after a weight update (s)", "{:.3f}"),
+    ("step_inside_version_s", "  the others (s)", "{:.3f}"),
     ("generate_s_per_step", "  generating (trainer waits) (s)", "{:.3f}"),
     ("train_s_per_step", "  train (s)", "{:.3f}"),
     ("switch_s_per_step", "  switch / weight push (s)", "{:.3f}"),

@@ -10,7 +10,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, os.pardir,
 from fully_async.compare import __main__ as cs  # noqa: E402
 from fully_async.compare.runs import Run, placement_of  # noqa: E402
 from fully_async.compare.placements import format_placements, placements_summary  # noqa: E402
-from fully_async.compare.stats import run_ceiling, step_phases  # noqa: E402
+from fully_async.compare.stats import VERSION_TAG, run_ceiling, step_phases, steps_by_version  # noqa: E402
 
 
 def test_default_placements_and_refusals():
@@ -94,6 +94,23 @@ def test_step_phases_ceiling_and_placement_of_a_colocated_run():
     assert (phases["update_s_per_step"], phases["mfu_actor"]) == pytest.approx((0.3, 0.4))
     bench = {"rollout": {"tokens_per_s": 300.0}, "train": {"tokens_per_s": 100.0}}
     assert run_ceiling(col, bench) == pytest.approx(1 / (1 / 300 + 1 / 100))     # as sync on its one device
+
+
+def test_the_first_step_of_each_weight_version_is_timed_apart_from_the_others():
+    col = run("async", "colocated", 1, 0, step=2.0, gen=1.2, switch=0.3)
+    seconds = [9.0, 5.0, 6.0, 8.0, 5.5, 6.5, 7.0]      # steps 1-7; weight updates after steps 2 and 5
+    col.scalars["timing_s/step"] = [(i + 1, float(i), t) for i, t in enumerate(seconds)]
+    col.scalars[VERSION_TAG] = [(i + 1, float(i), v) for i, v in enumerate([0, 0, 1, 1, 1, 2, 2])]
+    timed = col.after(1)                                 # steps 2-7; step 2's version is compared with step 1's
+    assert steps_by_version(col, timed) == pytest.approx({"step_after_update_s": (6.0 + 6.5) / 2,
+                                                          "step_inside_version_s": (5.0 + 8.0 + 5.5 + 7.0) / 4})
+    # an update every step (sync's version moves each step), or none in the steps timed: no split
+    col.scalars[VERSION_TAG] = [(i + 1, float(i), v) for i, v in enumerate(range(7))]
+    assert steps_by_version(col, timed) == {"step_after_update_s": None, "step_inside_version_s": None}
+    col.scalars[VERSION_TAG] = [(i + 1, float(i), 0.0) for i in range(7)]
+    assert steps_by_version(col, timed)["step_after_update_s"] is None
+    del col.scalars[VERSION_TAG]                        # a sync run logs no version
+    assert steps_by_version(col, timed)["step_inside_version_s"] is None
 
 
 def test_placements_summary_ranks_every_run_against_the_shared_sync():
