@@ -80,6 +80,17 @@ def cudnn_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: tor
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
                     max_q: int, max_k: int, scale: float) -> torch.Tensor:
+    """FlashAttention's varlen kernel itself (torch's varlen_attn), not packed_causal_attention: that one runs the
+    Triton kernels on Hopper (auto), so a "flash" column through it timed Triton's (2026-11-30, session 8)."""
+    from fully_async.core.varlen_attention import flash_call
+
+    return flash_call(q.contiguous(), k.contiguous(), v.contiguous(), cu_q, cu_k, max_q, max_k, scale)
+
+
+def packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+           max_q: int, max_k: int, scale: float) -> torch.Tensor:
+    """What the package runs: packed_causal_attention (on CUDA its `fused_kernel`, Triton's on Hopper or
+    FlashAttention's; elsewhere causal sdpa per sequence)."""
     from fully_async.core.varlen_attention import packed_causal_attention
 
     return packed_causal_attention(q, k, v, cu_q, max_q, scale, cu_k, max_k)
@@ -105,7 +116,8 @@ def triton_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: to
 
 
 KERNELS: dict[str, Callable[..., torch.Tensor]] = {"flash": flash_attention, "cudnn": cudnn_attention,
-                                                   "triton": triton_attention, "sdpa_lower_right": lower_right_sdpa}
+                                                   "triton": triton_attention, "sdpa_lower_right": lower_right_sdpa,
+                                                   "packed": packed}
 
 # --sweep: block settings (BLOCK_M, BLOCK_N, warps, stages) tried per Triton kernel on the update's micro-batches,
 # one kernel at a time with the others at their best so far (the first of each list is where it starts); settings

@@ -39,7 +39,7 @@ def _flash_varlen() -> Optional[tuple[Any, set[str]]]:
     return varlen_attn, set(inspect.signature(varlen_attn).parameters)
 
 
-def _flash_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+def flash_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
                 max_q: int, max_k: int, scale: Optional[float]) -> torch.Tensor:
     """FlashAttention's varlen kernel, causal: where a sequence has fewer queries than keys, the mask is aligned to
     the bottom right (its queries are the last of its keys), FlashAttention 2's rule for both signatures."""
@@ -174,7 +174,7 @@ def packed_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c
         if kernel == "triton":
             return triton_attention.packed_attention(q, k, v, cu_q, cu_k, max_q, max_k,
                                                      q.shape[-1] ** -0.5 if scale is None else scale)
-        return _flash_call(q.contiguous(), k.contiguous(), v.contiguous(), cu_q, cu_k, max_q, max_k, scale)
+        return flash_call(q.contiguous(), k.contiguous(), v.contiguous(), cu_q, cu_k, max_q, max_k, scale)
     bounds, key_bounds = cu.tolist(), cu_k.tolist()
     parts = [_causal_sdpa(q[a:b].transpose(0, 1), k[c:d].transpose(0, 1), v[c:d].transpose(0, 1),
                           scale).transpose(0, 1)

@@ -21,15 +21,30 @@ def test_micro_batches_hold_the_whole_update_within_the_token_budget_and_work_co
 
 
 def test_a_case_times_each_kernel_and_sets_the_others_against_the_first():
-    """On the CPU the flash entry runs the per-sequence sdpa fallback: it agrees with the bottom-right sdpa exactly;
-    cuDNN does not run here and is recorded as failed, not raised."""
+    """On the CPU the packed entry (what the package runs) is the per-sequence sdpa fallback: it agrees with the
+    bottom-right sdpa exactly; FlashAttention and cuDNN do not run here and are recorded as failed, not raised."""
     import bench_varlen_attention as bench
 
-    row = bench.run_case("chunk", [5], [9], ["flash", "sdpa_lower_right", "cudnn"], 4, 2, 8, True, 0, 1,
+    row = bench.run_case("chunk", [5], [9], ["packed", "sdpa_lower_right", "flash", "cudnn"], 4, 2, 8, True, 0, 1,
                          device="cpu")
-    flash, sdpa = row["kernels"]["flash"], row["kernels"]["sdpa_lower_right"]
-    assert flash["forward_ms"] > 0 and flash["backward_ms"] is not None
-    assert max(sdpa["max_abs_diff_vs_flash"].values()) == 0.0
-    assert "error" in row["kernels"]["cudnn"]
-    two = bench.run_case("mb", [5, 3], [5, 3], ["flash", "sdpa_lower_right"], 4, 2, 8, False, 0, 1, device="cpu")
+    ours, sdpa = row["kernels"]["packed"], row["kernels"]["sdpa_lower_right"]
+    assert ours["forward_ms"] > 0 and ours["backward_ms"] is not None
+    assert max(sdpa["max_abs_diff_vs_packed"].values()) == 0.0
+    assert "error" in row["kernels"]["cudnn"] and "error" in row["kernels"]["flash"]
+    two = bench.run_case("mb", [5, 3], [5, 3], ["packed", "sdpa_lower_right"], 4, 2, 8, False, 0, 1, device="cpu")
     assert "one sequence" in two["kernels"]["sdpa_lower_right"]["error"]
+
+
+def test_the_flash_entry_is_flashattention_itself_not_the_packages_pick(monkeypatch):
+    """packed_causal_attention runs the Triton kernels on Hopper: a "flash" column through it timed Triton's."""
+    import bench_varlen_attention as bench
+    import torch
+
+    from fully_async.core import varlen_attention
+
+    called = []
+    monkeypatch.setattr(varlen_attention, "flash_call", lambda *a: called.append(len(a)) or a[0])
+    monkeypatch.setattr(varlen_attention, "packed_causal_attention", lambda *a: 1 / 0)
+    q = torch.zeros(4, 2, 8)
+    assert bench.KERNELS["flash"](q, q[:, :1], q[:, :1], torch.tensor([0, 4]), torch.tensor([0, 4]), 4, 4, 0.5) is not None
+    assert called == [8]
