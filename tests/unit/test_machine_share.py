@@ -5,7 +5,7 @@ import sys
 import textwrap
 import time
 
-from suite_budget import machine_share
+from suite_budget import machine_share, pytest_collection_modifyitems
 
 HOLD = textwrap.dedent("""
     import sys, time
@@ -49,3 +49,20 @@ def test_alone_waits_for_a_shared_module_and_shared_ones_wait_for_alone(tmp_path
         waited = time.monotonic() - start
     other.wait(10)
     assert waited > 0.5, waited
+
+
+class Item:
+    def __init__(self, nodeid: str, alone: bool = False):
+        self.nodeid, self.alone = nodeid, alone
+
+    def get_closest_marker(self, name):
+        return object() if name == "alone" and self.alone else None
+
+
+def test_the_alone_modules_come_first_then_the_ray_runs_then_the_rest_each_in_its_order():
+    items = [Item("tests/unit/a.py::t"), Item("tests/integration/b.py::t"), Item("tests/integration/c.py::t", True),
+             Item("tests/unit/d.py::t"), Item("tests/integration/e.py::t"), Item("tests/integration/c.py::u", True)]
+    pytest_collection_modifyitems(None, None, items)
+    assert [i.nodeid for i in items] == ["tests/integration/c.py::t", "tests/integration/c.py::u",
+                                         "tests/integration/b.py::t", "tests/integration/e.py::t",
+                                         "tests/unit/a.py::t", "tests/unit/d.py::t"]
