@@ -42,9 +42,9 @@ def _machine_share(request):
     if not hasattr(request.config, "workerinput"):
         yield
         return
-    from suite_budget import machine_share
+    from suite_budget import module_share
 
-    with machine_share(str(request.config.rootpath), request.node.get_closest_marker("alone") is not None):
+    with module_share(str(request.config.rootpath), request.node.get_closest_marker("alone") is not None):
         yield
 
 
@@ -91,4 +91,4 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 from suite_budget import (pytest_collection_modifyitems, pytest_configure, pytest_runtest_logreport,  # noqa: E402,F401
-                          pytest_terminal_summary)
+                          pytest_runtest_makereport, pytest_terminal_summary)

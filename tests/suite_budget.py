@@ -1,7 +1,7 @@
 """The suite's time budget, recorded by every run (hooks re-exported by conftest.py).
 
-Each module's time (setup + call + teardown of its tests, module-scoped fixtures such as a module's Ray included)
-goes to a JSON file at the end of the session, `.test_durations.json` in the repository root unless
+Each module's time (setup + call + teardown of its tests, module-scoped fixtures such as a module's Ray included,
+less what it waited for the machine: `module_share`, reported apart as `waited_s`) goes to a JSON file at the end of the session, `.test_durations.json` in the repository root unless
 `FULLY_ASYNC_TEST_DURATIONS` names another path, and the terminal summary lists the slowest modules against the
 budget: the whole suite in `SUITE_BUDGET_S` on the 2-core CPU CI runs on (docs/testing.md), no module over
 `MODULE_BUDGET_S` unless its docstring says why (a line starting "Slow:").  A module over its budget without
@@ -15,11 +15,16 @@ import os
 import sys
 import time
 
+import pytest
+
 SUITE_BUDGET_S = 23 * 60      # pytest on the 2-core CPU: 25 minutes for CI less ~2 for the install
 MODULE_BUDGET_S = 90.0        # one module; more needs a "Slow:" line in its docstring saying why
 
 _module_s: dict[str, float] = collections.defaultdict(float)
 _module_tests: dict[str, int] = collections.defaultdict(int)
+_module_waited: dict[str, float] = collections.defaultdict(float)
+_waited = [0.0]               # in a worker: seconds module_share waited, not yet put on a test report
+WAIT_KEY = "machine_share_wait_s"
 _started = [0.0]
 
 
@@ -65,9 +70,30 @@ def pytest_collection_modifyitems(session, config, items):
                                  1 if item.nodeid.startswith("tests/integration/") else 2))
 
 
+@contextlib.contextmanager
+def module_share(rootdir: str, alone: bool):
+    """`machine_share` for a module of this worker, its wait for the machine noted for the module's first report."""
+    asked = time.monotonic()
+    with machine_share(rootdir, alone):
+        _waited[0] += time.monotonic() - asked
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The module_share wait of a module (inside its first test's setup) goes on that setup's report, so the
+    controller can tell a module's own time from its wait for the other worker (the report travels to it)."""
+    outcome = yield
+    if call.when == "setup" and _waited[0] > 0:
+        outcome.get_result().user_properties.append((WAIT_KEY, _waited[0]))
+        _waited[0] = 0.0
+
+
 def pytest_runtest_logreport(report):
     module = report.nodeid.split("::", 1)[0]
-    _module_s[module] += report.duration
+    waited = sum(v for k, v in report.user_properties if k == WAIT_KEY)
+    _module_s[module] += report.duration - waited
+    _module_waited[module] += waited
     if report.when == "call" or (report.when == "setup" and report.skipped):
         _module_tests[module] += 1
 
@@ -92,7 +118,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     rows = sorted(_module_s.items(), key=lambda kv: -kv[1])
     record = {"wall_s": round(wall, 1), "suite_budget_s": SUITE_BUDGET_S, "module_budget_s": MODULE_BUDGET_S,
               "python": sys.version.split()[0], "cpus": os.cpu_count(),
-              "modules": {m: {"s": round(s, 2), "tests": _module_tests[m]} for m, s in rows}}
+              "modules": {m: {"s": round(s, 2), "tests": _module_tests[m], "waited_s": round(_module_waited[m], 2)}
+                          for m, s in rows}}
     path = os.environ.get("FULLY_ASYNC_TEST_DURATIONS") or os.path.join(rootdir, ".test_durations.json")
     try:
         with open(path, "w") as fh:
@@ -105,7 +132,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tr.write_line(f"wall {wall:.0f} s against a budget of {SUITE_BUDGET_S} s on the 2-core CPU "
                   f"({len(rows)} modules; per-module times in {path})")
     for m, s in rows[:10]:
-        tr.write_line(f"  {s:7.1f} s  {m}")
+        tr.write_line(f"  {s:7.1f} s  {m}" + (f" (and {_module_waited[m]:.0f} s waiting for the machine)"
+                                               if _module_waited[m] >= 1 else ""))
     for m, s in over:
         tr.write_line(f"over budget: {m} took {s:.0f} s (> {MODULE_BUDGET_S:.0f} s) and its docstring has no "
                       "'Slow:' line saying why")

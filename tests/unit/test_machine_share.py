@@ -66,3 +66,40 @@ def test_the_alone_modules_come_first_then_the_ray_runs_then_the_rest_each_in_it
     assert [i.nodeid for i in items] == ["tests/integration/c.py::t", "tests/integration/c.py::u",
                                          "tests/integration/b.py::t", "tests/integration/e.py::t",
                                          "tests/unit/a.py::t", "tests/unit/d.py::t"]
+
+
+SESSION_CONFTEST = textwrap.dedent("""
+    import sys
+    import pytest
+    sys.path.insert(0, {tests!r})
+    from suite_budget import (module_share, pytest_collection_modifyitems, pytest_configure,  # noqa: F401
+                              pytest_runtest_logreport, pytest_runtest_makereport, pytest_terminal_summary)
+
+    @pytest.fixture(scope="module", autouse=True)
+    def _machine_share(request):
+        with module_share(str(request.config.rootpath), request.node.get_closest_marker("alone") is not None):
+            yield
+""")
+ALONE_MODULE = "import time\nimport pytest\npytestmark = pytest.mark.alone\n\ndef test_it():\n    time.sleep(1)\n"
+
+
+def test_a_modules_time_leaves_out_its_wait_for_the_other_worker(tmp_path):
+    """Two `alone` modules on the suite's two workers: one waits ~1 s for the other; the durations file reports that
+    wait apart (`waited_s`) and each module's own ~1 s, not ~2 s for the one that waited."""
+    import json
+    import os
+
+    tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    (tmp_path / "conftest.py").write_text(SESSION_CONFTEST.format(tests=tests_dir))
+    (tmp_path / "test_a.py").write_text(ALONE_MODULE)
+    (tmp_path / "test_b.py").write_text(ALONE_MODULE)
+    out = tmp_path / "durations.json"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-p",
+                           "no:cacheprovider", "-W", "ignore", str(tmp_path)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "FULLY_ASYNC_TEST_DURATIONS": str(out)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    modules = json.loads(out.read_text())["modules"]
+    assert sorted(modules) == ["test_a.py", "test_b.py"]
+    assert all(0.95 < m["s"] < 1.8 for m in modules.values()), modules
+    assert max(m["waited_s"] for m in modules.values()) > 0.7, modules
+    assert "waiting for the machine" in proc.stdout
