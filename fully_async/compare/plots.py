@@ -5,7 +5,7 @@ import os
 from typing import Any, Optional
 
 from fully_async.compare.runs import CompareError, Run
-from fully_async.compare.stats import samples_per_step, val_points
+from fully_async.compare.stats import first_steps_of_versions, samples_per_step, val_points
 
 
 COLORS = {"async": "tab:blue", "sync": "tab:orange"}
@@ -29,6 +29,22 @@ def _step_tokens_per_s(run: Run) -> tuple[list[float], list[float]]:
             xs.append(wall - run.first_wall)
             ys.append(tokens / step_s[step])
     return xs, ys
+
+
+def _step_times(runs: dict[str, Run]) -> dict:
+    """Each run's seconds a step, and where an async run's weight version holds several steps, the first step of
+    each version marked apart (it waits for groups the staleness bound let start only after the update)."""
+    series: dict[str, Any] = {m: _by_step(r, "timing_s/step") for m, r in runs.items()}
+    for mode, run in runs.items():
+        first, others = first_steps_of_versions(run)
+        if first and others:
+            times = dict(zip(*series[mode]))
+            steps = sorted(s for s in first if s in times)
+            series[f"{mode}: first step of a weight version"] = (steps, [times[s] for s in steps], MARKED)
+    return series
+
+
+MARKED = {"linestyle": "none", "marker": "s", "markersize": 8, "markerfacecolor": "none", "color": "tab:red"}
 
 
 def _samples_axis(run: Run) -> tuple[list[float], list[float]]:
@@ -58,13 +74,14 @@ def pyplot():
 
 
 def _figure(path: str, title: str, panels: list[tuple[str, str, dict]], hline: Optional[float] = None) -> str:
-    """One PNG with a panel per (xlabel, ylabel, {label: (xs, ys)})."""
+    """One PNG with a panel per (xlabel, ylabel, {label: (xs, ys) or (xs, ys, matplotlib style)})."""
     plt = pyplot()
 
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
     for ax, (xlabel, ylabel, series) in zip(axes[0], panels):
-        for label, (xs, ys) in series.items():
-            ax.plot(xs, ys, marker="o", markersize=3, label=label, color=COLORS.get(label.split()[0]))
+        for label, (xs, ys, *style) in series.items():
+            ax.plot(xs, ys, label=label, **(style[0] if style else
+                                            {"marker": "o", "markersize": 3, "color": COLORS.get(label.split()[0])}))
         if hline is not None:
             ax.axhline(hline, color="gray", linestyle="--", linewidth=1, label=f"threshold {hline:g}")
         ax.set_xlabel(xlabel)
@@ -96,7 +113,7 @@ def make_plots(runs: dict[str, Run], out_dir: str, threshold: float) -> dict[str
                                                           for m, r in runs.items()})], threshold),
         "reward_vs_samples": ("Training reward vs trained samples",
                               [("trained samples (responses)", "critic/score/mean", each(_samples_axis))], None),
-        "time_per_step": ("Time per step", [("step", "timing_s/step (s)", each(_by_step, "timing_s/step"))], None),
+        "time_per_step": ("Time per step", [("step", "timing_s/step (s)", _step_times(runs))], None),
         "idle_ratios": ("Idle ratios", [("step", "trainer idle ratio",
                                          each(_by_step, "trainer/idle_ratio")),
                                         ("step", "rollouter idle ratio",

@@ -115,14 +115,21 @@ def run_stats(run: Run, threshold: float, ceiling: Optional[float] = None, warmu
 VERSION_TAG = "fully_async/count/current_param_version"
 
 
+def first_steps_of_versions(run: Run) -> tuple[set[int], set[int]]:
+    """The steps whose weight version differs from the step before's (the first of each version after the first)
+    and the other steps that have a step before them, from fully_async/count/current_param_version."""
+    version = {step: v for step, _, v in run.series(VERSION_TAG)}
+    first = {step for step in version if step - 1 in version and version[step] != version[step - 1]}
+    return first, {step for step in version if step - 1 in version} - first
+
+
 def steps_by_version(whole: Run, run: Run) -> dict:
     """Mean seconds of `run`'s steps that first train on a new weight version and of its other steps (module
     docstring); the version of the step before the first timed one is read from `whole`."""
-    version = {step: v for step, _, v in whole.series(VERSION_TAG)}
-    first, inside = [], []
-    for step, _, seconds in run.series("timing_s/step"):
-        if step in version and step - 1 in version:
-            (first if version[step] != version[step - 1] else inside).append(seconds)
+    first_steps, other_steps = first_steps_of_versions(whole)
+    step_s = run.series("timing_s/step")
+    first = [seconds for step, _, seconds in step_s if step in first_steps]
+    inside = [seconds for step, _, seconds in step_s if step in other_steps]
     if not first or not inside:
         return {"step_after_update_s": None, "step_inside_version_s": None}
     return {"step_after_update_s": _mean(first), "step_inside_version_s": _mean(inside)}

@@ -37,3 +37,22 @@ def test_the_comparison_refuses_before_any_run(no_matplotlib, monkeypatch, capsy
 def test_with_matplotlib_pyplot_is_the_agg_backend():
     plt = plots.pyplot()
     assert plt.get_backend().lower() == "agg"
+
+
+def test_the_time_per_step_plot_marks_the_first_step_of_each_weight_version():
+    from fully_async.compare.runs import Run
+    from fully_async.compare.stats import VERSION_TAG
+
+    def run(versions):
+        scalars = {"timing_s/step": [(i + 1, float(i), 5.0 + i) for i in range(len(versions))]}
+        if versions[0] is not None:
+            scalars[VERSION_TAG] = [(i + 1, float(i), float(v)) for i, v in enumerate(versions)]
+        return Run("/x", scalars, 0.0, {})
+
+    series = plots._step_times({"async": run([0, 0, 1, 1, 1, 2]), "sync": run([None] * 6)})
+    assert series["async"] == ([1, 2, 3, 4, 5, 6], [5.0, 6.0, 7.0, 8.0, 9.0, 10.0])
+    steps, seconds, style = series["async: first step of a weight version"]
+    assert (steps, seconds) == ([3, 6], [7.0, 10.0]) and style["linestyle"] == "none"
+    assert sorted(series) == ["async", "async: first step of a weight version", "sync"]
+    # a version that moves every step (nothing inside a version) is not marked
+    assert sorted(plots._step_times({"async": run([0, 1, 2, 3, 4, 5])})) == ["async"]
