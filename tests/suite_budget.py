@@ -1,11 +1,12 @@
 """The suite's time budget, recorded by every run (hooks re-exported by conftest.py).
 
 Each module's time (setup + call + teardown of its tests, module-scoped fixtures such as a module's Ray included,
-less what it waited for the machine: `module_share`, reported apart as `waited_s`) goes to a JSON file at the end of the session, `.test_durations.json` in the repository root unless
-`FULLY_ASYNC_TEST_DURATIONS` names another path, and the terminal summary lists the slowest modules against the
-budget: the whole suite in `SUITE_BUDGET_S` on the 2-core CPU CI runs on (docs/testing.md), no module over
-`MODULE_BUDGET_S` unless its docstring says why (a line starting "Slow:").  A module over its budget without
-that line is named in the summary; nothing fails on time alone (a noisy machine must not fail CI)."""
+less what it waited for the machine: `module_share`, reported apart as `waited_s`) goes to a JSON file at the end of
+the session, `.test_durations.json` in the repository root unless `FULLY_ASYNC_TEST_DURATIONS` names another path,
+and the terminal summary lists the slowest modules against the budget: the whole suite in `SUITE_BUDGET_S` on the
+2-core CPU CI runs on (docs/testing.md), no module over `MODULE_BUDGET_S` unless its docstring says why (a line
+starting "Slow:"). A module over its budget without that line is named in the summary; nothing fails on time alone
+(a noisy machine must not fail CI)."""
 from __future__ import annotations
 
 import collections

@@ -31,6 +31,10 @@ def _step_tokens_per_s(run: Run) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
+# the first step of each weight version on the time-per-step plot
+MARKED = {"linestyle": "none", "marker": "s", "markersize": 8, "markerfacecolor": "none", "color": "tab:red"}
+
+
 def _step_times(runs: dict[str, Run]) -> dict:
     """Each run's seconds a step, and where an async run's weight version holds several steps, the first step of
     each version marked apart (it waits for groups the staleness bound let start only after the update)."""
@@ -42,9 +46,6 @@ def _step_times(runs: dict[str, Run]) -> dict:
             steps = sorted(s for s in first if s in times)
             series[f"{mode}: first step of a weight version"] = (steps, [times[s] for s in steps], MARKED)
     return series
-
-
-MARKED = {"linestyle": "none", "marker": "s", "markersize": 8, "markerfacecolor": "none", "color": "tab:red"}
 
 
 def _samples_axis(run: Run) -> tuple[list[float], list[float]]:

@@ -135,7 +135,6 @@ def steps_by_version(whole: Run, run: Run) -> dict:
     return {"step_after_update_s": _mean(first), "step_inside_version_s": _mean(inside)}
 
 
-
 def step_phases(run: Run, step_s: list[float]) -> dict:
     """Mean seconds per step generating (the trainer's wait), switching (weight push, onload, offload) and training
     (the rest), the update's own seconds and its perf/mfu/actor (module docstring)."""

@@ -40,7 +40,7 @@ def _flash_varlen() -> Optional[tuple[Any, set[str]]]:
 
 
 def flash_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
-                max_q: int, max_k: int, scale: Optional[float]) -> torch.Tensor:
+               max_q: int, max_k: int, scale: Optional[float]) -> torch.Tensor:
     """FlashAttention's varlen kernel, causal: where a sequence has fewer queries than keys, the mask is aligned to
     the bottom right (its queries are the last of its keys), FlashAttention 2's rule for both signatures."""
     fn, params = _flash_varlen()

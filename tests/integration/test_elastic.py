@@ -1,13 +1,7 @@
 """Elastic trainer devices (async_training.placement=elastic) on logical CPU devices: the engines beside the trainer
 ranks generate in the rollouter's pool while the trainer waits; the run learns the bundled task as well as sync at
 equal steps and trains every sample once; reclaiming them parks their in-flight responses, which continue on the
-rollout replica, and a run stopped at a checkpoint resumes losing and repeating nothing.
-
-Slow: marked `alone`, its setup first waits for the module the suite's other worker is running to end, counted in
-its time (45 s alone on the 2-core CPU, 61 s after test_verl_keys_run.py's 28 s on the other worker, 97 s in a suite
-run); then three runs on the shared Ray (the elastic learning run at the sync comparison's 10 steps, and a 6-step
-run of two FSDP2 trainer ranks with long responses, resumed to step 8), plus the session's sync learning run where
-this worker has not run it yet (conftest.sync_learning_run)."""
+rollout replica, and a run stopped at a checkpoint resumes losing and repeating nothing."""
 import os
 
 import pytest

@@ -1,11 +1,6 @@
 """verl keys that change what a run does, end to end on Ray with the bundled tiny task (in this process, under the
 shared Ray): actor_rollout_ref.model.external_lib and custom_chat_template (a custom architecture and template),
-trainer.val_only (a finished run's checkpoint validated, nothing trained).
-
-Slow: not its own runs, four short ones in this process (25.5 s alone on the 2-core CPU, 28 s beside test_elastic.py
-on the other worker); in the suite runs it took 92-95 s: the rest is the other worker's load and, as far as the
-numbers tell, its setup's wait at the suite's turnstile while the other worker ran an `alone` module
-(suite_budget.machine_share), which is counted in its time."""
+trainer.val_only (a finished run's checkpoint validated, nothing trained)."""
 import json
 
 import pytest

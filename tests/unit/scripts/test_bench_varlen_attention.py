@@ -45,6 +45,6 @@ def test_the_flash_entry_is_flashattention_itself_not_the_packages_pick(monkeypa
     called = []
     monkeypatch.setattr(varlen_attention, "flash_call", lambda *a: called.append(len(a)) or a[0])
     monkeypatch.setattr(varlen_attention, "packed_causal_attention", lambda *a: 1 / 0)
-    q = torch.zeros(4, 2, 8)
-    assert bench.KERNELS["flash"](q, q[:, :1], q[:, :1], torch.tensor([0, 4]), torch.tensor([0, 4]), 4, 4, 0.5) is not None
+    q, cu = torch.zeros(4, 2, 8), torch.tensor([0, 4])
+    assert bench.KERNELS["flash"](q, q[:, :1], q[:, :1], cu, cu, 4, 4, 0.5) is not None
     assert called == [8]

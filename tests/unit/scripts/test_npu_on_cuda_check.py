@@ -61,10 +61,10 @@ def test_bf16_runs_get_one_bf16_step_of_absolute_tolerance():
 def test_the_cpu_npu_tensor_rule_takes_a_loaded_runs_rounding_and_refuses_a_wrong_gradient():
     """The curves of a 2-core suite run that failed the earlier 1e-5 rule (the cpu reference run itself was not
     bit-stable under load) pass; a grad norm 1% off does not."""
-    npu = curves([-9.934e-09, -3.601e-08, 1.024e-07], [0.21774214, 0.22834944, 0.24056768], [4.8703427, 2.8672214, 4.4358368],
-                 [0.28125, 0.328125, 0.3515625])
-    ref = curves([4.5746565e-06, -1.490e-08, -3.104e-10], [0.21774214, 0.22834928, 0.24056783], [4.8702145, 2.8672209, 4.4358296],
-                 [0.28125, 0.328125, 0.3515625])
+    npu = curves([-9.934e-09, -3.601e-08, 1.024e-07], [0.21774214, 0.22834944, 0.24056768],
+                 [4.8703427, 2.8672214, 4.4358368], [0.28125, 0.328125, 0.3515625])
+    ref = curves([4.5746565e-06, -1.490e-08, -3.104e-10], [0.21774214, 0.22834928, 0.24056783],
+                 [4.8702145, 2.8672209, 4.4358296], [0.28125, 0.328125, 0.3515625])
     tol = tolerances(argparse.Namespace(backend="cpu", overrides=[], atol=None, rtol=None), "npu")
     r = {**result(npu, ref), "backend": "cpu", "cpu": {"returncode": 0, "curves": ref}}
     judge(r, *tol)
