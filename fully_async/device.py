@@ -163,6 +163,21 @@ class Device:
         wanted = {"HCCL_HOST_SOCKET_PORT_RANGE": "auto", "HCCL_NPU_SOCKET_PORT_RANGE": "auto"}
         return {k: os.environ.get(k, v) for k, v in wanted.items()}
 
+    def prefer_expandable_segments(self) -> Optional[str]:
+        """CUDA, a process that holds a trainer and no engine: torch's allocator maps its memory into segments that
+        grow (PyTorch's expandable_segments), so what it reserves stays near what it allocates.  Without them the
+        packed micro-batches of changing sizes leave cached blocks that fit nothing: 1x H200, seed-003 update, 37
+        GiB allocated at most and ~100 GiB reserved after two steps, which the colocated engine then could not
+        take back (docs/measurements/engine_slots_async_h200/).  Not where the user set PYTORCH_CUDA_ALLOC_CONF /
+        PYTORCH_ALLOC_CONF (theirs wins), not on an NPU or the cpu.  Returns what it did, for the log, or None."""
+        if self.name != "cuda" or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF"):
+            return None
+        # torch 2.11 moved the setter (the old name still works and warns)
+        setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
+        setter("expandable_segments:True")
+        return ("the trainer's device allocator uses expandable segments (what it reserves stays near its peak "
+                "allocation; set PYTORCH_CUDA_ALLOC_CONF to choose otherwise)")
+
     def pinned_env(self, indices: list[int]) -> dict[str, str]:
         """Environment that shows a process exactly these devices of its node (by the node's numbering), with
         Ray told not to overwrite it: for actors that share devices with other jobs' actors and so request no
@@ -180,6 +195,7 @@ class Device:
             stats["allocated_gib"] = mod.memory_allocated() / 2**30
             stats["reserved_gib"] = mod.memory_reserved() / 2**30
             stats["max_allocated_gib"] = mod.max_memory_allocated() / 2**30
+            stats["max_reserved_gib"] = mod.max_memory_reserved() / 2**30
             free, total = mod.mem_get_info()
             stats["device_used_gib"] = (total - free) / 2**30   # every process's, and memory outside torch's allocator
         return stats

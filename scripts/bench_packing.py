@@ -165,10 +165,11 @@ def run_variant(name: str, model_dir: str, device: Any, samples: list, args: arg
     if args.profile:
         stem = os.path.splitext(args.out)[0] + "_" + name.replace(":", "_").replace("/", "_")
         res["profile_log_prob"] = print_profile(name, lambda: prepare_batch(backend, cfg, batch, {}), device,
-                                                trace=stem + "_logp.trace.json" if args.trace else None,
+                                                args.profile_rows, stem + "_logp.trace.json" if args.trace else None,
                                                 what="log-prob pass")
         res["profile_update"] = print_profile(name, lambda: ppo_update(backend, cfg, batch, num_mini_batches=1),
-                                              device, trace=stem + "_update.trace.json" if args.trace else None)
+                                              device, args.profile_rows,
+                                              stem + "_update.trace.json" if args.trace else None)
     backend = None   # free the model before the next variant (a `del` would leave the profiler's lambda unbound)
     device.empty_cache()
     return res, first_logp
@@ -219,7 +220,12 @@ def print_profile(name: str, step: Any, device: Any, rows: int = 14, trace: Opti
     print(f"--- {name}: one {what}, top {rows} by {key}; wall {wall:.3f} s (profiled), device kernels {busy:.3f} s "
           f"({summary['device_kernels']} kernels); {summary['gaps_over_1ms']} gaps over 1 ms, "
           f"{summary['gaps_over_1ms_s']:.3f} s; largest {summary['largest_gaps'][:3]}")
-    print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
+    averages = prof.key_averages()
+    print(averages.table(sort_by=key, row_limit=rows, max_name_column_width=60))
+    # each operator's or kernel's own time (on the device where there is one, else the host's), biggest first
+    own = [(getattr(e, "self_device_time_total", 0) if device.name == "cuda" else e.self_cpu_time_total, e.key,
+            e.count) for e in averages]
+    top = [{"name": k[:120], "own_ms": t / 1e3, "calls": n} for t, k, n in sorted(own, reverse=True)[:rows] if t > 0]
     if trace:
         import gzip
         import shutil
@@ -229,7 +235,8 @@ def print_profile(name: str, step: Any, device: Any, rows: int = 14, trace: Opti
             shutil.copyfileobj(src, dst)
         os.remove(trace)
     return {"wall_s": wall, "kernels_s": busy, "kernels": summary["device_kernels"],
-            "gaps_over_1ms_s": summary["gaps_over_1ms_s"], "largest_gaps": summary["largest_gaps"]}
+            "gaps_over_1ms_s": summary["gaps_over_1ms_s"], "largest_gaps": summary["largest_gaps"],
+            "top_by_own_time": top}
 
 
 def update_mfu(model_dir: str, seq_lens: Any, seconds: float, device: Any) -> dict:
@@ -284,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="elements per chunk of the chunked log-prob/entropy (default: the device's, token_stats.py)")
     p.add_argument("--profile", action="store_true", help="print each variant's top kernels of one more log-prob "
                    "pass and update, and how busy the device was")
+    p.add_argument("--profile-rows", type=int, default=14, help="with --profile: rows of each table (and of "
+                   "top_by_own_time in --out: operators and kernels by their own device time, host time on a CPU)")
     p.add_argument("--count-ops", action="store_true", help="count the operators one more update dispatches (what its "
                    "host launches; a CPU can count them too): update_ops in --out")
     p.add_argument("--trace", action="store_true", help="with --profile: gzipped Chrome traces of both beside --out")

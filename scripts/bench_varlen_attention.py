@@ -121,11 +121,14 @@ KERNELS: dict[str, Callable[..., torch.Tensor]] = {"flash": flash_attention, "cu
 
 # --sweep: block settings (BLOCK_M, BLOCK_N, warps, stages) tried per Triton kernel on the update's micro-batches,
 # one kernel at a time with the others at their best so far (the first of each list is where it starts); settings
-# that do not fit a device (shared memory, registers) are recorded as failed
+# that do not fit a device (shared memory, registers) are recorded as failed.  dK/dV's fifth entry: query heads a
+# program sums over (1: one each, the parts added after; absent: its kv head's whole group)
 SWEEP = {"fwd": [(64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 32, 4, 4),
                  (64, 128, 4, 3), (64, 32, 4, 3), (128, 64, 4, 2), (64, 64, 8, 2)],
          "dkdv": [(32, 128, 4, 3), (64, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3), (64, 128, 8, 3),
-                  (128, 128, 8, 2), (32, 128, 8, 2), (16, 64, 4, 3), (32, 64, 8, 2), (64, 64, 8, 2)],
+                  (128, 128, 8, 2), (32, 128, 8, 2), (16, 64, 4, 3), (32, 64, 8, 2), (64, 64, 8, 2),
+                  (32, 128, 4, 3, 1), (32, 64, 4, 3, 1), (64, 64, 4, 3, 1), (64, 128, 8, 2, 1), (16, 64, 4, 3, 1),
+                  (32, 128, 8, 2, 1), (64, 64, 8, 2, 1)],
          "dq": [(64, 32, 4, 3), (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3), (128, 64, 4, 3),
                 (128, 128, 8, 2), (64, 64, 4, 2), (32, 64, 4, 3), (64, 32, 8, 2)]}
 

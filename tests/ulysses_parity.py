@@ -47,7 +47,7 @@ def check_parity(device, world: int, resources: dict, overrides: list[str], rel:
     single_cfg = load_config(COMMON + overrides)
     # verl's fsdp on one device: plain torch in float32, a one-rank fsdp2 in bf16 (a process group of its own, gone
     # before the group's ranks meet)
-    single = build_local_backend(single_cfg, device, 10, 0, 1, None)
+    single = build_local_backend(single_cfg, device, 10, 0, 1, None, engine_beside=False)
     batch = build_batch(samples)
     prepare_batch(single, single_cfg, batch, {})
     ref_critic = critic_update(single, single_cfg, batch, num_mini_batches=2)

@@ -55,7 +55,8 @@ class TrainWorker(EngineHost):
         from fully_async.actors.actor_setup import actor_init
 
         self.cfg, self.device = actor_init(cfg, f"trainer-rank{rank}")
-        self.backend = build_local_backend(self.cfg, self.device, optimizer_steps, rank, world, master)
+        self.backend = build_local_backend(self.cfg, self.device, optimizer_steps, rank, world, master,
+                                           engine_beside=engine_args is not None)
         self._ipc: Optional[Any] = None   # device-IPC weight sync: this rank's packed buffers (pack_shared_weights)
         if engine_args is not None:
             from fully_async.rollout.engines import build_engine

@@ -20,6 +20,9 @@ Definitions (per run):
                    where the version holds for several steps (async with trigger_parameter_sync_step > 1); sync
                    and an update every step: none.  The first step of a version waits for groups the staleness
                    bound let start only after the update, so these steps are the slow ones
+  whole versions   mean time/step over the versions whose every step is timed (from an update to the next): the
+                   long-run mean of a run with an update every k steps, which a window cutting a version weighs
+                   wrongly (steps 3-9 of a run updating every 4 hold two first steps in seven, not one in four)
 """
 from __future__ import annotations
 
@@ -123,16 +126,38 @@ def first_steps_of_versions(run: Run) -> tuple[set[int], set[int]]:
     return first, {step for step in version if step - 1 in version} - first
 
 
+def whole_versions(whole: Run, timed_steps: set[int]) -> list[list[int]]:
+    """The weight versions whose every step is timed: each begins with an update (its first step's version differs
+    from the step before's) and ends where the next version begins inside the run (not cut off by its end)."""
+    version = {step: v for step, _, v in whole.series(VERSION_TAG)}
+    first_steps, _ = first_steps_of_versions(whole)
+    spans = []
+    for start in sorted(first_steps):
+        end = start
+        while end + 1 in version and version[end + 1] == version[start]:
+            end += 1
+        if end + 1 in version and all(step in timed_steps for step in range(start, end + 1)):
+            spans.append(list(range(start, end + 1)))
+    return spans
+
+
 def steps_by_version(whole: Run, run: Run) -> dict:
     """Mean seconds of `run`'s steps that first train on a new weight version and of its other steps (module
-    docstring); the version of the step before the first timed one is read from `whole`."""
+    docstring), and of the steps of the versions timed whole (`whole_versions`: a window that starts or ends inside
+    a version weighs its first step too much or too little; with an update every k steps, the long-run mean is
+    this one); the version of the step before the first timed one is read from `whole`."""
     first_steps, other_steps = first_steps_of_versions(whole)
     step_s = run.series("timing_s/step")
     first = [seconds for step, _, seconds in step_s if step in first_steps]
     inside = [seconds for step, _, seconds in step_s if step in other_steps]
     if not first or not inside:
-        return {"step_after_update_s": None, "step_inside_version_s": None}
-    return {"step_after_update_s": _mean(first), "step_inside_version_s": _mean(inside)}
+        return {"step_after_update_s": None, "step_inside_version_s": None, "step_whole_versions_s": None,
+                "whole_versions": None}
+    seconds = {step: t for step, _, t in step_s}
+    spans = whole_versions(whole, set(seconds))
+    return {"step_after_update_s": _mean(first), "step_inside_version_s": _mean(inside),
+            "step_whole_versions_s": _mean([seconds[step] for span in spans for step in span]),
+            "whole_versions": len(spans)}
 
 
 def step_phases(run: Run, step_s: list[float]) -> dict:
@@ -160,6 +185,8 @@ ROWS = (  # (key, label, format)
     ("time_per_step_s", "time/step (s)", "{:.3f}"),
     ("step_after_update_s", "  the first after a weight update (s)", "{:.3f}"),
     ("step_inside_version_s", "  the others (s)", "{:.3f}"),
+    ("step_whole_versions_s", "  over the whole versions timed (s)", "{:.3f}"),
+    ("whole_versions", "  whole versions timed", "{:d}"),
     ("generate_s_per_step", "  generating (trainer waits) (s)", "{:.3f}"),
     ("train_s_per_step", "  train (s)", "{:.3f}"),
     ("switch_s_per_step", "  switch / weight push (s)", "{:.3f}"),

@@ -8,8 +8,10 @@ reduction backward).  These kernels take q (T, Hq, D) and k/v (S, Hkv, D) with H
   keys below the block's diagonal stream without a mask, the diagonal blocks with it; the output and the row's
   log-sum-exp (base 2, float32) are written;
 - backward: the rows' `delta = sum(dO * O)` first; then one program per (sequence, kv head, block of keys) sums dK
-  and dV over every query head of its group (no atomics, no reduction afterwards), and one program per (sequence,
-  query head, block of queries) computes dQ.
+  and dV over every query head of its group (no atomics, no reduction afterwards) -- or, where the block settings
+  say so (their fifth entry: head_dim 64), one program per query head, more and shorter programs, their parts
+  added up after (FlashAttention 2's way for grouped heads) -- and one program per (sequence, query head, block of
+  queries) computes dQ.
 Causality is aligned to the bottom right where a sequence has more keys than queries (a prefill chunk after its
 cached prefix): query i of a sequence with q_len queries and k_len keys sees keys [0, i + k_len - q_len].
 
@@ -31,9 +33,12 @@ import torch
 # interpreter's tests set blocks of 16): "fwd"; "dkdv" (BLOCK_M queries an inner step, BLOCK_N keys a program); "dq"
 # (BLOCK_M queries a program, BLOCK_N keys an inner step).  Each the best of scripts/bench_varlen_attention.py
 # --sweep's settings on 1x H200 at a real update's packed micro-batches (~32k tokens, lognormal lengths up to 3,088):
-# head_dim 64 with 14/2 heads (Qwen2.5-0.5B), 128 with 28/4 (Qwen2.5-7B)
-BLOCKS: dict[int, dict[str, tuple[int, int, int, int]]] = {
-    64: {"fwd": (64, 64, 4, 3), "dkdv": (32, 128, 4, 3), "dq": (64, 32, 4, 3)},
+# head_dim 64 with 14/2 heads (Qwen2.5-0.5B), 128 with 28/4 (Qwen2.5-7B).  dK/dV's fifth entry: query heads a program
+# sums over (1 at head_dim 64: 5.6 against 6.6-6.7 ms forward + backward over four micro-batches, the dK/dV kernel
+# 658 against 779 us a call inside the seed-003 update; the parts' sum takes most of that back, the update is the
+# same within its spread; docs/measurements/update_kernels_h200/); absent: the whole group
+BLOCKS: dict[int, dict[str, tuple[int, ...]]] = {
+    64: {"fwd": (64, 64, 4, 3), "dkdv": (32, 128, 4, 3, 1), "dq": (64, 32, 4, 3)},
     128: {"fwd": (64, 64, 4, 3), "dkdv": (16, 64, 4, 3), "dq": (64, 64, 4, 2)},
 }
 # the head_dims at which these kernels were measured faster than FlashAttention's on Hopper ("auto" picks them there;
@@ -41,7 +46,7 @@ BLOCKS: dict[int, dict[str, tuple[int, int, int, int]]] = {
 FASTER_ON_HOPPER = frozenset({64, 128})
 
 
-def blocks(head_dim: int) -> dict[str, tuple[int, int, int, int]]:
+def blocks(head_dim: int) -> dict[str, tuple[int, ...]]:
     """The block settings for this head_dim: its own where measured, else those of the nearest measured one above
     (fewer registers a row below it), else the largest."""
     if head_dim in BLOCKS:
@@ -139,11 +144,14 @@ def _build() -> Any:
 
     @triton.jit
     def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, scale, scale_log2, s_qt, s_qh, s_kt, s_kh,
-                    s_vt, s_vh, s_dt, s_dh, s_dkt, s_dkh, s_dvt, s_dvh, H: tl.constexpr, HKV: tl.constexpr,
-                    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                    s_vt, s_vh, s_dt, s_dh, s_dkt, s_dkh, s_dvt, s_dvh, H: tl.constexpr, GROUP: tl.constexpr,
+                    HEADS: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        # a program sums over HEADS query heads (a divisor of GROUP): j * HEADS ... (j + 1) * HEADS - 1, all of kv
+        # head hk; it writes DK/DV's head j (DK is dk itself when HEADS == GROUP, else per-part sums added after)
         sh = tl.program_id(0)
-        seq = sh // HKV
-        hk = sh % HKV
+        seq = sh // (H // HEADS)
+        j = sh % (H // HEADS)
+        hk = j * HEADS // GROUP
         n_start = tl.program_id(1) * BLOCK_N          # the first blocks of keys (seen by most queries) first
         q0 = tl.load(CU_Q + seq)
         q_len = tl.load(CU_Q + seq + 1) - q0
@@ -162,8 +170,8 @@ def _build() -> Any:
             full = tl.minimum(tl.cdiv(tl.maximum(n_start + BLOCK_N - 1 - shift, 0), BLOCK_M) * BLOCK_M,
                               tl.cdiv(q_len, BLOCK_M) * BLOCK_M)                  # from here rows see every key
             full = tl.maximum(full, lo)
-            for g in range(GROUP):
-                h = hk * GROUP + g
+            for g in range(HEADS):
+                h = j * HEADS + g
                 for m in range(lo, full, BLOCK_M):
                     rows = m + tl.arange(0, BLOCK_M)
                     row_ok = rows < q_len
@@ -191,9 +199,9 @@ def _build() -> Any:
                     dv += tl.dot(p_t.to(do.dtype), do)
                     ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
                     dk += tl.dot(ds_t.to(q.dtype), q)
-            tl.store(DK + (k0 + keys)[:, None] * s_dkt + hk * s_dkh + d[None, :], (dk * scale).to(DK.dtype.element_ty),
+            tl.store(DK + (k0 + keys)[:, None] * s_dkt + j * s_dkh + d[None, :], (dk * scale).to(DK.dtype.element_ty),
                      mask=key_ok[:, None])
-            tl.store(DV + (k0 + keys)[:, None] * s_dvt + hk * s_dvh + d[None, :], dv.to(DV.dtype.element_ty),
+            tl.store(DV + (k0 + keys)[:, None] * s_dvt + j * s_dvh + d[None, :], dv.to(DV.dtype.element_ty),
                      mask=key_ok[:, None])
 
     @triton.jit
@@ -296,17 +304,32 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     scale_log2 = scale * math.log2(math.e)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), dout.stride(0),
                dout.stride(1))
-    block_m, block_n, warps, stages = blocks(dim)["dkdv"]
+    block_m, block_n, warps, stages, *split = blocks(dim)["dkdv"]
+    group = heads // kv_heads
+    per = dkdv_heads(group, split[0] if split else 0)
     if k.shape[0]:
-        dkdv_kernel[(seqs * kv_heads, _cdiv(max_k, block_n))](
-            q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, scale, scale_log2, *strides, dk.stride(0), dk.stride(1),
-            dv.stride(0), dv.stride(1), H=heads, HKV=kv_heads, GROUP=heads // kv_heads, D=dim, BLOCK_M=block_m,
+        # parts of a group summed apart (per < group): dK/dV per part, in the inputs' dtype (FlashAttention 2's
+        # way for grouped heads), added up below; more, shorter programs where a group's serial loop is the tail
+        dk_p, dv_p = (dk, dv) if per == group else (k.new_zeros((k.shape[0], heads // per, dim)) for _ in range(2))
+        dkdv_kernel[(seqs * (heads // per), _cdiv(max_k, block_n))](
+            q, k, v, dout, lse, delta, dk_p, dv_p, cu_q, cu_k, scale, scale_log2, *strides, dk_p.stride(0),
+            dk_p.stride(1), dv_p.stride(0), dv_p.stride(1), H=heads, GROUP=group, HEADS=per, D=dim, BLOCK_M=block_m,
             BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+        if per < group:
+            dk, dv = (t.view(k.shape[0], kv_heads, group // per, dim).sum(2) for t in (dk_p, dv_p))
     block_m, block_n, warps, stages = blocks(dim)["dq"]
     dq_kernel[(seqs * heads, _cdiv(max_q, block_m))](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k, scale, scale_log2, *strides, dq.stride(0), dq.stride(1), H=heads,
         GROUP=heads // kv_heads, D=dim, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
     return dq, dk, dv
+
+
+def dkdv_heads(group: int, asked: int) -> int:
+    """Query heads a dK/dV program sums over: the whole group (`asked` 0), else the largest divisor of the group
+    not above `asked` (the settings' fifth entry; a part's sums are added after the kernel)."""
+    if asked <= 0 or asked >= group:
+        return group
+    return max(d for d in range(1, asked + 1) if group % d == 0)
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -38,8 +38,9 @@ What is counted, per device, in bytes (P = parameters of the device's shard, h/I
                             Logits: the fused chunked head (model.use_fused_kernels) keeps ~3 float32 chunks of
                             2^26 elements; without it tokens x vocab x 4 bytes x 2 (logits and their gradient)
   engine, rollout.name=hf   weights in rollout.dtype + a static slot KV cache of max_num_seqs x max_model_len
-                            tokens + float32 logits of every slot (max_num_seqs unset: engine_slots' count, one
-                            step's responses per engine where gpu_memory_utilization of the device holds them)
+                            tokens + float32 logits of every slot (max_num_seqs unset: engine_slots' count, the
+                            responses it may run at once -- sync one step's, async what the staleness bound lets
+                            a version admit -- per engine, where gpu_memory_utilization of the device holds them)
   engine, rollout.name=vllm gpu_memory_utilization x capacity (vLLM takes that fraction at start-up); the check
                             is that weights / tp leave room for the KV cache of max_num_seqs full sequences
                             (rollout.quantization=fp8: the layers' linear weights in one byte each)
@@ -349,8 +350,10 @@ AUTO_MAX_NUM_SEQS = 1024   # the most slots engine_slots gives one engine (a dec
 
 def engine_slots(cfg: Any, shape: Shape, capacity_bytes: float) -> tuple[int, str]:
     """(slots, why): what actor_rollout_ref.rollout.max_num_seqs=null gives each engine on devices of
-    `capacity_bytes`.  The embedded engine on an accelerator: one step's responses on each replica (the groups a step
-    trains x rollout.n over the engine replicas), at most AUTO_MAX_NUM_SEQS, as many as fit in
+    `capacity_bytes`.  The embedded engine on an accelerator: the responses the rollouter may run at once on each
+    replica -- sync: one step's (the groups a step trains x rollout.n); async: the groups the staleness bound lets
+    one weight version admit (max_required_samples) x rollout.n, since its rollouter runs ahead of the trainer by
+    up to that many -- over the engine replicas, at most AUTO_MAX_NUM_SEQS, as many as fit in
     rollout.gpu_memory_utilization of the device beside its weights, prefill and graphs (each slot holds a
     full-length KV cache and a float32 row of logits), never fewer than verl's 256 (nor than the largest
     rollout.cudagraph_capture_sizes: rollout/engine_fit.py checks those against the whole device, as it checks a
@@ -365,13 +368,21 @@ def engine_slots(cfg: Any, shape: Shape, capacity_bytes: float) -> tuple[int, st
     plan = RunPlan.of(cfg)
     replicas = max(1, plan.engine_devices // max(1, r.tensor_model_parallel_size))
     per_step = plan.groups_per_step * r.n
-    want = min(AUTO_MAX_NUM_SEQS, max(VERL_MAX_NUM_SEQS, -(-per_step // replicas)))
+    basis = f"one step's {per_step} responses"
+    running = per_step
+    if cfg.mode == "async":
+        from fully_async.core.staleness import StalenessManager
+
+        bound = StalenessManager.from_config(cfg).max_admitted
+        running = bound * r.n
+        basis = f"the {running} responses of the {bound} groups the staleness bound lets a version admit"
+    want = min(AUTO_MAX_NUM_SEQS, max(VERL_MAX_NUM_SEQS, -(-running // replicas)))
     parts = engine_memory(cfg, shape, capacity_bytes, slots=want).parts
     per_slot = (parts["kv_cache"] + parts["logits"]) / want
     fixed = sum(parts.values()) - per_slot * want     # weights, prefill (its budget's worth) and graphs
     fit = int((r.gpu_memory_utilization * capacity_bytes - fixed) // per_slot)
     slots = max(VERL_MAX_NUM_SEQS, min(want, fit), graphs)
-    why = (f"one step's {per_step} responses over {replicas} engine(s), at least verl's {VERL_MAX_NUM_SEQS}, at most "
+    why = (f"{basis} over {replicas} engine(s), at least verl's {VERL_MAX_NUM_SEQS}, at most "
            f"{AUTO_MAX_NUM_SEQS}; {fit} full-length sequences fit in gpu_memory_utilization="
            f"{r.gpu_memory_utilization:g} of {capacity_bytes / GIB:.0f} GiB")
     return slots, why

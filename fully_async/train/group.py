@@ -11,6 +11,7 @@ each megatron rank picks its own data-parallel shard.
 """
 from __future__ import annotations
 
+import logging
 import random
 from typing import Any, Callable, Optional
 
@@ -22,6 +23,8 @@ from fully_async.core.config import FullyAsyncConfig, typed_config, actor_strate
 from fully_async.core.plan import RunPlan
 from fully_async.train.backends import MiniBatch, StepResult, TrainBackend
 from fully_async.train.sharding import data_parallel_rows, micro_count, shard_batch
+
+logger = logging.getLogger(__name__)
 
 # backend calls rank 0 answers alone (its own parameters' names and shapes; its own engine's weights in sync mode)
 RANK0_ONLY = ("param_shapes", "iter_full_parameters")
@@ -37,11 +40,19 @@ def shards(cfg: FullyAsyncConfig) -> bool:
 
 
 def build_local_backend(cfg: FullyAsyncConfig, device: Any, optimizer_steps: int, rank: int, world: int,
-                        master: Optional[tuple[str, int]], store: Optional[Any] = None) -> TrainBackend:
+                        master: Optional[tuple[str, int]], store: Optional[Any] = None, *,
+                        engine_beside: bool) -> TrainBackend:
     """This process's backend; joins the trainer's process group first when the strategy shards (rank 0 with
-    its own rendezvous `store`, fsdp.master_store)."""
+    its own rendezvous `store`, fsdp.master_store).  A process without an engine beside the trainer (async's
+    trainer ranks but elastic's) first sets its allocator to expandable segments (Device.prefer_expandable_segments:
+    the engine's graphs and arenas are left to torch's defaults)."""
     from fully_async.train.backends import build_backend
     from fully_async.train.backends.fsdp import init_process_group, join_lone_rank
+
+    if not engine_beside:
+        said = device.prefer_expandable_segments()
+        if said and rank == 0:
+            logger.info(said)
 
     if shards(cfg):
         if master is None:   # a lone rank (world 1) of a sharding strategy: a private store
@@ -280,7 +291,7 @@ def connect_trainer_group(cfg: FullyAsyncConfig, device: Any, optimizer_steps: i
 
     world = RunPlan.of(cfg).trainer_devices
     if world == 1:
-        return build_local_backend(cfg, device, optimizer_steps, 0, 1, None)
+        return build_local_backend(cfg, device, optimizer_steps, 0, 1, None, engine_beside=engine_args is not None)
     store = None
     if shards(cfg):  # bind the rendezvous port now (the OS picks it), before any rank is told it
         from fully_async.train.backends.fsdp import master_store
@@ -293,7 +304,8 @@ def connect_trainer_group(cfg: FullyAsyncConfig, device: Any, optimizer_steps: i
         for r in range(1, world)]
     if store is not None:
         await_ranks(store, workers)
-    local = build_local_backend(cfg, device, optimizer_steps, 0, world, master, store)  # rendezvous with the workers
+    local = build_local_backend(cfg, device, optimizer_steps, 0, world, master, store,   # rendezvous with the workers
+                                engine_beside=engine_args is not None)
     ray.get([w.ready.remote() for w in workers])
     cls = ReplicatedGroupBackend if cfg.actor_rollout_ref.actor.strategy == "megatron" else GroupBackend
     return cls(local, workers, cfg)

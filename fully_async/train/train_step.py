@@ -297,18 +297,22 @@ def trainer_memory_metrics(backend: Any, cfg: FullyAsyncConfig) -> dict[str, flo
 
 
 def actor_perf_metrics(cfg: FullyAsyncConfig, seq_lens: Sequence[int], update_s: float) -> dict[str, float]:
-    """`perf/mfu/actor` and `perf/max_memory_allocated_gb`, as verl's update_actor reports them.
+    """`perf/mfu/actor`, `perf/max_memory_allocated_gb` and `perf/max_memory_reserved_gb`, as verl's update_actor
+    reports them.
 
     MFU: the model FLOPs of ppo_epochs forward + backward passes over the step's sequences (prompt + response
     tokens each, flops.py) per second of update_actor, over the peak of the trainer's devices
     (trainer.nnodes x trainer.n_gpus_per_node, each trainer.device_peak_tflops or its table entry).  Not
     reported when the device's peak or the architecture's FLOPs are unknown.  Memory: rank 0's peak
-    allocation so far (GiB), accelerators only."""
+    allocation and peak reservation by its allocator so far (GiB; the second is what the device lends the trainer,
+    cached blocks included), accelerators only."""
     t = cfg.trainer
     out: dict[str, float] = {}
     device = _resolve_device(t.device)
     if device.is_accelerator:
-        out["perf/max_memory_allocated_gb"] = device.memory_stats()["max_allocated_gib"]
+        stats = device.memory_stats()
+        out["perf/max_memory_allocated_gb"] = stats["max_allocated_gib"]
+        out["perf/max_memory_reserved_gb"] = stats["max_reserved_gib"]
     model = cfg.actor_rollout_ref.model
     model_config, peak = _mfu_inputs(model.path, bool(model.trust_remote_code), t.device, t.device_peak_tflops)
     if model_config is None or peak is None or update_s <= 0 or not seq_lens:

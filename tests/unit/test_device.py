@@ -97,3 +97,40 @@ def test_megatron_on_npu_without_mindspeed_names_the_fix(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", fake_import)
     with pytest.raises(RuntimeError, match=r"strategy=megatron on trainer.device=npu needs MindSpeed"):
         _import_megatron(dev.NPU)
+
+
+def test_a_trainer_without_an_engine_beside_asks_cuda_for_expandable_segments(monkeypatch):
+    """Device.prefer_expandable_segments: CUDA only, the user's PYTORCH_(CUDA_)ALLOC_CONF wins; and
+    build_local_backend asks for it only in a process that hosts no engine (async's trainer ranks)."""
+    import torch
+
+    from fully_async.train import group
+
+    asked = []
+    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", asked.append, raising=False)
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(var, raising=False)
+    assert dev.CPU.prefer_expandable_segments() is None and dev.NPU.prefer_expandable_segments() is None
+    assert "expandable segments" in dev.CUDA.prefer_expandable_segments()
+    assert asked == ["expandable_segments:True"]
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        with monkeypatch.context() as m:
+            m.setenv(var, "expandable_segments:False")
+            assert dev.CUDA.prefer_expandable_segments() is None and len(asked) == 1
+
+    class Probe:
+        def __init__(self):
+            self.calls = 0
+
+        def prefer_expandable_segments(self):
+            self.calls += 1
+            return None
+
+    import fully_async.train.backends as backends
+
+    monkeypatch.setattr(backends, "build_backend", lambda cfg, device, steps: "backend")
+    monkeypatch.setattr(group, "shards", lambda cfg: False)
+    for beside, calls in ((False, 1), (True, 0)):
+        probe = Probe()
+        assert group.build_local_backend(None, probe, 1, 0, 1, None, engine_beside=beside) == "backend"
+        assert probe.calls == calls

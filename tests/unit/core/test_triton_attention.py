@@ -3,7 +3,7 @@ heads, dQ), run on CPU by Triton's interpreter (in a subprocess: TRITON_INTERPRE
 imported) at blocks of 16: the output and the gradients equal plain attention per sequence in float64, over ragged
 sequences (1 token, one block, block boundaries, several blocks), grouped kv heads and more keys than queries
 (causality aligned to the bottom right), a sequence with keys and no queries (its keys get zero gradients);
-float32 and float16.  ~14 s."""
+float32 and float16; dK/dV summed by a program per kv head or per query head (added up after).  ~14 s."""
 import os
 import subprocess
 import sys
@@ -33,7 +33,9 @@ CODE = """
 
     torch.manual_seed(0)
     for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 5e-3)):
-        for q_lens, k_lens in (([1, 16, 17, 40, 5, 33], None), ([3, 0, 20, 1], [30, 5, 20, 9])):
+        for per, (q_lens, k_lens) in enumerate((([1, 16, 17, 40, 5, 33], None), ([3, 0, 20, 1], [30, 5, 20, 9]))):
+            per = per ^ (dtype == torch.float16)      # dK/dV programs a whole group (0) or a head each (1): both
+            ta.BLOCKS[16]["dkdv"] = (16, 16, 1, 1, per)          # see both length sets and both dtypes
             k_lens = k_lens or q_lens
             q = torch.randn(sum(q_lens), 4, 16, dtype=dtype, requires_grad=True)
             k, v = (torch.randn(sum(k_lens), 2, 16, dtype=dtype, requires_grad=True) for _ in range(2))
@@ -88,6 +90,11 @@ def test_auto_picks_triton_on_hopper_only_and_decides_once(monkeypatch):
         assert varlen_attention.resolve_packed_kernel(torch.device("cuda")) == want
         monkeypatch.setattr(Device, "compute_capability", lambda self, index=0: (9, 0) if want == "flash" else (7, 5))
         assert varlen_attention.resolve_packed_kernel(torch.device("cuda")) == want     # kept, not asked again
+
+
+def test_dkdv_programs_sum_over_a_divisor_of_the_group():
+    assert [triton_attention.dkdv_heads(7, asked) for asked in (0, 1, 3, 7, 9)] == [7, 1, 1, 7, 7]
+    assert [triton_attention.dkdv_heads(4, asked) for asked in (0, 1, 2, 3)] == [4, 1, 2, 2]
 
 
 def test_blocks_fall_back_to_the_nearest_measured_head_dim_above(monkeypatch):

@@ -314,24 +314,32 @@ SEED_003 = ["actor_rollout_ref.model.path=Qwen2.5-0.5B", "data.max_prompt_length
             "actor_rollout_ref.rollout.max_num_seqs=null"]   # unset (the bundled task's preset sets 128)
 
 
-def test_unset_max_num_seqs_gives_the_embedded_engine_one_steps_responses_where_the_device_holds_them():
+def test_unset_max_num_seqs_gives_the_embedded_engine_the_responses_it_may_run_where_the_device_holds_them():
     from fully_async.planner.memory_model import AUTO_MAX_NUM_SEQS, engine_slots
 
     shape = Shape.of(MODEL_SHAPES["Qwen2.5-0.5B"])
+    at = ["async_training.staleness_threshold=0.2", "async_training.trigger_parameter_sync_step=4"]
     colocated = load_config([*SEED_003, "mode=async", "async_training.placement=colocated",
-                             "rollout.n_gpus_per_node=0"])
+                             "rollout.n_gpus_per_node=0", *at])
     slots, why = engine_slots(colocated, shape, 141 * GIB)
-    assert slots == 512 and "512 responses over 1 engine(s)" in why          # 64 groups x 8, one engine
+    # async: the groups the staleness bound lets a version admit (64 x 1.2 x 4 = 307) x 8, capped at 1024
+    assert slots == AUTO_MAX_NUM_SEQS == 1024 and "the 2456 responses of the 307 groups" in why, why
+    # no room to run ahead (threshold 0, an update every step): one step's 64 x 8, as sync
+    tight = load_config([*SEED_003, "mode=async", "async_training.placement=colocated", "rollout.n_gpus_per_node=0",
+                         "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1"])
+    assert engine_slots(tight, shape, 141 * GIB)[0] == 512
     # what the memory model then counts is that many slots, within gpu_memory_utilization of the device
     mem = engine_memory(colocated, shape, 141 * GIB)
-    assert mem.parts["kv_cache"] == 512 * 3088 * shape.kv_bytes_per_token(2)
+    assert mem.parts["kv_cache"] == 1024 * 3088 * shape.kv_bytes_per_token(2)
     assert mem.total <= 0.5 * 141 * GIB
     # a device that holds fewer keeps verl's 256 (checked against the whole device, as a size that is set)
     assert engine_slots(colocated, shape, 16 * GIB)[0] == 256
     # in between: as many as fit in gpu_memory_utilization of it
     fit = engine_slots(colocated, shape, 30 * GIB)
     assert 256 < fit[0] < 512 and engine_memory(colocated, shape, 30 * GIB).total <= 0.5 * 30 * GIB
-    # two sync engines share a step's responses; a larger step is capped
+    # sync runs one step's responses at once: 512 on one engine, two engines share them; a larger step is capped
+    one = engine_slots(load_config([*SEED_003, "mode=sync"]), shape, 141 * GIB)
+    assert one[0] == 512 and "one step's 512 responses over 1 engine(s)" in one[1]
     sync = load_config([*SEED_003, "mode=sync", "trainer.n_gpus_per_node=2"])
     assert engine_slots(sync, shape, 141 * GIB)[0] == 256
     big = load_config([*SEED_003, "mode=sync", "data.train_batch_size=512"])

@@ -318,10 +318,11 @@ def test_the_plan_sizes_the_embedded_engines_slots_as_the_run_does(monkeypatch):
             "actor_rollout_ref.rollout.n=8", "data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
             "mode=async", "async_training.placement=colocated", "rollout.n_gpus_per_node=0",
             "actor_rollout_ref.rollout.max_num_seqs=null", "plan.sim_steps=4"]
+    # async: what the staleness bound lets a version admit, at its defaults 64 x (1 + 0.5) x 1 groups of 8
     report = build_report([*seed, "plan.device=h200"])
-    assert report["engine_slots"]["max_num_seqs"] == 512
-    assert "slot KV cache of 512 x 3088" in json.dumps(report["memory"])
-    assert "max_num_seqs=null -> 512 per engine" in format_text(report)
+    assert report["engine_slots"]["max_num_seqs"] == 768
+    assert "slot KV cache of 768 x 3088" in json.dumps(report["memory"])
+    assert "max_num_seqs=null -> 768 per engine" in format_text(report)
     set_ = build_report([*seed[:-2], "actor_rollout_ref.rollout.max_num_seqs=256", "plan.sim_steps=4",
                          "plan.device=h200"])
     assert "engine_slots" not in set_
@@ -333,7 +334,8 @@ def test_the_plan_sizes_the_embedded_engines_slots_as_the_run_does(monkeypatch):
     run_keys = [s for s in seed if not s.startswith("plan.")]
     cfg = load_config(run_keys)
     monkeypatch.setattr(type(CUDA), "total_memory", lambda self, index=0: 141 * 2 ** 30 if self is CUDA else None)
-    assert engine_slots(cfg, conf) == 512
+    assert engine_slots(cfg, conf) == 768
+    assert engine_slots(load_config([s.replace("mode=async", "mode=sync") for s in run_keys]), conf) == 512
     assert engine_slots(load_config(run_keys[:-1] + ["actor_rollout_ref.rollout.max_num_seqs=300"]), conf) == 300
     cpu = load_config([s.replace("trainer.device=cuda", "trainer.device=cpu") for s in run_keys])
     assert engine_slots(cpu, conf) == 256

@@ -103,10 +103,20 @@ def test_the_first_step_of_each_weight_version_is_timed_apart_from_the_others():
     col.scalars[VERSION_TAG] = [(i + 1, float(i), v) for i, v in enumerate([0, 0, 1, 1, 1, 2, 2])]
     timed = col.after(1)                                 # steps 2-7; step 2's version is compared with step 1's
     assert steps_by_version(col, timed) == pytest.approx({"step_after_update_s": (6.0 + 6.5) / 2,
-                                                          "step_inside_version_s": (5.0 + 8.0 + 5.5 + 7.0) / 4})
+                                                          "step_inside_version_s": (5.0 + 8.0 + 5.5 + 7.0) / 4,
+                                                          # version 1 (steps 3-5) only: 2 has no next version
+                                                          "step_whole_versions_s": (6.0 + 8.0 + 5.5) / 3,
+                                                          "whole_versions": 1})
+    # a version cut by the window's start (steps 4-5 of 3-5) is not whole; 2 is, once version 3 begins at step 8
+    col.scalars["timing_s/step"].append((8, 7.0, 4.0))
+    col.scalars[VERSION_TAG].append((8, 7.0, 3))
+    got = steps_by_version(col, col.after(3))
+    assert (got["step_whole_versions_s"], got["whole_versions"]) == pytest.approx(((6.5 + 7.0) / 2, 1))
+    del col.scalars["timing_s/step"][-1], col.scalars[VERSION_TAG][-1]
     # an update every step (sync's version moves each step), or none in the steps timed: no split
     col.scalars[VERSION_TAG] = [(i + 1, float(i), v) for i, v in enumerate(range(7))]
-    assert steps_by_version(col, timed) == {"step_after_update_s": None, "step_inside_version_s": None}
+    assert steps_by_version(col, timed) == {"step_after_update_s": None, "step_inside_version_s": None,
+                                            "step_whole_versions_s": None, "whole_versions": None}
     col.scalars[VERSION_TAG] = [(i + 1, float(i), 0.0) for i in range(7)]
     assert steps_by_version(col, timed)["step_after_update_s"] is None
     del col.scalars[VERSION_TAG]                        # a sync run logs no version

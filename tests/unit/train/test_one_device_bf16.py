@@ -29,7 +29,7 @@ def share_moved(cfg, steps=3):
 
     from fully_async.train.group import build_local_backend
 
-    backend = build_local_backend(cfg, CPU, 10, 0, 1, None)
+    backend = build_local_backend(cfg, CPU, 10, 0, 1, None, engine_beside=False)
     try:
         before = {k: v.detach().float().clone() for k, v in backend.iter_full_parameters()}
         for step in range(steps):
@@ -93,7 +93,7 @@ def one_update(cfg, lone, keeps=None):
     from fully_async.train.backends.torch_backend import TorchBackend
     from fully_async.train.group import build_local_backend
 
-    backend = build_local_backend(cfg, CPU, 10, 0, 1, None)
+    backend = build_local_backend(cfg, CPU, 10, 0, 1, None, engine_beside=False)
     if keeps is not None:
         assert backend.keep_gathered is keeps
     if not lone:
@@ -134,7 +134,7 @@ def lone_rank_keeps(cfg):
     from fully_async.train.group import build_local_backend
 
     try:
-        return build_local_backend(cfg, CPU, 10, 0, 1, None).keep_gathered
+        return build_local_backend(cfg, CPU, 10, 0, 1, None, engine_beside=False).keep_gathered
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -192,7 +192,7 @@ def test_a_kept_lone_rank_shards_as_one_group_and_resumes_either_way(random_mode
 
     def trained(reshard, load=None, save=None):
         cfg = config(random_model_dir, *common, f"actor_rollout_ref.actor.fsdp_config.reshard_after_forward={reshard}")
-        backend = build_local_backend(cfg, CPU, 10, 0, 1, None)
+        backend = build_local_backend(cfg, CPU, 10, 0, 1, None, engine_beside=False)
         try:
             grouped = [isinstance(layer, FSDPModule) for layer in decoder_layers(backend.model)]
             assert grouped == [reshard == "true"] * len(grouped)   # per layer only where resharding
