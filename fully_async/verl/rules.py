@@ -533,7 +533,8 @@ DEFAULT_DIFFERENCES: dict[str, str] = {
     "scores the real model; dummy is accepted (random init until the first push)",
     "actor_rollout_ref.rollout.name": "verl requires it (???); ours defaults to the embedded engine, hf",
     "actor_rollout_ref.rollout.max_num_seqs": "null: verl's 256, except the embedded engine on an accelerator, which "
-    "takes one step's responses per engine (up to 1024) where gpu_memory_utilization of the device holds their "
+    "takes the responses it may run at once per engine (sync: one step's; async: those of the groups the staleness "
+    "bound lets a weight version admit), up to 1024, where gpu_memory_utilization of the device holds their "
     "full-length KV cache (planner/memory_model.engine_slots; the run logs its pick): more rows a decode step for "
     "the same weight reads.  Set, it is what verl means (the sequences an engine runs at once)",
     "actor_rollout_ref.rollout.tensor_model_parallel_size": "the embedded engine has no tensor parallelism (> 1 "
