@@ -10,12 +10,13 @@ installed but CANN missing, importing it fails, and a CPU run must never pay for
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import os
 import resource
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -172,11 +173,25 @@ class Device:
         PYTORCH_ALLOC_CONF (theirs wins), not on an NPU or the cpu.  Returns what it did, for the log, or None."""
         if self.name != "cuda" or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF"):
             return None
-        # torch 2.11 moved the setter (the old name still works and warns)
-        setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
-        setter("expandable_segments:True")
+        _set_cuda_allocator("expandable_segments:True")
+        _EXPANDABLE.append(True)
         return ("the trainer's device allocator uses expandable segments (what it reserves stays near its peak "
                 "allocation; set PYTORCH_CUDA_ALLOC_CONF to choose otherwise)")
+
+    @contextlib.contextmanager
+    def classic_segments(self) -> Iterator[None]:
+        """Inside, this process's allocations come from ordinary (cudaMalloc) segments even where
+        `prefer_expandable_segments` turned expandable ones on: what a buffer shared by CUDA IPC needs on every
+        torch this package supports (expandable segments can be shared only from torch 2.5 on).  A no-op
+        elsewhere."""
+        on = self.name == "cuda" and bool(_EXPANDABLE)
+        if on:
+            _set_cuda_allocator("expandable_segments:False")
+        try:
+            yield
+        finally:
+            if on:
+                _set_cuda_allocator("expandable_segments:True")
 
     def pinned_env(self, indices: list[int]) -> dict[str, str]:
         """Environment that shows a process exactly these devices of its node (by the node's numbering), with
@@ -293,6 +308,15 @@ class DeviceGraphs:
         with mod.graph(graph, pool=self.pool, **self.capture_kwargs):
             fn()
         return graph.replay
+
+
+_EXPANDABLE: list[bool] = []   # this process turned the CUDA allocator's expandable segments on
+
+
+def _set_cuda_allocator(setting: str) -> None:
+    # torch 2.11 moved the setter (the old name still works there, with a warning)
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or torch.cuda.memory._set_allocator_settings
+    setter(setting)
 
 
 NPU = Device("npu", "hccl", "ASCEND_RT_VISIBLE_DEVICES", "NPU")

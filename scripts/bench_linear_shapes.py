@@ -16,9 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Callable
+from typing import Any
 
 import torch
+from bench_varlen_attention import time_ms   # CUDA events around `iters` calls after `warmup` (scripts/ is on the path)
 
 # (name, in, out): Qwen2.5-0.5B's decoder layer (hidden 896, 14 x 64 query heads, 2 x 64 kv heads, MLP 4,864)
 SHAPES = {"0.5b": dict(hidden=896, q=896, kv=128, mlp=4864, layers=24),
@@ -30,19 +31,6 @@ def layer_maps(shape: dict, fused: bool) -> list[tuple[str, int, int]]:
     attn = [("qkv", h, q + 2 * kv)] if fused else [("q", h, q), ("k", h, kv), ("v", h, kv)]
     ffn = [("gate_up", h, 2 * mlp)] if fused else [("gate", h, mlp), ("up", h, mlp)]
     return attn + [("o", q, h)] + ffn + [("down", mlp, h)]
-
-
-def time_ms(fn: Callable[[], Any], warmup: int, iters: int) -> float:
-    for _ in range(warmup):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def time_map(tokens: int, n_in: int, n_out: int, warmup: int, iters: int) -> dict:

@@ -117,6 +117,8 @@ colocated)
   # RUNS: where the runs' logs go (default $OUT/runs); SKIP_SYNC=1 RUNS=<an earlier call's, same warm machine>
   # compares a new colocated variant (TAG names it, COLO_EXTRA its overrides, ALLOW_DIFF="--allow-diff KEY ..." the
   # keys they set) with that call's sync run
+  # Steady steps: STEPS=13 WARMUP=4 TAIL=1 compares steps 5-12, two whole weight versions at TRIGGER=4 (the table's
+  # "over the whole versions timed"); a window that cuts a version weighs its slow first step wrongly.
   # PROFILE_STEPS="[6]": both runs profile those trainer steps (global_profiler.tool=torch) into $OUT/profile_<run>/,
   # and the head of each step's ops.txt is printed (a profiled step runs slower: its time counts in the comparison)
   export CUDA_VISIBLE_DEVICES=0

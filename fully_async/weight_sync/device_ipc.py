@@ -113,7 +113,8 @@ class IpcPacker:
                 layout.append((name, dt, sizes.get(dt, 0), tuple(t.shape)))
                 sizes[dt] = sizes.get(dt, 0) + t.numel()
             device = params[0][1].device
-            self._flat = {dt: torch.empty(n, dtype=getattr(torch, dt), device=device) for dt, n in sizes.items()}
+            with _cuda().classic_segments():   # shareable on every torch, whatever the trainer's allocator maps
+                self._flat = {dt: torch.empty(n, dtype=getattr(torch, dt), device=device) for dt, n in sizes.items()}
             self.handle = SharedWeights({dt: reduce_tensor(buf) for dt, buf in self._flat.items()}, layout,
                                         _cuda().uuid(device.index), os.getpid())
         for (name, t), (laid, dt, off, shape) in zip(params, self.handle.layout):

@@ -108,15 +108,25 @@ def test_a_trainer_without_an_engine_beside_asks_cuda_for_expandable_segments(mo
 
     asked = []
     monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", asked.append, raising=False)
+    monkeypatch.setattr(dev, "_EXPANDABLE", [])
     for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         monkeypatch.delenv(var, raising=False)
+    with dev.CUDA.classic_segments():          # nothing turned on yet: nothing to turn off
+        assert asked == []
     assert dev.CPU.prefer_expandable_segments() is None and dev.NPU.prefer_expandable_segments() is None
-    assert "expandable segments" in dev.CUDA.prefer_expandable_segments()
-    assert asked == ["expandable_segments:True"]
     for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         with monkeypatch.context() as m:
             m.setenv(var, "expandable_segments:False")
-            assert dev.CUDA.prefer_expandable_segments() is None and len(asked) == 1
+            assert dev.CUDA.prefer_expandable_segments() is None and asked == []
+    assert "expandable segments" in dev.CUDA.prefer_expandable_segments()
+    assert asked == ["expandable_segments:True"]
+    # a buffer shared by CUDA IPC comes from ordinary segments, and the setting comes back after, also on an error
+    with pytest.raises(KeyError), dev.CUDA.classic_segments():
+        assert asked[-1] == "expandable_segments:False"
+        raise KeyError("x")
+    assert asked == ["expandable_segments:True", "expandable_segments:False", "expandable_segments:True"]
+    with dev.CPU.classic_segments():
+        assert len(asked) == 3
 
     class Probe:
         def __init__(self):
