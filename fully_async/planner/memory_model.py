@@ -353,7 +353,8 @@ def engine_slots(cfg: Any, shape: Shape, capacity_bytes: float) -> tuple[int, st
     `capacity_bytes`.  The embedded engine on an accelerator: the responses the rollouter may run at once on each
     replica -- sync: one step's (the groups a step trains x rollout.n); async: the groups the staleness bound lets
     one weight version admit (max_required_samples) x rollout.n, since its rollouter runs ahead of the trainer by
-    up to that many -- over the engine replicas, at most AUTO_MAX_NUM_SEQS, as many as fit in
+    up to that many -- over the engine replicas, at most AUTO_MAX_NUM_SEQS (an async engine on the trainer's
+    devices: beyond one step's, only as many as `_room_beside_trainer` holds), as many as fit in
     rollout.gpu_memory_utilization of the device beside its weights, prefill and graphs (each slot holds a
     full-length KV cache and a float32 row of logits), never fewer than verl's 256 (nor than the largest
     rollout.cudagraph_capture_sizes: rollout/engine_fit.py checks those against the whole device, as it checks a
@@ -377,15 +378,38 @@ def engine_slots(cfg: Any, shape: Shape, capacity_bytes: float) -> tuple[int, st
         running = bound * r.n
         basis = f"the {running} responses of the {bound} groups the staleness bound lets a version admit"
     want = min(AUTO_MAX_NUM_SEQS, max(VERL_MAX_NUM_SEQS, -(-running // replicas)))
+    one_step = min(AUTO_MAX_NUM_SEQS, max(VERL_MAX_NUM_SEQS, -(-per_step // replicas)))
     parts = engine_memory(cfg, shape, capacity_bytes, slots=want).parts
     per_slot = (parts["kv_cache"] + parts["logits"]) / want
     fixed = sum(parts.values()) - per_slot * want     # weights, prefill (its budget's worth) and graphs
     fit = int((r.gpu_memory_utilization * capacity_bytes - fixed) // per_slot)
-    slots = max(VERL_MAX_NUM_SEQS, min(want, fit), graphs)
     why = (f"{basis} over {replicas} engine(s), at least verl's {VERL_MAX_NUM_SEQS}, at most "
            f"{AUTO_MAX_NUM_SEQS}; {fit} full-length sequences fit in gpu_memory_utilization="
            f"{r.gpu_memory_utilization:g} of {capacity_bytes / GIB:.0f} GiB")
+    if want > one_step and plan.placement in ("colocated", "elastic"):
+        # beside the trainer, slots beyond one step's grow only into memory the trainer leaves: neither turning its
+        # unset recompute on nor pushing the engine out at a turn switch (what more slots would cost a memory-bound
+        # device is more than they give)
+        beside = int((_room_beside_trainer(cfg, shape, capacity_bytes) - fixed) // per_slot)
+        if beside < min(want, fit):
+            fit = min(fit, max(beside, one_step))
+            why += f"; {max(beside, 0)} beside the trainer's estimated peak (one step's {one_step} at least)"
+    slots = max(VERL_MAX_NUM_SEQS, min(want, fit), graphs)
     return slots, why
+
+
+def _room_beside_trainer(cfg: Any, shape: Shape, capacity_bytes: float) -> float:
+    """Device bytes an engine sharing a device with the trainer may hold without turning an unset recompute on
+    (`checkpoints_activations`: the trainer without it and the engine within RECOMPUTE_SHARE of the device) or being
+    freed at the trainer's first turn (device_memory/policy.py: the memory model's estimate of the trainer, 20% over
+    with its context, and the margin beside both)."""
+    from fully_async.device_memory.policy import KeepWhenFits
+
+    flag = cfg.actor_rollout_ref.model.enable_gradient_checkpointing
+    trainer = trainer_memory(cfg, shape, trainer_dp(cfg), capacity_bytes, checkpointing=bool(flag)).total
+    resident = (capacity_bytes - CO_TENANT_OVER * (trainer + CO_TENANT_CONTEXT_GIB * GIB)
+                - KeepWhenFits("auto").margin(int(capacity_bytes)))
+    return resident if flag is not None else min(resident, RECOMPUTE_SHARE * capacity_bytes - trainer)
 
 
 def colocated_memory(cfg: Any, trainer: RoleMemory, engine: RoleMemory) -> RoleMemory:

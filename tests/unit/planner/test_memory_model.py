@@ -319,11 +319,22 @@ def test_unset_max_num_seqs_gives_the_embedded_engine_the_responses_it_may_run_w
 
     shape = Shape.of(MODEL_SHAPES["Qwen2.5-0.5B"])
     at = ["async_training.staleness_threshold=0.2", "async_training.trigger_parameter_sync_step=4"]
+    packed = ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+              "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768"]
     colocated = load_config([*SEED_003, "mode=async", "async_training.placement=colocated",
-                             "rollout.n_gpus_per_node=0", *at])
+                             "rollout.n_gpus_per_node=0", *at, *packed])
     slots, why = engine_slots(colocated, shape, 141 * GIB)
     # async: the groups the staleness bound lets a version admit (64 x 1.2 x 4 = 307) x 8, capped at 1024
     assert slots == AUTO_MAX_NUM_SEQS == 1024 and "the 2456 responses of the 307 groups" in why, why
+    assert "beside the trainer" not in why      # the packed trainer's estimate leaves room for them
+    # beside a trainer that leaves no room (padded micro-batches: its estimate is most of the device), an engine on
+    # its device keeps one step's 64 x 8 rather than turn recompute on or be freed at each switch; alone, it grows
+    padded = load_config([*SEED_003, "mode=async", "async_training.placement=colocated",
+                          "rollout.n_gpus_per_node=0", *at])
+    slots, why = engine_slots(padded, shape, 141 * GIB)
+    assert slots == 512 and "0 beside the trainer's estimated peak (one step's 512 at least)" in why, why
+    split = load_config([*SEED_003, "mode=async", "trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1", *at])
+    assert engine_slots(split, shape, 141 * GIB)[0] == 1024
     # no room to run ahead (threshold 0, an update every step): one step's 64 x 8, as sync
     tight = load_config([*SEED_003, "mode=async", "async_training.placement=colocated", "rollout.n_gpus_per_node=0",
                          "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1"])

@@ -317,6 +317,8 @@ def test_the_plan_sizes_the_embedded_engines_slots_as_the_run_does(monkeypatch):
             "data.max_response_length=3072", "actor_rollout_ref.rollout.dtype=bfloat16",
             "actor_rollout_ref.rollout.n=8", "data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
             "mode=async", "async_training.placement=colocated", "rollout.n_gpus_per_node=0",
+            "actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768",
             "actor_rollout_ref.rollout.max_num_seqs=null", "plan.sim_steps=4"]
     # async: what the staleness bound lets a version admit, at its defaults 64 x (1 + 0.5) x 1 groups of 8
     report = build_report([*seed, "plan.device=h200"])
