@@ -126,11 +126,10 @@ def first_steps_of_versions(run: Run) -> tuple[set[int], set[int]]:
     return first, {step for step in version if step - 1 in version} - first
 
 
-def whole_versions(whole: Run, timed_steps: set[int]) -> list[list[int]]:
-    """The weight versions whose every step is timed: each begins with an update (its first step's version differs
-    from the step before's) and ends where the next version begins inside the run (not cut off by its end)."""
+def whole_versions(whole: Run, first_steps: set[int], timed_steps: set[int]) -> list[list[int]]:
+    """The weight versions whose every step is timed: each begins with an update (one of `first_steps`, from
+    first_steps_of_versions) and ends where the next version begins inside the run (not cut off by its end)."""
     version = {step: v for step, _, v in whole.series(VERSION_TAG)}
-    first_steps, _ = first_steps_of_versions(whole)
     spans = []
     for start in sorted(first_steps):
         end = start
@@ -154,7 +153,7 @@ def steps_by_version(whole: Run, run: Run) -> dict:
         return {"step_after_update_s": None, "step_inside_version_s": None, "step_whole_versions_s": None,
                 "whole_versions": None}
     seconds = {step: t for step, _, t in step_s}
-    spans = whole_versions(whole, set(seconds))
+    spans = whole_versions(whole, first_steps, set(seconds))
     return {"step_after_update_s": _mean(first), "step_inside_version_s": _mean(inside),
             "step_whole_versions_s": _mean([seconds[step] for span in spans for step in span]),
             "whole_versions": len(spans)}

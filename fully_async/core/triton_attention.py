@@ -295,9 +295,9 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     seqs = cu_q.numel() - 1
     delta = torch.empty((t, heads), dtype=torch.float32, device=q.device)
     # zeros: a token outside every sequence (past cu[-1]) gets no gradient rather than whatever memory held
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dq = torch.zeros_like(q)
     if t == 0 or seqs == 0:
-        return dq, dk, dv
+        return dq, torch.zeros_like(k), torch.zeros_like(v)
     block = 64 if q.is_cuda else 16
     delta_kernel[(_cdiv(t, block), heads)](out, dout, delta, t, out.stride(0), out.stride(1), dout.stride(0),
                                                  dout.stride(1), H=heads, D=dim, BLOCK=block)
@@ -307,20 +307,21 @@ def _backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     block_m, block_n, warps, stages, *split = blocks(dim)["dkdv"]
     group = heads // kv_heads
     per = dkdv_heads(group, split[0] if split else 0)
+    # dK/dV a head per part of `per` query heads: the kv heads themselves where a program sums a whole group, else
+    # the parts apart (in the inputs' dtype, FlashAttention 2's way for grouped heads), added up after the kernel;
+    # more, shorter programs where a group's serial loop is the grid's tail
+    dk, dv = (k.new_zeros((k.shape[0], heads // per, dim)) for _ in range(2))
     if k.shape[0]:
-        # parts of a group summed apart (per < group): dK/dV per part, in the inputs' dtype (FlashAttention 2's
-        # way for grouped heads), added up below; more, shorter programs where a group's serial loop is the tail
-        dk_p, dv_p = (dk, dv) if per == group else (k.new_zeros((k.shape[0], heads // per, dim)) for _ in range(2))
         dkdv_kernel[(seqs * (heads // per), _cdiv(max_k, block_n))](
-            q, k, v, dout, lse, delta, dk_p, dv_p, cu_q, cu_k, scale, scale_log2, *strides, dk_p.stride(0),
-            dk_p.stride(1), dv_p.stride(0), dv_p.stride(1), H=heads, GROUP=group, HEADS=per, D=dim, BLOCK_M=block_m,
-            BLOCK_N=block_n, num_warps=warps, num_stages=stages)
-        if per < group:
-            dk, dv = (t.view(k.shape[0], kv_heads, group // per, dim).sum(2) for t in (dk_p, dv_p))
+            q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, scale, scale_log2, *strides, dk.stride(0), dk.stride(1),
+            dv.stride(0), dv.stride(1), H=heads, GROUP=group, HEADS=per, D=dim, BLOCK_M=block_m, BLOCK_N=block_n,
+            num_warps=warps, num_stages=stages)
+    if per < group:
+        dk, dv = (part.view(k.shape[0], kv_heads, group // per, dim).sum(2) for part in (dk, dv))
     block_m, block_n, warps, stages = blocks(dim)["dq"]
     dq_kernel[(seqs * heads, _cdiv(max_q, block_m))](
         q, k, v, dout, lse, delta, dq, cu_q, cu_k, scale, scale_log2, *strides, dq.stride(0), dq.stride(1), H=heads,
-        GROUP=heads // kv_heads, D=dim, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+        GROUP=group, D=dim, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
     return dq, dk, dv
 
 

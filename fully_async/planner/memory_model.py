@@ -377,8 +377,7 @@ def engine_slots(cfg: Any, shape: Shape, capacity_bytes: float) -> tuple[int, st
         bound = StalenessManager.from_config(cfg).max_admitted
         running = bound * r.n
         basis = f"the {running} responses of the {bound} groups the staleness bound lets a version admit"
-    want = min(AUTO_MAX_NUM_SEQS, max(VERL_MAX_NUM_SEQS, -(-running // replicas)))
-    one_step = min(AUTO_MAX_NUM_SEQS, max(VERL_MAX_NUM_SEQS, -(-per_step // replicas)))
+    want, one_step = (min(AUTO_MAX_NUM_SEQS, max(VERL_MAX_NUM_SEQS, -(-n // replicas))) for n in (running, per_step))
     parts = engine_memory(cfg, shape, capacity_bytes, slots=want).parts
     per_slot = (parts["kv_cache"] + parts["logits"]) / want
     fixed = sum(parts.values()) - per_slot * want     # weights, prefill (its budget's worth) and graphs
@@ -406,10 +405,12 @@ def _room_beside_trainer(cfg: Any, shape: Shape, capacity_bytes: float) -> float
     from fully_async.device_memory.policy import KeepWhenFits
 
     flag = cfg.actor_rollout_ref.model.enable_gradient_checkpointing
-    trainer = trainer_memory(cfg, shape, trainer_dp(cfg), capacity_bytes, checkpointing=bool(flag)).total
-    resident = (capacity_bytes - CO_TENANT_OVER * (trainer + CO_TENANT_CONTEXT_GIB * GIB)
+    resident = (capacity_bytes - trainer_estimate_bytes(cfg, shape, capacity_bytes, checkpointing=bool(flag))
                 - KeepWhenFits("auto").margin(int(capacity_bytes)))
-    return resident if flag is not None else min(resident, RECOMPUTE_SHARE * capacity_bytes - trainer)
+    if flag is not None:
+        return resident
+    trainer = trainer_memory(cfg, shape, trainer_dp(cfg), capacity_bytes, checkpointing=False).total
+    return min(resident, RECOMPUTE_SHARE * capacity_bytes - trainer)
 
 
 def colocated_memory(cfg: Any, trainer: RoleMemory, engine: RoleMemory) -> RoleMemory:
@@ -455,11 +456,13 @@ def trainer_dp(cfg: Any, devices: int | None = None) -> int:
     return max(1, devices // mp)
 
 
-def trainer_estimate_bytes(cfg: Any, shape: Shape, capacity_bytes: Optional[float] = None) -> float:
+def trainer_estimate_bytes(cfg: Any, shape: Shape, capacity_bytes: Optional[float] = None,
+                           checkpointing: Optional[bool] = None) -> float:
     """What the trainer's peak is taken to be per device before it is measured (device_memory/policy.py: the first
     switch of free_cache_engine=true keeps the engine resident only where this fits beside it): the model's
-    estimate with its context, 20% over, as a pool job declares (co_tenant_need_gib)."""
-    return CO_TENANT_OVER * (trainer_memory(cfg, shape, trainer_dp(cfg), capacity_bytes).total
+    estimate with its context, 20% over, as a pool job declares (co_tenant_need_gib).  `checkpointing` as
+    trainer_memory's (None: the run's own, checkpoints_activations)."""
+    return CO_TENANT_OVER * (trainer_memory(cfg, shape, trainer_dp(cfg), capacity_bytes, checkpointing).total
                              + CO_TENANT_CONTEXT_GIB * GIB)
 
 

@@ -13,5 +13,5 @@ def test_the_fused_layer_holds_the_separate_layers_weights():
         assert [n for n, _, _ in separate] == ["q", "k", "v", "o", "gate", "up", "down"]
         assert [n for n, _, _ in fused] == ["qkv", "o", "gate_up", "down"]
         assert sum(i * o for _, i, o in separate) == sum(i * o for _, i, o in fused)
-    half = dict(layer_maps(SHAPES["0.5b"], False)[i][::2] for i in range(7))   # name -> outputs
-    assert (half["k"], half["gate"], half["down"]) == (128, 4864, 896)        # Qwen2.5-0.5B's layer
+    outputs = {name: n_out for name, _, n_out in layer_maps(SHAPES["0.5b"], False)}
+    assert (outputs["k"], outputs["gate"], outputs["down"]) == (128, 4864, 896)      # Qwen2.5-0.5B's layer
