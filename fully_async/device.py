@@ -165,12 +165,13 @@ class Device:
         return {k: os.environ.get(k, v) for k, v in wanted.items()}
 
     def prefer_expandable_segments(self) -> Optional[str]:
-        """CUDA, a process that holds a trainer and no engine: torch's allocator maps its memory into segments that
-        grow (PyTorch's expandable_segments), so what it reserves stays near what it allocates.  Without them the
-        packed micro-batches of changing sizes leave cached blocks that fit nothing: 1x H200, seed-003 update, 37
-        GiB allocated at most and ~100 GiB reserved after two steps, which the colocated engine then could not
-        take back (docs/measurements/engine_slots_async_h200/).  Not where the user set PYTORCH_CUDA_ALLOC_CONF /
-        PYTORCH_ALLOC_CONF (theirs wins), not on an NPU or the cpu.  Returns what it did, for the log, or None."""
+        """CUDA, a process that holds a trainer and no engine: torch's allocator maps its memory into segments that grow
+        (PyTorch's expandable_segments), so what it reserves stays near what it allocates. Without them the
+        packed micro-batches of changing sizes leave cached blocks that fit nothing: 1x H200, seed-003 update,
+        37 GiB allocated at most and ~100 GiB held after two steps (from the free memory), which the colocated
+        engine could not take back (docs/measurements/engine_slots_async_h200/). Not where the user set
+        PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF (theirs wins), not on an NPU or the cpu. Returns what it
+        did, for the log, or None."""
         if self.name != "cuda" or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF"):
             return None
         _set_cuda_allocator("expandable_segments:True")
