@@ -1,6 +1,7 @@
 """The embedded engine on CUDA (skipped elsewhere), 0.5B-shaped Qwen2 in bf16, with decode graphs and eager:
 greedy tokens equal a plain forward token by token (allowing bf16 near-ties), sampled log-probs equal a
-recomputed forward, an update mid-generation keeps per-token versions and continues exactly."""
+recomputed forward, an update mid-generation keeps per-token versions and continues exactly; the decode kernels
+(split-KV attention, the MLP's gate/up + SwiGLU) against their references."""
 import pytest
 import torch
 
@@ -186,6 +187,52 @@ def test_split_kv_fold_merges_many_splits_replays_and_resets_its_counters():
         replay()
         assert torch.equal(out, first)
     assert decode_attention._COUNTERS[first.device][-1] is counters and not counters.any()
+
+
+def test_decode_mlp_kernel_equals_reference_in_bf16_and_replays():
+    """decode_mlp's gate/up + SwiGLU kernel at each tile TILES names, at the 0.5B shape (hidden 896, intermediate
+    4,864) with a bias, on odd and bucket row counts: within bf16 rounding of the float32 reference, and no further
+    from it than cuBLAS + SwiGLU (which round twice); a device graph's replay equals the eager call."""
+    import torch.nn.functional as F
+    from fully_async.rollout.engines.decode_mlp import TILES, reference_swiglu_matmul, swiglu_matmul
+
+    gen = torch.Generator().manual_seed(2)
+    w = (torch.randn(2 * 4864, 896, generator=gen) / 896 ** 0.5).to("cuda", torch.bfloat16)
+    b = torch.randn(2 * 4864, generator=gen).to("cuda", torch.bfloat16)
+    tiles = [tile for _, tile in TILES if tile is not None]
+    assert tiles
+    for tile in tiles:
+        for rows in (1, 17, 96, 256):
+            x = torch.randn(rows, 1, 896, generator=gen).to("cuda", torch.bfloat16)
+            want = reference_swiglu_matmul(x.float(), w.float(), b.float())
+            got = swiglu_matmul(x, w, b, tile)
+            gate, up = F.linear(x, w, b).chunk(2, dim=-1)
+            err, base = ((t.float() - want).abs().max().item() for t in (got, F.silu(gate) * up))
+            assert torch.allclose(got.float(), want, atol=2e-2, rtol=2e-2), (tile, rows, err)
+            assert err <= base + 1e-3, (tile, rows, err, base)
+            out = torch.empty_like(got)
+            replay = DEVICE.graphs().capture(lambda: out.copy_(swiglu_matmul(x, w, b, tile)))
+            out.fill_(float("nan"))
+            replay()
+            assert torch.equal(out, got), (tile, rows)
+
+
+def test_engine_with_the_mlp_kernel_at_every_batch_size_stays_greedy(shaped, monkeypatch):
+    """The engine's decode graphs with decode_mlp's kernel at every batch bucket (TILES forced): greedy tokens a
+    plain forward confirms token by token (up to bf16 ties), rows of different lengths, more prompts than slots."""
+    from fully_async.rollout.engines import decode_mlp
+
+    path, model = shaped
+    monkeypatch.setattr(decode_mlp, "TILES", ((1 << 30, (16, 64, 64, 4, 3)),))
+    eng = HFEngine(path, DEVICE, dtype="bfloat16", max_num_seqs=16, eos_token_ids=[], pad_token_id=0,
+                   max_model_len=256, enforce_eager=False)
+    assert eng._fused.fused_mlp
+    prompts = [[5 + (i * 3 + j) % 31 for j in range(2 + i % 7)] for i in range(20)]
+    reqs = [GenRequest(f"m{i}", p, SamplingParams(0.0, max_tokens=30 + 7 * i)) for i, p in enumerate(prompts)]
+    got = run_requests(eng, reqs)
+    for i, p in enumerate(prompts):
+        assert len(got[f"m{i}"].token_ids) == 30 + 7 * i
+        assert_greedy(model, p, got[f"m{i}"].token_ids)
 
 
 @pytest.fixture(scope="module")

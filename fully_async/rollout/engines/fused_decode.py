@@ -10,7 +10,9 @@ shape spends ~3.4 ms per step whether 64 or 256 sequences decode.  Here each lay
                row's cached positions: decode_attention.py's split-KV kernel, which reads each row's own length
                (CUDA), or SDPA over the span bucket under a mask (elsewhere, or split_kv=False)
     attn_out : o projection + residual -> RMSNorm -> SwiGLU MLP (its residual added by the next attn_in, or the
-               final norm, in the same kernel as that RMSNorm)
+               final norm, in the same kernel as that RMSNorm); with fused_mlp (CUDA, where the split-KV attention
+               runs) the decode step's MLP is attn_mid (o projection + residual -> RMSNorm), then the gate/up
+               projection and SwiGLU as one Triton kernel (decode_mlp.py), then the down projection
 The projections that read the same input run as one matrix product each: q/k/v and gate/up
 (`fuse_projections` lays each group's weights out side by side in one tensor, the modules' parameters views of it,
 so weight updates, sleeps at fixed addresses and transformers' own prefill keep working on the same storage; at
@@ -150,18 +152,26 @@ def attn_out(x: torch.Tensor, attn: torch.Tensor, wo: torch.Tensor, bo: Optional
     return h, F.linear(F.silu(gate) * up, wd, bd)
 
 
+def attn_mid(x: torch.Tensor, attn: torch.Tensor, wo: torch.Tensor, bo: Optional[torch.Tensor], ln: torch.Tensor,
+             eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """attn_out's first half: (h, RMSNorm(h)) with h = x + o(attn); the MLP then runs as decode_mlp's gate/up +
+    SwiGLU kernel and the down projection."""
+    h = x + F.linear(attn, wo, bo)
+    return h, _rms(h, ln, eps)
+
+
 def final_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _rms(x + delta, weight, eps)
 
 
-_COMPILED: dict[str, tuple[Callable, Callable, Callable]] = {}
+_COMPILED: dict[str, tuple[Callable, ...]] = {}
 
 
-def _compiled(backend: str) -> tuple[Callable, Callable, Callable]:
+def _compiled(backend: str) -> tuple[Callable, ...]:
     """One compiled program per function per process, shared by every layer and every engine (dynamic sizes)."""
     if backend not in _COMPILED:
         _COMPILED[backend] = tuple(torch.compile(f, backend=backend, dynamic=True)
-                                   for f in (attn_in, attn_out, final_norm))
+                                   for f in (attn_in, attn_out, final_norm, attn_mid))
     return _COMPILED[backend]
 
 
@@ -173,7 +183,8 @@ class FusedDecoder:
     """Decode forward of one token per row over a slot cache, reading the model's own parameters (so in-place
     weight updates apply, and a model moved by sleep/wake is read at its new place)."""
 
-    def __init__(self, model: Any, compile_backend: Optional[str] = None, split_kv: bool = False):
+    def __init__(self, model: Any, compile_backend: Optional[str] = None, split_kv: bool = False,
+                 fused_mlp: bool = False):
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"fused decode: {reason}")
@@ -187,8 +198,9 @@ class FusedDecoder:
         self.scaling = float(getattr(attn, "scaling", self.head_dim ** -0.5))
         self.compiled = compile_backend is not None
         self.split_kv = split_kv
-        self._in, self._out, self._norm = _compiled(compile_backend) if self.compiled else (attn_in, attn_out,
-                                                                                            final_norm)
+        self._in, self._out, self._norm, self._mid = (_compiled(compile_backend) if self.compiled
+                                                      else (attn_in, attn_out, final_norm, attn_mid))
+        self.fused_mlp = fused_mlp
         self.bind()
 
     def bind(self) -> None:
@@ -265,6 +277,7 @@ class FusedDecoder:
         rows = torch.arange(batch, device=ids.device)
         groups = self.heads // self.kv_heads
         delta = None
+        mlp = self._mlp_for(batch)
         for (w_in, w_out), k_buf, v_buf in zip(self.layers, keys, values):
             if self.split_kv:   # rotates the query and key and writes the new key/value at each row's position itself
                 q, k, v, x = self._in(x, delta, None, None, *w_in, self.eps, self.heads, self.kv_heads,
@@ -278,5 +291,20 @@ class FusedDecoder:
                 v_buf[rows, :, positions] = v[:, :, 0]
                 out = F.scaled_dot_product_attention(q, k_buf[:batch, :, :span], v_buf[:batch, :, :span],
                                                      attn_mask=mask, scale=self.scaling)
-            x, delta = self._out(x, out.reshape(batch, 1, self.heads * self.head_dim), *w_out, self.eps)
+            x, delta = mlp(x, out.reshape(batch, 1, self.heads * self.head_dim), *w_out, self.eps)
         return self._norm(x[:, 0], delta[:, 0], self.base.norm.weight, self.eps)
+
+    def _mlp_for(self, batch: int) -> Callable:
+        """attn_out, or -- with fused_mlp and a tile for this batch (decode_mlp.TILES) -- attn_mid, then the gate/up
+        projection and SwiGLU in one kernel, then the down projection."""
+        tile = None
+        if self.fused_mlp:
+            from fully_async.rollout.engines.decode_mlp import swiglu_matmul, tile_for
+            tile = tile_for(batch)
+        if tile is None:
+            return self._out
+
+        def mlp(x, attn, wo, bo, ln, wgu, bgu, wd, bd, eps):
+            h, normed = self._mid(x, attn, wo, bo, ln, eps)
+            return h, F.linear(swiglu_matmul(normed, wgu, bgu, tile), wd, bd)
+        return mlp

@@ -320,8 +320,9 @@ class HFEngine(EnginePrefill, EngineSleep):
             from fully_async.rollout.engines.fused_decode import FusedDecoder
 
             if unfused is None:
+                split = self._want_split_kv(split_kv)   # the Triton decode kernels: attention and the MLP's half
                 self._fused = FusedDecoder(self.model, device.compile_backend() if self._graph_api else None,
-                                           split_kv=self._want_split_kv(split_kv))
+                                           split_kv=split, fused_mlp=split)
             else:
                 logger.info("embedded engine: transformers' decode forward (%s)", unfused)
         elif split_kv:

@@ -115,6 +115,21 @@ def kernel_code() -> str:
         assert (more - want)[lengths.repeat(2)[:9] > 0].abs().max().item() < 1e-5
         assert torch.equal(call(7), got)
         print("ok fold")
+
+        # the decode MLP's gate/up + SwiGLU kernel (decode_mlp.py): odd row counts, a K that is not a multiple of
+        # the tile's, with and without bias, against the float32 reference rounded once
+        from fully_async.rollout.engines.decode_mlp import reference_swiglu_matmul, swiglu_matmul
+        for dtype, tol in ((torch.float32, 1e-6), (torch.float16, 1e-3)):     # of the largest output: fp16's ulp
+            for rows, k, n, bias, tile in ((5, 48, 40, False, (16, 16, 16, 1, 1)),
+                                           (33, 72, 24, True, (32, 16, 32, 4, 2))):
+                x = torch.randn(rows, 1, k, dtype=dtype)
+                w = (torch.randn(2 * n, k) / k ** 0.5).to(dtype)
+                b = torch.randn(2 * n, dtype=dtype) if bias else None
+                got = swiglu_matmul(x, w, b, tile)
+                want = reference_swiglu_matmul(x.float(), w.float(), None if b is None else b.float())
+                err = (got.float() - want).abs().max().item()
+                assert got.shape == (rows, 1, n) and err < tol * want.abs().max().item(), (dtype, rows, err)
+        print("ok mlp")
     """
 
 
@@ -129,11 +144,14 @@ def engine_code(tmp_path) -> str:
         from fully_async.core.partial import PendingResponse
         from fully_async.core.types import GenRequest, SamplingParams
         import pathlib
+        from fully_async.rollout.engines import decode_mlp
+
+        decode_mlp.TILES = ((1 << 30, (16, 128, 64, 4, 1)),)   # the MLP kernel at every batch size, one program per 16 rows
 
         def run(path, split):
             eng = HFEngine(path, CPU, max_num_seqs=4, eos_token_ids=[], pad_token_id=0, seed=5, max_model_len=8,
                            fused_decode=split, split_kv=True if split else None)
-            assert (eng._fused is not None and eng._fused.split_kv) == split
+            assert (eng._fused is not None and eng._fused.split_kv and eng._fused.fused_mlp) == split
             prompts = [[3 + (i * 5 + j) % 50 for j in range(2 + i % 4)] for i in range(7)]
             params = [SamplingParams(1.0, 1.0, -1, 12 + i) if i % 2 else SamplingParams(0.0, max_tokens=10 + i)
                       for i in range(7)]
@@ -189,13 +207,15 @@ def test_kernel_equals_reference_under_the_interpreter(interpreted):
     """Ragged lengths across several splits and blocks, a length of 1, one past the span, rows beyond the batch;
     fp32 (exact dot products) and fp16.  The fold of the splits' merge into the kernel (the last split to arrive
     merges): rows of 0 (zeros), 1 and up to 7 splits; repeated calls equal the first (the counters reset), a
-    smaller batch on the same counters, a larger one growing them; outputs and scratch start as NaN."""
+    smaller batch on the same counters, a larger one growing them; outputs and scratch start as NaN.  The decode
+    MLP's gate/up + SwiGLU kernel (decode_mlp.py) against its float32 reference: odd rows, ragged K, bias."""
     out = interpreter_output(interpreted, "kernel")
-    assert out.count("ok") == 3 and "ok fold" in out
+    assert out.count("ok") == 4 and "ok fold" in out and "ok mlp" in out
 
 
 def test_engine_through_the_kernel_samples_what_transformers_modules_sample(interpreted):
-    """HFEngine(split_kv=True) on CPU under the interpreter against HFEngine(fused_decode=False): rows of different
+    """HFEngine(split_kv=True) on CPU under the interpreter (its attention and MLP kernels: decode_mlp's at every
+    batch size) against HFEngine(fused_decode=False): rows of different
     lengths (more prompts than slots, admission mid-run, the cache grown past max_model_len), then an interrupt
     and a resume of prompt + partial, all with one seed."""
     out = interpreter_output(interpreted, "engine")
