@@ -4,8 +4,10 @@
 #   bash scripts/gpu_verify.sh runs|megatron|packing      (on a 2x H100 machine, from the repo root)
 #   bash scripts/gpu_verify.sh scaling|compare2|compare4  (engine pool, #10: on a 4-GPU machine)
 #   bash scripts/gpu_verify.sh decode                     (#45: the decode step, this tree against OLD's; PART=profile
-#                                                          its kernels and the attention settings; SLOTS="256 512"
-#                                                          the 3072-token run at each slot count: 1 GPU)
+#                                                          its kernels and the attention settings; PART=mlp the
+#                                                          decode MLP kernel's tiles; SLOTS="256 1024" the 3072-token
+#                                                          run at each slot count, REPEATS=2 warm runs each, COLD=1
+#                                                          each side from empty compile caches: 1 GPU)
 #   bash scripts/gpu_verify.sh prefill                    (#45: the prefill, this tree against OLD's: 1,024-token
 #                                                          prompts and an abort update's re-prefill burst: 1 GPU)
 #   bash scripts/gpu_verify.sh attention                  (#45: the packed attention kernels alone -- FlashAttention
@@ -385,7 +387,8 @@ decode)
   # #45: the decode step against its floor.  This tree's engine and OLD's (a package tree, default .gpubundle/old/:
   # `git archive <commit> fully_async | tar x -C .gpubundle/old`) in one invocation, 256 x 3072 and 64 / 256 x 256,
   # after the engine's GPU tests (SIDES=new: this tree only); PART=profile: where the step goes now, and the
-  # attention kernel's settings; PART="bench profile": both
+  # attention kernel's settings; PART=mlp: the tiles of the decode MLP kernel (bench_decode_mlp.py); PART="bench
+  # profile": both.  COLD=1: each side compiles from empty Triton/inductor caches (start-up compared fairly)
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
   export CUDA_VISIBLE_DEVICES=0
   BENCH=(scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 --engines hf --baselines "" --no-updates)
@@ -393,11 +396,16 @@ decode)
     timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -4
     for side in ${SIDES:-new old}; do
       PP=$PYTHONPATH; [ $side = old ] && PP=/tmp/site:$PWD/${OLD:-.gpubundle/old}
-      PYTHONPATH=$PP timeout $((150 * $(wc -w <<< "${SLOTS:-256}"))) python3 "${BENCH[@]}" --concurrency ${SLOTS:-256} \
-          --new-tokens 3072 --repeats 1 --out "$OUT/${side}_3072.json" 2>&1 | grep -v "it/s\]" | tail -3
+      [ "${COLD:-0}" = 1 ] && export TRITON_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)
+      PYTHONPATH=$PP timeout $((150 * $(wc -w <<< "${SLOTS:-256}") * ${REPEATS:-1})) python3 "${BENCH[@]}" \
+          --concurrency ${SLOTS:-256} --new-tokens 3072 --repeats ${REPEATS:-1} --out "$OUT/${side}_3072.json" 2>&1 \
+          | grep -v "it/s\]" | tail -4
       PYTHONPATH=$PP timeout 120 python3 "${BENCH[@]}" --concurrency 64 256 --new-tokens 256 --repeats 2 \
           --out "$OUT/${side}_256.json" 2>&1 | grep -v "it/s\]" | tail -3
     done
+  fi
+  if [[ " ${PART:-bench} " == *" mlp "* ]]; then
+    timeout 200 python3 scripts/bench_decode_mlp.py --out "$OUT/decode_mlp.json" 2>&1 | grep -E "^rows|wrote"
   fi
   if [[ " ${PART:-bench} " == *" profile "* ]]; then
     timeout 150 python3 scripts/profile_engine_step.py --model /tmp/m05 --device cuda --dtype bfloat16 \
