@@ -147,8 +147,8 @@ def attn_out(x: torch.Tensor, attn: torch.Tensor, wo: torch.Tensor, bo: Optional
     """(h, mlp): the residual stream after attention, x + o(attn), and the MLP's output SwiGLU(RMSNorm(h)), which
     the next attn_in (or final_norm) adds to h; wgu/bgu: the gate and up projections' weights (biases) back to
     back."""
-    h = x + F.linear(attn, wo, bo)
-    gate, up = F.linear(_rms(h, ln, eps), wgu, bgu).chunk(2, dim=-1)
+    h, normed = attn_mid(x, attn, wo, bo, ln, eps)
+    gate, up = F.linear(normed, wgu, bgu).chunk(2, dim=-1)
     return h, F.linear(F.silu(gate) * up, wd, bd)
 
 
