@@ -2,14 +2,16 @@
 
 Why: the choice of decode attention (fully_async/rollout/engines/decode_attention.py) rests on these numbers.
 Part 1 times, for one layer of a 0.5B-shaped Qwen2 cache (2 KV heads x 64, 7 query heads per KV head, bf16) at
-256 rows: the masked SDPA over the longest row's span bucket (the engine's attention before), the split-KV
-Triton kernel at several (split, block, warps), and torch's varlen flash attention with per-row key counts
+each of --rows (256: the engine's default slots; 1,024: what the memory model gives async at the seed-003 shape):
+the masked SDPA over the longest row's span bucket (the engine's attention before), the split-KV Triton kernel at
+several (split, block, warps, stages; `settings`: what decode_attention.SETTINGS holds for the rows), and torch's
+varlen flash attention with per-row key counts
 (`seqused_k`, token-major cache) where this torch has it; each as a CUDA graph (triton.testing.do_bench_cudagraph),
 with the bandwidth it reaches on the keys/values it must read.  Part 2 (--model) runs the engine on 256 sequences
 and splits a step at a given length into the decode graph's device time and the rest (sampling, the host
 transfer, bookkeeping), with a profiler table of the step's kernels.
 
-  python scripts/bench_decode_attention.py --out attn.json [--model /tmp/m05 --at 256 1536]
+  python scripts/bench_decode_attention.py --out attn.json [--rows 256 1024] [--model /tmp/m05 --at 256 1536]
 """
 from __future__ import annotations
 
@@ -20,13 +22,14 @@ import time
 import torch
 
 from fully_async.device import describe_hardware, get_device
-from fully_async.rollout.engines.decode_attention import reference_decode_attention, split_kv_decode_attention
+from fully_async.rollout.engines.decode_attention import (SETTINGS, reference_decode_attention, settings_for,
+                                                          split_kv_decode_attention)
 
 KV_HEADS, GROUPS, DIM, ROWS, CAPACITY = 2, 7, 64, 256, 3088
-# (split, block, warps, pipeline stages or None: Triton's default)
-CONFIGS = [(128, 64, 4, None), (256, 64, 4, None), (256, 64, 2, None), (256, 128, 4, None), (512, 64, 4, None),
-           (512, 128, 4, None), (512, 64, 8, None), (1024, 64, 4, None), (256, 64, 4, 2), (256, 64, 4, 4),
-           (512, 64, 4, 2), (512, 64, 4, 4), (512, 128, 4, 2), (1024, 64, 4, 2)]
+# (split, block, warps, pipeline stages); None: the setting decode_attention.SETTINGS holds for the rows; the settings
+# before rows chose them were swept in docs/measurements/engine_decode_h200/attention_settings.json
+CONFIGS = [None, (512, 64, 4, 2), (512, 64, 4, 3), (1024, 64, 4, 2), (1024, 64, 4, 3), (2048, 64, 4, 2),
+           (2048, 64, 4, 3), (256, 64, 4, 2), (256, 64, 4, 3)]
 
 
 def span_bucket(n: int) -> int:
@@ -36,11 +39,11 @@ def span_bucket(n: int) -> int:
     return min(s, CAPACITY)
 
 
-def length_cases(gen: torch.Generator) -> dict[str, torch.Tensor]:
-    z = torch.randn(ROWS, generator=gen)
+def length_cases(gen: torch.Generator, rows: int) -> dict[str, torch.Tensor]:
+    z = torch.randn(rows, generator=gen)
     ragged = (0.25 * 3072 * torch.exp(0.75 * z)).round().clamp(1, 3072).long() + 16
-    return {"uniform_272": torch.full((ROWS,), 272), "uniform_1040": torch.full((ROWS,), 1040),
-            "uniform_3088": torch.full((ROWS,), 3088), "lognormal_max3088": ragged}
+    return {"uniform_512": torch.full((rows,), 512), "uniform_1536": torch.full((rows,), 1536),
+            "uniform_3088": torch.full((rows,), 3088), "lognormal_max3088": ragged}
 
 
 def flash_varlen(q: torch.Tensor, k_tok: torch.Tensor, v_tok: torch.Tensor, lengths: torch.Tensor, scale: float):
@@ -56,35 +59,36 @@ def flash_varlen(q: torch.Tensor, k_tok: torch.Tensor, v_tok: torch.Tensor, leng
     return run
 
 
-def attention_part(device) -> dict:
+def attention_part(device, rows: int) -> dict:
     import triton.testing as tt
 
     dev = device.torch_device()
     gen = torch.Generator().manual_seed(0)
-    k = torch.randn(ROWS, KV_HEADS, CAPACITY, DIM, generator=gen).to(dev, torch.bfloat16)
-    v = torch.randn(ROWS, KV_HEADS, CAPACITY, DIM, generator=gen).to(dev, torch.bfloat16)
-    q = torch.randn(ROWS, KV_HEADS, GROUPS, DIM, generator=gen).to(dev, torch.bfloat16)
+    k = torch.randn(rows, KV_HEADS, CAPACITY, DIM, generator=gen).to(dev, torch.bfloat16)
+    v = torch.randn(rows, KV_HEADS, CAPACITY, DIM, generator=gen).to(dev, torch.bfloat16)
+    q = torch.randn(rows, KV_HEADS, GROUPS, DIM, generator=gen).to(dev, torch.bfloat16)
     scale = DIM ** -0.5
-    k_tok = k.transpose(1, 2).contiguous().view(ROWS * CAPACITY, KV_HEADS, DIM)
-    v_tok = v.transpose(1, 2).contiguous().view(ROWS * CAPACITY, KV_HEADS, DIM)
-    q_tok = q.reshape(ROWS, KV_HEADS * GROUPS, DIM)
+    k_tok = k.transpose(1, 2).contiguous().view(rows * CAPACITY, KV_HEADS, DIM)
+    v_tok = v.transpose(1, 2).contiguous().view(rows * CAPACITY, KV_HEADS, DIM)
+    q_tok = q.reshape(rows, KV_HEADS * GROUPS, DIM)
     out: dict = {}
-    for name, lengths in length_cases(gen).items():
+    for name, lengths in length_cases(gen, rows).items():
         lengths = lengths.to(dev)
         span = span_bucket(int(lengths.max()))
         kv_bytes = int(lengths.sum()) * KV_HEADS * DIM * 2 * 2
         ref = reference_decode_attention(q.float(), k.float(), v.float(), lengths, span, scale)
         case: dict = {"span_bucket": span, "mean_len": float(lengths.float().mean()), "kv_mb": kv_bytes / 1e6}
         keys = torch.arange(span, device=dev)
-        mask = torch.zeros(ROWS, span, dtype=torch.bfloat16, device=dev).masked_fill_(
+        mask = torch.zeros(rows, span, dtype=torch.bfloat16, device=dev).masked_fill_(
             keys.view(1, -1) >= lengths.view(-1, 1), torch.finfo(torch.bfloat16).min)[:, None, None, :]
         sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
             q, k[:, :, :span], v[:, :, :span], attn_mask=mask, scale=scale)
         timings = {"sdpa_masked_span_bucket": sdpa}
-        for split, block, warps, stages in CONFIGS:
-            timings[f"split_kv_{split}_{block}_w{warps}" + (f"_s{stages}" if stages else "")] = (
-                lambda s=split, b=block, w=warps, st=stages: split_kv_decode_attention(
-                    q, k, v, lengths, span, scale, split=s, block_n=b, num_warps=w, num_stages=st))
+        for config in CONFIGS:
+            split, block, warps, stages = config or settings_for(rows)
+            label = "settings" if config is None else f"split_kv_{split}_{block}_w{warps}_s{stages}"
+            timings[label] = (lambda s=split, b=block, w=warps, st=stages: split_kv_decode_attention(
+                q, k, v, lengths, span, scale, split=s, block_n=b, num_warps=w, num_stages=st))
         timings["flash_varlen_seqused_k"] = flash_varlen(q_tok, k_tok, v_tok, lengths, scale)
         for label, fn in timings.items():
             try:
@@ -94,9 +98,22 @@ def attention_part(device) -> dict:
                 case[label] = {"ms": ms, "gb_per_s": kv_bytes / ms / 1e6, "max_abs_err": err}
             except Exception as exc:  # noqa: BLE001 (a variant this torch lacks is reported, not fatal)
                 case[label] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-            print(name, label, case[label], flush=True)
+            print(rows, name, label, case[label], flush=True)
         out[name] = case
     return out
+
+
+def pick(cases: dict) -> list:
+    """The setting for these rows: of the swept (split, block, warps, stages), the one whose worst time over the
+    length cases, each against that case's best, is least (no shape of lengths pays much for another's gain: the
+    engine's bench decodes uniform lengths, training rollouts ragged ones); ties: the least sum of those ratios.
+    `cases` is attention_part's result."""
+    swept = [c for c in CONFIGS if c]
+    label = {c: f"split_kv_{c[0]}_{c[1]}_w{c[2]}_s{c[3]}" for c in swept}
+    best = {name: min(case[label[c]]["ms"] for c in swept if "ms" in case.get(label[c], {})) for name, case in cases.items()}
+    ratios = {c: [case[label[c]]["ms"] / best[name] if "ms" in case.get(label[c], {}) else float("inf")
+                  for name, case in cases.items()] for c in swept}
+    return list(min(swept, key=lambda c: (max(ratios[c]), sum(ratios[c]))))
 
 
 def engine_part(device, model: str, at: list[int], split_kv: bool, steps: int = 50) -> dict:
@@ -151,13 +168,18 @@ def main() -> int:
     ap.add_argument("--out", default="bench_decode_attention.json")
     ap.add_argument("--model", default=None, help="a 0.5B-shaped model folder: also profile the engine's step")
     ap.add_argument("--at", type=int, nargs="+", default=[256, 1536], help="lengths to profile the step at")
+    ap.add_argument("--rows", type=int, nargs="+", default=[ROWS], help="rows (slots) of the attention part")
     ap.add_argument("--skip-attention", action="store_true")
     args = ap.parse_args()
     device = get_device("cuda")
     device.set_device(0)
-    results: dict = {"hardware": describe_hardware(device), "rows": ROWS, "capacity": CAPACITY}
+    results: dict = {"hardware": describe_hardware(device), "rows": args.rows, "capacity": CAPACITY,
+                     "settings_before": [[bound, list(setting)] for bound, setting in SETTINGS]}
     if not args.skip_attention:
-        results["attention"] = attention_part(device)
+        results["attention"] = {str(rows): attention_part(device, rows) for rows in args.rows}
+        # the table these numbers pick (decode_attention.SETTINGS' form: up to each measured row count)
+        results["settings"] = [[rows, pick(results["attention"][str(rows)])] for rows in sorted(args.rows)]
+        print("settings", results["settings"], flush=True)
     if args.model:
         results["engine"] = {mode: engine_part(device, args.model, args.at, mode == "split_kv")
                              for mode in ("split_kv", "sdpa")}

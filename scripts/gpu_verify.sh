@@ -386,14 +386,15 @@ engine)
 decode)
   # #45: the decode step against its floor.  This tree's engine and OLD's (a package tree, default .gpubundle/old/:
   # `git archive <commit> fully_async | tar x -C .gpubundle/old`) in one invocation, 256 x 3072 and 64 / 256 x 256,
-  # after the engine's GPU tests (SIDES=new: this tree only); PART=profile: where the step goes now, and the
-  # attention kernel's settings; PART=mlp: the tiles of the decode MLP kernel (bench_decode_mlp.py); PART="bench
-  # profile": both.  COLD=1: each side compiles from empty Triton/inductor caches (start-up compared fairly)
+  # after the engine's GPU tests (SIDES=new: this tree only); PART=profile: where the step goes now; PART=attn: the
+  # attention kernel alone at 256 and 1,024 rows (bench_decode_attention.py); PART=mlp: the tiles of the decode MLP kernel (bench_decode_mlp.py); PART="bench
+  # profile": both.  COLD=1: each side compiles from empty Triton/inductor caches (start-up compared fairly); TESTS=0
+  # skips the GPU tests
   python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05
   export CUDA_VISIBLE_DEVICES=0
   BENCH=(scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 --engines hf --baselines "" --no-updates)
   if [[ " ${PART:-bench} " == *" bench "* ]]; then
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -4
+    [ "${TESTS:-1}" = 0 ] || timeout 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -4
     for side in ${SIDES:-new old}; do
       PP=$PYTHONPATH; [ $side = old ] && PP=/tmp/site:$PWD/${OLD:-.gpubundle/old}
       [ "${COLD:-0}" = 1 ] && export TRITON_CACHE_DIR=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)
@@ -410,8 +411,10 @@ decode)
   if [[ " ${PART:-bench} " == *" profile "* ]]; then
     timeout 150 python3 scripts/profile_engine_step.py --model /tmp/m05 --device cuda --dtype bfloat16 \
         --concurrency 64 256 --warm 200 1500 --out "$OUT/profile_engine_step.json" 2>&1 | grep -E "^c=|wrote"
-    timeout 200 python3 scripts/bench_decode_attention.py --out "$OUT/decode_attention.json" 2>&1 | grep -v "it/s\]" \
-        | grep -E "lognormal|uniform_1040" | cut -c1-150
+  fi
+  if [[ " ${PART:-bench} " == *" attn "* ]]; then   # the attention alone: chunks decided per call against one unit a program
+    timeout 300 python3 scripts/bench_decode_attention.py --rows 256 1024 --out "$OUT/decode_attention.json" 2>&1 \
+        | grep -v "it/s\]" | grep -E "split_kv" | cut -c1-160
   fi
   ;;
 prefill)

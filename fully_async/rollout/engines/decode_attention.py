@@ -3,7 +3,7 @@
 Why: the decode step's grouped-query SDPA reads every row's cache up to the span bucket of the LONGEST running
 sequence (a (B, 1, 1, span) mask hides the rest), so on long ragged generations each step costs what the longest
 sequence costs for all of them (1x H200, 0.5B shape, 256 x 3072 new tokens: 5.1 ms per step averaged against a
-~2 ms bandwidth floor).  Here one Triton program handles one (slot, KV head, split of SPLIT cached positions):
+~2 ms bandwidth floor).  Here one Triton program handles one (slot, KV head, split of `split` cached positions):
 programs whose split starts past their slot's length return at once, the others stream only the keys/values
 below that length, with the query heads that share the KV head as the rows of one small matrix product (each
 cached key/value is read once per KV head, not once per query head).  A row whose length fits one split writes
@@ -29,12 +29,29 @@ from typing import Any, Optional
 
 import torch
 
-# measured on 1x H200 (scripts/bench_decode_attention.py; docs/measurements/engine_decode_h200/): the best sum over
-# lengths 272, 1040, lognormal up to 3088 and 3088 of 14 settings, within 5% of the best at each
-SPLIT = 512      # cached positions per program
-BLOCK_N = 64     # keys per inner iteration
-NUM_WARPS = 4
-NUM_STAGES = 2   # loads in flight per program (Triton's software pipelining)
+# (split: cached positions per program, block_n: keys per inner iteration, warps, stages: loads in flight per
+# program, Triton's software pipelining) by the decode batch's rows (the graph's bucket): the first entry whose bound
+# is >= the rows.  Picked on 1x H200 by scripts/bench_decode_attention.py (--rows 64 128 256 512 1024; lengths 512,
+# 1,536, 3,088 and lognormal up to 3,088; the least worst time against each case's best;
+# docs/measurements/decode_attention_rows_h200/): at 256 rows and more, splits of 1,024 leave half the programs and
+# merges of 512's for the same bytes (256 rows: 54.5 against 59.1 us at 1,536 positions, 102.0 against 104.9 at
+# 3,088); at 128 rows and fewer, three loads in flight keep the few programs streaming (64 rows: 15.0 against 18.6
+# us at 1,536).  Before: (512, 64, 4, 2) at every batch (docs/measurements/engine_decode_h200/).
+SETTINGS: tuple[tuple[int, tuple[int, int, int, int]], ...] = (
+    (128, (512, 64, 4, 3)),
+    (256, (1024, 64, 4, 3)),
+    (1 << 30, (1024, 64, 4, 2)),
+)
+
+
+def settings_for(rows: int) -> tuple[int, int, int, int]:
+    """(split, block_n, warps, stages) that SETTINGS holds for a decode batch of `rows`."""
+    for bound, setting in SETTINGS:
+        if rows <= bound:
+            return setting
+    return SETTINGS[-1][1]
+
+
 _KERNELS: list = []
 
 
@@ -227,14 +244,19 @@ def _build() -> Any:
 def split_kv_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lengths: torch.Tensor,
                               span: int, scale: float, k_new: Optional[torch.Tensor] = None,
                               v_new: Optional[torch.Tensor] = None, cos: Optional[torch.Tensor] = None,
-                              sin: Optional[torch.Tensor] = None, split: int = SPLIT, block_n: int = BLOCK_N,
-                              num_warps: int = NUM_WARPS, num_stages: Optional[int] = NUM_STAGES) -> torch.Tensor:
+                              sin: Optional[torch.Tensor] = None, split: Optional[int] = None,
+                              block_n: Optional[int] = None, num_warps: Optional[int] = None,
+                              num_stages: Optional[int] = None) -> torch.Tensor:
     """What `reference_decode_attention` computes (the new keys/values written included, rotated first with
     cos/sin), reading only positions [0, min(lengths[b], span)) of each row.  `lengths` (>= B,) integer device
     tensor; the caches' last dimension must be contiguous; q may be a strided view (of a fused projection's
     output) whose groups and dimension are contiguous.  Writing k_new/v_new and rotating q and k_new here saves
-    the decode step a scatter and a rotary kernel each per layer."""
+    the decode step a scatter and a rotary kernel each per layer.  split / block_n / num_warps / num_stages left
+    None: SETTINGS' for this batch (`settings_for`)."""
     batch, kv_heads, groups, dim = q.shape
+    chosen = settings_for(batch)
+    split, block_n = split or chosen[0], block_n or chosen[1]
+    num_warps, num_stages = num_warps or chosen[2], num_stages or chosen[3]
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or dim & (dim - 1) or dim < 16:
         raise ValueError(f"split-KV decode attention: head_dim {dim} must be a power of two >= 16 and the caches' "
                          f"last dimension contiguous (strides {k_cache.stride()}, {v_cache.stride()})")
@@ -256,12 +278,11 @@ def split_kv_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         cos, sin = cos.contiguous(), sin.contiguous()
     cos, sin = (cos, sin) if rope else (q, q)
     precision = "ieee" if q.dtype == torch.float32 else None   # fp32 caches: no tf32 rounding
-    tuning = {} if num_stages is None else {"num_stages": num_stages}
     kernel[(batch, kv_heads, nsplit)](
         q, k_cache, v_cache, k_new, v_new, lengths, o_part, ml, arrival_counters(q.device, batch * kv_heads), out,
         cos, sin, span, scale * math.log2(math.e), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k_new.stride(0), k_new.stride(1),
         v_new.stride(0), v_new.stride(1), cos.stride(0), sin.stride(0), out.stride(0), out.stride(1), H=kv_heads,
         G=groups, G_PAD=g_pad, D=dim, SPLIT=split, BLOCK_N=block_n, NSPLIT=nsplit, HAS_NEW=has_new, ROPE=rope,
-        PRECISION=precision, num_warps=num_warps, **tuning)
+        PRECISION=precision, num_warps=num_warps, num_stages=num_stages)
     return out

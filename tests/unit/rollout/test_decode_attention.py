@@ -33,6 +33,21 @@ def test_reference_equals_sdpa_over_each_rows_own_length():
     assert torch.equal(k, k_ref) and torch.equal(v, v_ref)          # rows 4, 5 (beyond the batch) untouched
 
 
+def test_the_settings_follow_the_batchs_rows():
+    """SETTINGS: the first entry whose bound holds the rows; past the last bound, the last entry."""
+    from fully_async.rollout.engines.decode_attention import SETTINGS, settings_for
+
+    bounds = [bound for bound, _ in SETTINGS]
+    assert bounds == sorted(bounds) and bounds[-1] >= 1 << 20
+    for i, (bound, setting) in enumerate(SETTINGS):
+        assert settings_for(bound) == setting
+        if i:
+            assert settings_for(SETTINGS[i - 1][0] + 1) == setting
+    assert settings_for(1) == SETTINGS[0][1] and settings_for(1 << 40) == SETTINGS[-1][1]
+    for split, block_n, warps, stages in (s for _, s in SETTINGS):
+        assert split % block_n == 0 and warps in (1, 2, 4, 8) and stages >= 1
+
+
 def test_the_kernel_is_cuda_only_outside_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert "cpu" in supported("cpu", torch.float32) and "npu" in supported("npu", torch.bfloat16)
