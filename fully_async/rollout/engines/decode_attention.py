@@ -33,7 +33,7 @@ import torch
 # program, Triton's software pipelining) by the decode batch's rows (the graph's bucket): the first entry whose bound
 # is >= the rows.  Picked on 1x H200 by scripts/bench_decode_attention.py (--rows 64 128 256 512 1024; lengths 512,
 # 1,536, 3,088 and lognormal up to 3,088; the least worst time against each case's best;
-# docs/measurements/decode_attention_rows_h200/): at 256 rows and more, splits of 1,024 leave half the programs and
+# docs/measurements/decode_attention_rows_h200/): above 128 rows, splits of 1,024 leave half the programs and
 # merges of 512's for the same bytes (256 rows: 54.5 against 59.1 us at 1,536 positions, 102.0 against 104.9 at
 # 3,088); at 128 rows and fewer, three loads in flight keep the few programs streaming (64 rows: 15.0 against 18.6
 # us at 1,536).  Before: (512, 64, 4, 2) at every batch (docs/measurements/engine_decode_h200/).
