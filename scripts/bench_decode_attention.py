@@ -32,6 +32,12 @@ CONFIGS = [None, (512, 64, 4, 2), (512, 64, 4, 3), (1024, 64, 4, 2), (1024, 64, 
            (2048, 64, 4, 3), (256, 64, 4, 2), (256, 64, 4, 3)]
 
 
+def label(config: tuple) -> str:
+    """A swept (split, block, warps, stages)'s name in the results."""
+    split, block, warps, stages = config
+    return f"split_kv_{split}_{block}_w{warps}_s{stages}"
+
+
 def span_bucket(n: int) -> int:
     s = 128
     while s < n and s < CAPACITY:
@@ -86,19 +92,19 @@ def attention_part(device, rows: int) -> dict:
         timings = {"sdpa_masked_span_bucket": sdpa}
         for config in CONFIGS:
             split, block, warps, stages = config or settings_for(rows)
-            label = "settings" if config is None else f"split_kv_{split}_{block}_w{warps}_s{stages}"
-            timings[label] = (lambda s=split, b=block, w=warps, st=stages: split_kv_decode_attention(
-                q, k, v, lengths, span, scale, split=s, block_n=b, num_warps=w, num_stages=st))
+            timings["settings" if config is None else label(config)] = (
+                lambda s=split, b=block, w=warps, st=stages: split_kv_decode_attention(
+                    q, k, v, lengths, span, scale, split=s, block_n=b, num_warps=w, num_stages=st))
         timings["flash_varlen_seqused_k"] = flash_varlen(q_tok, k_tok, v_tok, lengths, scale)
-        for label, fn in timings.items():
+        for timed, fn in timings.items():
             try:
                 got = fn()
                 err = float((got.float().reshape(ref.shape) - ref).abs().max())
                 ms = tt.do_bench_cudagraph(fn, rep=30)
-                case[label] = {"ms": ms, "gb_per_s": kv_bytes / ms / 1e6, "max_abs_err": err}
+                case[timed] = {"ms": ms, "gb_per_s": kv_bytes / ms / 1e6, "max_abs_err": err}
             except Exception as exc:  # noqa: BLE001 (a variant this torch lacks is reported, not fatal)
-                case[label] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-            print(rows, name, label, case[label], flush=True)
+                case[timed] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            print(rows, name, timed, case[timed], flush=True)
         out[name] = case
     return out
 
@@ -109,9 +115,9 @@ def pick(cases: dict) -> list:
     engine's bench decodes uniform lengths, training rollouts ragged ones); ties: the least sum of those ratios.
     `cases` is attention_part's result."""
     swept = [c for c in CONFIGS if c]
-    label = {c: f"split_kv_{c[0]}_{c[1]}_w{c[2]}_s{c[3]}" for c in swept}
-    best = {name: min(case[label[c]]["ms"] for c in swept if "ms" in case.get(label[c], {})) for name, case in cases.items()}
-    ratios = {c: [case[label[c]]["ms"] / best[name] if "ms" in case.get(label[c], {}) else float("inf")
+    best = {name: min(case[label(c)]["ms"] for c in swept if "ms" in case.get(label(c), {}))
+            for name, case in cases.items()}
+    ratios = {c: [case[label(c)]["ms"] / best[name] if "ms" in case.get(label(c), {}) else float("inf")
                   for name, case in cases.items()] for c in swept}
     return list(min(swept, key=lambda c: (max(ratios[c]), sum(ratios[c]))))
 

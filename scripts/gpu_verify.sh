@@ -44,7 +44,8 @@
 # devices of the machine, so that two of them can run side by side (MASTER_PORT apart for vpp)
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}; mkdir -p "$OUT"
-VOCAB_ARGS=(--vocab "${VOCAB:-tokenizer}")
+# the shaped model (SHAPE, OUT) every section measures, with VOCAB's embedding rows
+shaped_model() { python3 scripts/build_shaped_model.py --shape "$1" --out "$2" --vocab "${VOCAB:-tokenizer}"; }
 # installed once per machine (several of these scripts may run side by side on disjoint GPUS)
 [ -f /tmp/site/.bundle_installed ] || { python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpubundle/*.whl \
     && tar xJf .gpubundle/ray.tar.xz -C /tmp/site && touch /tmp/site/.bundle_installed; }
@@ -74,7 +75,7 @@ case "${1:-runs}" in
 memory)
   # the planner's memory model (#16): estimate vs measured peak of the trainer and the embedded engine, 0.5B-shaped
   # bf16 model on one GPU; every slot busy (32 prompts x 8 = max_num_seqs 256) and every response at the max length
-  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05 "${VOCAB_ARGS[@]}"
+  shaped_model 0.5b /tmp/m05
   export CUDA_VISIBLE_DEVICES=0
   MEM=(trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
        data.val_files=null data.max_prompt_length=16 data.max_response_length=${MAXLEN:-512}
@@ -94,7 +95,7 @@ tests)
 switch)
   # what a turn switch costs the embedded engine and what it frees (#41): its memory at fixed addresses (CUDA VMM)
   # against the old sleep, 256 slots of the 0.5B shape with the responses kept in flight through the sleep (KV swap)
-  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05 "${VOCAB_ARGS[@]}"
+  shaped_model 0.5b /tmp/m05
   CUDA_VISIBLE_DEVICES=0 timeout ${LIMIT:-300} python3 scripts/bench_engine_switch.py --model /tmp/m05 --device cuda \
       --slots ${NSEQS:-256} --tokens ${TOKENS:-1024} --before ${BEFORE:-600} --out "$OUT/engine_switch.json" 2>&1 | tail -8
   ;;
@@ -107,7 +108,7 @@ colocated)
   # both runs in this invocation, then compared from their logs (steady steps: the first, compiling, step excluded
   # by the comparison's own rules).  Activation recompute as a run with its own data leaves it: unset (the memory
   # model decides), not the bundled preset's false; CKPT=true|false sets it
-  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05 "${VOCAB_ARGS[@]}"
+  shaped_model 0.5b /tmp/m05
   SEED=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
         data.val_files=null data.max_prompt_length=16 data.max_response_length=${MAXLEN:-3072}
         actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16 actor_rollout_ref.actor.optim.lr=1e-6
@@ -168,7 +169,7 @@ elastic)
   # (lognormal lengths, a rollout-bound pipeline, so the trainer waits and lends its engines).  The elastic run's
   # fully_async/elastic/* metrics (busy_ratio, trainer_idle_ratio against trainer/idle_ratio, parked, tokens) show
   # what the lent engines did
-  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05 "${VOCAB_ARGS[@]}"
+  shaped_model 0.5b /tmp/m05
   N=${DEVICES:-2}
   export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((N - 1)))
   timeout 560 python3 scripts/compare_sync_async.py --devices "$N" --placements split,elastic --split ${SPLIT:-1} \
@@ -196,7 +197,7 @@ seed)
   # --placement-override), e.g. POVR="colocated:actor_rollout_ref.rollout.weight_sync=device_ipc"
   # SHAPE (default 0.5b; 1.5b: Qwen2.5-1.5B's shape) picks the model; TAG names the run directory
   MODEL=/tmp/m_${SHAPE:-0.5b}
-  python3 scripts/build_shaped_model.py --shape ${SHAPE:-0.5b} --out $MODEL "${VOCAB_ARGS[@]}"
+  shaped_model ${SHAPE:-0.5b} $MODEL
   N=${DEVICES:-2}
   export CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((N - 1)))
   B=$((64 * N))
@@ -284,7 +285,7 @@ critic)
   # #24: a PPO step with a critic (adv_estimator=gae, n=1) next to GRPO's (n=8) on the 0.5B shape, one GPU, sync, the
   # same responses per step (64 prompts x 8 for GRPO, 512 prompts x 1 for PPO) and lengths (lognormal, max 1024, EOS
   # ignored); prints each run's per-step timings (old log-prob, values, critic update, actor update, step)
-  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05 "${VOCAB_ARGS[@]}"
+  shaped_model 0.5b /tmp/m05
   export CUDA_VISIBLE_DEVICES=0
   C=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
      data.val_files=null data.max_prompt_length=16 data.max_response_length=${MAXLEN:-1024}
@@ -358,7 +359,7 @@ restructure)
   # after the loops were restructured (#22): every GPU test (engine, megatron parity with the one PPO update, packing,
   # host offload), then one sync run on GPU 0 (engines and trainer taking turns on their own device) whose losses
   # and rewards go to $OUT
-  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05 "${VOCAB_ARGS[@]}"
+  shaped_model 0.5b /tmp/m05
   CUDA_VISIBLE_DEVICES=0 timeout ${TESTS_LIMIT:-330} python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -25
   CUDA_VISIBLE_DEVICES=0 TENSORBOARD_DIR=$OUT/runs/sync timeout 200 python3 -m fully_async.main mode=sync "${POOL[@]}" \
       trainer.total_training_steps=4 trainer.resume_mode=disable hydra.run.dir=/tmp/h_sync 2>&1 | grep -v "it/s\]" | tail -12
@@ -366,7 +367,7 @@ restructure)
 engine)
   # the embedded engine (#11): GPU correctness (graphs and eager), the engine against generate(static) in one
   # invocation, then the pipeline's rollout-only ceiling at the same concurrency (BATCH x 8 = NSEQS sequences)
-  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05 "${VOCAB_ARGS[@]}"
+  shaped_model 0.5b /tmp/m05
   export CUDA_VISIBLE_DEVICES=0
   timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hf_engine_cuda.py 2>&1 | tail -8
   timeout 300 python3 scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 \
@@ -393,7 +394,7 @@ decode)
   # attention kernel alone at 256 and 1,024 rows (bench_decode_attention.py); PART=mlp: the tiles of the decode MLP kernel (bench_decode_mlp.py); PART="bench
   # profile": both.  COLD=1: each side compiles from empty Triton/inductor caches (start-up compared fairly); TESTS=0
   # skips the GPU tests
-  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05 "${VOCAB_ARGS[@]}"
+  shaped_model 0.5b /tmp/m05
   export CUDA_VISIBLE_DEVICES=0
   BENCH=(scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 --engines hf --baselines "" --no-updates)
   if [[ " ${PART:-bench} " == *" bench "* ]]; then
@@ -425,7 +426,7 @@ prefill)
   # the engine's GPU tests: 1,024-token prompts with 256 new tokens at 64 / 256 sequences, 12,288-token prompts (over
   # the budget: this tree splits them into chunks, OLD prefills each alone) at 16, both under the run's default
   # 8,192-token budget, and the re-prefill burst of an abort update (256 x 3072 lognormal, resumed after 1,200 steps)
-  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05 "${VOCAB_ARGS[@]}"
+  shaped_model 0.5b /tmp/m05
   export CUDA_VISIBLE_DEVICES=0
   BENCH=(scripts/bench_engines.py --model /tmp/m05 --device cuda --dtype bfloat16 --engines hf --baselines "" --no-updates)
   # CASES: which of p1024 p12k burst (default all three); TESTS=0 skips the GPU tests
@@ -468,7 +469,7 @@ update)
   # backend (bf16 parameters).
   # The bench builds the run's backend (verl's fsdp: on one bf16 device a one-rank fsdp2); STRATEGY=torch: the plain
   # backend, bf16 parameters (what the update rows before 2026-11-30's fifth session measured)
-  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05 "${VOCAB_ARGS[@]}"
+  shaped_model 0.5b /tmp/m05
   export CUDA_VISIBLE_DEVICES=0
   # PACKED="flash triton": this tree's update once per packed attention kernel (FULLY_ASYNC_PACKED_ATTENTION)
   for side in ${SIDES:-new}; do
@@ -490,13 +491,13 @@ update)
   done
   ;;
 scaling)
-  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05 "${VOCAB_ARGS[@]}"
+  shaped_model 0.5b /tmp/m05
   timeout 560 python3 scripts/bench_rollout_scaling.py --devices ${DEVICES:-1 2 4} --out /tmp/pool/scaling "${POOL[@]}" \
       2>&1 | grep -v "it/s\]" | grep -E "^\[|^ |devices|hardware|workload|Error|error" | tail -40
   cp /tmp/pool/scaling/rollout_scaling.json "$OUT/" 2>/dev/null
   ;;
 compare2|compare4)
-  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05 "${VOCAB_ARGS[@]}"
+  shaped_model 0.5b /tmp/m05
   N=${1#compare}
   [ "$N" = 2 ] && export CUDA_VISIBLE_DEVICES=0,1
   timeout 560 python3 scripts/compare_sync_async.py --devices "$N" --threshold ${REWARD_THRESHOLD:-0.0} --bench-batches 2 ${SPLIT:+--split $SPLIT} \
@@ -507,7 +508,7 @@ compare2|compare4)
   cp "$D/bench.json" "$OUT/bench$N.json" 2>/dev/null
   ;;
 runs)
-  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05 "${VOCAB_ARGS[@]}"
+  shaped_model 0.5b /tmp/m05
   COMMON=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
           data.val_files=null data.max_prompt_length=16 data.max_response_length=256
           actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.actor.dtype=bfloat16
@@ -530,7 +531,7 @@ vpp)
   timeout ${CHECK_LIMIT:-240} torchrun --nproc_per_node 2 --master_port ${MASTER_PORT:-29500} scripts/gpu_megatron_check.py --pp 2 --vpp 2 \
       --dtypes ${DTYPES:-float32 bfloat16} --batch ${CHECK_BATCH:-8} --seq 256 --out "$OUT" > "$OUT/vpp_check.log" 2>&1
   grep -v -i "warn" "$OUT/vpp_check.log" | grep -E "^\[rank[0-9]\]: [A-Za-z.]*(Error|Exception)|^[{|]|^(check|logp|vs |pg_|grad|fwd|tokens|sync|offload|save|peak)" | tail -30
-  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05 "${VOCAB_ARGS[@]}"
+  shaped_model 0.5b /tmp/m05
   TENSORBOARD_DIR=/tmp/runs/vpp_sync timeout ${RUN_LIMIT:-200} python3 -m fully_async.main --config-name=ppo_megatron_trainer \
       "${POOL[@]}" trainer.n_gpus_per_node=2 actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2 \
       actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2 actor_rollout_ref.actor.use_kl_loss=true \
@@ -540,7 +541,7 @@ vpp)
   cat /tmp/h_vpp/failure_traceback.txt 2>/dev/null | tail -30
   ;;
 megatron)
-  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05 "${VOCAB_ARGS[@]}"
+  shaped_model 0.5b /tmp/m05
   M=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
      data.val_files=null data.max_prompt_length=16 data.max_response_length=128
      actor_rollout_ref.rollout.dtype=bfloat16 actor_rollout_ref.actor.optim.lr=1e-6
@@ -571,7 +572,7 @@ multijob)
   # async jobs, crossed (each GPU carries one job's trainer and the other's rollout):
   # MODE=async DEVICES=2 JOB_DEVICES='0;1' ROLLOUT_DEVICES='1;0'
   # (the sequential baseline runs each async job alone on both GPUs: trainer on one, rollout on the other)
-  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05 "${VOCAB_ARGS[@]}"
+  shaped_model 0.5b /tmp/m05
   MJ=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
       data.val_files=null data.max_prompt_length=16 data.max_response_length=${MAXLEN:-256}
       actor_rollout_ref.actor.dtype=bfloat16 actor_rollout_ref.rollout.dtype=bfloat16
@@ -596,7 +597,7 @@ packing)
       --out "$OUT/packing_0.5b.json" 2>&1 | tail -7
   CUDA_VISIBLE_DEVICES=0 timeout 200 python3 scripts/bench_packing.py --shape 0.5b --device cuda --grad-ckpt \
       --rows 128 --max-tokens 32768 --variants padded packed:varlen --out "$OUT/packing_0.5b_ckpt.json" 2>&1 | tail -4
-  python3 scripts/build_shaped_model.py --shape 0.5b --out /tmp/m05 "${VOCAB_ARGS[@]}"
+  shaped_model 0.5b /tmp/m05
   P=("${PRESET[@]}" trainer.device=cuda actor_rollout_ref.model.path=/tmp/m05 data.train_files=.gpubundle/data/train.jsonl
      data.val_files=null data.max_prompt_length=16 data.max_response_length=256
      actor_rollout_ref.actor.strategy=fsdp2 actor_rollout_ref.actor.dtype=bfloat16

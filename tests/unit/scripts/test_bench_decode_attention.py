@@ -5,13 +5,13 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, "scripts"))
 
-from bench_decode_attention import CONFIGS, pick  # noqa: E402
+from bench_decode_attention import CONFIGS, label, pick  # noqa: E402
 
 SWEPT = [c for c in CONFIGS if c]
 
 
 def test_the_setting_least_behind_the_best_in_its_worst_case_is_picked():
-    labels = [f"split_kv_{s}_{b}_w{w}_s{st}" for s, b, w, st in SWEPT]
+    labels = [label(c) for c in SWEPT]
     slow = {label: {"ms": 100.0} for label in labels}
     cases = {"uniform": dict(slow, **{labels[0]: {"ms": 5.0}, labels[1]: {"ms": 5.3}, labels[2]: {"ms": 5.2}}),
              "ragged": dict(slow, **{labels[0]: {"ms": 7.0}, labels[1]: {"ms": 6.0}, labels[2]: {"ms": 6.3}}),
@@ -23,7 +23,7 @@ def test_the_setting_least_behind_the_best_in_its_worst_case_is_picked():
 
 
 def test_a_setting_that_failed_somewhere_is_not_picked():
-    labels = [f"split_kv_{s}_{b}_w{w}_s{st}" for s, b, w, st in SWEPT]
+    labels = [label(c) for c in SWEPT]
     cases = {"a": {label: {"ms": 1.0} for label in labels}}
     cases["a"][labels[0]] = {"ms": 0.1}
     cases["b"] = {label: {"ms": 1.0} for label in labels}
